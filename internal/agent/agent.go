@@ -1,0 +1,431 @@
+// Package agent is the guest side of Emberbox: the service emberbox-agent runs
+// as PID 1 inside every sandbox. It answers the host's calls (exec, processes,
+// files) over one multiplexed stream, runs commands as the sandbox user, and
+// reaps every process in the guest.
+package agent
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+	"golang.org/x/sys/unix"
+
+	"github.com/emberbox/emberbox/internal/agentproto"
+)
+
+// Config configures an Agent.
+type Config struct {
+	// Root is where /etc/passwd and /etc/group are read from ("/" in a guest).
+	Root string
+	// User is the account commands run as by default ("user" in a guest).
+	User   string
+	Logger *slog.Logger
+}
+
+// Agent serves the host's calls.
+type Agent struct {
+	log      *slog.Logger
+	accounts map[string]*account
+	names    names
+	user     *account
+	bash     string
+	reaper   *reaper
+	procs    *processTable
+	bootedAt time.Time
+
+	mu  sync.Mutex
+	env map[string]string // sandbox-wide env from configure
+}
+
+// New returns an Agent. It must be the only code in the process that waits
+// for children.
+func New(cfg Config) (*Agent, error) {
+	if cfg.Root == "" {
+		cfg.Root = "/"
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	accts, names, err := readAccounts(cfg.Root)
+	if err != nil {
+		return nil, fmt.Errorf("reading accounts: %w", err)
+	}
+	u, ok := accts[cfg.User]
+	if !ok {
+		return nil, fmt.Errorf("no account %q", cfg.User)
+	}
+	bash, err := exec.LookPath("bash")
+	if err != nil {
+		bash = "/bin/bash"
+	}
+	return &Agent{
+		log: log, accounts: accts, names: names, user: u, bash: bash,
+		reaper: newReaper(), procs: &processTable{procs: map[string]*process{}},
+		bootedAt: time.Now(),
+	}, nil
+}
+
+// Run runs cmd through the agent's reaper and waits for it. Use it instead
+// of cmd.Run for housekeeping commands.
+func (a *Agent) Run(cmd *exec.Cmd) error { return a.reaper.run(cmd) }
+
+// ServePort serves host connections on a virtio-serial port device forever.
+// A host that disconnects (the server restarted) may connect again: each
+// connection starts with a fresh handshake and yamux session.
+func (a *Agent) ServePort(ctx context.Context, dev string) error {
+	for ctx.Err() == nil {
+		f, err := os.OpenFile(dev, os.O_RDWR, 0)
+		if err != nil {
+			return fmt.Errorf("opening %s: %w", dev, err)
+		}
+		err = a.ServeConn(ctx, f)
+		f.Close()
+		if err != nil && !errors.Is(err, io.EOF) {
+			a.log.Warn("host connection ended", "err", err)
+		}
+	}
+	return ctx.Err()
+}
+
+// ServeConn runs one handshake and yamux session on rwc until the host goes
+// away. While no host is connected a virtio-serial port reads as EOF, so the
+// handshake wait polls gently.
+func (a *Agent) ServeConn(ctx context.Context, rwc io.ReadWriteCloser) error {
+	br := bufio.NewReaderSize(rwc, 64<<10)
+	if err := handshake(ctx, br, rwc); err != nil {
+		return err
+	}
+	a.log.Info("host connected")
+	cfg := yamux.DefaultConfig()
+	cfg.LogOutput = io.Discard
+	cfg.MaxStreamWindowSize = 1 << 20
+	cfg.ConnectionWriteTimeout = 30 * time.Second
+	sess, err := yamux.Server(struct {
+		io.Reader
+		io.Writer
+		io.Closer
+	}{br, rwc, rwc}, cfg)
+	if err != nil {
+		return fmt.Errorf("starting session: %w", err)
+	}
+	defer sess.Close()
+	stop := context.AfterFunc(ctx, func() { sess.Close() })
+	defer stop()
+	for {
+		st, err := sess.AcceptStream()
+		if err != nil {
+			return err
+		}
+		go a.handle(ctx, st)
+	}
+}
+
+// handshake skips everything until a Hello line and answers Ready with the
+// same nonce. Stale bytes from an earlier connection are thereby ignored.
+func handshake(ctx context.Context, br *bufio.Reader, w io.Writer) error {
+	for ctx.Err() == nil {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				// No host connected: a virtio-serial port reads EOF.
+				time.Sleep(100 * time.Millisecond)
+				continue
+			}
+			return fmt.Errorf("waiting for hello: %w", err)
+		}
+		nonce, ok := strings.CutPrefix(strings.TrimRight(line, "\r\n"), agentproto.HelloPrefix)
+		if !ok || len(nonce) == 0 || len(nonce) > 64 {
+			continue
+		}
+		_, err = fmt.Fprintf(w, "%s%s %d\n", agentproto.ReadyPrefix, nonce, agentproto.Version)
+		return err
+	}
+	return ctx.Err()
+}
+
+// handle serves one call.
+func (a *Agent) handle(ctx context.Context, st *yamux.Stream) {
+	defer st.Close()
+	c := agentproto.NewConn(st)
+	var req agentproto.Request
+	if err := c.ReadJSON(&req); err != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := a.dispatch(ctx, c, &req); err != nil {
+		var pe *agentproto.Error
+		if !errors.As(err, &pe) {
+			pe = internal(err)
+		}
+		_ = c.WriteJSON(agentproto.Reply{Error: pe})
+	}
+}
+
+// dispatch runs req. An error it returns is sent as the call's final Reply;
+// streaming handlers send their own errors as events.
+func (a *Agent) dispatch(ctx context.Context, c *agentproto.Conn, req *agentproto.Request) error {
+	switch req.Method {
+	case agentproto.MethodInfo:
+		return c.WriteJSON(agentproto.Reply{Info: a.info()})
+	case agentproto.MethodConfigure:
+		if req.Configure == nil {
+			return invalid("configure: missing body")
+		}
+		a.mu.Lock()
+		a.env = req.Configure.Env
+		a.mu.Unlock()
+		if h := req.Configure.Hostname; h != "" {
+			if err := unix.Sethostname([]byte(h)); err != nil {
+				a.log.Warn("sethostname", "err", err)
+			}
+		}
+		return c.WriteJSON(agentproto.Reply{OK: true})
+	case agentproto.MethodExec:
+		if req.Exec == nil {
+			return invalid("exec: missing body")
+		}
+		return a.exec(ctx, c, req.Exec)
+	case agentproto.MethodSpawn:
+		if req.Exec == nil {
+			return invalid("spawn: missing body")
+		}
+		p, err := a.start(req.Exec, nil, nil)
+		if err != nil {
+			return err
+		}
+		info := p.info()
+		return c.WriteJSON(agentproto.Reply{Process: &info})
+	case agentproto.MethodProcessList:
+		return c.WriteJSON(agentproto.Reply{Processes: a.procs.list()})
+	}
+	if strings.HasPrefix(req.Method, "process.") {
+		return a.dispatchProcess(ctx, c, req)
+	}
+	if strings.HasPrefix(req.Method, "file.") {
+		return a.dispatchFile(c, req)
+	}
+	return &agentproto.Error{Code: agentproto.CodeUnknownMethod, Message: fmt.Sprintf("unknown method %q", req.Method)}
+}
+
+func (a *Agent) dispatchProcess(ctx context.Context, c *agentproto.Conn, req *agentproto.Request) error {
+	pr := req.Process
+	if pr == nil {
+		return invalid(req.Method + ": missing body")
+	}
+	p, err := a.procs.get(pr.ID)
+	if err != nil {
+		return err
+	}
+	switch req.Method {
+	case agentproto.MethodProcessGet:
+		info := p.info()
+		return c.WriteJSON(agentproto.Reply{Process: &info})
+	case agentproto.MethodProcessSignal:
+		sig, err := parseSignal(pr.Signal)
+		if err != nil {
+			return err
+		}
+		if err := p.signal(sig); err != nil {
+			return err
+		}
+		info := p.info()
+		return c.WriteJSON(agentproto.Reply{Process: &info})
+	case agentproto.MethodProcessOutput:
+		wait := time.Duration(min(max(pr.WaitMs, 0), 60_000)) * time.Millisecond
+		err := p.output(ctx, pr.Cursor, pr.Follow, wait, func(ev agentproto.Event) error { return c.WriteJSON(ev) })
+		if err != nil && ctx.Err() == nil {
+			_ = c.WriteJSON(agentproto.Event{Type: "error", Error: internal(err)})
+		}
+		return nil
+	}
+	return &agentproto.Error{Code: agentproto.CodeUnknownMethod, Message: fmt.Sprintf("unknown method %q", req.Method)}
+}
+
+// exec runs a command to its end. Streamed, every frame is an Event and the
+// last is "exit"; otherwise one Reply carries the result.
+func (a *Agent) exec(ctx context.Context, c *agentproto.Conn, req *agentproto.ExecRequest) error {
+	if !req.Stream {
+		maxOut := req.MaxOutput
+		if maxOut <= 0 {
+			maxOut = 64 << 10
+		}
+		p, err := a.start(req, nil, &capture{max: maxOut})
+		if err != nil {
+			return err
+		}
+		// The command runs to its own timeout even if the host goes away.
+		if err := p.wait(context.Background()); err != nil {
+			return err
+		}
+		p.mu.Lock()
+		res := p.resultLocked()
+		p.mu.Unlock()
+		return c.WriteJSON(agentproto.Reply{Exit: res})
+	}
+
+	var wmu sync.Mutex
+	send := func(ev agentproto.Event) error {
+		wmu.Lock()
+		defer wmu.Unlock()
+		return c.WriteJSON(ev)
+	}
+	// The start event must precede any output, so the sink holds output
+	// until it has been sent.
+	started := make(chan struct{})
+	sinkFn := func(ev agentproto.Event) error {
+		<-started
+		return send(ev)
+	}
+	p, err := a.start(req, sinkFn, nil)
+	if err != nil {
+		close(started)
+		return err
+	}
+	err = send(agentproto.Event{Type: "start", ProcessID: p.id})
+	close(started)
+	if err != nil {
+		return nil
+	}
+	_ = p.wait(context.Background())
+	// Output delivery is synchronous with emit, so once the process has
+	// ended every byte has been offered to the sink.
+	p.emitMu.Lock()
+	p.mu.Lock()
+	res := p.resultLocked()
+	next := p.next
+	p.mu.Unlock()
+	p.emitMu.Unlock()
+	return send(agentproto.Event{Type: "exit", Offset: next, Exit: res})
+}
+
+func (a *Agent) dispatchFile(c *agentproto.Conn, req *agentproto.Request) error {
+	fr := req.File
+	if fr == nil {
+		return invalid(req.Method + ": missing body")
+	}
+	acct, err := a.account(fr.User)
+	if err != nil {
+		if req.Method == agentproto.MethodFileWrite {
+			return drainThen(dataReader(c), fr.Size, err)
+		}
+		return err
+	}
+	p := resolvePath(acct.home, fr.Path)
+	switch req.Method {
+	case agentproto.MethodFileStat:
+		e, err := a.stat(acct, p)
+		if err != nil {
+			return err
+		}
+		return c.WriteJSON(agentproto.Reply{Entry: e})
+	case agentproto.MethodFileList:
+		es, err := a.list(acct, p, fr.Depth, fr.Hidden, fr.Limit)
+		if err != nil {
+			return err
+		}
+		if es == nil {
+			es = []agentproto.FileEntry{}
+		}
+		return c.WriteJSON(agentproto.Reply{Entries: es})
+	case agentproto.MethodFileMkdir:
+		e, err := a.mkdir(acct, p, fr.Mode, fr.Parents)
+		if err != nil {
+			return err
+		}
+		return c.WriteJSON(agentproto.Reply{Entry: e})
+	case agentproto.MethodFileRemove:
+		removed, err := a.remove(acct, p, fr.Recursive)
+		if err != nil {
+			return err
+		}
+		return c.WriteJSON(agentproto.Reply{Removed: &removed})
+	case agentproto.MethodFileWrite:
+		if fr.Size < 0 {
+			return invalid("negative size")
+		}
+		e, err := a.writeFile(acct, p, fr.Mode, fr.Size, dataReader(c))
+		if err != nil {
+			return err
+		}
+		return c.WriteJSON(agentproto.Reply{Entry: e})
+	case agentproto.MethodFileRead:
+		f, e, err := a.openRead(acct, p)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := c.WriteJSON(agentproto.Reply{Entry: e}); err != nil {
+			return nil
+		}
+		buf := make([]byte, agentproto.DataChunk)
+		for {
+			n, rerr := f.Read(buf)
+			if n > 0 {
+				if err := c.WriteFrame(agentproto.KindData, buf[:n]); err != nil {
+					return nil
+				}
+			}
+			if rerr == io.EOF {
+				return c.WriteJSON(agentproto.Reply{OK: true})
+			}
+			if rerr != nil {
+				return fileError(p, rerr)
+			}
+		}
+	}
+	return &agentproto.Error{Code: agentproto.CodeUnknownMethod, Message: fmt.Sprintf("unknown method %q", req.Method)}
+}
+
+// dataReader reads the payloads of consecutive data frames as one stream.
+func dataReader(c *agentproto.Conn) io.Reader { return &frameReader{c: c} }
+
+type frameReader struct {
+	c   *agentproto.Conn
+	buf []byte
+}
+
+func (r *frameReader) Read(p []byte) (int, error) {
+	for len(r.buf) == 0 {
+		kind, payload, err := r.c.ReadFrame()
+		if err != nil {
+			return 0, err
+		}
+		if kind != agentproto.KindData {
+			return 0, invalid("expected data frame")
+		}
+		r.buf = payload
+	}
+	n := copy(p, r.buf)
+	r.buf = r.buf[n:]
+	return n, nil
+}
+
+func (a *Agent) info() *agentproto.Info {
+	var uts unix.Utsname
+	_ = unix.Uname(&uts)
+	info := &agentproto.Info{
+		Version:       agentproto.Version,
+		KernelRelease: unix.ByteSliceToString(uts.Release[:]),
+		BootedAt:      a.bootedAt,
+		CPUs:          runtime.NumCPU(),
+	}
+	var si unix.Sysinfo_t
+	if unix.Sysinfo(&si) == nil {
+		info.UptimeMs = si.Uptime * 1000
+		info.MemTotalKiB = int64(si.Totalram) * int64(si.Unit) / 1024
+	}
+	return info
+}

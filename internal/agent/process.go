@@ -1,0 +1,536 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/emberbox/emberbox/internal/agentproto"
+)
+
+const (
+	// ringBytes is how much output the agent keeps per process for readers
+	// that attach later (the API's processes/{id}/output).
+	ringBytes = 1 << 20
+	// keepEnded is how many ended processes stay listed.
+	keepEnded = 256
+	// drainAfterExit bounds how long the agent waits for the output pipes to
+	// close after the process group is gone; a daemon that escaped the group
+	// with setsid could otherwise hold them open forever.
+	drainAfterExit = 2 * time.Second
+)
+
+// chunk is one piece of output at a cumulative offset across both streams.
+type chunk struct {
+	stream string
+	offset int64
+	data   []byte
+}
+
+// sink receives output as it is produced, in offset order. Returning an error
+// detaches the sink; the process keeps running.
+type sink func(ev agentproto.Event) error
+
+// process is one command started by exec or spawn.
+type process struct {
+	id      string
+	command string
+	argv    []string
+	cwd     string
+	timeout time.Duration
+	started time.Time
+	pid     int
+
+	// emitMu serializes output delivery so offsets reach sinks in order.
+	emitMu sync.Mutex
+
+	mu       sync.Mutex
+	chunks   []chunk // the last ringBytes of output
+	kept     int64   // bytes in chunks
+	next     int64   // offset of the next byte
+	sink     sink
+	capture  *capture
+	ended    *time.Time
+	exitCode *int
+	state    string
+	timedOut bool
+	changed  chan struct{} // closed and replaced on every change
+}
+
+// capture keeps the head of each stream for a non-streamed exec.
+type capture struct {
+	max                  int64
+	stdout, stderr       []byte
+	stdoutTrunc, errTrun bool
+}
+
+func (c *capture) add(stream string, b []byte) {
+	buf, trunc := &c.stdout, &c.stdoutTrunc
+	if stream == agentproto.Stderr {
+		buf, trunc = &c.stderr, &c.errTrun
+	}
+	room := c.max - int64(len(*buf))
+	if int64(len(b)) > room {
+		b = b[:max(room, 0)]
+		*trunc = true
+	}
+	*buf = append(*buf, b...)
+}
+
+func (p *process) notifyLocked() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// emit records output and hands it to the sink, if any.
+func (p *process) emit(stream string, b []byte) {
+	p.emitMu.Lock()
+	defer p.emitMu.Unlock()
+	data := append([]byte(nil), b...)
+
+	p.mu.Lock()
+	off := p.next
+	p.next += int64(len(data))
+	p.chunks = append(p.chunks, chunk{stream: stream, offset: off, data: data})
+	p.kept += int64(len(data))
+	for p.kept > ringBytes && len(p.chunks) > 1 {
+		p.kept -= int64(len(p.chunks[0].data))
+		p.chunks[0] = chunk{}
+		p.chunks = p.chunks[1:]
+	}
+	if p.capture != nil {
+		p.capture.add(stream, data)
+	}
+	s := p.sink
+	p.notifyLocked()
+	p.mu.Unlock()
+
+	if s != nil {
+		// Delivered outside p.mu but under emitMu: a slow reader blocks the
+		// command's output (backpressure), never the process table.
+		if err := s(agentproto.Event{Type: stream, Data: data, Offset: off}); err != nil {
+			p.mu.Lock()
+			p.sink = nil
+			p.mu.Unlock()
+		}
+	}
+}
+
+func (p *process) info() agentproto.ProcessInfo {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.infoLocked()
+}
+
+func (p *process) infoLocked() agentproto.ProcessInfo {
+	first := p.next - p.kept
+	return agentproto.ProcessInfo{
+		ID: p.id, State: p.state, ExitCode: p.exitCode, Command: p.command, Argv: p.argv,
+		Cwd: p.cwd, PID: p.pid, StartedAt: p.started, EndedAt: p.ended,
+		TimeoutMs: p.timeout.Milliseconds(), OutputBytes: p.next, FirstOffset: first,
+	}
+}
+
+func (p *process) resultLocked() *agentproto.ExecResult {
+	r := &agentproto.ExecResult{
+		ProcessID: p.id, ExitCode: p.exitCode, TimedOut: p.timedOut, State: p.state,
+	}
+	end := time.Now()
+	if p.ended != nil {
+		end = *p.ended
+	}
+	r.DurationMs = end.Sub(p.started).Milliseconds()
+	if c := p.capture; c != nil {
+		r.Stdout, r.Stderr = c.stdout, c.stderr
+		r.StdoutTruncated, r.StderrTruncated = c.stdoutTrunc, c.errTrun
+	}
+	return r
+}
+
+// processTable holds every process the agent started.
+type processTable struct {
+	mu    sync.Mutex
+	seq   int
+	procs map[string]*process
+}
+
+func (t *processTable) add(p *process) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.seq++
+	p.id = "proc_" + strconv.Itoa(t.seq)
+	t.procs[p.id] = p
+	t.pruneLocked()
+}
+
+// pruneLocked forgets the oldest ended processes beyond keepEnded.
+func (t *processTable) pruneLocked() {
+	var ended []*process
+	for _, p := range t.procs {
+		p.mu.Lock()
+		if p.ended != nil {
+			ended = append(ended, p)
+		}
+		p.mu.Unlock()
+	}
+	if len(ended) <= keepEnded {
+		return
+	}
+	sort.Slice(ended, func(i, j int) bool { return ended[i].started.Before(ended[j].started) })
+	for _, p := range ended[:len(ended)-keepEnded] {
+		delete(t.procs, p.id)
+	}
+}
+
+func (t *processTable) get(id string) (*process, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p, ok := t.procs[id]
+	if !ok {
+		return nil, &agentproto.Error{Code: agentproto.CodeProcessNotFound, Message: fmt.Sprintf("no process %q", id)}
+	}
+	return p, nil
+}
+
+func (t *processTable) list() []agentproto.ProcessInfo {
+	t.mu.Lock()
+	ps := make([]*process, 0, len(t.procs))
+	for _, p := range t.procs {
+		ps = append(ps, p)
+	}
+	t.mu.Unlock()
+	sort.Slice(ps, func(i, j int) bool { return ps[i].started.Before(ps[j].started) })
+	out := make([]agentproto.ProcessInfo, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, p.info())
+	}
+	return out
+}
+
+// start launches req as a new process. sink, if set, receives the output
+// from the first byte; capture, if set, keeps the head of each stream.
+func (a *Agent) start(req *agentproto.ExecRequest, s sink, c *capture) (*process, error) {
+	if (req.Command == "") == (len(req.Argv) == 0) {
+		return nil, invalid("exactly one of command and argv is required")
+	}
+	acct, err := a.account(req.User)
+	if err != nil {
+		return nil, err
+	}
+	env := a.environ(acct, req.Env)
+	cwd := resolvePath(acct.home, req.Cwd)
+
+	var cmd *exec.Cmd
+	var display string
+	if req.Command != "" {
+		cmd = &exec.Cmd{Path: a.bash, Args: []string{"bash", "-c", req.Command}}
+		display = req.Command
+	} else {
+		path, err := lookPath(req.Argv[0], env)
+		if err != nil {
+			return a.startFailed(req, cwd, s, c, req.Argv[0]+": command not found\n", 127)
+		}
+		cmd = &exec.Cmd{Path: path, Args: req.Argv}
+		display = strings.Join(req.Argv, " ")
+	}
+	cmd.Env = env
+	cmd.Dir = cwd
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if acct.uid != os.Getuid() {
+		cmd.SysProcAttr.Credential = &syscall.Credential{
+			Uid: uint32(acct.uid), Gid: uint32(acct.gid), Groups: acct.groups,
+		}
+	}
+
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return nil, internal(err)
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		return nil, internal(err)
+	}
+	cmd.Stdout, cmd.Stderr = outW, errW
+	var inW *os.File
+	if len(req.Stdin) > 0 {
+		var inR *os.File
+		if inR, inW, err = os.Pipe(); err != nil {
+			return nil, internal(err)
+		}
+		cmd.Stdin = inR
+		defer inR.Close()
+	}
+
+	p := &process{
+		command: display, argv: req.Argv, cwd: cwd,
+		timeout: time.Duration(req.TimeoutMs) * time.Millisecond,
+		state:   agentproto.StateRunning, sink: s, capture: c,
+		changed: make(chan struct{}),
+	}
+	a.procs.add(p)
+	p.started = time.Now()
+	status, err := a.reaper.start(cmd)
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		outR.Close()
+		errR.Close()
+		if inW != nil {
+			inW.Close()
+		}
+		a.procs.mu.Lock()
+		delete(a.procs.procs, p.id)
+		a.procs.mu.Unlock()
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+			return nil, &agentproto.Error{Code: agentproto.CodeFileNotFound, Message: fmt.Sprintf("starting command: %v", err)}
+		}
+		return nil, &agentproto.Error{Code: agentproto.CodeInvalid, Message: fmt.Sprintf("starting command: %v", err)}
+	}
+	p.pid = cmd.Process.Pid
+	if inW != nil {
+		go func() {
+			_, _ = inW.Write(req.Stdin)
+			inW.Close()
+		}()
+	}
+	go a.supervise(p, status, outR, errR)
+	return p, nil
+}
+
+// startFailed records a process that could not start, the way a shell
+// reports it, so callers see an ordinary result rather than an error.
+func (a *Agent) startFailed(req *agentproto.ExecRequest, cwd string, s sink, c *capture, msg string, code int) (*process, error) {
+	now := time.Now()
+	p := &process{
+		command: strings.Join(req.Argv, " "), argv: req.Argv, cwd: cwd, started: now,
+		state: agentproto.StateRunning, sink: s, capture: c, changed: make(chan struct{}),
+	}
+	a.procs.add(p)
+	go func() {
+		p.emit(agentproto.Stderr, []byte(msg))
+		p.mu.Lock()
+		p.ended, p.exitCode, p.state = &now, &code, agentproto.StateExited
+		p.notifyLocked()
+		p.mu.Unlock()
+	}()
+	return p, nil
+}
+
+// supervise copies output, enforces the timeout and records the exit.
+func (a *Agent) supervise(p *process, status <-chan unix.WaitStatus, outR, errR *os.File) {
+	var readers sync.WaitGroup
+	for _, r := range []struct {
+		f      *os.File
+		stream string
+	}{{outR, agentproto.Stdout}, {errR, agentproto.Stderr}} {
+		readers.Add(1)
+		go func() {
+			defer readers.Done()
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := r.f.Read(buf)
+				if n > 0 {
+					p.emit(r.stream, buf[:n])
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+
+	var timer <-chan time.Time
+	if p.timeout > 0 {
+		t := time.NewTimer(p.timeout)
+		defer t.Stop()
+		timer = t.C
+	}
+	var ws unix.WaitStatus
+	timedOut := false
+	select {
+	case ws = <-status:
+	case <-timer:
+		timedOut = true
+		_ = unix.Kill(-p.pid, unix.SIGKILL)
+		ws = <-status
+	}
+	// Whatever the command left behind in its group ends with it.
+	_ = unix.Kill(-p.pid, unix.SIGKILL)
+
+	done := make(chan struct{})
+	go func() { readers.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(drainAfterExit):
+		outR.Close()
+		errR.Close()
+		<-done
+	}
+	outR.Close()
+	errR.Close()
+
+	now := time.Now()
+	p.mu.Lock()
+	p.ended = &now
+	p.timedOut = timedOut
+	switch {
+	case timedOut:
+		p.state = agentproto.StateTimedOut
+	case ws.Exited():
+		code := ws.ExitStatus()
+		p.exitCode = &code
+		p.state = agentproto.StateExited
+	case ws.Signaled():
+		code := -int(ws.Signal())
+		p.exitCode = &code
+		p.state = agentproto.StateKilled
+	}
+	p.notifyLocked()
+	p.mu.Unlock()
+}
+
+// wait blocks until p has ended or ctx is done.
+func (p *process) wait(ctx context.Context) error {
+	for {
+		p.mu.Lock()
+		ended, ch := p.ended != nil, p.changed
+		p.mu.Unlock()
+		if ended {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// signal sends sig to p's process group.
+func (p *process) signal(sig unix.Signal) error {
+	p.mu.Lock()
+	ended := p.ended != nil
+	p.mu.Unlock()
+	if ended {
+		return nil
+	}
+	if err := unix.Kill(-p.pid, sig); err != nil && err != unix.ESRCH {
+		return internal(err)
+	}
+	return nil
+}
+
+// output sends p's kept output from cursor through send. With follow it
+// continues until the process ends; otherwise it waits up to wait for the
+// first byte. It ends with an "exit" event once the process has ended and
+// everything kept was sent.
+func (p *process) output(ctx context.Context, cursor int64, follow bool, wait time.Duration, send func(agentproto.Event) error) error {
+	deadline := time.Now().Add(wait)
+	for {
+		p.mu.Lock()
+		first := p.next - p.kept
+		var pending []chunk
+		for _, c := range p.chunks {
+			if c.offset+int64(len(c.data)) <= cursor {
+				continue
+			}
+			if c.offset < cursor {
+				c.data = c.data[cursor-c.offset:]
+				c.offset = cursor
+			}
+			pending = append(pending, c)
+		}
+		ended, ch := p.ended != nil, p.changed
+		var res *agentproto.ExecResult
+		if ended {
+			res = p.resultLocked()
+		}
+		p.mu.Unlock()
+
+		if cursor < first {
+			if err := send(agentproto.Event{Type: "truncated", Offset: first, Dropped: first - cursor}); err != nil {
+				return err
+			}
+			cursor = first
+		}
+		for _, c := range pending {
+			if err := send(agentproto.Event{Type: c.stream, Data: c.data, Offset: c.offset}); err != nil {
+				return err
+			}
+			cursor = c.offset + int64(len(c.data))
+		}
+		if ended {
+			return send(agentproto.Event{Type: "exit", Offset: cursor, Exit: res})
+		}
+		if !follow && (len(pending) > 0 || !time.Now().Before(deadline)) {
+			return nil
+		}
+		var timeout <-chan time.Time
+		if !follow {
+			t := time.NewTimer(time.Until(deadline))
+			defer t.Stop()
+			timeout = t.C
+		}
+		select {
+		case <-ch:
+		case <-timeout:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// lookPath finds file in the PATH of env, as the command would see it.
+func lookPath(file string, env []string) (string, error) {
+	if strings.Contains(file, "/") {
+		return file, nil
+	}
+	path := ""
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, dir := range filepath.SplitList(path) {
+		if dir == "" {
+			continue
+		}
+		f := filepath.Join(dir, file)
+		if st, err := os.Stat(f); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
+			return f, nil
+		}
+	}
+	return "", io.EOF
+}
+
+// parseSignal accepts "SIGTERM", "TERM", "term" or a number.
+func parseSignal(s string) (unix.Signal, error) {
+	if s == "" {
+		return unix.SIGTERM, nil
+	}
+	if n, err := strconv.Atoi(s); err == nil && n > 0 && n < 65 {
+		return unix.Signal(n), nil
+	}
+	name := strings.ToUpper(s)
+	if !strings.HasPrefix(name, "SIG") {
+		name = "SIG" + name
+	}
+	if sig := unix.SignalNum(name); sig != 0 {
+		return sig, nil
+	}
+	return 0, invalid(fmt.Sprintf("unknown signal %q", s))
+}

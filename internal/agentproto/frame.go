@@ -1,0 +1,123 @@
+// Package agentproto is the wire protocol between the host and emberbox-agent
+// inside the guest.
+//
+// One byte stream connects them (a virtio-serial port under QEMU, vsock under
+// Firecracker). Each new connection starts with a line handshake (Hello /
+// Ready) that skips any stale bytes left from an earlier connection, after
+// which the stream is a yamux session; the host opens one yamux stream per
+// call. A call is a Request frame from the host followed by method-specific
+// frames in both directions. Frames are length-prefixed: a kind byte, a 32-bit
+// big-endian payload length and the payload. JSON frames carry messages, data
+// frames carry raw bytes (file contents), so large files cross without base64.
+package agentproto
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Frame kinds.
+const (
+	KindJSON byte = 'J'
+	KindData byte = 'D'
+)
+
+// MaxFrame bounds one frame's payload. Both sides refuse bigger frames, so a
+// hostile peer cannot make the other allocate without limit.
+const MaxFrame = 4 << 20
+
+// DataChunk is the size in which file contents are sent.
+const DataChunk = 256 << 10
+
+// ErrFrameTooLarge is returned for a frame whose declared size exceeds MaxFrame.
+var ErrFrameTooLarge = errors.New("agentproto: frame too large")
+
+// Conn reads and writes frames on one stream. It is not safe for concurrent
+// writers; callers serialize writes themselves.
+type Conn struct {
+	r *bufio.Reader
+	w io.Writer
+}
+
+// NewConn returns a Conn over rw.
+func NewConn(rw io.ReadWriter) *Conn {
+	return &Conn{r: bufio.NewReaderSize(rw, 64<<10), w: rw}
+}
+
+// WriteFrame writes one frame.
+func (c *Conn) WriteFrame(kind byte, payload []byte) error {
+	if len(payload) > MaxFrame {
+		return ErrFrameTooLarge
+	}
+	var hdr [5]byte
+	hdr[0] = kind
+	binary.BigEndian.PutUint32(hdr[1:], uint32(len(payload)))
+	// One write per frame keeps frames whole on the yamux stream.
+	buf := make([]byte, 0, 5+len(payload))
+	buf = append(buf, hdr[:]...)
+	buf = append(buf, payload...)
+	_, err := c.w.Write(buf)
+	return err
+}
+
+// WriteJSON writes v as a JSON frame.
+func (c *Conn) WriteJSON(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encoding %T: %w", v, err)
+	}
+	return c.WriteFrame(KindJSON, b)
+}
+
+// WriteData writes b as one or more data frames of at most DataChunk bytes.
+// An empty b writes nothing.
+func (c *Conn) WriteData(b []byte) error {
+	for len(b) > 0 {
+		n := min(len(b), DataChunk)
+		if err := c.WriteFrame(KindData, b[:n]); err != nil {
+			return err
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+// ReadFrame reads the next frame. The payload is freshly allocated.
+func (c *Conn) ReadFrame() (kind byte, payload []byte, err error) {
+	var hdr [5]byte
+	if _, err := io.ReadFull(c.r, hdr[:]); err != nil {
+		return 0, nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[1:])
+	if n > MaxFrame {
+		return 0, nil, ErrFrameTooLarge
+	}
+	kind = hdr[0]
+	if kind != KindJSON && kind != KindData {
+		return 0, nil, fmt.Errorf("agentproto: unknown frame kind %q", kind)
+	}
+	payload = make([]byte, n)
+	if _, err := io.ReadFull(c.r, payload); err != nil {
+		return 0, nil, fmt.Errorf("agentproto: short frame: %w", err)
+	}
+	return kind, payload, nil
+}
+
+// ReadJSON reads the next frame, which must be a JSON frame, into v.
+func (c *Conn) ReadJSON(v any) error {
+	kind, p, err := c.ReadFrame()
+	if err != nil {
+		return err
+	}
+	if kind != KindJSON {
+		return fmt.Errorf("agentproto: got frame kind %q, want JSON", kind)
+	}
+	if err := json.Unmarshal(p, v); err != nil {
+		return fmt.Errorf("agentproto: decoding %T: %w", v, err)
+	}
+	return nil
+}

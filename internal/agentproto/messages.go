@@ -1,0 +1,225 @@
+package agentproto
+
+import "time"
+
+// Version is the protocol version the agent reports in its Ready line.
+const Version = 1
+
+// PortName is the name of the virtio-serial port the agent listens on.
+const PortName = "org.emberbox.agent.0"
+
+// Handshake lines. The host writes HelloPrefix+nonce+"\n"; the agent, having
+// skipped everything before it, answers ReadyPrefix+nonce+" "+version+"\n".
+const (
+	HelloPrefix = "EMBERBOX-HELLO "
+	ReadyPrefix = "EMBERBOX-READY "
+)
+
+// Method names, one per call the host can make.
+const (
+	MethodInfo          = "info"
+	MethodConfigure     = "configure"
+	MethodExec          = "exec"
+	MethodSpawn         = "spawn"
+	MethodProcessList   = "process.list"
+	MethodProcessGet    = "process.get"
+	MethodProcessOutput = "process.output"
+	MethodProcessSignal = "process.signal"
+	MethodFileRead      = "file.read"
+	MethodFileWrite     = "file.write"
+	MethodFileList      = "file.list"
+	MethodFileStat      = "file.stat"
+	MethodFileMkdir     = "file.mkdir"
+	MethodFileRemove    = "file.remove"
+)
+
+// Request is the first frame of every call. Exactly one of the pointer fields
+// matching Method is set.
+type Request struct {
+	Method    string            `json:"method"`
+	Configure *ConfigureRequest `json:"configure,omitempty"`
+	Exec      *ExecRequest      `json:"exec,omitempty"`
+	Process   *ProcessRequest   `json:"process,omitempty"`
+	File      *FileRequest      `json:"file,omitempty"`
+}
+
+// Error codes carried on the wire. The host maps them to errdefs classes.
+const (
+	CodeInvalid          = "invalid_request"
+	CodeFileNotFound     = "file_not_found"
+	CodeIsADirectory     = "is_a_directory"
+	CodeNotADirectory    = "not_a_directory"
+	CodePermission       = "permission_denied"
+	CodeExists           = "file_exists"
+	CodeNotEmpty         = "directory_not_empty"
+	CodeNoSpace          = "no_space"
+	CodeProcessNotFound  = "process_not_found"
+	CodeTooLarge         = "too_large"
+	CodeInternal         = "internal"
+	CodeUnknownMethod    = "unknown_method"
+	CodeCommandNotFound  = "command_not_found"
+	CodeProcessNotExited = "process_running"
+)
+
+// Error is a failure reported by the agent.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// Reply is the JSON frame that answers a call (for streaming calls, the frame
+// that ends it). Exactly one field is set.
+type Reply struct {
+	Error     *Error        `json:"error,omitempty"`
+	Info      *Info         `json:"info,omitempty"`
+	Exit      *ExecResult   `json:"exit,omitempty"`
+	Process   *ProcessInfo  `json:"process,omitempty"`
+	Processes []ProcessInfo `json:"processes,omitempty"`
+	Entry     *FileEntry    `json:"entry,omitempty"`
+	Entries   []FileEntry   `json:"entries,omitempty"`
+	Removed   *bool         `json:"removed,omitempty"`
+	OK        bool          `json:"ok,omitempty"`
+}
+
+// Info describes the guest.
+type Info struct {
+	Version       int       `json:"version"`
+	KernelRelease string    `json:"kernelRelease"`
+	BootedAt      time.Time `json:"bootedAt"`
+	UptimeMs      int64     `json:"uptimeMs"`
+	CPUs          int       `json:"cpus"`
+	MemTotalKiB   int64     `json:"memTotalKiB"`
+}
+
+// ConfigureRequest sets sandbox-wide settings. The env is kept only in the
+// guest's memory, so the host never has to store its values.
+type ConfigureRequest struct {
+	Env      map[string]string `json:"env,omitempty"`
+	Hostname string            `json:"hostname,omitempty"`
+}
+
+// ExecRequest starts a command. Command runs under bash -c; Argv runs as is.
+type ExecRequest struct {
+	Command   string            `json:"command,omitempty"`
+	Argv      []string          `json:"argv,omitempty"`
+	Cwd       string            `json:"cwd,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	Stdin     []byte            `json:"stdin,omitempty"`
+	TimeoutMs int64             `json:"timeoutMs,omitempty"` // 0: no timeout
+	User      string            `json:"user,omitempty"`      // "" or "user", or "root"
+	// Stream asks for Output events as output arrives; otherwise output is
+	// captured up to MaxOutput bytes per stream and returned in the result.
+	Stream    bool  `json:"stream,omitempty"`
+	MaxOutput int64 `json:"maxOutput,omitempty"`
+	// Detach (spawn) makes the process outlive the call; its output is kept
+	// in a ring and read with process.output.
+	Detach bool `json:"detach,omitempty"`
+}
+
+// Stream names for output events.
+const (
+	Stdout = "stdout"
+	Stderr = "stderr"
+)
+
+// Event is one JSON frame of a streamed exec or of process output. Type is
+// "start", "stdout", "stderr", "truncated", "exit" or "error". Every frame of
+// a streaming call is an Event; "exit" or "error" ends the call.
+type Event struct {
+	Type      string      `json:"type"`
+	ProcessID string      `json:"processId,omitempty"`
+	Data      []byte      `json:"data,omitempty"`
+	Offset    int64       `json:"offset"`
+	Dropped   int64       `json:"droppedBytes,omitempty"` // truncated: bytes lost
+	Exit      *ExecResult `json:"exit,omitempty"`
+	Error     *Error      `json:"error,omitempty"` // type "error": the call failed
+}
+
+// ExecResult is how a command ended. ExitCode is nil when the process did not
+// exit by itself (timed out or killed by the agent); a death by signal is the
+// negative signal number.
+type ExecResult struct {
+	ProcessID       string `json:"processId"`
+	ExitCode        *int   `json:"exitCode"`
+	Stdout          []byte `json:"stdout,omitempty"`
+	Stderr          []byte `json:"stderr,omitempty"`
+	StdoutTruncated bool   `json:"stdoutTruncated"`
+	StderrTruncated bool   `json:"stderrTruncated"`
+	TimedOut        bool   `json:"timedOut"`
+	DurationMs      int64  `json:"durationMs"`
+	State           string `json:"state"`
+}
+
+// Process states.
+const (
+	StateRunning  = "running"
+	StateExited   = "exited"
+	StateKilled   = "killed"
+	StateTimedOut = "timed_out"
+)
+
+// ProcessInfo describes a process started by exec or spawn.
+type ProcessInfo struct {
+	ID          string     `json:"id"`
+	State       string     `json:"state"`
+	ExitCode    *int       `json:"exitCode"`
+	Command     string     `json:"command"`
+	Argv        []string   `json:"argv,omitempty"`
+	Cwd         string     `json:"cwd"`
+	PID         int        `json:"pid"`
+	StartedAt   time.Time  `json:"startedAt"`
+	EndedAt     *time.Time `json:"endedAt,omitempty"`
+	TimeoutMs   int64      `json:"timeoutMs,omitempty"`
+	OutputBytes int64      `json:"outputBytes"`
+	FirstOffset int64      `json:"firstOffset"`
+}
+
+// ProcessRequest addresses one process.
+type ProcessRequest struct {
+	ID     string `json:"id,omitempty"`
+	Signal string `json:"signal,omitempty"` // e.g. "SIGTERM", "TERM", "9"
+	Cursor int64  `json:"cursor,omitempty"`
+	// Follow streams output until the process ends; otherwise output already
+	// kept from Cursor is sent, waiting up to WaitMs for some if there is none.
+	Follow bool  `json:"follow,omitempty"`
+	WaitMs int64 `json:"waitMs,omitempty"`
+}
+
+// FileRequest addresses a path in the guest. Relative paths resolve against
+// the user's home (/workspace).
+type FileRequest struct {
+	Path      string `json:"path"`
+	Mode      uint32 `json:"mode,omitempty"` // write/mkdir: permission bits, 0 means default
+	Size      int64  `json:"size,omitempty"` // write: exact number of bytes that follow
+	Depth     int    `json:"depth,omitempty"`
+	Hidden    bool   `json:"hidden,omitempty"`
+	Limit     int    `json:"limit,omitempty"`
+	Parents   bool   `json:"parents,omitempty"`
+	Recursive bool   `json:"recursive,omitempty"`
+	User      string `json:"user,omitempty"` // "" or "user", or "root"
+}
+
+// File entry types.
+const (
+	TypeFile      = "file"
+	TypeDirectory = "directory"
+	TypeSymlink   = "symlink"
+	TypeOther     = "other"
+)
+
+// FileEntry describes one file.
+type FileEntry struct {
+	Name          string    `json:"name"`
+	Path          string    `json:"path"`
+	Type          string    `json:"type"`
+	Size          int64     `json:"size"`
+	Mode          string    `json:"mode"` // octal permission bits, e.g. "644"
+	ModifiedAt    time.Time `json:"modifiedAt"`
+	UID           int       `json:"uid"`
+	GID           int       `json:"gid"`
+	Owner         string    `json:"owner,omitempty"`
+	Group         string    `json:"group,omitempty"`
+	SymlinkTarget string    `json:"symlinkTarget,omitempty"`
+}

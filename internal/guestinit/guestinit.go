@@ -1,0 +1,24 @@
+// Package guestinit is the initramfs stage of the guest agent. The agent
+// binary is /init in a tiny initramfs that holds only the kernel modules
+// needed to reach the root disk; it loads them, mounts the root disk and
+// re-executes itself from there as PID 1. Keeping the agent out of the
+// rootfs means a new agent never requires rebuilding the image.
+package guestinit
+
+// Paths inside the initramfs, shared with the host-side builder
+// (internal/image) so both agree on the layout.
+const (
+	// ModulesDir holds the modules, uncompressed, as <name>.ko.
+	ModulesDir = "/lib/emberbox/modules"
+	// LoadOrderFile lists module file names in ModulesDir, one a line,
+	// dependencies first.
+	LoadOrderFile = ModulesDir + "/load-order"
+)
+
+// Paths in the new root.
+const (
+	newRoot = "/newroot"
+	// AgentPath is where SwitchRoot puts the agent in the new root, on a
+	// tmpfs mounted at /run.
+	AgentPath = "/run/emberbox/emberbox-agent"
+)

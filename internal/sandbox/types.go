@@ -1,0 +1,113 @@
+// Package sandbox manages the lifecycle of sandboxes: creating their VMs,
+// tracking their state in the store, enforcing leases, reattaching after a
+// restart of the server, and relaying calls to their guest agents.
+package sandbox
+
+import "time"
+
+// State is where a sandbox is in its life (the API's "state" field).
+type State string
+
+// States. Paused and pausing arrive with snapshots.
+const (
+	StateStarting State = "starting"
+	StateRunning  State = "running"
+	StateStopping State = "stopping"
+	StateStopped  State = "stopped"
+	StateDeleted  State = "deleted"
+)
+
+// Status is the coarse status the API reports beside State.
+func (s State) Status() string {
+	switch s {
+	case StateStarting:
+		return "pending"
+	case StateRunning:
+		return "active"
+	case StateStopping:
+		return "stopping"
+	default:
+		return "stopped"
+	}
+}
+
+// Terminal reports whether no further transition can happen but deletion.
+func (s State) Terminal() bool { return s == StateStopped || s == StateDeleted }
+
+// Lease-end actions.
+const (
+	LeaseEndStop   = "stop"
+	LeaseEndDelete = "delete"
+	LeaseEndPause  = "pause" // refused until snapshots exist
+)
+
+// Stop reasons.
+const (
+	ReasonRequested     = "requested"
+	ReasonLeaseExpired  = "lease_expired"
+	ReasonDeleted       = "deleted"
+	ReasonStartFailed   = "start_failed"
+	ReasonVMExited      = "vm_exited"       // the VM process ended on its own
+	ReasonLostOnRestart = "lost_on_restart" // found dead when the server restarted
+	ReasonShutdown      = "server_shutdown"
+)
+
+// Defaults and limits for create requests.
+const (
+	DefaultVCPU           = 2
+	DefaultMemoryMiB      = 4096
+	DefaultDiskMiB        = 4096
+	DefaultTimeoutSeconds = 1800
+	MinTimeoutSeconds     = 60
+	MaxTimeoutSeconds     = 24 * 3600
+	MaxExtendAhead        = time.Hour
+)
+
+// Sandbox is the durable record of one sandbox, as the store keeps it and the
+// API shows it.
+type Sandbox struct {
+	ID             string
+	OwnerKeyID     string
+	Name           string
+	Labels         map[string]string
+	EnvNames       []string
+	VCPU           int
+	MemoryMiB      int
+	DiskMiB        int
+	TimeoutSeconds int
+	OnLeaseEnd     string
+	State          State
+	StopReason     string
+	Accel          string // "kvm" or "tcg"
+	Driver         string // "qemu", later "firecracker"
+	CreatedAt      time.Time
+	ReadyAt        *time.Time
+	ExpiresAt      *time.Time
+	EndedAt        *time.Time
+	DeletedAt      *time.Time
+	// VM is the driver's opaque reattach record (pid, socket paths), JSON.
+	VM []byte
+}
+
+// CreateSpec is a validated create request with defaults filled in.
+type CreateSpec struct {
+	Name           string
+	Labels         map[string]string
+	Env            map[string]string // values go to the guest only; the store keeps names
+	VCPU           int
+	MemoryMiB      int
+	DiskMiB        int
+	TimeoutSeconds int
+	OnLeaseEnd     string
+}
+
+// ListOptions filters a listing. Zero values mean no filter.
+type ListOptions struct {
+	OwnerKeyID     string
+	States         []State
+	Name           string
+	Labels         map[string]string // all must match
+	IncludeStopped bool              // stopped sandboxes are listed only if set or States names them
+	Limit          int               // 1..100, default 50
+	Cursor         string            // opaque, from a previous page
+}
