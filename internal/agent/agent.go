@@ -72,7 +72,7 @@ func New(cfg Config) (*Agent, error) {
 	}
 	return &Agent{
 		log: log, accounts: accts, names: names, user: u, bash: bash,
-		reaper: newReaper(), procs: &processTable{procs: map[string]*process{}},
+		reaper: theReaper(), procs: &processTable{procs: map[string]*process{}},
 		bootedAt: time.Now(),
 	}, nil
 }
@@ -165,6 +165,18 @@ func (a *Agent) handle(ctx context.Context, st *yamux.Stream) {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if req.Method != agentproto.MethodFileWrite {
+		// The host sends nothing more, so a read returns only when it
+		// closes the stream: it gave up on the call. Cancel, and fail
+		// writes blocked on a reader that is gone.
+		go func() {
+			var b [1]byte
+			_, _ = st.Read(b[:])
+			cancel()
+		}()
+	}
+	stop := context.AfterFunc(ctx, func() { _ = st.SetWriteDeadline(time.Unix(1, 0)) })
+	defer stop()
 	if err := a.dispatch(ctx, c, &req); err != nil {
 		var pe *agentproto.Error
 		if !errors.As(err, &pe) {
@@ -278,6 +290,9 @@ func (a *Agent) exec(ctx context.Context, c *agentproto.Conn, req *agentproto.Ex
 
 	var wmu sync.Mutex
 	send := func(ev agentproto.Event) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		wmu.Lock()
 		defer wmu.Unlock()
 		return c.WriteJSON(ev)

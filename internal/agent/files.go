@@ -70,10 +70,10 @@ func fileError(p string, err error) *agentproto.Error {
 		code = agentproto.CodeNotADirectory
 	case errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EROFS):
 		code = agentproto.CodePermission
+	case errors.Is(err, syscall.ENOTEMPTY): // before ErrExist, which it also matches
+		code = agentproto.CodeNotEmpty
 	case errors.Is(err, fs.ErrExist):
 		code = agentproto.CodeExists
-	case errors.Is(err, syscall.ENOTEMPTY):
-		code = agentproto.CodeNotEmpty
 	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
 		code = agentproto.CodeNoSpace
 	}

@@ -19,6 +19,10 @@ type reaper struct {
 	waiting map[int]chan unix.WaitStatus // pid → its starter
 }
 
+// theReaper is process-wide: wait4(-1) reaps every child of the process, so
+// two reapers would steal each other's statuses.
+var theReaper = sync.OnceValue(newReaper)
+
 func newReaper() *reaper {
 	r := &reaper{waiting: make(map[int]chan unix.WaitStatus)}
 	sig := make(chan os.Signal, 32)

@@ -72,6 +72,7 @@ var classStatus = []struct {
 	{errdefs.ErrInvalidArgument, http.StatusBadRequest, "invalid_request"},
 	{errdefs.ErrNotFound, http.StatusNotFound, "not_found"},
 	{errdefs.ErrConflict, http.StatusConflict, "conflict"},
+	{errdefs.ErrPermission, http.StatusForbidden, "permission_denied"},
 	{errdefs.ErrUnavailable, http.StatusServiceUnavailable, "unavailable"},
 	{errdefs.ErrInternal, http.StatusInternalServerError, "internal"},
 }

@@ -15,6 +15,7 @@ var (
 	ErrInvalidArgument = errors.New("invalid argument")
 	ErrNotFound        = errors.New("not found")
 	ErrConflict        = errors.New("conflict")
+	ErrPermission      = errors.New("permission denied")
 	ErrUnavailable     = errors.New("unavailable")
 	ErrInternal        = errors.New("internal error")
 )

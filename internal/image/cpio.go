@@ -7,7 +7,8 @@ import (
 )
 
 // cpioWriter writes the "newc" cpio format the kernel unpacks as an
-// initramfs. Entries are written as given: parent directories first.
+// initramfs. Entries are written as given: parent directories first. The
+// first write error sticks and is returned by close.
 type cpioWriter struct {
 	w   io.Writer
 	ino uint32
@@ -17,11 +18,11 @@ type cpioWriter struct {
 // cpioEntry describes one archive member. Mode holds the file type bits
 // (unix S_IF*) as well as the permissions.
 type cpioEntry struct {
-	Name         string // without a leading slash, e.g. "lib/emberbox"
-	Mode         uint32
-	Data         []byte // regular files only
-	RdevMajor    uint32 // device nodes only
-	RdevMinor    uint32
+	Name      string // without a leading slash, e.g. "lib/emberbox"
+	Mode      uint32
+	Data      []byte // regular files only
+	RdevMajor uint32 // device nodes only
+	RdevMinor uint32
 }
 
 // File type bits of the cpio mode field (the same values as Linux S_IF*).
@@ -31,9 +32,9 @@ const (
 	cpioChar = 0o020000
 )
 
-func (c *cpioWriter) write(e cpioEntry) error {
+func (c *cpioWriter) write(e cpioEntry) {
 	if c.err != nil {
-		return c.err
+		return
 	}
 	c.ino++
 	nlink := 1
@@ -51,13 +52,13 @@ func (c *cpioWriter) write(e cpioEntry) error {
 	c.pad(len(hdr) + len(name))
 	c.put(e.Data)
 	c.pad(len(e.Data))
-	return c.err
 }
 
 // close writes the trailer entry that ends the archive.
 func (c *cpioWriter) close() error {
 	c.ino = 0
-	return c.write(cpioEntry{Name: "TRAILER!!!"})
+	c.write(cpioEntry{Name: "TRAILER!!!"})
+	return c.err
 }
 
 func (c *cpioWriter) put(b []byte) {

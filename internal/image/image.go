@@ -41,16 +41,15 @@ type Image struct {
 // manifest is written last into a build directory; an image directory
 // without it is not an image.
 type manifest struct {
-	Format         string    `json:"format"`
-	RecipeHash     string    `json:"recipeHash"`
-	KernelPackage  string    `json:"kernelPackage"`
-	KernelVersion  string    `json:"kernelVersion"`
-	KernelRelease  string    `json:"kernelRelease"`
-	Modules        []string  `json:"modules"` // load order
-	RootfsBytes    int64     `json:"rootfsBytes"`
-	BuiltAt        time.Time `json:"builtAt"`
-	BuildSeconds   float64   `json:"buildSeconds"`
-	RootfsFileName string    `json:"rootfsFileName"`
+	Format        string    `json:"format"`
+	RecipeHash    string    `json:"recipeHash"`
+	KernelPackage string    `json:"kernelPackage"`
+	KernelVersion string    `json:"kernelVersion"`
+	KernelRelease string    `json:"kernelRelease"`
+	Modules       []string  `json:"modules"` // load order
+	RootfsBytes   int64     `json:"rootfsBytes"`
+	BuiltAt       time.Time `json:"builtAt"`
+	BuildSeconds  float64   `json:"buildSeconds"`
 }
 
 const (
@@ -90,9 +89,10 @@ func (c Config) logger() *slog.Logger {
 
 // Lookup returns the image for the current recipe if it is built. If the
 // recipe changed (a new Debian kernel in the apt index, say) and the new
-// image is not built yet, it returns the newest built image instead, so
-// sandboxes keep starting until Ensure has built the new one. Otherwise the
-// error wraps errdefs.ErrNotFound.
+// image is not built yet, or the kernel cannot be resolved at all (the
+// host's apt lists were cleaned), it returns the newest built image
+// instead, so sandboxes keep starting. Otherwise the error wraps
+// errdefs.ErrNotFound.
 func Lookup(cfg Config) (*Image, error) {
 	dir, err := cfg.imagesDir()
 	if err != nil {
@@ -104,17 +104,24 @@ func Lookup(cfg Config) (*Image, error) {
 			return img, nil
 		}
 	}
-	if target, err := os.Readlink(filepath.Join(dir, currentLink)); err == nil {
-		if img, err := load(filepath.Join(dir, filepath.Base(target))); err == nil {
-			cfg.logger().Warn("using older guest image; run Ensure to build the current recipe",
-				"recipe_hash", img.RecipeHash, "kernel_error", kerr)
-			return img, nil
-		}
+	if img, err := newest(dir); err == nil {
+		cfg.logger().Warn("using the newest built guest image, not the current recipe's",
+			"recipe_hash", img.RecipeHash, "resolve_error", kerr)
+		return img, nil
 	}
 	if kerr != nil {
 		return nil, fmt.Errorf("no guest image in %s (%v): %w", dir, kerr, errdefs.ErrNotFound)
 	}
 	return nil, fmt.Errorf("no guest image %s in %s: %w", recipeHash(k), dir, errdefs.ErrNotFound)
+}
+
+// newest returns the image the "current" link points at: the last one built.
+func newest(dir string) (*Image, error) {
+	target, err := os.Readlink(filepath.Join(dir, currentLink))
+	if err != nil {
+		return nil, fmt.Errorf("no guest image in %s: %w", dir, errdefs.ErrNotFound)
+	}
+	return load(filepath.Join(dir, filepath.Base(target)))
 }
 
 // load reads the image in dir, checking that it is complete.
@@ -160,7 +167,14 @@ func Ensure(ctx context.Context, cfg Config) (*Image, error) {
 	}
 	k, err := resolveKernel(ctx)
 	if err != nil {
-		return nil, err
+		// Hosts that clean their apt lists (container images do) cannot
+		// resolve the kernel; an image built earlier still boots.
+		if img, lerr := newest(dir); lerr == nil {
+			cfg.logger().Warn("cannot resolve the current kernel; using the newest built guest image",
+				"recipe_hash", img.RecipeHash, "error", err)
+			return img, nil
+		}
+		return nil, fmt.Errorf("%w (is the apt index present? try apt-get update)", err)
 	}
 	hash := recipeHash(k)
 	final := filepath.Join(dir, hash)
@@ -234,6 +248,9 @@ func build(ctx context.Context, cfg Config, dir string, k kernelPackage) (*Image
 		return nil, err
 	}
 	defer os.RemoveAll(tmp) // after a successful rename there is nothing left here
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return nil, err
+	}
 
 	// The log lives outside the build directory so it survives a failure.
 	logPath := filepath.Join(dir, "build-"+hash[:12]+".log")

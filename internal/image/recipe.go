@@ -69,9 +69,11 @@ printf 'export PATH="$HOME/.local/bin:$PATH"\n' >"$root/etc/profile.d/emberbox-p
 printf 'emberbox\n' >"$root/etc/hostname"
 printf '127.0.0.1\tlocalhost\n127.0.1.1\temberbox\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' >"$root/etc/hosts"
 
-# The agent is PID 1 and the guest has no NIC: nothing reads these.
-rm -rf "$root/var/lib/apt/lists/"* "$root/var/cache/apt/"* "$root/var/cache/debconf/"*-old \
-	"$root/var/log/"*.log "$root/var/log/apt/"* "$root/tmp/"* "$root/root/.cache"
+# mmdebstrap itself empties the apt lists and cache after this hook. Never
+# touch $root/tmp here: while hooks run, mmdebstrap's own apt configuration
+# lives there, and without it its cleanup "apt-get update" runs against the
+# host's configuration and empties the host's apt lists.
+rm -rf "$root/var/cache/debconf/"*-old "$root/var/log/"*.log "$root/var/log/apt/"* "$root/root/.cache"
 : >"$root/etc/machine-id"
 # mmdebstrap copies the host's resolver config in; the guest gets its own.
 rm -f "$root/etc/resolv.conf"
@@ -80,11 +82,11 @@ rm -f "$root/etc/resolv.conf"
 // wantedModules are the kernel modules the initramfs loads (module names, as
 // in modinfo). Missing ones are skipped; built-in ones need no loading.
 var wantedModules = []string{
-	"virtio_mmio",    // the transport for every microvm device
-	"virtio_blk",     // root disk
-	"virtio_console", // virtio-serial: the host-guest stream under QEMU
-	"ext4",           // root filesystem
-	"virtio_rng",     // entropy early in boot
+	"virtio_mmio",                // the transport for every microvm device
+	"virtio_blk",                 // root disk
+	"virtio_console",             // virtio-serial: the host-guest stream under QEMU
+	"ext4",                       // root filesystem
+	"virtio_rng",                 // entropy early in boot
 	"vmw_vsock_virtio_transport", // the host-guest stream under Firecracker
 }
 

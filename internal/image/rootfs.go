@@ -111,4 +111,3 @@ func treeUsage(dir string) (used, inodes int64, err error) {
 	})
 	return used, inodes, err
 }
-

@@ -135,6 +135,8 @@ def emberbox_server():
             print(f"\n==== emberbox log tail ({log_path}) ====\n{server.log_tail()}\n==== end ====")
         if os.environ.get("EMBERBOX_KEEP_DATA") != "1":
             shutil.rmtree(data_dir, ignore_errors=True)
+            if not _FAILED["any"]:
+                log_path.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")

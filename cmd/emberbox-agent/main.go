@@ -1,0 +1,61 @@
+// Command emberbox-agent is the guest agent: PID 1 inside every sandbox VM.
+//
+// Started as /init from the initramfs, it loads the virtio modules, mounts the
+// root disk and re-executes itself from there; then it sets the system up and
+// serves the host over a virtio-serial port until the VM is powered off.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/emberbox/emberbox/internal/agent"
+	"github.com/emberbox/emberbox/internal/guestinit"
+)
+
+func main() {
+	if guestinit.IsInitramfs() {
+		err := guestinit.SwitchRoot(func(format string, args ...any) {
+			fmt.Fprintf(os.Stderr, "emberbox-init: "+format+"\n", args...)
+		})
+		fatal(fmt.Errorf("switching root: %w", err))
+	}
+	if err := run(context.Background()); err != nil {
+		fatal(err)
+	}
+}
+
+func run(ctx context.Context) error {
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	a, err := agent.New(agent.Config{Root: "/", User: "user", Logger: log})
+	if err != nil {
+		return err
+	}
+	if os.Getpid() == 1 {
+		if err := a.SetupSystem(); err != nil {
+			return err
+		}
+	}
+	dev, err := agent.FindPort(agent.DefaultPort, 30*time.Second)
+	if err != nil {
+		return err
+	}
+	log.Info("emberbox-agent serving", "port", dev)
+	return a.ServePort(ctx, dev)
+}
+
+// fatal reports err; as PID 1 it powers the VM off rather than letting the
+// kernel panic, so the host sees a clean exit and keeps the console log.
+func fatal(err error) {
+	fmt.Fprintf(os.Stderr, "emberbox-agent: fatal: %v\n", err)
+	if os.Getpid() == 1 {
+		unix.Sync()
+		_ = unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
+	}
+	os.Exit(1)
+}

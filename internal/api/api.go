@@ -1,0 +1,282 @@
+// Package api serves Emberbox's HTTP API, the Runtime Cloud v1 wire format:
+// routes with colon verbs, camelCase JSON, one error shape, bearer keys,
+// Idempotency-Key, Prefer: wait=N and NDJSON exec streaming. It maps errdefs
+// classes to statuses and leaves every decision about sandboxes to the
+// Manager.
+package api
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/emberbox/emberbox/internal/errdefs"
+)
+
+// Keys authenticates API keys.
+type Keys interface {
+	// Authenticate returns the id of the key whose secret this is, or an
+	// error of class errdefs.ErrNotFound for an unknown or revoked key.
+	Authenticate(ctx context.Context, secret string) (keyID string, err error)
+}
+
+// Idempotency remembers the answers to requests sent with an
+// Idempotency-Key, per API key.
+type Idempotency interface {
+	// Reserve claims key for a request with this fingerprint. It returns
+	// reserved=true if the key was free (the caller must later Complete or
+	// Release it); otherwise rec is the existing record, whose Status is 0
+	// while the first request is still running.
+	Reserve(ctx context.Context, keyID, key, fingerprint string) (rec *IdempotentResult, reserved bool, err error)
+	// Complete stores the answer of a reserved key.
+	Complete(ctx context.Context, keyID, key string, status int, contentType string, body []byte) error
+	// Release forgets a reserved key, so that a retry runs again.
+	Release(ctx context.Context, keyID, key string) error
+}
+
+// IdempotentResult is a stored answer (or, with Status 0, a request still
+// running).
+type IdempotentResult struct {
+	Fingerprint string
+	Status      int
+	ContentType string
+	Body        []byte
+}
+
+// Config configures the handler New returns.
+type Config struct {
+	Manager Manager // required
+	Keys    Keys    // required
+	// Idempotency stores answers for Idempotency-Key; nil accepts and
+	// checks the header but remembers nothing.
+	Idempotency Idempotency
+	Logger      *slog.Logger // nil discards
+	Version     string       // reported by /healthz and the OpenAPI info
+	// Accel optionally reports the host's acceleration ("kvm" or "tcg"),
+	// shown by /healthz and used for sandboxes that do not record theirs.
+	Accel func() string
+}
+
+// Limits of the waits a request may ask for.
+const (
+	maxPreferWait       = 120 * time.Second
+	defaultWaitForState = 60 * time.Second
+	idemPollInterval    = 100 * time.Millisecond
+	idemPollMax         = 60 * time.Second
+)
+
+type server struct {
+	mgr     Manager
+	keys    Keys
+	idem    Idempotency
+	log     *slog.Logger
+	version string
+	accel   func() string
+
+	routes  []route
+	mux     *http.ServeMux
+	openapi []byte
+
+	// Tests shorten these.
+	idemPoll    time.Duration
+	idemPollMax time.Duration
+	now         func() time.Time
+}
+
+// New returns the API handler. It panics if Manager or Keys is nil.
+func New(cfg Config) http.Handler {
+	return newServer(cfg)
+}
+
+func newServer(cfg Config) *server {
+	if cfg.Manager == nil || cfg.Keys == nil {
+		panic("api.New: Manager and Keys are required")
+	}
+	s := &server{
+		mgr: cfg.Manager, keys: cfg.Keys, idem: cfg.Idempotency, log: cfg.Logger,
+		version: cfg.Version, accel: cfg.Accel,
+		idemPoll: idemPollInterval, idemPollMax: idemPollMax, now: time.Now,
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	s.routes = s.routeTable()
+	s.mux = s.buildMux()
+	doc, err := json.Marshal(s.openAPI())
+	if err != nil {
+		panic("api.New: openapi document: " + err.Error())
+	}
+	s.openapi = doc
+	return s
+}
+
+type ctxKey int
+
+const requestIDKey ctxKey = 0
+
+func requestID(ctx context.Context) string {
+	id, _ := ctx.Value(requestIDKey).(string)
+	return id
+}
+
+func newRequestID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return "req_" + hex.EncodeToString(b[:])
+}
+
+// ServeHTTP implements http.Handler: it names the request, recovers panics
+// into 500 answers and logs every request.
+func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	rid := newRequestID() // never the caller's: ours are unique and safe to log
+	w.Header().Set("x-request-id", rid)
+	r = r.WithContext(context.WithValue(r.Context(), requestIDKey, rid))
+	sw := &statusWriter{ResponseWriter: w}
+	defer func() {
+		if p := recover(); p != nil {
+			if p == http.ErrAbortHandler {
+				panic(p)
+			}
+			s.log.LogAttrs(r.Context(), slog.LevelError, "panic serving request",
+				slog.String("request_id", rid), slog.String("method", r.Method),
+				slog.String("path", r.URL.Path), slog.Any("panic", p),
+				slog.String("stack", string(debug.Stack())))
+			if !sw.wrote {
+				s.writeError(sw, r, newError(http.StatusInternalServerError, "internal", "Internal error."))
+			}
+		}
+		s.log.LogAttrs(r.Context(), slog.LevelDebug, "request",
+			slog.String("request_id", rid), slog.String("method", r.Method),
+			slog.String("path", r.URL.Path), slog.Int("status", sw.status),
+			slog.Duration("duration", time.Since(start)))
+	}()
+	s.mux.ServeHTTP(sw, r)
+}
+
+// statusWriter remembers the status sent.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+	wrote  bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if !w.wrote {
+		w.wrote, w.status = true, code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(p []byte) (int, error) {
+	if !w.wrote {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Written reports whether the status line has gone out.
+func (w *statusWriter) Written() bool { return w.wrote }
+
+// written reports whether w has sent its status line.
+func written(w http.ResponseWriter) bool {
+	if ww, ok := w.(interface{ Written() bool }); ok {
+		return ww.Written()
+	}
+	return false
+}
+
+// call is what a handler knows about its request beyond *http.Request.
+type call struct {
+	owner string // the authenticated key id
+	body  []byte // the whole request body (at most maxBody bytes)
+}
+
+type handlerFunc func(w http.ResponseWriter, r *http.Request, c *call) error
+
+// serveRoute runs rt for r: authentication, body, idempotency, handler.
+func (s *server) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
+	c := &call{}
+	if !rt.Public {
+		owner, err := s.authenticate(r)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		c.owner = owner
+	}
+	if r.Method != http.MethodGet && r.Method != http.MethodHead && r.Body != nil {
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+		if err != nil {
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				what := "The request body"
+				if rt.RawBody {
+					what = "The file"
+				}
+				s.writeError(w, r, errTooLarge(what))
+				return
+			}
+			s.writeError(w, r, newError(http.StatusBadRequest, "invalid_request", "The request body could not be read."))
+			return
+		}
+		c.body = body
+	}
+	run := func(w http.ResponseWriter) {
+		if err := rt.handle(w, r, c); err != nil {
+			if written(w) {
+				s.log.LogAttrs(r.Context(), slog.LevelWarn, "error after the answer started",
+					slog.String("request_id", requestID(r.Context())), slog.Any("err", err))
+				return
+			}
+			s.writeError(w, r, err)
+		}
+	}
+	if key := r.Header.Get("Idempotency-Key"); key != "" && r.Method != http.MethodGet && r.Method != http.MethodHead {
+		s.idempotent(w, r, c, key, run)
+		return
+	}
+	run(w)
+}
+
+func (s *server) authenticate(r *http.Request) (string, error) {
+	unauthorized := newError(http.StatusUnauthorized, "unauthorized", "A valid API key is required.").
+		withHint("Send the header Authorization: Bearer <key> with a key this server issued.")
+	scheme, secret, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	secret = strings.TrimSpace(secret)
+	if !ok || !strings.EqualFold(scheme, "Bearer") || secret == "" {
+		return "", unauthorized
+	}
+	owner, err := s.keys.Authenticate(r.Context(), secret)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return "", unauthorized
+		}
+		return "", err
+	}
+	return owner, nil
+}
+
+// writeJSON sends v as JSON with status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		// Only a programming error gets here; the types are ours.
+		body = []byte(`{"error":{"code":"internal","status":500,"message":"Internal error.","hint":""}}`)
+		status = http.StatusInternalServerError
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}

@@ -1,0 +1,388 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/emberbox/emberbox/internal/agentproto"
+	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/sandbox"
+)
+
+// fakeManager is an in-memory Manager that enforces owners like the real one.
+type fakeManager struct {
+	mu        sync.Mutex
+	sandboxes map[string]*sandbox.Sandbox
+	files     map[string][]byte // id + "\x00" + path
+	n         int
+
+	creates    int
+	createErr  error
+	createHook func()
+	lastSpec   sandbox.CreateSpec
+	waits      []waitCall
+	listOpts   sandbox.ListOptions
+	listNext   string
+	lastExec   agentproto.ExecRequest
+	execResult agentproto.ExecResult
+	execEvents []agentproto.Event
+	execErr    error
+	execHook   func(onEvent func(agentproto.Event) error) error // replaces events when set
+	outputReq  agentproto.ProcessRequest
+	signal     string
+	lastMode   uint32
+}
+
+type waitCall struct {
+	id      string
+	states  []sandbox.State
+	timeout time.Duration // rounded to seconds
+}
+
+func newFakeManager() *fakeManager {
+	return &fakeManager{sandboxes: map[string]*sandbox.Sandbox{}, files: map[string][]byte{}}
+}
+
+func notFound(id string) error {
+	return &errdefs.CodedError{Class: errdefs.ErrNotFound, Code: "not_found", Message: "no sandbox " + id}
+}
+
+func (m *fakeManager) getLocked(owner, id string) (*sandbox.Sandbox, error) {
+	if id == "panic" {
+		panic("boom")
+	}
+	if id == "broken" {
+		return nil, fmt.Errorf("disk /var/secret/path failed: %w", errdefs.ErrInternal)
+	}
+	sb := m.sandboxes[id]
+	if sb == nil || sb.OwnerKeyID != owner {
+		return nil, notFound(id)
+	}
+	return sb, nil
+}
+
+// add puts a running sandbox of owner with a lease ending in lease.
+func (m *fakeManager) add(owner, id string, state sandbox.State, lease time.Duration) *sandbox.Sandbox {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := time.Now()
+	exp := now.Add(lease)
+	sb := &sandbox.Sandbox{ID: id, OwnerKeyID: owner, State: state, CreatedAt: now, ExpiresAt: &exp,
+		VCPU: 2, MemoryMiB: 4096, DiskMiB: 4096, TimeoutSeconds: 1800, OnLeaseEnd: "stop", Accel: "tcg", Driver: "qemu"}
+	m.sandboxes[id] = sb
+	return sb
+}
+
+func clone(sb *sandbox.Sandbox) *sandbox.Sandbox { c := *sb; return &c }
+
+func (m *fakeManager) Create(ctx context.Context, owner string, spec sandbox.CreateSpec) (*sandbox.Sandbox, error) {
+	if m.createHook != nil {
+		m.createHook()
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.creates++
+	m.lastSpec = spec
+	if m.createErr != nil {
+		return nil, m.createErr
+	}
+	m.n++
+	id := fmt.Sprintf("sbx_%d", m.n)
+	sb := &sandbox.Sandbox{ID: id, OwnerKeyID: owner, Name: spec.Name, Labels: spec.Labels, State: sandbox.StateStarting,
+		VCPU: spec.VCPU, MemoryMiB: spec.MemoryMiB, DiskMiB: spec.DiskMiB, TimeoutSeconds: spec.TimeoutSeconds,
+		OnLeaseEnd: spec.OnLeaseEnd, CreatedAt: time.Date(2026, 11, 1, 12, 0, 0, 123456789, time.UTC)}
+	for k := range spec.Env {
+		sb.EnvNames = append(sb.EnvNames, k)
+	}
+	m.sandboxes[id] = sb
+	return clone(sb), nil
+}
+
+func (m *fakeManager) Get(ctx context.Context, owner, id string) (*sandbox.Sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, err := m.getLocked(owner, id)
+	if err != nil {
+		return nil, err
+	}
+	return clone(sb), nil
+}
+
+func (m *fakeManager) List(ctx context.Context, opts sandbox.ListOptions) ([]*sandbox.Sandbox, string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.listOpts = opts
+	var out []*sandbox.Sandbox
+	for _, sb := range m.sandboxes {
+		if sb.OwnerKeyID == opts.OwnerKeyID && (opts.Name == "" || sb.Name == opts.Name) {
+			out = append(out, clone(sb))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, m.listNext, nil
+}
+
+// WaitFor records the wait and moves the sandbox to the first state asked.
+func (m *fakeManager) WaitFor(ctx context.Context, owner, id string, states ...sandbox.State) (*sandbox.Sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, err := m.getLocked(owner, id)
+	if err != nil {
+		return nil, err
+	}
+	dl, _ := ctx.Deadline()
+	m.waits = append(m.waits, waitCall{id: id, states: states, timeout: time.Until(dl).Round(time.Second)})
+	sb.State = states[0]
+	return clone(sb), nil
+}
+
+func (m *fakeManager) Stop(ctx context.Context, owner, id string) (*sandbox.Sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, err := m.getLocked(owner, id)
+	if err != nil {
+		return nil, err
+	}
+	sb.State = sandbox.StateStopping
+	return clone(sb), nil
+}
+
+func (m *fakeManager) Delete(ctx context.Context, owner, id string) (*sandbox.Sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, err := m.getLocked(owner, id)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Date(2026, 11, 1, 13, 0, 0, 0, time.UTC)
+	sb.State, sb.DeletedAt = sandbox.StateDeleted, &now
+	return clone(sb), nil
+}
+
+func (m *fakeManager) Extend(ctx context.Context, owner, id string, d time.Duration) (*sandbox.Sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, err := m.getLocked(owner, id)
+	if err != nil {
+		return nil, err
+	}
+	exp := time.Now().Add(d)
+	sb.ExpiresAt = &exp
+	return clone(sb), nil
+}
+
+func (m *fakeManager) Exec(ctx context.Context, owner, id string, req agentproto.ExecRequest, onEvent func(agentproto.Event) error) (*agentproto.ExecResult, error) {
+	m.mu.Lock()
+	_, err := m.getLocked(owner, id)
+	m.lastExec = req
+	events, res, execErr, hook := m.execEvents, m.execResult, m.execErr, m.execHook
+	m.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if hook != nil {
+		return &res, hook(onEvent)
+	}
+	if req.Stream {
+		for _, ev := range events {
+			if err := onEvent(ev); err != nil {
+				return &res, err
+			}
+		}
+	}
+	if execErr != nil {
+		return nil, execErr
+	}
+	return &res, nil
+}
+
+func (m *fakeManager) Spawn(ctx context.Context, owner, id string, req agentproto.ExecRequest) (*agentproto.ProcessInfo, error) {
+	if _, err := m.Get(ctx, owner, id); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	m.lastExec = req
+	m.mu.Unlock()
+	return &agentproto.ProcessInfo{ID: "p1", State: "running", Command: req.Command, StartedAt: time.Unix(0, 0)}, nil
+}
+
+func (m *fakeManager) Processes(ctx context.Context, owner, id string) ([]agentproto.ProcessInfo, error) {
+	if _, err := m.Get(ctx, owner, id); err != nil {
+		return nil, err
+	}
+	return []agentproto.ProcessInfo{{ID: "p1", State: "running"}}, nil
+}
+
+func (m *fakeManager) Process(ctx context.Context, owner, id, pid string) (*agentproto.ProcessInfo, error) {
+	if _, err := m.Get(ctx, owner, id); err != nil {
+		return nil, err
+	}
+	if pid != "p1" {
+		return nil, errdefs.New(errdefs.ErrNotFound, "process_not_found", "no process %s", pid)
+	}
+	return &agentproto.ProcessInfo{ID: "p1", State: "running"}, nil
+}
+
+func (m *fakeManager) ProcessOutput(ctx context.Context, owner, id string, req agentproto.ProcessRequest, onEvent func(agentproto.Event) error) error {
+	if _, err := m.Get(ctx, owner, id); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.outputReq = req
+	events := m.execEvents
+	m.mu.Unlock()
+	for _, ev := range events {
+		if err := onEvent(ev); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *fakeManager) Signal(ctx context.Context, owner, id, pid, signal string) (*agentproto.ProcessInfo, error) {
+	if _, err := m.Get(ctx, owner, id); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	m.signal = signal
+	m.mu.Unlock()
+	return &agentproto.ProcessInfo{ID: pid, State: "killed"}, nil
+}
+
+func (m *fakeManager) entry(p string, size int64) *agentproto.FileEntry {
+	return &agentproto.FileEntry{Name: p[strings.LastIndexByte(p, '/')+1:], Path: p, Type: "file", Size: size, Mode: "644",
+		ModifiedAt: time.Unix(0, 0)}
+}
+
+func (m *fakeManager) ReadFile(ctx context.Context, owner, id, p string) (*agentproto.FileEntry, io.ReadCloser, error) {
+	if _, err := m.Get(ctx, owner, id); err != nil {
+		return nil, nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	data, ok := m.files[id+"\x00"+p]
+	if !ok {
+		return nil, nil, errdefs.New(errdefs.ErrNotFound, "file_not_found", "%s: no such file", p)
+	}
+	return m.entry(p, int64(len(data))), io.NopCloser(bytes.NewReader(data)), nil
+}
+
+func (m *fakeManager) WriteFile(ctx context.Context, owner, id, p string, mode uint32, size int64, r io.Reader) (*agentproto.FileEntry, error) {
+	if _, err := m.Get(ctx, owner, id); err != nil {
+		return nil, err
+	}
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) != size {
+		return nil, errors.New("size mismatch")
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.files[id+"\x00"+p] = data
+	m.lastMode = mode
+	return m.entry(p, size), nil
+}
+
+func (m *fakeManager) ListFiles(ctx context.Context, owner, id string, req agentproto.FileRequest) ([]agentproto.FileEntry, error) {
+	if _, err := m.Get(ctx, owner, id); err != nil {
+		return nil, err
+	}
+	return []agentproto.FileEntry{*m.entry(req.Path+"/a", 1)}, nil
+}
+
+func (m *fakeManager) Stat(ctx context.Context, owner, id, p string) (*agentproto.FileEntry, error) {
+	if _, err := m.Get(ctx, owner, id); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	data, ok := m.files[id+"\x00"+p]
+	if !ok {
+		return nil, fmt.Errorf("stat %s: %w", p, errdefs.ErrNotFound) // a bare class, as the interface allows
+	}
+	return m.entry(p, int64(len(data))), nil
+}
+
+func (m *fakeManager) Mkdir(ctx context.Context, owner, id, p string, parents bool) (*agentproto.FileEntry, error) {
+	if _, err := m.Get(ctx, owner, id); err != nil {
+		return nil, err
+	}
+	e := m.entry(p, 0)
+	e.Type = "directory"
+	return e, nil
+}
+
+func (m *fakeManager) Remove(ctx context.Context, owner, id, p string, recursive bool) (bool, error) {
+	if _, err := m.Get(ctx, owner, id); err != nil {
+		return false, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.files[id+"\x00"+p]
+	delete(m.files, id+"\x00"+p)
+	return ok, nil
+}
+
+// fakeKeys knows secrets "secret-a" (key_a) and "secret-b" (key_b).
+type fakeKeys struct{}
+
+func (fakeKeys) Authenticate(ctx context.Context, secret string) (string, error) {
+	switch secret {
+	case "secret-a":
+		return "key_a", nil
+	case "secret-b":
+		return "key_b", nil
+	}
+	return "", fmt.Errorf("key: %w", errdefs.ErrNotFound)
+}
+
+// fakeIdem is an in-memory Idempotency store.
+type fakeIdem struct {
+	mu       sync.Mutex
+	recs     map[string]*IdempotentResult
+	released int
+}
+
+func newFakeIdem() *fakeIdem { return &fakeIdem{recs: map[string]*IdempotentResult{}} }
+
+func (f *fakeIdem) Reserve(ctx context.Context, keyID, key, fp string) (*IdempotentResult, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if rec, ok := f.recs[keyID+"/"+key]; ok {
+		c := *rec
+		return &c, false, nil
+	}
+	f.recs[keyID+"/"+key] = &IdempotentResult{Fingerprint: fp}
+	return nil, true, nil
+}
+
+func (f *fakeIdem) Complete(ctx context.Context, keyID, key string, status int, ct string, body []byte) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	rec := f.recs[keyID+"/"+key]
+	rec.Status, rec.ContentType, rec.Body = status, ct, bytes.Clone(body)
+	return nil
+}
+
+func (f *fakeIdem) Release(ctx context.Context, keyID, key string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.recs, keyID+"/"+key)
+	f.released++
+	return nil
+}
+
+var errInternalSecret = fmt.Errorf("agent socket /run/secret broke: %w", errdefs.ErrInternal)
+
+func errdefsConflict(code string) error {
+	return errdefs.New(errdefs.ErrConflict, code, "refused: %s", code)
+}

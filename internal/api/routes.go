@@ -1,0 +1,185 @@
+package api
+
+import (
+	"net/http"
+	"sort"
+	"strings"
+)
+
+// route is one operation of the API. The table in routeTable drives the mux,
+// the OpenAPI document and the tests, so they cannot drift apart.
+type route struct {
+	Method string
+	// Path as the OpenAPI document names it; a last segment "{id}:verb" is
+	// a colon verb, which the mux cannot match by itself.
+	Path    string
+	OpID    string
+	Summary string
+	Public  bool     // served without an API key
+	Query   []param  // query parameters, for the document
+	Body    any      // JSON request body type (a struct value), for the document
+	RawBody bool     // the body is raw bytes (file content)
+	Answers []string // content types of a 200 answer; default application/json
+	handle  handlerFunc
+}
+
+// param is a query parameter.
+type param struct {
+	Name     string
+	Type     string // "string", "integer" or "boolean"
+	Repeat   bool
+	Required bool
+	Doc      string
+}
+
+func (s *server) routeTable() []route {
+	q := func(name, typ, doc string) param { return param{Name: name, Type: typ, Doc: doc} }
+	pathParam := param{Name: "path", Type: "string", Required: true, Doc: "absolute, or relative to /workspace"}
+	ndjson := []string{"application/x-ndjson"}
+	return []route{
+		{Method: "GET", Path: "/healthz", OpID: "health", Summary: "Liveness and version", Public: true, handle: s.health},
+		{Method: "GET", Path: "/v1/openapi.json", OpID: "openapi", Summary: "This document", Public: true, handle: s.serveOpenAPI},
+
+		{Method: "POST", Path: "/v1/sandboxes", OpID: "createSandbox", Summary: "Create a sandbox (Prefer: wait=N waits for running)",
+			Body: createRequest{}, handle: s.createSandbox},
+		{Method: "GET", Path: "/v1/sandboxes", OpID: "listSandboxes", Summary: "List sandboxes",
+			Query: []param{
+				{Name: "state", Type: "string", Repeat: true, Doc: "starting|running|stopping|stopped|deleted"},
+				q("name", "string", "exact name"),
+				{Name: "label", Type: "string", Repeat: true, Doc: "key:value; all must match"},
+				q("includeStopped", "boolean", "list stopped sandboxes too"),
+				q("limit", "integer", "1..100, default 50"),
+				q("cursor", "string", "nextCursor of the previous page"),
+			}, handle: s.listSandboxes},
+		{Method: "GET", Path: "/v1/sandboxes/{id}", OpID: "getSandbox", Summary: "Read a sandbox, optionally waiting for a state",
+			Query:  []param{q("waitFor", "string", "a state to wait for"), q("timeoutSeconds", "integer", "wait limit, at most 120, default 60")},
+			handle: s.getSandbox},
+		{Method: "DELETE", Path: "/v1/sandboxes/{id}", OpID: "deleteSandbox", Summary: "Delete a sandbox and its disk", handle: s.deleteSandbox},
+		{Method: "POST", Path: "/v1/sandboxes/{id}:stop", OpID: "stopSandbox", Summary: "Stop a sandbox (Prefer: wait=N waits for stopped)",
+			Body: struct{}{}, handle: s.stopSandbox},
+		{Method: "POST", Path: "/v1/sandboxes/{id}:extend", OpID: "extendSandbox", Summary: "Move the lease to now+seconds",
+			Body: extendRequest{}, handle: s.extendSandbox},
+		{Method: "POST", Path: "/v1/sandboxes/{id}:exec", OpID: "exec", Summary: "Run a command; stream:true answers NDJSON",
+			Body: execRequest{}, Answers: []string{"application/json", "application/x-ndjson"}, handle: s.exec},
+
+		{Method: "POST", Path: "/v1/sandboxes/{id}/processes", OpID: "spawnProcess", Summary: "Start a background process",
+			Body: spawnRequest{}, handle: s.spawn},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/processes", OpID: "listProcesses", Summary: "List processes", handle: s.listProcesses},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/processes/{pid}", OpID: "getProcess", Summary: "Read a process", handle: s.getProcess},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/processes/{pid}/output", OpID: "processOutput", Summary: "A process's output events",
+			Query: []param{q("cursor", "integer", "byte offset to start from"), q("waitMs", "integer", "wait this long for output, at most 60000"),
+				q("follow", "boolean", "stream until the process ends")},
+			Answers: ndjson, handle: s.processOutput},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/processes/{pid}:signal", OpID: "signalProcess", Summary: "Send a signal to a process",
+			Body: signalRequest{}, handle: s.signalProcess},
+
+		{Method: "GET", Path: "/v1/sandboxes/{id}/files/content", OpID: "readFile", Summary: "Read a file's bytes",
+			Query: []param{pathParam}, Answers: []string{"application/octet-stream"}, handle: s.readFile},
+		{Method: "PUT", Path: "/v1/sandboxes/{id}/files/content", OpID: "writeFile", Summary: "Write a file (at most 1 MiB)",
+			Query: []param{pathParam, q("mode", "string", "octal permissions, default 644")}, RawBody: true, handle: s.writeFile},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/files/list", OpID: "listFiles", Summary: "List a directory",
+			Query: []param{pathParam, q("depth", "integer", "levels below path, default 1"), q("hidden", "boolean", "include dotfiles"),
+				q("limit", "integer", "at most this many entries")}, handle: s.listFiles},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/files/stat", OpID: "statFile", Summary: "A file's entry, or {exists:false}",
+			Query: []param{pathParam}, handle: s.statFile},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/files:mkdir", OpID: "mkdir", Summary: "Make a directory",
+			Body: mkdirRequest{}, handle: s.mkdir},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/files:remove", OpID: "removeFile", Summary: "Remove a file or directory",
+			Body: removeRequest{}, handle: s.removeFile},
+	}
+}
+
+// group serves every route that shares one mux pattern: the routes of
+// /v1/sandboxes/{id} and of /v1/sandboxes/{id}:verb are one group, told
+// apart by the verb after the last ':' of the wildcard.
+type group struct {
+	s    *server
+	wild string                       // the wildcard that may carry a verb, or ""
+	ops  map[string]map[string]*route // verb → method → route
+}
+
+// splitVerb returns the mux pattern path of a route path, the wildcard
+// that may carry a verb, and the verb.
+func splitVerb(path string) (muxPath, wild, verb string) {
+	i := strings.LastIndexByte(path, '/')
+	prefix, last := path[:i+1], path[i+1:]
+	if !strings.HasPrefix(last, "{") {
+		return path, "", ""
+	}
+	end := strings.IndexByte(last, '}')
+	wild = last[1:end]
+	if rest := last[end+1:]; strings.HasPrefix(rest, ":") {
+		verb = rest[1:]
+	}
+	return prefix + "{" + wild + "}", wild, verb
+}
+
+func (s *server) buildMux() *http.ServeMux {
+	groups := map[string]*group{}
+	var order []string
+	for i := range s.routes {
+		rt := &s.routes[i]
+		muxPath, wild, verb := splitVerb(rt.Path)
+		g := groups[muxPath]
+		if g == nil {
+			g = &group{s: s, wild: wild, ops: map[string]map[string]*route{}}
+			groups[muxPath] = g
+			order = append(order, muxPath)
+		}
+		if g.ops[verb] == nil {
+			g.ops[verb] = map[string]*route{}
+		}
+		g.ops[verb][rt.Method] = rt
+	}
+	mux := http.NewServeMux()
+	for _, p := range order {
+		mux.Handle(p, groups[p])
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		s.writeError(w, r, routeNotFound(r))
+	})
+	return mux
+}
+
+func routeNotFound(r *http.Request) *apiError {
+	return newError(http.StatusNotFound, "route_not_found", "No route "+r.Method+" "+r.URL.Path+".").
+		withHint("GET /v1/openapi.json lists every route this server has.")
+}
+
+// ServeHTTP picks the route of the request's verb and method, answering
+// route_not_found or method_not_allowed in the error shape.
+func (g *group) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	verb := ""
+	if g.wild != "" {
+		v := r.PathValue(g.wild)
+		if i := strings.LastIndexByte(v, ':'); i >= 0 {
+			v, verb = v[:i], v[i+1:]
+		}
+		if v == "" {
+			g.s.writeError(w, r, routeNotFound(r))
+			return
+		}
+		r.SetPathValue(g.wild, v)
+	}
+	methods := g.ops[verb]
+	if methods == nil {
+		g.s.writeError(w, r, routeNotFound(r))
+		return
+	}
+	rt := methods[r.Method]
+	if rt == nil && r.Method == http.MethodHead {
+		rt = methods[http.MethodGet]
+	}
+	if rt == nil {
+		allow := make([]string, 0, len(methods))
+		for m := range methods {
+			allow = append(allow, m)
+		}
+		sort.Strings(allow)
+		w.Header().Set("Allow", strings.Join(allow, ", "))
+		g.s.writeError(w, r, newError(http.StatusMethodNotAllowed, "method_not_allowed",
+			r.Method+" is not allowed here.").withHint("Use "+strings.Join(allow, " or ")+"."))
+		return
+	}
+	g.s.serveRoute(w, r, rt)
+}

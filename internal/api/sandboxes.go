@@ -1,0 +1,548 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/sandbox"
+)
+
+// jsonTime is a time in RFC 3339 UTC with milliseconds.
+type jsonTime time.Time
+
+const timeLayout = "2006-01-02T15:04:05.000Z07:00"
+
+func (t jsonTime) MarshalJSON() ([]byte, error) {
+	return []byte(`"` + time.Time(t).UTC().Format(timeLayout) + `"`), nil
+}
+
+func optTime(t *time.Time) *jsonTime {
+	if t == nil || t.IsZero() {
+		return nil
+	}
+	jt := jsonTime(*t)
+	return &jt
+}
+
+func optString(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// sandboxJSON is the wire form of a sandbox.
+type sandboxJSON struct {
+	ID             string            `json:"id"`
+	Kind           string            `json:"kind"`
+	Name           *string           `json:"name"`
+	Labels         map[string]string `json:"labels"`
+	Status         string            `json:"status"`
+	State          string            `json:"state"`
+	Region         string            `json:"region"`
+	VCPU           int               `json:"vcpu"`
+	MemoryMiB      int               `json:"memoryMiB"`
+	DiskMiB        int               `json:"diskMiB"`
+	CPU            string            `json:"cpu"`
+	TimeoutSeconds int               `json:"timeoutSeconds"`
+	OnLeaseEnd     string            `json:"onLeaseEnd"`
+	Pausable       bool              `json:"pausable"`
+	Persistent     bool              `json:"persistent"`
+	CreatedAt      *jsonTime         `json:"createdAt"`
+	ReadyAt        *jsonTime         `json:"readyAt"`
+	ExpiresAt      *jsonTime         `json:"expiresAt"`
+	EndsAt         *jsonTime         `json:"endsAt"` // when it stops by itself: the lease end
+	EndedAt        *jsonTime         `json:"endedAt"`
+	StopReason     *string           `json:"stopReason"`
+	EnvNames       []string          `json:"envNames"`
+	Accel          *string           `json:"accel"`
+	Driver         *string           `json:"driver"`
+	Reused         bool              `json:"reused,omitempty"` // getOrCreate found it
+}
+
+func (s *server) sandboxJSON(sb *sandbox.Sandbox) sandboxJSON {
+	labels := sb.Labels
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	env := sb.EnvNames
+	if env == nil {
+		env = []string{}
+	}
+	accel := sb.Accel
+	if accel == "" && s.accel != nil {
+		accel = s.accel()
+	}
+	return sandboxJSON{
+		ID: sb.ID, Kind: "sandbox", Name: optString(sb.Name), Labels: labels,
+		Status: sb.State.Status(), State: string(sb.State), Region: "local",
+		VCPU: sb.VCPU, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB, CPU: "shared",
+		TimeoutSeconds: sb.TimeoutSeconds, OnLeaseEnd: sb.OnLeaseEnd,
+		CreatedAt: optTime(&sb.CreatedAt), ReadyAt: optTime(sb.ReadyAt),
+		ExpiresAt: optTime(sb.ExpiresAt), EndsAt: optTime(sb.ExpiresAt), EndedAt: optTime(sb.EndedAt),
+		StopReason: optString(sb.StopReason), EnvNames: env,
+		Accel: optString(accel), Driver: optString(sb.Driver),
+	}
+}
+
+// createRequest is the body of POST /v1/sandboxes. It names every field
+// withruntime 0.35.0 may send (_CREATE_FIELDS), so none is refused as
+// unknown; the ones this server cannot honour are refused by value instead.
+type createRequest struct {
+	Name           string            `json:"name"`
+	Labels         map[string]string `json:"labels"`
+	Env            map[string]string `json:"env"`
+	VCPU           *int              `json:"vcpu"`
+	MemoryMiB      *int              `json:"memoryMiB"`
+	DiskMiB        *int              `json:"diskMiB"`
+	TimeoutSeconds *int              `json:"timeoutSeconds"`
+	OnLeaseEnd     string            `json:"onLeaseEnd"`
+	GetOrCreate    bool              `json:"getOrCreate"`
+
+	// Accepted with the only values that mean something here.
+	Region           string `json:"region"`           // "local"
+	CPU              string `json:"cpu"`              // "shared"
+	Pausable         *bool  `json:"pausable"`         // false
+	Persistent       *bool  `json:"persistent"`       // false
+	IdlePauseSeconds *int   `json:"idlePauseSeconds"` // 0: never
+	User             string `json:"user"`             // "sandbox"
+
+	// Accepted and ignored: no billing, nothing pauses.
+	Funding            string `json:"funding"`
+	CPUFloorMillis     *int   `json:"cpuFloorMillis"`
+	AutoWake           *bool  `json:"autoWake"`
+	MaxTotalCostMicros *int64 `json:"maxTotalCostMicros"`
+	MaxCostMicros      *int64 `json:"maxCostMicros"`
+
+	// Known to the wire format, not available on this server.
+	Network    json.RawMessage `json:"network"`
+	Image      json.RawMessage `json:"image"`
+	Snapshot   json.RawMessage `json:"snapshot"`
+	SpreadFrom json.RawMessage `json:"spreadFrom"`
+	Volumes    json.RawMessage `json:"volumes"`
+	Tailscale  json.RawMessage `json:"tailscale"`
+	Secrets    json.RawMessage `json:"secrets"`
+}
+
+// unsupportedIssues lists fields set to something this server cannot do.
+func (req *createRequest) unsupportedIssues() []issue {
+	var issues []issue
+	no := func(path, msg string) { issues = append(issues, issue{Path: path, Message: msg}) }
+	if req.Region != "" && req.Region != "local" {
+		no("region", `must be "local" (the only region of this server)`)
+	}
+	if req.CPU != "" && req.CPU != "shared" {
+		no("cpu", `must be "shared"`)
+	}
+	if req.Pausable != nil && *req.Pausable {
+		no("pausable", "pausing is not available yet (no snapshots); must be false")
+	}
+	if req.Persistent != nil && *req.Persistent {
+		no("persistent", "persistent sandboxes are not available; must be false")
+	}
+	if req.IdlePauseSeconds != nil && *req.IdlePauseSeconds != 0 {
+		no("idlePauseSeconds", "idle pause is not available yet (no snapshots); must be 0")
+	}
+	if req.User != "" && req.User != "sandbox" {
+		no("user", `must be "sandbox"`)
+	}
+	switch req.Funding {
+	case "", "trial", "paid":
+	default:
+		no("funding", `must be "trial" or "paid"`)
+	}
+	if req.CPUFloorMillis != nil && *req.CPUFloorMillis < 0 {
+		no("cpuFloorMillis", "must not be negative")
+	}
+	for _, f := range []struct {
+		path string
+		raw  json.RawMessage
+	}{{"image", req.Image}, {"network", req.Network}, {"secrets", req.Secrets}, {"snapshot", req.Snapshot},
+		{"spreadFrom", req.SpreadFrom}, {"tailscale", req.Tailscale}, {"volumes", req.Volumes}} {
+		if len(f.raw) > 0 {
+			no(f.path, "is not available on this server")
+		}
+	}
+	if req.GetOrCreate && req.Name == "" {
+		no("getOrCreate", "needs a name")
+	}
+	return issues
+}
+
+// Limits of create requests beyond those in package sandbox.
+const (
+	maxVCPU      = 16
+	minMemoryMiB = 128
+	maxMemoryMiB = 65536
+	minDiskMiB   = 3072
+	maxDiskMiB   = 65536
+	maxLabels    = 32
+	maxLabelLen  = 256
+	maxEnvVars   = 32
+	maxEnvBytes  = 32 << 10
+	maxNameLen   = 63
+)
+
+var (
+	nameRE    = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]*$`)
+	envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+)
+
+func intIn(issues []issue, path string, v *int, lo, hi int) []issue {
+	if v != nil && (*v < lo || *v > hi) {
+		issues = append(issues, issue{Path: path, Message: fmt.Sprintf("must be from %d to %d", lo, hi)})
+	}
+	return issues
+}
+
+func orDefault(v *int, def int) int {
+	if v == nil {
+		return def
+	}
+	return *v
+}
+
+// spec validates a create request and fills in defaults.
+func (req *createRequest) spec() (sandbox.CreateSpec, error) {
+	var issues []issue
+	if req.Name != "" && (len(req.Name) > maxNameLen || !nameRE.MatchString(req.Name)) {
+		issues = append(issues, issue{Path: "name", Message: "must be at most 63 characters of a-z A-Z 0-9 . _ -, starting with a letter or digit"})
+	}
+	if len(req.Labels) > maxLabels {
+		issues = append(issues, issue{Path: "labels", Message: fmt.Sprintf("must have at most %d labels", maxLabels)})
+	}
+	for k, v := range req.Labels {
+		if k == "" || len(k) > maxLabelLen || len(v) > maxLabelLen || strings.Contains(k, ":") {
+			issues = append(issues, issue{Path: "labels." + k, Message: "keys must be 1 to 256 characters without ':' and values at most 256"})
+		}
+	}
+	issues = append(issues, envIssues("env", req.Env)...)
+	issues = append(issues, req.unsupportedIssues()...)
+	issues = intIn(issues, "vcpu", req.VCPU, 1, maxVCPU)
+	issues = intIn(issues, "memoryMiB", req.MemoryMiB, minMemoryMiB, maxMemoryMiB)
+	issues = intIn(issues, "diskMiB", req.DiskMiB, minDiskMiB, maxDiskMiB)
+	issues = intIn(issues, "timeoutSeconds", req.TimeoutSeconds, sandbox.MinTimeoutSeconds, sandbox.MaxTimeoutSeconds)
+	switch req.OnLeaseEnd {
+	case "", sandbox.LeaseEndStop, sandbox.LeaseEndDelete:
+	case sandbox.LeaseEndPause:
+		if len(issues) == 0 {
+			return sandbox.CreateSpec{}, newError(http.StatusBadRequest, "pause_unavailable",
+				`onLeaseEnd "pause" is not available on this server.`).
+				withHint(`Snapshots are not implemented yet: use onLeaseEnd "stop" or "delete".`)
+		}
+		issues = append(issues, issue{Path: "onLeaseEnd", Message: `"pause" is not available yet (no snapshots); use "stop" or "delete"`})
+	default:
+		issues = append(issues, issue{Path: "onLeaseEnd", Message: `must be "stop" or "delete"`})
+	}
+	if len(issues) > 0 {
+		return sandbox.CreateSpec{}, invalid(sortIssues(issues))
+	}
+	onEnd := req.OnLeaseEnd
+	if onEnd == "" {
+		onEnd = sandbox.LeaseEndStop
+	}
+	return sandbox.CreateSpec{
+		Name: req.Name, Labels: req.Labels, Env: req.Env,
+		VCPU:           orDefault(req.VCPU, sandbox.DefaultVCPU),
+		MemoryMiB:      orDefault(req.MemoryMiB, sandbox.DefaultMemoryMiB),
+		DiskMiB:        orDefault(req.DiskMiB, sandbox.DefaultDiskMiB),
+		TimeoutSeconds: orDefault(req.TimeoutSeconds, sandbox.DefaultTimeoutSeconds),
+		OnLeaseEnd:     onEnd,
+	}, nil
+}
+
+// envIssues checks environment variables: names, count and total size.
+func envIssues(path string, env map[string]string) []issue {
+	var issues []issue
+	if len(env) > maxEnvVars {
+		issues = append(issues, issue{Path: path, Message: fmt.Sprintf("must have at most %d variables", maxEnvVars)})
+	}
+	size := 0
+	for k, v := range env {
+		size += len(k) + len(v) + 2
+		if !envNameRE.MatchString(k) {
+			issues = append(issues, issue{Path: path + "." + k, Message: "names must match [A-Za-z_][A-Za-z0-9_]*"})
+		}
+		if strings.IndexByte(v, 0) >= 0 {
+			issues = append(issues, issue{Path: path + "." + k, Message: "values must not contain NUL"})
+		}
+	}
+	if size > maxEnvBytes {
+		issues = append(issues, issue{Path: path, Message: "must be at most 32 KiB in all"})
+	}
+	return issues
+}
+
+func sortIssues(issues []issue) []issue {
+	// Stable order for callers and tests: by path.
+	for i := 1; i < len(issues); i++ {
+		for j := i; j > 0 && issues[j].Path < issues[j-1].Path; j-- {
+			issues[j], issues[j-1] = issues[j-1], issues[j]
+		}
+	}
+	return issues
+}
+
+// decode decodes the call's JSON body into dst, strictly.
+func decode(c *call, dst any) error {
+	if issues := decodeStrict(c.body, dst); len(issues) > 0 {
+		return invalid(issues)
+	}
+	return nil
+}
+
+// preferWait returns the wait asked for with "Prefer: wait=N", capped.
+func preferWait(r *http.Request) time.Duration {
+	for _, h := range r.Header.Values("Prefer") {
+		for _, pref := range strings.Split(h, ",") {
+			name, val, ok := strings.Cut(strings.TrimSpace(pref), "=")
+			if !ok || !strings.EqualFold(strings.TrimSpace(name), "wait") {
+				continue
+			}
+			n, err := strconv.Atoi(strings.Trim(strings.TrimSpace(val), `"`))
+			if err != nil || n <= 0 {
+				return 0
+			}
+			return min(time.Duration(n)*time.Second, maxPreferWait)
+		}
+	}
+	return 0
+}
+
+// settle waits up to d for the sandbox to reach state, returning it as it
+// then is; sb is returned if the wait cannot tell.
+func (s *server) settle(ctx context.Context, owner string, sb *sandbox.Sandbox, d time.Duration, state sandbox.State) (*sandbox.Sandbox, error) {
+	if d <= 0 || sb.State == state || sb.State.Terminal() {
+		return sb, nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	got, err := s.mgr.WaitFor(wctx, owner, sb.ID, state)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return sb, nil
+		}
+		return nil, err
+	}
+	return got, nil
+}
+
+func (s *server) createSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+	var req createRequest
+	if err := decode(c, &req); err != nil {
+		return err
+	}
+	spec, err := req.spec()
+	if err != nil {
+		return err
+	}
+	var sb *sandbox.Sandbox
+	reused := false
+	if req.GetOrCreate {
+		// The sandbox that holds the name, if it can still run. Two such
+		// creates at once may both miss it; the manager's name_taken then
+		// refuses the second.
+		found, _, err := s.mgr.List(r.Context(), sandbox.ListOptions{OwnerKeyID: c.owner, Name: spec.Name,
+			States: []sandbox.State{sandbox.StateStarting, sandbox.StateRunning}, Limit: 1})
+		if err != nil {
+			return err
+		}
+		if len(found) > 0 {
+			sb, reused = found[0], true
+		}
+	}
+	if sb == nil {
+		if sb, err = s.mgr.Create(r.Context(), c.owner, spec); err != nil {
+			return err
+		}
+	}
+	if sb, err = s.settle(r.Context(), c.owner, sb, preferWait(r), sandbox.StateRunning); err != nil {
+		return err
+	}
+	out := s.sandboxJSON(sb)
+	out.Reused = reused
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+var knownStates = map[sandbox.State]bool{
+	sandbox.StateStarting: true, sandbox.StateRunning: true, sandbox.StateStopping: true,
+	sandbox.StateStopped: true, sandbox.StateDeleted: true,
+}
+
+func (s *server) getSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+	id := r.PathValue("id")
+	q := r.URL.Query()
+	var issues []issue
+	waitFor := sandbox.State(q.Get("waitFor"))
+	if waitFor != "" && !knownStates[waitFor] {
+		issues = append(issues, issue{Path: "waitFor", Message: "must be one of starting, running, stopping, stopped, deleted"})
+	}
+	timeout := defaultWaitForState
+	if v := q.Get("timeoutSeconds"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			issues = append(issues, issue{Path: "timeoutSeconds", Message: "must be a whole number of seconds"})
+		}
+		timeout = min(time.Duration(n)*time.Second, maxPreferWait)
+	}
+	if len(issues) > 0 {
+		return invalid(issues)
+	}
+	sb, err := s.mgr.Get(r.Context(), c.owner, id)
+	if err != nil {
+		return err
+	}
+	if waitFor != "" {
+		if sb, err = s.settle(r.Context(), c.owner, sb, timeout, waitFor); err != nil {
+			return err
+		}
+	}
+	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
+	return nil
+}
+
+// dataJSON is a short list.
+type dataJSON[T any] struct {
+	Data []T `json:"data"`
+}
+
+// listJSON is a page of a list.
+type listJSON[T any] struct {
+	Data       []T     `json:"data"`
+	NextCursor *string `json:"nextCursor"`
+}
+
+func (s *server) listSandboxes(w http.ResponseWriter, r *http.Request, c *call) error {
+	q := r.URL.Query()
+	opts := sandbox.ListOptions{OwnerKeyID: c.owner, Name: q.Get("name"), Cursor: q.Get("cursor"), Limit: 50}
+	var issues []issue
+	for _, v := range q["state"] {
+		for _, st := range strings.Split(v, ",") {
+			if !knownStates[sandbox.State(st)] {
+				issues = append(issues, issue{Path: "state", Message: fmt.Sprintf("%q is not a state", st)})
+				continue
+			}
+			opts.States = append(opts.States, sandbox.State(st))
+		}
+	}
+	for _, v := range q["label"] {
+		k, val, ok := strings.Cut(v, ":")
+		if !ok || k == "" {
+			issues = append(issues, issue{Path: "label", Message: "must be key:value"})
+			continue
+		}
+		if opts.Labels == nil {
+			opts.Labels = map[string]string{}
+		}
+		opts.Labels[k] = val
+	}
+	var err error
+	if opts.IncludeStopped, err = boolParam(q.Get("includeStopped")); err != nil {
+		issues = append(issues, issue{Path: "includeStopped", Message: "must be true or false"})
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 100 {
+			issues = append(issues, issue{Path: "limit", Message: "must be from 1 to 100"})
+		}
+		opts.Limit = n
+	}
+	if len(issues) > 0 {
+		return invalid(issues)
+	}
+	sbs, next, err := s.mgr.List(r.Context(), opts)
+	if err != nil {
+		return err
+	}
+	out := listJSON[sandboxJSON]{Data: make([]sandboxJSON, 0, len(sbs)), NextCursor: optString(next)}
+	for _, sb := range sbs {
+		out.Data = append(out.Data, s.sandboxJSON(sb))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func boolParam(v string) (bool, error) {
+	if v == "" {
+		return false, nil
+	}
+	return strconv.ParseBool(v)
+}
+
+func (s *server) stopSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+	if err := decode(c, &struct{}{}); err != nil {
+		return err
+	}
+	sb, err := s.mgr.Stop(r.Context(), c.owner, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	if sb, err = s.settle(r.Context(), c.owner, sb, preferWait(r), sandbox.StateStopped); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
+	return nil
+}
+
+type deletedJSON struct {
+	ID        string    `json:"id"`
+	Status    string    `json:"status"`
+	State     string    `json:"state"`
+	DeletedAt *jsonTime `json:"deletedAt"`
+}
+
+func (s *server) deleteSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+	if err := decode(c, &struct{}{}); err != nil {
+		return err
+	}
+	sb, err := s.mgr.Delete(r.Context(), c.owner, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	if sb, err = s.settle(r.Context(), c.owner, sb, preferWait(r), sandbox.StateDeleted); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, deletedJSON{ID: sb.ID, Status: "deleted", State: string(sb.State), DeletedAt: optTime(sb.DeletedAt)})
+	return nil
+}
+
+type extendRequest struct {
+	Seconds *int `json:"seconds"`
+}
+
+func (s *server) extendSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+	var req extendRequest
+	if err := decode(c, &req); err != nil {
+		return err
+	}
+	maxSec := int(sandbox.MaxExtendAhead / time.Second)
+	if req.Seconds == nil {
+		return invalid([]issue{{Path: "seconds", Message: "is required"}})
+	}
+	if issues := intIn(nil, "seconds", req.Seconds, 1, maxSec); len(issues) > 0 {
+		return invalid(issues)
+	}
+	sb, err := s.mgr.Extend(r.Context(), c.owner, r.PathValue("id"), time.Duration(*req.Seconds)*time.Second)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
+	return nil
+}
+
+func (s *server) health(w http.ResponseWriter, r *http.Request, c *call) error {
+	out := map[string]any{"status": "ok", "version": s.version}
+	if s.accel != nil {
+		out["accel"] = s.accel()
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}

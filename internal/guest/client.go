@@ -1,0 +1,280 @@
+// Package guest is the host's client of emberbox-agent: it performs the
+// handshake on a fresh connection to the guest, multiplexes calls over one
+// yamux session, and maps the agent's error codes to errdefs classes.
+package guest
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/emberbox/emberbox/internal/agentproto"
+	"github.com/emberbox/emberbox/internal/errdefs"
+)
+
+// Client talks to one guest agent. It is safe for concurrent use.
+type Client struct {
+	sess *yamux.Session
+	conn net.Conn
+}
+
+// Handshake performs the hello/ready exchange on conn and starts a session.
+// Bytes the guest sent before its Ready line (left from an earlier host
+// connection) are skipped. It gives up when ctx ends.
+func Handshake(ctx context.Context, conn net.Conn) (*Client, error) {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	nonce := hex.EncodeToString(b[:])
+	if d, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(d)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+
+	if _, err := io.WriteString(conn, agentproto.HelloPrefix+nonce+"\n"); err != nil {
+		return nil, fmt.Errorf("sending hello: %w", err)
+	}
+	br := bufio.NewReaderSize(conn, 64<<10)
+	want := agentproto.ReadyPrefix + nonce + " "
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("waiting for agent: %w", ctx.Err())
+			}
+			return nil, fmt.Errorf("waiting for agent: %w", err)
+		}
+		if strings.HasPrefix(line, want) {
+			break
+		}
+	}
+	_ = conn.SetDeadline(time.Time{})
+	cfg := yamux.DefaultConfig()
+	cfg.LogOutput = io.Discard
+	cfg.MaxStreamWindowSize = 1 << 20
+	cfg.ConnectionWriteTimeout = 30 * time.Second
+	cfg.StreamOpenTimeout = 30 * time.Second
+	sess, err := yamux.Client(struct {
+		io.Reader
+		io.Writer
+		io.Closer
+	}{br, conn, conn}, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("starting session: %w", err)
+	}
+	return &Client{sess: sess, conn: conn}, nil
+}
+
+// Close ends the session. Calls in flight fail.
+func (c *Client) Close() error { return c.sess.Close() }
+
+// Done is closed when the session ends (the guest or its VM went away).
+func (c *Client) Done() <-chan struct{} { return c.sess.CloseChan() }
+
+// call opens a stream, sends req and returns the framed connection. The
+// stream is closed when ctx ends, which unblocks any read on it.
+func (c *Client) call(ctx context.Context, req *agentproto.Request) (*agentproto.Conn, func(), error) {
+	st, err := c.sess.OpenStream()
+	if err != nil {
+		return nil, nil, errdefs.New(errdefs.ErrUnavailable, "guest_unavailable", "the sandbox's agent is not reachable: %v", err)
+	}
+	// Close alone only half-closes a yamux stream; the past deadline
+	// unblocks our own reads and writes at once.
+	stop := context.AfterFunc(ctx, func() { _ = st.SetDeadline(time.Unix(1, 0)); st.Close() })
+	done := func() { stop(); st.Close() }
+	fc := agentproto.NewConn(st)
+	if err := fc.WriteJSON(req); err != nil {
+		done()
+		return nil, nil, transportError(ctx, err)
+	}
+	return fc, done, nil
+}
+
+func transportError(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return errdefs.New(errdefs.ErrUnavailable, "guest_unavailable", "lost the connection to the sandbox's agent: %v", err)
+}
+
+// roundTrip sends req and reads one Reply.
+func (c *Client) roundTrip(ctx context.Context, req *agentproto.Request) (*agentproto.Reply, error) {
+	fc, done, err := c.call(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	var rep agentproto.Reply
+	if err := fc.ReadJSON(&rep); err != nil {
+		return nil, transportError(ctx, err)
+	}
+	if rep.Error != nil {
+		return nil, wireError(rep.Error)
+	}
+	return &rep, nil
+}
+
+// wireError maps an agent error to an errdefs error with the same code.
+func wireError(e *agentproto.Error) error {
+	class := errdefs.ErrInternal
+	code := e.Code
+	switch e.Code {
+	case agentproto.CodeFileNotFound, agentproto.CodeProcessNotFound:
+		class = errdefs.ErrNotFound
+	case agentproto.CodeIsADirectory, agentproto.CodeNotADirectory, agentproto.CodeExists,
+		agentproto.CodeNotEmpty, agentproto.CodeNoSpace:
+		class = errdefs.ErrConflict
+	case agentproto.CodePermission:
+		class = errdefs.ErrPermission
+	case agentproto.CodeInvalid, agentproto.CodeUnknownMethod, agentproto.CodeCommandNotFound:
+		class = errdefs.ErrInvalidArgument
+	case agentproto.CodeTooLarge:
+		class = errdefs.ErrInvalidArgument
+	default:
+		code = "guest_error"
+	}
+	return &errdefs.CodedError{Class: class, Code: code, Message: e.Message}
+}
+
+// Info describes the guest.
+func (c *Client) Info(ctx context.Context) (*agentproto.Info, error) {
+	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodInfo})
+	if err != nil {
+		return nil, err
+	}
+	if rep.Info == nil {
+		return nil, errors.New("agent sent no info")
+	}
+	return rep.Info, nil
+}
+
+// Configure sets the sandbox-wide env and hostname.
+func (c *Client) Configure(ctx context.Context, req agentproto.ConfigureRequest) error {
+	_, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodConfigure, Configure: &req})
+	return err
+}
+
+// Exec runs a command. See api.Manager.Exec for the streaming contract.
+func (c *Client) Exec(ctx context.Context, req agentproto.ExecRequest, onEvent func(agentproto.Event) error) (*agentproto.ExecResult, error) {
+	fc, done, err := c.call(ctx, &agentproto.Request{Method: agentproto.MethodExec, Exec: &req})
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	if !req.Stream {
+		var rep agentproto.Reply
+		if err := fc.ReadJSON(&rep); err != nil {
+			return nil, transportError(ctx, err)
+		}
+		if rep.Error != nil {
+			return nil, wireError(rep.Error)
+		}
+		if rep.Exit == nil {
+			return nil, errors.New("agent sent no result")
+		}
+		return rep.Exit, nil
+	}
+	for {
+		// A streaming call's frames are Events, except a Reply error sent
+		// before the process started; both decode into Event's shape.
+		var ev agentproto.Event
+		if err := fc.ReadJSON(&ev); err != nil {
+			return nil, transportError(ctx, err)
+		}
+		switch {
+		case ev.Error != nil:
+			return nil, wireError(ev.Error)
+		case ev.Type == "exit":
+			if ev.Exit == nil {
+				return nil, errors.New("agent sent exit without result")
+			}
+			if onEvent != nil {
+				if err := onEvent(ev); err != nil {
+					return ev.Exit, err
+				}
+			}
+			return ev.Exit, nil
+		}
+		if onEvent != nil {
+			if err := onEvent(ev); err != nil {
+				return nil, err
+			}
+		}
+	}
+}
+
+// Spawn starts a process that outlives the call.
+func (c *Client) Spawn(ctx context.Context, req agentproto.ExecRequest) (*agentproto.ProcessInfo, error) {
+	req.Stream = false
+	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodSpawn, Exec: &req})
+	if err != nil {
+		return nil, err
+	}
+	return rep.Process, nil
+}
+
+// Processes lists the processes the agent knows.
+func (c *Client) Processes(ctx context.Context) ([]agentproto.ProcessInfo, error) {
+	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodProcessList})
+	if err != nil {
+		return nil, err
+	}
+	if rep.Processes == nil {
+		return []agentproto.ProcessInfo{}, nil
+	}
+	return rep.Processes, nil
+}
+
+// Process describes one process.
+func (c *Client) Process(ctx context.Context, id string) (*agentproto.ProcessInfo, error) {
+	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodProcessGet, Process: &agentproto.ProcessRequest{ID: id}})
+	if err != nil {
+		return nil, err
+	}
+	return rep.Process, nil
+}
+
+// Signal sends a signal to a process's group.
+func (c *Client) Signal(ctx context.Context, id, signal string) (*agentproto.ProcessInfo, error) {
+	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodProcessSignal, Process: &agentproto.ProcessRequest{ID: id, Signal: signal}})
+	if err != nil {
+		return nil, err
+	}
+	return rep.Process, nil
+}
+
+// ProcessOutput streams a process's kept output from req.Cursor to onEvent.
+func (c *Client) ProcessOutput(ctx context.Context, req agentproto.ProcessRequest, onEvent func(agentproto.Event) error) error {
+	fc, done, err := c.call(ctx, &agentproto.Request{Method: agentproto.MethodProcessOutput, Process: &req})
+	if err != nil {
+		return err
+	}
+	defer done()
+	for {
+		var ev agentproto.Event
+		if err := fc.ReadJSON(&ev); err != nil {
+			if errors.Is(err, io.EOF) && ctx.Err() == nil {
+				return nil
+			}
+			return transportError(ctx, err)
+		}
+		if ev.Error != nil {
+			return wireError(ev.Error)
+		}
+		if err := onEvent(ev); err != nil {
+			return err
+		}
+		if ev.Type == "exit" {
+			return nil
+		}
+	}
+}

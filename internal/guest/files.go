@@ -1,0 +1,148 @@
+package guest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/emberbox/emberbox/internal/agentproto"
+	"github.com/emberbox/emberbox/internal/errdefs"
+)
+
+// Stat describes path (not following a final symlink).
+func (c *Client) Stat(ctx context.Context, path string) (*agentproto.FileEntry, error) {
+	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodFileStat, File: &agentproto.FileRequest{Path: path}})
+	if err != nil {
+		return nil, err
+	}
+	return rep.Entry, nil
+}
+
+// List lists a directory.
+func (c *Client) List(ctx context.Context, req agentproto.FileRequest) ([]agentproto.FileEntry, error) {
+	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodFileList, File: &req})
+	if err != nil {
+		return nil, err
+	}
+	if rep.Entries == nil {
+		return []agentproto.FileEntry{}, nil
+	}
+	return rep.Entries, nil
+}
+
+// Mkdir creates a directory.
+func (c *Client) Mkdir(ctx context.Context, path string, parents bool) (*agentproto.FileEntry, error) {
+	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodFileMkdir, File: &agentproto.FileRequest{Path: path, Parents: parents}})
+	if err != nil {
+		return nil, err
+	}
+	return rep.Entry, nil
+}
+
+// Remove removes path; removed is false if it did not exist.
+func (c *Client) Remove(ctx context.Context, path string, recursive bool) (bool, error) {
+	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodFileRemove, File: &agentproto.FileRequest{Path: path, Recursive: recursive}})
+	if err != nil {
+		return false, err
+	}
+	return rep.Removed != nil && *rep.Removed, nil
+}
+
+// WriteFile atomically replaces path with exactly size bytes from r.
+func (c *Client) WriteFile(ctx context.Context, path string, mode uint32, size int64, r io.Reader) (*agentproto.FileEntry, error) {
+	fc, done, err := c.call(ctx, &agentproto.Request{Method: agentproto.MethodFileWrite, File: &agentproto.FileRequest{Path: path, Mode: mode, Size: size}})
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	buf := make([]byte, agentproto.DataChunk)
+	var sent int64
+	for sent < size {
+		n, rerr := io.ReadFull(r, buf[:min(int64(len(buf)), size-sent)])
+		if n > 0 {
+			if err := fc.WriteFrame(agentproto.KindData, buf[:n]); err != nil {
+				return nil, transportError(ctx, err)
+			}
+			sent += int64(n)
+		}
+		if rerr != nil && sent < size {
+			// The agent is waiting for size bytes; ending the stream makes
+			// it discard the temporary file.
+			return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "body ended after %d of %d bytes", sent, size)
+		}
+	}
+	var rep agentproto.Reply
+	if err := fc.ReadJSON(&rep); err != nil {
+		return nil, transportError(ctx, err)
+	}
+	if rep.Error != nil {
+		return nil, wireError(rep.Error)
+	}
+	return rep.Entry, nil
+}
+
+// ReadFile opens path for reading. The returned reader yields the file's
+// bytes and must be closed.
+func (c *Client) ReadFile(ctx context.Context, path string) (*agentproto.FileEntry, io.ReadCloser, error) {
+	fc, done, err := c.call(ctx, &agentproto.Request{Method: agentproto.MethodFileRead, File: &agentproto.FileRequest{Path: path}})
+	if err != nil {
+		return nil, nil, err
+	}
+	var rep agentproto.Reply
+	if err := fc.ReadJSON(&rep); err != nil {
+		done()
+		return nil, nil, transportError(ctx, err)
+	}
+	if rep.Error != nil {
+		done()
+		return nil, nil, wireError(rep.Error)
+	}
+	if rep.Entry == nil {
+		done()
+		return nil, nil, errors.New("agent sent no entry")
+	}
+	return rep.Entry, &fileReader{fc: fc, done: done, ctx: ctx}, nil
+}
+
+type fileReader struct {
+	ctx  context.Context
+	fc   *agentproto.Conn
+	done func()
+	buf  []byte
+	err  error
+}
+
+func (r *fileReader) Read(p []byte) (int, error) {
+	for len(r.buf) == 0 {
+		if r.err != nil {
+			return 0, r.err
+		}
+		kind, payload, err := r.fc.ReadFrame()
+		if err != nil {
+			r.err = transportError(r.ctx, err)
+			return 0, r.err
+		}
+		if kind == agentproto.KindData {
+			r.buf = payload
+			continue
+		}
+		var rep agentproto.Reply
+		if err := json.Unmarshal(payload, &rep); err != nil {
+			r.err = err
+		} else if rep.Error != nil {
+			r.err = fmt.Errorf("reading file: %w", wireError(rep.Error))
+		} else {
+			r.err = io.EOF
+		}
+	}
+	n := copy(p, r.buf)
+	r.buf = r.buf[n:]
+	return n, nil
+}
+
+func (r *fileReader) Close() error {
+	r.done()
+	return nil
+}

@@ -1,0 +1,117 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/emberbox/emberbox/internal/errdefs"
+)
+
+// IdempotencyTTL is how long an Idempotency-Key is remembered.
+const IdempotencyTTL = 24 * time.Hour
+
+// Idempotency is the remembered outcome of a request made with an
+// Idempotency-Key, per API key.
+type Idempotency struct {
+	KeyID       string // the API key that made the request
+	Key         string // the Idempotency-Key header
+	Fingerprint string // identifies the request (method, path, body hash)
+	Status      int    // HTTP status; 0 while the first request is still running
+	ContentType string
+	Body        []byte
+	CreatedAt   time.Time
+}
+
+// ReserveIdempotency claims (keyID, key) for a request with the given
+// fingerprint. If no record exists, or only one older than IdempotencyTTL, it
+// records a pending one and returns reserved == true: the caller runs the
+// request and then calls CompleteIdempotency or ReleaseIdempotency. Otherwise
+// it returns the existing record, pending or complete, for the caller to
+// replay or refuse (comparing fingerprints is the caller's job).
+func (s *Store) ReserveIdempotency(ctx context.Context, keyID, key, fingerprint string) (existing *Idempotency, reserved bool, err error) {
+	tx, err := s.db.BeginTx(ctx, nil) // immediate: the read and the write are one step
+	if err != nil {
+		return nil, false, fmt.Errorf("reserving idempotency key %q: %w", key, err)
+	}
+	defer tx.Rollback()
+
+	now := s.now().UTC()
+	var (
+		rec     = Idempotency{KeyID: keyID, Key: key}
+		created string
+	)
+	err = tx.QueryRowContext(ctx, `SELECT fingerprint, status, content_type, body, created_at
+		FROM idempotency WHERE key_id = ? AND key = ?`, keyID, key).
+		Scan(&rec.Fingerprint, &rec.Status, &rec.ContentType, &rec.Body, &created)
+	switch {
+	case err == nil:
+		if rec.CreatedAt, err = parseTime(created); err != nil {
+			return nil, false, fmt.Errorf("reserving idempotency key %q: %w", key, err)
+		}
+		if now.Sub(rec.CreatedAt) < IdempotencyTTL {
+			return &rec, false, nil
+		}
+		// Expired but not yet pruned: take it over below.
+	case !errors.Is(err, sql.ErrNoRows):
+		return nil, false, fmt.Errorf("reserving idempotency key %q: %w", key, err)
+	}
+
+	_, err = tx.ExecContext(ctx, `INSERT OR REPLACE INTO idempotency
+		(key_id, key, fingerprint, status, content_type, body, created_at)
+		VALUES (?, ?, ?, 0, '', NULL, ?)`, keyID, key, fingerprint, formatTime(now))
+	if err != nil {
+		return nil, false, fmt.Errorf("reserving idempotency key %q: %w", key, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, false, fmt.Errorf("reserving idempotency key %q: %w", key, err)
+	}
+	return nil, true, nil
+}
+
+// CompleteIdempotency stores the response of the request that reserved
+// (keyID, key), for replay. status must be positive. A missing record is an
+// error of class errdefs.ErrNotFound.
+func (s *Store) CompleteIdempotency(ctx context.Context, keyID, key string, status int, contentType string, body []byte) error {
+	if status <= 0 {
+		return fmt.Errorf("completing idempotency key %q: status %d: %w", key, status, errdefs.ErrInvalidArgument)
+	}
+	res, err := s.db.ExecContext(ctx, `UPDATE idempotency SET status = ?, content_type = ?, body = ?
+		WHERE key_id = ? AND key = ?`, status, contentType, body, keyID, key)
+	if err != nil {
+		return fmt.Errorf("completing idempotency key %q: %w", key, err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return fmt.Errorf("completing idempotency key %q: %w", key, err)
+	} else if n == 0 {
+		return fmt.Errorf("completing idempotency key %q: %w", key, errdefs.ErrNotFound)
+	}
+	return nil
+}
+
+// ReleaseIdempotency drops a pending reservation so that a retry runs the
+// request again (after a server error, say). Completed records are kept;
+// releasing an unknown key is not an error.
+func (s *Store) ReleaseIdempotency(ctx context.Context, keyID, key string) error {
+	_, err := s.db.ExecContext(ctx, `DELETE FROM idempotency WHERE key_id = ? AND key = ? AND status = 0`, keyID, key)
+	if err != nil {
+		return fmt.Errorf("releasing idempotency key %q: %w", key, err)
+	}
+	return nil
+}
+
+// PruneIdempotency deletes the records created before olderThan, pending or
+// not, and returns how many it deleted.
+func (s *Store) PruneIdempotency(ctx context.Context, olderThan time.Time) (int64, error) {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM idempotency WHERE created_at < ?`, formatTime(olderThan))
+	if err != nil {
+		return 0, fmt.Errorf("pruning idempotency records: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("pruning idempotency records: %w", err)
+	}
+	return n, nil
+}

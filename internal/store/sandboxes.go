@@ -1,0 +1,274 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/sandbox"
+)
+
+// Page sizes of ListSandboxes (sandbox.ListOptions.Limit).
+const (
+	DefaultListLimit = 50
+	MaxListLimit     = 100
+)
+
+const sandboxColumns = `id, owner_key_id, name, labels, env_names, vcpu, memory_mib, disk_mib,
+	timeout_seconds, on_lease_end, state, stop_reason, accel, driver,
+	created_at, ready_at, expires_at, ended_at, deleted_at, vm`
+
+// InsertSandbox records a new sandbox. If sb.CreatedAt is zero it is set to
+// the current time. A non-empty name already held by another sandbox of the
+// same owner that is not stopped or deleted fails with an
+// *errdefs.CodedError of class errdefs.ErrConflict and code "name_taken".
+func (s *Store) InsertSandbox(ctx context.Context, sb *sandbox.Sandbox) error {
+	if sb.ID == "" {
+		return errdefs.New(errdefs.ErrInvalidArgument, "invalid_sandbox", "inserting sandbox: empty id")
+	}
+	if sb.CreatedAt.IsZero() {
+		sb.CreatedAt = s.now()
+	}
+	labels, err := jsonOrNull(sb.Labels, sb.Labels == nil)
+	if err != nil {
+		return fmt.Errorf("inserting sandbox %s: encoding labels: %w", sb.ID, err)
+	}
+	envNames, err := jsonOrNull(sb.EnvNames, sb.EnvNames == nil)
+	if err != nil {
+		return fmt.Errorf("inserting sandbox %s: encoding env names: %w", sb.ID, err)
+	}
+	// The partial unique index sandboxes_live_name makes the name check and
+	// the insert one atomic step.
+	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		sb.ID, sb.OwnerKeyID, sb.Name, labels, envNames, sb.VCPU, sb.MemoryMiB, sb.DiskMiB,
+		sb.TimeoutSeconds, sb.OnLeaseEnd, string(sb.State), sb.StopReason, sb.Accel, sb.Driver,
+		formatTime(sb.CreatedAt), formatTimePtr(sb.ReadyAt), formatTimePtr(sb.ExpiresAt),
+		formatTimePtr(sb.EndedAt), formatTimePtr(sb.DeletedAt), sb.VM)
+	switch {
+	case isUniqueViolation(err):
+		return fmt.Errorf("inserting sandbox %s: %w", sb.ID, nameTaken(sb.Name))
+	case isPrimaryKeyViolation(err):
+		return fmt.Errorf("inserting sandbox %s: id in use: %w", sb.ID, errdefs.ErrConflict)
+	case err != nil:
+		return fmt.Errorf("inserting sandbox %s: %w", sb.ID, err)
+	}
+	return nil
+}
+
+func nameTaken(name string) error {
+	return errdefs.New(errdefs.ErrConflict, "name_taken",
+		"a sandbox named %q already exists and is not stopped", name).
+		WithHint("stop or delete that sandbox, or choose another name")
+}
+
+func sandboxNotFound(id string) error {
+	return errdefs.New(errdefs.ErrNotFound, "sandbox_not_found", "sandbox %s not found", id)
+}
+
+// GetSandbox returns the sandbox with the given id, of any owner and in any
+// state. A missing sandbox is an error of class errdefs.ErrNotFound.
+func (s *Store) GetSandbox(ctx context.Context, id string) (*sandbox.Sandbox, error) {
+	row := s.db.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ?`, id)
+	sb, err := scanSandbox(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("getting sandbox: %w", sandboxNotFound(id))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("getting sandbox %s: %w", id, err)
+	}
+	return sb, nil
+}
+
+// UpdateSandbox writes the mutable fields of sb (everything but ID,
+// OwnerKeyID, EnvNames, VCPU, MemoryMiB, DiskMiB and CreatedAt) to its
+// record. A missing sandbox is an error of class errdefs.ErrNotFound; a name
+// clash as in InsertSandbox fails with code "name_taken".
+func (s *Store) UpdateSandbox(ctx context.Context, sb *sandbox.Sandbox) error {
+	labels, err := jsonOrNull(sb.Labels, sb.Labels == nil)
+	if err != nil {
+		return fmt.Errorf("updating sandbox %s: encoding labels: %w", sb.ID, err)
+	}
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET
+		name = ?, labels = ?, timeout_seconds = ?, on_lease_end = ?, state = ?,
+		stop_reason = ?, accel = ?, driver = ?, ready_at = ?, expires_at = ?,
+		ended_at = ?, deleted_at = ?, vm = ?
+		WHERE id = ?`,
+		sb.Name, labels, sb.TimeoutSeconds, sb.OnLeaseEnd, string(sb.State),
+		sb.StopReason, sb.Accel, sb.Driver, formatTimePtr(sb.ReadyAt), formatTimePtr(sb.ExpiresAt),
+		formatTimePtr(sb.EndedAt), formatTimePtr(sb.DeletedAt), sb.VM,
+		sb.ID)
+	if isUniqueViolation(err) {
+		return fmt.Errorf("updating sandbox %s: %w", sb.ID, nameTaken(sb.Name))
+	}
+	if err != nil {
+		return fmt.Errorf("updating sandbox %s: %w", sb.ID, err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return fmt.Errorf("updating sandbox %s: %w", sb.ID, err)
+	} else if n == 0 {
+		return fmt.Errorf("updating sandbox: %w", sandboxNotFound(sb.ID))
+	}
+	return nil
+}
+
+// ListSandboxes returns one page of sandboxes matching opts, newest first,
+// and the cursor of the next page ("" on the last page). Without opts.States,
+// stopped sandboxes are left out unless opts.IncludeStopped is set, and
+// deleted ones are always left out.
+func (s *Store) ListSandboxes(ctx context.Context, opts sandbox.ListOptions) ([]*sandbox.Sandbox, string, error) {
+	limit := opts.Limit
+	switch {
+	case limit == 0:
+		limit = DefaultListLimit
+	case limit < 0 || limit > MaxListLimit:
+		return nil, "", errdefs.New(errdefs.ErrInvalidArgument, "invalid_limit",
+			"limit must be between 1 and %d", MaxListLimit)
+	}
+
+	var (
+		where []string
+		args  []any
+	)
+	if opts.OwnerKeyID != "" {
+		where = append(where, "owner_key_id = ?")
+		args = append(args, opts.OwnerKeyID)
+	}
+	switch {
+	case len(opts.States) > 0:
+		where = append(where, "state IN (?"+strings.Repeat(", ?", len(opts.States)-1)+")")
+		for _, st := range opts.States {
+			args = append(args, string(st))
+		}
+	case opts.IncludeStopped:
+		where = append(where, "state <> 'deleted'")
+	default:
+		where = append(where, "state NOT IN ('stopped', 'deleted')")
+	}
+	if opts.Name != "" {
+		where = append(where, "name = ?")
+		args = append(args, opts.Name)
+	}
+	// Labels are matched in SQL so that LIMIT and the cursor see exactly the
+	// matching rows. Sorted for a stable statement text.
+	for _, k := range slices.Sorted(maps.Keys(opts.Labels)) {
+		where = append(where, "EXISTS (SELECT 1 FROM json_each(sandboxes.labels) AS l WHERE l.key = ? AND l.value = ?)")
+		args = append(args, k, opts.Labels[k])
+	}
+	if opts.Cursor != "" {
+		created, id, err := decodeCursor(opts.Cursor)
+		if err != nil {
+			return nil, "", err
+		}
+		where = append(where, "(created_at < ? OR (created_at = ? AND id < ?))")
+		args = append(args, created, created, id)
+	}
+	query := `SELECT ` + sandboxColumns + ` FROM sandboxes WHERE ` + strings.Join(where, " AND ") +
+		` ORDER BY created_at DESC, id DESC LIMIT ?`
+	// One extra row tells whether there is a next page.
+	args = append(args, limit+1)
+
+	list, err := s.querySandboxes(ctx, query, args...)
+	if err != nil {
+		return nil, "", fmt.Errorf("listing sandboxes: %w", err)
+	}
+	var next string
+	if len(list) > limit {
+		list = list[:limit]
+		last := list[len(list)-1]
+		next = encodeCursor(formatTime(last.CreatedAt), last.ID)
+	}
+	return list, next, nil
+}
+
+// ListLive returns every sandbox not in a terminal state, oldest first, of
+// all owners: the ones to reattach after a restart and to watch the leases of.
+func (s *Store) ListLive(ctx context.Context) ([]*sandbox.Sandbox, error) {
+	list, err := s.querySandboxes(ctx, `SELECT `+sandboxColumns+` FROM sandboxes
+		WHERE state NOT IN ('stopped', 'deleted') ORDER BY created_at, id`)
+	if err != nil {
+		return nil, fmt.Errorf("listing live sandboxes: %w", err)
+	}
+	return list, nil
+}
+
+func (s *Store) querySandboxes(ctx context.Context, query string, args ...any) ([]*sandbox.Sandbox, error) {
+	rows, err := s.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var list []*sandbox.Sandbox
+	for rows.Next() {
+		sb, err := scanSandbox(rows)
+		if err != nil {
+			return nil, err
+		}
+		list = append(list, sb)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return list, nil
+}
+
+func scanSandbox(row interface{ Scan(...any) error }) (*sandbox.Sandbox, error) {
+	var (
+		sb                             sandbox.Sandbox
+		state, created                 string
+		labels, envNames               sql.NullString
+		ready, expires, ended, deleted sql.NullString
+	)
+	err := row.Scan(&sb.ID, &sb.OwnerKeyID, &sb.Name, &labels, &envNames, &sb.VCPU, &sb.MemoryMiB, &sb.DiskMiB,
+		&sb.TimeoutSeconds, &sb.OnLeaseEnd, &state, &sb.StopReason, &sb.Accel, &sb.Driver,
+		&created, &ready, &expires, &ended, &deleted, &sb.VM)
+	if err != nil {
+		return nil, err
+	}
+	sb.State = sandbox.State(state)
+	if err := unmarshalNullable(labels, &sb.Labels); err != nil {
+		return nil, fmt.Errorf("sandbox %s: decoding labels: %w", sb.ID, err)
+	}
+	if err := unmarshalNullable(envNames, &sb.EnvNames); err != nil {
+		return nil, fmt.Errorf("sandbox %s: decoding env names: %w", sb.ID, err)
+	}
+	if sb.CreatedAt, err = parseTime(created); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", sb.ID, err)
+	}
+	for _, f := range []struct {
+		dst **time.Time
+		src sql.NullString
+	}{{&sb.ReadyAt, ready}, {&sb.ExpiresAt, expires}, {&sb.EndedAt, ended}, {&sb.DeletedAt, deleted}} {
+		if *f.dst, err = parseTimePtr(f.src); err != nil {
+			return nil, fmt.Errorf("sandbox %s: %w", sb.ID, err)
+		}
+	}
+	return &sb, nil
+}
+
+// The cursor is the position of the last row of a page: its creation time
+// and id, base64url-encoded so that callers treat it as opaque.
+func encodeCursor(created, id string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(created + " " + id))
+}
+
+func decodeCursor(c string) (created, id string, err error) {
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err == nil {
+		var ok bool
+		created, id, ok = strings.Cut(string(b), " ")
+		if ok && id != "" {
+			if _, err = parseTime(created); err == nil {
+				return created, id, nil
+			}
+		}
+	}
+	return "", "", errdefs.New(errdefs.ErrInvalidArgument, "invalid_cursor", "invalid cursor")
+}

@@ -1,0 +1,5 @@
+//go:build !amd64
+
+package tsc
+
+func measure() (int64, error) { return cpuinfoKHz() }
