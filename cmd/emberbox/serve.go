@@ -1,0 +1,217 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/emberbox/emberbox/internal/api"
+	"github.com/emberbox/emberbox/internal/image"
+	"github.com/emberbox/emberbox/internal/sandbox"
+	"github.com/emberbox/emberbox/internal/store"
+	"github.com/emberbox/emberbox/internal/tsc"
+	"github.com/emberbox/emberbox/internal/vmm/qemu"
+)
+
+const (
+	dbName       = "emberbox.db"
+	adminKeyFile = "admin.key"
+)
+
+type serveOptions struct {
+	listen      string
+	dataDir     string
+	cacheDir    string
+	agentBinary string
+	bootTimeout time.Duration
+	noKVM       bool
+	logLevel    string
+}
+
+func newServeCommand() *cobra.Command {
+	var o serveOptions
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the API server and the sandboxes' VMs",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return serve(cmd.Context(), o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve the API on")
+	f.StringVar(&o.dataDir, "data-dir", defaultDataDir(), "where the database, keys and sandbox disks live")
+	f.StringVar(&o.cacheDir, "cache-dir", "", "image cache directory (default ~/.cache/emberbox)")
+	f.StringVar(&o.agentBinary, "agent-binary", "", "emberbox-agent binary to boot (default: beside this binary)")
+	f.DurationVar(&o.bootTimeout, "boot-timeout", 3*time.Minute, "bound on one boot attempt; a create makes at most two")
+	f.BoolVar(&o.noKVM, "no-kvm", false, "use software emulation even where /dev/kvm works")
+	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	return cmd
+}
+
+func serve(ctx context.Context, o serveOptions) error {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+
+	if err := os.MkdirAll(o.dataDir, 0o700); err != nil {
+		return fmt.Errorf("creating data dir: %w", err)
+	}
+	st, err := store.Open(ctx, filepath.Join(o.dataDir, dbName))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	if err := ensureAdminKey(ctx, st, o.dataDir, log); err != nil {
+		return err
+	}
+
+	boot, err := bootFiles(ctx, o, log)
+	if err != nil {
+		return err
+	}
+	khz, err := tsc.KHz()
+	if err != nil {
+		log.Warn("could not measure the host TSC rate; TCG guests may boot slowly", "err", err)
+	}
+	drv, err := qemu.New(qemu.Config{TSCkHz: khz, DisableKVM: o.noKVM, Logger: log})
+	if err != nil {
+		return err
+	}
+	log.Info("vm driver", "driver", drv.Name(), "accel", drv.Accel(), "tsc_khz", khz)
+
+	mgr := sandbox.New(sandbox.Config{
+		Store: st, Driver: drv, Boot: boot, DataDir: o.dataDir, Logger: log, BootTimeout: o.bootTimeout,
+	})
+	if err := mgr.Recover(ctx); err != nil {
+		return err
+	}
+	go func() { _ = mgr.Run(ctx) }()
+	go pruneIdempotency(ctx, st, log)
+
+	handler := api.New(api.Config{
+		Manager: mgr, Keys: keyStore{st}, Idempotency: idempotencyStore{st},
+		Logger: log, Version: version, Accel: drv.Accel,
+	})
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	log.Info("emberbox serving", "addr", "http://"+ln.Addr().String(), "data_dir", o.dataDir, "version", version)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	// Sandboxes keep running: the next start reattaches to them.
+	log.Info("shutting down; sandboxes keep running and are reattached on the next start")
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// ensureAdminKey creates the first key on a fresh data dir and writes it to
+// admin.key (0600), the only place its secret is kept.
+func ensureAdminKey(ctx context.Context, st *store.Store, dataDir string, log *slog.Logger) error {
+	n, err := st.CountKeys(ctx)
+	if err != nil || n > 0 {
+		return err
+	}
+	k, secret, err := st.CreateKey(ctx, "admin")
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(dataDir, adminKeyFile)
+	if err := os.WriteFile(path, []byte(secret+"\n"), 0o600); err != nil {
+		return fmt.Errorf("writing admin key: %w", err)
+	}
+	log.Info("created admin API key", "key_id", k.ID, "path", path)
+	fmt.Fprintf(os.Stderr, "\nAdmin API key written to %s\n\n", path)
+	return nil
+}
+
+// bootFiles builds the image if it is missing and the initramfs that
+// carries the agent.
+func bootFiles(ctx context.Context, o serveOptions, log *slog.Logger) (sandbox.BootFiles, error) {
+	img, err := image.Ensure(ctx, image.Config{CacheDir: o.cacheDir, Progress: os.Stderr, Logger: log})
+	if err != nil {
+		return sandbox.BootFiles{}, fmt.Errorf("guest image: %w", err)
+	}
+	agentBin := o.agentBinary
+	if agentBin == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return sandbox.BootFiles{}, err
+		}
+		agentBin = filepath.Join(filepath.Dir(exe), "emberbox-agent")
+	}
+	if _, err := os.Stat(agentBin); err != nil {
+		return sandbox.BootFiles{}, fmt.Errorf("agent binary: %w (build it with `make build`, or pass --agent-binary)", err)
+	}
+	initrd, err := image.BuildInitrd(img, agentBin, filepath.Join(filepath.Dir(img.Dir), "initrd"))
+	if err != nil {
+		return sandbox.BootFiles{}, fmt.Errorf("building initramfs: %w", err)
+	}
+	log.Info("guest image", "image", img.RecipeHash, "kernel", img.KernelVersion, "initrd", initrd)
+	return sandbox.BootFiles{Kernel: img.Kernel, Initrd: initrd, Rootfs: img.Rootfs}, nil
+}
+
+func pruneIdempotency(ctx context.Context, st *store.Store, log *slog.Logger) {
+	t := time.NewTicker(time.Hour)
+	defer t.Stop()
+	for {
+		if n, err := st.PruneIdempotency(ctx, time.Now().Add(-store.IdempotencyTTL)); err != nil && ctx.Err() == nil {
+			log.Warn("pruning idempotency records", "err", err)
+		} else if n > 0 {
+			log.Debug("pruned idempotency records", "count", n)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// keyStore adapts the store to api.Keys.
+type keyStore struct{ st *store.Store }
+
+func (k keyStore) Authenticate(ctx context.Context, secret string) (string, error) {
+	key, err := k.st.AuthenticateKey(ctx, secret)
+	return key.ID, err
+}
+
+// idempotencyStore adapts the store to api.Idempotency.
+type idempotencyStore struct{ st *store.Store }
+
+func (s idempotencyStore) Reserve(ctx context.Context, keyID, key, fingerprint string) (*api.IdempotentResult, bool, error) {
+	rec, reserved, err := s.st.ReserveIdempotency(ctx, keyID, key, fingerprint)
+	if err != nil || rec == nil {
+		return nil, reserved, err
+	}
+	return &api.IdempotentResult{Fingerprint: rec.Fingerprint, Status: rec.Status, ContentType: rec.ContentType, Body: rec.Body}, reserved, nil
+}
+
+func (s idempotencyStore) Complete(ctx context.Context, keyID, key string, status int, contentType string, body []byte) error {
+	return s.st.CompleteIdempotency(ctx, keyID, key, status, contentType, body)
+}
+
+func (s idempotencyStore) Release(ctx context.Context, keyID, key string) error {
+	return s.st.ReleaseIdempotency(ctx, keyID, key)
+}

@@ -1,0 +1,555 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/emberbox/emberbox/internal/agentproto"
+	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/guest"
+	"github.com/emberbox/emberbox/internal/vmm"
+)
+
+// Store is what the manager needs from durable storage.
+type Store interface {
+	InsertSandbox(ctx context.Context, sb *Sandbox) error
+	GetSandbox(ctx context.Context, id string) (*Sandbox, error)
+	UpdateSandbox(ctx context.Context, sb *Sandbox) error
+	ListSandboxes(ctx context.Context, opts ListOptions) ([]*Sandbox, string, error)
+	ListLive(ctx context.Context) ([]*Sandbox, error)
+	AppendEvent(ctx context.Context, sandboxID, typ, message string, data map[string]any) error
+}
+
+// BootFiles are the image files every VM boots from.
+type BootFiles struct {
+	Kernel, Initrd, Rootfs string
+}
+
+// Config configures a Manager.
+type Config struct {
+	Store   Store
+	Driver  vmm.Driver
+	Boot    BootFiles
+	DataDir string // sandboxes live in DataDir/sandboxes/<id>
+	Logger  *slog.Logger
+	// BootTimeout bounds one boot attempt, from starting the VM to the
+	// agent answering. A create makes at most two attempts.
+	BootTimeout time.Duration
+	// Now is the clock; tests replace it.
+	Now func() time.Time
+}
+
+// Manager owns every sandbox's lifecycle.
+type Manager struct {
+	cfg Config
+	log *slog.Logger
+
+	mu      sync.Mutex
+	live    map[string]*instance // sandboxes with a VM (starting, running, stopping)
+	changed chan struct{}        // closed and replaced whenever a sandbox changes
+}
+
+// instance is a sandbox whose VM this process manages.
+type instance struct {
+	id     string
+	cancel context.CancelFunc // ends boot and reconnect loops
+
+	mu      sync.Mutex
+	machine vmm.Machine
+	client  *guest.Client
+}
+
+func (in *instance) guest() *guest.Client {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.client
+}
+
+// New returns a Manager. Call Recover before serving requests and Run to
+// enforce leases.
+func New(cfg Config) *Manager {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.BootTimeout == 0 {
+		cfg.BootTimeout = 3 * time.Minute
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Manager{cfg: cfg, log: log, live: map[string]*instance{}, changed: make(chan struct{})}
+}
+
+func (m *Manager) now() time.Time { return m.cfg.Now().UTC().Truncate(time.Millisecond) }
+
+func (m *Manager) notify() {
+	m.mu.Lock()
+	close(m.changed)
+	m.changed = make(chan struct{})
+	m.mu.Unlock()
+}
+
+func (m *Manager) dir(id string) string { return filepath.Join(m.cfg.DataDir, "sandboxes", id) }
+
+func newID() string {
+	var b [10]byte
+	_, _ = rand.Read(b[:])
+	return "sbx_" + hex.EncodeToString(b[:])
+}
+
+func notFound(id string) error {
+	return errdefs.New(errdefs.ErrNotFound, "not_found", "no sandbox %q", id)
+}
+
+// get loads a sandbox and checks its owner.
+func (m *Manager) get(ctx context.Context, owner, id string) (*Sandbox, error) {
+	sb, err := m.cfg.Store.GetSandbox(ctx, id)
+	if errdefs.IsNotFound(err) || (err == nil && sb.OwnerKeyID != owner) {
+		return nil, notFound(id)
+	}
+	return sb, err
+}
+
+// update applies fn to the stored record and saves it. Transitions go
+// through here so the store always holds the truth.
+func (m *Manager) update(ctx context.Context, id string, fn func(sb *Sandbox) bool) (*Sandbox, error) {
+	sb, err := m.cfg.Store.GetSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if !fn(sb) {
+		return sb, nil
+	}
+	if err := m.cfg.Store.UpdateSandbox(ctx, sb); err != nil {
+		return nil, fmt.Errorf("saving sandbox %s: %w", id, err)
+	}
+	m.notify()
+	return sb, nil
+}
+
+func (m *Manager) event(id, typ, msg string, data map[string]any) {
+	if err := m.cfg.Store.AppendEvent(context.Background(), id, typ, msg, data); err != nil {
+		m.log.Warn("recording event", "sandbox_id", id, "err", err)
+	}
+}
+
+// Create implements api.Manager.Create.
+func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (*Sandbox, error) {
+	if spec.OnLeaseEnd == LeaseEndPause {
+		return nil, errdefs.New(errdefs.ErrInvalidArgument, "pause_unavailable", "onLeaseEnd \"pause\" needs snapshots, which this server does not have yet").
+			WithHint(`use "stop" or "delete"`)
+	}
+	names := make([]string, 0, len(spec.Env))
+	for k := range spec.Env {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	sb := &Sandbox{
+		ID: newID(), OwnerKeyID: owner, Name: spec.Name, Labels: spec.Labels, EnvNames: names,
+		VCPU: spec.VCPU, MemoryMiB: spec.MemoryMiB, DiskMiB: spec.DiskMiB,
+		TimeoutSeconds: spec.TimeoutSeconds, OnLeaseEnd: spec.OnLeaseEnd,
+		State: StateStarting, Accel: m.cfg.Driver.Accel(), Driver: m.cfg.Driver.Name(),
+		CreatedAt: m.now(),
+	}
+	if err := m.cfg.Store.InsertSandbox(ctx, sb); err != nil {
+		return nil, err
+	}
+	bootCtx, cancel := context.WithCancel(context.Background())
+	in := &instance{id: sb.ID, cancel: cancel}
+	m.mu.Lock()
+	m.live[sb.ID] = in
+	m.mu.Unlock()
+	m.event(sb.ID, "created", "sandbox created", map[string]any{"vcpu": sb.VCPU, "memoryMiB": sb.MemoryMiB})
+	go m.boot(bootCtx, in, sb, spec.Env)
+	return sb, nil
+}
+
+func (m *Manager) vmSpec(sb *Sandbox) vmm.Spec {
+	return vmm.Spec{
+		ID: sb.ID, Dir: m.dir(sb.ID), VCPU: sb.VCPU, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB,
+		Kernel: m.cfg.Boot.Kernel, Initrd: m.cfg.Boot.Initrd, Rootfs: m.cfg.Boot.Rootfs,
+	}
+}
+
+// boot starts the VM and waits for its agent, retrying once: a TCG guest can
+// still hang early in boot, and a fresh VM nearly always comes up.
+func (m *Manager) boot(ctx context.Context, in *instance, sb *Sandbox, env map[string]string) {
+	log := m.log.With("sandbox_id", sb.ID)
+	var lastErr error
+	for attempt := 1; attempt <= 2; attempt++ {
+		start := time.Now()
+		err := m.bootOnce(ctx, in, sb, env)
+		if err == nil {
+			log.Info("sandbox ready", "attempt", attempt, "took", time.Since(start).Round(time.Millisecond))
+			now := m.now()
+			expires := now.Add(time.Duration(sb.TimeoutSeconds) * time.Second)
+			_, err = m.update(context.Background(), sb.ID, func(s *Sandbox) bool {
+				if s.State != StateStarting {
+					return false
+				}
+				s.State, s.ReadyAt, s.ExpiresAt = StateRunning, &now, &expires
+				return true
+			})
+			if err != nil {
+				log.Error("recording ready sandbox", "err", err)
+			}
+			m.event(sb.ID, "ready", "sandbox is running", map[string]any{"attempt": attempt, "bootMs": time.Since(start).Milliseconds()})
+			go m.watch(in)
+			return
+		}
+		lastErr = err
+		log.Warn("boot attempt failed", "attempt", attempt, "err", err)
+		m.event(sb.ID, "boot_failed", err.Error(), map[string]any{"attempt": attempt})
+		// Keep this attempt's console for whoever investigates.
+		_ = os.Rename(filepath.Join(m.dir(sb.ID), "console.log"), filepath.Join(m.dir(sb.ID), fmt.Sprintf("console-attempt%d.log", attempt)))
+		if ctx.Err() != nil {
+			return // stopped or deleted while booting; that path records the end
+		}
+	}
+	log.Error("sandbox failed to start", "err", lastErr)
+	m.finish(in, ReasonStartFailed)
+}
+
+func (m *Manager) bootOnce(ctx context.Context, in *instance, sb *Sandbox, env map[string]string) error {
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
+	defer cancel()
+	mach, err := m.cfg.Driver.Start(ctx, m.vmSpec(sb))
+	if err != nil {
+		return err
+	}
+	in.mu.Lock()
+	in.machine = mach
+	in.mu.Unlock()
+	if _, err := m.update(context.Background(), sb.ID, func(s *Sandbox) bool {
+		s.VM, s.Accel = mach.Record(), mach.Accel()
+		return true
+	}); err != nil {
+		_ = mach.Stop(context.Background())
+		return err
+	}
+	c, err := m.connect(ctx, mach)
+	if err == nil {
+		err = c.Configure(ctx, agentproto.ConfigureRequest{Env: env})
+		if err != nil {
+			c.Close()
+		}
+	}
+	if err != nil {
+		_ = mach.Stop(context.Background())
+		in.mu.Lock()
+		in.machine = nil
+		in.mu.Unlock()
+		if ctx.Err() != nil {
+			return fmt.Errorf("agent did not report ready within %s: %w", m.cfg.BootTimeout, err)
+		}
+		return err
+	}
+	in.mu.Lock()
+	in.client = c
+	in.mu.Unlock()
+	return nil
+}
+
+// connect dials the guest and completes the handshake; the agent answers
+// once the guest has booted.
+func (m *Manager) connect(ctx context.Context, mach vmm.Machine) (*guest.Client, error) {
+	conn, err := mach.DialGuest(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c, err := guest.Handshake(ctx, conn)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	if _, err := c.Info(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// watch follows a running sandbox: if its VM exits on its own the sandbox
+// is stopped; if only the guest connection drops, it reconnects.
+func (m *Manager) watch(in *instance) {
+	in.mu.Lock()
+	mach, c := in.machine, in.client
+	in.mu.Unlock()
+	for {
+		if c == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			nc, err := m.connect(ctx, mach)
+			cancel()
+			if err == nil {
+				in.mu.Lock()
+				in.client = nc
+				in.mu.Unlock()
+				c = nc
+			} else {
+				m.log.Warn("connecting to guest", "sandbox_id", in.id, "err", err)
+			}
+		}
+		var cdone <-chan struct{}
+		var retry <-chan time.Time
+		if c != nil {
+			cdone = c.Done()
+		} else {
+			retry = time.After(5 * time.Second)
+		}
+		select {
+		case <-mach.Done():
+			if c != nil {
+				c.Close()
+			}
+			m.finish(in, ReasonVMExited)
+			return
+		case <-cdone:
+			m.log.Warn("guest connection lost; reconnecting", "sandbox_id", in.id)
+			in.mu.Lock()
+			in.client = nil
+			in.mu.Unlock()
+			c = nil
+		case <-retry:
+		}
+	}
+}
+
+// finish records that a sandbox's VM has ended, unless a stop or delete got
+// there first, and forgets the instance.
+func (m *Manager) finish(in *instance, reason string) {
+	m.mu.Lock()
+	if m.live[in.id] == in {
+		delete(m.live, in.id)
+	}
+	m.mu.Unlock()
+	now := m.now()
+	_, err := m.update(context.Background(), in.id, func(s *Sandbox) bool {
+		if s.State.Terminal() {
+			return false
+		}
+		s.State, s.StopReason, s.EndedAt = StateStopped, reason, &now
+		return true
+	})
+	if err != nil {
+		m.log.Error("recording stopped sandbox", "sandbox_id", in.id, "err", err)
+	}
+	m.event(in.id, "stopped", "sandbox stopped", map[string]any{"reason": reason})
+}
+
+// Get implements api.Manager.Get.
+func (m *Manager) Get(ctx context.Context, owner, id string) (*Sandbox, error) {
+	return m.get(ctx, owner, id)
+}
+
+// List implements api.Manager.List.
+func (m *Manager) List(ctx context.Context, opts ListOptions) ([]*Sandbox, string, error) {
+	return m.cfg.Store.ListSandboxes(ctx, opts)
+}
+
+// WaitFor implements api.Manager.WaitFor.
+func (m *Manager) WaitFor(ctx context.Context, owner, id string, states ...State) (*Sandbox, error) {
+	for {
+		m.mu.Lock()
+		ch := m.changed
+		m.mu.Unlock()
+		sb, err := m.get(ctx, owner, id)
+		if err != nil {
+			return nil, err
+		}
+		if sb.State.Terminal() {
+			return sb, nil
+		}
+		for _, s := range states {
+			if sb.State == s {
+				return sb, nil
+			}
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return sb, nil
+		}
+	}
+}
+
+// Stop implements api.Manager.Stop.
+func (m *Manager) Stop(ctx context.Context, owner, id string) (*Sandbox, error) {
+	if _, err := m.get(ctx, owner, id); err != nil {
+		return nil, err
+	}
+	return m.stop(ctx, id, ReasonRequested, false)
+}
+
+// stop moves a sandbox to stopping and ends its VM in the background (or,
+// with wait, before returning).
+func (m *Manager) stop(ctx context.Context, id, reason string, wait bool) (*Sandbox, error) {
+	sb, err := m.update(ctx, id, func(s *Sandbox) bool {
+		if s.State.Terminal() || s.State == StateStopping {
+			return false
+		}
+		s.State, s.StopReason = StateStopping, reason
+		return true
+	})
+	if err != nil || sb.State.Terminal() {
+		return sb, err
+	}
+	m.mu.Lock()
+	in := m.live[id]
+	m.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if in != nil {
+			in.cancel()
+			in.mu.Lock()
+			mach, c := in.machine, in.client
+			in.mu.Unlock()
+			if c != nil {
+				c.Close()
+			}
+			if mach != nil {
+				sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+				if err := mach.Stop(sctx); err != nil {
+					m.log.Error("stopping vm", "sandbox_id", id, "err", err)
+				}
+				cancel()
+			}
+			m.mu.Lock()
+			delete(m.live, id)
+			m.mu.Unlock()
+		}
+		now := m.now()
+		if _, err := m.update(context.Background(), id, func(s *Sandbox) bool {
+			if s.State.Terminal() {
+				return false
+			}
+			s.State, s.EndedAt = StateStopped, &now
+			if s.StopReason == "" {
+				s.StopReason = reason
+			}
+			return true
+		}); err != nil {
+			m.log.Error("recording stopped sandbox", "sandbox_id", id, "err", err)
+		}
+		m.event(id, "stopped", "sandbox stopped", map[string]any{"reason": reason})
+	}()
+	if wait {
+		select {
+		case <-done:
+		case <-ctx.Done():
+		}
+		return m.cfg.Store.GetSandbox(context.Background(), id)
+	}
+	return sb, nil
+}
+
+// Delete implements api.Manager.Delete.
+func (m *Manager) Delete(ctx context.Context, owner, id string) (*Sandbox, error) {
+	sb, err := m.get(ctx, owner, id)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State == StateDeleted {
+		return sb, nil
+	}
+	return m.delete(ctx, id, ReasonDeleted)
+}
+
+func (m *Manager) delete(ctx context.Context, id, reason string) (*Sandbox, error) {
+	// Stopping has its own bound; the disk is removed only once the VM
+	// that uses it is gone.
+	if _, err := m.stop(context.WithoutCancel(ctx), id, reason, true); err != nil {
+		return nil, err
+	}
+	if err := os.RemoveAll(m.dir(id)); err != nil {
+		m.log.Error("removing sandbox files", "sandbox_id", id, "err", err)
+	}
+	now := m.now()
+	sb, err := m.update(context.Background(), id, func(s *Sandbox) bool {
+		if s.State == StateDeleted {
+			return false
+		}
+		s.State, s.DeletedAt, s.VM = StateDeleted, &now, nil
+		if s.EndedAt == nil {
+			s.EndedAt = &now
+		}
+		return true
+	})
+	m.event(id, "deleted", "sandbox deleted", nil)
+	return sb, err
+}
+
+// Extend implements api.Manager.Extend.
+func (m *Manager) Extend(ctx context.Context, owner, id string, d time.Duration) (*Sandbox, error) {
+	sb, err := m.get(ctx, owner, id)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State != StateRunning && sb.State != StateStarting {
+		return nil, notRunning(sb)
+	}
+	if d <= 0 || d > MaxExtendAhead {
+		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "seconds must be between 1 and %d", int(MaxExtendAhead.Seconds()))
+	}
+	exp := m.now().Add(d)
+	return m.update(ctx, id, func(s *Sandbox) bool {
+		if s.State.Terminal() || s.State == StateStopping {
+			return false
+		}
+		if s.ExpiresAt != nil && s.ExpiresAt.After(exp) {
+			return false // never shortens
+		}
+		s.ExpiresAt = &exp
+		return true
+	})
+}
+
+func notRunning(sb *Sandbox) error {
+	e := errdefs.New(errdefs.ErrConflict, "not_running", "sandbox %s is %s", sb.ID, sb.State)
+	e.Details = map[string]any{"state": string(sb.State)}
+	switch sb.State {
+	case StateStarting:
+		e.Code = "sandbox_not_ready"
+		e.Hint = "wait for it with GET /v1/sandboxes/{id}?waitFor=running"
+	case StateStopped, StateDeleted:
+		e.Hint = "create a new sandbox"
+	}
+	return e
+}
+
+// client returns the guest client of a running sandbox of owner's.
+func (m *Manager) client(ctx context.Context, owner, id string) (*guest.Client, error) {
+	sb, err := m.get(ctx, owner, id)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State != StateRunning {
+		return nil, notRunning(sb)
+	}
+	m.mu.Lock()
+	in := m.live[id]
+	m.mu.Unlock()
+	if in == nil {
+		return nil, notRunning(sb)
+	}
+	c := in.guest()
+	if c == nil {
+		e := errdefs.New(errdefs.ErrUnavailable, "guest_busy", "the sandbox's agent is reconnecting")
+		e.Hint = "retry in a few seconds"
+		return nil, e
+	}
+	return c, nil
+}
+
+// ErrShutdown is returned by Run when its context ends.
+var ErrShutdown = errors.New("manager shut down")

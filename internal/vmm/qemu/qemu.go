@@ -1,0 +1,345 @@
+// Package qemu runs sandboxes as QEMU microVMs (-M microvm): KVM where
+// /dev/kvm is usable, TCG software emulation elsewhere. The guest's disk is a
+// qcow2 overlay over the shared read-only base image; its agent stream is a
+// virtio-serial port on a unix socket, and its console another socket the
+// driver copies into a bounded log file.
+package qemu
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/emberbox/emberbox/internal/agentproto"
+	"github.com/emberbox/emberbox/internal/vmm"
+)
+
+// File names inside a sandbox's directory.
+const (
+	diskFile     = "disk.qcow2"
+	agentSocket  = "agent.sock"
+	consoleSock  = "console.sock"
+	ConsoleLog   = "console.log"
+	qemuLog      = "qemu.log"
+	consoleLimit = 1 << 20 // bytes per console log generation
+)
+
+// Config configures the driver.
+type Config struct {
+	QEMU    string // qemu-system-x86_64 binary; default from PATH
+	QEMUImg string // qemu-img binary; default from PATH
+	// TSCkHz is the host TSC rate. Under TCG the guest's TSC runs at it,
+	// and telling the guest kernel (tsc_early_khz) avoids the clock
+	// calibration that hangs TCG boots; see DESIGN.md.
+	TSCkHz int64
+	// DisableKVM forces TCG even where /dev/kvm works.
+	DisableKVM bool
+	Logger     *slog.Logger
+}
+
+// Driver implements vmm.Driver with QEMU.
+type Driver struct {
+	cfg   Config
+	accel string
+	log   *slog.Logger
+}
+
+// New returns a driver, checking that the QEMU binaries exist.
+func New(cfg Config) (*Driver, error) {
+	var err error
+	if cfg.QEMU == "" {
+		if cfg.QEMU, err = exec.LookPath("qemu-system-x86_64"); err != nil {
+			return nil, fmt.Errorf("qemu-system-x86_64 not found (install qemu-system-x86): %w", err)
+		}
+	}
+	if cfg.QEMUImg == "" {
+		if cfg.QEMUImg, err = exec.LookPath("qemu-img"); err != nil {
+			return nil, fmt.Errorf("qemu-img not found (install qemu-utils): %w", err)
+		}
+	}
+	d := &Driver{cfg: cfg, accel: "tcg", log: cfg.Logger}
+	if d.log == nil {
+		d.log = slog.New(slog.DiscardHandler)
+	}
+	if !cfg.DisableKVM && kvmUsable() {
+		d.accel = "kvm"
+	}
+	return d, nil
+}
+
+func kvmUsable() bool {
+	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
+	if err != nil {
+		return false
+	}
+	f.Close()
+	return true
+}
+
+// Name implements vmm.Driver.Name.
+func (d *Driver) Name() string { return "qemu" }
+
+// Accel implements vmm.Driver.Accel.
+func (d *Driver) Accel() string { return d.accel }
+
+// record is what Attach needs to find a VM again.
+type record struct {
+	PID       int    `json:"pid"`
+	StartTime uint64 `json:"startTime"` // /proc/PID/stat field 22, against pid reuse
+	Accel     string `json:"accel"`
+	Dir       string `json:"dir"`
+}
+
+// Args returns the QEMU command line for spec, relative to spec.Dir.
+func (d *Driver) Args(spec vmm.Spec) []string {
+	kargs := []string{
+		"console=ttyS0", "reboot=k", "panic=-1", "quiet", "loglevel=4",
+		"emberbox.root=/dev/vda",
+	}
+	if d.accel == "tcg" && d.cfg.TSCkHz > 0 {
+		kargs = append(kargs, "tsc_early_khz="+strconv.FormatInt(d.cfg.TSCkHz, 10), "tsc=reliable")
+	}
+	kargs = append(kargs, spec.KernelArgs...)
+	args := []string{
+		"-name", "emberbox-" + spec.ID,
+		"-M", "microvm,acpi=on,rtc=on,pit=off,pic=off",
+		"-smp", strconv.Itoa(spec.VCPU),
+		"-m", strconv.Itoa(spec.MemoryMiB) + "M",
+		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+		"-kernel", spec.Kernel, "-initrd", spec.Initrd,
+		"-append", strings.Join(kargs, " "),
+		"-drive", "id=root,file=" + diskFile + ",format=qcow2,if=none,discard=unmap",
+		"-device", "virtio-blk-device,drive=root",
+		"-chardev", "socket,id=console,path=" + consoleSock + ",server=on,wait=off",
+		"-serial", "chardev:console",
+		"-device", "virtio-serial-device",
+		"-chardev", "socket,id=agent,path=" + agentSocket + ",server=on,wait=off",
+		"-device", "virtserialport,chardev=agent,name=" + agentproto.PortName,
+		"-device", "virtio-rng-device",
+	}
+	if d.accel == "kvm" {
+		args = append(args, "-accel", "kvm", "-cpu", "host")
+	} else {
+		args = append(args, "-accel", "tcg,thread=multi", "-cpu", "max")
+	}
+	return args
+}
+
+// Start implements vmm.Driver.Start.
+func (d *Driver) Start(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) {
+	if err := os.MkdirAll(spec.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating sandbox dir: %w", err)
+	}
+	disk := filepath.Join(spec.Dir, diskFile)
+	if _, err := os.Stat(disk); errors.Is(err, os.ErrNotExist) {
+		out, err := exec.CommandContext(ctx, d.cfg.QEMUImg, "create", "-q", "-f", "qcow2",
+			"-F", "raw", "-b", spec.Rootfs, disk, strconv.Itoa(spec.DiskMiB)+"M").CombinedOutput()
+		if err != nil {
+			return nil, fmt.Errorf("creating disk overlay: %v: %s", err, strings.TrimSpace(string(out)))
+		}
+	}
+	for _, s := range []string{agentSocket, consoleSock} {
+		_ = os.Remove(filepath.Join(spec.Dir, s))
+	}
+	logf, err := os.OpenFile(filepath.Join(spec.Dir, qemuLog), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening qemu log: %w", err)
+	}
+	defer logf.Close()
+
+	cmd := exec.Command(d.cfg.QEMU, d.Args(spec)...)
+	cmd.Dir = spec.Dir // sockets are relative: unix socket paths are short
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// Its own session: the VM outlives a restart of the server, which
+	// reattaches to it, and a terminal's signals do not reach it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting qemu: %w", err)
+	}
+	m := &machine{d: d, dir: spec.Dir, pid: cmd.Process.Pid, accel: d.accel, done: make(chan struct{})}
+	m.startTime, _ = procStartTime(m.pid)
+	go func() {
+		_ = cmd.Wait()
+		close(m.done)
+	}()
+	d.log.Info("vm started", "sandbox_id", spec.ID, "pid", m.pid, "accel", d.accel)
+	go m.copyConsole()
+	return m, nil
+}
+
+// Attach implements vmm.Driver.Attach.
+func (d *Driver) Attach(ctx context.Context, spec vmm.Spec, rec []byte) (vmm.Machine, error) {
+	var r record
+	if err := json.Unmarshal(rec, &r); err != nil || r.PID <= 0 {
+		return nil, fmt.Errorf("bad vm record: %w", vmm.ErrGone)
+	}
+	st, err := procStartTime(r.PID)
+	if err != nil || st != r.StartTime {
+		return nil, vmm.ErrGone
+	}
+	if cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", r.PID)); err != nil ||
+		!strings.Contains(string(cmdline), "emberbox-"+spec.ID) {
+		return nil, vmm.ErrGone
+	}
+	// Not our child: watch it with a pidfd, which also pins the pid.
+	pidfd, err := unix.PidfdOpen(r.PID, 0)
+	if err != nil {
+		return nil, vmm.ErrGone
+	}
+	m := &machine{d: d, dir: spec.Dir, pid: r.PID, startTime: r.StartTime, accel: r.Accel, done: make(chan struct{})}
+	go func() {
+		defer unix.Close(pidfd)
+		fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+		for {
+			if _, err := unix.Poll(fds, -1); err == nil || err != unix.EINTR {
+				break
+			}
+		}
+		close(m.done)
+	}()
+	go m.copyConsole()
+	return m, nil
+}
+
+type machine struct {
+	d         *Driver
+	dir       string
+	pid       int
+	startTime uint64
+	accel     string
+	done      chan struct{}
+}
+
+func (m *machine) Record() []byte {
+	b, _ := json.Marshal(record{PID: m.pid, StartTime: m.startTime, Accel: m.accel, Dir: m.dir})
+	return b
+}
+
+func (m *machine) Accel() string         { return m.accel }
+func (m *machine) PID() int              { return m.pid }
+func (m *machine) Done() <-chan struct{} { return m.done }
+
+// DialGuest implements vmm.Machine.DialGuest. QEMU creates the socket just
+// after it starts, so the dial retries briefly.
+func (m *machine) DialGuest(ctx context.Context) (net.Conn, error) {
+	return dialUnix(ctx, m.dir, agentSocket, m.done)
+}
+
+// dialUnix connects to dir/name. The path goes through /proc/self/fd so its
+// length is independent of dir's (a unix socket path has 108 bytes).
+func dialUnix(ctx context.Context, dir, name string, done <-chan struct{}) (net.Conn, error) {
+	df, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer df.Close()
+	path := fmt.Sprintf("/proc/self/fd/%d/%s", df.Fd(), name)
+	var d net.Dialer
+	for {
+		c, err := d.DialContext(ctx, "unix", path)
+		if err == nil {
+			return c, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("connecting to %s: %w", name, err)
+		case <-done:
+			return nil, fmt.Errorf("connecting to %s: %w", name, vmm.ErrGone)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Stop implements vmm.Machine.Stop: SIGTERM lets QEMU close its disk
+// cleanly; SIGKILL follows if it has not exited when ctx ends or after 10 s.
+func (m *machine) Stop(ctx context.Context) error {
+	select {
+	case <-m.done:
+		return nil
+	default:
+	}
+	_ = m.signal(unix.SIGTERM)
+	t := time.NewTimer(10 * time.Second)
+	defer t.Stop()
+	select {
+	case <-m.done:
+		return nil
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	_ = m.signal(unix.SIGKILL)
+	select {
+	case <-m.done:
+		return nil
+	case <-time.After(30 * time.Second):
+		return fmt.Errorf("qemu pid %d did not exit after SIGKILL", m.pid)
+	}
+}
+
+// signal signals the VMM unless its pid may have been reused.
+func (m *machine) signal(sig unix.Signal) error {
+	if st, err := procStartTime(m.pid); err != nil || st != m.startTime {
+		return nil
+	}
+	return unix.Kill(m.pid, sig)
+}
+
+// copyConsole copies the guest console into console.log, keeping at most two
+// generations of consoleLimit bytes, until the VM exits.
+func (m *machine) copyConsole() {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { <-m.done; cancel() }()
+	c, err := dialUnix(ctx, m.dir, consoleSock, m.done)
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	go func() { <-m.done; c.Close() }()
+	w := &boundedLog{path: filepath.Join(m.dir, ConsoleLog), limit: consoleLimit}
+	defer w.Close()
+	buf := make([]byte, 16<<10)
+	for {
+		n, err := c.Read(buf)
+		if n > 0 {
+			w.Write(buf[:n])
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// procStartTime returns field 22 of /proc/PID/stat: when the process
+// started, in clock ticks since boot. With the pid it names one process.
+func procStartTime(pid int) (uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may contain spaces; fields resume after ')'.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, errors.New("malformed stat")
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 20 {
+		return 0, errors.New("malformed stat")
+	}
+	if f[0] == "Z" {
+		return 0, errors.New("zombie")
+	}
+	return strconv.ParseUint(f[19], 10, 64)
+}

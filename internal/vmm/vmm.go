@@ -1,0 +1,63 @@
+// Package vmm is the boundary between the sandbox manager and the virtual
+// machine monitors that run sandboxes. A Driver boots and reattaches
+// Machines; a Machine is one running VM with a byte stream to its guest
+// agent. Nothing here knows HTTP or the store, and nothing above knows which
+// VMM runs a sandbox.
+package vmm
+
+import (
+	"context"
+	"errors"
+	"net"
+)
+
+// Spec describes a VM to boot.
+type Spec struct {
+	ID        string // sandbox id, for logs and process identification
+	Dir       string // the sandbox's own directory: disk overlay, sockets, logs
+	VCPU      int
+	MemoryMiB int
+	DiskMiB   int // the guest disk's size; the overlay is capped at it
+
+	Kernel     string   // kernel image
+	Initrd     string   // initramfs with the agent as /init
+	Rootfs     string   // shared read-only base disk image (raw)
+	KernelArgs []string // extra kernel command-line arguments
+}
+
+// ErrGone is returned by Attach when the VM no longer runs.
+var ErrGone = errors.New("vm is gone")
+
+// Driver boots VMs of one kind.
+type Driver interface {
+	// Name identifies the driver ("qemu", "firecracker").
+	Name() string
+	// Accel reports the acceleration new VMs get ("kvm" or "tcg").
+	Accel() string
+	// Start boots a VM. It returns once the VMM process runs; the guest
+	// may still be booting (see Machine.DialGuest).
+	Start(ctx context.Context, spec Spec) (Machine, error)
+	// Attach finds a VM started earlier, possibly by another process of
+	// the server, from the record Machine.Record returned. It returns
+	// ErrGone if that VM no longer runs.
+	Attach(ctx context.Context, spec Spec, record []byte) (Machine, error)
+}
+
+// Machine is one running VM.
+type Machine interface {
+	// Record is what Attach needs to find this VM again; the caller
+	// persists it.
+	Record() []byte
+	// Accel reports whether this VM runs under "kvm" or "tcg".
+	Accel() string
+	// PID is the VMM process id, for metering.
+	PID() int
+	// DialGuest connects to the guest agent's stream. Only one connection
+	// is served at a time.
+	DialGuest(ctx context.Context) (net.Conn, error)
+	// Stop ends the VM, gracefully if it can within ctx, and waits for
+	// the VMM process to exit.
+	Stop(ctx context.Context) error
+	// Done is closed when the VMM process has exited.
+	Done() <-chan struct{}
+}
