@@ -84,7 +84,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		log.Warn("could not measure the host TSC rate; TCG guests may boot slowly", "err", err)
 	}
-	drv, err := qemu.New(qemu.Config{TSCkHz: khz, DisableKVM: o.noKVM, Logger: log})
+	drv, err := qemu.New(qemu.Config{TSCkHz: khz, DisableKVM: o.noKVM, ProbeKernel: boot.Kernel, Logger: log})
 	if err != nil {
 		return err
 	}

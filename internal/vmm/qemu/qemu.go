@@ -46,6 +46,9 @@ type Config struct {
 	TSCkHz int64
 	// DisableKVM forces TCG even where /dev/kvm works.
 	DisableKVM bool
+	// ProbeKernel, if set, is booted once under KVM to check that KVM
+	// really runs guests here before the driver relies on it.
+	ProbeKernel string
 	Logger     *slog.Logger
 }
 
@@ -73,19 +76,61 @@ func New(cfg Config) (*Driver, error) {
 	if d.log == nil {
 		d.log = slog.New(slog.DiscardHandler)
 	}
-	if !cfg.DisableKVM && kvmUsable() {
-		d.accel = "kvm"
+	if !cfg.DisableKVM {
+		if err := probeKVM(cfg.QEMU, cfg.ProbeKernel); err != nil {
+			d.log.Info("kvm not usable; using software emulation (tcg)", "reason", err)
+		} else {
+			d.accel = "kvm"
+		}
 	}
 	return d, nil
 }
 
-func kvmUsable() bool {
+// kvmCPU is the guest CPU under KVM. arch-capabilities is off because some
+// nested-virtualization hosts refuse its MSR, which aborts QEMU at reset.
+const kvmCPU = "host,-arch-capabilities"
+
+// probeKVM checks that QEMU can really run a guest under KVM here: /dev/kvm
+// can exist and open yet fail at the first vCPU reset, or hang the guest
+// (seen on nested hosts). With a kernel it boots it with no root disk: a
+// working KVM reaches the kernel's "no root" panic and exits (panic=-1,
+// -no-reboot) within seconds; otherwise it asks QMP whether KVM is enabled.
+func probeKVM(qemuBin, kernel string) error {
 	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
 	if err != nil {
-		return false
+		return err
 	}
 	f.Close()
-	return true
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	args := []string{"-M", "microvm,acpi=on,rtc=on", "-accel", "kvm", "-cpu", kvmCPU,
+		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"}
+	var cmd *exec.Cmd
+	if kernel != "" {
+		args = append(args, "-m", "256", "-serial", "stdio", "-kernel", kernel,
+			"-append", "console=ttyS0 panic=-1 reboot=k loglevel=1")
+		cmd = exec.CommandContext(ctx, qemuBin, args...)
+	} else {
+		cmd = exec.CommandContext(ctx, qemuBin, append(args, "-S", "-qmp", "stdio")...)
+		cmd.Stdin = strings.NewReader(`{"execute":"qmp_capabilities"}` + "\n" +
+			`{"execute":"query-kvm"}` + "\n" + `{"execute":"quit"}` + "\n")
+	}
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		return errors.New("a guest under kvm did not boot within 20s")
+	}
+	if err != nil {
+		return fmt.Errorf("qemu with kvm failed: %v: %s", err, lastLine(out))
+	}
+	if kernel == "" && !strings.Contains(string(out), `"enabled": true`) {
+		return fmt.Errorf("qemu reports kvm not enabled: %s", lastLine(out))
+	}
+	return nil
+}
+
+func lastLine(b []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return lines[len(lines)-1]
 }
 
 // Name implements vmm.Driver.Name.
@@ -130,7 +175,7 @@ func (d *Driver) Args(spec vmm.Spec) []string {
 		"-device", "virtio-rng-device",
 	}
 	if d.accel == "kvm" {
-		args = append(args, "-accel", "kvm", "-cpu", "host")
+		args = append(args, "-accel", "kvm", "-cpu", kvmCPU)
 	} else {
 		args = append(args, "-accel", "tcg,thread=multi", "-cpu", "max")
 	}
