@@ -84,14 +84,15 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		log.Warn("could not measure the host TSC rate; TCG guests may boot slowly", "err", err)
 	}
-	drv, err := qemu.New(qemu.Config{TSCkHz: khz, DisableKVM: o.noKVM, ProbeKernel: boot.Kernel, Logger: log})
+	drv, err := qemu.New(qemu.Config{TSCkHz: khz, DisableKVM: o.noKVM, ProbeKernel: boot.Kernel,
+		ProbeCache: boot.ProbeCache, Logger: log})
 	if err != nil {
 		return err
 	}
 	log.Info("vm driver", "driver", drv.Name(), "accel", drv.Accel(), "tsc_khz", khz)
 
 	mgr := sandbox.New(sandbox.Config{
-		Store: st, Driver: drv, Boot: boot, DataDir: o.dataDir, Logger: log, BootTimeout: o.bootTimeout,
+		Store: st, Driver: drv, Boot: boot.BootFiles, DataDir: o.dataDir, Logger: log, BootTimeout: o.bootTimeout,
 	})
 	if err := mgr.Recover(ctx); err != nil {
 		return err
@@ -148,28 +149,36 @@ func ensureAdminKey(ctx context.Context, st *store.Store, dataDir string, log *s
 
 // bootFiles builds the image if it is missing and the initramfs that
 // carries the agent.
-func bootFiles(ctx context.Context, o serveOptions, log *slog.Logger) (sandbox.BootFiles, error) {
+type bootConfig struct {
+	sandbox.BootFiles
+	ProbeCache string // where the KVM probe's verdict is remembered
+}
+
+func bootFiles(ctx context.Context, o serveOptions, log *slog.Logger) (bootConfig, error) {
 	img, err := image.Ensure(ctx, image.Config{CacheDir: o.cacheDir, Progress: os.Stderr, Logger: log})
 	if err != nil {
-		return sandbox.BootFiles{}, fmt.Errorf("guest image: %w", err)
+		return bootConfig{}, fmt.Errorf("guest image: %w", err)
 	}
 	agentBin := o.agentBinary
 	if agentBin == "" {
 		exe, err := os.Executable()
 		if err != nil {
-			return sandbox.BootFiles{}, err
+			return bootConfig{}, err
 		}
 		agentBin = filepath.Join(filepath.Dir(exe), "emberbox-agent")
 	}
 	if _, err := os.Stat(agentBin); err != nil {
-		return sandbox.BootFiles{}, fmt.Errorf("agent binary: %w (build it with `make build`, or pass --agent-binary)", err)
+		return bootConfig{}, fmt.Errorf("agent binary: %w (build it with `make build`, or pass --agent-binary)", err)
 	}
 	initrd, err := image.BuildInitrd(img, agentBin, filepath.Join(filepath.Dir(img.Dir), "initrd"))
 	if err != nil {
-		return sandbox.BootFiles{}, fmt.Errorf("building initramfs: %w", err)
+		return bootConfig{}, fmt.Errorf("building initramfs: %w", err)
 	}
 	log.Info("guest image", "image", img.RecipeHash, "kernel", img.KernelVersion, "initrd", initrd)
-	return sandbox.BootFiles{Kernel: img.Kernel, Initrd: initrd, Rootfs: img.Rootfs}, nil
+	return bootConfig{
+		BootFiles:  sandbox.BootFiles{Kernel: img.Kernel, Initrd: initrd, Rootfs: img.Rootfs},
+		ProbeCache: filepath.Join(filepath.Dir(img.Dir), "kvm-probe"),
+	}, nil
 }
 
 func pruneIdempotency(ctx context.Context, st *store.Store, log *slog.Logger) {

@@ -346,9 +346,14 @@ func (m *Manager) finish(in *instance, reason string) {
 	m.event(in.id, "stopped", "sandbox stopped", map[string]any{"reason": reason})
 }
 
-// Get implements api.Manager.Get.
+// Get implements api.Manager.Get. A deleted sandbox is not found, as the
+// SDKs expect after a delete.
 func (m *Manager) Get(ctx context.Context, owner, id string) (*Sandbox, error) {
-	return m.get(ctx, owner, id)
+	sb, err := m.get(ctx, owner, id)
+	if err == nil && sb.State == StateDeleted {
+		return nil, notFound(id)
+	}
+	return sb, err
 }
 
 // List implements api.Manager.List.

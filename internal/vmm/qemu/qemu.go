@@ -49,6 +49,9 @@ type Config struct {
 	// ProbeKernel, if set, is booted once under KVM to check that KVM
 	// really runs guests here before the driver relies on it.
 	ProbeKernel string
+	// ProbeCache, if set, is a file that remembers the probe's verdict for
+	// this host boot, QEMU binary and kernel, so restarts skip the probe.
+	ProbeCache string
 	Logger     *slog.Logger
 }
 
@@ -77,7 +80,7 @@ func New(cfg Config) (*Driver, error) {
 		d.log = slog.New(slog.DiscardHandler)
 	}
 	if !cfg.DisableKVM {
-		if err := probeKVM(cfg.QEMU, cfg.ProbeKernel); err != nil {
+		if err := cachedProbe(cfg.ProbeCache, cfg.QEMU, cfg.ProbeKernel); err != nil {
 			d.log.Info("kvm not usable; using software emulation (tcg)", "reason", err)
 		} else {
 			d.accel = "kvm"
@@ -126,6 +129,48 @@ func probeKVM(qemuBin, kernel string) error {
 		return fmt.Errorf("qemu reports kvm not enabled: %s", lastLine(out))
 	}
 	return nil
+}
+
+// cachedProbe runs probeKVM unless cache holds a verdict for the same host
+// boot, QEMU binary and kernel.
+func cachedProbe(cache, qemuBin, kernel string) error {
+	key := probeKey(qemuBin, kernel)
+	if cache != "" && key != "" {
+		if b, err := os.ReadFile(cache); err == nil {
+			if verdict, ok := strings.CutPrefix(string(b), key+"\n"); ok {
+				if verdict == "ok" {
+					return nil
+				}
+				return errors.New(verdict)
+			}
+		}
+	}
+	err := probeKVM(qemuBin, kernel)
+	if cache != "" && key != "" {
+		verdict := "ok"
+		if err != nil {
+			verdict = err.Error()
+		}
+		_ = os.MkdirAll(filepath.Dir(cache), 0o755)
+		_ = os.WriteFile(cache, []byte(key+"\n"+verdict), 0o644)
+	}
+	return err
+}
+
+func probeKey(qemuBin, kernel string) string {
+	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	var parts []string
+	for _, f := range []string{qemuBin, kernel} {
+		st, err := os.Stat(f)
+		if err != nil {
+			return ""
+		}
+		parts = append(parts, fmt.Sprintf("%s:%d:%d", f, st.Size(), st.ModTime().UnixNano()))
+	}
+	return strings.TrimSpace(string(boot)) + " " + strings.Join(parts, " ")
 }
 
 func lastLine(b []byte) string {

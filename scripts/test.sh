@@ -1,0 +1,22 @@
+#!/bin/sh
+# test.sh runs every test: Go unit tests, the VM-booting integration tests
+# (real QEMU microVMs; software emulation where KVM is missing), and the
+# conformance suite with the real withruntime SDK and smolagents from PyPI.
+# It installs what it needs first. The guest image is built once and cached
+# in ~/.cache/emberbox, outside the clone.
+set -eu
+cd "$(dirname "$0")/.."
+
+./scripts/deps.sh
+make build
+make vet
+
+echo "== building the guest image (cached after the first build)"
+./bin/emberbox image build
+
+echo "== go test"
+go test -count=1 -timeout 45m ./...
+
+echo "== conformance: withruntime SDK and smolagents against a live server"
+python3 -m pip install -q --disable-pip-version-check -r tests/conformance/requirements.txt
+python3 -m pytest -q tests/conformance
