@@ -103,6 +103,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	handler := api.New(api.Config{
 		Manager: mgr, Keys: keyStore{st}, Idempotency: idempotencyStore{st},
 		Logger: log, Version: version, Accel: drv.Accel,
+		UploadDir: filepath.Join(o.dataDir, "uploads"),
 	})
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {

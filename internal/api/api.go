@@ -63,6 +63,9 @@ type Config struct {
 	// Accel optionally reports the host's acceleration ("kvm" or "tcg"),
 	// shown by /healthz and used for sandboxes that do not record theirs.
 	Accel func() string
+	// UploadDir is where chunked uploads are staged on the host; empty
+	// means os.TempDir()/emberbox-uploads.
+	UploadDir string
 }
 
 // Limits of the waits a request may ask for.
@@ -80,6 +83,7 @@ type server struct {
 	log     *slog.Logger
 	version string
 	accel   func() string
+	uploads *uploadStore
 
 	routes  []route
 	mux     *http.ServeMux
@@ -108,6 +112,7 @@ func newServer(cfg Config) *server {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
+	s.uploads = newUploadStore(cfg.UploadDir, s.log)
 	s.routes = s.routeTable()
 	s.mux = s.buildMux()
 	doc, err := json.Marshal(s.openAPI())

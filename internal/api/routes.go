@@ -86,6 +86,21 @@ func (s *server) routeTable() []route {
 			Body: mkdirRequest{}, handle: s.mkdir},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/files:remove", OpID: "removeFile", Summary: "Remove a file or directory",
 			Body: removeRequest{}, handle: s.removeFile},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/files:chmod", OpID: "chmodFile", Summary: "Change a file's permission bits",
+			Body: chmodRequest{}, handle: s.chmod},
+
+		{Method: "POST", Path: "/v1/sandboxes/{id}/uploads", OpID: "beginUpload",
+			Summary: "Begin a chunked upload of a file under /workspace (for files over 1 MiB)",
+			Body:    beginUploadRequest{}, handle: s.beginUpload},
+		{Method: "PUT", Path: "/v1/sandboxes/{id}/uploads/{uploadId}", OpID: "putUploadChunk",
+			Summary: "Send one chunk (chunkBytes, or the rest at the end) at offset, in any order",
+			Query:   []param{{Name: "offset", Type: "integer", Required: true, Doc: "a multiple of chunkBytes below the size"}},
+			RawBody: true, handle: s.putUploadChunk},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/uploads/{uploadId}:commit", OpID: "commitUpload",
+			Summary: "Check the chunks and the sha256, then write the file; answers its entry",
+			Body:    struct{}{}, handle: s.commitUpload},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/uploads/{uploadId}:abort", OpID: "abortUpload",
+			Summary: "Drop an upload and its chunks", Body: struct{}{}, handle: s.abortUpload},
 	}
 }
 

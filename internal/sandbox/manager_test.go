@@ -1,0 +1,342 @@
+package sandbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"os/user"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/emberbox/emberbox/internal/agent"
+	"github.com/emberbox/emberbox/internal/agentproto"
+	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/sandbox"
+	"github.com/emberbox/emberbox/internal/store"
+	"github.com/emberbox/emberbox/internal/vmm"
+)
+
+// fakeDriver runs "VMs" whose guest is a real agent in this process, reached
+// over a socketpair, so the manager's real boot, call and recovery paths run
+// without QEMU. VM-booting tests live in internal/integration.
+type fakeDriver struct {
+	t     *testing.T
+	agent *agent.Agent
+
+	mu         sync.Mutex
+	hangStarts int // this many next starts never answer (a hung boot)
+	machines   map[string]*fakeMachine
+	starts     int
+}
+
+func newFakeDriver(t *testing.T) *fakeDriver {
+	u, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := agent.New(agent.Config{Root: "/", User: u.Username})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fakeDriver{t: t, agent: a, machines: map[string]*fakeMachine{}}
+}
+
+func (d *fakeDriver) Name() string  { return "fake" }
+func (d *fakeDriver) Accel() string { return "tcg" }
+
+func (d *fakeDriver) Start(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.starts++
+	m := &fakeMachine{d: d, id: spec.ID, done: make(chan struct{})}
+	if d.hangStarts > 0 {
+		d.hangStarts--
+		m.hung = true
+	}
+	d.machines[spec.ID] = m
+	return m, nil
+}
+
+func (d *fakeDriver) Attach(ctx context.Context, spec vmm.Spec, rec []byte) (vmm.Machine, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	m, ok := d.machines[spec.ID]
+	if !ok || m.stopped() {
+		return nil, vmm.ErrGone
+	}
+	return m, nil
+}
+
+type fakeMachine struct {
+	d    *fakeDriver
+	id   string
+	hung bool
+	once sync.Once
+	done chan struct{}
+}
+
+func (m *fakeMachine) Record() []byte        { b, _ := json.Marshal(map[string]string{"id": m.id}); return b }
+func (m *fakeMachine) Accel() string         { return "tcg" }
+func (m *fakeMachine) PID() int              { return os.Getpid() }
+func (m *fakeMachine) Done() <-chan struct{} { return m.done }
+func (m *fakeMachine) stopped() bool {
+	select {
+	case <-m.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (m *fakeMachine) Stop(ctx context.Context) error {
+	m.once.Do(func() { close(m.done) })
+	return nil
+}
+
+func (m *fakeMachine) DialGuest(ctx context.Context) (net.Conn, error) {
+	if m.hung {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	conns := make([]net.Conn, 2)
+	for i, fd := range fds {
+		f := os.NewFile(uintptr(fd), "vm")
+		conns[i], err = net.FileConn(f)
+		f.Close()
+		if err != nil {
+			return nil, err
+		}
+	}
+	actx, cancel := context.WithCancel(context.Background())
+	go func() {
+		<-m.done
+		cancel()
+		conns[1].Close()
+	}()
+	go func() { _ = m.d.agent.ServeConn(actx, conns[1]) }()
+	return conns[0], nil
+}
+
+// fakeClock is a settable clock.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+type env struct {
+	st    *store.Store
+	drv   *fakeDriver
+	clock *fakeClock
+	dir   string
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	dir := t.TempDir()
+	st, err := store.Open(context.Background(), dir+"/test.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return &env{st: st, drv: newFakeDriver(t), clock: &fakeClock{now: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}, dir: dir}
+}
+
+func (e *env) manager() *sandbox.Manager {
+	return sandbox.New(sandbox.Config{
+		Store: e.st, Driver: e.drv, DataDir: e.dir, BootTimeout: 2 * time.Second, Now: e.clock.Now,
+	})
+}
+
+func spec() sandbox.CreateSpec {
+	return sandbox.CreateSpec{VCPU: 2, MemoryMiB: 4096, DiskMiB: 4096, TimeoutSeconds: 60, OnLeaseEnd: sandbox.LeaseEndStop,
+		Env: map[string]string{"GREETING": "hello"}}
+}
+
+func waitState(t *testing.T, m *sandbox.Manager, owner, id string, want sandbox.State) *sandbox.Sandbox {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	sb, err := m.WaitFor(ctx, owner, id, want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.State != want {
+		t.Fatalf("sandbox %s is %s (reason %q), want %s", id, sb.State, sb.StopReason, want)
+	}
+	return sb
+}
+
+func TestCreateExecAndEnv(t *testing.T) {
+	e := newEnv(t)
+	m := e.manager()
+	ctx := context.Background()
+	sb, err := m.Create(ctx, "key_a", spec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.State != sandbox.StateStarting || len(sb.EnvNames) != 1 || sb.EnvNames[0] != "GREETING" {
+		t.Errorf("created %+v", sb)
+	}
+	sb = waitState(t, m, "key_a", sb.ID, sandbox.StateRunning)
+	if sb.ReadyAt == nil || sb.ExpiresAt == nil || !sb.ExpiresAt.Equal(sb.ReadyAt.Add(60*time.Second)) {
+		t.Errorf("readyAt %v expiresAt %v, want the lease to start at ready", sb.ReadyAt, sb.ExpiresAt)
+	}
+	res, err := m.Exec(ctx, "key_a", sb.ID, agentproto.ExecRequest{Command: `echo "$GREETING"`}, nil)
+	if err != nil || string(res.Stdout) != "hello\n" {
+		t.Errorf("exec with sandbox env: %q, %v", res.Stdout, err)
+	}
+	// Another key sees nothing.
+	if _, err := m.Get(ctx, "key_b", sb.ID); !errdefs.IsNotFound(err) {
+		t.Errorf("other owner Get: %v, want not found", err)
+	}
+	if _, err := m.Exec(ctx, "key_b", sb.ID, agentproto.ExecRequest{Command: "true"}, nil); !errdefs.IsNotFound(err) {
+		t.Errorf("other owner Exec: %v, want not found", err)
+	}
+	// Stop, then calls are refused with not_running.
+	if _, err := m.Stop(ctx, "key_a", sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	sb = waitState(t, m, "key_a", sb.ID, sandbox.StateStopped)
+	if sb.StopReason != sandbox.ReasonRequested || sb.EndedAt == nil {
+		t.Errorf("stopped %+v", sb)
+	}
+	if _, err := m.Exec(ctx, "key_a", sb.ID, agentproto.ExecRequest{Command: "true"}, nil); errdefs.Code(err) != "not_running" {
+		t.Errorf("exec after stop: %v, want not_running", err)
+	}
+	// Delete twice answers the same; Get then says not found.
+	d1, err := m.Delete(ctx, "key_a", sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d2, err := m.Delete(ctx, "key_a", sb.ID)
+	if err != nil || d1.State != sandbox.StateDeleted || !d2.DeletedAt.Equal(*d1.DeletedAt) {
+		t.Errorf("delete twice: %+v / %+v, %v", d1, d2, err)
+	}
+	if _, err := m.Get(ctx, "key_a", sb.ID); !errdefs.IsNotFound(err) {
+		t.Errorf("get after delete: %v", err)
+	}
+}
+
+func TestLeaseClock(t *testing.T) {
+	e := newEnv(t)
+	m := e.manager()
+	ctx := context.Background()
+	stopSpec, delSpec := spec(), spec()
+	delSpec.OnLeaseEnd = sandbox.LeaseEndDelete
+	a, _ := m.Create(ctx, "k", stopSpec)
+	b, _ := m.Create(ctx, "k", delSpec)
+	waitState(t, m, "k", a.ID, sandbox.StateRunning)
+	waitState(t, m, "k", b.ID, sandbox.StateRunning)
+
+	e.clock.Advance(59 * time.Second)
+	if ended := m.ExpireLeases(ctx); len(ended) != 0 {
+		t.Fatalf("at 59s ended %v, want none", ended)
+	}
+	// Extending a: its lease now ends 30 s from now (89 s after ready).
+	if _, err := m.Extend(ctx, "k", a.ID, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(1 * time.Second)
+	if ended := m.ExpireLeases(ctx); len(ended) != 1 || ended[0] != b.ID {
+		t.Fatalf("at 60s ended %v, want only %s", ended, b.ID)
+	}
+	waitState(t, m, "k", b.ID, sandbox.StateDeleted)
+	e.clock.Advance(29 * time.Second)
+	if ended := m.ExpireLeases(ctx); len(ended) != 1 || ended[0] != a.ID {
+		t.Fatalf("at 89s ended %v, want %s", ended, a.ID)
+	}
+	sb := waitState(t, m, "k", a.ID, sandbox.StateStopped)
+	if sb.StopReason != sandbox.ReasonLeaseExpired {
+		t.Errorf("stopReason = %q, want lease_expired", sb.StopReason)
+	}
+}
+
+func TestBootRetriesOnceThenFails(t *testing.T) {
+	e := newEnv(t)
+	m := e.manager()
+	ctx := context.Background()
+
+	e.drv.hangStarts = 1 // first attempt hangs, second boots
+	sb, _ := m.Create(ctx, "k", spec())
+	waitState(t, m, "k", sb.ID, sandbox.StateRunning)
+
+	e.drv.hangStarts = 2 // both attempts hang
+	sb, _ = m.Create(ctx, "k", spec())
+	sb = waitState(t, m, "k", sb.ID, sandbox.StateStopped)
+	if sb.StopReason != sandbox.ReasonStartFailed {
+		t.Errorf("stopReason = %q, want start_failed", sb.StopReason)
+	}
+	if e.drv.starts != 4 {
+		t.Errorf("%d VM starts, want 4 (two creates, one retry each)", e.drv.starts)
+	}
+}
+
+func TestRecoverAfterRestart(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	m1 := e.manager()
+	keep, _ := m1.Create(ctx, "k", spec())
+	lost, _ := m1.Create(ctx, "k", spec())
+	waitState(t, m1, "k", keep.ID, sandbox.StateRunning)
+	waitState(t, m1, "k", lost.ID, sandbox.StateRunning)
+	if _, err := m1.Exec(ctx, "k", keep.ID, agentproto.ExecRequest{Argv: []string{"true"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	// The "server" dies without stopping anything; one VM dies with it.
+	e.drv.machines[lost.ID].Stop(ctx)
+	m2 := e.manager()
+	if err := m2.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sb := waitState(t, m2, "k", lost.ID, sandbox.StateStopped)
+	if sb.StopReason != sandbox.ReasonLostOnRestart {
+		t.Errorf("lost sandbox stopReason = %q, want lost_on_restart", sb.StopReason)
+	}
+	// The survivor keeps running and answers through the new manager once
+	// it has reconnected.
+	waitState(t, m2, "k", keep.ID, sandbox.StateRunning)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		res, err := m2.Exec(ctx, "k", keep.ID, agentproto.ExecRequest{Command: `echo "$GREETING"`}, nil)
+		if err == nil {
+			if string(res.Stdout) != "hello\n" {
+				t.Errorf("env after reattach: %q", res.Stdout)
+			}
+			break
+		}
+		if errdefs.Code(err) != "guest_busy" || time.Now().After(deadline) {
+			t.Fatalf("exec after reattach: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestPauseRefused(t *testing.T) {
+	e := newEnv(t)
+	s := spec()
+	s.OnLeaseEnd = sandbox.LeaseEndPause
+	_, err := e.manager().Create(context.Background(), "k", s)
+	if errdefs.Code(err) != "pause_unavailable" || !errdefs.IsInvalidArgument(err) {
+		t.Errorf("pause: %v, want pause_unavailable", err)
+	}
+}

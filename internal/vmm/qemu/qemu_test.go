@@ -1,0 +1,77 @@
+package qemu
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/emberbox/emberbox/internal/vmm"
+)
+
+func TestArgs(t *testing.T) {
+	spec := vmm.Spec{ID: "sbx_1", VCPU: 2, MemoryMiB: 4096, Kernel: "/k", Initrd: "/i"}
+	tcg := &Driver{cfg: Config{TSCkHz: 2596144}, accel: "tcg"}
+	args := strings.Join(tcg.Args(spec), " ")
+	for _, want := range []string{
+		"-M microvm,acpi=on,rtc=on,pit=off,pic=off", "-smp 2", "-m 4096M", "-accel tcg",
+		"tsc_early_khz=2596144 tsc=reliable", "-name emberbox-sbx_1", "-no-reboot",
+		"name=org.emberbox.agent.0",
+	} {
+		if !strings.Contains(args, want) {
+			t.Errorf("tcg args lack %q: %s", want, args)
+		}
+	}
+	kvm := &Driver{cfg: Config{TSCkHz: 2596144}, accel: "kvm"}
+	args = strings.Join(kvm.Args(spec), " ")
+	if strings.Contains(args, "tsc_early_khz") || !strings.Contains(args, "-accel kvm -cpu "+kvmCPU) {
+		t.Errorf("kvm args: %s", args)
+	}
+}
+
+func TestProcStartTime(t *testing.T) {
+	a, err := procStartTime(os.Getpid())
+	if err != nil || a == 0 {
+		t.Fatalf("procStartTime(self) = %d, %v", a, err)
+	}
+	if b, _ := procStartTime(os.Getpid()); a != b {
+		t.Errorf("start time changed: %d then %d", a, b)
+	}
+	if _, err := procStartTime(1 << 30); err == nil {
+		t.Error("no error for a pid that does not exist")
+	}
+}
+
+func TestAttachRefusesStrangers(t *testing.T) {
+	d := &Driver{accel: "tcg"}
+	st, _ := procStartTime(os.Getpid())
+	spec := vmm.Spec{ID: "sbx_x", Dir: t.TempDir()}
+	for name, rec := range map[string]string{
+		"garbage":            "{",
+		"wrong start time":   `{"pid":` + itoa(os.Getpid()) + `,"startTime":1}`,
+		"not this sandbox's": `{"pid":` + itoa(os.Getpid()) + `,"startTime":` + utoa(st) + `}`,
+	} {
+		if _, err := d.Attach(t.Context(), spec, []byte(rec)); err == nil {
+			t.Errorf("%s: attached", name)
+		}
+	}
+}
+
+func TestBoundedLog(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "console.log")
+	l := &boundedLog{path: path, limit: 100}
+	for range 25 {
+		l.Write([]byte("0123456789"))
+	}
+	l.Close()
+	for _, p := range []string{path, path + ".1"} {
+		st, err := os.Stat(p)
+		if err != nil || st.Size() > 100 {
+			t.Errorf("%s: %v, size %d", p, err, st.Size())
+		}
+	}
+}
+
+func itoa(i int) string    { return strconv.Itoa(i) }
+func utoa(u uint64) string { return strconv.FormatUint(u, 10) }
