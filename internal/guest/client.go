@@ -5,6 +5,7 @@ package guest
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -12,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"strings"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -20,6 +20,9 @@ import (
 	"github.com/emberbox/emberbox/internal/agentproto"
 	"github.com/emberbox/emberbox/internal/errdefs"
 )
+
+// maxHandshakeSkip bounds the stale bytes skipped while waiting for Ready.
+const maxHandshakeSkip = 16 << 20
 
 // Client talks to one guest agent. It is safe for concurrent use.
 type Client struct {
@@ -44,17 +47,25 @@ func Handshake(ctx context.Context, conn net.Conn) (*Client, error) {
 		return nil, fmt.Errorf("sending hello: %w", err)
 	}
 	br := bufio.NewReaderSize(conn, 64<<10)
-	want := agentproto.ReadyPrefix + nonce + " "
+	want := []byte(agentproto.ReadyPrefix + nonce + " ")
+	// The guest is not trusted: lines are read in bounded pieces, and only
+	// so much is skipped before giving up.
+	var skipped int
+	atLineStart := true
 	for {
-		line, err := br.ReadString('\n')
-		if err != nil {
+		line, err := br.ReadSlice('\n')
+		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
 			if ctx.Err() != nil {
 				return nil, fmt.Errorf("waiting for agent: %w", ctx.Err())
 			}
 			return nil, fmt.Errorf("waiting for agent: %w", err)
 		}
-		if strings.HasPrefix(line, want) {
+		if atLineStart && bytes.HasPrefix(line, want) {
 			break
+		}
+		atLineStart = err == nil
+		if skipped += len(line); skipped > maxHandshakeSkip {
+			return nil, fmt.Errorf("waiting for agent: no ready line in %d bytes", skipped)
 		}
 	}
 	_ = conn.SetDeadline(time.Time{})
