@@ -122,7 +122,9 @@ func serve(ctx context.Context, o serveOptions) error {
 	log.Info("shutting down; sandboxes keep running and are reattached on the next start")
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	err = srv.Shutdown(sctx)
+	mgr.Close()
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil

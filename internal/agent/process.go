@@ -281,8 +281,8 @@ func (a *Agent) start(req *agentproto.ExecRequest, s sink, c *capture) (*process
 		state:   agentproto.StateRunning, sink: s, capture: c,
 		changed: make(chan struct{}),
 	}
-	a.procs.add(p)
 	p.started = time.Now()
+	a.procs.add(p)
 	status, err := a.reaper.start(cmd)
 	outW.Close()
 	errW.Close()

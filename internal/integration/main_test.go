@@ -517,6 +517,12 @@ type client struct {
 	hc  *http.Client
 }
 
+// requestIDs are the x-request-id values seen, which must all differ.
+var requestIDs struct {
+	sync.Mutex
+	seen map[string]bool
+}
+
 func (s *server) client(key string) *client {
 	return &client{s: s, key: key, hc: &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 8}}}
 }
@@ -614,6 +620,24 @@ func (c *client) raw(t testing.TB, method, path string, body any, hdr http.Heade
 	out := &response{Status: resp.StatusCode, Header: resp.Header, Body: data, err: err}
 	if rid := resp.Header.Get("x-request-id"); !strings.HasPrefix(rid, "req_") {
 		t.Errorf("%s %s: answer has no x-request-id (got %q)", method, path, rid)
+	} else {
+		requestIDs.Lock()
+		if requestIDs.seen == nil {
+			requestIDs.seen = map[string]bool{}
+		}
+		if requestIDs.seen[rid] {
+			t.Errorf("%s %s: x-request-id %q was already used by another answer", method, path, rid)
+		}
+		requestIDs.seen[rid] = true
+		requestIDs.Unlock()
+	}
+	if method == "POST" && strings.HasPrefix(path, "/v1/sandboxes") && !strings.Contains(path[len("/v1/sandboxes"):], "/") &&
+		!strings.Contains(path, ":") && resp.StatusCode == http.StatusOK {
+		// A create: whatever made it, the sandbox is deleted at cleanup.
+		var sb sandboxJSON
+		if json.Unmarshal(data, &sb) == nil && sb.ID != "" {
+			c.s.tr.add(sb.ID, c.key)
+		}
 	}
 	if resp.StatusCode >= 400 {
 		var eb struct {
@@ -696,7 +720,6 @@ func (c *client) create(t testing.TB, body map[string]any, hdr http.Header) sand
 	if err := json.Unmarshal(r.Body, &sb); err != nil || sb.ID == "" {
 		t.Fatalf("create: decoding %s: %v", r.Body, err)
 	}
-	c.s.tr.add(sb.ID, c.key)
 	return sb
 }
 

@@ -4,11 +4,11 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -61,11 +61,17 @@ type Manager struct {
 // instance is a sandbox whose VM this process manages.
 type instance struct {
 	id     string
-	cancel context.CancelFunc // ends boot and reconnect loops
+	ctx    context.Context    // ends when the sandbox is being stopped
+	cancel context.CancelFunc // ends boot and watch loops
 
 	mu      sync.Mutex
 	machine vmm.Machine
 	client  *guest.Client
+}
+
+func newInstance(id string) *instance {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &instance{id: id, ctx: ctx, cancel: cancel}
 }
 
 func (in *instance) guest() *guest.Client {
@@ -81,7 +87,7 @@ func New(cfg Config) *Manager {
 		cfg.Now = time.Now
 	}
 	if cfg.BootTimeout == 0 {
-		cfg.BootTimeout = 3 * time.Minute
+		cfg.BootTimeout = 90 * time.Second
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -164,13 +170,12 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (*S
 	if err := m.cfg.Store.InsertSandbox(ctx, sb); err != nil {
 		return nil, err
 	}
-	bootCtx, cancel := context.WithCancel(context.Background())
-	in := &instance{id: sb.ID, cancel: cancel}
+	in := newInstance(sb.ID)
 	m.mu.Lock()
 	m.live[sb.ID] = in
 	m.mu.Unlock()
 	m.event(sb.ID, "created", "sandbox created", map[string]any{"vcpu": sb.VCPU, "memoryMiB": sb.MemoryMiB})
-	go m.boot(bootCtx, in, sb, spec.Env)
+	go m.boot(in.ctx, in, sb, spec.Env)
 	return sb, nil
 }
 
@@ -191,20 +196,7 @@ func (m *Manager) boot(ctx context.Context, in *instance, sb *Sandbox, env map[s
 		err := m.bootOnce(ctx, in, sb, env)
 		if err == nil {
 			log.Info("sandbox ready", "attempt", attempt, "took", time.Since(start).Round(time.Millisecond))
-			now := m.now()
-			expires := now.Add(time.Duration(sb.TimeoutSeconds) * time.Second)
-			_, err = m.update(context.Background(), sb.ID, func(s *Sandbox) bool {
-				if s.State != StateStarting {
-					return false
-				}
-				s.State, s.ReadyAt, s.ExpiresAt = StateRunning, &now, &expires
-				return true
-			})
-			if err != nil {
-				log.Error("recording ready sandbox", "err", err)
-			}
-			m.event(sb.ID, "ready", "sandbox is running", map[string]any{"attempt": attempt, "bootMs": time.Since(start).Milliseconds()})
-			go m.watch(in)
+			m.ready(in, map[string]any{"attempt": attempt, "bootMs": time.Since(start).Milliseconds()})
 			return
 		}
 		lastErr = err
@@ -218,6 +210,29 @@ func (m *Manager) boot(ctx context.Context, in *instance, sb *Sandbox, env map[s
 	}
 	log.Error("sandbox failed to start", "err", lastErr)
 	m.finish(in, ReasonStartFailed)
+}
+
+// ready records that a sandbox's agent answers and starts its lease (an
+// extension asked for while it booted is kept if it ends later).
+func (m *Manager) ready(in *instance, data map[string]any) {
+	now := m.now()
+	expires := now.Add(0)
+	_, err := m.update(context.Background(), in.id, func(s *Sandbox) bool {
+		if s.State != StateStarting {
+			return false
+		}
+		expires = now.Add(time.Duration(s.TimeoutSeconds) * time.Second)
+		if s.ExpiresAt != nil && s.ExpiresAt.After(expires) {
+			expires = *s.ExpiresAt
+		}
+		s.State, s.ReadyAt, s.ExpiresAt = StateRunning, &now, &expires
+		return true
+	})
+	if err != nil {
+		m.log.Error("recording ready sandbox", "sandbox_id", in.id, "err", err)
+	}
+	m.event(in.id, "ready", "sandbox is running", data)
+	go m.watch(in)
 }
 
 func (m *Manager) bootOnce(ctx context.Context, in *instance, sb *Sandbox, env map[string]string) error {
@@ -287,7 +302,7 @@ func (m *Manager) watch(in *instance) {
 	in.mu.Unlock()
 	for {
 		if c == nil {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			ctx, cancel := context.WithTimeout(in.ctx, time.Minute)
 			nc, err := m.connect(ctx, mach)
 			cancel()
 			if err == nil {
@@ -307,6 +322,8 @@ func (m *Manager) watch(in *instance) {
 			retry = time.After(5 * time.Second)
 		}
 		select {
+		case <-in.ctx.Done():
+			return // a stop or delete owns the rest
 		case <-mach.Done():
 			if c != nil {
 				c.Close()
@@ -333,17 +350,40 @@ func (m *Manager) finish(in *instance, reason string) {
 	}
 	m.mu.Unlock()
 	now := m.now()
+	changed := false
 	_, err := m.update(context.Background(), in.id, func(s *Sandbox) bool {
 		if s.State.Terminal() {
 			return false
 		}
-		s.State, s.StopReason, s.EndedAt = StateStopped, reason, &now
+		if s.State != StateStopping || s.StopReason == "" {
+			s.StopReason = reason // a stop under way keeps its own reason
+		}
+		s.State, s.EndedAt = StateStopped, &now
+		reason, changed = s.StopReason, true
 		return true
 	})
 	if err != nil {
 		m.log.Error("recording stopped sandbox", "sandbox_id", in.id, "err", err)
 	}
-	m.event(in.id, "stopped", "sandbox stopped", map[string]any{"reason": reason})
+	if changed {
+		m.event(in.id, "stopped", "sandbox stopped", map[string]any{"reason": reason})
+	}
+}
+
+// Close lets go of every sandbox without stopping it: watchers and boots
+// end and guest connections close, while the VMs keep running for the next
+// process of the server to reattach (see Recover).
+func (m *Manager) Close() {
+	m.mu.Lock()
+	live := m.live
+	m.live = map[string]*instance{}
+	m.mu.Unlock()
+	for _, in := range live {
+		in.cancel()
+		if c := in.guest(); c != nil {
+			c.Close()
+		}
+	}
 }
 
 // Get implements api.Manager.Get. A deleted sandbox is not found, as the
@@ -371,13 +411,9 @@ func (m *Manager) WaitFor(ctx context.Context, owner, id string, states ...State
 		if err != nil {
 			return nil, err
 		}
-		if sb.State.Terminal() {
+		if slices.Contains(states, sb.State) || sb.State == StateDeleted ||
+			(sb.State == StateStopped && !slices.Contains(states, StateDeleted)) {
 			return sb, nil
-		}
-		for _, s := range states {
-			if sb.State == s {
-				return sb, nil
-			}
 		}
 		select {
 		case <-ch:
@@ -434,6 +470,7 @@ func (m *Manager) stop(ctx context.Context, id, reason string, wait bool) (*Sand
 			m.mu.Unlock()
 		}
 		now := m.now()
+		changed := false
 		if _, err := m.update(context.Background(), id, func(s *Sandbox) bool {
 			if s.State.Terminal() {
 				return false
@@ -442,11 +479,14 @@ func (m *Manager) stop(ctx context.Context, id, reason string, wait bool) (*Sand
 			if s.StopReason == "" {
 				s.StopReason = reason
 			}
+			changed = true
 			return true
 		}); err != nil {
 			m.log.Error("recording stopped sandbox", "sandbox_id", id, "err", err)
 		}
-		m.event(id, "stopped", "sandbox stopped", map[string]any{"reason": reason})
+		if changed {
+			m.event(id, "stopped", "sandbox stopped", map[string]any{"reason": reason})
+		}
 	}()
 	if wait {
 		select {
@@ -555,6 +595,3 @@ func (m *Manager) client(ctx context.Context, owner, id string) (*guest.Client, 
 	}
 	return c, nil
 }
-
-// ErrShutdown is returned by Run when its context ends.
-var ErrShutdown = errors.New("manager shut down")

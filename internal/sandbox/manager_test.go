@@ -302,7 +302,8 @@ func TestRecoverAfterRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The "server" dies without stopping anything; one VM dies with it.
+	// The "server" goes away without stopping anything; one VM dies.
+	m1.Close()
 	e.drv.machines[lost.ID].Stop(ctx)
 	m2 := e.manager()
 	if err := m2.Recover(ctx); err != nil {

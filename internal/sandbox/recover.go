@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/emberbox/emberbox/internal/vmm"
 )
@@ -12,8 +11,9 @@ import (
 // Recover accounts for every sandbox the store says is live, after a start
 // of the server (clean or after a crash): a VM that still runs is reattached
 // and keeps its state; one that does not is recorded as stopped with reason
-// lost_on_restart. A sandbox that was still booting is given its remaining
-// boot time. Leases that ended meanwhile are enforced by the next tick of Run.
+// lost_on_restart. A sandbox that was still booting gets one more boot
+// timeout for its agent to answer. Leases that ended meanwhile are enforced
+// by the next tick of Run.
 func (m *Manager) Recover(ctx context.Context) error {
 	live, err := m.cfg.Store.ListLive(ctx)
 	if err != nil {
@@ -32,12 +32,11 @@ func (m *Manager) Recover(ctx context.Context) error {
 				log.Warn("reattaching", "err", err)
 			}
 			log.Info("sandbox's vm is gone; marking it stopped")
-			in := &instance{id: sb.ID, cancel: func() {}}
-			m.finish(in, ReasonLostOnRestart)
+			m.finish(newInstance(sb.ID), ReasonLostOnRestart)
 			continue
 		}
-		bootCtx, cancel := context.WithCancel(context.Background())
-		in := &instance{id: sb.ID, cancel: cancel, machine: mach}
+		in := newInstance(sb.ID)
+		in.machine = mach
 		m.mu.Lock()
 		m.live[sb.ID] = in
 		m.mu.Unlock()
@@ -47,7 +46,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 		case StateStopping:
 			go func() { _, _ = m.stop(context.Background(), sb.ID, sb.StopReason, true) }()
 		case StateStarting:
-			go m.resumeBoot(bootCtx, in, sb)
+			go m.resumeBoot(in.ctx, in, sb)
 		default:
 			go m.watch(in)
 		}
@@ -73,14 +72,5 @@ func (m *Manager) resumeBoot(ctx context.Context, in *instance, sb *Sandbox) {
 	in.mu.Lock()
 	in.client = c
 	in.mu.Unlock()
-	now := m.now()
-	exp := now.Add(time.Duration(sb.TimeoutSeconds) * time.Second)
-	_, _ = m.update(context.Background(), sb.ID, func(s *Sandbox) bool {
-		if s.State != StateStarting {
-			return false
-		}
-		s.State, s.ReadyAt, s.ExpiresAt = StateRunning, &now, &exp
-		return true
-	})
-	go m.watch(in)
+	m.ready(in, map[string]any{"resumedAfterRestart": true})
 }

@@ -49,7 +49,6 @@ const (
 	ReasonStartFailed   = "start_failed"
 	ReasonVMExited      = "vm_exited"       // the VM process ended on its own
 	ReasonLostOnRestart = "lost_on_restart" // found dead when the server restarted
-	ReasonShutdown      = "server_shutdown"
 )
 
 // Defaults and limits for create requests.

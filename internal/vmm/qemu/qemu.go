@@ -232,13 +232,14 @@ func (d *Driver) Start(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) 
 	if err := os.MkdirAll(spec.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating sandbox dir: %w", err)
 	}
+	// Every boot gets a fresh overlay: a retry must not inherit a disk a
+	// failed attempt may have left half-written.
 	disk := filepath.Join(spec.Dir, diskFile)
-	if _, err := os.Stat(disk); errors.Is(err, os.ErrNotExist) {
-		out, err := exec.CommandContext(ctx, d.cfg.QEMUImg, "create", "-q", "-f", "qcow2",
-			"-F", "raw", "-b", spec.Rootfs, disk, strconv.Itoa(spec.DiskMiB)+"M").CombinedOutput()
-		if err != nil {
-			return nil, fmt.Errorf("creating disk overlay: %v: %s", err, strings.TrimSpace(string(out)))
-		}
+	_ = os.Remove(disk)
+	out, err := exec.CommandContext(ctx, d.cfg.QEMUImg, "create", "-q", "-f", "qcow2",
+		"-F", "raw", "-b", spec.Rootfs, disk, strconv.Itoa(spec.DiskMiB)+"M").CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("creating disk overlay: %v: %s", err, strings.TrimSpace(string(out)))
 	}
 	for _, s := range []string{agentSocket, consoleSock} {
 		_ = os.Remove(filepath.Join(spec.Dir, s))
