@@ -274,3 +274,16 @@ def test_11_smolagents_tool_calling_agent(sbx):
     assert "'exit_code': 0" in exec_obs, exec_obs
     assert re.search(r"'stdout': '2\\n", exec_obs), exec_obs
     assert model.calls == 2
+
+
+# curl ----------------------------------------------------------------------
+def test_curl_smoke(emberbox_server):
+    """The same core flow with plain curl (tests/conformance/curl_smoke.sh)."""
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).with_name("curl_smoke.sh")
+    env = dict(os.environ, EMBERBOX_TEST_URL=emberbox_server.url, EMBERBOX_TEST_KEY=emberbox_server.key)
+    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"curl_smoke.sh failed:\n{proc.stdout}\n{proc.stderr}"
+    assert "ok:" in proc.stdout

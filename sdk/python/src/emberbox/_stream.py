@@ -108,7 +108,6 @@ class ExecAccumulator:
         self.exit: dict[str, Any] | None = None
         self.server_cursor: int | None = None
         self.events: list[OutputEvent] = []
-        self.pending_callbacks: list[tuple[Callback, str]] = []
 
     @property
     def done(self) -> bool:
@@ -144,8 +143,9 @@ class ExecAccumulator:
             self.exit = event
             return True
         for ev in self.cursor.feed(event):
-            self.events.append(ev) if ev.type == "truncated" else None
-            if ev.type == "stdout":
+            if ev.type == "truncated":
+                self.events.append(ev)
+            elif ev.type == "stdout":
                 self.stdout += ev.raw
                 if self.on_stdout is not None:
                     self.on_stdout(ev.data)
