@@ -161,7 +161,7 @@ func TestAPI(t *testing.T) {
 	})
 
 	t.Run("BackgroundServer", func(t *testing.T) {
-		p := c.spawn(t, id, "python3 -m http.server 8000 --bind 127.0.0.1")
+		p := c.spawn(t, id, "python3 -m http.server 8000")
 		if p.State != "running" {
 			t.Errorf("spawned process is %q", p.State)
 		}

@@ -48,6 +48,10 @@ type Config struct {
 	Now func() time.Time
 }
 
+// reconnectWait is how long a call waits for a running sandbox's guest
+// connection to come back before answering guest_busy.
+const reconnectWait = 15 * time.Second
+
 // Manager owns every sandbox's lifecycle.
 type Manager struct {
 	cfg Config
@@ -587,7 +591,18 @@ func (m *Manager) client(ctx context.Context, owner, id string) (*guest.Client, 
 	if in == nil {
 		return nil, notRunning(sb)
 	}
+	// Right after a restart or a dropped connection the watcher is still
+	// reconnecting; a short wait beats an error the caller must retry.
 	c := in.guest()
+	for deadline := time.Now().Add(reconnectWait); c == nil && time.Now().Before(deadline); c = in.guest() {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-in.ctx.Done():
+			return nil, notRunning(sb)
+		case <-time.After(25 * time.Millisecond):
+		}
+	}
 	if c == nil {
 		e := errdefs.New(errdefs.ErrUnavailable, "guest_busy", "the sandbox's agent is reconnecting")
 		e.Hint = "retry in a few seconds"
