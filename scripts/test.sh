@@ -20,3 +20,7 @@ go test -count=1 -timeout 45m ./...
 echo "== conformance: withruntime SDK and smolagents against a live server"
 python3 -m pip install -q --disable-pip-version-check -r tests/conformance/requirements.txt
 python3 -m pytest -q tests/conformance
+
+echo "== Python SDK (sdk/python): unit tests, then live tests with smolagents and withruntime"
+python3 -m pip install -q --disable-pip-version-check "./sdk/python[test]"
+python3 -m pytest -q sdk/python/tests

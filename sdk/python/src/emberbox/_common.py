@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import base64
 import posixpath
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
 from ._types import ProcessOutput
+
+OutputCallback = Callable[[str], object]
 
 WORKSPACE = "/workspace"
 STREAM_ABOVE_S = 60.0  # a longer timeout (or a callback) streams the command

@@ -228,8 +228,8 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
         stdin: str | bytes | None = None,
         timeout: float | None = None,
-        on_stdout: C.Any = None,
-        on_stderr: C.Any = None,
+        on_stdout: C.OutputCallback | None = None,
+        on_stderr: C.OutputCallback | None = None,
         user: str | None = None,
         stream: bool | None = None,
         check: bool = False,
@@ -261,8 +261,8 @@ class Sandbox:
                 f"{result.stderr[-500:] or result.stdout[-500:]}", result)
         return result
 
-    def _exec_streamed(self, body: dict[str, Any], http_timeout: float, on_stdout: Any,
-                       on_stderr: Any) -> CommandResult:
+    def _exec_streamed(self, body: dict[str, Any], http_timeout: float, on_stdout: C.OutputCallback | None,
+                       on_stderr: C.OutputCallback | None) -> CommandResult:
         acc = ExecAccumulator(on_stdout, on_stderr)
         try:
             with self.client.stream("POST", self._p(":exec"), json={**body, "stream": True},

@@ -1,0 +1,63 @@
+"""Emberbox: a typed Python client for Emberbox sandboxes (Runtime Cloud v1 API).
+
+    from emberbox import Sandbox
+
+    with Sandbox.create(timeout_seconds=900, on_lease_end="stop") as sbx:
+        print(sbx.exec("nproc && free -m").stdout)
+
+Configuration comes from arguments or EMBERBOX_API_URL / EMBERBOX_API_KEY
+(falling back to RUNTIME_API_URL / RUNTIME_API_KEY).
+"""
+from ._async_sandbox import AsyncFiles, AsyncProcesses, AsyncSandbox
+from ._errors import (
+    APIConnectionError,
+    APIError,
+    AuthenticationError,
+    CommandError,
+    ConfigurationError,
+    ConflictError,
+    EmberboxError,
+    FileNotFoundInSandboxError,
+    InvalidRequestError,
+    NotFoundError,
+    PermissionDeniedError,
+    RateLimitError,
+    SandboxNotRunningError,
+    SandboxStartError,
+    ServiceUnavailableError,
+)
+from ._http import AsyncClient, Client
+from ._sandbox import Files, Processes, Sandbox
+from ._types import CommandResult, OutputEvent, ProcessInfo, ProcessOutput
+from ._version import __version__
+
+__all__ = [
+    "__version__",
+    "Sandbox",
+    "AsyncSandbox",
+    "Files",
+    "AsyncFiles",
+    "Processes",
+    "AsyncProcesses",
+    "Client",
+    "AsyncClient",
+    "CommandResult",
+    "OutputEvent",
+    "ProcessInfo",
+    "ProcessOutput",
+    "EmberboxError",
+    "ConfigurationError",
+    "APIConnectionError",
+    "APIError",
+    "AuthenticationError",
+    "PermissionDeniedError",
+    "NotFoundError",
+    "FileNotFoundInSandboxError",
+    "ConflictError",
+    "SandboxNotRunningError",
+    "InvalidRequestError",
+    "RateLimitError",
+    "ServiceUnavailableError",
+    "SandboxStartError",
+    "CommandError",
+]

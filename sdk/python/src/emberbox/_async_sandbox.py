@@ -1,0 +1,465 @@
+"""AsyncSandbox: the asyncio twin of Sandbox (same methods, awaited)."""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from . import _common as C
+from ._errors import APIConnectionError, CommandError, NotFoundError, SandboxStartError
+from ._http import NDJSON, OCTETS, AsyncClient, retry_delay
+from ._stream import ExecAccumulator, OutputCursor, StreamBroken, parse_line
+from ._types import CommandResult, OutputEvent, ProcessInfo, ProcessOutput
+
+__all__ = ["AsyncSandbox", "AsyncFiles", "AsyncProcesses"]
+
+
+async def _consume(resp: httpx.Response, acc: ExecAccumulator) -> None:
+    async for line in resp.aiter_lines():
+        event = parse_line(line)
+        if event is not None and acc.handle(event):
+            return
+
+
+class AsyncSandbox:
+    """One Emberbox sandbox (a microVM). Make one with `Sandbox.create(...)` or
+    `Sandbox.connect(id)`; as a context manager it stops the sandbox on exit."""
+
+    def __init__(self, client: AsyncClient, info: dict[str, Any], *, owns_client: bool = False,
+                 delete_on_exit: bool = False) -> None:
+        if "id" not in info:
+            raise ValueError("sandbox info without an id")
+        self.client = client
+        self.info: dict[str, Any] = dict(info)
+        self._owns_client = owns_client
+        self._delete_on_exit = delete_on_exit
+        self.files = AsyncFiles(self)
+        self.processes = AsyncProcesses(self)
+
+    # -- identity -----------------------------------------------------------
+    @property
+    def id(self) -> str:
+        return str(self.info["id"])
+
+    @property
+    def state(self) -> str:
+        return str(self.info.get("state") or "unknown")
+
+    @property
+    def ends_at(self) -> str | None:
+        return self.info.get("endsAt") or self.info.get("expiresAt")
+
+    def __repr__(self) -> str:
+        return f"AsyncSandbox(id={self.id!r}, state={self.state!r})"
+
+    def _p(self, suffix: str = "") -> str:
+        return f"/v1/sandboxes/{C.seg(self.id)}{suffix}"
+
+    # -- lifecycle ----------------------------------------------------------
+    @staticmethod
+    def _client(client: AsyncClient | None, api_url: str | None, api_key: str | None) -> tuple[AsyncClient, bool]:
+        if client is not None:
+            return client, False
+        return AsyncClient(api_url, api_key), True
+
+    @classmethod
+    async def create(
+        cls,
+        *,
+        timeout_seconds: int | None = None,
+        on_lease_end: str | None = None,
+        vcpu: int | None = None,
+        memory_mib: int | None = None,
+        disk_mib: int | None = None,
+        env: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        name: str | None = None,
+        client: AsyncClient | None = None,
+        api_url: str | None = None,
+        api_key: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+        boot_timeout: float = C.BOOT_TIMEOUT_S,
+        delete_on_exit: bool = False,
+        idempotency_key: str | None = None,
+    ) -> AsyncSandbox:
+        """Creates a sandbox and waits until it is running.
+
+        Args:
+            timeout_seconds: the lease; then `on_lease_end` (`"stop"` or `"delete"`) applies.
+            on_lease_end: what happens when the lease ends.
+            vcpu: virtual CPUs (default 2).
+            memory_mib: memory in MiB (default 4096).
+            disk_mib: disk in MiB (default 4096).
+            env: environment variables of every command.
+            labels: key/value labels, usable as list filters.
+            name: an optional unique name.
+            client: a AsyncClient to use; otherwise one is made from the arguments or environment.
+            api_url: server origin when no client is given.
+            api_key: API key when no client is given.
+            extra: more create fields, camelCase, sent as they are.
+            boot_timeout: seconds to wait for `running`.
+            delete_on_exit: delete (instead of stop) at the end of a `with` block.
+            idempotency_key: reuse to make a retried create return the same sandbox.
+        """
+        c, owned = cls._client(client, api_url, api_key)
+        body = C.create_body(timeout_seconds=timeout_seconds, on_lease_end=on_lease_end, vcpu=vcpu,
+                             memory_mib=memory_mib, disk_mib=disk_mib, env=env, labels=labels, name=name,
+                             extra=extra)
+        try:
+            info = await c.json("POST", "/v1/sandboxes", json=body, headers={"Prefer": f"wait={C.CREATE_WAIT_S}"},
+                          timeout=C.CREATE_WAIT_S + 60, idempotency_key=idempotency_key)
+            sbx = cls(c, info, owns_client=owned, delete_on_exit=delete_on_exit)
+            await sbx._wait_running(boot_timeout)
+        except BaseException:
+            if owned:
+                await c.aclose()
+            raise
+        return sbx
+
+    async def _wait_running(self, boot_timeout: float) -> None:
+        deadline = time.monotonic() + boot_timeout
+        while self.state != "running":
+            if self.state in C.TERMINAL_STATES:
+                raise SandboxStartError(
+                    f"sandbox {self.id} is {self.state} (stopReason={self.info.get('stopReason')!r})", self.info)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SandboxStartError(f"sandbox {self.id} is still {self.state} after {boot_timeout:.0f} s",
+                                        self.info)
+            await self.wait_for("running", timeout_seconds=min(60, max(1, int(left))))
+
+    @classmethod
+    async def connect(cls, sandbox_id: str, *, client: AsyncClient | None = None, api_url: str | None = None,
+                api_key: str | None = None) -> AsyncSandbox:
+        """Attaches to an existing sandbox by id (a `with` block stops it at the end)."""
+        c, owned = cls._client(client, api_url, api_key)
+        try:
+            info = await c.json("GET", f"/v1/sandboxes/{C.seg(sandbox_id)}")
+        except BaseException:
+            if owned:
+                await c.aclose()
+            raise
+        return cls(c, info, owns_client=owned)
+
+    @classmethod
+    async def list(
+        cls,
+        *,
+        state: str | Sequence[str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        name: str | None = None,
+        include_stopped: bool = False,
+        limit: int | None = None,
+        client: AsyncClient | None = None,
+        api_url: str | None = None,
+        api_key: str | None = None,
+    ) -> list[AsyncSandbox]:
+        """Lists this key's sandboxes (all pages, or at most `limit`)."""
+        c, owned = cls._client(client, api_url, api_key)
+        out: list[AsyncSandbox] = []
+        cursor: str | None = None
+        while True:
+            page = await c.json("GET", "/v1/sandboxes",
+                          params=C.list_params(state, labels, name, include_stopped,
+                                               min(limit, 100) if limit else None, cursor))
+            for info in page.get("data") or []:
+                out.append(cls(c, info, owns_client=False))
+            cursor = page.get("nextCursor")
+            if not cursor or (limit and len(out) >= limit):
+                break
+        return out[:limit] if limit else out
+
+    async def refresh(self) -> AsyncSandbox:
+        self.info = await self.client.json("GET", self._p())
+        return self
+
+    async def wait_for(self, state: str, timeout_seconds: int = 60) -> AsyncSandbox:
+        """Waits on the server (at most timeout_seconds) for the sandbox to reach `state`."""
+        self.info = await self.client.json("GET", self._p(), params={"waitFor": state, "timeoutSeconds": timeout_seconds},
+                                     timeout=timeout_seconds + 30)
+        return self
+
+    async def extend(self, seconds: int) -> AsyncSandbox:
+        """Moves the lease to now + seconds."""
+        self.info = await self.client.json("POST", self._p(":extend"), json={"seconds": int(seconds)})
+        return self
+
+    async def stop(self, wait: bool = True) -> AsyncSandbox:
+        headers = {"Prefer": "wait=60"} if wait else None
+        self.info = await self.client.json("POST", self._p(":stop"), json={}, headers=headers, timeout=120)
+        return self
+
+    async def delete(self) -> dict[str, Any]:
+        """Deletes the sandbox and its disk (a second delete answers the same)."""
+        answer = await self.client.json("DELETE", self._p(), timeout=120) or {}
+        self.info.update({"state": answer.get("state", "deleted")})
+        return answer
+
+    async def close(self) -> None:
+        """Closes the HTTP client if this sandbox made it."""
+        if self._owns_client:
+            await self.client.aclose()
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            if self._delete_on_exit:
+                await self.delete()
+            elif self.state not in ("stopped", "deleted"):
+                await self.stop(wait=False)
+        except (APIConnectionError, NotFoundError):
+            pass
+        except Exception:  # noqa: BLE001 - ending a block must not hide the block's own error
+            pass
+        finally:
+            await self.close()
+
+    # -- commands -----------------------------------------------------------
+    async def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: str | bytes | None = None,
+        timeout: float | None = None,
+        on_stdout: C.OutputCallback | None = None,
+        on_stderr: C.OutputCallback | None = None,
+        user: str | None = None,
+        stream: bool | None = None,
+        check: bool = False,
+    ) -> CommandResult:
+        """Runs a command (a string runs under `bash -c`; a list is an argv) and waits for it.
+
+        Args:
+            command: shell string or argv list.
+            cwd: working directory (relative paths resolve under /workspace).
+            env: extra environment variables.
+            stdin: text or bytes fed to the command.
+            timeout: seconds; then the command's process group is killed and `timed_out` is set.
+            on_stdout: called with each piece of stdout text as it arrives (streams the command).
+            on_stderr: called with each piece of stderr text as it arrives (streams the command).
+            user: "sandbox" (default) or "root".
+            stream: force streaming on or off; by default a callback or a timeout over 60 s streams.
+            check: raise CommandError unless the command exits 0 in time.
+        """
+        body = C.command_body(command, cwd=cwd, env=env, stdin=stdin, timeout=timeout, user=user)
+        http_timeout = C.http_timeout_for(timeout)
+        if C.wants_stream(timeout, on_stdout is not None or on_stderr is not None, stream):
+            result = await self._exec_streamed(body, http_timeout, on_stdout, on_stderr)
+        else:
+            result = CommandResult.from_json(
+                await self.client.json("POST", self._p(":exec"), json=body, timeout=http_timeout) or {})
+        if check and not result.ok:
+            raise CommandError(
+                f"command {'timed out' if result.timed_out else f'exited {result.exit_code}'}: "
+                f"{result.stderr[-500:] or result.stdout[-500:]}", result)
+        return result
+
+    async def _exec_streamed(self, body: dict[str, Any], http_timeout: float, on_stdout: C.OutputCallback | None,
+                       on_stderr: C.OutputCallback | None) -> CommandResult:
+        acc = ExecAccumulator(on_stdout, on_stderr)
+        try:
+            async with self.client.stream("POST", self._p(":exec"), json={**body, "stream": True},
+                                    timeout=http_timeout, idempotency_key=str(uuid.uuid4())) as resp:
+                await _consume(resp, acc)
+        except (httpx.TransportError, StreamBroken) as e:
+            if acc.process_id is None:
+                raise APIConnectionError(f"exec stream failed before it started: {e}") from e
+        if not acc.done:
+            await self._follow(acc, http_timeout)
+        return acc.result()
+
+    async def _follow(self, acc: ExecAccumulator, http_timeout: float) -> None:
+        if acc.process_id is None:
+            raise APIConnectionError("exec stream ended before the command started")
+        idle = 0
+        while not acc.done:
+            before = acc.cursor.offset
+            params = {"cursor": acc.resume_cursor, "follow": "true"}
+            acc.server_cursor = None
+            try:
+                async with self.client.stream("GET", self.processes._p(acc.process_id, "/output"), params=params,
+                                        timeout=http_timeout) as resp:
+                    await _consume(resp, acc)
+            except (httpx.TransportError, StreamBroken):
+                pass
+            if acc.done:
+                return
+            idle = idle + 1 if acc.cursor.offset == before else 0
+            if idle >= 4:
+                raise APIConnectionError(
+                    f"lost the output of {acc.process_id}: 4 reads in a row ended with nothing new")
+            await asyncio.sleep(retry_delay(idle, self.client.backoff) if idle else 0)
+
+
+class AsyncFiles:
+    """`sbx.files`: read, write, list, stat, mkdir and remove. Relative paths resolve under /workspace."""
+
+    def __init__(self, sbx: AsyncSandbox) -> None:
+        self._s = sbx
+
+    def _p(self, suffix: str) -> str:
+        return self._s._p(suffix)
+
+    async def read(self, path: str) -> bytes:
+        """The file's bytes (NotFoundError / FileNotFoundInSandboxError when missing)."""
+        p = C.abs_path(path)
+        for attempt in range(3):
+            r = await self._s.client.request("GET", self._p("/files/content"), params={"path": p}, accept=OCTETS)
+            want = r.headers.get("x-content-length")
+            if want is None or not want.isdigit() or int(want) == len(r.content):
+                return r.content
+            await asyncio.sleep(0.2 * (attempt + 1))
+        raise APIConnectionError(f"read of {p} came back short twice")
+
+    async def read_text(self, path: str, encoding: str = "utf-8", errors: str = "replace") -> str:
+        return (await self.read(path)).decode(encoding, errors=errors)
+
+    async def write(self, path: str, data: str | bytes, mode: str | int | None = None) -> dict[str, Any]:
+        """Creates or replaces a file (parents are made). Files over 1 MiB go up in parts."""
+        p = C.abs_path(path)
+        raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        params: dict[str, str] = {"path": p}
+        if mode is not None:
+            params["mode"] = mode if isinstance(mode, str) else format(mode, "o")
+        if len(raw) <= C.MAX_PUT_BYTES:
+            await self._s.client.request("PUT", self._p("/files/content"), params=params, content=raw)
+            return {"path": p, "size": len(raw)}
+        tag = uuid.uuid4().hex[:12]
+        parts: list[str] = []
+        for i in range(0, len(raw), C.MAX_PUT_BYTES):
+            part = f"{p}.emberbox-{tag}-{i // C.MAX_PUT_BYTES:05d}"
+            await self._s.client.request("PUT", self._p("/files/content"), params={"path": part},
+                                   content=raw[i:i + C.MAX_PUT_BYTES])
+            parts.append(part)
+        r = await self._s.exec(C.assemble_script(parts, p), timeout=300)
+        if not r.ok:
+            raise CommandError(f"could not assemble {p}: {r.stderr.strip()}", r)
+        if mode is not None:
+            await self._s.exec(["chmod", params["mode"], "--", p])
+        return {"path": p, "size": len(raw)}
+
+    async def list(self, path: str = C.WORKSPACE, *, depth: int | None = None, hidden: bool | None = None,
+             limit: int | None = None) -> list[dict[str, Any]]:
+        """Entries `{name, path, type, size, mode, modifiedAt, ...}` under path."""
+        params: dict[str, Any] = {"path": C.abs_path(path)}
+        if depth is not None:
+            params["depth"] = depth
+        if hidden is not None:
+            params["hidden"] = "true" if hidden else "false"
+        if limit is not None:
+            params["limit"] = limit
+        return list((await self._s.client.json("GET", self._p("/files/list"), params=params)).get("data") or [])
+
+    async def stat(self, path: str) -> dict[str, Any]:
+        """The entry, with `exists: true`, or `{"exists": false}`."""
+        return await self._s.client.json("GET", self._p("/files/stat"), params={"path": C.abs_path(path)}) or {}
+
+    async def exists(self, path: str) -> bool:
+        return bool((await self.stat(path)).get("exists"))
+
+    async def mkdir(self, path: str, parents: bool = True) -> None:
+        await self._s.client.request("POST", self._p("/files:mkdir"), json={"path": C.abs_path(path), "parents": parents})
+
+    async def remove(self, path: str, recursive: bool = False) -> bool:
+        """Removes a file (or a tree with recursive=True); True if something was removed."""
+        r = await self._s.client.json("POST", self._p("/files:remove"),
+                                json={"path": C.abs_path(path), "recursive": recursive}) or {}
+        return bool(r.get("removed"))
+
+
+class AsyncProcesses:
+    """`sbx.processes`: background processes that outlive the request (servers, long jobs)."""
+
+    def __init__(self, sbx: AsyncSandbox) -> None:
+        self._s = sbx
+
+    def _p(self, pid: str, suffix: str = "") -> str:
+        return self._s._p(f"/processes/{C.seg(pid)}{suffix}")
+
+    async def spawn(self, command: str | Sequence[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None,
+              stdin: str | bytes | None = None, timeout: float | None = None, user: str | None = None
+              ) -> ProcessInfo:
+        """Starts a process and returns at once (no time limit unless `timeout` is given)."""
+        body = C.command_body(command, cwd=cwd, env=env, stdin=stdin, timeout=timeout, user=user)
+        return ProcessInfo.from_json(await self._s.client.json("POST", self._s._p("/processes"), json=body))
+
+    async def list(self) -> list[ProcessInfo]:
+        page = await self._s.client.json("GET", self._s._p("/processes")) or {}
+        return [ProcessInfo.from_json(d) for d in page.get("data") or []]
+
+    async def get(self, pid: str) -> ProcessInfo:
+        return ProcessInfo.from_json(await self._s.client.json("GET", self._p(pid)))
+
+    async def signal(self, pid: str, signal: str | int = "SIGTERM") -> None:
+        await self._s.client.request("POST", self._p(pid, ":signal"), json={"signal": C.signal_name(signal)})
+
+    async def kill(self, pid: str) -> None:
+        await self.signal(pid, "SIGKILL")
+
+    async def output(self, pid: str, *, cursor: int = 0, follow: bool = False, wait_ms: int | None = None
+               ) -> ProcessOutput:
+        """Output since `cursor` (a byte offset across both streams). With follow=True,
+        waits for the process to end; pass `next_cursor` back to read on."""
+        if follow:
+            acc = ExecAccumulator()
+            acc.cursor = OutputCursor(cursor)
+            acc.process_id = pid
+            await self._s._follow(acc, self._s.client.timeout)
+            res = acc.result()
+            return ProcessOutput(res.stdout, res.stderr, acc.cursor.offset, True, res.exit_code,
+                                 (acc.exit or {}).get("state"), res.timed_out, acc.cursor.truncated)
+        params: dict[str, Any] = {"cursor": cursor}
+        if wait_ms is not None:
+            params["waitMs"] = wait_ms
+        events: list[dict[str, Any]] = []
+        async with self._s.client.stream("GET", self._p(pid, "/output"), params=params, accept=NDJSON) as resp:
+            async for line in resp.aiter_lines():
+                event = parse_line(line)
+                if event is not None:
+                    events.append(event)
+        return C.collect_output(events, cursor)
+
+    async def stream(self, pid: str, *, cursor: int = 0) -> AsyncIterator[OutputEvent]:
+        """Yields output events until the process exits (resuming cut streams)."""
+        cur = OutputCursor(cursor)
+        idle = 0
+        while True:
+            before = cur.offset
+            try:
+                async with self._s.client.stream("GET", self._p(pid, "/output"),
+                                           params={"cursor": cur.offset, "follow": "true"}) as resp:
+                    async for line in resp.aiter_lines():
+                        event = parse_line(line)
+                        if event is None:
+                            continue
+                        if event["type"] == "error":
+                            from ._errors import error_from_payload
+
+                            raise error_from_payload(event.get("error") or {}, 0)
+                        if event["type"] == "exit":
+                            yield OutputEvent("exit", payload=event)
+                            return
+                        if event["type"] == "continue":
+                            break
+                        for ev in cur.feed(event):
+                            yield ev
+            except (httpx.TransportError, StreamBroken):
+                pass
+            idle = idle + 1 if cur.offset == before else 0
+            if idle >= 4:
+                raise APIConnectionError(f"lost the output of {pid}")
+            await asyncio.sleep(retry_delay(idle, self._s.client.backoff) if idle else 0)
+
+    async def wait(self, pid: str, *, cursor: int = 0) -> CommandResult:
+        """Waits for the process to end; returns its output from `cursor` on and its exit."""
+        out = await self.output(pid, cursor=cursor, follow=True)
+        return CommandResult(exit_code=out.exit_code, stdout=out.stdout, stderr=out.stderr, timed_out=out.timed_out,
+                             stdout_truncated=out.truncated, stderr_truncated=out.truncated, process_id=pid)
