@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import os
 import uuid
 
 import pytest
@@ -56,6 +58,23 @@ def test_async_client_surface(server, sbx):
             await box.extend(3400)
             with pytest.raises(NotFoundError):
                 await AsyncSandbox.connect("sbx_missing", client=c)
+
+    run(go())
+
+
+def test_async_big_file_chunked_upload_roundtrip(server, sbx):
+    async def go():
+        async with AsyncClient(server.url, server.key) as c:
+            box = await AsyncSandbox.connect(sbx.id, client=c)
+            d = f"/workspace/async-big-{uuid.uuid4().hex[:6]}"
+            blobs = {f"{d}/five.bin": os.urandom(5 << 20), f"{d}/odd.bin": os.urandom((5 << 20) + 99991)}
+            # two uploads at once on one client
+            await asyncio.gather(*(box.files.write(p, b) for p, b in blobs.items()))
+            for p, blob in blobs.items():
+                got = await box.files.read(p)
+                assert len(got) == len(blob) and hashlib.sha256(got).hexdigest() == hashlib.sha256(blob).hexdigest()
+            assert sorted(e["name"] for e in await box.files.list(d)) == ["five.bin", "odd.bin"]
+            await box.files.remove(d, recursive=True)
 
     run(go())
 

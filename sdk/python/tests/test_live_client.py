@@ -2,6 +2,7 @@
 for the context-manager stop)."""
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 import uuid
@@ -112,6 +113,42 @@ def test_big_file_goes_up_in_parts(sbx):
     assert sbx.files.read(f"{d}/big.bin") == blob
     assert [e["name"] for e in sbx.files.list(d)] == ["big.bin"]  # no parts left behind
     sbx.files.remove(d, recursive=True)
+
+
+@pytest.mark.parametrize("size", [5 << 20, (5 << 20) + 654321, (3 << 20) - 1])
+def test_big_file_chunked_upload_roundtrip(sbx, size):
+    d = _dir()
+    blob = os.urandom(size)
+    want = hashlib.sha256(blob).hexdigest()
+    sent: list[tuple[str, str]] = []
+    http = sbx.client._http
+    hooks = http.event_hooks
+    http.event_hooks = {**hooks, "request": [*hooks["request"], lambda r: sent.append((r.method, r.url.path))]}
+    try:
+        assert sbx.files.write(f"{d}/big.bin", blob, mode="750") == {"path": f"{d}/big.bin", "size": size}
+    finally:
+        http.event_hooks = hooks
+    up = f"/v1/sandboxes/{sbx.id}/uploads"
+    assert sent[0] == ("POST", up) and sent[-1][1].endswith(":commit")  # the uploads trio, no chmod needed
+    chunks = -(-size // (1 << 20))
+    assert len(sent) == chunks + 2 and all(m == "PUT" and p.startswith(up + "/") for m, p in sent[1:-1])
+    got = sbx.files.read(f"{d}/big.bin")
+    assert len(got) == size and hashlib.sha256(got).hexdigest() == want
+    assert sbx.exec(["sha256sum", f"{d}/big.bin"]).stdout.split()[0] == want
+    st = sbx.files.stat(f"{d}/big.bin")
+    assert st["size"] == size and st["mode"] == "750"
+    assert [e["name"] for e in sbx.files.list(d)] == ["big.bin"]
+    sbx.files.remove(d, recursive=True)
+
+
+def test_big_file_outside_workspace_goes_up_in_parts(sbx):
+    target = f"/tmp/sdk-{uuid.uuid4().hex[:8]}.bin"
+    blob = os.urandom((1 << 20) + 4321)
+    assert sbx.files.write(target, blob, mode="600")["size"] == len(blob)
+    assert sbx.exec(["sha256sum", target]).stdout.split()[0] == hashlib.sha256(blob).hexdigest()
+    assert sbx.files.stat(target)["mode"] == "600"
+    assert sbx.exec(f"ls {target}.emberbox-* 2>/dev/null | wc -l").stdout.strip() == "0"
+    sbx.exec(["rm", "-f", target])
 
 
 def test_processes_spawn_output_wait_signal(sbx):

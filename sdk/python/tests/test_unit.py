@@ -322,6 +322,237 @@ def test_exec_request_body_and_non_streamed():
     assert seen[1] == {"command": "echo hi", "stdin": "text"}
 
 
+# --- file writes and chunked uploads -----------------------------------------
+MiB = 1 << 20
+UP = "/v1/sandboxes/sbx_1/uploads"
+
+
+class FakeUploads:
+    """The upload routes of one sandbox, as a MockTransport handler. `fail` maps a
+    chunk offset to the answers it gives before it takes the chunk."""
+
+    def __init__(self, *, chunk_bytes=MiB, grant_mode=True, fail=None, commit=None, begin=None):
+        import threading
+
+        self.lock = threading.Lock()
+        self.chunk_bytes = chunk_bytes
+        self.grant_mode = grant_mode
+        self.fail = {k: list(v) for k, v in (fail or {}).items()}
+        self.commit = list(commit or [])
+        self.begin = list(begin or [])
+        self.log: list[tuple[str, str, object]] = []  # (method, path, offset or body)
+        self.keys: dict[int, set[str]] = {}
+        self.chunks: dict[int, bytes] = {}
+        self.began: dict | None = None
+
+    def __call__(self, req: httpx.Request) -> httpx.Response:
+        import hashlib
+
+        path = req.url.path
+        with self.lock:
+            if req.method == "POST" and path == UP:
+                body = json.loads(req.content)
+                self.log.append(("begin", path, body))
+                if self.begin:
+                    return self.begin.pop(0)()
+                self.began = body
+                out = {"uploadId": "upl_1", "chunkBytes": self.chunk_bytes, "path": body["path"],
+                       "size": body["size"], "sha256": body["sha256"]}
+                if self.grant_mode and "mode" in body:
+                    out["mode"] = format(int(body["mode"], 8) & 0o777, "03o")
+                return httpx.Response(200, json=out)
+            if req.method == "PUT" and path == UP + "/upl_1":
+                off = int(req.url.params["offset"])
+                self.log.append(("chunk", path, off))
+                self.keys.setdefault(off, set()).add(req.headers["Idempotency-Key"])
+                answers = self.fail.get(off)
+                if answers:
+                    return answers.pop(0)()
+                self.chunks[off] = req.content
+                return httpx.Response(200, json={"uploadId": "upl_1", "offset": off, "bytes": len(req.content)})
+            if req.method == "POST" and path == UP + "/upl_1:commit":
+                self.log.append(("commit", path, json.loads(req.content)))
+                if self.commit:
+                    return self.commit.pop(0)()
+                data = b"".join(self.chunks[o] for o in sorted(self.chunks))
+                assert len(data) == self.began["size"]
+                assert hashlib.sha256(data).hexdigest() == self.began["sha256"]
+                return httpx.Response(200, json={"path": self.began["path"], "size": len(data), "mode": "644"})
+            if req.method == "POST" and path == UP + "/upl_1:abort":
+                self.log.append(("abort", path, json.loads(req.content)))
+                return httpx.Response(200, json={"aborted": True, "uploadId": "upl_1"})
+            if req.method == "POST" and path == "/v1/sandboxes/sbx_1/files:chmod":
+                self.log.append(("chmod", path, json.loads(req.content)))
+                return httpx.Response(200, json={"path": "x", "mode": "755"})
+        raise AssertionError(f"unexpected {req.method} {req.url}")
+
+    def data(self) -> bytes:
+        return b"".join(self.chunks[o] for o in sorted(self.chunks))
+
+    def kinds(self) -> list[str]:
+        return [k for k, _, _ in self.log]
+
+
+def _async_write(fake, path, blob, **kw):
+    async def go():
+        c = AsyncClient(URL, "k", transport=httpx.MockTransport(fake), backoff=0)
+        try:
+            return await AsyncSandbox(c, dict(SBX)).files.write(path, blob, **kw)
+        finally:
+            await c.aclose()
+
+    return asyncio.run(go())
+
+
+def _sync_write(fake, path, blob, **kw):
+    return Sandbox(client(fake), dict(SBX)).files.write(path, blob, **kw)
+
+
+WRITERS = pytest.mark.parametrize("write", [_sync_write, _async_write], ids=["sync", "async"])
+
+
+@WRITERS
+def test_large_write_under_workspace_uses_uploads(write):
+    import hashlib
+
+    blob = bytes(range(256)) * (3 * MiB // 256) + b"odd-tail"  # 3 MiB + 8: four chunks, the last short
+    fake = FakeUploads()
+    assert write(fake, "big/f.bin", blob) == {"path": "/workspace/big/f.bin", "size": len(blob)}
+    kinds = fake.kinds()
+    assert kinds[0] == "begin" and kinds[-1] == "commit" and kinds.count("chunk") == 4
+    assert fake.log[0][2] == {"path": "/workspace/big/f.bin", "size": len(blob),
+                              "sha256": hashlib.sha256(blob).hexdigest()}  # no mode unless asked
+    assert sorted(o for k, _, o in fake.log if k == "chunk") == [0, MiB, 2 * MiB, 3 * MiB]
+    assert [len(fake.chunks[o]) for o in sorted(fake.chunks)] == [MiB, MiB, MiB, 8]
+    assert fake.data() == blob
+    assert fake.log[-1][2] == {}
+    keys = [k for ks in fake.keys.values() for k in ks]
+    assert len(keys) == 4 and len(set(keys)) == 4  # one Idempotency-Key per chunk
+
+
+@WRITERS
+def test_upload_follows_the_servers_chunk_size(write):
+    blob = b"z" * (MiB + 1)
+    fake = FakeUploads(chunk_bytes=256 * 1024)
+    write(fake, "/workspace/f", blob)
+    assert sorted(fake.chunks) == [i * 256 * 1024 for i in range(5)] and fake.data() == blob
+
+
+@WRITERS
+def test_upload_chunk_retried_with_same_key(write):
+    blob = b"q" * (2 * MiB + 3)
+    fake = FakeUploads(fail={MiB: [lambda: httpx.Response(503, content=err_body(503, "busy")),
+                                   lambda: httpx.Response(429, content=err_body(429, "rate_limited"))]})
+    write(fake, "f.bin", blob)
+    assert fake.kinds().count("chunk") == 5 and "abort" not in fake.kinds()
+    assert len(fake.keys[MiB]) == 1  # the retries reused the chunk's key
+    assert fake.data() == blob
+
+
+@WRITERS
+def test_upload_aborted_when_a_chunk_fails(write):
+    blob = b"q" * (5 * MiB)
+    fake = FakeUploads(fail={2 * MiB: [lambda: httpx.Response(400, content=err_body(400, "invalid_request"))]})
+    with pytest.raises(InvalidRequestError):
+        write(fake, "f.bin", blob)
+    kinds = fake.kinds()
+    assert kinds[0] == "begin" and kinds[-1] == "abort" and "commit" not in kinds
+    assert fake.log[-1][1] == UP + "/upl_1:abort" and fake.log[-1][2] == {}
+
+
+@WRITERS
+def test_upload_aborted_when_the_commit_fails(write):
+    fake = FakeUploads(commit=[lambda: httpx.Response(400, content=err_body(400, "checksum_mismatch"))])
+    with pytest.raises(InvalidRequestError) as ei:
+        write(fake, "f.bin", b"x" * (MiB + 1))
+    assert ei.value.code == "checksum_mismatch"
+    assert fake.kinds()[-2:] == ["commit", "abort"]
+
+
+@WRITERS
+def test_upload_commit_waits_while_busy(write):
+    fake = FakeUploads(commit=[lambda: httpx.Response(409, content=err_body(409, "idempotency_in_progress",
+                                                                             retryAfterMs=0))])
+    write(fake, "f.bin", b"x" * (MiB + 1))
+    assert fake.kinds()[-2:] == ["commit", "commit"] and "abort" not in fake.kinds()
+
+
+@WRITERS
+@pytest.mark.parametrize("mode,grant,sent,chmod", [
+    ("755", True, "755", None),            # the commit applies it: no chmod
+    (0o640, True, "640", None),            # ints are octal bits
+    ("0755", True, "0755", None),          # "755" back is the same mode
+    ("4755", True, "4755", "4755"),        # the commit keeps only 0777: chmod follows
+    ("755", False, "755", "755"),          # no mode in the answer: chmod follows
+])
+def test_upload_mode(write, mode, grant, sent, chmod):
+    fake = FakeUploads(grant_mode=grant)
+    write(fake, "f.bin", b"x" * (MiB + 1), mode=mode)
+    assert fake.log[0][2]["mode"] == sent
+    if chmod is None:
+        assert "chmod" not in fake.kinds()
+    else:
+        assert fake.kinds()[-2:] == ["commit", "chmod"]
+        assert fake.log[-1][2] == {"path": "/workspace/f.bin", "mode": chmod}
+
+
+@WRITERS
+def test_upload_begin_without_mode_on_old_guest(write):
+    fake = FakeUploads(begin=[lambda: httpx.Response(409, content=err_body(409, "guest_upgrade_required"))])
+    write(fake, "f.bin", b"x" * (MiB + 1), mode="700")
+    assert fake.log[0][2]["mode"] == "700" and "mode" not in fake.log[1][2]
+    assert fake.kinds()[-1] == "chmod" and fake.log[-1][2]["mode"] == "700"
+
+
+def test_bad_mode_refused_before_any_request():
+    with pytest.raises(ValueError):
+        _sync_write(lambda req: pytest.fail("no request expected"), "f", b"x", mode="rwx")
+    with pytest.raises(ValueError):
+        _sync_write(lambda req: pytest.fail("no request expected"), "f", b"x", mode="0o755")
+
+
+@WRITERS
+def test_small_write_is_one_put(write):
+    seen = []
+
+    def handler(req):
+        seen.append(req)
+        return httpx.Response(200, json={"path": "/workspace/s.txt", "size": 3})
+
+    assert write(handler, "s.txt", "abc", mode=0o755) == {"path": "/workspace/s.txt", "size": 3}
+    assert len(seen) == 1 and seen[0].method == "PUT" and seen[0].url.path == "/v1/sandboxes/sbx_1/files/content"
+    assert dict(seen[0].url.params) == {"path": "/workspace/s.txt", "mode": "755"} and seen[0].content == b"abc"
+    seen.clear()
+    write(handler, "/workspace/m.bin", b"m" * MiB)  # exactly 1 MiB still fits one PUT
+    assert len(seen) == 1 and seen[0].method == "PUT"
+
+
+@WRITERS
+def test_large_write_outside_workspace_goes_up_in_parts(write):
+    puts, execs, other = [], [], []
+
+    def handler(req):
+        if req.method == "PUT" and req.url.path.endswith("/files/content"):
+            puts.append((req.url.params["path"], len(req.content)))
+            return httpx.Response(200, json={})
+        if req.url.path.endswith(":exec"):
+            execs.append(json.loads(req.content))
+            if execs[-1].get("stream"):  # a 300 s timeout streams the command
+                return httpx.Response(200, content=ndjson({"type": "start", "processId": "p"},
+                                                          {"type": "exit", "exitCode": 0}))
+            return httpx.Response(200, json={"exitCode": 0, "stdout": "", "stderr": "", "timedOut": False})
+        other.append((req.method, req.url.path, json.loads(req.content or b"null")))
+        return httpx.Response(200, json={})
+
+    blob = b"p" * (2 * MiB + 1)
+    write(handler, "/tmp/big.bin", blob, mode="600")
+    assert [n for _, n in puts] == [MiB, MiB, 1]
+    assert all(p.startswith("/tmp/big.bin.emberbox-") for p, _ in puts)
+    assert execs[0]["argv"][:5] == ["sh", "-c", execs[0]["argv"][2], "sh", "/tmp/big.bin"]
+    assert execs[0]["argv"][5:] == [p for p, _ in puts]
+    assert other == [("POST", "/v1/sandboxes/sbx_1/files:chmod", {"path": "/tmp/big.bin", "mode": "600"})]
+
+
 # --- paths and clipping ------------------------------------------------------
 @pytest.mark.parametrize("path,expected", [
     (None, "/workspace"), ("", "/workspace"), (".", "/workspace"), ("a/b.txt", "/workspace/a/b.txt"),

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from . import _common as C
-from ._errors import APIConnectionError, CommandError, NotFoundError, SandboxStartError
+from ._errors import APIConnectionError, APIError, CommandError, NotFoundError, SandboxStartError
 from ._http import NDJSON, OCTETS, AsyncClient, retry_delay
 from ._stream import ExecAccumulator, OutputCursor, StreamBroken, parse_line
 from ._types import CommandResult, OutputEvent, ProcessInfo, ProcessOutput
@@ -323,28 +323,112 @@ class AsyncFiles:
         return (await self.read(path)).decode(encoding, errors=errors)
 
     async def write(self, path: str, data: str | bytes, mode: str | int | None = None) -> dict[str, Any]:
-        """Creates or replaces a file (parents are made). Files over 1 MiB go up in parts."""
+        """Creates or replaces a file (parents are made); returns `{"path", "size"}`.
+
+        Up to 1 MiB goes in one request. A larger file under /workspace goes up as a
+        chunked upload: begin, chunks (a few at a time, each retried with its own
+        Idempotency-Key), then a commit that checks the sha256 and writes the file at
+        once; any failure (or cancellation) aborts the upload. A larger file outside
+        /workspace (which the server's uploads refuse) goes up as 1 MiB part files that
+        a command in the sandbox joins.
+
+        Args:
+            path: the file (relative paths resolve under /workspace).
+            data: text (written as UTF-8) or bytes.
+            mode: permission bits, as an octal string ("755") or an int (0o755).
+        """
         p = C.abs_path(path)
         raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
-        params: dict[str, str] = {"path": p}
-        if mode is not None:
-            params["mode"] = mode if isinstance(mode, str) else format(mode, "o")
+        m = C.mode_str(mode)
         if len(raw) <= C.MAX_PUT_BYTES:
-            await self._s.client.request("PUT", self._p("/files/content"), params=params, content=raw)
-            return {"path": p, "size": len(raw)}
-        tag = uuid.uuid4().hex[:12]
-        parts: list[str] = []
-        for i in range(0, len(raw), C.MAX_PUT_BYTES):
-            part = f"{p}.emberbox-{tag}-{i // C.MAX_PUT_BYTES:05d}"
-            await self._s.client.request("PUT", self._p("/files/content"), params={"path": part},
-                                   content=raw[i:i + C.MAX_PUT_BYTES])
-            parts.append(part)
-        r = await self._s.exec(C.assemble_script(parts, p), timeout=300)
-        if not r.ok:
-            raise CommandError(f"could not assemble {p}: {r.stderr.strip()}", r)
+            await self._s.client.request("PUT", self._p("/files/content"), params=C.write_params(p, m), content=raw)
+        elif C.uploadable(p):
+            await self._upload(C.Upload(self._s._p(), p, raw, m))
+        else:
+            await self._write_parts(p, raw, m)
+        return C.write_result(p, len(raw))
+
+    async def _upload(self, up: C.Upload) -> dict[str, Any]:
+        client = self._s.client
+        while True:
+            try:
+                up.begin(await client.json("POST", up.base, json=up.begin_body()))
+                break
+            except APIError as e:
+                if not up.retry_begin_without_mode(e):
+                    raise
+        try:
+            await self._send_chunks(up)
+            entry = await self._commit(up)
+        except BaseException:
+            await self._abort(up)
+            raise
+        if up.needs_chmod():
+            entry = await self._s.client.json("POST", self._p("/files:chmod"), json=up.chmod_body())
+        return entry or {}
+
+    async def _send_chunks(self, up: C.Upload) -> None:
+        offsets = iter(up.offsets())
+
+        async def worker() -> None:
+            for off in offsets:  # shared: each worker takes the next chunk not yet sent
+                await self._put_chunk(up, off)
+
+        tasks = [asyncio.ensure_future(worker()) for _ in range(min(C.UPLOAD_CONCURRENCY, len(up.offsets())))]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+
+    async def _put_chunk(self, up: C.Upload, offset: int) -> None:
+        # One key per chunk: the client's retries of it reuse it, and the server
+        # takes a chunk sent twice as once.
+        await self._s.client.request("PUT", up.chunk_path, params={"offset": offset}, content=up.chunk(offset))
+
+    async def _commit(self, up: C.Upload) -> dict[str, Any]:
+        client = self._s.client
+        key = str(uuid.uuid4())
+        waits = 0
+        while True:
+            try:
+                return await client.json("POST", up.commit_path, json={}, idempotency_key=key,
+                                         timeout=up.commit_timeout(client.timeout)) or {}
+            except APIError as e:
+                wait = up.commit_busy(e)
+                waits += 1
+                if wait is None or waits > C.UPLOAD_COMMIT_WAITS:
+                    raise
+                await asyncio.sleep(wait)
+
+    async def _abort(self, up: C.Upload) -> None:
+        try:
+            await self._s.client.request("POST", up.abort_path, json={}, timeout=30)
+        except Exception:  # noqa: BLE001 - best effort; the upload expires on the server anyway
+            pass
+
+    async def _write_parts(self, p: str, raw: bytes, mode: str | None) -> None:
+        parts = C.part_paths(p, len(raw))
+        sent: list[str] = []
+        try:
+            for part, off in parts:
+                await self._s.client.request("PUT", self._p("/files/content"), params={"path": part},
+                                             content=raw[off:off + C.MAX_PUT_BYTES])
+                sent.append(part)
+            r = await self._s.exec(C.assemble_script(sent, p), timeout=300)
+            if not r.ok:
+                raise CommandError(f"could not assemble {p}: {r.stderr.strip()}", r)
+        except BaseException:
+            if sent:
+                try:
+                    await self._s.exec(C.remove_parts_argv(p, sent), timeout=60)
+                except Exception:  # noqa: BLE001 - best effort
+                    pass
+            raise
         if mode is not None:
-            await self._s.exec(["chmod", params["mode"], "--", p])
-        return {"path": p, "size": len(raw)}
+            await self._s.client.request("POST", self._p("/files:chmod"), json={"path": p, "mode": mode})
 
     async def list(self, path: str = C.WORKSPACE, *, depth: int | None = None, hidden: bool | None = None,
              limit: int | None = None) -> list[dict[str, Any]]:
