@@ -402,6 +402,10 @@ func (m *Manager) Get(ctx context.Context, owner, id string) (*Sandbox, error) {
 
 // List implements api.Manager.List.
 func (m *Manager) List(ctx context.Context, opts ListOptions) ([]*Sandbox, string, error) {
+	if opts.OwnerKeyID == "" {
+		// Every caller is a key; an unscoped listing would show everyone's.
+		return nil, "", errdefs.New(errdefs.ErrInternal, "internal", "listing sandboxes without an owner")
+	}
 	return m.cfg.Store.ListSandboxes(ctx, opts)
 }
 
