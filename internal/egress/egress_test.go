@@ -129,9 +129,9 @@ func TestForbidden(t *testing.T) {
 		{op, "fc00::1", true},
 		{op, "fe80::1", true},
 		{op, "ff02::1", true},
-		{op, "64:ff9b::a00:1", true},    // NAT64 of 10.0.0.1
-		{op, "2002:a00:1::1", true},     // 6to4 of 10.0.0.1
-		{op, "2606:4700::1111", false},  // public
+		{op, "64:ff9b::a00:1", true},   // NAT64 of 10.0.0.1
+		{op, "2002:a00:1::1", true},    // 6to4 of 10.0.0.1
+		{op, "2606:4700::1111", false}, // public
 		{op, "2001:4860:4860::8888", false},
 		{opened, "127.0.0.1", false},
 		{opened, "::ffff:127.0.0.1", false},
@@ -257,7 +257,7 @@ func TestProxy(t *testing.T) {
 		{"http://a.sub.test:" + port(t, plain) + "/", ""},
 		{"http://bad.test:" + port(t, plain) + "/", ReasonRuleNotAllowed},
 		{"https://bad.test:" + port(t, secure) + "/", ReasonRuleNotAllowed},
-		{"http://sub.test:" + port(t, plain) + "/", ReasonRuleNotAllowed},        // apex of a subdomain rule
+		{"http://sub.test:" + port(t, plain) + "/", ReasonRuleNotAllowed},          // apex of a subdomain rule
 		{"https://denied.sub.test:" + port(t, secure) + "/", ReasonRuleNotAllowed}, // deny wins
 		{"http://meta.sub.test/", ReasonAddressForbidden},                          // allowed name, forbidden address
 		{"http://169.254.169.254/latest/meta-data/", ReasonAddressForbidden},
@@ -475,4 +475,3 @@ func TestDNS(t *testing.T) {
 		t.Error("DNS dialed")
 	}
 }
-
