@@ -33,6 +33,22 @@ const (
 	MethodFileRemove    = "file.remove"
 )
 
+// Methods of streams the guest opens to the host (egress; see
+// internal/egress). egress.proxy: after the Request frame the stream carries
+// the raw bytes of one TCP connection to the guest's HTTP proxy port, both
+// ways. egress.dns: one data frame with a DNS query, answered by one data
+// frame (empty: no answer).
+const (
+	MethodEgressProxy = "egress.proxy"
+	MethodEgressDNS   = "egress.dns"
+)
+
+// Guest addresses of the egress relay.
+const (
+	EgressProxyAddr = "127.0.0.1:10800"
+	EgressDNSAddr   = "127.0.0.1:53"
+)
+
 // Request is the first frame of every call. Exactly one of the pointer fields
 // matching Method is set.
 type Request struct {
@@ -98,6 +114,9 @@ type Info struct {
 type ConfigureRequest struct {
 	Env      map[string]string `json:"env,omitempty"`
 	Hostname string            `json:"hostname,omitempty"`
+	// CACerts is a PEM bundle the guest must trust besides its own (the
+	// host's TLS-inspecting proxy's CA, say).
+	CACerts string `json:"caCerts,omitempty"`
 }
 
 // ExecRequest starts a command. Command runs under bash -c; Argv runs as is.
