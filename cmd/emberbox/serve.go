@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -179,6 +180,15 @@ func egressConfig(o serveOptions) (egressSettings, error) {
 			return es, fmt.Errorf("--egress-open: %w", err)
 		}
 		op.Open = append(op.Open, p)
+	}
+	// The server's own API is never a sandbox's destination, even where
+	// --egress-open admits its address.
+	if ap, err := netip.ParseAddrPort(o.listen); err == nil {
+		op.Closed = append(op.Closed, ap)
+	} else if _, port, err := net.SplitHostPort(o.listen); err == nil {
+		if p, err := strconv.Atoi(port); err == nil {
+			op.Closed = append(op.Closed, netip.AddrPortFrom(netip.IPv6Unspecified(), uint16(p)))
+		}
 	}
 	op.Resolve = map[string][]netip.Addr{}
 	for _, s := range o.egressResolve {

@@ -144,6 +144,20 @@ func TestForbidden(t *testing.T) {
 			t.Errorf("Forbidden(%s) = %v, want %v (open %v)", tc.addr, got, tc.want, tc.op.Open)
 		}
 	}
+	api := NewOperator(Operator{HostAddrs: []netip.Addr{netip.MustParseAddr("203.0.113.7")}, Open: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")},
+		Closed: []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:8080"), netip.MustParseAddrPort("[::]:9090")}})
+	for _, tc := range []struct {
+		addr string
+		want bool
+	}{
+		{"127.0.0.1:8080", true}, {"127.0.0.1:8081", false}, {"127.0.0.2:8080", false},
+		{"127.0.0.5:9090", true}, {"203.0.113.7:9090", true}, {"[::ffff:127.0.0.1]:8080", true}, {"8.8.8.8:9090", false},
+	} {
+		ap := netip.MustParseAddrPort(tc.addr)
+		if got := api.closed(ap.Addr(), int(ap.Port())); got != tc.want {
+			t.Errorf("closed(%s) = %v, want %v", tc.addr, got, tc.want)
+		}
+	}
 	for port, want := range map[int]bool{25: true, 465: true, 587: true, 443: false, 80: false, 0: true, 70000: true} {
 		if got := op.PortForbidden(port); got != want {
 			t.Errorf("PortForbidden(%d) = %v, want %v", port, got, want)
@@ -184,7 +198,7 @@ type testEnv struct {
 	refusals chan *Refusal
 }
 
-func newTestEnv(t *testing.T, pol Policy, resolve map[string]string) *testEnv {
+func newTestEnv(t testing.TB, pol Policy, resolve map[string]string) *testEnv {
 	t.Helper()
 	env := &testEnv{refusals: make(chan *Refusal, 100)}
 	res := map[string][]netip.Addr{}

@@ -120,7 +120,7 @@ func (g *Gate) check(pol *Compiled, host string, a netip.Addr, port int) error {
 			return &Refusal{err.(*Refusal).Reason, target}
 		}
 	}
-	if g.op.Forbidden(a) {
+	if g.op.Forbidden(a) || g.op.closed(a, port) {
 		return &Refusal{ReasonAddressForbidden, target}
 	}
 	if err := pol.CheckAddr(a, host != ""); err != nil {

@@ -70,6 +70,11 @@ type Operator struct {
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// OpenPorts are ports of the refused set (MailPorts) the operator opens.
 	OpenPorts []int
+	// Closed are host services no sandbox may reach even where Open
+	// admits their address: the server's own API, above all. An
+	// unspecified address (0.0.0.0, ::) stands for every loopback and host
+	// address.
+	Closed []netip.AddrPort
 }
 
 // NewOperator fills in the defaults of op: the host's addresses, the
@@ -123,6 +128,21 @@ func (op *Operator) Forbidden(a netip.Addr) bool {
 		return true
 	}
 	return slices.ContainsFunc(forbidden, func(p netip.Prefix) bool { return p.Contains(a) })
+}
+
+// closed reports whether a:port is one of the operator's closed services.
+func (op *Operator) closed(a netip.Addr, port int) bool {
+	a = a.Unmap()
+	for _, c := range op.Closed {
+		if int(c.Port()) != port {
+			continue
+		}
+		ca := c.Addr().Unmap()
+		if ca == a || (ca.IsUnspecified() && (a.IsLoopback() || a.IsUnspecified() || slices.Contains(op.HostAddrs, a))) {
+			return true
+		}
+	}
+	return false
 }
 
 // PortForbidden reports whether port is refused whatever the policy.
