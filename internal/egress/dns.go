@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/netip"
 	"time"
 
 	"golang.org/x/net/dns/dnsmessage"
@@ -72,6 +73,17 @@ func (g *Gate) AnswerDNS(ctx context.Context, query []byte) []byte {
 		return finish(dnsmessage.RCodeServerFailure, nil)
 	}
 	rh := dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: dnsTTL}
+	// A name is answered with its stand-in address (IPv4 only): whoever
+	// connects to it, through the proxy or not, reaches the gate, which
+	// dials the name again on the host. An IP literal asked as a name is
+	// answered as itself.
+	if _, err := netip.ParseAddr(name); err != nil {
+		fake, ok := g.fakeAddr(name)
+		if !ok {
+			return finish(dnsmessage.RCodeServerFailure, nil)
+		}
+		addrs = []netip.Addr{fake}
+	}
 	return finish(dnsmessage.RCodeSuccess, func(b *dnsmessage.Builder) error {
 		for _, a := range addrs {
 			switch {

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -436,31 +437,16 @@ func dnsQuery(t *testing.T, name string, typ dnsmessage.Type) []byte {
 func TestDNS(t *testing.T) {
 	env := newTestEnv(t, Policy{Internet: true, Allow: []string{"good.test", "*.v6.test", "meta.test"}},
 		map[string]string{"good.test": "127.0.0.1", "bad.test": "127.0.0.1", "a.v6.test": "2606:4700::1111", "meta.test": "169.254.169.254"})
-	for _, tc := range []struct {
-		name  string
-		typ   dnsmessage.Type
-		rcode dnsmessage.RCode
-		addrs []string
-	}{
-		{"good.test.", dnsmessage.TypeA, dnsmessage.RCodeSuccess, []string{"127.0.0.1"}},
-		{"GOOD.test.", dnsmessage.TypeA, dnsmessage.RCodeSuccess, []string{"127.0.0.1"}},
-		{"good.test.", dnsmessage.TypeAAAA, dnsmessage.RCodeSuccess, nil},
-		{"a.v6.test.", dnsmessage.TypeAAAA, dnsmessage.RCodeSuccess, []string{"2606:4700::1111"}},
-		{"bad.test.", dnsmessage.TypeA, dnsmessage.RCodeNameError, nil},
-		{"v6.test.", dnsmessage.TypeA, dnsmessage.RCodeNameError, nil},
-		{"meta.test.", dnsmessage.TypeA, dnsmessage.RCodeNameError, nil}, // only a forbidden address
-	} {
-		ans := env.gate.AnswerDNS(context.Background(), dnsQuery(t, tc.name, tc.typ))
+	ask := func(name string, typ dnsmessage.Type) (dnsmessage.Header, []netip.Addr) {
+		t.Helper()
+		ans := env.gate.AnswerDNS(context.Background(), dnsQuery(t, name, typ))
 		var p dnsmessage.Parser
 		h, err := p.Start(ans)
 		if err != nil {
-			t.Fatalf("%s: %v", tc.name, err)
-		}
-		if h.ID != 7 || !h.Response || h.RCode != tc.rcode {
-			t.Errorf("%s %v: header %+v, want rcode %v", tc.name, tc.typ, h, tc.rcode)
+			t.Fatalf("%s: %v", name, err)
 		}
 		p.SkipAllQuestions()
-		var got []string
+		var got []netip.Addr
 		for {
 			rr, err := p.Answer()
 			if err != nil {
@@ -468,24 +454,76 @@ func TestDNS(t *testing.T) {
 			}
 			switch r := rr.Body.(type) {
 			case *dnsmessage.AResource:
-				got = append(got, netip.AddrFrom4(r.A).String())
+				got = append(got, netip.AddrFrom4(r.A))
 			case *dnsmessage.AAAAResource:
-				got = append(got, netip.AddrFrom16(r.AAAA).String())
+				got = append(got, netip.AddrFrom16(r.AAAA))
 			}
 		}
-		if strings.Join(got, ",") != strings.Join(tc.addrs, ",") {
-			t.Errorf("%s %v: answers %v, want %v", tc.name, tc.typ, got, tc.addrs)
+		return h, got
+	}
+	for _, tc := range []struct {
+		name  string
+		typ   dnsmessage.Type
+		rcode dnsmessage.RCode
+		n     int // stand-in addresses expected
+	}{
+		{"good.test.", dnsmessage.TypeA, dnsmessage.RCodeSuccess, 1},
+		{"GOOD.test.", dnsmessage.TypeA, dnsmessage.RCodeSuccess, 1},
+		{"good.test.", dnsmessage.TypeAAAA, dnsmessage.RCodeSuccess, 0},
+		{"a.v6.test.", dnsmessage.TypeA, dnsmessage.RCodeSuccess, 1},
+		{"bad.test.", dnsmessage.TypeA, dnsmessage.RCodeNameError, 0},
+		{"v6.test.", dnsmessage.TypeA, dnsmessage.RCodeNameError, 0},
+		{"meta.test.", dnsmessage.TypeA, dnsmessage.RCodeNameError, 0}, // only a forbidden address
+	} {
+		h, got := ask(tc.name, tc.typ)
+		if h.ID != 7 || !h.Response || h.RCode != tc.rcode || len(got) != tc.n {
+			t.Errorf("%s %v: header %+v answers %v, want rcode %v and %d answers", tc.name, tc.typ, h, got, tc.rcode, tc.n)
+		}
+		for _, a := range got {
+			if !FakeRange.Contains(a) {
+				t.Errorf("%s: answer %s is not a stand-in", tc.name, a)
+			}
 		}
 	}
+	_, a1 := ask("good.test.", dnsmessage.TypeA)
+	_, a2 := ask("good.test.", dnsmessage.TypeA)
+	if a1[0] != a2[0] {
+		t.Errorf("stand-in of good.test changed: %v then %v", a1, a2)
+	}
+	if env.dials.Load() != 0 {
+		t.Error("DNS dialed")
+	}
+
+	// A captured connection to the stand-in reaches good.test's server.
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "hi") }))
+	defer ts.Close()
+	tsPort, _ := strconv.Atoi(port(t, ts))
+	capture := func(dst netip.AddrPort) (string, error) {
+		c1, c2 := net.Pipe()
+		defer c1.Close()
+		var acceptErr error
+		go env.gate.ServeTCP(context.Background(), dst, c2, nil, func(err error) error { acceptErr = err; return nil })
+		c1.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(c1, "GET / HTTP/1.0\r\nHost: good.test\r\n\r\n")
+		b, _ := io.ReadAll(c1)
+		return string(b), acceptErr
+	}
+	if out, err := capture(netip.AddrPortFrom(a1[0], uint16(tsPort))); err != nil || !strings.HasSuffix(out, "hi") {
+		t.Errorf("captured connection to the stand-in: %q %v", out, err)
+	}
+	for _, dst := range []string{"198.19.250.250:80", "127.0.0.1:" + port(t, ts), "169.254.169.254:80"} {
+		_, err := capture(netip.MustParseAddrPort(dst))
+		if _, ok := AsRefusal(err); !ok {
+			t.Errorf("captured connection to %s: %v, want a refusal", dst, err)
+		}
+	}
+
 	env.gate.SetPolicy(MustCompile(Policy{Internet: false}), 2)
-	h, _ := new(dnsmessage.Parser).Start(env.gate.AnswerDNS(context.Background(), dnsQuery(t, "good.test.", dnsmessage.TypeA)))
+	h, _ := ask("good.test.", dnsmessage.TypeA)
 	if h.RCode != dnsmessage.RCodeRefused {
 		t.Errorf("internet off: rcode %v, want REFUSED", h.RCode)
 	}
 	if env.gate.AnswerDNS(context.Background(), []byte{1, 2, 3}) != nil {
 		t.Error("garbage query answered")
-	}
-	if env.dials.Load() != 0 {
-		t.Error("DNS dialed")
 	}
 }

@@ -25,6 +25,12 @@ type Gate struct {
 	version int64
 	conns   map[*conn]struct{}
 	closed  bool
+	// Names the guest resolved get stand-in addresses from FakeRange, so
+	// a program that connects to "the address" without the proxy is
+	// captured and still checked, resolved and dialed by name on the host.
+	fakeOf   map[string]netip.Addr
+	nameOf   map[netip.Addr]string
+	nextFake uint32
 
 	bytesOut, bytesIn atomic.Int64 // to and from the outside
 	refused           atomic.Int64
@@ -33,7 +39,38 @@ type Gate struct {
 
 // NewGate returns a gate applying pol (version 1 until SetPolicy).
 func NewGate(op *Operator, pol *Compiled) *Gate {
-	return &Gate{op: op, pol: pol, version: 1, conns: map[*conn]struct{}{}}
+	return &Gate{op: op, pol: pol, version: 1, conns: map[*conn]struct{}{},
+		fakeOf: map[string]netip.Addr{}, nameOf: map[netip.Addr]string{}}
+}
+
+// FakeRange holds the stand-in addresses the guest's DNS answers carry. It
+// is inside 198.18.0.0/15, which the always-refused set covers, so a
+// stand-in never reaches a real host.
+var FakeRange = netip.MustParsePrefix("198.19.0.0/16")
+
+// fakeAddr returns name's stand-in address, allocating one if needed.
+func (g *Gate) fakeAddr(name string) (netip.Addr, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if a, ok := g.fakeOf[name]; ok {
+		return a, true
+	}
+	if g.nextFake >= 1<<16-2 {
+		return netip.Addr{}, false
+	}
+	g.nextFake++
+	base := FakeRange.Addr().As4()
+	a := netip.AddrFrom4([4]byte{base[0], base[1], byte(g.nextFake >> 8), byte(g.nextFake)})
+	g.fakeOf[name], g.nameOf[a] = a, name
+	return a, true
+}
+
+// fakeName returns the name a stand-in address stands for.
+func (g *Gate) fakeName(a netip.Addr) (string, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n, ok := g.nameOf[a.Unmap()]
+	return n, ok
 }
 
 // Policy returns the policy in force and its version.
@@ -190,6 +227,9 @@ func (g *Gate) Dial(ctx context.Context, host string, port int) (net.Conn, error
 	name := host
 	if a, err := netip.ParseAddr(host); err == nil {
 		name, host = "", a.Unmap().String()
+		if n, ok := g.fakeName(a); ok {
+			name, host = n, n // a stand-in: dial the name it stands for
+		}
 	}
 	target := net.JoinHostPort(host, strconv.Itoa(port))
 	if !pol.Internet {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -109,6 +110,26 @@ func (g *Gate) ServeProxy(ctx context.Context, c net.Conn, br *bufio.Reader) {
 			return
 		}
 	}
+}
+
+// ServeTCP serves one connection the guest captured from a program that
+// ignored the proxy: it was going to dst (an address, possibly a stand-in
+// from FakeRange). accept is called once with the outcome of the dial (nil,
+// or the error: a *Refusal if refused) before any byte is relayed; if it
+// returns an error, or the dial failed, c is closed.
+func (g *Gate) ServeTCP(ctx context.Context, dst netip.AddrPort, c net.Conn, br *bufio.Reader, accept func(error) error) {
+	defer c.Close()
+	if br == nil {
+		br = bufio.NewReader(c)
+	}
+	nc, err := g.Dial(ctx, dst.Addr().String(), int(dst.Port()))
+	if aerr := accept(err); err != nil || aerr != nil {
+		if nc != nil {
+			nc.Close()
+		}
+		return
+	}
+	pipe(c, br, nc)
 }
 
 // pipe copies both ways until either side ends, then closes both.
