@@ -7,11 +7,15 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
+	"os/exec"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/yamux"
+	"golang.org/x/sys/unix"
 
 	"github.com/emberbox/emberbox/internal/agentproto"
 )
@@ -54,6 +58,10 @@ func (a *Agent) setSession(s *yamux.Session) {
 
 // openEgress opens a stream to the host and sends the request frame.
 func (a *Agent) openEgress(method string) (*yamux.Stream, *agentproto.Conn, error) {
+	return a.openEgressReq(agentproto.Request{Method: method})
+}
+
+func (a *Agent) openEgressReq(req agentproto.Request) (*yamux.Stream, *agentproto.Conn, error) {
 	sess := a.session()
 	if sess == nil {
 		return nil, nil, errors.New("no host connected")
@@ -63,7 +71,7 @@ func (a *Agent) openEgress(method string) (*yamux.Stream, *agentproto.Conn, erro
 		return nil, nil, err
 	}
 	fc := agentproto.NewConn(st)
-	if err := fc.WriteJSON(agentproto.Request{Method: method}); err != nil {
+	if err := fc.WriteJSON(req); err != nil {
 		st.Close()
 		return nil, nil, err
 	}
@@ -91,6 +99,17 @@ func (a *Agent) StartEgressRelay() error {
 		return fmt.Errorf("egress dns: %w", err)
 	}
 	go a.acceptLoop(tl, a.serveDNSTCP)
+	cl, err := net.Listen("tcp", agentproto.EgressTCPAddr)
+	if err != nil {
+		return fmt.Errorf("egress capture: %w", err)
+	}
+	go a.acceptLoop(cl, a.relayCaptured)
+	if err := a.setupCapture(); err != nil {
+		// Without capture, raw connections must still fail at once: with
+		// no route but lo's, connect() answers ENETUNREACH.
+		a.log.Warn("egress capture unavailable; connections that ignore the proxy fail", "err", err)
+		a.teardownCapture()
+	}
 	a.mu.Lock()
 	a.relay = true
 	a.mu.Unlock()
@@ -240,4 +259,145 @@ func (a *Agent) installCACerts(pem string) error {
 		return err
 	}
 	return os.Rename(tmp, systemBundle)
+}
+
+// Capture of connections that ignore the proxy variables: a dummy interface
+// carries a default route (so connect() does not fail with ENETUNREACH), and
+// nftables redirects every outbound TCP connection to the capture port and
+// DNS to the resolver, and drops every other packet not for loopback
+// (EPERM at once, not a hang). Root in the guest can undo all of this, and
+// gains nothing: with no network card, nothing leaves the guest except
+// through the host stream.
+const (
+	captureLink = "emberbox0"
+	captureAddr = "198.18.0.1/32" // the source address of captured connections (in the rules too); never seen outside
+)
+
+const captureRules = `table ip emberbox {
+	chain nat_out {
+		type nat hook output priority -100; policy accept;
+		ip daddr 127.0.0.0/8 return
+		udp dport 53 redirect to :53
+		tcp dport 1-65535 redirect to :10801
+	}
+	chain filter_out {
+		type filter hook output priority 0; policy accept;
+		ip daddr { 127.0.0.0/8, 198.18.0.1 } accept
+		drop
+	}
+}
+`
+
+// sbin finds a system binary; PID 1 has no PATH to search.
+func sbin(name string) string {
+	for _, d := range []string{"/usr/sbin/", "/usr/bin/", "/sbin/", "/bin/"} {
+		if _, err := os.Stat(d + name); err == nil {
+			return d + name
+		}
+	}
+	return name
+}
+
+func (a *Agent) runQuiet(name string, args ...string) error {
+	cmd := exec.Command(sbin(name), args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := a.Run(cmd); err != nil {
+		return fmt.Errorf("%s %v: %v: %s", name, args, err, bytes.TrimSpace(out.Bytes()))
+	}
+	return nil
+}
+
+func (a *Agent) setupCapture() error {
+	nft := exec.Command(sbin("nft"), "-f", "-")
+	nft.Stdin = strings.NewReader(captureRules)
+	var out bytes.Buffer
+	nft.Stdout, nft.Stderr = &out, &out
+	if err := a.Run(nft); err != nil {
+		return fmt.Errorf("nft: %v: %s", err, bytes.TrimSpace(out.Bytes()))
+	}
+	for _, args := range [][]string{
+		{"link", "add", captureLink, "type", "dummy"},
+		{"addr", "add", captureAddr, "dev", captureLink},
+		{"link", "set", captureLink, "up"},
+		{"route", "add", "default", "dev", captureLink},
+	} {
+		if err := a.runQuiet("ip", args...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (a *Agent) teardownCapture() {
+	_ = a.runQuiet("ip", "link", "del", captureLink)
+	_ = a.runQuiet("nft", "delete", "table", "ip", "emberbox")
+}
+
+// originalDst returns where a redirected connection was going.
+func originalDst(c net.Conn) (netip.AddrPort, error) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return netip.AddrPort{}, errors.New("not TCP")
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	var dst netip.AddrPort
+	var serr error
+	err = rc.Control(func(fd uintptr) {
+		// SO_ORIGINAL_DST fills a sockaddr_in; IPv6Mreq is a 20-byte
+		// buffer that holds one.
+		m, err := unix.GetsockoptIPv6Mreq(int(fd), unix.SOL_IP, unix.SO_ORIGINAL_DST)
+		if err != nil {
+			serr = err
+			return
+		}
+		b := m.Multiaddr
+		dst = netip.AddrPortFrom(netip.AddrFrom4([4]byte{b[4], b[5], b[6], b[7]}), binary.BigEndian.Uint16(b[2:4]))
+	})
+	if err == nil {
+		err = serr
+	}
+	return dst, err
+}
+
+// resetClose closes c with a reset, so the program sees ECONNRESET at once.
+func resetClose(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	c.Close()
+}
+
+// relayCaptured carries one captured connection to the host, which checks
+// where it was going.
+func (a *Agent) relayCaptured(c net.Conn) {
+	dst, err := originalDst(c)
+	if err != nil || dst.Addr().IsLoopback() {
+		resetClose(c) // not redirected: someone connected to the port itself
+		return
+	}
+	st, fc, err := a.openEgressReq(agentproto.Request{Method: agentproto.MethodEgressTCP, Egress: &agentproto.EgressRequest{Addr: dst.String()}})
+	if err != nil {
+		resetClose(c)
+		return
+	}
+	_ = st.SetReadDeadline(time.Now().Add(60 * time.Second))
+	var rep agentproto.Reply
+	if err := fc.ReadJSON(&rep); err != nil || rep.Error != nil {
+		st.Close()
+		resetClose(c)
+		return
+	}
+	_ = st.SetReadDeadline(time.Time{})
+	var once sync.Once
+	done := func() { once.Do(func() { c.Close(); st.Close() }) }
+	go func() {
+		defer done()
+		_, _ = io.Copy(st, c)
+	}()
+	_, _ = fc.Reader().WriteTo(c)
+	done()
 }

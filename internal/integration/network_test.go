@@ -223,15 +223,34 @@ func (e *netEnv) curl(t *testing.T, id, url string) string {
 	return "failed: " + strings.TrimSpace(out)
 }
 
-// rawPy connects with a plain socket, ignoring proxy variables, and prints
-// "connected", or the error and how long it took.
+// rawPy connects with a plain socket, ignoring proxy variables, sends a
+// plain HTTP request and prints "answered" with the bytes it got back, or
+// the error and how long it took. (A captured connection is accepted in
+// the guest before the host decides, so a refusal shows as a reset.)
 const rawPy = `import socket, sys, time
 t = time.time()
 try:
     s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3]) if len(sys.argv) > 3 else 20)
-    print("connected")
+    s.sendall(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n")
+    b = s.recv(100)
+    if not b:
+        raise ConnectionResetError(0, "closed without an answer")
+    print("answered %d bytes %.2fs" % (len(b), time.time() - t))
 except Exception as e:
     print("error %s %.2fs" % (type(e).__name__ if not isinstance(e, OSError) else (e.strerror or type(e).__name__), time.time() - t))
+`
+
+// dnsPy sends one UDP DNS query for argv[1] to argv[2]:53 and prints the
+// answer's rcode and A records.
+const dnsPy = `import socket, struct, sys
+q = struct.pack(">HHHHHH", 0x1234, 0x0100, 1, 0, 0, 0) + b"".join(bytes([len(l)]) + l.encode() for l in sys.argv[1].split(".")) + b"\0" + struct.pack(">HH", 1, 1)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(5)
+try:
+    s.sendto(q, (sys.argv[2], 53)); r = s.recv(512)
+    n = struct.unpack(">H", r[6:8])[0]
+    print("rcode=%d answers=%d" % (r[3] & 15, n) + ("" if n == 0 else " a=%s" % socket.inet_ntoa(r[-4:])))
+except OSError as e:
+    print("error", e.strerror or type(e).__name__)
 `
 
 func TestNetwork(t *testing.T) {
@@ -250,6 +269,7 @@ func TestNetwork(t *testing.T) {
 		t.Fatalf("network at create = %+v", n)
 	}
 	e.c.writeFile(t, id, "/tmp/raw.py", []byte(rawPy))
+	e.c.writeFile(t, id, "/tmp/dns.py", []byte(dnsPy))
 
 	t.Run("allowlist", func(t *testing.T) {
 		for _, tc := range []struct{ host, want string }{
@@ -264,8 +284,22 @@ func TestNetwork(t *testing.T) {
 			}
 		}
 		_, out := e.run(t, id, "getent hosts good.test; echo rc=$?; getent hosts bad.test; echo rc=$?", false)
-		if !strings.Contains(out, "127.0.0.1") || !strings.Contains(out, "rc=2") {
-			t.Errorf("DNS in the guest: %q, want good.test answered and bad.test not", out)
+		if !strings.Contains(out, "198.19.") || !strings.Contains(out, "rc=2") {
+			t.Errorf("DNS in the guest: %q, want good.test answered (a stand-in address) and bad.test not", out)
+		}
+		// Programs that ignore the proxy variables: captured, and checked
+		// the same way.
+		p := fmt.Sprint(e.good.port)
+		_, out = e.run(t, id, "python3 /tmp/raw.py good.test "+p+"; python3 /tmp/raw.py bad.test "+p+"; python3 /tmp/raw.py sub.test "+p, false)
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) != 3 || !strings.HasPrefix(lines[0], "answered") || !strings.HasPrefix(lines[1], "error") || !strings.HasPrefix(lines[2], "error") {
+			t.Errorf("raw sockets to good.test, bad.test, sub.test: %q, want answered, error, error", out)
+		}
+		if got := e.curl(t, id, "--noproxy '*' "+e.url("good.test")); got != "ok" {
+			t.Errorf("curl --noproxy '*' good.test (captured) = %s, want ok", got)
+		}
+		if got := e.curl(t, id, "--noproxy '*' "+e.url("bad.test")); !strings.Contains(got, "rc=6") {
+			t.Errorf("curl --noproxy '*' bad.test (captured) = %s, want no such name (rc=6)", got)
 		}
 	})
 
@@ -291,12 +325,14 @@ func TestNetwork(t *testing.T) {
 		if n := e.hidden.accepted.Load() - before; n != 0 {
 			t.Errorf("the unopened loopback service got %d connections", n)
 		}
-		// Without the proxy: the guest has no route anywhere but lo, so a
-		// raw connection fails at once.
+		// Without the proxy: captured and refused by the host (a reset
+		// at once), or no route at all.
 		for _, tc := range []struct{ name, host, port string }{
-			{"raw socket to a public IP (1.1.1.1:443), proxy vars ignored", "1.1.1.1", "443"},
+			{"raw socket to a public IP not on the allow list (1.1.1.1:443), proxy vars ignored", "1.1.1.1", "443"},
 			{"raw socket to 169.254.169.254:80", "169.254.169.254", "80"},
 			{"raw socket to 10.0.0.1:80", "10.0.0.1", "80"},
+			{"raw socket to the host's 127.0.0.2 service by its allowed name hidden.test", "hidden.test", fmt.Sprint(e.hidden.port)},
+			{"raw socket to an unmapped stand-in address 198.19.200.200:443", "198.19.200.200", "443"},
 			{"raw socket to the test host's port on 127.0.0.1 (the guest's own loopback)", "127.0.0.1", fmt.Sprint(e.good.port)},
 			{"raw socket to 2606:4700::1111:443 (IPv6)", "2606:4700::1111", "443"},
 		} {
@@ -307,50 +343,62 @@ func TestNetwork(t *testing.T) {
 			}
 			record(tc.name, out)
 		}
-		_, out := e.run(t, id, `python3 -c "
+		_, out := e.run(t, id, "python3 /tmp/dns.py example.com 8.8.8.8; python3 /tmp/dns.py bad.test 1.1.1.1", false)
+		if strings.Count(out, "rcode=3 answers=0") != 2 {
+			t.Errorf("UDP DNS to outside resolvers: %q, want both answered NXDOMAIN by the host's policy", out)
+		}
+		record("DNS to an outside resolver (UDP 8.8.8.8:53 example.com, 1.1.1.1:53 bad.test)", oneLine(out)+" (answered by the policy resolver)")
+		_, out = e.run(t, id, `python3 -c "
 import socket
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 try:
-    s.sendto(b'\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x07example\x03com\x00\x00\x01\x00\x01', ('8.8.8.8', 53)); print('sent')
-except OSError as e:
-    print('error', e.strerror)
+    s.sendto(b'x', ('1.1.1.1', 443)); print('sent')
+except OSError as ex:
+    print('error', ex.strerror)
 "`, false)
 		if !strings.Contains(out, "error") {
-			t.Errorf("UDP DNS to 8.8.8.8: %q, want an error", out)
+			t.Errorf("UDP to 1.1.1.1:443: %q, want an error", out)
 		}
-		record("DNS to an outside resolver (UDP 8.8.8.8:53)", strings.TrimSpace(out))
+		record("UDP (QUIC) to 1.1.1.1:443", strings.TrimSpace(out))
 		_, out = e.run(t, id, `echo nameserver 8.8.8.8 | sudo tee /etc/resolv.conf >/dev/null; getent hosts example.com; echo rc=$?; `+
-			`env -u HTTPS_PROXY -u https_proxy -u HTTP_PROXY -u http_proxy curl -sS --max-time 10 https://good.test:`+fmt.Sprint(e.good.port)+`/ ; echo rc=$?; `+
-			`env -u HTTPS_PROXY -u https_proxy curl -sS --max-time 10 https://1.1.1.1/ ; echo rc=$?; ls /sys/class/net`, false)
-		if strings.Contains(out, "hello from") || strings.Contains(out, "rc=0") || lastLine(out) != "lo" {
-			t.Errorf("after sudo edits: %q, want every attempt to fail and only lo", out)
+			`env -u HTTPS_PROXY -u https_proxy -u HTTP_PROXY -u http_proxy curl -sS --max-time 10 https://bad.test:`+fmt.Sprint(e.good.port)+`/ ; echo rc=$?; `+
+			`env -u HTTPS_PROXY -u https_proxy curl -sS --max-time 10 https://1.1.1.1/ ; echo rc=$?`, false)
+		if strings.Contains(out, "hello from") || strings.Contains(out, "rc=0") {
+			t.Errorf("after sudo edits: %q, want every attempt to fail", out)
 		}
-		record("`sudo` resolv.conf → 8.8.8.8, then getent / curl without proxy vars / curl to raw IP", oneLine(out))
-		_, out = e.run(t, id, `sudo ip route add default dev lo 2>&1; python3 /tmp/raw.py 1.1.1.1 443 3`, false)
-		record("`sudo ip route add default dev lo`, then raw socket to 1.1.1.1:443", oneLine(out))
-		if strings.Contains(out, "connected") {
-			t.Errorf("after adding a route: %q", out)
+		record("`sudo` resolv.conf → 8.8.8.8, then getent example.com / curl bad.test and 1.1.1.1 without proxy vars", oneLine(out))
+		// Root undoing the capture, in a sandbox of its own.
+		other := e.c.createRunning(t, map[string]any{"network": map[string]any{"allow": []string{"good.test"}}})
+		e.c.writeFile(t, other.ID, "/tmp/raw.py", []byte(rawPy))
+		_, out = e.run(t, other.ID, `sudo nft flush ruleset; sudo ip route replace default dev lo; python3 /tmp/raw.py 1.1.1.1 443 3; sudo ip route del default; python3 /tmp/raw.py 1.1.1.1 443 3; ls /sys/class/net | tr '\n' ' '`, false)
+		record("`sudo nft flush ruleset` + own routes, then raw socket to 1.1.1.1:443", oneLine(out)+" (no network card: nothing leaves)")
+		if strings.Contains(out, "answered") {
+			t.Errorf("after removing the capture: %q", out)
 		}
-		_, _ = e.run(t, id, `sudo ip route del default dev lo; printf 'nameserver 127.0.0.1\n' | sudo tee /etc/resolv.conf`, false)
+		_, _ = e.run(t, id, `printf 'nameserver 127.0.0.1\n' | sudo tee /etc/resolv.conf >/dev/null`, false)
 	})
 
 	t.Run("live change cuts keep-alive", func(t *testing.T) {
 		script := fmt.Sprintf(`import http.client, ssl, os, time
-c = http.client.HTTPSConnection("127.0.0.1", 10800, context=ssl.create_default_context(), timeout=30)
+ctx = ssl.create_default_context()
+c = http.client.HTTPSConnection("127.0.0.1", 10800, context=ctx, timeout=30)  # through the proxy
 c.set_tunnel("good.test", %d)
-c.request("GET", "/"); r = c.getresponse(); print("first", r.status, flush=True); r.read()
+d = http.client.HTTPSConnection("good.test", %d, context=ctx, timeout=30)  # captured
+for name, x in (("proxied", c), ("captured", d)):
+    x.request("GET", "/"); r = x.getresponse(); print("first", name, r.status, flush=True); r.read()
 while not os.path.exists("/tmp/go"): time.sleep(0.05)
-try:
-    c.request("GET", "/"); r = c.getresponse(); print("second", r.status, flush=True)
-except Exception as e:
-    print("cut", type(e).__name__, flush=True)
-`, e.good.port)
+for name, x in (("proxied", c), ("captured", d)):
+    try:
+        x.request("GET", "/"); r = x.getresponse(); print("second", name, r.status, flush=True)
+    except Exception as e:
+        print("cut", name, type(e).__name__, flush=True)
+`, e.good.port, e.good.port)
 		e.c.writeFile(t, id, "/tmp/ka.py", []byte(script))
 		e.c.writeFile(t, id, "/tmp/ka.out", nil)
 		p := e.c.spawn(t, id, "python3 /tmp/ka.py > /tmp/ka.out 2>&1")
 		if !waitUntil(60*time.Second, 200*time.Millisecond, func() bool {
 			b, _ := e.c.readFile(t, id, "/tmp/ka.out")
-			return strings.Contains(string(b), "first")
+			return strings.Contains(string(b), "first captured")
 		}) {
 			b, _ := e.c.readFile(t, id, "/tmp/ka.out")
 			t.Fatalf("keep-alive client did not start: %q (process %+v)", b, p)
@@ -364,11 +412,12 @@ except Exception as e:
 		waitUntil(30*time.Second, 200*time.Millisecond, func() bool {
 			b, _ := e.c.readFile(t, id, "/tmp/ka.out")
 			out = string(b)
-			return strings.Contains(out, "second") || strings.Contains(out, "cut")
+			return strings.Count(out, "second")+strings.Count(out, "cut") == 2
 		})
-		if !strings.Contains(out, "cut") {
-			t.Errorf("open keep-alive connection after the PUT: %q, want it cut", out)
+		if !strings.Contains(out, "cut proxied") || !strings.Contains(out, "cut captured") {
+			t.Errorf("open keep-alive connections after the PUT: %q, want both cut", out)
 		}
+		record("live PUT {allow:[other.test]} with keep-alive connections to good.test open (proxied and captured)", oneLine(out))
 		if got := e.curl(t, id, e.url("good.test")); got != "rule-not-allowed" {
 			t.Errorf("good.test after the PUT = %s", got)
 		}

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"net"
+	"net/netip"
 	"sync/atomic"
 	"time"
 
@@ -80,6 +81,26 @@ func (m *Manager) egressHandler(in *instance) guest.StreamHandler {
 				return
 			}
 			_ = fc.WriteFrame(agentproto.KindData, g.AnswerDNS(in.ctx, q))
+		case agentproto.MethodEgressTCP:
+			var dst netip.AddrPort
+			var err error
+			if req.Egress != nil {
+				dst, err = netip.ParseAddrPort(req.Egress.Addr)
+			}
+			if req.Egress == nil || err != nil {
+				_ = fc.WriteJSON(agentproto.Reply{Error: &agentproto.Error{Code: agentproto.CodeInvalid, Message: "egress.tcp: bad address"}})
+				return
+			}
+			g.ServeTCP(in.ctx, dst, st, fc.Reader(), func(err error) error {
+				if err == nil {
+					return fc.WriteJSON(agentproto.Reply{OK: true})
+				}
+				e := &agentproto.Error{Code: "egress_failed", Message: err.Error()}
+				if r, ok := egress.AsRefusal(err); ok {
+					e = &agentproto.Error{Code: agentproto.CodeEgressRefused, Message: string(r.Reason)}
+				}
+				return fc.WriteJSON(agentproto.Reply{Error: e})
+			})
 		}
 	}
 }
