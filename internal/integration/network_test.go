@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -20,6 +21,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/emberbox/emberbox/internal/store"
 )
 
 // netTestCA is a throwaway CA and a leaf certificate for the test names.
@@ -166,9 +169,10 @@ type netEnv struct {
 	c      *client
 	good   *netTestHost // 127.0.0.1, opened by the operator
 	hidden *netTestHost // 127.0.0.2, a host loopback service nobody opened
+	caFile string       // host roots + the test CA
 }
 
-func newNetEnv(t *testing.T) *netEnv {
+func newNetEnv(t testing.TB) *netEnv {
 	ca := newNetTestCA(t, "good.test", "bad.test", "sub.test", "www.sub.test", "hidden.test", "other.test")
 	good := startNetTestHost(t, "127.0.0.1", ca.leaf)
 	hidden := startNetTestHost(t, "127.0.0.2", ca.leaf)
@@ -184,14 +188,14 @@ func newNetEnv(t *testing.T) *netEnv {
 		"--egress-resolve", "sub.test=127.0.0.1", "--egress-resolve", "www.sub.test=127.0.0.1",
 		"--egress-resolve", "other.test=127.0.0.1", "--egress-resolve", "hidden.test=127.0.0.2",
 		"--egress-resolve", "meta.test=169.254.169.254")
-	return &netEnv{s: s, c: s.client(s.AdminKey), good: good, hidden: hidden}
+	return &netEnv{s: s, c: s.client(s.AdminKey), good: good, hidden: hidden, caFile: caFile}
 }
 
 func (e *netEnv) url(host string) string { return fmt.Sprintf("https://%s:%d/", host, e.good.port) }
 
 // run runs command in the sandbox (as user unless root) and returns the
 // exit code and stdout+stderr.
-func (e *netEnv) run(t *testing.T, id, command string, root bool) (string, string) {
+func (e *netEnv) run(t testing.TB, id, command string, root bool) (string, string) {
 	t.Helper()
 	req := execReq{Command: command + " 2>&1", TimeoutMs: 120_000}
 	if root {
@@ -201,7 +205,7 @@ func (e *netEnv) run(t *testing.T, id, command string, root bool) (string, strin
 	return res.exit(), res.Stdout
 }
 
-func (e *netEnv) network(t *testing.T, id string) networkJSON {
+func (e *netEnv) network(t testing.TB, id string) networkJSON {
 	n, _ := call[networkJSON](t, e.c, "GET", "/v1/sandboxes/"+id+"/network", nil, nil)
 	return n
 }
@@ -210,7 +214,7 @@ func (e *netEnv) network(t *testing.T, id string) networkJSON {
 // targets) and returns "ok", the refusal header's value, or "failed: …".
 const curlCmd = `curl -sS -v --noproxy '' --max-time 20 %s 2>/tmp/curl.err; rc=$?; grep -i '^< x-emberbox-egress' /tmp/curl.err | tr -d '\r'; echo rc=$rc`
 
-func (e *netEnv) curl(t *testing.T, id, url string) string {
+func (e *netEnv) curl(t testing.TB, id, url string) string {
 	t.Helper()
 	_, out := e.run(t, id, fmt.Sprintf(curlCmd, url), false)
 	switch {
@@ -305,6 +309,13 @@ func TestNetwork(t *testing.T) {
 
 	t.Run("escapes", func(t *testing.T) {
 		before := e.hidden.accepted.Load()
+		dialsBefore := e.network(t, id).Egress.Dials
+		defer func() {
+			// Every attempt above was refused before the host dialed.
+			if n := e.network(t, id).Egress.Dials - dialsBefore; n != 0 {
+				t.Errorf("the host dialed %d times during refused escape attempts", n)
+			}
+		}()
 		for _, tc := range []struct{ name, url, want string }{
 			{"host loopback service not opened (127.0.0.2) by name", e.url("hidden.test"), "address-forbidden"},
 			{"host loopback service not opened (127.0.0.2) by IP", fmt.Sprintf("https://127.0.0.2:%d/", e.hidden.port), "address-forbidden"},
@@ -427,6 +438,22 @@ for name, x in (("proxied", c), ("captured", d)):
 		if n := e.network(t, id); n.Egress.Refused == 0 || n.Egress.BytesIn == 0 {
 			t.Errorf("counters = %+v, want refusals and bytes counted", n.Egress)
 		}
+		st, err := store.Open(context.Background(), filepath.Join(e.s.DataDir, "emberbox.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		evs, err := st.ListEvents(context.Background(), id, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kinds := map[string]int{}
+		for _, ev := range evs {
+			kinds[ev.Type]++
+		}
+		if kinds["egress_refused"] == 0 || kinds["network_changed"] != 1 {
+			t.Errorf("events: %v, want egress_refused events and one network_changed", kinds)
+		}
 	})
 
 	t.Run("internet off", func(t *testing.T) {
@@ -491,4 +518,44 @@ func TestNetworkPyPI(t *testing.T) {
 	var n networkJSON
 	n, _ = call[networkJSON](t, c, "GET", "/v1/sandboxes/"+sb.ID+"/network", nil, nil)
 	t.Logf("egress counters: %+v", n.Egress)
+}
+
+// BenchmarkEgressDownload downloads 64 MiB over HTTPS from a test host on
+// the host's loopback: with curl on the host, and with curl in a sandbox
+// through the proxy and through the capture of a program ignoring it. It
+// reports curl's own speed (MB/s) beside the wall time of each exec.
+func BenchmarkEgressDownload(b *testing.B) {
+	e := newNetEnv(b)
+	sb := e.c.createRunning(b, map[string]any{"network": map[string]any{"allow": []string{"good.test"}}})
+	url := fmt.Sprintf("https://good.test:%d/big", e.good.port)
+	speed := func(b *testing.B, out string) {
+		var v float64
+		if _, err := fmt.Sscanf(strings.TrimSpace(out), "%g", &v); err != nil || v == 0 {
+			b.Fatalf("curl: %q", out)
+		}
+		b.ReportMetric(v/1e6, "curl-MB/s")
+	}
+	b.Run("host", func(b *testing.B) {
+		b.SetBytes(64 << 20)
+		for b.Loop() {
+			out, err := exec.Command("curl", "-sS", "-o", "/dev/null", "-w", "%{speed_download}", "--cacert", e.caFile,
+				"--resolve", fmt.Sprintf("good.test:%d:127.0.0.1", e.good.port), url).Output()
+			if err != nil {
+				b.Fatal(err)
+			}
+			speed(b, string(out))
+		}
+	})
+	for _, mode := range []struct{ name, flags string }{{"guest-proxy", ""}, {"guest-captured", "--noproxy '*'"}} {
+		b.Run(mode.name, func(b *testing.B) {
+			b.SetBytes(64 << 20)
+			for b.Loop() {
+				code, out := e.run(b, sb.ID, "curl -sS -o /dev/null -w '%{speed_download}' "+mode.flags+" "+url, false)
+				if code != "0" {
+					b.Fatalf("curl in the guest: exit %s: %s", code, out)
+				}
+				speed(b, out)
+			}
+		})
+	}
 }
