@@ -381,6 +381,19 @@ except OSError as ex:
 		// Root undoing the capture, in a sandbox of its own.
 		other := e.c.createRunning(t, map[string]any{"network": map[string]any{"allow": []string{"good.test"}}})
 		e.c.writeFile(t, other.ID, "/tmp/raw.py", []byte(rawPy))
+		// Another sandbox: it has no address of its own to reach. Its
+		// service on its loopback is invisible from this one (127.0.0.1
+		// through the proxy would be the host's, never a sandbox's).
+		e.c.spawn(t, other.ID, "mkdir -p /tmp/www && echo other-sandbox-secret > /tmp/www/index.html && cd /tmp/www && python3 -m http.server 8000 --bind 0.0.0.0")
+		waitUntil(20*time.Second, 300*time.Millisecond, func() bool {
+			_, o := e.run(t, other.ID, "curl -s --noproxy '*' http://127.0.0.1:8000/", false)
+			return strings.Contains(o, "other-sandbox-secret")
+		})
+		_, out = e.run(t, id, "curl -sS --noproxy '*' -m 5 http://127.0.0.1:8000/; echo rc=$?; curl -sS --noproxy '*' -m 5 http://198.18.0.1:8000/; echo rc=$?", false)
+		if strings.Contains(out, "other-sandbox-secret") {
+			t.Errorf("reached another sandbox: %q", out)
+		}
+		record("another sandbox's service on :8000 (at 127.0.0.1, at the capture address 198.18.0.1)", oneLine(out))
 		_, out = e.run(t, other.ID, `sudo nft flush ruleset; sudo ip route replace default dev lo; python3 /tmp/raw.py 1.1.1.1 443 3; sudo ip route del default; python3 /tmp/raw.py 1.1.1.1 443 3; ls /sys/class/net | tr '\n' ' '`, false)
 		record("`sudo nft flush ruleset` + own routes, then raw socket to 1.1.1.1:443", oneLine(out)+" (no network card: nothing leaves)")
 		if strings.Contains(out, "answered") {
