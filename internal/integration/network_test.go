@@ -484,6 +484,23 @@ for name, x in (("proxied", c), ("captured", d)):
 			t.Errorf("internet off: refusals took %s", d)
 		}
 		record("internet:false: curl via proxy / DNS / raw socket", "403 internet-off / "+oneLine(out))
+		// Its totals are kept as an event when it goes away.
+		e.c.delete(t, sb.ID)
+		st, err := store.Open(context.Background(), filepath.Join(e.s.DataDir, "emberbox.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		evs, _ := st.ListEvents(context.Background(), sb.ID, 0)
+		var totals map[string]any
+		for _, ev := range evs {
+			if ev.Type == "egress_totals" {
+				totals = ev.Data
+			}
+		}
+		if totals == nil || totals["refused"].(float64) < 3 {
+			t.Errorf("egress_totals event: %v, want the refusals counted", totals)
+		}
 	})
 }
 

@@ -374,7 +374,7 @@ func (m *Manager) watch(in *instance) {
 // finish records that a sandbox's VM has ended, unless a stop or delete got
 // there first, and forgets the instance.
 func (m *Manager) finish(in *instance, reason string) {
-	in.closeGate()
+	m.closeGate(in)
 	m.mu.Lock()
 	if m.live[in.id] == in {
 		delete(m.live, in.id)
@@ -411,7 +411,7 @@ func (m *Manager) Close() {
 	m.mu.Unlock()
 	for _, in := range live {
 		in.cancel()
-		in.closeGate()
+		m.closeGate(in)
 		if c := in.guest(); c != nil {
 			c.Close()
 		}
@@ -490,7 +490,7 @@ func (m *Manager) stop(ctx context.Context, id, reason string, wait bool) (*Sand
 			if c != nil {
 				c.Close()
 			}
-			in.closeGate()
+			m.closeGate(in)
 			if mach != nil {
 				sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 				if err := mach.Stop(sctx); err != nil {

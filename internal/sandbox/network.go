@@ -57,9 +57,20 @@ func (in *instance) egressGate() *egress.Gate {
 	return in.gate
 }
 
-func (in *instance) closeGate() {
-	if g := in.egressGate(); g != nil {
-		g.Close()
+// closeGate cuts the sandbox's connections and records the gate's totals
+// (the counters live in memory only; the event keeps them for metering).
+func (m *Manager) closeGate(in *instance) {
+	in.mu.Lock()
+	g := in.gate
+	in.gate = nil
+	in.mu.Unlock()
+	if g == nil {
+		return
+	}
+	g.Close()
+	if c := g.Counters(); c.BytesIn+c.BytesOut+c.Refused > 0 {
+		m.event(in.id, "egress_totals", "egress totals of this run", map[string]any{
+			"bytesIn": c.BytesIn, "bytesOut": c.BytesOut, "refused": c.Refused, "dials": c.Dials})
 	}
 }
 
