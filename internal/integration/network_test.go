@@ -170,6 +170,7 @@ type netEnv struct {
 	good   *netTestHost // 127.0.0.1, opened by the operator
 	hidden *netTestHost // 127.0.0.2, a host loopback service nobody opened
 	caFile string       // host roots + the test CA
+	args   []string     // the server's egress flags
 }
 
 func newNetEnv(t testing.TB) *netEnv {
@@ -183,12 +184,13 @@ func newNetEnv(t testing.TB) *netEnv {
 	if err := os.WriteFile(caFile, append(append(bundle, '\n'), ca.caPEM...), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s := startServerWith(t, t.TempDir(), "--extra-ca-file", caFile, "--egress-open", "127.0.0.1/32",
+	args := []string{"--extra-ca-file", caFile, "--egress-open", "127.0.0.1/32",
 		"--egress-resolve", "good.test=127.0.0.1", "--egress-resolve", "bad.test=127.0.0.1",
 		"--egress-resolve", "sub.test=127.0.0.1", "--egress-resolve", "www.sub.test=127.0.0.1",
 		"--egress-resolve", "other.test=127.0.0.1", "--egress-resolve", "hidden.test=127.0.0.2",
-		"--egress-resolve", "meta.test=169.254.169.254")
-	return &netEnv{s: s, c: s.client(s.AdminKey), good: good, hidden: hidden, caFile: caFile}
+		"--egress-resolve", "meta.test=169.254.169.254"}
+	s := startServerWith(t, t.TempDir(), args...)
+	return &netEnv{s: s, c: s.client(s.AdminKey), good: good, hidden: hidden, caFile: caFile, args: args}
 }
 
 func (e *netEnv) url(host string) string { return fmt.Sprintf("https://%s:%d/", host, e.good.port) }
@@ -466,6 +468,33 @@ for name, x in (("proxied", c), ("captured", d)):
 		}
 		if kinds["egress_refused"] == 0 || kinds["network_changed"] != 1 {
 			t.Errorf("events: %v, want egress_refused events and one network_changed", kinds)
+		}
+	})
+
+	parent := t // the new server must outlive this subtest
+	t.Run("after a server restart", func(t *testing.T) {
+		// The reattached sandbox keeps its stored policy (version 2 from
+		// the live change) and its egress works again.
+		e.s.terminate(t)
+		e.s = startServerWith(parent, e.s.DataDir, e.args...)
+		e.c = e.s.client(e.s.AdminKey)
+		waitUntil(60*time.Second, 500*time.Millisecond, func() bool {
+			r := e.c.raw(t, "POST", "/v1/sandboxes/"+id+":exec", execReq{Command: "true"}, nil, requestTimeout)
+			return r.Status == 200
+		})
+		n := e.network(t, id)
+		if n.Version != 2 || !n.Enforced || n.EnforcedVersion != 2 || len(n.Allow) != 1 || n.Allow[0] != "other.test" {
+			t.Errorf("network after restart = %+v, want version 2 enforced, allow [other.test]", n)
+		}
+		if got := e.curl(t, id, e.url("other.test")); got != "ok" {
+			t.Errorf("other.test after restart = %s", got)
+		}
+		if got := e.curl(t, id, e.url("good.test")); got != "rule-not-allowed" {
+			t.Errorf("good.test after restart = %s", got)
+		}
+		_, out := e.run(t, id, "python3 /tmp/raw.py other.test "+fmt.Sprint(e.good.port), false)
+		if !strings.HasPrefix(out, "answered") {
+			t.Errorf("captured connection to other.test after restart: %q", out)
 		}
 	})
 
