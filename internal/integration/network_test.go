@@ -62,9 +62,10 @@ func newNetTestCA(t testing.TB, names ...string) *netTestCA {
 
 // netTestHost is an HTTPS test host on a loopback address.
 type netTestHost struct {
-	addr     string
-	port     int
-	accepted atomic.Int64
+	addr      string
+	port      int
+	plainPort int
+	accepted  atomic.Int64 // TLS connections
 }
 
 func startNetTestHost(t testing.TB, ip string, cert tls.Certificate) *netTestHost {
@@ -96,6 +97,15 @@ func startNetTestHost(t testing.TB, ip string, cert tls.Certificate) *netTestHos
 		}}
 	go srv.ServeTLS(ln, "", "")
 	t.Cleanup(func() { srv.Close() })
+	// The same over plain HTTP, for measuring without TLS.
+	pln, err := net.Listen("tcp", ip+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.plainPort = pln.Addr().(*net.TCPAddr).Port
+	psrv := &http.Server{Handler: mux}
+	go psrv.Serve(pln)
+	t.Cleanup(func() { psrv.Close() })
 	return h
 }
 
@@ -605,11 +615,26 @@ func BenchmarkEgressDownload(b *testing.B) {
 			speed(b, string(out))
 		}
 	})
-	for _, mode := range []struct{ name, flags string }{{"guest-proxy", ""}, {"guest-captured", "--noproxy '*'"}} {
+	plainURL := fmt.Sprintf("http://good.test:%d/big", e.good.plainPort)
+	b.Run("host-http", func(b *testing.B) {
+		b.SetBytes(64 << 20)
+		for b.Loop() {
+			out, err := exec.Command("curl", "-sS", "-o", "/dev/null", "-w", "%{speed_download}",
+				"--resolve", fmt.Sprintf("good.test:%d:127.0.0.1", e.good.plainPort), plainURL).Output()
+			if err != nil {
+				b.Fatal(err)
+			}
+			speed(b, string(out))
+		}
+	})
+	for _, mode := range []struct{ name, flags, url string }{
+		{"guest-proxy", "", url}, {"guest-captured", "--noproxy '*'", url},
+		{"guest-proxy-http", "", plainURL}, {"guest-captured-http", "--noproxy '*'", plainURL},
+	} {
 		b.Run(mode.name, func(b *testing.B) {
 			b.SetBytes(64 << 20)
 			for b.Loop() {
-				code, out := e.run(b, sb.ID, "curl -sS -o /dev/null -w '%{speed_download}' "+mode.flags+" "+url, false)
+				code, out := e.run(b, sb.ID, "curl -sS -o /dev/null -w '%{speed_download}' "+mode.flags+" "+mode.url, false)
 				if code != "0" {
 					b.Fatalf("curl in the guest: exit %s: %s", code, out)
 				}
