@@ -40,6 +40,9 @@ func run(ctx context.Context) error {
 		if err := a.SetupSystem(); err != nil {
 			return err
 		}
+		if err := a.StartEgressRelay(); err != nil {
+			log.Warn("egress relay", "err", err)
+		}
 	}
 	dev, err := agent.FindPort(agent.DefaultPort, 30*time.Second)
 	if err != nil {

@@ -1,19 +1,23 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/emberbox/emberbox/internal/api"
+	"github.com/emberbox/emberbox/internal/egress"
 	"github.com/emberbox/emberbox/internal/image"
 	"github.com/emberbox/emberbox/internal/sandbox"
 	"github.com/emberbox/emberbox/internal/store"
@@ -34,7 +38,16 @@ type serveOptions struct {
 	bootTimeout time.Duration
 	noKVM       bool
 	logLevel    string
+
+	egressDefault string
+	egressOpen    []string
+	egressResolve []string
+	extraCAFile   string
 }
+
+// hostCABundle is passed to guests by default, so that they trust what the
+// host trusts (a TLS-inspecting proxy's CA included).
+const hostCABundle = "/etc/ssl/certs/ca-certificates.crt"
 
 func newServeCommand() *cobra.Command {
 	var o serveOptions
@@ -54,6 +67,14 @@ func newServeCommand() *cobra.Command {
 	f.DurationVar(&o.bootTimeout, "boot-timeout", 90*time.Second, "bound on one boot attempt; a create makes at most two")
 	f.BoolVar(&o.noKVM, "no-kvm", false, "use software emulation even where /dev/kvm works")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&o.egressDefault, "egress-default", "internet", `egress of sandboxes created without a network policy: "internet" (public addresses) or "off"`)
+	f.StringArrayVar(&o.egressOpen, "egress-open", nil, "open a private address or CIDR to sandboxes (repeatable; e.g. a test range)")
+	f.StringArrayVar(&o.egressResolve, "egress-resolve", nil, "resolve a name to addresses for sandboxes, name=ip[,ip] (repeatable; for tests)")
+	defCA := ""
+	if _, err := os.Stat(hostCABundle); err == nil {
+		defCA = hostCABundle
+	}
+	f.StringVar(&o.extraCAFile, "extra-ca-file", defCA, `PEM bundle every sandbox trusts besides its own roots ("" for none)`)
 	return cmd
 }
 
@@ -91,8 +112,13 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 	log.Info("vm driver", "driver", drv.Name(), "accel", drv.Accel(), "tsc_khz", khz)
 
+	ecfg, err := egressConfig(o)
+	if err != nil {
+		return err
+	}
 	mgr := sandbox.New(sandbox.Config{
 		Store: st, Driver: drv, Boot: boot.BootFiles, DataDir: o.dataDir, Logger: log, BootTimeout: o.bootTimeout,
+		Egress: ecfg.op, EgressDefault: ecfg.def, ExtraCAs: ecfg.cas,
 	})
 	if err := mgr.Recover(ctx); err != nil {
 		return err
@@ -128,6 +154,65 @@ func serve(ctx context.Context, o serveOptions) error {
 		return err
 	}
 	return nil
+}
+
+type egressSettings struct {
+	op  *egress.Operator
+	def egress.Policy
+	cas string
+}
+
+// egressConfig reads the egress flags.
+func egressConfig(o serveOptions) (egressSettings, error) {
+	var es egressSettings
+	switch o.egressDefault {
+	case "internet":
+		es.def = egress.Policy{Internet: true}
+	case "off":
+		es.def = egress.Policy{Internet: false}
+	default:
+		return es, fmt.Errorf(`--egress-default: want "internet" or "off", not %q`, o.egressDefault)
+	}
+	var op egress.Operator
+	for _, s := range o.egressOpen {
+		p, err := egress.ParseOpen(s)
+		if err != nil {
+			return es, fmt.Errorf("--egress-open: %w", err)
+		}
+		op.Open = append(op.Open, p)
+	}
+	// The server's own API is never a sandbox's destination, even where
+	// --egress-open admits its address.
+	if ap, err := netip.ParseAddrPort(o.listen); err == nil {
+		op.Closed = append(op.Closed, ap)
+	} else if _, port, err := net.SplitHostPort(o.listen); err == nil {
+		if p, err := strconv.Atoi(port); err == nil {
+			op.Closed = append(op.Closed, netip.AddrPortFrom(netip.IPv6Unspecified(), uint16(p)))
+		}
+	}
+	op.Resolve = map[string][]netip.Addr{}
+	for _, s := range o.egressResolve {
+		name, addrs, err := egress.ParseResolve(s)
+		if err != nil {
+			return es, fmt.Errorf("--egress-resolve: %w", err)
+		}
+		op.Resolve[name] = append(op.Resolve[name], addrs...)
+	}
+	es.op = egress.NewOperator(op)
+	if o.extraCAFile != "" {
+		b, err := os.ReadFile(o.extraCAFile)
+		if err != nil {
+			return es, fmt.Errorf("--extra-ca-file: %w", err)
+		}
+		if !bytes.Contains(b, []byte("-----BEGIN CERTIFICATE-----")) {
+			return es, fmt.Errorf("--extra-ca-file: %s holds no PEM certificate", o.extraCAFile)
+		}
+		if len(b) > 2<<20 {
+			return es, fmt.Errorf("--extra-ca-file: %s is larger than 2 MiB", o.extraCAFile)
+		}
+		es.cas = string(b)
+	}
+	return es, nil
 }
 
 // ensureAdminKey creates the first key on a fresh data dir and writes it to

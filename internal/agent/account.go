@@ -108,6 +108,14 @@ func (a *Agent) environ(acct *account, extra map[string]string) []string {
 		base["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	}
 	a.mu.Lock()
+	if a.relay {
+		for k, v := range proxyEnv {
+			base[k] = v
+		}
+		if a.caSet {
+			base["NODE_EXTRA_CA_CERTS"] = extraCAFile
+		}
+	}
 	for k, v := range a.env {
 		base[k] = v
 	}

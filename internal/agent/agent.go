@@ -44,8 +44,12 @@ type Agent struct {
 	procs    *processTable
 	bootedAt time.Time
 
-	mu  sync.Mutex
-	env map[string]string // sandbox-wide env from configure
+	mu     sync.Mutex
+	env    map[string]string // sandbox-wide env from configure
+	caSet  bool              // configure installed extra CA certificates
+	relay  bool              // the egress relay runs: commands get proxy env
+	sessMu sync.Mutex
+	sess   *yamux.Session // the host session egress streams are opened on
 }
 
 // New returns an Agent. It must be the only code in the process that waits
@@ -121,6 +125,8 @@ func (a *Agent) ServeConn(ctx context.Context, rwc io.ReadWriteCloser) error {
 		return fmt.Errorf("starting session: %w", err)
 	}
 	defer sess.Close()
+	a.setSession(sess)
+	defer a.setSession(nil)
 	stop := context.AfterFunc(ctx, func() { sess.Close() })
 	defer stop()
 	for {
@@ -196,8 +202,12 @@ func (a *Agent) dispatch(ctx context.Context, c *agentproto.Conn, req *agentprot
 		if req.Configure == nil {
 			return invalid("configure: missing body")
 		}
+		if err := a.installCACerts(req.Configure.CACerts); err != nil {
+			a.log.Warn("installing CA certificates", "err", err)
+		}
 		a.mu.Lock()
 		a.env = req.Configure.Env
+		a.caSet = a.caSet || req.Configure.CACerts != ""
 		a.mu.Unlock()
 		if h := req.Configure.Hostname; h != "" {
 			if err := unix.Sethostname([]byte(h)); err != nil {

@@ -121,3 +121,8 @@ func (c *Conn) ReadJSON(v any) error {
 	}
 	return nil
 }
+
+// Reader returns the buffered reader of the stream: bytes after the last
+// frame read may already be in it, so a stream that switches from frames to
+// raw bytes must read them from here.
+func (c *Conn) Reader() *bufio.Reader { return c.r }

@@ -33,6 +33,37 @@ const (
 	MethodFileRemove    = "file.remove"
 )
 
+// Methods of streams the guest opens to the host (egress; see
+// internal/egress). egress.proxy: after the Request frame the stream carries
+// the raw bytes of one TCP connection to the guest's HTTP proxy port, both
+// ways. egress.dns: one data frame with a DNS query, answered by one data
+// frame (empty: no answer).
+const (
+	MethodEgressProxy = "egress.proxy"
+	MethodEgressDNS   = "egress.dns"
+	// egress.tcp: a captured TCP connection of a program that ignores the
+	// proxy variables. The Request carries Egress (where it was going);
+	// the host answers one Reply (OK, or Error with code CodeEgressRefused
+	// and the reason as message), then the stream carries raw bytes.
+	MethodEgressTCP = "egress.tcp"
+)
+
+// CodeEgressRefused is the error code of a captured connection the host's
+// policy refuses; the message is the reason (e.g. "rule-not-allowed").
+const CodeEgressRefused = "egress_refused"
+
+// EgressRequest is where a captured connection was going.
+type EgressRequest struct {
+	Addr string `json:"addr"` // ip:port, as the program asked
+}
+
+// Guest addresses of the egress relay.
+const (
+	EgressProxyAddr = "127.0.0.1:10800"
+	EgressDNSAddr   = "127.0.0.1:53"
+	EgressTCPAddr   = "127.0.0.1:10801" // captured TCP is redirected here
+)
+
 // Request is the first frame of every call. Exactly one of the pointer fields
 // matching Method is set.
 type Request struct {
@@ -41,6 +72,7 @@ type Request struct {
 	Exec      *ExecRequest      `json:"exec,omitempty"`
 	Process   *ProcessRequest   `json:"process,omitempty"`
 	File      *FileRequest      `json:"file,omitempty"`
+	Egress    *EgressRequest    `json:"egress,omitempty"`
 }
 
 // Error codes carried on the wire. The host maps them to errdefs classes.
@@ -98,6 +130,9 @@ type Info struct {
 type ConfigureRequest struct {
 	Env      map[string]string `json:"env,omitempty"`
 	Hostname string            `json:"hostname,omitempty"`
+	// CACerts is a PEM bundle the guest must trust besides its own (the
+	// host's TLS-inspecting proxy's CA, say).
+	CACerts string `json:"caCerts,omitempty"`
 }
 
 // ExecRequest starts a command. Command runs under bash -c; Argv runs as is.

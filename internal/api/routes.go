@@ -62,6 +62,12 @@ func (s *server) routeTable() []route {
 		{Method: "POST", Path: "/v1/sandboxes/{id}:exec", OpID: "exec", Summary: "Run a command; stream:true answers NDJSON",
 			Body: execRequest{}, Answers: []string{"application/json", "application/x-ndjson"}, handle: s.exec},
 
+		{Method: "GET", Path: "/v1/sandboxes/{id}/network", OpID: "getNetwork", Summary: "The sandbox's egress policy, its version and whether the host enforces it",
+			handle: s.getNetwork},
+		{Method: "PUT", Path: "/v1/sandboxes/{id}/network", OpID: "setNetwork",
+			Summary: "Replace the egress policy; applies at once, cutting open connections it refuses",
+			Body:    networkRequest{}, handle: s.putNetwork},
+
 		{Method: "POST", Path: "/v1/sandboxes/{id}/processes", OpID: "spawnProcess", Summary: "Start a background process",
 			Body: spawnRequest{}, handle: s.spawn},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/processes", OpID: "listProcesses", Summary: "List processes", handle: s.listProcesses},

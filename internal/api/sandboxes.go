@@ -122,7 +122,7 @@ type createRequest struct {
 	MaxCostMicros      *int64 `json:"maxCostMicros"`
 
 	// Known to the wire format, not available on this server.
-	Network    json.RawMessage `json:"network"`
+	Network    json.RawMessage `json:"network"` // {internet, allow, deny}
 	Image      json.RawMessage `json:"image"`
 	Snapshot   json.RawMessage `json:"snapshot"`
 	SpreadFrom json.RawMessage `json:"spreadFrom"`
@@ -164,7 +164,7 @@ func (req *createRequest) unsupportedIssues() []issue {
 	for _, f := range []struct {
 		path string
 		raw  json.RawMessage
-	}{{"image", req.Image}, {"network", req.Network}, {"secrets", req.Secrets}, {"snapshot", req.Snapshot},
+	}{{"image", req.Image}, {"secrets", req.Secrets}, {"snapshot", req.Snapshot},
 		{"spreadFrom", req.SpreadFrom}, {"tailscale", req.Tailscale}, {"volumes", req.Volumes}} {
 		if len(f.raw) > 0 {
 			no(f.path, "is not available on this server")
@@ -225,6 +225,8 @@ func (req *createRequest) spec() (sandbox.CreateSpec, error) {
 	}
 	issues = append(issues, envIssues("env", req.Env)...)
 	issues = append(issues, req.unsupportedIssues()...)
+	network, netIssues := parseNetwork(req.Network)
+	issues = append(issues, netIssues...)
 	issues = intIn(issues, "vcpu", req.VCPU, 1, maxVCPU)
 	issues = intIn(issues, "memoryMiB", req.MemoryMiB, minMemoryMiB, maxMemoryMiB)
 	issues = intIn(issues, "diskMiB", req.DiskMiB, minDiskMiB, maxDiskMiB)
@@ -255,6 +257,7 @@ func (req *createRequest) spec() (sandbox.CreateSpec, error) {
 		DiskMiB:        orDefault(req.DiskMiB, sandbox.DefaultDiskMiB),
 		TimeoutSeconds: orDefault(req.TimeoutSeconds, sandbox.DefaultTimeoutSeconds),
 		OnLeaseEnd:     onEnd,
+		Network:        network,
 	}, nil
 }
 

@@ -85,6 +85,35 @@ func Handshake(ctx context.Context, conn net.Conn) (*Client, error) {
 	return &Client{sess: sess, conn: conn}, nil
 }
 
+// StreamHandler serves a stream the guest opened: req is its first frame,
+// fc its framed connection (fc.Reader holds any bytes read past req) and st
+// the stream itself. The stream is closed when the handler returns.
+type StreamHandler func(req *agentproto.Request, fc *agentproto.Conn, st net.Conn)
+
+// ServeGuestStreams accepts the streams the guest opens (egress) and runs h
+// on each, until the session ends.
+func (c *Client) ServeGuestStreams(h StreamHandler) {
+	go func() {
+		for {
+			st, err := c.sess.AcceptStream()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer st.Close()
+				fc := agentproto.NewConn(st)
+				_ = st.SetReadDeadline(time.Now().Add(30 * time.Second))
+				var req agentproto.Request
+				if err := fc.ReadJSON(&req); err != nil {
+					return
+				}
+				_ = st.SetReadDeadline(time.Time{})
+				h(&req, fc, st)
+			}()
+		}
+	}()
+}
+
 // Close ends the session. Calls in flight fail.
 func (c *Client) Close() error { return c.sess.Close() }
 

@@ -25,7 +25,7 @@ var mirrors = []string{
 // packages plus apt), which keeps the image far smaller than "standard".
 var packages = []string{
 	"bash", "ca-certificates", "curl", "e2fsprogs", "findutils", "g++", "gcc",
-	"git", "golang-go", "iproute2", "less", "make", "nodejs", "npm", "passwd",
+	"git", "golang-go", "iproute2", "less", "make", "nftables", "nodejs", "npm", "passwd",
 	"procps", "python3", "python3-numpy", "python3-pil", "python3-pip",
 	"python3-venv", "sqlite3", "sudo",
 }
@@ -88,6 +88,10 @@ var wantedModules = []string{
 	"ext4",                       // root filesystem
 	"virtio_rng",                 // entropy early in boot
 	"vmw_vsock_virtio_transport", // the host-guest stream under Firecracker
+	// Egress capture (internal/agent/egress.go): a dummy interface for a
+	// default route, and nftables to redirect outbound TCP and DNS to the
+	// agent's relay and reject everything else at once.
+	"dummy", "nf_tables", "nft_chain_nat", "nft_redir",
 }
 
 // essentialModules must exist, as a module or built in, or the guest

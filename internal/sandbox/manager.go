@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/agentproto"
+	"github.com/emberbox/emberbox/internal/egress"
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/vmm"
@@ -27,6 +28,8 @@ type Store interface {
 	ListSandboxes(ctx context.Context, opts ListOptions) ([]*Sandbox, string, error)
 	ListLive(ctx context.Context) ([]*Sandbox, error)
 	AppendEvent(ctx context.Context, sandboxID, typ, message string, data map[string]any) error
+	GetNetwork(ctx context.Context, sandboxID string) (*Network, error)
+	PutNetwork(ctx context.Context, sandboxID string, n *Network) error
 }
 
 // BootFiles are the image files every VM boots from.
@@ -46,6 +49,13 @@ type Config struct {
 	BootTimeout time.Duration
 	// Now is the clock; tests replace it.
 	Now func() time.Time
+	// Egress is the operator's egress configuration; nil means a default
+	// one (nothing private opened, the host's resolver).
+	Egress *egress.Operator
+	// EgressDefault is the policy of sandboxes created without one.
+	EgressDefault egress.Policy
+	// ExtraCAs is a PEM bundle every guest trusts besides its own roots.
+	ExtraCAs string
 }
 
 // reconnectWait is how long a call waits for a running sandbox's guest
@@ -60,6 +70,8 @@ type Manager struct {
 	mu      sync.Mutex
 	live    map[string]*instance // sandboxes with a VM (starting, running, stopping)
 	changed chan struct{}        // closed and replaced whenever a sandbox changes
+
+	netMu sync.Mutex // serializes policy changes (version numbers)
 }
 
 // instance is a sandbox whose VM this process manages.
@@ -71,6 +83,8 @@ type instance struct {
 	mu      sync.Mutex
 	machine vmm.Machine
 	client  *guest.Client
+
+	gate *egress.Gate // the sandbox's egress; set before the VM starts
 }
 
 func newInstance(id string) *instance {
@@ -89,6 +103,9 @@ func (in *instance) guest() *guest.Client {
 func New(cfg Config) *Manager {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.Egress == nil {
+		cfg.Egress = egress.NewOperator(egress.Operator{})
 	}
 	if cfg.BootTimeout == 0 {
 		cfg.BootTimeout = 90 * time.Second
@@ -171,10 +188,22 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (*S
 		State: StateStarting, Accel: m.cfg.Driver.Accel(), Driver: m.cfg.Driver.Name(),
 		CreatedAt: m.now(),
 	}
+	pol := m.cfg.EgressDefault
+	if spec.Network != nil {
+		pol = *spec.Network
+	}
+	compiled, err := egress.Compile(pol)
+	if err != nil {
+		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "network: %v", err)
+	}
 	if err := m.cfg.Store.InsertSandbox(ctx, sb); err != nil {
 		return nil, err
 	}
+	if err := m.cfg.Store.PutNetwork(ctx, sb.ID, &Network{Policy: compiled.Policy, Version: 1, UpdatedAt: sb.CreatedAt}); err != nil {
+		return nil, err
+	}
 	in := newInstance(sb.ID)
+	in.gate = m.newGate(sb.ID, compiled, 1)
 	m.mu.Lock()
 	m.live[sb.ID] = in
 	m.mu.Unlock()
@@ -256,9 +285,9 @@ func (m *Manager) bootOnce(ctx context.Context, in *instance, sb *Sandbox, env m
 		_ = mach.Stop(context.Background())
 		return err
 	}
-	c, err := m.connect(ctx, mach)
+	c, err := m.connect(ctx, in, mach)
 	if err == nil {
-		err = c.Configure(ctx, agentproto.ConfigureRequest{Env: env})
+		err = c.Configure(ctx, agentproto.ConfigureRequest{Env: env, CACerts: m.cfg.ExtraCAs})
 		if err != nil {
 			c.Close()
 		}
@@ -281,7 +310,7 @@ func (m *Manager) bootOnce(ctx context.Context, in *instance, sb *Sandbox, env m
 
 // connect dials the guest and completes the handshake; the agent answers
 // once the guest has booted.
-func (m *Manager) connect(ctx context.Context, mach vmm.Machine) (*guest.Client, error) {
+func (m *Manager) connect(ctx context.Context, in *instance, mach vmm.Machine) (*guest.Client, error) {
 	conn, err := mach.DialGuest(ctx)
 	if err != nil {
 		return nil, err
@@ -291,6 +320,7 @@ func (m *Manager) connect(ctx context.Context, mach vmm.Machine) (*guest.Client,
 		conn.Close()
 		return nil, err
 	}
+	c.ServeGuestStreams(m.egressHandler(in))
 	if _, err := c.Info(ctx); err != nil {
 		c.Close()
 		return nil, err
@@ -307,7 +337,7 @@ func (m *Manager) watch(in *instance) {
 	for {
 		if c == nil {
 			ctx, cancel := context.WithTimeout(in.ctx, time.Minute)
-			nc, err := m.connect(ctx, mach)
+			nc, err := m.connect(ctx, in, mach)
 			cancel()
 			if err == nil {
 				in.mu.Lock()
@@ -348,6 +378,7 @@ func (m *Manager) watch(in *instance) {
 // finish records that a sandbox's VM has ended, unless a stop or delete got
 // there first, and forgets the instance.
 func (m *Manager) finish(in *instance, reason string) {
+	m.closeGate(in)
 	m.mu.Lock()
 	if m.live[in.id] == in {
 		delete(m.live, in.id)
@@ -384,6 +415,7 @@ func (m *Manager) Close() {
 	m.mu.Unlock()
 	for _, in := range live {
 		in.cancel()
+		m.closeGate(in)
 		if c := in.guest(); c != nil {
 			c.Close()
 		}
@@ -466,6 +498,7 @@ func (m *Manager) stop(ctx context.Context, id, reason string, wait bool) (*Sand
 			if c != nil {
 				c.Close()
 			}
+			m.closeGate(in)
 			if mach != nil {
 				sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 				if err := mach.Stop(sctx); err != nil {

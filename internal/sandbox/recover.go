@@ -37,6 +37,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 		}
 		in := newInstance(sb.ID)
 		in.machine = mach
+		in.gate = m.restoreGate(ctx, sb.ID)
 		m.mu.Lock()
 		m.live[sb.ID] = in
 		m.mu.Unlock()
@@ -64,7 +65,7 @@ func (m *Manager) resumeBoot(ctx context.Context, in *instance, sb *Sandbox) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
 	defer cancel()
-	c, err := m.connect(ctx, in.machine)
+	c, err := m.connect(ctx, in, in.machine)
 	if err != nil {
 		_, _ = m.stop(context.Background(), sb.ID, ReasonStartFailed, false)
 		return

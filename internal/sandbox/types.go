@@ -3,7 +3,11 @@
 // restart of the server, and relaying calls to their guest agents.
 package sandbox
 
-import "time"
+import (
+	"time"
+
+	"github.com/emberbox/emberbox/internal/egress"
+)
 
 // State is where a sandbox is in its life (the API's "state" field).
 type State string
@@ -98,6 +102,24 @@ type CreateSpec struct {
 	DiskMiB        int
 	TimeoutSeconds int
 	OnLeaseEnd     string
+	// Network is the egress policy; nil means the operator's default.
+	Network *egress.Policy
+}
+
+// Network is a sandbox's stored egress policy.
+type Network struct {
+	Policy    egress.Policy
+	Version   int64
+	UpdatedAt time.Time
+}
+
+// NetworkStatus is a sandbox's egress policy as the API reports it.
+type NetworkStatus struct {
+	SandboxID       string
+	Network         Network
+	Enforced        bool  // the host applies Version (or nothing runs)
+	EnforcedVersion int64 // the version the host applies
+	Counters        egress.Counters
 }
 
 // ListOptions filters a listing. Zero values mean no filter.

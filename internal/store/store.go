@@ -144,6 +144,15 @@ CREATE TABLE sandbox_events (
 ) STRICT;
 CREATE INDEX sandbox_events_sandbox ON sandbox_events (sandbox_id, id);
 `,
+	// 2: egress policy per sandbox.
+	`
+CREATE TABLE sandbox_network (
+	sandbox_id TEXT PRIMARY KEY REFERENCES sandboxes (id) ON DELETE CASCADE,
+	policy     TEXT NOT NULL,    -- JSON egress.Policy
+	version    INTEGER NOT NULL, -- 1 at create, +1 per change
+	updated_at TEXT NOT NULL
+) STRICT;
+`,
 }
 
 // migrate applies the pending migrations, each in its own transaction

@@ -1,0 +1,178 @@
+package egress
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Header is the response header that names the reason of a refusal.
+const Header = "X-Emberbox-Egress"
+
+// ServeProxy serves one client connection of the guest's HTTP proxy: plain
+// HTTP requests in absolute form (forwarded, keep-alive kept) and CONNECT
+// tunnels. Refusals are answered at once with 403 and the reason in Header.
+// br, if not nil, holds bytes already read from c.
+func (g *Gate) ServeProxy(ctx context.Context, c net.Conn, br *bufio.Reader) {
+	defer c.Close()
+	if br == nil {
+		br = bufio.NewReader(c)
+	}
+	var up net.Conn // upstream of plain HTTP requests, reused while the target is the same
+	var upTarget string
+	var upReader *bufio.Reader
+	defer func() {
+		if up != nil {
+			up.Close()
+		}
+	}()
+	for {
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Minute))
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			if err != io.EOF {
+				writeStatus(c, http.StatusBadRequest, "", "bad proxy request: "+err.Error())
+			}
+			return
+		}
+		_ = c.SetReadDeadline(time.Time{})
+		if req.Method == http.MethodConnect {
+			host, port, err := splitTarget(req.Host, 443)
+			if err != nil {
+				writeStatus(c, http.StatusBadRequest, "", err.Error())
+				return
+			}
+			nc, err := g.Dial(ctx, host, port)
+			if err != nil {
+				writeRefusal(c, err)
+				return
+			}
+			tie(nc, func() { c.Close() })
+			if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+				nc.Close()
+				return
+			}
+			pipe(c, br, nc)
+			return
+		}
+		if req.URL.Scheme != "http" || req.URL.Host == "" {
+			writeStatus(c, http.StatusBadRequest, "", "this proxy takes absolute http:// URLs and CONNECT")
+			return
+		}
+		host, port, err := splitTarget(req.URL.Host, 80)
+		if err != nil {
+			writeStatus(c, http.StatusBadRequest, "", err.Error())
+			return
+		}
+		target := net.JoinHostPort(host, strconv.Itoa(port))
+		if up == nil || upTarget != target {
+			if up != nil {
+				up.Close()
+			}
+			up = nil
+			nc, err := g.Dial(ctx, host, port)
+			if err != nil {
+				writeRefusal(c, err)
+				if req.Body != nil {
+					req.Body.Close()
+				}
+				if _, ok := AsRefusal(err); ok && !req.Close {
+					continue // the client may ask for something else
+				}
+				return
+			}
+			tie(nc, func() { c.Close() })
+			up, upTarget, upReader = nc, target, bufio.NewReader(nc)
+		}
+		for _, h := range []string{"Proxy-Connection", "Proxy-Authorization", "Proxy-Authenticate"} {
+			req.Header.Del(h)
+		}
+		req.RequestURI = ""
+		if err := req.Write(up); err != nil {
+			return
+		}
+		resp, err := http.ReadResponse(upReader, req)
+		if err != nil {
+			writeStatus(c, http.StatusBadGateway, "", "upstream: "+err.Error())
+			return
+		}
+		err = resp.Write(c)
+		resp.Body.Close()
+		if err != nil || resp.Close || req.Close {
+			return
+		}
+	}
+}
+
+// ServeTCP serves one connection the guest captured from a program that
+// ignored the proxy: it was going to dst (an address, possibly a stand-in
+// from FakeRange). accept is called once with the outcome of the dial (nil,
+// or the error: a *Refusal if refused) before any byte is relayed; if it
+// returns an error, or the dial failed, c is closed.
+func (g *Gate) ServeTCP(ctx context.Context, dst netip.AddrPort, c net.Conn, br *bufio.Reader, accept func(error) error) {
+	defer c.Close()
+	if br == nil {
+		br = bufio.NewReader(c)
+	}
+	nc, err := g.Dial(ctx, dst.Addr().String(), int(dst.Port()))
+	if aerr := accept(err); err != nil || aerr != nil {
+		if nc != nil {
+			nc.Close()
+		}
+		return
+	}
+	pipe(c, br, nc)
+}
+
+// pipe copies both ways until either side ends, then closes both.
+func pipe(c net.Conn, br *bufio.Reader, up net.Conn) {
+	var once sync.Once
+	done := func() { once.Do(func() { c.Close(); up.Close() }) }
+	go func() {
+		defer done()
+		_, _ = br.WriteTo(up)
+	}()
+	_, _ = io.Copy(c, up)
+	done()
+}
+
+func splitTarget(hostport string, defPort int) (string, int, error) {
+	host, ps, err := net.SplitHostPort(hostport)
+	if err != nil {
+		if strings.Contains(err.Error(), "missing port") {
+			return strings.Trim(hostport, "[]"), defPort, nil
+		}
+		return "", 0, fmt.Errorf("bad target %q", hostport)
+	}
+	port, err := strconv.Atoi(ps)
+	if err != nil || port <= 0 || port > 65535 || host == "" {
+		return "", 0, fmt.Errorf("bad target %q", hostport)
+	}
+	return host, port, nil
+}
+
+func writeRefusal(w io.Writer, err error) {
+	if r, ok := AsRefusal(err); ok {
+		writeStatus(w, http.StatusForbidden, r.Reason, r.Error())
+		return
+	}
+	writeStatus(w, http.StatusBadGateway, "", err.Error())
+}
+
+func writeStatus(w io.Writer, code int, reason Reason, msg string) {
+	body := msg + "\n"
+	var hdr string
+	if reason != "" {
+		hdr = Header + ": " + string(reason) + "\r\n"
+	}
+	fmt.Fprintf(w, "HTTP/1.1 %d %s\r\n%sContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n\r\n%s",
+		code, http.StatusText(code), hdr, len(body), body)
+}

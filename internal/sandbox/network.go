@@ -1,0 +1,188 @@
+package sandbox
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"sync/atomic"
+	"time"
+
+	"github.com/emberbox/emberbox/internal/agentproto"
+	"github.com/emberbox/emberbox/internal/egress"
+	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/guest"
+)
+
+// maxRefusalEvents bounds the refusal events recorded one by one per
+// sandbox; after it, every hundredth is recorded (with the running count).
+const maxRefusalEvents = 100
+
+// newGate returns the egress gate of a sandbox, whose refusals become
+// events of the sandbox.
+func (m *Manager) newGate(id string, pol *egress.Compiled, version int64) *egress.Gate {
+	g := egress.NewGate(m.cfg.Egress, pol)
+	if version > 1 {
+		g.SetPolicy(pol, version)
+	}
+	var n atomic.Int64
+	g.OnRefuse = func(r *egress.Refusal) {
+		c := n.Add(1)
+		if c > maxRefusalEvents && c%100 != 0 {
+			return
+		}
+		go m.event(id, "egress_refused", r.Error(), map[string]any{"reason": string(r.Reason), "target": r.Target, "refusals": c})
+	}
+	return g
+}
+
+// restoreGate rebuilds the gate of a reattached sandbox from the store.
+func (m *Manager) restoreGate(ctx context.Context, id string) *egress.Gate {
+	n, err := m.cfg.Store.GetNetwork(ctx, id)
+	if err == nil {
+		if c, err := egress.Compile(n.Policy); err == nil {
+			return m.newGate(id, c, n.Version)
+		}
+	}
+	// A sandbox without a valid stored policy gets the operator default.
+	c, err := egress.Compile(m.cfg.EgressDefault)
+	if err != nil {
+		c = egress.MustCompile(egress.Policy{})
+	}
+	return m.newGate(id, c, 1)
+}
+
+func (in *instance) egressGate() *egress.Gate {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.gate
+}
+
+// closeGate cuts the sandbox's connections and records the gate's totals
+// (the counters live in memory only; the event keeps them for metering).
+func (m *Manager) closeGate(in *instance) {
+	in.mu.Lock()
+	g := in.gate
+	in.gate = nil
+	in.mu.Unlock()
+	if g == nil {
+		return
+	}
+	g.Close()
+	if c := g.Counters(); c.BytesIn+c.BytesOut+c.Refused > 0 {
+		m.event(in.id, "egress_totals", "egress totals of this run", map[string]any{
+			"bytesIn": c.BytesIn, "bytesOut": c.BytesOut, "refused": c.Refused, "dials": c.Dials})
+	}
+}
+
+// egressHandler serves the streams a sandbox's guest opens: its proxy
+// connections and DNS queries.
+func (m *Manager) egressHandler(in *instance) guest.StreamHandler {
+	return func(req *agentproto.Request, fc *agentproto.Conn, st net.Conn) {
+		g := in.egressGate()
+		if g == nil {
+			return
+		}
+		switch req.Method {
+		case agentproto.MethodEgressProxy:
+			g.ServeProxy(in.ctx, st, fc.Reader())
+		case agentproto.MethodEgressDNS:
+			_ = st.SetDeadline(time.Now().Add(20 * time.Second))
+			kind, q, err := fc.ReadFrame()
+			if err != nil || kind != agentproto.KindData {
+				return
+			}
+			_ = fc.WriteFrame(agentproto.KindData, g.AnswerDNS(in.ctx, q))
+		case agentproto.MethodEgressTCP:
+			var dst netip.AddrPort
+			var err error
+			if req.Egress != nil {
+				dst, err = netip.ParseAddrPort(req.Egress.Addr)
+			}
+			if req.Egress == nil || err != nil {
+				_ = fc.WriteJSON(agentproto.Reply{Error: &agentproto.Error{Code: agentproto.CodeInvalid, Message: "egress.tcp: bad address"}})
+				return
+			}
+			g.ServeTCP(in.ctx, dst, st, fc.Reader(), func(err error) error {
+				if err == nil {
+					return fc.WriteJSON(agentproto.Reply{OK: true})
+				}
+				e := &agentproto.Error{Code: "egress_failed", Message: err.Error()}
+				if r, ok := egress.AsRefusal(err); ok {
+					e = &agentproto.Error{Code: agentproto.CodeEgressRefused, Message: string(r.Reason)}
+				}
+				return fc.WriteJSON(agentproto.Reply{Error: e})
+			})
+		}
+	}
+}
+
+// Network returns a sandbox's egress policy and whether it is enforced.
+func (m *Manager) Network(ctx context.Context, owner, id string) (*NetworkStatus, error) {
+	sb, err := m.Get(ctx, owner, id)
+	if err != nil {
+		return nil, err
+	}
+	n, err := m.cfg.Store.GetNetwork(ctx, sb.ID)
+	if errdefs.IsNotFound(err) {
+		n = &Network{Policy: m.cfg.EgressDefault, Version: 1, UpdatedAt: sb.CreatedAt}
+	} else if err != nil {
+		return nil, err
+	}
+	return m.networkStatus(sb.ID, n), nil
+}
+
+func (m *Manager) networkStatus(id string, n *Network) *NetworkStatus {
+	st := &NetworkStatus{SandboxID: id, Network: *n, Enforced: true, EnforcedVersion: n.Version}
+	m.mu.Lock()
+	in := m.live[id]
+	m.mu.Unlock()
+	if in != nil {
+		if g := in.egressGate(); g != nil {
+			_, v := g.Policy()
+			st.EnforcedVersion, st.Enforced = v, v == n.Version
+			st.Counters = g.Counters()
+		}
+	}
+	if st.Network.Policy.Allow == nil {
+		st.Network.Policy.Allow = []string{}
+	}
+	if st.Network.Policy.Deny == nil {
+		st.Network.Policy.Deny = []string{}
+	}
+	return st
+}
+
+// SetNetwork replaces a sandbox's egress policy. It applies at once to new
+// connections and cuts open ones it refuses.
+func (m *Manager) SetNetwork(ctx context.Context, owner, id string, p egress.Policy) (*NetworkStatus, error) {
+	sb, err := m.Get(ctx, owner, id)
+	if err != nil {
+		return nil, err
+	}
+	c, err := egress.Compile(p)
+	if err != nil {
+		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "%v", err)
+	}
+	m.netMu.Lock()
+	defer m.netMu.Unlock()
+	version := int64(1)
+	if cur, err := m.cfg.Store.GetNetwork(ctx, sb.ID); err == nil {
+		version = cur.Version + 1
+	} else if !errdefs.IsNotFound(err) {
+		return nil, err
+	}
+	n := &Network{Policy: c.Policy, Version: version, UpdatedAt: m.now()}
+	if err := m.cfg.Store.PutNetwork(ctx, sb.ID, n); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	in := m.live[sb.ID]
+	m.mu.Unlock()
+	if in != nil {
+		if g := in.egressGate(); g != nil {
+			g.SetPolicy(c, version)
+		}
+	}
+	m.event(sb.ID, "network_changed", "egress policy changed", map[string]any{"version": version, "internet": c.Internet, "allow": c.Allow, "deny": c.Deny})
+	return m.networkStatus(sb.ID, n), nil
+}
