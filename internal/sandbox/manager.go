@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/emberbox/emberbox/internal/agentproto"
@@ -67,6 +69,10 @@ type Manager struct {
 	cfg Config
 	log *slog.Logger
 
+	// closing is set by Close: a boot interrupted by it leaves its VM
+	// running for the next server process to resume, as after a crash.
+	closing atomic.Bool
+
 	mu      sync.Mutex
 	live    map[string]*instance // sandboxes with a VM (starting, running, stopping)
 	changed chan struct{}        // closed and replaced whenever a sandbox changes
@@ -76,9 +82,10 @@ type Manager struct {
 
 // instance is a sandbox whose VM this process manages.
 type instance struct {
-	id     string
-	ctx    context.Context    // ends when the sandbox is being stopped
-	cancel context.CancelFunc // ends boot and watch loops
+	id       string
+	ctx      context.Context    // ends when the sandbox is being stopped
+	cancel   context.CancelFunc // ends boot and watch loops
+	bootDone chan struct{}      // closed when booting (or resuming a boot) has returned
 
 	mu      sync.Mutex
 	machine vmm.Machine
@@ -89,7 +96,7 @@ type instance struct {
 
 func newInstance(id string) *instance {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &instance{id: id, ctx: ctx, cancel: cancel}
+	return &instance{id: id, ctx: ctx, cancel: cancel, bootDone: make(chan struct{})}
 }
 
 func (in *instance) guest() *guest.Client {
@@ -200,6 +207,8 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (*S
 		return nil, err
 	}
 	if err := m.cfg.Store.PutNetwork(ctx, sb.ID, &Network{Policy: compiled.Policy, Version: 1, UpdatedAt: sb.CreatedAt}); err != nil {
+		// Never leave a record that looks like it is starting.
+		m.finish(newInstance(sb.ID), ReasonStartFailed)
 		return nil, err
 	}
 	in := newInstance(sb.ID)
@@ -222,6 +231,7 @@ func (m *Manager) vmSpec(sb *Sandbox) vmm.Spec {
 // boot starts the VM and waits for its agent, retrying once: a TCG guest can
 // still hang early in boot, and a fresh VM nearly always comes up.
 func (m *Manager) boot(ctx context.Context, in *instance, sb *Sandbox, env map[string]string) {
+	defer close(in.bootDone)
 	log := m.log.With("sandbox_id", sb.ID)
 	var lastErr error
 	for attempt := 1; attempt <= 2; attempt++ {
@@ -249,20 +259,24 @@ func (m *Manager) boot(ctx context.Context, in *instance, sb *Sandbox, env map[s
 // extension asked for while it booted is kept if it ends later).
 func (m *Manager) ready(in *instance, data map[string]any) {
 	now := m.now()
-	expires := now.Add(0)
+	changed := false
 	_, err := m.update(context.Background(), in.id, func(s *Sandbox) bool {
 		if s.State != StateStarting {
-			return false
+			return false // stopped or deleted while booting
 		}
-		expires = now.Add(time.Duration(s.TimeoutSeconds) * time.Second)
+		expires := now.Add(time.Duration(s.TimeoutSeconds) * time.Second)
 		if s.ExpiresAt != nil && s.ExpiresAt.After(expires) {
 			expires = *s.ExpiresAt
 		}
 		s.State, s.ReadyAt, s.ExpiresAt = StateRunning, &now, &expires
+		changed = true
 		return true
 	})
 	if err != nil {
 		m.log.Error("recording ready sandbox", "sandbox_id", in.id, "err", err)
+	}
+	if !changed {
+		return
 	}
 	m.event(in.id, "ready", "sandbox is running", data)
 	go m.watch(in)
@@ -278,11 +292,18 @@ func (m *Manager) bootOnce(ctx context.Context, in *instance, sb *Sandbox, env m
 	in.mu.Lock()
 	in.machine = mach
 	in.mu.Unlock()
+	starting := false
 	if _, err := m.update(context.Background(), sb.ID, func(s *Sandbox) bool {
+		if starting = s.State == StateStarting; !starting {
+			return false
+		}
 		s.VM, s.Accel = mach.Record(), mach.Accel()
 		return true
-	}); err != nil {
+	}); err != nil || !starting {
 		_ = mach.Stop(context.Background())
+		if err == nil {
+			err = errors.New("stopped while booting")
+		}
 		return err
 	}
 	c, err := m.connect(ctx, in, mach)
@@ -293,6 +314,11 @@ func (m *Manager) bootOnce(ctx context.Context, in *instance, sb *Sandbox, env m
 		}
 	}
 	if err != nil {
+		if m.closing.Load() {
+			// The server is shutting down, not failing this boot: the
+			// VM and its record stay for the next process to resume.
+			return fmt.Errorf("server shutting down: %w", err)
+		}
 		_ = mach.Stop(context.Background())
 		in.mu.Lock()
 		in.machine = nil
@@ -409,6 +435,7 @@ func (m *Manager) finish(in *instance, reason string) {
 // end and guest connections close, while the VMs keep running for the next
 // process of the server to reattach (see Recover).
 func (m *Manager) Close() {
+	m.closing.Store(true)
 	m.mu.Lock()
 	live := m.live
 	m.live = map[string]*instance{}
@@ -492,6 +519,9 @@ func (m *Manager) stop(ctx context.Context, id, reason string, wait bool) (*Sand
 		defer close(done)
 		if in != nil {
 			in.cancel()
+			// A boot in progress returns promptly once cancelled; only
+			// then is in.machine the VM to stop (or nil, already stopped).
+			<-in.bootDone
 			in.mu.Lock()
 			mach, c := in.machine, in.client
 			in.mu.Unlock()

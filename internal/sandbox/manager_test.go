@@ -341,3 +341,74 @@ func TestPauseRefused(t *testing.T) {
 		t.Errorf("pause: %v, want pause_unavailable", err)
 	}
 }
+
+func TestStopDuringBoot(t *testing.T) {
+	e := newEnv(t)
+	m := e.manager()
+	ctx := context.Background()
+	e.drv.hangStarts = 2
+	sb, _ := m.Create(ctx, "k", spec())
+	// Wait until the first (hanging) VM has started, then stop.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		e.drv.mu.Lock()
+		started := e.drv.starts
+		e.drv.mu.Unlock()
+		if started > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no VM started")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := m.Stop(ctx, "k", sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	got := waitState(t, m, "k", sb.ID, sandbox.StateStopped)
+	if got.StopReason != sandbox.ReasonRequested {
+		t.Errorf("stopReason = %q, want requested", got.StopReason)
+	}
+	e.drv.mu.Lock()
+	defer e.drv.mu.Unlock()
+	if e.drv.starts != 1 {
+		t.Errorf("%d VM starts, want 1: a stopped sandbox must not retry its boot", e.drv.starts)
+	}
+	if mach := e.drv.machines[sb.ID]; !mach.stopped() {
+		t.Error("the VM of a sandbox stopped while booting still runs")
+	}
+}
+
+func TestRecoverFinishesInterruptedDelete(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	m1 := e.manager()
+	sb, _ := m1.Create(ctx, "k", spec())
+	waitState(t, m1, "k", sb.ID, sandbox.StateRunning)
+	dir := e.dir + "/sandboxes/" + sb.ID
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// A crash between stopping for a delete and removing the disk: the
+	// record says stopped (reason deleted) and the files are still there.
+	m1.Close()
+	e.drv.machines[sb.ID].Stop(ctx)
+	rec, _ := e.st.GetSandbox(ctx, sb.ID)
+	now := e.clock.Now()
+	rec.State, rec.StopReason, rec.EndedAt = sandbox.StateStopped, sandbox.ReasonDeleted, &now
+	if err := e.st.UpdateSandbox(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+
+	m2 := e.manager()
+	if err := m2.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err := e.st.GetSandbox(ctx, sb.ID)
+	if err != nil || got.State != sandbox.StateDeleted || got.DeletedAt == nil {
+		t.Fatalf("after recovery: %+v, %v; want deleted", got, err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("sandbox files still there: %v", err)
+	}
+}

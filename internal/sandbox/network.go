@@ -13,9 +13,13 @@ import (
 	"github.com/emberbox/emberbox/internal/guest"
 )
 
-// maxRefusalEvents bounds the refusal events recorded one by one per
-// sandbox; after it, every hundredth is recorded (with the running count).
-const maxRefusalEvents = 100
+// Refusal events per sandbox: the first maxRefusalEvents one by one, then at
+// most one every 10 s (each with the running count), and never more than
+// maxRefusalEventsTotal, so a guest cannot grow the database without bound.
+const (
+	maxRefusalEvents      = 100
+	maxRefusalEventsTotal = 1000
+)
 
 // newGate returns the egress gate of a sandbox, whose refusals become
 // events of the sandbox.
@@ -24,12 +28,22 @@ func (m *Manager) newGate(id string, pol *egress.Compiled, version int64) *egres
 	if version > 1 {
 		g.SetPolicy(pol, version)
 	}
-	var n atomic.Int64
+	var n, recorded atomic.Int64
+	var last atomic.Int64 // unix nanoseconds of the last recorded refusal
 	g.OnRefuse = func(r *egress.Refusal) {
 		c := n.Add(1)
-		if c > maxRefusalEvents && c%100 != 0 {
-			return
+		if c > maxRefusalEvents {
+			// A guest can refuse itself in a loop: past the first ones,
+			// at most one event every 10 s and maxRefusalEventsTotal in all.
+			now := time.Now().UnixNano()
+			prev := last.Load()
+			if recorded.Load() >= maxRefusalEventsTotal || now-prev < int64(10*time.Second) || !last.CompareAndSwap(prev, now) {
+				return
+			}
+		} else {
+			last.Store(time.Now().UnixNano())
 		}
+		recorded.Add(1)
 		go m.event(id, "egress_refused", r.Error(), map[string]any{"reason": string(r.Reason), "target": r.Target, "refusals": c})
 	}
 	return g
@@ -39,16 +53,21 @@ func (m *Manager) newGate(id string, pol *egress.Compiled, version int64) *egres
 func (m *Manager) restoreGate(ctx context.Context, id string) *egress.Gate {
 	n, err := m.cfg.Store.GetNetwork(ctx, id)
 	if err == nil {
-		if c, err := egress.Compile(n.Policy); err == nil {
+		c, cerr := egress.Compile(n.Policy)
+		if cerr == nil {
 			return m.newGate(id, c, n.Version)
 		}
+		err = cerr
 	}
-	// A sandbox without a valid stored policy gets the operator default.
-	c, err := egress.Compile(m.cfg.EgressDefault)
-	if err != nil {
-		c = egress.MustCompile(egress.Policy{})
+	if errdefs.IsNotFound(err) {
+		// A sandbox from before policies were stored gets the default.
+		if c, err := egress.Compile(m.cfg.EgressDefault); err == nil {
+			return m.newGate(id, c, 1)
+		}
 	}
-	return m.newGate(id, c, 1)
+	// Any other failure fails closed: no egress until the policy is set again.
+	m.log.Error("restoring egress policy; the sandbox gets no egress", "sandbox_id", id, "err", err)
+	return m.newGate(id, egress.MustCompile(egress.Policy{}), 1)
 }
 
 func (in *instance) egressGate() *egress.Gate {

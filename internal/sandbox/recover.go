@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/emberbox/emberbox/internal/agentproto"
 	"github.com/emberbox/emberbox/internal/vmm"
 )
 
@@ -31,12 +32,24 @@ func (m *Manager) Recover(ctx context.Context) error {
 			if !errors.Is(err, vmm.ErrGone) {
 				log.Warn("reattaching", "err", err)
 			}
+			// A boot cut short by a crash may have left a VM that no record
+			// names (its record was not yet saved): end it.
+			if k, ok := m.cfg.Driver.(vmm.StrayKiller); ok {
+				if n, err := k.KillStray(ctx, m.vmSpec(sb)); err != nil {
+					log.Warn("ending stray vm", "err", err)
+				} else if n > 0 {
+					log.Info("ended stray vm left by an interrupted boot", "count", n)
+				}
+			}
 			log.Info("sandbox's vm is gone; marking it stopped")
 			m.finish(newInstance(sb.ID), ReasonLostOnRestart)
 			continue
 		}
 		in := newInstance(sb.ID)
 		in.machine = mach
+		if sb.State != StateStarting {
+			close(in.bootDone)
+		}
 		in.gate = m.restoreGate(ctx, sb.ID)
 		m.mu.Lock()
 		m.live[sb.ID] = in
@@ -52,13 +65,41 @@ func (m *Manager) Recover(ctx context.Context) error {
 			go m.watch(in)
 		}
 	}
-	return nil
+	return m.finishDeletes(ctx)
+}
+
+// finishDeletes completes deletions a crash interrupted: a sandbox that
+// was stopped on its way to deletion still has its disk.
+func (m *Manager) finishDeletes(ctx context.Context) error {
+	opts := ListOptions{States: []State{StateStopped}, IncludeStopped: true, Limit: 100}
+	for {
+		page, next, err := m.cfg.Store.ListSandboxes(ctx, opts)
+		if err != nil {
+			return fmt.Errorf("listing stopped sandboxes: %w", err)
+		}
+		for _, sb := range page {
+			pending := sb.StopReason == ReasonDeleted ||
+				(sb.StopReason == ReasonLeaseExpired && sb.OnLeaseEnd == LeaseEndDelete)
+			if sb.DeletedAt != nil || !pending {
+				continue
+			}
+			m.log.Info("finishing an interrupted delete", "sandbox_id", sb.ID)
+			if _, err := m.delete(ctx, sb.ID, sb.StopReason); err != nil {
+				m.log.Error("finishing delete", "sandbox_id", sb.ID, "err", err)
+			}
+		}
+		if next == "" {
+			return nil
+		}
+		opts.Cursor = next
+	}
 }
 
 // resumeBoot waits for the agent of a VM that was booting when the server
 // went away; the environment was not yet sent, so a sandbox created with env
 // cannot be completed and is stopped instead.
 func (m *Manager) resumeBoot(ctx context.Context, in *instance, sb *Sandbox) {
+	defer close(in.bootDone)
 	if len(sb.EnvNames) > 0 {
 		_, _ = m.stop(context.Background(), sb.ID, ReasonStartFailed, false)
 		return
@@ -66,6 +107,11 @@ func (m *Manager) resumeBoot(ctx context.Context, in *instance, sb *Sandbox) {
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
 	defer cancel()
 	c, err := m.connect(ctx, in, in.machine)
+	if err == nil {
+		if err = c.Configure(ctx, agentproto.ConfigureRequest{CACerts: m.cfg.ExtraCAs}); err != nil {
+			c.Close()
+		}
+	}
 	if err != nil {
 		_, _ = m.stop(context.Background(), sb.ID, ReasonStartFailed, false)
 		return

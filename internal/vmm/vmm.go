@@ -61,3 +61,11 @@ type Machine interface {
 	// Done is closed when the VMM process has exited.
 	Done() <-chan struct{}
 }
+
+// StrayKiller is implemented by drivers that can find and end a VM of a
+// sandbox that no record names: one started by a boot that a crash of the
+// server interrupted before its record was saved.
+type StrayKiller interface {
+	// KillStray ends every VM of spec.ID and reports how many it ended.
+	KillStray(ctx context.Context, spec Spec) (int, error)
+}

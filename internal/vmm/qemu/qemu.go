@@ -434,3 +434,32 @@ func procStartTime(pid int) (uint64, error) {
 	}
 	return strconv.ParseUint(f[19], 10, 64)
 }
+
+// KillStray implements vmm.StrayKiller: it kills every QEMU process whose
+// -name is this sandbox's. Only the exact argument matches, so other
+// sandboxes and other programs are never touched.
+func (d *Driver) KillStray(ctx context.Context, spec vmm.Spec) (int, error) {
+	want := "emberbox-" + spec.ID
+	procs, err := filepath.Glob("/proc/[0-9]*/cmdline")
+	if err != nil {
+		return 0, err
+	}
+	killed := 0
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		for i := 0; i+1 < len(args); i++ {
+			if args[i] == "-name" && args[i+1] == want {
+				pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+				if err == nil && unix.Kill(pid, unix.SIGKILL) == nil {
+					killed++
+				}
+				break
+			}
+		}
+	}
+	return killed, nil
+}

@@ -2,9 +2,11 @@ package qemu
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/emberbox/emberbox/internal/vmm"
@@ -75,3 +77,29 @@ func TestBoundedLog(t *testing.T) {
 
 func itoa(i int) string    { return strconv.Itoa(i) }
 func utoa(u uint64) string { return strconv.FormatUint(u, 10) }
+
+func TestKillStray(t *testing.T) {
+	start := func(name string) *exec.Cmd {
+		// bash stays the process (it has a command after sleep), so its
+		// cmdline keeps the -name argument, as a QEMU's does.
+		cmd := exec.Command("bash", "-c", "sleep 60; true", "-name", name)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		return cmd
+	}
+	target := start("emberbox-sbx_stray")
+	other := start("emberbox-sbx_stray2")
+	d := &Driver{accel: "tcg"}
+	n, err := d.KillStray(t.Context(), vmm.Spec{ID: "sbx_stray"})
+	if err != nil || n != 1 {
+		t.Fatalf("KillStray = %d, %v; want 1", n, err)
+	}
+	if err := target.Wait(); err == nil {
+		t.Error("the stray process exited cleanly; want killed")
+	}
+	if err := other.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Errorf("another sandbox's process was touched: %v", err)
+	}
+}
