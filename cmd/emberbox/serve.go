@@ -96,6 +96,14 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err := ensureAdminKey(ctx, st, o.dataDir, log); err != nil {
 		return err
 	}
+	// A pending idempotency record now was left by a server that died
+	// mid-request (no request of this one has started); it would block its
+	// key until it expired.
+	if n, err := st.ReleasePendingIdempotency(ctx); err != nil {
+		return err
+	} else if n > 0 {
+		log.Info("released idempotency keys left pending by the previous run", "count", n)
+	}
 
 	boot, err := bootFiles(ctx, o, log)
 	if err != nil {
@@ -135,7 +143,10 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	// No ReadTimeout or WriteTimeout: exec streams and transfers may run
+	// for hours.
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	log.Info("emberbox serving", "addr", "http://"+ln.Addr().String(), "data_dir", o.dataDir, "version", version)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

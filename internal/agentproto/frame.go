@@ -13,6 +13,7 @@ package agentproto
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -88,28 +89,49 @@ func (c *Conn) WriteData(b []byte) error {
 
 // ReadFrame reads the next frame. The payload is freshly allocated.
 func (c *Conn) ReadFrame() (kind byte, payload []byte, err error) {
+	return c.ReadFrameMax(MaxFrame)
+}
+
+// readPrealloc bounds what ReadFrameMax allocates before the payload's bytes
+// arrive: a peer that declares a large frame and then stalls costs no more.
+const readPrealloc = 64 << 10
+
+// ReadFrameMax reads the next frame, refusing with ErrFrameTooLarge one
+// whose declared size exceeds limit (or MaxFrame). The buffer grows only as
+// the payload's bytes arrive. The payload is freshly allocated.
+func (c *Conn) ReadFrameMax(limit int) (kind byte, payload []byte, err error) {
+	limit = min(limit, MaxFrame)
 	var hdr [5]byte
 	if _, err := io.ReadFull(c.r, hdr[:]); err != nil {
 		return 0, nil, err
 	}
 	n := binary.BigEndian.Uint32(hdr[1:])
-	if n > MaxFrame {
+	if limit < 0 || uint64(n) > uint64(limit) {
 		return 0, nil, ErrFrameTooLarge
 	}
 	kind = hdr[0]
 	if kind != KindJSON && kind != KindData {
 		return 0, nil, fmt.Errorf("agentproto: unknown frame kind %q", kind)
 	}
-	payload = make([]byte, n)
-	if _, err := io.ReadFull(c.r, payload); err != nil {
+	var buf bytes.Buffer
+	buf.Grow(min(int(n), readPrealloc))
+	if _, err := io.CopyN(&buf, c.r, int64(n)); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
 		return 0, nil, fmt.Errorf("agentproto: short frame: %w", err)
 	}
-	return kind, payload, nil
+	return kind, buf.Bytes(), nil
 }
 
 // ReadJSON reads the next frame, which must be a JSON frame, into v.
 func (c *Conn) ReadJSON(v any) error {
-	kind, p, err := c.ReadFrame()
+	return c.ReadJSONMax(v, MaxFrame)
+}
+
+// ReadJSONMax is ReadJSON refusing a frame larger than limit.
+func (c *Conn) ReadJSONMax(v any, limit int) error {
+	kind, p, err := c.ReadFrameMax(limit)
 	if err != nil {
 		return err
 	}

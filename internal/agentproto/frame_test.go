@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"runtime"
 	"testing"
 )
 
@@ -69,5 +70,53 @@ func TestHostileFrames(t *testing.T) {
 	var v Reply
 	if err := c.ReadJSON(&v); err == nil {
 		t.Error("ReadJSON accepted a data frame")
+	}
+}
+
+// A frame's declared size must not be allocated before its bytes arrive: a
+// peer declaring MaxFrame and sending a few bytes costs little.
+func TestReadFrameGrowsAsBytesArrive(t *testing.T) {
+	input := append(append([]byte{KindData}, binary.BigEndian.AppendUint32(nil, MaxFrame)...), 1, 2, 3)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range 10 {
+		c := NewConn(bytes.NewBuffer(input))
+		if _, _, err := c.ReadFrame(); !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Fatalf("got %v, want unexpected EOF", err)
+		}
+	}
+	runtime.ReadMemStats(&after)
+	// Each Conn has a 64 KiB bufio buffer and a 64 KiB payload buffer at
+	// most; allocating the declared 4 MiB ten times would be 40 MiB.
+	if d := after.TotalAlloc - before.TotalAlloc; d > 4<<20 {
+		t.Errorf("reading 10 truncated 4 MiB frames allocated %d bytes", d)
+	}
+
+	// Large frames that do arrive are read whole.
+	var buf bytes.Buffer
+	data := bytes.Repeat([]byte{9}, MaxFrame)
+	if err := NewConn(&buf).WriteFrame(KindData, data); err != nil {
+		t.Fatal(err)
+	}
+	if _, p, err := NewConn(&buf).ReadFrame(); err != nil || !bytes.Equal(p, data) {
+		t.Errorf("full frame: %d bytes, %v", len(p), err)
+	}
+}
+
+func TestReadFrameMax(t *testing.T) {
+	var buf bytes.Buffer
+	c := NewConn(&buf)
+	if err := c.WriteFrame(KindJSON, []byte(`{"method":"x"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WriteFrame(KindData, make([]byte, 100)); err != nil {
+		t.Fatal(err)
+	}
+	var req Request
+	if err := c.ReadJSONMax(&req, 100); err != nil || req.Method != "x" {
+		t.Errorf("small frame: %+v, %v", req, err)
+	}
+	if _, _, err := c.ReadFrameMax(99); !errors.Is(err, ErrFrameTooLarge) {
+		t.Errorf("frame over the limit: %v, want ErrFrameTooLarge", err)
 	}
 }

@@ -264,6 +264,14 @@ func (g *Gate) Dial(ctx context.Context, host string, port int) (net.Conn, error
 			lastErr = err
 			continue
 		}
+		// The host's addresses were read at startup; one added since is
+		// not in HostAddrs. Linux picks a local destination itself as the
+		// source, so a connection whose two ends share an address went to
+		// the host (unless the operator opened that address).
+		if selfConnected(nc) && !g.op.opened(a) {
+			nc.Close()
+			return nil, g.refuse(&Refusal{ReasonAddressForbidden, target})
+		}
 		c := &conn{Conn: nc, g: g, host: name, addr: a, port: port}
 		g.mu.Lock()
 		// The policy may have changed while dialing: check again under the lock.
@@ -280,6 +288,25 @@ func (g *Gate) Dial(ctx context.Context, host string, port int) (net.Conn, error
 		return c, nil
 	}
 	return nil, lastErr
+}
+
+// selfConnected reports whether nc's local and remote IP addresses are the
+// same: the connection stayed on this host.
+func selfConnected(nc net.Conn) bool {
+	return sameIP(nc.LocalAddr(), nc.RemoteAddr())
+}
+
+// sameIP reports whether two TCP addresses have the same IP. Addresses of
+// other kinds are never the same.
+func sameIP(local, remote net.Addr) bool {
+	l, ok1 := local.(*net.TCPAddr)
+	r, ok2 := remote.(*net.TCPAddr)
+	if !ok1 || !ok2 || l == nil || r == nil {
+		return false
+	}
+	la, ok1 := netip.AddrFromSlice(l.IP)
+	ra, ok2 := netip.AddrFromSlice(r.IP)
+	return ok1 && ok2 && la.Unmap() == ra.Unmap()
 }
 
 // conn is a tracked, counted connection to the outside.

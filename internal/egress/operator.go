@@ -121,13 +121,19 @@ func (op *Operator) Forbidden(a netip.Addr) bool {
 	if !a.IsValid() || a.Zone() != "" {
 		return true
 	}
-	if slices.ContainsFunc(op.Open, func(p netip.Prefix) bool { return p.Contains(a) }) {
+	if op.opened(a) {
 		return false
 	}
 	if slices.Contains(op.HostAddrs, a) {
 		return true
 	}
 	return slices.ContainsFunc(forbidden, func(p netip.Prefix) bool { return p.Contains(a) })
+}
+
+// opened reports whether the operator opened a.
+func (op *Operator) opened(a netip.Addr) bool {
+	a = a.Unmap()
+	return slices.ContainsFunc(op.Open, func(p netip.Prefix) bool { return p.Contains(a) })
 }
 
 // closed reports whether a:port is one of the operator's closed services.

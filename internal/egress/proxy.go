@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -17,18 +18,50 @@ import (
 // Header is the response header that names the reason of a refusal.
 const Header = "X-Emberbox-Egress"
 
+// MaxHeaderBytes bounds the header block of a request the proxy reads from
+// the sandbox and of a response it reads from upstream (http.ReadRequest and
+// http.ReadResponse impose no limit of their own).
+const MaxHeaderBytes = 64 << 10
+
+// headerReader is a bufio.Reader over a limit that is MaxHeaderBytes while
+// a header block is read and lifted for the body.
+type headerReader struct {
+	*bufio.Reader
+	lr io.LimitedReader
+}
+
+func newHeaderReader(r io.Reader) *headerReader {
+	h := &headerReader{lr: io.LimitedReader{R: r, N: math.MaxInt64}}
+	h.Reader = bufio.NewReader(&h.lr)
+	return h
+}
+
+// headers bounds what the next reads take from the source to
+// MaxHeaderBytes (plus what the buffer already holds).
+func (h *headerReader) headers() { h.lr.N = MaxHeaderBytes }
+
+// body lifts the bound; it reports whether the bound was reached while
+// reading headers (which, if the read failed, is why).
+func (h *headerReader) body() (exceeded bool) {
+	exceeded = h.lr.N <= 0
+	h.lr.N = math.MaxInt64
+	return exceeded
+}
+
 // ServeProxy serves one client connection of the guest's HTTP proxy: plain
 // HTTP requests in absolute form (forwarded, keep-alive kept) and CONNECT
 // tunnels. Refusals are answered at once with 403 and the reason in Header.
-// br, if not nil, holds bytes already read from c.
+// br, if not nil, holds bytes already read from c and is read instead of c.
 func (g *Gate) ServeProxy(ctx context.Context, c net.Conn, br *bufio.Reader) {
 	defer c.Close()
-	if br == nil {
-		br = bufio.NewReader(c)
+	var src io.Reader = c
+	if br != nil {
+		src = br
 	}
+	hr := newHeaderReader(src)
 	var up net.Conn // upstream of plain HTTP requests, reused while the target is the same
 	var upTarget string
-	var upReader *bufio.Reader
+	var upReader *headerReader
 	defer func() {
 		if up != nil {
 			up.Close()
@@ -36,7 +69,12 @@ func (g *Gate) ServeProxy(ctx context.Context, c net.Conn, br *bufio.Reader) {
 	}()
 	for {
 		_ = c.SetReadDeadline(time.Now().Add(5 * time.Minute))
-		req, err := http.ReadRequest(br)
+		hr.headers()
+		req, err := http.ReadRequest(hr.Reader)
+		if hr.body() && err != nil {
+			writeStatus(c, http.StatusRequestHeaderFieldsTooLarge, "", fmt.Sprintf("request header larger than %d bytes", MaxHeaderBytes))
+			return
+		}
 		if err != nil {
 			if err != io.EOF {
 				writeStatus(c, http.StatusBadRequest, "", "bad proxy request: "+err.Error())
@@ -60,7 +98,7 @@ func (g *Gate) ServeProxy(ctx context.Context, c net.Conn, br *bufio.Reader) {
 				nc.Close()
 				return
 			}
-			pipe(c, br, nc)
+			pipe(c, hr.Reader, nc)
 			return
 		}
 		if req.URL.Scheme != "http" || req.URL.Host == "" {
@@ -90,7 +128,7 @@ func (g *Gate) ServeProxy(ctx context.Context, c net.Conn, br *bufio.Reader) {
 				return
 			}
 			tie(nc, func() { c.Close() })
-			up, upTarget, upReader = nc, target, bufio.NewReader(nc)
+			up, upTarget, upReader = nc, target, newHeaderReader(nc)
 		}
 		for _, h := range []string{"Proxy-Connection", "Proxy-Authorization", "Proxy-Authenticate"} {
 			req.Header.Del(h)
@@ -99,7 +137,12 @@ func (g *Gate) ServeProxy(ctx context.Context, c net.Conn, br *bufio.Reader) {
 		if err := req.Write(up); err != nil {
 			return
 		}
-		resp, err := http.ReadResponse(upReader, req)
+		upReader.headers()
+		resp, err := http.ReadResponse(upReader.Reader, req)
+		if upReader.body() && err != nil {
+			writeStatus(c, http.StatusBadGateway, "", fmt.Sprintf("upstream: response header larger than %d bytes", MaxHeaderBytes))
+			return
+		}
 		if err != nil {
 			writeStatus(c, http.StatusBadGateway, "", "upstream: "+err.Error())
 			return

@@ -74,6 +74,9 @@ func Handshake(ctx context.Context, conn net.Conn) (*Client, error) {
 	cfg.MaxStreamWindowSize = 1 << 20
 	cfg.ConnectionWriteTimeout = 30 * time.Second
 	cfg.StreamOpenTimeout = 30 * time.Second
+	// A stream the guest never finishes closing is dropped after this, not
+	// yamux's default 5 minutes.
+	cfg.StreamCloseTimeout = 30 * time.Second
 	sess, err := yamux.Client(struct {
 		io.Reader
 		io.Writer
@@ -90,21 +93,41 @@ func Handshake(ctx context.Context, conn net.Conn) (*Client, error) {
 // the stream itself. The stream is closed when the handler returns.
 type StreamHandler func(req *agentproto.Request, fc *agentproto.Conn, st net.Conn)
 
+// MaxGuestStreams bounds the streams the guest may hold open at once (each
+// costs a goroutine and buffers on the host); a stream opened beyond it is
+// closed at once.
+const MaxGuestStreams = 256
+
+// maxGuestRequest bounds the first frame of a guest-opened stream: it names
+// a destination, so it is small.
+const maxGuestRequest = 64 << 10
+
 // ServeGuestStreams accepts the streams the guest opens (egress) and runs h
 // on each, until the session ends.
 func (c *Client) ServeGuestStreams(h StreamHandler) {
+	sem := make(chan struct{}, MaxGuestStreams)
 	go func() {
 		for {
 			st, err := c.sess.AcceptStream()
 			if err != nil {
 				return
 			}
+			select {
+			case sem <- struct{}{}:
+			default:
+				// Too many: refuse this one outright. Close alone only
+				// half-closes a yamux stream; the past deadline ends it.
+				_ = st.SetDeadline(time.Unix(1, 0))
+				st.Close()
+				continue
+			}
 			go func() {
+				defer func() { <-sem }()
 				defer st.Close()
 				fc := agentproto.NewConn(st)
 				_ = st.SetReadDeadline(time.Now().Add(30 * time.Second))
 				var req agentproto.Request
-				if err := fc.ReadJSON(&req); err != nil {
+				if err := fc.ReadJSONMax(&req, maxGuestRequest); err != nil {
 					return
 				}
 				_ = st.SetReadDeadline(time.Time{})
@@ -259,6 +282,9 @@ func (c *Client) Spawn(ctx context.Context, req agentproto.ExecRequest) (*agentp
 	if err != nil {
 		return nil, err
 	}
+	if rep.Process == nil {
+		return nil, errors.New("agent sent no process")
+	}
 	return rep.Process, nil
 }
 
@@ -280,6 +306,9 @@ func (c *Client) Process(ctx context.Context, id string) (*agentproto.ProcessInf
 	if err != nil {
 		return nil, err
 	}
+	if rep.Process == nil {
+		return nil, errors.New("agent sent no process")
+	}
 	return rep.Process, nil
 }
 
@@ -288,6 +317,9 @@ func (c *Client) Signal(ctx context.Context, id, signal string) (*agentproto.Pro
 	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodProcessSignal, Process: &agentproto.ProcessRequest{ID: id, Signal: signal}})
 	if err != nil {
 		return nil, err
+	}
+	if rep.Process == nil {
+		return nil, errors.New("agent sent no process")
 	}
 	return rep.Process, nil
 }

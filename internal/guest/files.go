@@ -11,11 +11,17 @@ import (
 	"github.com/emberbox/emberbox/internal/errdefs"
 )
 
+// errNoEntry is returned for a reply that lacks the entry it must carry.
+var errNoEntry = errors.New("agent sent no entry")
+
 // Stat describes path (not following a final symlink).
 func (c *Client) Stat(ctx context.Context, path string) (*agentproto.FileEntry, error) {
 	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodFileStat, File: &agentproto.FileRequest{Path: path}})
 	if err != nil {
 		return nil, err
+	}
+	if rep.Entry == nil {
+		return nil, errNoEntry
 	}
 	return rep.Entry, nil
 }
@@ -37,6 +43,9 @@ func (c *Client) Mkdir(ctx context.Context, path string, parents bool) (*agentpr
 	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodFileMkdir, File: &agentproto.FileRequest{Path: path, Parents: parents}})
 	if err != nil {
 		return nil, err
+	}
+	if rep.Entry == nil {
+		return nil, errNoEntry
 	}
 	return rep.Entry, nil
 }
@@ -80,6 +89,9 @@ func (c *Client) WriteFile(ctx context.Context, path string, mode uint32, size i
 	if rep.Error != nil {
 		return nil, wireError(rep.Error)
 	}
+	if rep.Entry == nil {
+		return nil, errNoEntry
+	}
 	return rep.Entry, nil
 }
 
@@ -101,7 +113,7 @@ func (c *Client) ReadFile(ctx context.Context, path string) (*agentproto.FileEnt
 	}
 	if rep.Entry == nil {
 		done()
-		return nil, nil, errors.New("agent sent no entry")
+		return nil, nil, errNoEntry
 	}
 	return rep.Entry, &fileReader{fc: fc, done: done, ctx: ctx}, nil
 }

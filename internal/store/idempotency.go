@@ -115,3 +115,19 @@ func (s *Store) PruneIdempotency(ctx context.Context, olderThan time.Time) (int6
 	}
 	return n, nil
 }
+
+// ReleasePendingIdempotency deletes every pending record (status 0) and
+// returns how many it deleted. It is for startup only: a pending record then
+// is left by a process that died mid-request, and would block its key until
+// it expired. No request of the running process may be in flight.
+func (s *Store) ReleasePendingIdempotency(ctx context.Context) (int64, error) {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM idempotency WHERE status = 0`)
+	if err != nil {
+		return 0, fmt.Errorf("releasing pending idempotency records: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("releasing pending idempotency records: %w", err)
+	}
+	return n, nil
+}
