@@ -135,7 +135,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	go pruneIdempotency(ctx, st, log)
 
 	handler := api.New(api.Config{
-		Manager: mgr, Keys: keyStore{st}, Idempotency: idempotencyStore{st},
+		Manager: mgr, Keys: keyStore{st}, Idempotency: idempotencyStore{st}, Events: eventStore{st},
 		Logger: log, Version: version, Accel: drv.Accel,
 		UploadDir: filepath.Join(o.dataDir, "uploads"),
 	})
@@ -295,6 +295,21 @@ func pruneIdempotency(ctx context.Context, st *store.Store, log *slog.Logger) {
 		case <-t.C:
 		}
 	}
+}
+
+// eventStore adapts the store to api.Events.
+type eventStore struct{ st *store.Store }
+
+func (e eventStore) ListEvents(ctx context.Context, sandboxID string, limit int) ([]api.Event, error) {
+	evs, err := e.st.ListEvents(ctx, sandboxID, limit)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]api.Event, len(evs))
+	for i, ev := range evs {
+		out[i] = api.Event{ID: ev.ID, Type: ev.Type, Message: ev.Message, Data: ev.Data, At: ev.At}
+	}
+	return out, nil
 }
 
 // keyStore adapts the store to api.Keys.

@@ -66,6 +66,8 @@ type Config struct {
 	// UploadDir is where chunked uploads are staged on the host; empty
 	// means os.TempDir()/emberbox-uploads.
 	UploadDir string
+	// Events serves GET /v1/sandboxes/{id}/events; nil lists none.
+	Events Events
 }
 
 // Limits of the waits a request may ask for.
@@ -77,6 +79,7 @@ const (
 )
 
 type server struct {
+	events  Events
 	mgr     Manager
 	keys    Keys
 	idem    Idempotency
@@ -106,7 +109,7 @@ func newServer(cfg Config) *server {
 	}
 	s := &server{
 		mgr: cfg.Manager, keys: cfg.Keys, idem: cfg.Idempotency, log: cfg.Logger,
-		version: cfg.Version, accel: cfg.Accel,
+		version: cfg.Version, accel: cfg.Accel, events: cfg.Events,
 		idemPoll: idemPollInterval, idemPollMax: idemPollMax, now: time.Now,
 	}
 	if s.log == nil {

@@ -62,6 +62,9 @@ func (s *server) routeTable() []route {
 		{Method: "POST", Path: "/v1/sandboxes/{id}:exec", OpID: "exec", Summary: "Run a command; stream:true answers NDJSON",
 			Body: execRequest{}, Answers: []string{"application/json", "application/x-ndjson"}, handle: s.exec},
 
+		{Method: "GET", Path: "/v1/sandboxes/{id}/events", OpID: "listEvents",
+			Summary: "What happened to the sandbox (created, ready, stopped, egress_refused, ...), oldest first",
+			Query:   []param{q("limit", "integer", "the newest N events, 1..1000, default 100")}, handle: s.listEvents},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/network", OpID: "getNetwork", Summary: "The sandbox's egress policy, its version and whether the host enforces it",
 			handle: s.getNetwork},
 		{Method: "PUT", Path: "/v1/sandboxes/{id}/network", OpID: "setNetwork",

@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"math/big"
@@ -463,21 +464,29 @@ for name, x in (("proxied", c), ("captured", d)):
 		if n := e.network(t, id); n.Egress.Refused == 0 || n.Egress.BytesIn == 0 {
 			t.Errorf("counters = %+v, want refusals and bytes counted", n.Egress)
 		}
-		st, err := store.Open(context.Background(), filepath.Join(e.s.DataDir, "emberbox.db"))
-		if err != nil {
-			t.Fatal(err)
+		// Refusals are visible to the sandbox's owner in its events.
+		resp := e.c.raw(t, "GET", "/v1/sandboxes/"+id+"/events?limit=1000", nil, nil, requestTimeout)
+		var evs struct {
+			Data []struct {
+				Type string         `json:"type"`
+				Data map[string]any `json:"data"`
+			} `json:"data"`
 		}
-		defer st.Close()
-		evs, err := st.ListEvents(context.Background(), id, 0)
-		if err != nil {
-			t.Fatal(err)
+		if resp.Status != 200 || json.Unmarshal(resp.Body, &evs) != nil {
+			t.Fatalf("GET events: %v", resp)
 		}
 		kinds := map[string]int{}
-		for _, ev := range evs {
+		for _, ev := range evs.Data {
 			kinds[ev.Type]++
+			if ev.Type == "egress_refused" && (ev.Data["reason"] == nil || ev.Data["target"] == nil) {
+				t.Errorf("refusal event without reason or target: %+v", ev)
+			}
 		}
 		if kinds["egress_refused"] == 0 || kinds["network_changed"] != 1 {
 			t.Errorf("events: %v, want egress_refused events and one network_changed", kinds)
+		}
+		if other := e.s.client(e.s.createKey(t, "events-other")).raw(t, "GET", "/v1/sandboxes/"+id+"/events", nil, nil, requestTimeout); other.Status != 404 {
+			t.Errorf("another key's GET events: %v, want 404", other)
 		}
 	})
 
