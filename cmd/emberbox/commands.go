@@ -44,12 +44,7 @@ func newKeysCommand() *cobra.Command {
 		Use:   "create",
 		Short: "Create an API key and print it (it is stored only as a hash)",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			st, err := store.Open(cmd.Context(), filepath.Join(dataDir, dbName))
-			if err != nil {
-				return err
-			}
-			defer st.Close()
+		RunE: withStore(&dataDir, func(cmd *cobra.Command, st *store.Store) error {
 			k, secret, err := st.CreateKey(cmd.Context(), name)
 			if err != nil {
 				return err
@@ -57,20 +52,14 @@ func newKeysCommand() *cobra.Command {
 			fmt.Fprintf(cmd.ErrOrStderr(), "created key %s (%s)\n", k.ID, k.Name)
 			fmt.Fprintln(cmd.OutOrStdout(), secret)
 			return nil
-		},
+		}),
 	}
-	create.Flags().StringVar(&dataDir, "data-dir", defaultDataDir(), "server data directory")
 	create.Flags().StringVar(&name, "name", "key", "a name to recognise the key by")
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "List API keys (ids and names; secrets are not kept)",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			st, err := store.Open(cmd.Context(), filepath.Join(dataDir, dbName))
-			if err != nil {
-				return err
-			}
-			defer st.Close()
+		RunE: withStore(&dataDir, func(cmd *cobra.Command, st *store.Store) error {
 			ks, err := st.ListKeys(cmd.Context())
 			if err != nil {
 				return err
@@ -79,11 +68,23 @@ func newKeysCommand() *cobra.Command {
 				fmt.Fprintf(cmd.OutOrStdout(), "%s\t%s\t%s\n", k.ID, k.Name, k.CreatedAt.Format("2006-01-02T15:04:05Z"))
 			}
 			return nil
-		},
+		}),
 	}
-	list.Flags().StringVar(&dataDir, "data-dir", defaultDataDir(), "server data directory")
+	keys.PersistentFlags().StringVar(&dataDir, "data-dir", defaultDataDir(), "server data directory")
 	keys.AddCommand(create, list)
 	return keys
+}
+
+// withStore runs fn with the store of the data dir *dataDir, closing it after.
+func withStore(dataDir *string, fn func(*cobra.Command, *store.Store) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, _ []string) error {
+		st, err := store.Open(cmd.Context(), filepath.Join(*dataDir, dbName))
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		return fn(cmd, st)
+	}
 }
 
 func newImageCommand() *cobra.Command {

@@ -12,8 +12,9 @@ import (
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
-// NetworkManager is implemented by managers that enforce egress policies
-// (sandbox.Manager). Without it the network routes answer 501.
+// NetworkManager is the optional capability of managers that enforce egress
+// policies (sandbox.Manager), found by type assertion. Without it the
+// network routes answer 503 network_unavailable.
 type NetworkManager interface {
 	Network(ctx context.Context, owner, id string) (*sandbox.NetworkStatus, error)
 	SetNetwork(ctx context.Context, owner, id string, p egress.Policy) (*sandbox.NetworkStatus, error)

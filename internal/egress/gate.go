@@ -2,7 +2,6 @@ package egress
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -196,7 +195,9 @@ func (g *Gate) Resolve(ctx context.Context, host string) ([]netip.Addr, error) {
 		// Port 443 stands for "some allowed port": the DNS answer does not
 		// know the port; connections are checked again when made.
 		if err := g.check(pol, name, a, 443); err != nil {
-			first = cmpErr(first, err)
+			if first == nil {
+				first = err
+			}
 			continue
 		}
 		ok = append(ok, a)
@@ -209,13 +210,6 @@ func (g *Gate) Resolve(ctx context.Context, host string) ([]netip.Addr, error) {
 		return nil, g.refuse(&Refusal{r.Reason, host})
 	}
 	return ok, nil
-}
-
-func cmpErr(prev, err error) error {
-	if prev == nil {
-		return err
-	}
-	return prev
 }
 
 // Dial connects to host:port for the sandbox: it resolves host on the host,
@@ -354,6 +348,3 @@ func tie(nc net.Conn, f func()) {
 		c.onCut.Store(&f)
 	}
 }
-
-// ErrClosed is returned by a closed gate's callers.
-var ErrClosed = errors.New("egress: gate closed")

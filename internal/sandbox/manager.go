@@ -410,24 +410,30 @@ func (m *Manager) finish(in *instance, reason string) {
 		delete(m.live, in.id)
 	}
 	m.mu.Unlock()
+	m.markStopped(in.id, reason)
+}
+
+// markStopped records that a sandbox's VM has ended, with reason unless a
+// stop under way already gave its own, and records one "stopped" event.
+func (m *Manager) markStopped(id, reason string) {
 	now := m.now()
 	changed := false
-	_, err := m.update(context.Background(), in.id, func(s *Sandbox) bool {
+	_, err := m.update(context.Background(), id, func(s *Sandbox) bool {
 		if s.State.Terminal() {
 			return false
 		}
 		if s.State != StateStopping || s.StopReason == "" {
-			s.StopReason = reason // a stop under way keeps its own reason
+			s.StopReason = reason
 		}
 		s.State, s.EndedAt = StateStopped, &now
 		reason, changed = s.StopReason, true
 		return true
 	})
 	if err != nil {
-		m.log.Error("recording stopped sandbox", "sandbox_id", in.id, "err", err)
+		m.log.Error("recording stopped sandbox", "sandbox_id", id, "err", err)
 	}
 	if changed {
-		m.event(in.id, "stopped", "sandbox stopped", map[string]any{"reason": reason})
+		m.event(id, "stopped", "sandbox stopped", map[string]any{"reason": reason})
 	}
 }
 
@@ -540,24 +546,7 @@ func (m *Manager) stop(ctx context.Context, id, reason string, wait bool) (*Sand
 			delete(m.live, id)
 			m.mu.Unlock()
 		}
-		now := m.now()
-		changed := false
-		if _, err := m.update(context.Background(), id, func(s *Sandbox) bool {
-			if s.State.Terminal() {
-				return false
-			}
-			s.State, s.EndedAt = StateStopped, &now
-			if s.StopReason == "" {
-				s.StopReason = reason
-			}
-			changed = true
-			return true
-		}); err != nil {
-			m.log.Error("recording stopped sandbox", "sandbox_id", id, "err", err)
-		}
-		if changed {
-			m.event(id, "stopped", "sandbox stopped", map[string]any{"reason": reason})
-		}
+		m.markStopped(id, reason)
 	}()
 	if wait {
 		select {
