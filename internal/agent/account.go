@@ -142,6 +142,21 @@ func resolvePath(home, p string) string {
 	return path.Clean(p)
 }
 
+// maxPath bounds a request's path (Linux's PATH_MAX).
+const maxPath = 4096
+
+// checkPath refuses paths no file can have, with a coded error rather than
+// whatever the system call would make of them.
+func checkPath(p string) error {
+	switch {
+	case len(p) > maxPath:
+		return invalid(fmt.Sprintf("path is longer than %d bytes", maxPath))
+	case strings.IndexByte(p, 0) >= 0:
+		return invalid("path contains NUL")
+	}
+	return nil
+}
+
 func invalid(msg string) *agentproto.Error {
 	return &agentproto.Error{Code: agentproto.CodeInvalid, Message: msg}
 }

@@ -348,6 +348,12 @@ func (a *Agent) dispatchFile(c *agentproto.Conn, req *agentproto.Request) error 
 		}
 		return err
 	}
+	if err := checkPath(fr.Path); err != nil {
+		if req.Method == agentproto.MethodFileWrite {
+			return drainThen(dataReader(c), fr.Size, err)
+		}
+		return err
+	}
 	p := resolvePath(acct.home, fr.Path)
 	switch req.Method {
 	case agentproto.MethodFileStat:
@@ -367,6 +373,15 @@ func (a *Agent) dispatchFile(c *agentproto.Conn, req *agentproto.Request) error 
 		return c.WriteJSON(agentproto.Reply{Entries: es})
 	case agentproto.MethodFileMkdir:
 		e, err := a.mkdir(acct, p, fr.Mode, fr.Parents)
+		if err != nil {
+			return err
+		}
+		return c.WriteJSON(agentproto.Reply{Entry: e})
+	case agentproto.MethodFileChmod:
+		if fr.Path == "" { // not the home by omission
+			return invalid(req.Method + ": path is required")
+		}
+		e, err := a.chmod(acct, p, fr.Mode)
 		if err != nil {
 			return err
 		}

@@ -251,6 +251,26 @@ func (a *Agent) mkdir(acct *account, p string, mode uint32, parents bool) (*agen
 	return a.stat(acct, p)
 }
 
+// chmod sets the permission bits of p, following a final symlink as
+// chmod(1) does. Under the user's fsuid the kernel allows it only on files
+// the user owns (a non-zero fsuid drops CAP_FOWNER), and clears setgid
+// where chmod(2) would for that user.
+func (a *Agent) chmod(acct *account, p string, mode uint32) (*agentproto.FileEntry, error) {
+	if mode > 0o7777 {
+		return nil, invalid(fmt.Sprintf("invalid mode %o: only permission bits (at most 7777)", mode))
+	}
+	err := a.asUser(acct, func() error {
+		if err := unix.Chmod(p, mode); err != nil {
+			return &fs.PathError{Op: "chmod", Path: p, Err: err}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fileError(p, err)
+	}
+	return a.stat(acct, p)
+}
+
 func (a *Agent) remove(acct *account, p string, recursive bool) (bool, error) {
 	if p == "/" || p == acct.home {
 		return false, &agentproto.Error{Code: agentproto.CodePermission, Message: fmt.Sprintf("refusing to remove %s", p)}

@@ -31,6 +31,7 @@ const (
 	MethodFileStat      = "file.stat"
 	MethodFileMkdir     = "file.mkdir"
 	MethodFileRemove    = "file.remove"
+	MethodFileChmod     = "file.chmod"
 )
 
 // Methods of streams the guest opens to the host (egress; see
@@ -226,7 +227,7 @@ type ProcessRequest struct {
 // the user's home (/workspace).
 type FileRequest struct {
 	Path      string `json:"path"`
-	Mode      uint32 `json:"mode,omitempty"` // write/mkdir: permission bits, 0 means default
+	Mode      uint32 `json:"mode,omitempty"` // permission bits; write/mkdir: 0 means default, chmod: 0 is 000
 	Size      int64  `json:"size,omitempty"` // write: exact number of bytes that follow
 	Depth     int    `json:"depth,omitempty"`
 	Hidden    bool   `json:"hidden,omitempty"`

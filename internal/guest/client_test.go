@@ -289,6 +289,39 @@ func TestFiles(t *testing.T) {
 	}
 }
 
+func TestChmod(t *testing.T) {
+	c, dir := newPair(t)
+	ctx := context.Background()
+	p := filepath.Join(dir, "s.sh")
+	if _, err := c.WriteFile(ctx, p, 0o644, 3, strings.NewReader("abc")); err != nil {
+		t.Fatal(err)
+	}
+	e, err := c.Chmod(ctx, p, 0o755)
+	if err != nil || e.Mode != "755" || e.Path != p {
+		t.Fatalf("chmod: %+v %v", e, err)
+	}
+	if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o755 {
+		t.Errorf("file mode %v %v, want 0755", fi.Mode(), err)
+	}
+	if e, err := c.Chmod(ctx, p, 0); err != nil || e.Mode != "0" {
+		t.Errorf("chmod 0: %+v %v", e, err)
+	}
+	for _, tc := range []struct {
+		name, path string
+		mode       uint32
+		code       string
+	}{
+		{"missing", filepath.Join(dir, "missing"), 0o644, "file_not_found"},
+		{"type bits", p, 0o100644, "invalid_request"},
+		{"NUL", p + "\x00", 0o644, "invalid_request"},
+		{"empty", "", 0o644, "invalid_request"},
+	} {
+		if _, err := c.Chmod(ctx, tc.path, tc.mode); errdefs.Code(err) != tc.code {
+			t.Errorf("%s: got %v (%s), want %s", tc.name, err, errdefs.Code(err), tc.code)
+		}
+	}
+}
+
 func TestCancelledCallReleasesStream(t *testing.T) {
 	c, _ := newPair(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)

@@ -59,6 +59,23 @@ func (c *Client) Remove(ctx context.Context, path string, recursive bool) (bool,
 	return rep.Removed != nil && *rep.Removed, nil
 }
 
+// Chmod sets the permission bits of path (following a final symlink) as the
+// sandbox user, who may change only the modes of files it owns, and returns
+// the entry of path. mode is at most 07777.
+func (c *Client) Chmod(ctx context.Context, path string, mode uint32) (*agentproto.FileEntry, error) {
+	if mode > 0o7777 {
+		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "invalid mode %o: only permission bits (at most 7777)", mode)
+	}
+	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodFileChmod, File: &agentproto.FileRequest{Path: path, Mode: mode}})
+	if err != nil {
+		return nil, err
+	}
+	if rep.Entry == nil {
+		return nil, errNoEntry
+	}
+	return rep.Entry, nil
+}
+
 // WriteFile atomically replaces path with exactly size bytes from r.
 func (c *Client) WriteFile(ctx context.Context, path string, mode uint32, size int64, r io.Reader) (*agentproto.FileEntry, error) {
 	fc, done, err := c.call(ctx, &agentproto.Request{Method: agentproto.MethodFileWrite, File: &agentproto.FileRequest{Path: path, Mode: mode, Size: size}})

@@ -87,6 +87,7 @@ func TestRepliesMissingTheirResult(t *testing.T) {
 	calls := map[string]func() (any, error){
 		"stat":      func() (any, error) { return c.Stat(ctx, "/x") },
 		"mkdir":     func() (any, error) { return c.Mkdir(ctx, "/x", false) },
+		"chmod":     func() (any, error) { return c.Chmod(ctx, "/x", 0o755) },
 		"writeFile": func() (any, error) { return c.WriteFile(ctx, "/x", 0o644, 0, strings.NewReader("")) },
 		"spawn":     func() (any, error) { return c.Spawn(ctx, agentproto.ExecRequest{Command: "true"}) },
 		"process":   func() (any, error) { return c.Process(ctx, "proc_1") },
