@@ -53,6 +53,10 @@ const (
 // policy refuses; the message is the reason (e.g. "rule-not-allowed").
 const CodeEgressRefused = "egress_refused"
 
+// CodeEgressFailed is the error code of a captured connection the host
+// could not make (the destination did not answer, say).
+const CodeEgressFailed = "egress_failed"
+
 // EgressRequest is where a captured connection was going.
 type EgressRequest struct {
 	Addr string `json:"addr"` // ip:port, as the program asked

@@ -88,55 +88,6 @@ func Handshake(ctx context.Context, conn net.Conn) (*Client, error) {
 	return &Client{sess: sess, conn: conn}, nil
 }
 
-// StreamHandler serves a stream the guest opened: req is its first frame,
-// fc its framed connection (fc.Reader holds any bytes read past req) and st
-// the stream itself. The stream is closed when the handler returns.
-type StreamHandler func(req *agentproto.Request, fc *agentproto.Conn, st net.Conn)
-
-// MaxGuestStreams bounds the streams the guest may hold open at once (each
-// costs a goroutine and buffers on the host); a stream opened beyond it is
-// closed at once.
-const MaxGuestStreams = 256
-
-// maxGuestRequest bounds the first frame of a guest-opened stream: it names
-// a destination, so it is small.
-const maxGuestRequest = 64 << 10
-
-// ServeGuestStreams accepts the streams the guest opens (egress) and runs h
-// on each, until the session ends.
-func (c *Client) ServeGuestStreams(h StreamHandler) {
-	sem := make(chan struct{}, MaxGuestStreams)
-	go func() {
-		for {
-			st, err := c.sess.AcceptStream()
-			if err != nil {
-				return
-			}
-			select {
-			case sem <- struct{}{}:
-			default:
-				// Too many: refuse this one outright. Close alone only
-				// half-closes a yamux stream; the past deadline ends it.
-				_ = st.SetDeadline(time.Unix(1, 0))
-				st.Close()
-				continue
-			}
-			go func() {
-				defer func() { <-sem }()
-				defer st.Close()
-				fc := agentproto.NewConn(st)
-				_ = st.SetReadDeadline(time.Now().Add(30 * time.Second))
-				var req agentproto.Request
-				if err := fc.ReadJSONMax(&req, maxGuestRequest); err != nil {
-					return
-				}
-				_ = st.SetReadDeadline(time.Time{})
-				h(&req, fc, st)
-			}()
-		}
-	}()
-}
-
 // Close ends the session. Calls in flight fail.
 func (c *Client) Close() error { return c.sess.Close() }
 

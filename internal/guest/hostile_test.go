@@ -109,7 +109,7 @@ func openGuestStream(t *testing.T, sess *yamux.Session, n int) *yamux.Stream {
 	if err != nil {
 		t.Fatal(err)
 	}
-	req := agentproto.Request{Method: "egress.tcp", Exec: &agentproto.ExecRequest{Command: strings.Repeat("x", n)}}
+	req := agentproto.Request{Method: agentproto.MethodEgressProxy, Exec: &agentproto.ExecRequest{Command: strings.Repeat("x", n)}}
 	if err := agentproto.NewConn(st).WriteJSON(req); err != nil {
 		t.Fatal(err)
 	}
@@ -127,10 +127,10 @@ func TestGuestStreamLimits(t *testing.T) {
 	c, sess := newFakeGuest(t)
 	release := make(chan struct{})
 	served := make(chan struct{}, 2*guest.MaxGuestStreams)
-	c.ServeGuestStreams(func(req *agentproto.Request, fc *agentproto.Conn, st net.Conn) {
+	c.ServeGuestStreams(&fakeEgress{proxy: func(context.Context, net.Conn, *bufio.Reader) {
 		served <- struct{}{}
 		<-release
-	})
+	}})
 	defer close(release)
 
 	// An oversized first frame is refused without calling the handler.

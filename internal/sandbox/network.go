@@ -1,13 +1,14 @@
 package sandbox
 
 import (
+	"bufio"
 	"context"
+	"errors"
 	"net"
 	"net/netip"
 	"sync/atomic"
 	"time"
 
-	"github.com/emberbox/emberbox/internal/agentproto"
 	"github.com/emberbox/emberbox/internal/egress"
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/guest"
@@ -93,46 +94,37 @@ func (m *Manager) closeGate(in *instance) {
 	}
 }
 
-// egressHandler serves the streams a sandbox's guest opens: its proxy
-// connections and DNS queries.
-func (m *Manager) egressHandler(in *instance) guest.StreamHandler {
-	return func(req *agentproto.Request, fc *agentproto.Conn, st net.Conn) {
-		g := in.egressGate()
-		if g == nil {
-			return
-		}
-		switch req.Method {
-		case agentproto.MethodEgressProxy:
-			g.ServeProxy(in.ctx, st, fc.Reader())
-		case agentproto.MethodEgressDNS:
-			_ = st.SetDeadline(time.Now().Add(20 * time.Second))
-			kind, q, err := fc.ReadFrame()
-			if err != nil || kind != agentproto.KindData {
-				return
-			}
-			_ = fc.WriteFrame(agentproto.KindData, g.AnswerDNS(in.ctx, q))
-		case agentproto.MethodEgressTCP:
-			var dst netip.AddrPort
-			var err error
-			if req.Egress != nil {
-				dst, err = netip.ParseAddrPort(req.Egress.Addr)
-			}
-			if req.Egress == nil || err != nil {
-				_ = fc.WriteJSON(agentproto.Reply{Error: &agentproto.Error{Code: agentproto.CodeInvalid, Message: "egress.tcp: bad address"}})
-				return
-			}
-			g.ServeTCP(in.ctx, dst, st, fc.Reader(), func(err error) error {
-				if err == nil {
-					return fc.WriteJSON(agentproto.Reply{OK: true})
-				}
-				e := &agentproto.Error{Code: "egress_failed", Message: err.Error()}
-				if r, ok := egress.AsRefusal(err); ok {
-					e = &agentproto.Error{Code: agentproto.CodeEgressRefused, Message: string(r.Reason)}
-				}
-				return fc.WriteJSON(agentproto.Reply{Error: e})
-			})
-		}
+// egressHandler serves the streams a sandbox's guest opens with the
+// sandbox's gate, looked up per stream: there is none once it stops.
+func (m *Manager) egressHandler(in *instance) guest.EgressHandler { return gateHandler{in} }
+
+type gateHandler struct{ in *instance }
+
+func (h gateHandler) ServeProxy(ctx context.Context, c net.Conn, br *bufio.Reader) {
+	if g := h.in.egressGate(); g != nil {
+		g.ServeProxy(ctx, c, br)
 	}
+}
+
+func (h gateHandler) AnswerDNS(ctx context.Context, q []byte) []byte {
+	if g := h.in.egressGate(); g != nil {
+		return g.AnswerDNS(ctx, q)
+	}
+	return nil
+}
+
+func (h gateHandler) ServeTCP(ctx context.Context, dst netip.AddrPort, c net.Conn, br *bufio.Reader, accept func(error) error) {
+	g := h.in.egressGate()
+	if g == nil {
+		_ = accept(errors.New("sandbox stopping"))
+		return
+	}
+	g.ServeTCP(ctx, dst, c, br, func(err error) error {
+		if r, ok := egress.AsRefusal(err); ok {
+			err = &guest.RefusedError{Reason: string(r.Reason)}
+		}
+		return accept(err)
+	})
 }
 
 // Network returns a sandbox's egress policy and whether it is enforced.
