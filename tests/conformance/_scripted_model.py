@@ -1,5 +1,5 @@
 """A scripted smolagents Model: returns fixed tool calls in order (see
-/work/shared/reference/smolagents.md B.3). No network, no LLM."""
+docs/notes/smolagents.md, "Scripted models"). No network, no LLM."""
 from __future__ import annotations
 
 from typing import Any

@@ -42,7 +42,7 @@ type Config struct {
 	QEMUImg string // qemu-img binary; default from PATH
 	// TSCkHz is the host TSC rate. Under TCG the guest's TSC runs at it,
 	// and telling the guest kernel (tsc_early_khz) avoids the clock
-	// calibration that hangs TCG boots; see DESIGN.md.
+	// calibration that hangs TCG boots; see docs/DESIGN.md (M2).
 	TSCkHz int64
 	// DisableKVM forces TCG even where /dev/kvm works.
 	DisableKVM bool
