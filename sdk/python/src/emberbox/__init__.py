@@ -8,7 +8,9 @@
 Configuration comes from arguments or EMBERBOX_API_URL / EMBERBOX_API_KEY
 (falling back to RUNTIME_API_URL / RUNTIME_API_KEY).
 """
+from ._async_client import AsyncClient
 from ._async_sandbox import AsyncFiles, AsyncProcesses, AsyncSandbox
+from ._client import Client
 from ._errors import (
     APIConnectionError,
     APIError,
@@ -26,7 +28,6 @@ from ._errors import (
     SandboxStartError,
     ServiceUnavailableError,
 )
-from ._http import AsyncClient, Client
 from ._sandbox import Files, Processes, Sandbox
 from ._types import CommandResult, OutputEvent, ProcessInfo, ProcessOutput
 from ._version import __version__

@@ -1,17 +1,21 @@
-"""AsyncSandbox: the asyncio twin of Sandbox (same methods, awaited)."""
+"""AsyncSandbox: the asyncio twin of Sandbox (same methods, awaited). The sync Sandbox
+(_sandbox.py) is generated from this module by scripts/unasync.py."""
 from __future__ import annotations
 
 import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import httpx
 
 from . import _common as C
+from ._async_client import AsyncClient
+from ._concurrency import async_run_concurrently
 from ._errors import APIConnectionError, APIError, CommandError, NotFoundError, SandboxStartError
-from ._http import NDJSON, OCTETS, AsyncClient, retry_delay
+from ._http import NDJSON, OCTETS, retry_delay
 from ._stream import ExecAccumulator, OutputCursor, StreamBroken, parse_line
 from ._types import CommandResult, OutputEvent, ProcessInfo, ProcessOutput
 
@@ -111,7 +115,7 @@ class AsyncSandbox:
                              extra=extra)
         try:
             info = await c.json("POST", "/v1/sandboxes", json=body, headers={"Prefer": f"wait={C.CREATE_WAIT_S}"},
-                          timeout=C.CREATE_WAIT_S + 60, idempotency_key=idempotency_key)
+                                timeout=C.CREATE_WAIT_S + 60, idempotency_key=idempotency_key)
             sbx = cls(c, info, owns_client=owned, delete_on_exit=delete_on_exit)
             await sbx._wait_running(boot_timeout)
         except BaseException:
@@ -134,7 +138,7 @@ class AsyncSandbox:
 
     @classmethod
     async def connect(cls, sandbox_id: str, *, client: AsyncClient | None = None, api_url: str | None = None,
-                api_key: str | None = None) -> AsyncSandbox:
+                      api_key: str | None = None) -> AsyncSandbox:
         """Attaches to an existing sandbox by id (a `with` block stops it at the end)."""
         c, owned = cls._client(client, api_url, api_key)
         try:
@@ -164,8 +168,8 @@ class AsyncSandbox:
         cursor: str | None = None
         while True:
             page = await c.json("GET", "/v1/sandboxes",
-                          params=C.list_params(state, labels, name, include_stopped,
-                                               min(limit, 100) if limit else None, cursor))
+                                params=C.list_params(state, labels, name, include_stopped,
+                                                     min(limit, 100) if limit else None, cursor))
             for info in page.get("data") or []:
                 out.append(cls(c, info, owns_client=False))
             cursor = page.get("nextCursor")
@@ -180,7 +184,7 @@ class AsyncSandbox:
     async def wait_for(self, state: str, timeout_seconds: int = 60) -> AsyncSandbox:
         """Waits on the server (at most timeout_seconds) for the sandbox to reach `state`."""
         self.info = await self.client.json("GET", self._p(), params={"waitFor": state, "timeoutSeconds": timeout_seconds},
-                                     timeout=timeout_seconds + 30)
+                                           timeout=timeout_seconds + 30)
         return self
 
     async def extend(self, seconds: int) -> AsyncSandbox:
@@ -263,11 +267,11 @@ class AsyncSandbox:
         return result
 
     async def _exec_streamed(self, body: dict[str, Any], http_timeout: float, on_stdout: C.OutputCallback | None,
-                       on_stderr: C.OutputCallback | None) -> CommandResult:
+                             on_stderr: C.OutputCallback | None) -> CommandResult:
         acc = ExecAccumulator(on_stdout, on_stderr)
         try:
             async with self.client.stream("POST", self._p(":exec"), json={**body, "stream": True},
-                                    timeout=http_timeout, idempotency_key=str(uuid.uuid4())) as resp:
+                                          timeout=http_timeout, idempotency_key=str(uuid.uuid4())) as resp:
                 await _consume(resp, acc)
         except (httpx.TransportError, StreamBroken) as e:
             if acc.process_id is None:
@@ -286,7 +290,7 @@ class AsyncSandbox:
             acc.server_cursor = None
             try:
                 async with self.client.stream("GET", self.processes._p(acc.process_id, "/output"), params=params,
-                                        timeout=http_timeout) as resp:
+                                              timeout=http_timeout) as resp:
                     await _consume(resp, acc)
             except (httpx.TransportError, StreamBroken):
                 pass
@@ -368,20 +372,8 @@ class AsyncFiles:
         return entry or {}
 
     async def _send_chunks(self, up: C.Upload) -> None:
-        offsets = iter(up.offsets())
-
-        async def worker() -> None:
-            for off in offsets:  # shared: each worker takes the next chunk not yet sent
-                await self._put_chunk(up, off)
-
-        tasks = [asyncio.ensure_future(worker()) for _ in range(min(C.UPLOAD_CONCURRENCY, len(up.offsets())))]
-        try:
-            await asyncio.gather(*tasks)
-        except BaseException:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
+        await async_run_concurrently(partial(self._put_chunk, up), up.offsets(), C.UPLOAD_CONCURRENCY,
+                                     "emberbox-upload")
 
     async def _put_chunk(self, up: C.Upload, offset: int) -> None:
         # One key per chunk: the client's retries of it reuse it, and the server
@@ -431,7 +423,7 @@ class AsyncFiles:
             await self._s.client.request("POST", self._p("/files:chmod"), json={"path": p, "mode": mode})
 
     async def list(self, path: str = C.WORKSPACE, *, depth: int | None = None, hidden: bool | None = None,
-             limit: int | None = None) -> list[dict[str, Any]]:
+                   limit: int | None = None) -> list[dict[str, Any]]:
         """Entries `{name, path, type, size, mode, modifiedAt, ...}` under path."""
         params: dict[str, Any] = {"path": C.abs_path(path)}
         if depth is not None:
@@ -455,7 +447,7 @@ class AsyncFiles:
     async def remove(self, path: str, recursive: bool = False) -> bool:
         """Removes a file (or a tree with recursive=True); True if something was removed."""
         r = await self._s.client.json("POST", self._p("/files:remove"),
-                                json={"path": C.abs_path(path), "recursive": recursive}) or {}
+                                      json={"path": C.abs_path(path), "recursive": recursive}) or {}
         return bool(r.get("removed"))
 
 
@@ -469,8 +461,8 @@ class AsyncProcesses:
         return self._s._p(f"/processes/{C.seg(pid)}{suffix}")
 
     async def spawn(self, command: str | Sequence[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None,
-              stdin: str | bytes | None = None, timeout: float | None = None, user: str | None = None
-              ) -> ProcessInfo:
+                    stdin: str | bytes | None = None, timeout: float | None = None, user: str | None = None
+                    ) -> ProcessInfo:
         """Starts a process and returns at once (no time limit unless `timeout` is given)."""
         body = C.command_body(command, cwd=cwd, env=env, stdin=stdin, timeout=timeout, user=user)
         return ProcessInfo.from_json(await self._s.client.json("POST", self._s._p("/processes"), json=body))
@@ -489,7 +481,7 @@ class AsyncProcesses:
         await self.signal(pid, "SIGKILL")
 
     async def output(self, pid: str, *, cursor: int = 0, follow: bool = False, wait_ms: int | None = None
-               ) -> ProcessOutput:
+                     ) -> ProcessOutput:
         """Output since `cursor` (a byte offset across both streams). With follow=True,
         waits for the process to end; pass `next_cursor` back to read on."""
         if follow:
@@ -519,7 +511,7 @@ class AsyncProcesses:
             before = cur.offset
             try:
                 async with self._s.client.stream("GET", self._p(pid, "/output"),
-                                           params={"cursor": cur.offset, "follow": "true"}) as resp:
+                                                 params={"cursor": cur.offset, "follow": "true"}) as resp:
                     async for line in resp.aiter_lines():
                         event = parse_line(line)
                         if event is None:

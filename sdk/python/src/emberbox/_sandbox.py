@@ -1,17 +1,21 @@
+# Generated from _async_sandbox.py by scripts/unasync.py: do not edit by hand.
+# Edit _async_sandbox.py, then regenerate: python3 sdk/python/scripts/unasync.py
 """The synchronous Sandbox, with its `files` and `processes` helpers."""
 from __future__ import annotations
 
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from functools import partial
 from typing import Any
 
 import httpx
 
 from . import _common as C
+from ._client import Client
+from ._concurrency import run_concurrently
 from ._errors import APIConnectionError, APIError, CommandError, NotFoundError, SandboxStartError
-from ._http import NDJSON, OCTETS, Client, retry_delay
+from ._http import NDJSON, OCTETS, retry_delay
 from ._stream import ExecAccumulator, OutputCursor, StreamBroken, parse_line
 from ._types import CommandResult, OutputEvent, ProcessInfo, ProcessOutput
 
@@ -368,21 +372,8 @@ class Files:
         return entry or {}
 
     def _send_chunks(self, up: C.Upload) -> None:
-        offsets = up.offsets()
-        workers = min(C.UPLOAD_CONCURRENCY, len(offsets))
-        if workers <= 1:
-            for off in offsets:
-                self._put_chunk(up, off)
-            return
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="emberbox-upload") as pool:
-            futures = [pool.submit(self._put_chunk, up, off) for off in offsets]
-            try:
-                for f in as_completed(futures):
-                    f.result()
-            except BaseException:
-                for f in futures:
-                    f.cancel()
-                raise  # leaving the block waits for the chunks in flight
+        run_concurrently(partial(self._put_chunk, up), up.offsets(), C.UPLOAD_CONCURRENCY,
+                         "emberbox-upload")
 
     def _put_chunk(self, up: C.Upload, offset: int) -> None:
         # One key per chunk: the client's retries of it reuse it, and the server
@@ -534,7 +525,8 @@ class Processes:
                             return
                         if event["type"] == "continue":
                             break
-                        yield from cur.feed(event)
+                        for ev in cur.feed(event):
+                            yield ev
             except (httpx.TransportError, StreamBroken):
                 pass
             idle = idle + 1 if cur.offset == before else 0

@@ -27,8 +27,8 @@ from smolagents.monitoring import AgentLogger, LogLevel
 from smolagents.remote_executors import RemotePythonExecutor
 from smolagents.utils import AgentError
 
+from ._client import Client
 from ._errors import EmberboxError
-from ._http import Client
 from ._sandbox import Sandbox
 
 __all__ = ["SandboxExecutor", "PackageInstallError", "KernelError"]
