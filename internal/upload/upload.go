@@ -1,0 +1,533 @@
+// Package upload stages chunked uploads on the host. Each upload has a
+// sparse staging file that chunks are written into at their offsets, so
+// they may come in any order, in parallel and more than once, and nothing
+// but one chunk is ever held in memory. A commit checks that every chunk
+// came and that the SHA-256 matches, then streams the staged bytes to a
+// writer the caller gives (the sandbox's guest).
+//
+// An upload belongs to the owner (API key) that began it and to one
+// sandbox, ends after TTL without a call, and an owner may have MaxPerOwner
+// open at once. Errors are errdefs.CodedError with the codes the API
+// answers.
+package upload
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/emberbox/emberbox/internal/errdefs"
+)
+
+// Limits of uploads.
+const (
+	ChunkSize   = 1 << 20 // every chunk but the last is exactly this long
+	MaxSize     = 4 << 30
+	MaxPerOwner = 16
+	TTL         = time.Hour // an upload ends this long after its last call
+	MaxPathLen  = 4096
+
+	// sweepEvery is how often Run sweeps.
+	sweepEvery = time.Minute
+	// Staging files are <Dir>/upl_<hex>.part; the id is the name's stem.
+	filePrefix = "upl_"
+	fileSuffix = ".part"
+)
+
+// Config configures a Store.
+type Config struct {
+	Dir    string           // staging directory, created 0700 if missing; required
+	Logger *slog.Logger     // nil discards
+	Now    func() time.Time // nil: time.Now
+}
+
+// Spec describes the file an upload writes when committed.
+type Spec struct {
+	Owner     string
+	SandboxID string
+	Path      string // where the writer puts the file
+	Size      int64  // 0 to MaxSize
+	SHA256    string // hex, either case
+	Mode      uint32 // permission bits (at most 07777) for the writer; 0: its default
+}
+
+// Upload describes an upload that began.
+type Upload struct {
+	ID        string
+	Path      string
+	Size      int64
+	SHA256    string // lower-case hex
+	Mode      uint32
+	Chunks    int
+	ExpiresAt time.Time
+}
+
+// Progress is the state of an upload after a chunk.
+type Progress struct {
+	ID             string
+	Offset         int64
+	Bytes          int
+	ChunksReceived int
+	Chunks         int
+}
+
+// WriteFunc writes exactly size bytes from r to path with mode and
+// describes the written file. Commit calls it with the staged bytes.
+type WriteFunc[E any] func(ctx context.Context, path string, mode uint32, size int64, r io.Reader) (E, error)
+
+type state int
+
+const (
+	creating   state = iota // its staging file is being made
+	open                    // takes chunks
+	committing              // being checked and written; no chunk, abort or second commit
+	committed               // done; kept until it expires so a repeated commit answers again
+)
+
+type upload[E any] struct {
+	id        string
+	owner     string
+	sandboxID string
+	path      string
+	size      int64
+	sha256    string
+	mode      uint32
+	name      string // staging file
+
+	// Guarded by Store.mu.
+	state    state
+	have     []bool // chunk i arrived
+	received int
+	writing  int // chunk writes in flight
+	lastUsed time.Time
+	file     *os.File // nil once committed or discarded
+	entry    E        // once committed
+}
+
+// expired reports whether u ended for lack of calls. An upload with work
+// in flight never does.
+func (u *upload[E]) expired(now time.Time) bool {
+	return u.state != creating && u.state != committing && u.writing == 0 && now.Sub(u.lastUsed) >= TTL
+}
+
+// Store keeps the uploads of one server. E is what the commit's writer
+// returns, kept to answer a repeated commit. It is safe for concurrent use.
+type Store[E any] struct {
+	dir string
+	log *slog.Logger
+	now func() time.Time
+
+	mu   sync.Mutex
+	cond *sync.Cond // signalled when a chunk write ends
+	byID map[string]*upload[E]
+}
+
+// New returns a store staging in cfg.Dir. Staging files there belong to no
+// upload yet (a previous run left them), so it removes them.
+func New[E any](cfg Config) (*Store[E], error) {
+	if cfg.Dir == "" {
+		return nil, errors.New("upload: no staging directory")
+	}
+	s := &Store[E]{dir: cfg.Dir, log: cfg.Logger, now: cfg.Now, byID: map[string]*upload[E]{}}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	s.cond = sync.NewCond(&s.mu)
+	if err := os.MkdirAll(s.dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating the upload staging directory: %w", err)
+	}
+	if err := s.sweepOrphans(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Run sweeps every minute until ctx ends.
+func (s *Store[E]) Run(ctx context.Context) {
+	t := time.NewTicker(sweepEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.Sweep()
+		}
+	}
+}
+
+// Sweep ends the uploads idle for TTL and removes staging files that
+// belong to no upload.
+func (s *Store[E]) Sweep() {
+	s.sweepExpired()
+	if err := s.sweepOrphans(); err != nil {
+		s.log.Warn("sweeping upload staging files", "err", err)
+	}
+}
+
+// sweepExpired drops the uploads idle for TTL, with their staging files.
+// Every call runs it first, so an owner's count and the disk stay current
+// without Run.
+func (s *Store[E]) sweepExpired() {
+	now := s.now()
+	var dead []*os.File
+	var names []string
+	s.mu.Lock()
+	for id, u := range s.byID {
+		if u.expired(now) {
+			delete(s.byID, id)
+			f, name := u.detachLocked()
+			dead, names = append(dead, f), append(names, name)
+		}
+	}
+	s.mu.Unlock()
+	for i := range dead {
+		s.removeStaging(dead[i], names[i])
+	}
+}
+
+// sweepOrphans removes the staging files in the directory that no upload
+// owns. A new upload is registered, with its file's name, before the file
+// is made, so a file being made is never taken for an orphan.
+func (s *Store[E]) sweepOrphans() error {
+	ents, err := os.ReadDir(s.dir)
+	if err != nil {
+		return fmt.Errorf("reading the upload staging directory: %w", err)
+	}
+	for _, e := range ents {
+		name := e.Name()
+		if !strings.HasPrefix(name, filePrefix) || !strings.HasSuffix(name, fileSuffix) || !e.Type().IsRegular() {
+			continue
+		}
+		p := filepath.Join(s.dir, name)
+		s.mu.Lock()
+		u := s.byID[strings.TrimSuffix(name, fileSuffix)]
+		owned := u != nil && u.name == p
+		s.mu.Unlock()
+		if owned {
+			continue
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			s.log.Warn("removing an orphaned upload staging file", "file", p, "err", err)
+		} else if err == nil {
+			s.log.Info("removed an orphaned upload staging file", "file", p)
+		}
+	}
+	return nil
+}
+
+// detachLocked takes u's staging file away from it, for removeStaging.
+func (u *upload[E]) detachLocked() (*os.File, string) {
+	f, name := u.file, u.name
+	u.file, u.name = nil, ""
+	return f, name
+}
+
+// removeStaging closes and removes a detached staging file.
+func (s *Store[E]) removeStaging(f *os.File, name string) {
+	if f != nil {
+		_ = f.Close()
+	}
+	if name == "" {
+		return
+	}
+	if err := os.Remove(name); err != nil && !errors.Is(err, os.ErrNotExist) {
+		s.log.Warn("removing an upload staging file", "file", name, "err", err)
+	}
+}
+
+// Begin starts an upload of spec and makes its staging file.
+func (s *Store[E]) Begin(spec Spec) (*Upload, error) {
+	sum := strings.ToLower(spec.SHA256)
+	if err := checkSpec(spec, sum); err != nil {
+		return nil, err
+	}
+	s.sweepExpired()
+	now := s.now()
+	id := newID()
+	u := &upload[E]{
+		id: id, owner: spec.Owner, sandboxID: spec.SandboxID, path: spec.Path,
+		size: spec.Size, sha256: sum, mode: spec.Mode,
+		name:  filepath.Join(s.dir, id+fileSuffix),
+		state: creating, have: make([]bool, chunks(spec.Size)), lastUsed: now,
+	}
+	// Take the slot before touching the disk, so that a burst of begins
+	// cannot go past the limit.
+	s.mu.Lock()
+	n := 0
+	for _, o := range s.byID {
+		if o.owner == spec.Owner && o.state != committed {
+			n++
+		}
+	}
+	if n >= MaxPerOwner {
+		s.mu.Unlock()
+		return nil, errTooMany()
+	}
+	s.byID[id] = u
+	s.mu.Unlock()
+
+	f, err := createStaging(s.dir, u.name, u.size)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		delete(s.byID, id)
+		return nil, fmt.Errorf("staging upload: %w: %w", err, errdefs.ErrInternal)
+	}
+	u.file, u.state = f, open
+	return &Upload{ID: id, Path: u.path, Size: u.size, SHA256: sum, Mode: u.mode,
+		Chunks: len(u.have), ExpiresAt: now.Add(TTL)}, nil
+}
+
+func checkSpec(spec Spec, sum string) error {
+	var issues []Issue
+	switch {
+	case spec.Path == "":
+		issues = append(issues, Issue{"path", "is required"})
+	case len(spec.Path) > MaxPathLen:
+		issues = append(issues, Issue{"path", fmt.Sprintf("must be at most %d bytes", MaxPathLen)})
+	case strings.IndexByte(spec.Path, 0) >= 0:
+		issues = append(issues, Issue{"path", "must not contain NUL"})
+	}
+	if spec.Size < 0 || spec.Size > MaxSize {
+		issues = append(issues, Issue{"size", fmt.Sprintf("must be from 0 to %d", int64(MaxSize))})
+	}
+	if !ValidSHA256(sum) {
+		issues = append(issues, Issue{"sha256", "must be 64 hexadecimal characters"})
+	}
+	if spec.Mode > 0o7777 {
+		issues = append(issues, Issue{"mode", "must be permission bits, at most 7777 (octal)"})
+	}
+	if spec.Owner == "" || spec.SandboxID == "" {
+		issues = append(issues, Issue{"", "an upload needs an owner and a sandbox"})
+	}
+	if len(issues) > 0 {
+		return invalid(issues...)
+	}
+	return nil
+}
+
+// ValidSHA256 reports whether s is a SHA-256 in hex.
+func ValidSHA256(s string) bool {
+	if len(s) != 2*sha256.Size {
+		return false
+	}
+	_, err := hex.DecodeString(s)
+	return err == nil
+}
+
+func chunks(size int64) int { return int((size + ChunkSize - 1) / ChunkSize) }
+
+func newID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return filePrefix + hex.EncodeToString(b[:])
+}
+
+// createStaging makes the sparse staging file of an upload.
+func createStaging(dir, name string, size int64) (*os.File, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil { // removed since New, say
+		return nil, err
+	}
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := f.Truncate(size); err != nil {
+		_ = f.Close()
+		_ = os.Remove(name)
+		return nil, err
+	}
+	return f, nil
+}
+
+// lookupLocked returns upload id of owner in sandboxID. An expired upload
+// is not found even before a sweep removes it.
+func (s *Store[E]) lookupLocked(owner, sandboxID, id string) (*upload[E], error) {
+	u := s.byID[id]
+	if u == nil || u.owner != owner || u.sandboxID != sandboxID || u.state == creating || u.expired(s.now()) {
+		return nil, errNotFound(id)
+	}
+	return u, nil
+}
+
+// usableLocked returns upload id if it takes chunks, aborts and commits.
+func (s *Store[E]) usableLocked(owner, sandboxID, id string) (*upload[E], error) {
+	u, err := s.lookupLocked(owner, sandboxID, id)
+	if err != nil {
+		return nil, err
+	}
+	switch u.state {
+	case committing:
+		return nil, errCommitting(id)
+	case committed:
+		return nil, errCommitted(id)
+	}
+	return u, nil
+}
+
+// Put writes the chunk at off. Every chunk but the last is ChunkSize bytes;
+// a chunk may be written again (a retry), the last write wins.
+func (s *Store[E]) Put(owner, sandboxID, id string, off int64, data []byte) (*Progress, error) {
+	s.sweepExpired()
+	s.mu.Lock()
+	u, err := s.usableLocked(owner, sandboxID, id)
+	if err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
+	if err := checkChunk(u.size, off, len(data)); err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
+	u.writing++
+	u.lastUsed = s.now()
+	f := u.file
+	s.mu.Unlock()
+
+	_, werr := f.WriteAt(data, off)
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	u.writing--
+	s.cond.Broadcast()
+	u.lastUsed = s.now()
+	if werr != nil {
+		return nil, fmt.Errorf("staging chunk: %w: %w", werr, errdefs.ErrInternal)
+	}
+	if i := off / ChunkSize; !u.have[i] {
+		u.have[i] = true
+		u.received++
+	}
+	return &Progress{ID: id, Offset: off, Bytes: len(data), ChunksReceived: u.received, Chunks: len(u.have)}, nil
+}
+
+func checkChunk(size, off int64, n int) error {
+	if off < 0 || off%ChunkSize != 0 || off >= size {
+		msg := fmt.Sprintf("must be a multiple of %d below the size, %d", ChunkSize, size)
+		if size == 0 {
+			msg = "must not be given: an empty upload has no chunks"
+		}
+		return invalid(Issue{"offset", msg})
+	}
+	if want := min(ChunkSize, size-off); int64(n) != want {
+		return invalid(Issue{"body", fmt.Sprintf("must be exactly %d bytes for the chunk at offset %d, not %d", want, off, n)})
+	}
+	return nil
+}
+
+// Commit checks that every chunk arrived and the bytes match the SHA-256,
+// then streams them to write and ends the upload. A repeated commit answers
+// what the first one wrote. If a check or write fails the upload stays
+// open, to be completed and committed again.
+func (s *Store[E]) Commit(ctx context.Context, owner, sandboxID, id string, write WriteFunc[E]) (E, error) {
+	var zero E
+	s.sweepExpired()
+	s.mu.Lock()
+	u, err := s.lookupLocked(owner, sandboxID, id)
+	if err != nil {
+		s.mu.Unlock()
+		return zero, err
+	}
+	switch u.state {
+	case committing:
+		s.mu.Unlock()
+		return zero, errCommitting(id)
+	case committed:
+		u.lastUsed = s.now()
+		s.mu.Unlock()
+		return u.entry, nil
+	}
+	u.state = committing
+	for u.writing > 0 { // a chunk still being written counts once it lands
+		s.cond.Wait()
+	}
+	var missing []int64
+	for i, ok := range u.have {
+		if !ok {
+			missing = append(missing, int64(i)*ChunkSize)
+		}
+	}
+	if len(missing) > 0 {
+		u.state, u.lastUsed = open, s.now()
+		s.mu.Unlock()
+		return zero, errIncomplete(missing, len(u.have))
+	}
+	f := u.file
+	s.mu.Unlock()
+
+	reopen := func() {
+		s.mu.Lock()
+		u.state, u.lastUsed = open, s.now()
+		s.mu.Unlock()
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, ctxReader{ctx, io.NewSectionReader(f, 0, u.size)}); err != nil {
+		reopen()
+		if ctx.Err() != nil {
+			return zero, ctx.Err()
+		}
+		return zero, fmt.Errorf("hashing upload: %w: %w", err, errdefs.ErrInternal)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != u.sha256 {
+		reopen()
+		return zero, errChecksum(u.sha256, got)
+	}
+	entry, err := write(ctx, u.path, u.mode, u.size, io.NewSectionReader(f, 0, u.size))
+	if err != nil {
+		reopen()
+		return zero, err
+	}
+	s.mu.Lock()
+	u.state, u.entry, u.lastUsed = committed, entry, s.now()
+	sf, name := u.detachLocked() // the record stays, without its file, until it expires
+	s.mu.Unlock()
+	s.removeStaging(sf, name)
+	return entry, nil
+}
+
+// Abort ends an open upload and removes its staging file.
+func (s *Store[E]) Abort(owner, sandboxID, id string) error {
+	s.sweepExpired()
+	s.mu.Lock()
+	u, err := s.usableLocked(owner, sandboxID, id)
+	if err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	delete(s.byID, id)
+	for u.writing > 0 { // let chunk writes in flight end before the file closes
+		s.cond.Wait()
+	}
+	f, name := u.detachLocked()
+	s.mu.Unlock()
+	s.removeStaging(f, name)
+	return nil
+}
+
+// ctxReader fails reads once ctx ends, so hashing a large upload stops
+// when its caller goes away.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (r ctxReader) Read(p []byte) (int, error) {
+	if err := r.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return r.r.Read(p)
+}
