@@ -1,0 +1,238 @@
+package vmmtest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/user"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/emberbox/emberbox/internal/agent"
+	"github.com/emberbox/emberbox/internal/vmm"
+)
+
+// Driver is an in-process fake vmm.Driver. Attach finds the machines this
+// Driver started, so a second user of the same Driver (a new manager, say)
+// plays a server restarted beside VMs that kept running; a stopped machine
+// is gone.
+type Driver struct {
+	agent *agent.Agent
+
+	mu       sync.Mutex
+	hang     int // this many next starts get a guest that never answers
+	starts   int
+	serial   int                 // numbers machines, so records name one
+	machines map[string]*Machine // by sandbox id: the newest one started
+}
+
+// NewDriver returns a Driver whose guests run commands as the user running
+// the test, with the host's file system as theirs. The test's cleanup stops
+// every machine.
+//
+// The guests' agent reaps every child of the test process, as PID 1 does in
+// a guest, so a test using Driver must not wait for child processes of its
+// own (exec.Cmd.Wait would lose their exit status).
+func NewDriver(t testing.TB) *Driver {
+	t.Helper()
+	u, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := agent.New(agent.Config{Root: "/", User: u.Username})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &Driver{agent: a, machines: map[string]*Machine{}}
+	t.Cleanup(d.stopAll)
+	return d
+}
+
+// Name implements vmm.Driver.Name.
+func (d *Driver) Name() string { return "fake" }
+
+// Accel implements vmm.Driver.Accel.
+func (d *Driver) Accel() string { return "tcg" }
+
+// HangStarts makes the next n starts return machines whose guest never
+// answers, like a VM whose boot hangs: their DialGuest waits until its
+// context ends or the machine stops.
+func (d *Driver) HangStarts(n int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.hang = n
+}
+
+// Starts reports how many times Start has been called.
+func (d *Driver) Starts() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.starts
+}
+
+// Machine returns the machine started last for the sandbox id, stopped or
+// not, or nil if none was.
+func (d *Driver) Machine(id string) *Machine {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.machines[id]
+}
+
+// Start implements vmm.Driver.Start. It does not fail.
+func (d *Driver) Start(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.starts++
+	d.serial++
+	m := &Machine{d: d, id: spec.ID, serial: d.serial, done: make(chan struct{})}
+	if d.hang > 0 {
+		d.hang--
+		m.hung = true
+	}
+	d.machines[spec.ID] = m
+	return m, nil
+}
+
+// record is what Machine.Record returns.
+type record struct {
+	ID     string `json:"id"`
+	Serial int    `json:"serial"`
+}
+
+// Attach implements vmm.Driver.Attach.
+func (d *Driver) Attach(ctx context.Context, spec vmm.Spec, rec []byte) (vmm.Machine, error) {
+	var r record
+	if err := json.Unmarshal(rec, &r); err != nil {
+		return nil, fmt.Errorf("bad vm record: %w", err)
+	}
+	if r.ID != spec.ID {
+		return nil, fmt.Errorf("the record is sandbox %q's, not %q's", r.ID, spec.ID)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	m := d.machines[spec.ID]
+	if m == nil || m.serial != r.Serial || m.Stopped() {
+		return nil, vmm.ErrGone
+	}
+	return m, nil
+}
+
+func (d *Driver) stopAll() {
+	d.mu.Lock()
+	ms := make([]*Machine, 0, len(d.machines))
+	for _, m := range d.machines {
+		ms = append(ms, m)
+	}
+	d.mu.Unlock()
+	for _, m := range ms {
+		m.Stop(context.Background())
+	}
+}
+
+// Machine is a machine of a Driver: a guest agent served in the test
+// process.
+type Machine struct {
+	d      *Driver
+	id     string
+	serial int
+	hung   bool
+	once   sync.Once
+	done   chan struct{}
+}
+
+// Record implements vmm.Machine.Record.
+func (m *Machine) Record() []byte {
+	b, _ := json.Marshal(record{ID: m.id, Serial: m.serial})
+	return b
+}
+
+// Accel implements vmm.Machine.Accel.
+func (m *Machine) Accel() string { return "tcg" }
+
+// PID implements vmm.Machine.PID: the test process is the "VMM".
+func (m *Machine) PID() int { return os.Getpid() }
+
+// Done implements vmm.Machine.Done.
+func (m *Machine) Done() <-chan struct{} { return m.done }
+
+// Stopped reports whether the machine has stopped.
+func (m *Machine) Stopped() bool {
+	select {
+	case <-m.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Stop implements vmm.Machine.Stop. Open guest connections are closed, as
+// when a VM exits; a test calls it to make a machine "exit by itself".
+func (m *Machine) Stop(ctx context.Context) error {
+	m.once.Do(func() { close(m.done) })
+	return nil
+}
+
+// errStopped is what dialing a stopped machine returns.
+var errStopped = fmt.Errorf("fake vm has stopped: %w", vmm.ErrGone)
+
+// DialGuest implements vmm.Machine.DialGuest. Each connection gets its own
+// session with the Driver's agent, which ends when the machine stops or the
+// host closes its end.
+func (m *Machine) DialGuest(ctx context.Context) (net.Conn, error) {
+	if m.hung {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-m.done:
+			return nil, errStopped
+		}
+	}
+	if m.Stopped() {
+		return nil, errStopped
+	}
+	host, guest, err := socketpair()
+	if err != nil {
+		return nil, err
+	}
+	gctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-m.done:
+		case <-gctx.Done():
+		}
+		cancel()
+		guest.Close()
+	}()
+	go func() {
+		defer cancel()
+		_ = m.d.agent.ServeConn(gctx, guest)
+	}()
+	return host, nil
+}
+
+// socketpair returns the two ends of a connected unix stream socket: unlike
+// net.Pipe it buffers, as the socket of a real VM's serial port does.
+func socketpair() (host, guest net.Conn, err error) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("socketpair: %w", err)
+	}
+	var conns [2]net.Conn
+	for i, fd := range fds {
+		f := os.NewFile(uintptr(fd), "fake-vm")
+		conns[i], err = net.FileConn(f) // a dup: f is closed either way
+		f.Close()
+		if err != nil {
+			if i == 0 {
+				syscall.Close(fds[1])
+			} else {
+				conns[0].Close()
+			}
+			return nil, nil, fmt.Errorf("socketpair: %w", err)
+		}
+	}
+	return conns[0], conns[1], nil
+}

@@ -1,0 +1,195 @@
+package vmmtest
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/emberbox/emberbox/internal/agentproto"
+	"github.com/emberbox/emberbox/internal/guest"
+	"github.com/emberbox/emberbox/internal/vmm"
+)
+
+// Timeouts of TestDriver. A real VM may boot under TCG on a small, shared
+// machine.
+const (
+	bootTimeout  = 3 * time.Minute // Start until the agent answers
+	stepTimeout  = time.Minute     // any other step, e.g. a Stop that needs SIGKILL
+	reconnectTry = 5 * time.Second // one handshake attempt with a guest already up
+)
+
+// TestDriver checks that d meets the contract of vmm.Driver and
+// vmm.Machine. newSpec returns the Spec of a VM to start for the test it is
+// given: a fresh ID and Dir on each call, and whatever d needs to boot a
+// guest that runs the agent. Every VM a subtest starts is stopped by its
+// cleanup.
+func TestDriver(t *testing.T, d vmm.Driver, newSpec func(t *testing.T) vmm.Spec) {
+	t.Run("Names", func(t *testing.T) {
+		if d.Name() == "" {
+			t.Error("Name() is empty")
+		}
+		checkAccel(t, "Driver.Accel", d.Accel())
+	})
+	t.Run("Lifecycle", func(t *testing.T) { testLifecycle(t, d, newSpec(t)) })
+	t.Run("StopBeforeGuestIsUp", func(t *testing.T) { testEarlyStop(t, d, newSpec(t)) })
+}
+
+// testLifecycle starts a VM, reaches its agent directly and through Attach,
+// stops it and checks that it is gone.
+func testLifecycle(t *testing.T, d vmm.Driver, spec vmm.Spec) {
+	m := start(t, d, spec)
+	checkAccel(t, "Machine.Accel", m.Accel())
+	if m.PID() <= 0 {
+		t.Errorf("PID() = %d, want the VMM's process id", m.PID())
+	}
+	if isClosed(m.Done()) {
+		t.Fatal("Done is closed right after Start")
+	}
+	info := reachGuest(t, m, bootTimeout, bootTimeout)
+	if info.Version != agentproto.Version {
+		t.Errorf("agent reports protocol version %d, want %d", info.Version, agentproto.Version)
+	}
+
+	rec := m.Record()
+	if len(rec) == 0 {
+		t.Fatal("Record() is empty")
+	}
+	ctx := t.Context()
+	m2, err := d.Attach(ctx, spec, rec)
+	if err != nil {
+		t.Fatalf("Attach to a running VM: %v", err)
+	}
+	if m2.PID() != m.PID() || m2.Accel() != m.Accel() {
+		t.Errorf("Attach found pid %d (%s), want pid %d (%s)", m2.PID(), m2.Accel(), m.PID(), m.Accel())
+	}
+	// The first connection is closed, so the guest must take a new one.
+	reachGuest(t, m2, stepTimeout, reconnectTry)
+
+	other := spec
+	other.ID += "-other"
+	if _, err := d.Attach(ctx, other, rec); err == nil {
+		t.Error("Attach accepted the record of another sandbox's VM")
+	}
+	if _, err := d.Attach(ctx, spec, []byte("{")); err == nil {
+		t.Error("Attach accepted a malformed record")
+	}
+
+	stop(t, m)
+	waitClosed(t, m.Done(), "Done after Stop")
+	waitClosed(t, m2.Done(), "Done of the attached Machine after Stop")
+	if err := m.Stop(ctx); err != nil {
+		t.Errorf("second Stop: %v", err)
+	}
+	if err := m2.Stop(ctx); err != nil {
+		t.Errorf("Stop of the attached Machine after the VM ended: %v", err)
+	}
+	if _, err := d.Attach(ctx, spec, rec); !errors.Is(err, vmm.ErrGone) {
+		t.Errorf("Attach after Stop: %v, want vmm.ErrGone", err)
+	}
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if c, err := m.DialGuest(dctx); err == nil {
+		c.Close()
+		t.Error("DialGuest after Stop connected")
+	}
+}
+
+// testEarlyStop stops a VM right after Start, as a manager does with a boot
+// that hangs or a sandbox stopped while starting.
+func testEarlyStop(t *testing.T, d vmm.Driver, spec vmm.Spec) {
+	m := start(t, d, spec)
+	rec := m.Record()
+	stop(t, m)
+	waitClosed(t, m.Done(), "Done after Stop")
+	if _, err := d.Attach(t.Context(), spec, rec); !errors.Is(err, vmm.ErrGone) {
+		t.Errorf("Attach after Stop: %v, want vmm.ErrGone", err)
+	}
+}
+
+func start(t *testing.T, d vmm.Driver, spec vmm.Spec) vmm.Machine {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), stepTimeout)
+	defer cancel()
+	m, err := d.Start(ctx, spec)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), stepTimeout)
+		defer cancel()
+		_ = m.Stop(ctx)
+	})
+	return m
+}
+
+func stop(t *testing.T, m vmm.Machine) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), stepTimeout)
+	defer cancel()
+	if err := m.Stop(ctx); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+}
+
+// reachGuest dials m's guest, completes the handshake and asks the agent for
+// its Info, within timeout; it closes the connection before returning.
+//
+// A handshake attempt that gets no answer within perTry is retried on a new
+// connection. That is for reconnects: a guest that has not yet noticed the
+// previous host connection close can swallow the new connection's hello
+// (the manager retries too), which is the guest protocol's concern, not the
+// driver's.
+func reachGuest(t *testing.T, m vmm.Machine, timeout, perTry time.Duration) *agentproto.Info {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), timeout)
+	defer cancel()
+	for try := 1; ; try++ {
+		conn, err := m.DialGuest(ctx)
+		if err != nil {
+			t.Fatalf("DialGuest: %v", err)
+		}
+		tctx, tcancel := context.WithTimeout(ctx, perTry)
+		c, err := guest.Handshake(tctx, conn)
+		tcancel()
+		if err != nil {
+			conn.Close()
+			if ctx.Err() != nil {
+				t.Fatalf("guest handshake (attempt %d): %v", try, err)
+			}
+			t.Logf("guest handshake, attempt %d: %v; retrying on a new connection", try, err)
+			continue
+		}
+		defer c.Close()
+		info, err := c.Info(ctx)
+		if err != nil {
+			t.Fatalf("Info: %v", err)
+		}
+		return info
+	}
+}
+
+func checkAccel(t *testing.T, what, accel string) {
+	t.Helper()
+	if accel != "kvm" && accel != "tcg" {
+		t.Errorf("%s() = %q, want kvm or tcg", what, accel)
+	}
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+func waitClosed(t *testing.T, c <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-c:
+	case <-time.After(stepTimeout):
+		t.Fatalf("%s: not closed after %v", what, stepTimeout)
+	}
+}
