@@ -97,12 +97,13 @@ func serve(ctx context.Context, o serveOptions) error {
 		return err
 	}
 	// A pending idempotency record now was left by a server that died
-	// mid-request (no request of this one has started); it would block its
-	// key until it expired.
-	if n, err := st.ReleasePendingIdempotency(ctx); err != nil {
+	// mid-request (no request of this one has started): a create that had
+	// recorded its sandbox answers its retry with that sandbox, any other
+	// key is freed for the retry to run.
+	if resolved, released, err := st.ResolvePendingIdempotency(ctx); err != nil {
 		return err
-	} else if n > 0 {
-		log.Info("released idempotency keys left pending by the previous run", "count", n)
+	} else if resolved+released > 0 {
+		log.Info("settled idempotency keys left pending by the previous run", "creates_resolved", resolved, "released", released)
 	}
 
 	boot, err := bootFiles(ctx, o, log)
@@ -328,7 +329,8 @@ func (s idempotencyStore) Reserve(ctx context.Context, keyID, key, fingerprint s
 	if err != nil || rec == nil {
 		return nil, reserved, err
 	}
-	return &api.IdempotentResult{Fingerprint: rec.Fingerprint, Status: rec.Status, ContentType: rec.ContentType, Body: rec.Body}, reserved, nil
+	return &api.IdempotentResult{Fingerprint: rec.Fingerprint, Status: rec.Status, ContentType: rec.ContentType,
+		Body: rec.Body, SandboxID: rec.SandboxID}, reserved, nil
 }
 
 func (s idempotencyStore) Complete(ctx context.Context, keyID, key string, status int, contentType string, body []byte) error {

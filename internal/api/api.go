@@ -49,6 +49,10 @@ type IdempotentResult struct {
 	Status      int
 	ContentType string
 	Body        []byte
+	// SandboxID, with a Status and no Body, is a create cut short by a
+	// crash after it recorded its sandbox: its answer is that sandbox, as
+	// it is now.
+	SandboxID string
 }
 
 // Config configures the handler New returns.

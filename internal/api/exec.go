@@ -13,7 +13,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/emberbox/emberbox/internal/agentproto"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -58,7 +57,7 @@ type spawnRequest struct {
 
 // commandFields validates what exec and spawn share and fills req.
 func commandFields(command *string, argv []string, cwd string, env map[string]string,
-	stdin, stdinB64 *string, timeoutMs *int64, user string, req *agentproto.ExecRequest) []issue {
+	stdin, stdinB64 *string, timeoutMs *int64, user string, req *sandbox.ExecRequest) []issue {
 	var issues []issue
 	switch {
 	case command != nil && argv != nil:
@@ -104,22 +103,10 @@ func commandFields(command *string, argv []string, cwd string, env map[string]st
 	return issues
 }
 
-// running returns the sandbox if it can run commands now.
-func (s *server) running(r *http.Request, c *call) (*sandbox.Sandbox, error) {
-	sb, err := s.mgr.Get(r.Context(), c.owner, r.PathValue("id"))
-	if err != nil {
-		return nil, err
-	}
-	if sb.State != sandbox.StateRunning {
-		hint := "Create a new sandbox; a stopped one cannot run commands."
-		if sb.State == sandbox.StateStarting {
-			hint = "Wait for it with GET /v1/sandboxes/{id}?waitFor=running."
-		}
-		return nil, &apiError{Status: http.StatusConflict, Code: "not_running",
-			Message: fmt.Sprintf("Sandbox %s is %s, not running.", sb.ID, sb.State), Hint: hint,
-			Details: map[string]any{"state": string(sb.State)}}
-	}
-	return sb, nil
+// guest returns the sandbox named by the path and its guest, or the
+// refusal of its state.
+func (s *server) guest(r *http.Request, c *call) (*sandbox.Sandbox, sandbox.Guest, error) {
+	return s.mgr.Guest(r.Context(), c.owner, r.PathValue("id"))
 }
 
 // execTimeout decides the timeout of a command, in ms, against the lease.
@@ -179,12 +166,12 @@ func (s *server) exec(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := decode(c, &body); err != nil {
 		return err
 	}
-	var req agentproto.ExecRequest
+	var req sandbox.ExecRequest
 	if issues := commandFields(body.Command, body.Argv, body.Cwd, body.Env, body.Stdin, body.StdinBase64,
 		body.TimeoutMs, body.User, &req); len(issues) > 0 {
 		return invalid(sortIssues(issues))
 	}
-	sb, err := s.running(r, c)
+	sb, g, err := s.guest(r, c)
 	if err != nil {
 		return err
 	}
@@ -197,13 +184,13 @@ func (s *server) exec(w http.ResponseWriter, r *http.Request, c *call) error {
 	}
 	req.Stream = body.Stream
 	if body.Stream {
-		s.streamEvents(w, r, func(send func(agentproto.Event) error) error {
-			_, err := s.mgr.Exec(r.Context(), c.owner, sb.ID, req, send)
+		s.streamEvents(w, r, func(send func(sandbox.Event) error) error {
+			_, err := g.Exec(r.Context(), req, send)
 			return err
 		})
 		return nil
 	}
-	res, err := s.mgr.Exec(r.Context(), c.owner, sb.ID, req, nil)
+	res, err := g.Exec(r.Context(), req, nil)
 	if err != nil {
 		return err
 	}
@@ -238,12 +225,12 @@ type eventJSON struct {
 // wireEvent converts an agent event. A chunk of output carries "data" as
 // text; a chunk that is not valid UTF-8 also carries its exact bytes as "base64", which withruntime's cursor uses
 // to count bytes ("base64" holds the data, not a flag).
-func wireEvent(ev agentproto.Event) (eventJSON, bool) {
+func wireEvent(ev sandbox.Event) (eventJSON, bool) {
 	off := ev.Offset
 	switch ev.Type {
 	case "start":
 		return eventJSON{Type: "start", ProcessID: ev.ProcessID}, true
-	case agentproto.Stdout, agentproto.Stderr:
+	case sandbox.EventStdout, sandbox.EventStderr:
 		data := text(ev.Data)
 		out := eventJSON{Type: ev.Type, Data: &data, Offset: &off}
 		if !utf8.Valid(ev.Data) {
@@ -282,7 +269,7 @@ const streamHeadersAfter = time.Second
 // flushed at once. Headers go out with the first event, or after
 // streamHeadersAfter; an error before that is a normal JSON error, an error
 // after it an "error" line.
-func (s *server) streamEvents(w http.ResponseWriter, r *http.Request, run func(send func(agentproto.Event) error) error) {
+func (s *server) streamEvents(w http.ResponseWriter, r *http.Request, run func(send func(sandbox.Event) error) error) {
 	rc := http.NewResponseController(w)
 	var mu sync.Mutex // guards w, started and finished, shared with the header timer
 	started, finished := false, false
@@ -319,7 +306,7 @@ func (s *server) streamEvents(w http.ResponseWriter, r *http.Request, run func(s
 		}
 		return rc.Flush()
 	}
-	send := func(ev agentproto.Event) error {
+	send := func(ev sandbox.Event) error {
 		if ev.Type == "error" && ev.Error != nil {
 			return writeLine(eventJSON{Type: "error", Error: &errorJSON{
 				Code: ev.Error.Code, Status: http.StatusBadGateway, Message: ev.Error.Message,
@@ -374,7 +361,7 @@ type processJSON struct {
 	FirstOffset int64     `json:"firstOffset"`
 }
 
-func toProcessJSON(p *agentproto.ProcessInfo) processJSON {
+func toProcessJSON(p *sandbox.ProcessInfo) processJSON {
 	out := processJSON{ID: p.ID, State: p.State, ExitCode: p.ExitCode, Command: p.Command, Argv: p.Argv,
 		Cwd: p.Cwd, PID: p.PID, StartedAt: optTime(&p.StartedAt), EndedAt: optTime(p.EndedAt),
 		OutputBytes: p.OutputBytes, FirstOffset: p.FirstOffset}
@@ -390,7 +377,7 @@ func (s *server) spawn(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := decode(c, &body); err != nil {
 		return err
 	}
-	req := agentproto.ExecRequest{Detach: true}
+	req := sandbox.ExecRequest{Detach: true}
 	issues := commandFields(body.Command, body.Argv, body.Cwd, body.Env, body.Stdin, body.StdinBase64,
 		body.TimeoutMs, body.User, &req)
 	switch body.OutputEncoding {
@@ -414,11 +401,11 @@ func (s *server) spawn(w http.ResponseWriter, r *http.Request, c *call) error {
 	if body.TimeoutMs != nil {
 		req.TimeoutMs = *body.TimeoutMs
 	}
-	sb, err := s.running(r, c)
+	_, g, err := s.guest(r, c)
 	if err != nil {
 		return err
 	}
-	p, err := s.mgr.Spawn(r.Context(), c.owner, sb.ID, req)
+	p, err := g.Spawn(r.Context(), req)
 	if err != nil {
 		return err
 	}
@@ -427,7 +414,11 @@ func (s *server) spawn(w http.ResponseWriter, r *http.Request, c *call) error {
 }
 
 func (s *server) listProcesses(w http.ResponseWriter, r *http.Request, c *call) error {
-	ps, err := s.mgr.Processes(r.Context(), c.owner, r.PathValue("id"))
+	_, g, err := s.guest(r, c)
+	if err != nil {
+		return err
+	}
+	ps, err := g.Processes(r.Context())
 	if err != nil {
 		return err
 	}
@@ -440,7 +431,11 @@ func (s *server) listProcesses(w http.ResponseWriter, r *http.Request, c *call) 
 }
 
 func (s *server) getProcess(w http.ResponseWriter, r *http.Request, c *call) error {
-	p, err := s.mgr.Process(r.Context(), c.owner, r.PathValue("id"), r.PathValue("pid"))
+	_, g, err := s.guest(r, c)
+	if err != nil {
+		return err
+	}
+	p, err := g.Process(r.Context(), r.PathValue("pid"))
 	if err != nil {
 		return err
 	}
@@ -450,7 +445,7 @@ func (s *server) getProcess(w http.ResponseWriter, r *http.Request, c *call) err
 
 func (s *server) processOutput(w http.ResponseWriter, r *http.Request, c *call) error {
 	q := r.URL.Query()
-	req := agentproto.ProcessRequest{ID: r.PathValue("pid")}
+	req := sandbox.ProcessRequest{ID: r.PathValue("pid")}
 	var issues []issue
 	if v := q.Get("cursor"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
@@ -473,8 +468,12 @@ func (s *server) processOutput(w http.ResponseWriter, r *http.Request, c *call) 
 	if len(issues) > 0 {
 		return invalid(issues)
 	}
-	s.streamEvents(w, r, func(send func(agentproto.Event) error) error {
-		return s.mgr.ProcessOutput(r.Context(), c.owner, r.PathValue("id"), req, send)
+	_, g, err := s.guest(r, c)
+	if err != nil {
+		return err
+	}
+	s.streamEvents(w, r, func(send func(sandbox.Event) error) error {
+		return g.ProcessOutput(r.Context(), req, send)
 	})
 	return nil
 }
@@ -496,7 +495,11 @@ func (s *server) signalProcess(w http.ResponseWriter, r *http.Request, c *call) 
 	if !signalRE.MatchString(req.Signal) {
 		return invalid([]issue{{Path: "signal", Message: `must be a signal name such as "SIGTERM" or a number`}})
 	}
-	p, err := s.mgr.Signal(r.Context(), c.owner, r.PathValue("id"), r.PathValue("pid"), req.Signal)
+	_, g, err := s.guest(r, c)
+	if err != nil {
+		return err
+	}
+	p, err := g.Signal(r.Context(), r.PathValue("pid"), req.Signal)
 	if err != nil {
 		return err
 	}

@@ -11,7 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/emberbox/emberbox/internal/agentproto"
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
@@ -30,12 +29,12 @@ type fakeManager struct {
 	waits      []waitCall
 	listOpts   sandbox.ListOptions
 	listNext   string
-	lastExec   agentproto.ExecRequest
-	execResult agentproto.ExecResult
-	execEvents []agentproto.Event
+	lastExec   sandbox.ExecRequest
+	execResult sandbox.ExecResult
+	execEvents []sandbox.Event
 	execErr    error
-	execHook   func(onEvent func(agentproto.Event) error) error // replaces events when set
-	outputReq  agentproto.ProcessRequest
+	execHook   func(onEvent func(sandbox.Event) error) error // replaces events when set
+	outputReq  sandbox.ProcessRequest
 	signal     string
 	lastMode   uint32
 }
@@ -178,7 +177,8 @@ func (m *fakeManager) Extend(ctx context.Context, owner, id string, d time.Durat
 	return clone(sb), nil
 }
 
-func (m *fakeManager) Exec(ctx context.Context, owner, id string, req agentproto.ExecRequest, onEvent func(agentproto.Event) error) (*agentproto.ExecResult, error) {
+func (g fakeGuest) Exec(ctx context.Context, req sandbox.ExecRequest, onEvent func(sandbox.Event) error) (*sandbox.ExecResult, error) {
+	m, owner, id := g.m, g.owner, g.id
 	m.mu.Lock()
 	_, err := m.getLocked(owner, id)
 	m.lastExec = req
@@ -203,34 +203,38 @@ func (m *fakeManager) Exec(ctx context.Context, owner, id string, req agentproto
 	return &res, nil
 }
 
-func (m *fakeManager) Spawn(ctx context.Context, owner, id string, req agentproto.ExecRequest) (*agentproto.ProcessInfo, error) {
+func (g fakeGuest) Spawn(ctx context.Context, req sandbox.ExecRequest) (*sandbox.ProcessInfo, error) {
+	m, owner, id := g.m, g.owner, g.id
 	if _, err := m.Get(ctx, owner, id); err != nil {
 		return nil, err
 	}
 	m.mu.Lock()
 	m.lastExec = req
 	m.mu.Unlock()
-	return &agentproto.ProcessInfo{ID: "p1", State: "running", Command: req.Command, StartedAt: time.Unix(0, 0)}, nil
+	return &sandbox.ProcessInfo{ID: "p1", State: "running", Command: req.Command, StartedAt: time.Unix(0, 0)}, nil
 }
 
-func (m *fakeManager) Processes(ctx context.Context, owner, id string) ([]agentproto.ProcessInfo, error) {
+func (g fakeGuest) Processes(ctx context.Context) ([]sandbox.ProcessInfo, error) {
+	m, owner, id := g.m, g.owner, g.id
 	if _, err := m.Get(ctx, owner, id); err != nil {
 		return nil, err
 	}
-	return []agentproto.ProcessInfo{{ID: "p1", State: "running"}}, nil
+	return []sandbox.ProcessInfo{{ID: "p1", State: "running"}}, nil
 }
 
-func (m *fakeManager) Process(ctx context.Context, owner, id, pid string) (*agentproto.ProcessInfo, error) {
+func (g fakeGuest) Process(ctx context.Context, pid string) (*sandbox.ProcessInfo, error) {
+	m, owner, id := g.m, g.owner, g.id
 	if _, err := m.Get(ctx, owner, id); err != nil {
 		return nil, err
 	}
 	if pid != "p1" {
 		return nil, errdefs.New(errdefs.ErrNotFound, "process_not_found", "no process %s", pid)
 	}
-	return &agentproto.ProcessInfo{ID: "p1", State: "running"}, nil
+	return &sandbox.ProcessInfo{ID: "p1", State: "running"}, nil
 }
 
-func (m *fakeManager) ProcessOutput(ctx context.Context, owner, id string, req agentproto.ProcessRequest, onEvent func(agentproto.Event) error) error {
+func (g fakeGuest) ProcessOutput(ctx context.Context, req sandbox.ProcessRequest, onEvent func(sandbox.Event) error) error {
+	m, owner, id := g.m, g.owner, g.id
 	if _, err := m.Get(ctx, owner, id); err != nil {
 		return err
 	}
@@ -246,22 +250,24 @@ func (m *fakeManager) ProcessOutput(ctx context.Context, owner, id string, req a
 	return nil
 }
 
-func (m *fakeManager) Signal(ctx context.Context, owner, id, pid, signal string) (*agentproto.ProcessInfo, error) {
+func (g fakeGuest) Signal(ctx context.Context, pid, signal string) (*sandbox.ProcessInfo, error) {
+	m, owner, id := g.m, g.owner, g.id
 	if _, err := m.Get(ctx, owner, id); err != nil {
 		return nil, err
 	}
 	m.mu.Lock()
 	m.signal = signal
 	m.mu.Unlock()
-	return &agentproto.ProcessInfo{ID: pid, State: "killed"}, nil
+	return &sandbox.ProcessInfo{ID: pid, State: "killed"}, nil
 }
 
-func (m *fakeManager) entry(p string, size int64) *agentproto.FileEntry {
-	return &agentproto.FileEntry{Name: p[strings.LastIndexByte(p, '/')+1:], Path: p, Type: "file", Size: size, Mode: "644",
+func (m *fakeManager) entry(p string, size int64) *sandbox.FileEntry {
+	return &sandbox.FileEntry{Name: p[strings.LastIndexByte(p, '/')+1:], Path: p, Type: "file", Size: size, Mode: "644",
 		ModifiedAt: time.Unix(0, 0)}
 }
 
-func (m *fakeManager) ReadFile(ctx context.Context, owner, id, p string) (*agentproto.FileEntry, io.ReadCloser, error) {
+func (g fakeGuest) ReadFile(ctx context.Context, p string) (*sandbox.FileEntry, io.ReadCloser, error) {
+	m, owner, id := g.m, g.owner, g.id
 	if _, err := m.Get(ctx, owner, id); err != nil {
 		return nil, nil, err
 	}
@@ -274,7 +280,8 @@ func (m *fakeManager) ReadFile(ctx context.Context, owner, id, p string) (*agent
 	return m.entry(p, int64(len(data))), io.NopCloser(bytes.NewReader(data)), nil
 }
 
-func (m *fakeManager) WriteFile(ctx context.Context, owner, id, p string, mode uint32, size int64, r io.Reader) (*agentproto.FileEntry, error) {
+func (g fakeGuest) WriteFile(ctx context.Context, p string, mode uint32, size int64, r io.Reader) (*sandbox.FileEntry, error) {
+	m, owner, id := g.m, g.owner, g.id
 	if _, err := m.Get(ctx, owner, id); err != nil {
 		return nil, err
 	}
@@ -292,14 +299,16 @@ func (m *fakeManager) WriteFile(ctx context.Context, owner, id, p string, mode u
 	return m.entry(p, size), nil
 }
 
-func (m *fakeManager) ListFiles(ctx context.Context, owner, id string, req agentproto.FileRequest) ([]agentproto.FileEntry, error) {
+func (g fakeGuest) List(ctx context.Context, req sandbox.FileRequest) ([]sandbox.FileEntry, error) {
+	m, owner, id := g.m, g.owner, g.id
 	if _, err := m.Get(ctx, owner, id); err != nil {
 		return nil, err
 	}
-	return []agentproto.FileEntry{*m.entry(req.Path+"/a", 1)}, nil
+	return []sandbox.FileEntry{*m.entry(req.Path+"/a", 1)}, nil
 }
 
-func (m *fakeManager) Stat(ctx context.Context, owner, id, p string) (*agentproto.FileEntry, error) {
+func (g fakeGuest) Stat(ctx context.Context, p string) (*sandbox.FileEntry, error) {
+	m, owner, id := g.m, g.owner, g.id
 	if _, err := m.Get(ctx, owner, id); err != nil {
 		return nil, err
 	}
@@ -312,7 +321,8 @@ func (m *fakeManager) Stat(ctx context.Context, owner, id, p string) (*agentprot
 	return m.entry(p, int64(len(data))), nil
 }
 
-func (m *fakeManager) Mkdir(ctx context.Context, owner, id, p string, parents bool) (*agentproto.FileEntry, error) {
+func (g fakeGuest) Mkdir(ctx context.Context, p string, parents bool) (*sandbox.FileEntry, error) {
+	m, owner, id := g.m, g.owner, g.id
 	if _, err := m.Get(ctx, owner, id); err != nil {
 		return nil, err
 	}
@@ -321,7 +331,8 @@ func (m *fakeManager) Mkdir(ctx context.Context, owner, id, p string, parents bo
 	return e, nil
 }
 
-func (m *fakeManager) Remove(ctx context.Context, owner, id, p string, recursive bool) (bool, error) {
+func (g fakeGuest) Remove(ctx context.Context, p string, recursive bool) (bool, error) {
+	m, owner, id := g.m, g.owner, g.id
 	if _, err := m.Get(ctx, owner, id); err != nil {
 		return false, err
 	}
@@ -330,6 +341,24 @@ func (m *fakeManager) Remove(ctx context.Context, owner, id, p string, recursive
 	_, ok := m.files[id+"\x00"+p]
 	delete(m.files, id+"\x00"+p)
 	return ok, nil
+}
+
+// fakeGuest is the guest of one of fakeManager's sandboxes.
+type fakeGuest struct {
+	m         *fakeManager
+	owner, id string
+}
+
+// Guest refuses as the real manager does, from the same state table.
+func (m *fakeManager) Guest(ctx context.Context, owner, id string) (*sandbox.Sandbox, sandbox.Guest, error) {
+	sb, err := m.Get(ctx, owner, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := sandbox.Refusal(sb); err != nil {
+		return nil, nil, err
+	}
+	return sb, fakeGuest{m: m, owner: owner, id: id}, nil
 }
 
 // fakeKeys knows secrets "secret-a" (key_a) and "secret-b" (key_b).

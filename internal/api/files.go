@@ -12,8 +12,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/emberbox/emberbox/internal/agentproto"
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
 // Limits of file requests.
@@ -39,7 +39,7 @@ type fileJSON struct {
 	SymlinkTarget string    `json:"symlinkTarget,omitempty"`
 }
 
-func toFileJSON(e *agentproto.FileEntry) fileJSON {
+func toFileJSON(e *sandbox.FileEntry) fileJSON {
 	return fileJSON{Name: e.Name, Path: e.Path, Type: e.Type, Size: e.Size, Mode: e.Mode,
 		ModifiedAt: optTime(&e.ModifiedAt), UID: e.UID, GID: e.GID, Owner: e.Owner, Group: e.Group,
 		SymlinkTarget: e.SymlinkTarget}
@@ -71,7 +71,11 @@ func (s *server) readFile(w http.ResponseWriter, r *http.Request, c *call) error
 	if err != nil {
 		return err
 	}
-	entry, rc, err := s.mgr.ReadFile(r.Context(), c.owner, r.PathValue("id"), p)
+	_, g, err := s.mgr.Guest(r.Context(), c.owner, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	entry, rc, err := g.ReadFile(r.Context(), p)
 	if err != nil {
 		return err
 	}
@@ -151,7 +155,11 @@ func (s *server) writeFile(w http.ResponseWriter, r *http.Request, c *call) erro
 		}
 		mode = m
 	}
-	entry, err := s.mgr.WriteFile(r.Context(), c.owner, r.PathValue("id"), p, mode, int64(len(c.body)), bytes.NewReader(c.body))
+	_, g, err := s.mgr.Guest(r.Context(), c.owner, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	entry, err := g.WriteFile(r.Context(), p, mode, int64(len(c.body)), bytes.NewReader(c.body))
 	if err != nil {
 		return err
 	}
@@ -161,7 +169,7 @@ func (s *server) writeFile(w http.ResponseWriter, r *http.Request, c *call) erro
 
 func (s *server) listFiles(w http.ResponseWriter, r *http.Request, c *call) error {
 	q := r.URL.Query()
-	req := agentproto.FileRequest{Path: q.Get("path"), Depth: 1}
+	req := sandbox.FileRequest{Path: q.Get("path"), Depth: 1}
 	if req.Path == "" {
 		req.Path = "/workspace"
 	}
@@ -190,7 +198,11 @@ func (s *server) listFiles(w http.ResponseWriter, r *http.Request, c *call) erro
 	if len(issues) > 0 {
 		return invalid(issues)
 	}
-	entries, err := s.mgr.ListFiles(r.Context(), c.owner, r.PathValue("id"), req)
+	_, g, err := s.mgr.Guest(r.Context(), c.owner, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	entries, err := g.List(r.Context(), req)
 	if err != nil {
 		return err
 	}
@@ -212,7 +224,11 @@ func (s *server) statFile(w http.ResponseWriter, r *http.Request, c *call) error
 		return err
 	}
 	id := r.PathValue("id")
-	entry, err := s.mgr.Stat(r.Context(), c.owner, id, p)
+	_, g, err := s.mgr.Guest(r.Context(), c.owner, id)
+	if err != nil {
+		return err
+	}
+	entry, err := g.Stat(r.Context(), p)
 	if err != nil {
 		if !s.fileMissing(r, c, id, err) {
 			return err
@@ -235,7 +251,7 @@ func (s *server) fileMissing(r *http.Request, c *call, id string, err error) boo
 		return false
 	}
 	switch errdefs.Code(err) {
-	case agentproto.CodeFileNotFound:
+	case sandbox.CodeFileNotFound:
 		return true
 	case "":
 		_, gerr := s.mgr.Get(r.Context(), c.owner, id)
@@ -257,7 +273,11 @@ func (s *server) mkdir(w http.ResponseWriter, r *http.Request, c *call) error {
 	if issues := pathIssue("path", req.Path); issues != nil {
 		return invalid(issues)
 	}
-	entry, err := s.mgr.Mkdir(r.Context(), c.owner, r.PathValue("id"), req.Path, req.Parents)
+	_, g, err := s.mgr.Guest(r.Context(), c.owner, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	entry, err := g.Mkdir(r.Context(), req.Path, req.Parents)
 	if err != nil {
 		return err
 	}
@@ -278,7 +298,11 @@ func (s *server) removeFile(w http.ResponseWriter, r *http.Request, c *call) err
 	if issues := pathIssue("path", req.Path); issues != nil {
 		return invalid(issues)
 	}
-	removed, err := s.mgr.Remove(r.Context(), c.owner, r.PathValue("id"), req.Path, req.Recursive)
+	_, g, err := s.mgr.Guest(r.Context(), c.owner, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	removed, err := g.Remove(r.Context(), req.Path, req.Recursive)
 	if err != nil {
 		return err
 	}

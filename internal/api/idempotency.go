@@ -6,10 +6,14 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"encoding/json"
 	"log/slog"
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/emberbox/emberbox/internal/faultpoint"
+	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
 // Idempotency-Key handling.
@@ -89,6 +93,10 @@ func (s *server) idempotent(w http.ResponseWriter, r *http.Request, c *call, key
 				withHint("Use a new key for a new request; reuse a key only to retry the same request."))
 			return
 		}
+		if rec.Status != 0 && rec.SandboxID != "" && len(rec.Body) == 0 {
+			s.replaySandbox(w, r, c, rec)
+			return
+		}
 		if rec.Status != 0 {
 			replay(w, rec)
 			return
@@ -113,6 +121,7 @@ func (s *server) idempotent(w http.ResponseWriter, r *http.Request, c *call, key
 
 // runReserved runs the handler, then stores or releases the reservation.
 func (s *server) runReserved(w http.ResponseWriter, r *http.Request, owner, key string, run func(http.ResponseWriter)) {
+	faultpoint.Hit("idempotency.reserved")
 	rec := &recorder{ResponseWriter: w}
 	// The outcome is recorded even if the client has gone.
 	ctx := context.WithoutCancel(r.Context())
@@ -134,6 +143,7 @@ func (s *server) runReserved(w http.ResponseWriter, r *http.Request, owner, key 
 		release()
 		return
 	}
+	faultpoint.Hit("idempotency.answered")
 	if err := s.idem.Complete(ctx, owner, key, rec.status, rec.Header().Get("Content-Type"), rec.buf.Bytes()); err != nil {
 		s.log.LogAttrs(ctx, slog.LevelError, "storing idempotent answer",
 			slog.String("request_id", requestID(ctx)), slog.Any("err", err))
@@ -154,6 +164,26 @@ func replay(w http.ResponseWriter, rec *IdempotentResult) {
 	w.Header().Set("Idempotency-Replayed", "true")
 	w.WriteHeader(rec.Status)
 	_, _ = w.Write(body)
+}
+
+// replaySandbox answers the retry of a create that a crash cut short after
+// the sandbox was recorded: the answer is that sandbox as it is now, waited
+// for as the request's Prefer header asks, never a second sandbox.
+func (s *server) replaySandbox(w http.ResponseWriter, r *http.Request, c *call, rec *IdempotentResult) {
+	sb, err := s.mgr.Get(r.Context(), c.owner, rec.SandboxID)
+	if err == nil {
+		sb, err = s.settle(r.Context(), c.owner, sb, preferWait(r), sandbox.StateRunning)
+	}
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	body, err := json.Marshal(s.sandboxJSON(sb))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	replay(w, &IdempotentResult{Status: rec.Status, ContentType: "application/json", Body: append(body, '\n')})
 }
 
 func markReplayed(body []byte) []byte {

@@ -2,10 +2,8 @@ package api
 
 import (
 	"context"
-	"io"
 	"time"
 
-	"github.com/emberbox/emberbox/internal/agentproto"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -32,28 +30,8 @@ type Manager interface {
 	// Extend moves the lease to now+d (at most sandbox.MaxExtendAhead ahead).
 	Extend(ctx context.Context, owner, id string, d time.Duration) (*sandbox.Sandbox, error)
 
-	// Exec runs a command. With req.Stream, onEvent receives "start",
-	// "stdout"/"stderr" (with cumulative offsets) and finally "exit" events;
-	// an error from onEvent aborts the call. The result is returned either way.
-	Exec(ctx context.Context, owner, id string, req agentproto.ExecRequest, onEvent func(agentproto.Event) error) (*agentproto.ExecResult, error)
-	Spawn(ctx context.Context, owner, id string, req agentproto.ExecRequest) (*agentproto.ProcessInfo, error)
-	Processes(ctx context.Context, owner, id string) ([]agentproto.ProcessInfo, error)
-	Process(ctx context.Context, owner, id, processID string) (*agentproto.ProcessInfo, error)
-	// ProcessOutput sends output events from req.Cursor (see
-	// agentproto.ProcessRequest) to onEvent; it ends with an "exit" event if
-	// the process has ended and all its kept output was sent.
-	ProcessOutput(ctx context.Context, owner, id string, req agentproto.ProcessRequest, onEvent func(agentproto.Event) error) error
-	Signal(ctx context.Context, owner, id, processID, signal string) (*agentproto.ProcessInfo, error)
-
-	// ReadFile returns the file's entry and a reader of its bytes, which the
-	// caller must close.
-	ReadFile(ctx context.Context, owner, id, path string) (*agentproto.FileEntry, io.ReadCloser, error)
-	// WriteFile atomically replaces path with exactly size bytes from r,
-	// creating parent directories. mode 0 means 0644.
-	WriteFile(ctx context.Context, owner, id, path string, mode uint32, size int64, r io.Reader) (*agentproto.FileEntry, error)
-	ListFiles(ctx context.Context, owner, id string, req agentproto.FileRequest) ([]agentproto.FileEntry, error)
-	// Stat returns an error of class errdefs.ErrNotFound if path does not exist.
-	Stat(ctx context.Context, owner, id, path string) (*agentproto.FileEntry, error)
-	Mkdir(ctx context.Context, owner, id, path string, parents bool) (*agentproto.FileEntry, error)
-	Remove(ctx context.Context, owner, id, path string, recursive bool) (removed bool, err error)
+	// Guest returns a running sandbox of owner's and its guest agent, or
+	// the coded refusal of the sandbox's state (sandbox.Refusal). Every call
+	// into a guest goes through it.
+	Guest(ctx context.Context, owner, id string) (*sandbox.Sandbox, sandbox.Guest, error)
 }

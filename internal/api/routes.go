@@ -15,7 +15,10 @@ type route struct {
 	Path    string
 	OpID    string
 	Summary string
-	Public  bool     // served without an API key
+	Public  bool // served without an API key
+	// Guest: the route calls into the sandbox's guest, so a sandbox in any
+	// state but running gets its state's refusal (sandbox.States).
+	Guest   bool
 	Query   []param  // query parameters, for the document
 	Body    any      // JSON request body type (a struct value), for the document
 	RawBody bool     // the body is raw bytes (file content)
@@ -59,7 +62,7 @@ func (s *server) routeTable() []route {
 			Body: struct{}{}, handle: s.stopSandbox},
 		{Method: "POST", Path: "/v1/sandboxes/{id}:extend", OpID: "extendSandbox", Summary: "Move the lease to now+seconds",
 			Body: extendRequest{}, handle: s.extendSandbox},
-		{Method: "POST", Path: "/v1/sandboxes/{id}:exec", OpID: "exec", Summary: "Run a command; stream:true answers NDJSON",
+		{Method: "POST", Path: "/v1/sandboxes/{id}:exec", OpID: "exec", Guest: true, Summary: "Run a command; stream:true answers NDJSON",
 			Body: execRequest{}, Answers: []string{"application/json", "application/x-ndjson"}, handle: s.exec},
 
 		{Method: "GET", Path: "/v1/sandboxes/{id}/events", OpID: "listEvents",
@@ -71,34 +74,34 @@ func (s *server) routeTable() []route {
 			Summary: "Replace the egress policy; applies at once, cutting open connections it refuses",
 			Body:    networkRequest{}, handle: s.putNetwork},
 
-		{Method: "POST", Path: "/v1/sandboxes/{id}/processes", OpID: "spawnProcess", Summary: "Start a background process",
+		{Method: "POST", Path: "/v1/sandboxes/{id}/processes", OpID: "spawnProcess", Guest: true, Summary: "Start a background process",
 			Body: spawnRequest{}, handle: s.spawn},
-		{Method: "GET", Path: "/v1/sandboxes/{id}/processes", OpID: "listProcesses", Summary: "List processes", handle: s.listProcesses},
-		{Method: "GET", Path: "/v1/sandboxes/{id}/processes/{pid}", OpID: "getProcess", Summary: "Read a process", handle: s.getProcess},
-		{Method: "GET", Path: "/v1/sandboxes/{id}/processes/{pid}/output", OpID: "processOutput", Summary: "A process's output events",
+		{Method: "GET", Path: "/v1/sandboxes/{id}/processes", OpID: "listProcesses", Guest: true, Summary: "List processes", handle: s.listProcesses},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/processes/{pid}", OpID: "getProcess", Guest: true, Summary: "Read a process", handle: s.getProcess},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/processes/{pid}/output", OpID: "processOutput", Guest: true, Summary: "A process's output events",
 			Query: []param{q("cursor", "integer", "byte offset to start from"), q("waitMs", "integer", "wait this long for output, at most 60000"),
 				q("follow", "boolean", "stream until the process ends")},
 			Answers: ndjson, handle: s.processOutput},
-		{Method: "POST", Path: "/v1/sandboxes/{id}/processes/{pid}:signal", OpID: "signalProcess", Summary: "Send a signal to a process",
+		{Method: "POST", Path: "/v1/sandboxes/{id}/processes/{pid}:signal", OpID: "signalProcess", Guest: true, Summary: "Send a signal to a process",
 			Body: signalRequest{}, handle: s.signalProcess},
 
-		{Method: "GET", Path: "/v1/sandboxes/{id}/files/content", OpID: "readFile", Summary: "Read a file's bytes",
+		{Method: "GET", Path: "/v1/sandboxes/{id}/files/content", OpID: "readFile", Guest: true, Summary: "Read a file's bytes",
 			Query: []param{pathParam}, Answers: []string{"application/octet-stream"}, handle: s.readFile},
-		{Method: "PUT", Path: "/v1/sandboxes/{id}/files/content", OpID: "writeFile", Summary: "Write a file (at most 1 MiB)",
+		{Method: "PUT", Path: "/v1/sandboxes/{id}/files/content", OpID: "writeFile", Guest: true, Summary: "Write a file (at most 1 MiB)",
 			Query: []param{pathParam, q("mode", "string", "octal permissions, default 644")}, RawBody: true, handle: s.writeFile},
-		{Method: "GET", Path: "/v1/sandboxes/{id}/files/list", OpID: "listFiles", Summary: "List a directory",
+		{Method: "GET", Path: "/v1/sandboxes/{id}/files/list", OpID: "listFiles", Guest: true, Summary: "List a directory",
 			Query: []param{pathParam, q("depth", "integer", "levels below path, default 1"), q("hidden", "boolean", "include dotfiles"),
 				q("limit", "integer", "at most this many entries")}, handle: s.listFiles},
-		{Method: "GET", Path: "/v1/sandboxes/{id}/files/stat", OpID: "statFile", Summary: "A file's entry, or {exists:false}",
+		{Method: "GET", Path: "/v1/sandboxes/{id}/files/stat", OpID: "statFile", Guest: true, Summary: "A file's entry, or {exists:false}",
 			Query: []param{pathParam}, handle: s.statFile},
-		{Method: "POST", Path: "/v1/sandboxes/{id}/files:mkdir", OpID: "mkdir", Summary: "Make a directory",
+		{Method: "POST", Path: "/v1/sandboxes/{id}/files:mkdir", OpID: "mkdir", Guest: true, Summary: "Make a directory",
 			Body: mkdirRequest{}, handle: s.mkdir},
-		{Method: "POST", Path: "/v1/sandboxes/{id}/files:remove", OpID: "removeFile", Summary: "Remove a file or directory",
+		{Method: "POST", Path: "/v1/sandboxes/{id}/files:remove", OpID: "removeFile", Guest: true, Summary: "Remove a file or directory",
 			Body: removeRequest{}, handle: s.removeFile},
-		{Method: "POST", Path: "/v1/sandboxes/{id}/files:chmod", OpID: "chmodFile", Summary: "Change a file's permission bits",
+		{Method: "POST", Path: "/v1/sandboxes/{id}/files:chmod", OpID: "chmodFile", Guest: true, Summary: "Change a file's permission bits",
 			Body: chmodRequest{}, handle: s.chmod},
 
-		{Method: "POST", Path: "/v1/sandboxes/{id}/uploads", OpID: "beginUpload",
+		{Method: "POST", Path: "/v1/sandboxes/{id}/uploads", OpID: "beginUpload", Guest: true,
 			Summary: "Begin a chunked upload of a file under /workspace (for files over 1 MiB)",
 			Body:    beginUploadRequest{}, handle: s.beginUpload},
 		{Method: "PUT", Path: "/v1/sandboxes/{id}/uploads/{uploadId}", OpID: "putUploadChunk",

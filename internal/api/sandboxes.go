@@ -82,7 +82,7 @@ func (s *server) sandboxJSON(sb *sandbox.Sandbox) sandboxJSON {
 	}
 	return sandboxJSON{
 		ID: sb.ID, Kind: "sandbox", Name: optString(sb.Name), Labels: labels,
-		Status: sb.State.Status(), State: string(sb.State), Region: "local",
+		Status: sb.State.Status(), State: string(sb.State.Wire()), Region: "local",
 		VCPU: sb.VCPU, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB, CPU: "shared",
 		TimeoutSeconds: sb.TimeoutSeconds, OnLeaseEnd: sb.OnLeaseEnd,
 		CreatedAt: optTime(&sb.CreatedAt), ReadyAt: optTime(sb.ReadyAt),
@@ -346,6 +346,10 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request, c *call) 
 	if err != nil {
 		return err
 	}
+	if s.idem != nil {
+		// Validated by idempotent, which runs this handler for a key.
+		spec.IdempotencyKey = r.Header.Get("Idempotency-Key")
+	}
 	var sb *sandbox.Sandbox
 	reused := false
 	if req.GetOrCreate {
@@ -434,6 +438,10 @@ func (s *server) listSandboxes(w http.ResponseWriter, r *http.Request, c *call) 
 				continue
 			}
 			opts.States = append(opts.States, sandbox.State(st))
+			if sandbox.State(st) == sandbox.StateStopping {
+				// A sandbox being deleted shows as stopping.
+				opts.States = append(opts.States, sandbox.StateDeleting)
+			}
 		}
 	}
 	for _, v := range q["label"] {
@@ -513,7 +521,7 @@ func (s *server) deleteSandbox(w http.ResponseWriter, r *http.Request, c *call) 
 	if sb, err = s.settle(r.Context(), c.owner, sb, preferWait(r), sandbox.StateDeleted); err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, deletedJSON{ID: sb.ID, Status: "deleted", State: string(sb.State), DeletedAt: optTime(sb.DeletedAt)})
+	writeJSON(w, http.StatusOK, deletedJSON{ID: sb.ID, Status: "deleted", State: string(sb.State.Wire()), DeletedAt: optTime(sb.DeletedAt)})
 	return nil
 }
 

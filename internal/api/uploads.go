@@ -17,8 +17,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/emberbox/emberbox/internal/agentproto"
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
 // Chunked uploads: files over 1 MiB, which the files content PUT refuses.
@@ -70,9 +70,9 @@ type upload struct {
 	received int
 	writing  int // chunk writes in flight
 	lastUsed time.Time
-	entry    *agentproto.FileEntry // once committed
-	file     *os.File              // nil once committed or removed
-	name     string                // staging file
+	entry    *sandbox.FileEntry // once committed
+	file     *os.File           // nil once committed or removed
+	name     string             // staging file
 }
 
 func (u *upload) chunks() int { return len(u.have) }
@@ -262,7 +262,7 @@ func (s *server) beginUpload(w http.ResponseWriter, r *http.Request, c *call) er
 	if len(issues) > 0 {
 		return invalid(sortIssues(issues))
 	}
-	sb, err := s.running(r, c)
+	sb, _, err := s.guest(r, c)
 	if err != nil {
 		return err
 	}
@@ -482,7 +482,12 @@ func (s *server) commitUpload(w http.ResponseWriter, r *http.Request, c *call) e
 		e.Details = map[string]any{"expected": u.sha256, "actual": got}
 		return e
 	}
-	entry, err := s.mgr.WriteFile(r.Context(), c.owner, u.sandboxID, u.path, u.mode, u.size, io.NewSectionReader(f, 0, u.size))
+	_, g, err := s.mgr.Guest(r.Context(), c.owner, u.sandboxID)
+	if err != nil {
+		reopen()
+		return err
+	}
+	entry, err := g.WriteFile(r.Context(), u.path, u.mode, u.size, io.NewSectionReader(f, 0, u.size))
 	if err != nil {
 		reopen()
 		return err
@@ -552,11 +557,11 @@ func (s *server) chmod(w http.ResponseWriter, r *http.Request, c *call) error {
 	if !path.IsAbs(p) {
 		p = path.Join(uploadRoot, p)
 	}
-	sb, err := s.running(r, c)
+	_, g, err := s.guest(r, c)
 	if err != nil {
 		return err
 	}
-	res, err := s.mgr.Exec(r.Context(), c.owner, sb.ID, agentproto.ExecRequest{
+	res, err := g.Exec(r.Context(), sandbox.ExecRequest{
 		Argv: []string{"chmod", strconv.FormatUint(uint64(mode), 8), "--", p},
 		Cwd:  uploadRoot, User: "user", TimeoutMs: chmodTimeoutMs, MaxOutput: 4 << 10,
 	}, nil)
@@ -569,7 +574,7 @@ func (s *server) chmod(w http.ResponseWriter, r *http.Request, c *call) error {
 	if res.ExitCode == nil || *res.ExitCode != 0 {
 		return chmodError(p, strings.TrimSpace(text(res.Stderr)))
 	}
-	entry, err := s.mgr.Stat(r.Context(), c.owner, sb.ID, p)
+	entry, err := g.Stat(r.Context(), p)
 	if err != nil {
 		return err
 	}
@@ -585,7 +590,7 @@ func chmodError(p, stderr string) *apiError {
 	}
 	switch {
 	case strings.Contains(stderr, "No such file or directory"), strings.Contains(stderr, "Not a directory"):
-		return newError(http.StatusNotFound, agentproto.CodeFileNotFound, msg+".")
+		return newError(http.StatusNotFound, sandbox.CodeFileNotFound, msg+".")
 	case strings.Contains(stderr, "Operation not permitted"), strings.Contains(stderr, "Permission denied"),
 		strings.Contains(stderr, "Read-only file system"):
 		return newError(http.StatusForbidden, "permission_denied", msg+".").

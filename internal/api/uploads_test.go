@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/emberbox/emberbox/internal/agentproto"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -348,7 +347,7 @@ func TestChmod(t *testing.T) {
 	e := newUploadEnv(t)
 	e.m.files["sbx_r\x00/workspace/s.sh"] = []byte("#!/bin/sh\n")
 	zero := 0
-	e.m.execResult = agentproto.ExecResult{ExitCode: &zero}
+	e.m.execResult = sandbox.ExecResult{ExitCode: &zero}
 	w := e.do("POST", "/v1/sandboxes/sbx_r/files:chmod", `{"path":"/workspace/s.sh","mode":"0755"}`)
 	if w.Code != 200 || decodeBody[map[string]any](t, w)["path"] != "/workspace/s.sh" {
 		t.Fatalf("chmod: %d %s", w.Code, w.Body)
@@ -357,13 +356,13 @@ func TestChmod(t *testing.T) {
 		t.Errorf("exec %q %+v", got, e.m.lastExec)
 	}
 	one := 1
-	e.m.execResult = agentproto.ExecResult{ExitCode: &one,
+	e.m.execResult = sandbox.ExecResult{ExitCode: &one,
 		Stderr: []byte("chmod: cannot access '/workspace/n': No such file or directory\n")}
 	w = e.do("POST", "/v1/sandboxes/sbx_r/files:chmod", `{"path":"/workspace/n","mode":"644"}`)
 	if er := errorOf(t, w); w.Code != 404 || er.Code != "file_not_found" || !strings.Contains(er.Message, "No such file") {
 		t.Errorf("missing: %d %s", w.Code, w.Body)
 	}
-	e.m.execResult = agentproto.ExecResult{ExitCode: &one, Stderr: []byte("chmod: something odd\n")}
+	e.m.execResult = sandbox.ExecResult{ExitCode: &one, Stderr: []byte("chmod: something odd\n")}
 	if w := e.do("POST", "/v1/sandboxes/sbx_r/files:chmod", `{"path":"/workspace/s.sh","mode":"644"}`); w.Code != 400 ||
 		!strings.Contains(errorOf(t, w).Message, "something odd") {
 		t.Errorf("failed: %d %s", w.Code, w.Body)

@@ -41,11 +41,11 @@ func (m *Manager) ExpireLeases(ctx context.Context) []string {
 		m.log.Info("lease expired", "sandbox_id", sb.ID, "on_lease_end", sb.OnLeaseEnd)
 		ended = append(ended, sb.ID)
 		if sb.OnLeaseEnd == LeaseEndDelete {
-			go func() {
-				if _, err := m.delete(context.Background(), sb.ID, ReasonLeaseExpired); err != nil {
+			m.spawn(func() {
+				if _, err := m.delete(m.ctx, sb.ID, ReasonLeaseExpired); err != nil {
 					m.log.Error("deleting at lease end", "sandbox_id", sb.ID, "err", err)
 				}
-			}()
+			})
 			continue
 		}
 		if _, err := m.stop(ctx, sb.ID, ReasonLeaseExpired, false); err != nil {

@@ -18,15 +18,20 @@ import (
 	"github.com/emberbox/emberbox/internal/agentproto"
 	"github.com/emberbox/emberbox/internal/egress"
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/faultpoint"
 	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/vmm"
 )
 
 // Store is what the manager needs from durable storage.
 type Store interface {
-	InsertSandbox(ctx context.Context, sb *Sandbox) error
+	// InsertSandbox records a new sandbox and, in the same transaction,
+	// links it to the pending idempotencyKey record of its owner, if any.
+	InsertSandbox(ctx context.Context, sb *Sandbox, idempotencyKey string) error
 	GetSandbox(ctx context.Context, id string) (*Sandbox, error)
-	UpdateSandbox(ctx context.Context, sb *Sandbox) error
+	// UpdateSandbox applies fn to the committed record and writes it back
+	// as one atomic step (see store.Store.UpdateSandbox); fn must not block.
+	UpdateSandbox(ctx context.Context, id string, fn func(sb *Sandbox) bool) (*Sandbox, error)
 	ListSandboxes(ctx context.Context, opts ListOptions) ([]*Sandbox, string, error)
 	ListLive(ctx context.Context) ([]*Sandbox, error)
 	AppendEvent(ctx context.Context, sandboxID, typ, message string, data map[string]any) error
@@ -73,11 +78,24 @@ type Manager struct {
 	// running for the next server process to resume, as after a crash.
 	closing atomic.Bool
 
+	// ctx is the base of every goroutine the manager starts; Close cancels
+	// it and waits for wg.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
 	mu      sync.Mutex
-	live    map[string]*instance // sandboxes with a VM (starting, running, stopping)
-	changed chan struct{}        // closed and replaced whenever a sandbox changes
+	closed  bool                     // no goroutine starts once set
+	live    map[string]*instance     // sandboxes with a VM (starting, running, stopping)
+	changed map[string]chan struct{} // per sandbox, closed when it changes; only while someone waits
 
 	netMu sync.Mutex // serializes policy changes (version numbers)
+
+	// Test hooks (export_test.go): testHookBeforeUpdate runs as an update
+	// begins; testHookUpdate inside every update that changes something,
+	// between its read and its write.
+	testHookBeforeUpdate atomic.Pointer[func(id string)]
+	testHookUpdate       atomic.Pointer[func(id string, sb *Sandbox)]
 }
 
 // instance is a sandbox whose VM this process manages.
@@ -94,8 +112,8 @@ type instance struct {
 	gate *egress.Gate // the sandbox's egress; set before the VM starts
 }
 
-func newInstance(id string) *instance {
-	ctx, cancel := context.WithCancel(context.Background())
+func (m *Manager) newInstance(id string) *instance {
+	ctx, cancel := context.WithCancel(m.ctx)
 	return &instance{id: id, ctx: ctx, cancel: cancel, bootDone: make(chan struct{})}
 }
 
@@ -121,16 +139,49 @@ func New(cfg Config) *Manager {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Manager{cfg: cfg, log: log, live: map[string]*instance{}, changed: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Manager{cfg: cfg, log: log, ctx: ctx, cancel: cancel,
+		live: map[string]*instance{}, changed: map[string]chan struct{}{}}
+}
+
+// spawn runs f in a goroutine the manager owns: Close waits for it. After
+// Close nothing new starts, and spawn reports false.
+func (m *Manager) spawn(f func()) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return false
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		f()
+	}()
+	return true
 }
 
 func (m *Manager) now() time.Time { return m.cfg.Now().UTC().Truncate(time.Millisecond) }
 
-func (m *Manager) notify() {
+// notify wakes the waiters of sandbox id.
+func (m *Manager) notify(id string) {
 	m.mu.Lock()
-	close(m.changed)
-	m.changed = make(chan struct{})
+	if ch, ok := m.changed[id]; ok {
+		close(ch)
+		delete(m.changed, id)
+	}
 	m.mu.Unlock()
+}
+
+// changes returns a channel closed at the next change of sandbox id.
+func (m *Manager) changes(id string) <-chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ch, ok := m.changed[id]
+	if !ok {
+		ch = make(chan struct{})
+		m.changed[id] = ch
+	}
+	return ch
 }
 
 func (m *Manager) dir(id string) string { return filepath.Join(m.cfg.DataDir, "sandboxes", id) }
@@ -154,20 +205,28 @@ func (m *Manager) get(ctx context.Context, owner, id string) (*Sandbox, error) {
 	return sb, err
 }
 
-// update applies fn to the stored record and saves it. Transitions go
-// through here so the store always holds the truth.
+// update applies fn to the stored record and saves it, atomically: fn sees
+// the committed record and no other change comes between its read and the
+// write. Every transition goes through here, so the store always holds the
+// truth and two transitions never interleave.
 func (m *Manager) update(ctx context.Context, id string, fn func(sb *Sandbox) bool) (*Sandbox, error) {
-	sb, err := m.cfg.Store.GetSandbox(ctx, id)
+	if h := m.testHookBeforeUpdate.Load(); h != nil {
+		(*h)(id)
+	}
+	changed := false
+	sb, err := m.cfg.Store.UpdateSandbox(ctx, id, func(sb *Sandbox) bool {
+		changed = fn(sb)
+		if h := m.testHookUpdate.Load(); changed && h != nil {
+			(*h)(id, sb)
+		}
+		return changed
+	})
 	if err != nil {
-		return nil, err
-	}
-	if !fn(sb) {
-		return sb, nil
-	}
-	if err := m.cfg.Store.UpdateSandbox(ctx, sb); err != nil {
 		return nil, fmt.Errorf("saving sandbox %s: %w", id, err)
 	}
-	m.notify()
+	if changed {
+		m.notify(id)
+	}
 	return sb, nil
 }
 
@@ -203,21 +262,26 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (*S
 	if err != nil {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "network: %v", err)
 	}
-	if err := m.cfg.Store.InsertSandbox(ctx, sb); err != nil {
+	if err := m.cfg.Store.InsertSandbox(ctx, sb, spec.IdempotencyKey); err != nil {
 		return nil, err
 	}
 	if err := m.cfg.Store.PutNetwork(ctx, sb.ID, &Network{Policy: compiled.Policy, Version: 1, UpdatedAt: sb.CreatedAt}); err != nil {
 		// Never leave a record that looks like it is starting.
-		m.finish(newInstance(sb.ID), ReasonStartFailed)
+		m.finish(m.newInstance(sb.ID), ReasonStartFailed)
 		return nil, err
 	}
-	in := newInstance(sb.ID)
+	in := m.newInstance(sb.ID)
 	in.gate = m.newGate(sb.ID, compiled, 1)
 	m.mu.Lock()
 	m.live[sb.ID] = in
 	m.mu.Unlock()
 	m.event(sb.ID, "created", "sandbox created", map[string]any{"vcpu": sb.VCPU, "memoryMiB": sb.MemoryMiB})
-	go m.boot(in.ctx, in, sb, spec.Env)
+	faultpoint.Hit("create.recorded")
+	if !m.spawn(func() { m.boot(in.ctx, in, sb, spec.Env) }) {
+		// Shutting down: the record stays starting with no VM, and the
+		// next start records it stopped (lost_on_restart).
+		close(in.bootDone)
+	}
 	return sb, nil
 }
 
@@ -279,7 +343,7 @@ func (m *Manager) ready(in *instance, data map[string]any) {
 		return
 	}
 	m.event(in.id, "ready", "sandbox is running", data)
-	go m.watch(in)
+	m.spawn(func() { m.watch(in) })
 }
 
 func (m *Manager) bootOnce(ctx context.Context, in *instance, sb *Sandbox, env map[string]string) error {
@@ -289,6 +353,7 @@ func (m *Manager) bootOnce(ctx context.Context, in *instance, sb *Sandbox, env m
 	if err != nil {
 		return err
 	}
+	faultpoint.Hit("create.vm_started")
 	in.mu.Lock()
 	in.machine = mach
 	in.mu.Unlock()
@@ -306,6 +371,7 @@ func (m *Manager) bootOnce(ctx context.Context, in *instance, sb *Sandbox, env m
 		}
 		return err
 	}
+	faultpoint.Hit("create.vm_recorded")
 	c, err := m.connect(ctx, in, mach)
 	if err == nil {
 		err = c.Configure(ctx, agentproto.ConfigureRequest{Env: env, CACerts: m.cfg.ExtraCAs})
@@ -419,8 +485,8 @@ func (m *Manager) markStopped(id, reason string) {
 	now := m.now()
 	changed := false
 	_, err := m.update(context.Background(), id, func(s *Sandbox) bool {
-		if s.State.Terminal() {
-			return false
+		if s.State.Terminal() || s.State == StateDeleting {
+			return false // a delete under way records the end itself
 		}
 		if s.State != StateStopping || s.StopReason == "" {
 			s.StopReason = reason
@@ -439,13 +505,16 @@ func (m *Manager) markStopped(id, reason string) {
 
 // Close lets go of every sandbox without stopping it: watchers and boots
 // end and guest connections close, while the VMs keep running for the next
-// process of the server to reattach (see Recover).
+// process of the server to reattach (see Recover). It returns once every
+// goroutine the manager started has ended.
 func (m *Manager) Close() {
 	m.closing.Store(true)
 	m.mu.Lock()
+	m.closed = true
 	live := m.live
 	m.live = map[string]*instance{}
 	m.mu.Unlock()
+	m.cancel()
 	for _, in := range live {
 		in.cancel()
 		m.closeGate(in)
@@ -453,6 +522,7 @@ func (m *Manager) Close() {
 			c.Close()
 		}
 	}
+	m.wg.Wait()
 }
 
 // Get implements api.Manager.Get. A deleted sandbox is not found, as the
@@ -477,9 +547,7 @@ func (m *Manager) List(ctx context.Context, opts ListOptions) ([]*Sandbox, strin
 // WaitFor implements api.Manager.WaitFor.
 func (m *Manager) WaitFor(ctx context.Context, owner, id string, states ...State) (*Sandbox, error) {
 	for {
-		m.mu.Lock()
-		ch := m.changed
-		m.mu.Unlock()
+		ch := m.changes(id)
 		sb, err := m.get(ctx, owner, id)
 		if err != nil {
 			return nil, err
@@ -508,46 +576,25 @@ func (m *Manager) Stop(ctx context.Context, owner, id string) (*Sandbox, error) 
 // with wait, before returning).
 func (m *Manager) stop(ctx context.Context, id, reason string, wait bool) (*Sandbox, error) {
 	sb, err := m.update(ctx, id, func(s *Sandbox) bool {
-		if s.State.Terminal() || s.State == StateStopping {
+		if s.State.Terminal() || s.State == StateStopping || s.State == StateDeleting {
 			return false
 		}
 		s.State, s.StopReason = StateStopping, reason
 		return true
 	})
-	if err != nil || sb.State.Terminal() {
-		return sb, err
+	if err != nil || sb.State != StateStopping {
+		return sb, err // already stopped, or being deleted: that path ends the VM
 	}
-	m.mu.Lock()
-	in := m.live[id]
-	m.mu.Unlock()
 	done := make(chan struct{})
-	go func() {
+	if !m.spawn(func() {
 		defer close(done)
-		if in != nil {
-			in.cancel()
-			// A boot in progress returns promptly once cancelled; only
-			// then is in.machine the VM to stop (or nil, already stopped).
-			<-in.bootDone
-			in.mu.Lock()
-			mach, c := in.machine, in.client
-			in.mu.Unlock()
-			if c != nil {
-				c.Close()
-			}
-			m.closeGate(in)
-			if mach != nil {
-				sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-				if err := mach.Stop(sctx); err != nil {
-					m.log.Error("stopping vm", "sandbox_id", id, "err", err)
-				}
-				cancel()
-			}
-			m.mu.Lock()
-			delete(m.live, id)
-			m.mu.Unlock()
-		}
+		m.endVM(id)
 		m.markStopped(id, reason)
-	}()
+	}) {
+		// Shutting down: the record says stopping, and the next start
+		// finishes the stop (Recover).
+		return sb, nil
+	}
 	if wait {
 		select {
 		case <-done:
@@ -556,6 +603,42 @@ func (m *Manager) stop(ctx context.Context, id, reason string, wait bool) (*Sand
 		return m.cfg.Store.GetSandbox(context.Background(), id)
 	}
 	return sb, nil
+}
+
+// endVM ends the VM of sandbox id if this process runs one, and forgets
+// it: a boot in progress is cancelled first, then the guest connection, the
+// egress gate and the VM itself go. It returns once the VM has exited (or
+// its stop failed, which is logged).
+func (m *Manager) endVM(id string) {
+	m.mu.Lock()
+	in := m.live[id]
+	m.mu.Unlock()
+	if in == nil {
+		return
+	}
+	in.cancel()
+	// A boot in progress returns promptly once cancelled; only then is
+	// in.machine the VM to stop (or nil, already stopped).
+	<-in.bootDone
+	in.mu.Lock()
+	mach, c := in.machine, in.client
+	in.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+	m.closeGate(in)
+	if mach != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		if err := mach.Stop(sctx); err != nil {
+			m.log.Error("stopping vm", "sandbox_id", id, "err", err)
+		}
+		cancel()
+	}
+	m.mu.Lock()
+	if m.live[id] == in {
+		delete(m.live, id)
+	}
+	m.mu.Unlock()
 }
 
 // Delete implements api.Manager.Delete.
@@ -570,17 +653,44 @@ func (m *Manager) Delete(ctx context.Context, owner, id string) (*Sandbox, error
 	return m.delete(ctx, id, ReasonDeleted)
 }
 
+// delete records the sandbox as deleting before it removes anything, so
+// that a crash at any later step is finished by the next start (Recover),
+// then ends its VM, removes its files and records it deleted.
 func (m *Manager) delete(ctx context.Context, id, reason string) (*Sandbox, error) {
-	// Stopping has its own bound; the disk is removed only once the VM
-	// that uses it is gone.
-	if _, err := m.stop(context.WithoutCancel(ctx), id, reason, true); err != nil {
+	sb, err := m.update(ctx, id, func(s *Sandbox) bool {
+		if s.State == StateDeleted || s.State == StateDeleting {
+			return false
+		}
+		if !s.State.Terminal() && s.State != StateStopping {
+			s.StopReason = reason // it was running: this delete ends it
+		}
+		s.State = StateDeleting
+		return true
+	})
+	if err != nil {
 		return nil, err
 	}
-	if err := os.RemoveAll(m.dir(id)); err != nil {
-		m.log.Error("removing sandbox files", "sandbox_id", id, "err", err)
+	if sb.State == StateDeleted {
+		return sb, nil
 	}
+	faultpoint.Hit("delete.recorded")
+	return m.finishDelete(context.WithoutCancel(ctx), id)
+}
+
+// finishDelete ends the VM and removes the files of a sandbox recorded as
+// deleting, and records it deleted. It is safe to repeat: two deletes at
+// once, or a restart part-way, end the same way.
+func (m *Manager) finishDelete(ctx context.Context, id string) (*Sandbox, error) {
+	m.endVM(id)
+	faultpoint.Hit("delete.vm_ended")
+	if err := os.RemoveAll(m.dir(id)); err != nil {
+		// The record stays deleting, and the next start tries again.
+		return nil, fmt.Errorf("removing the files of sandbox %s: %w", id, err)
+	}
+	faultpoint.Hit("delete.files_removed")
 	now := m.now()
-	sb, err := m.update(context.Background(), id, func(s *Sandbox) bool {
+	changed := false
+	sb, err := m.update(ctx, id, func(s *Sandbox) bool {
 		if s.State == StateDeleted {
 			return false
 		}
@@ -588,9 +698,12 @@ func (m *Manager) delete(ctx context.Context, id, reason string) (*Sandbox, erro
 		if s.EndedAt == nil {
 			s.EndedAt = &now
 		}
+		changed = true
 		return true
 	})
-	m.event(id, "deleted", "sandbox deleted", nil)
+	if changed {
+		m.event(id, "deleted", "sandbox deleted", map[string]any{"reason": sb.StopReason})
+	}
 	return sb, err
 }
 
@@ -601,7 +714,7 @@ func (m *Manager) Extend(ctx context.Context, owner, id string, d time.Duration)
 		return nil, err
 	}
 	if sb.State != StateRunning && sb.State != StateStarting {
-		return nil, notRunning(sb)
+		return nil, Refusal(sb)
 	}
 	if d <= 0 || d > MaxExtendAhead {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "seconds must be between 1 and %d", int(MaxExtendAhead.Seconds()))
@@ -617,52 +730,4 @@ func (m *Manager) Extend(ctx context.Context, owner, id string, d time.Duration)
 		s.ExpiresAt = &exp
 		return true
 	})
-}
-
-func notRunning(sb *Sandbox) error {
-	e := errdefs.New(errdefs.ErrConflict, "not_running", "sandbox %s is %s", sb.ID, sb.State)
-	e.Details = map[string]any{"state": string(sb.State)}
-	switch sb.State {
-	case StateStarting:
-		e.Code = "sandbox_not_ready"
-		e.Hint = "wait for it with GET /v1/sandboxes/{id}?waitFor=running"
-	case StateStopped, StateDeleted:
-		e.Hint = "create a new sandbox"
-	}
-	return e
-}
-
-// client returns the guest client of a running sandbox of owner's.
-func (m *Manager) client(ctx context.Context, owner, id string) (*guest.Client, error) {
-	sb, err := m.get(ctx, owner, id)
-	if err != nil {
-		return nil, err
-	}
-	if sb.State != StateRunning {
-		return nil, notRunning(sb)
-	}
-	m.mu.Lock()
-	in := m.live[id]
-	m.mu.Unlock()
-	if in == nil {
-		return nil, notRunning(sb)
-	}
-	// Right after a restart or a dropped connection the watcher is still
-	// reconnecting; a short wait beats an error the caller must retry.
-	c := in.guest()
-	for deadline := time.Now().Add(reconnectWait); c == nil && time.Now().Before(deadline); c = in.guest() {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-in.ctx.Done():
-			return nil, notRunning(sb)
-		case <-time.After(25 * time.Millisecond):
-		}
-	}
-	if c == nil {
-		e := errdefs.New(errdefs.ErrUnavailable, "guest_busy", "the sandbox's agent is reconnecting")
-		e.Hint = "retry in a few seconds"
-		return nil, e
-	}
-	return c, nil
 }

@@ -200,7 +200,7 @@ func TestCreateExecAndEnv(t *testing.T) {
 	if sb.ReadyAt == nil || sb.ExpiresAt == nil || !sb.ExpiresAt.Equal(sb.ReadyAt.Add(60*time.Second)) {
 		t.Errorf("readyAt %v expiresAt %v, want the lease to start at ready", sb.ReadyAt, sb.ExpiresAt)
 	}
-	res, err := m.Exec(ctx, "key_a", sb.ID, agentproto.ExecRequest{Command: `echo "$GREETING"`}, nil)
+	res, err := exec(ctx, m, "key_a", sb.ID, agentproto.ExecRequest{Command: `echo "$GREETING"`})
 	if err != nil || string(res.Stdout) != "hello\n" {
 		t.Errorf("exec with sandbox env: %q, %v", res.Stdout, err)
 	}
@@ -208,7 +208,7 @@ func TestCreateExecAndEnv(t *testing.T) {
 	if _, err := m.Get(ctx, "key_b", sb.ID); !errdefs.IsNotFound(err) {
 		t.Errorf("other owner Get: %v, want not found", err)
 	}
-	if _, err := m.Exec(ctx, "key_b", sb.ID, agentproto.ExecRequest{Command: "true"}, nil); !errdefs.IsNotFound(err) {
+	if _, err := exec(ctx, m, "key_b", sb.ID, agentproto.ExecRequest{Command: "true"}); !errdefs.IsNotFound(err) {
 		t.Errorf("other owner Exec: %v, want not found", err)
 	}
 	// Stop, then calls are refused with not_running.
@@ -219,7 +219,7 @@ func TestCreateExecAndEnv(t *testing.T) {
 	if sb.StopReason != sandbox.ReasonRequested || sb.EndedAt == nil {
 		t.Errorf("stopped %+v", sb)
 	}
-	if _, err := m.Exec(ctx, "key_a", sb.ID, agentproto.ExecRequest{Command: "true"}, nil); errdefs.Code(err) != "not_running" {
+	if _, err := exec(ctx, m, "key_a", sb.ID, agentproto.ExecRequest{Command: "true"}); errdefs.Code(err) != "not_running" {
 		t.Errorf("exec after stop: %v, want not_running", err)
 	}
 	// Delete twice answers the same; Get then says not found.
@@ -298,7 +298,7 @@ func TestRecoverAfterRestart(t *testing.T) {
 	lost, _ := m1.Create(ctx, "k", spec())
 	waitState(t, m1, "k", keep.ID, sandbox.StateRunning)
 	waitState(t, m1, "k", lost.ID, sandbox.StateRunning)
-	if _, err := m1.Exec(ctx, "k", keep.ID, agentproto.ExecRequest{Argv: []string{"true"}}, nil); err != nil {
+	if _, err := exec(ctx, m1, "k", keep.ID, agentproto.ExecRequest{Argv: []string{"true"}}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -318,7 +318,7 @@ func TestRecoverAfterRestart(t *testing.T) {
 	waitState(t, m2, "k", keep.ID, sandbox.StateRunning)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		res, err := m2.Exec(ctx, "k", keep.ID, agentproto.ExecRequest{Command: `echo "$GREETING"`}, nil)
+		res, err := exec(ctx, m2, "k", keep.ID, agentproto.ExecRequest{Command: `echo "$GREETING"`})
 		if err == nil {
 			if string(res.Stdout) != "hello\n" {
 				t.Errorf("env after reattach: %q", res.Stdout)
@@ -393,10 +393,11 @@ func TestRecoverFinishesInterruptedDelete(t *testing.T) {
 	// record says stopped (reason deleted) and the files are still there.
 	m1.Close()
 	e.drv.machines[sb.ID].Stop(ctx)
-	rec, _ := e.st.GetSandbox(ctx, sb.ID)
 	now := e.clock.Now()
-	rec.State, rec.StopReason, rec.EndedAt = sandbox.StateStopped, sandbox.ReasonDeleted, &now
-	if err := e.st.UpdateSandbox(ctx, rec); err != nil {
+	if _, err := e.st.UpdateSandbox(ctx, sb.ID, func(rec *sandbox.Sandbox) bool {
+		rec.State, rec.StopReason, rec.EndedAt = sandbox.StateStopped, sandbox.ReasonDeleted, &now
+		return true
+	}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -411,4 +412,13 @@ func TestRecoverFinishesInterruptedDelete(t *testing.T) {
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("sandbox files still there: %v", err)
 	}
+}
+
+// exec runs a command in a sandbox through the manager's one way in.
+func exec(ctx context.Context, m *sandbox.Manager, owner, id string, req sandbox.ExecRequest) (*sandbox.ExecResult, error) {
+	_, g, err := m.Guest(ctx, owner, id)
+	if err != nil {
+		return nil, err
+	}
+	return g.Exec(ctx, req, nil)
 }

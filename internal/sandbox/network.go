@@ -45,7 +45,9 @@ func (m *Manager) newGate(id string, pol *egress.Compiled, version int64) *egres
 			last.Store(time.Now().UnixNano())
 		}
 		recorded.Add(1)
-		go m.event(id, "egress_refused", r.Error(), map[string]any{"reason": string(r.Reason), "target": r.Target, "refusals": c})
+		m.spawn(func() {
+			m.event(id, "egress_refused", r.Error(), map[string]any{"reason": string(r.Reason), "target": r.Target, "refusals": c})
+		})
 	}
 	return g
 }

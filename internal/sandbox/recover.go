@@ -13,63 +13,88 @@ import (
 // of the server (clean or after a crash): a VM that still runs is reattached
 // and keeps its state; one that does not is recorded as stopped with reason
 // lost_on_restart. A sandbox that was still booting gets one more boot
-// timeout for its agent to answer. Leases that ended meanwhile are enforced
-// by the next tick of Run.
+// timeout for its agent to answer; one that was stopping is stopped; one
+// that was being deleted is deleted. Leases that ended meanwhile are
+// enforced by the next tick of Run.
 func (m *Manager) Recover(ctx context.Context) error {
 	live, err := m.cfg.Store.ListLive(ctx)
 	if err != nil {
 		return fmt.Errorf("listing live sandboxes: %w", err)
 	}
 	for _, sb := range live {
-		log := m.log.With("sandbox_id", sb.ID)
-		var mach vmm.Machine
-		if len(sb.VM) > 0 {
-			mach, err = m.cfg.Driver.Attach(ctx, m.vmSpec(sb), sb.VM)
-		} else {
-			err = vmm.ErrGone
-		}
-		if err != nil {
-			if !errors.Is(err, vmm.ErrGone) {
-				log.Warn("reattaching", "err", err)
-			}
-			// A boot cut short by a crash may have left a VM that no record
-			// names (its record was not yet saved): end it.
-			if k, ok := m.cfg.Driver.(vmm.StrayKiller); ok {
-				if n, err := k.KillStray(ctx, m.vmSpec(sb)); err != nil {
-					log.Warn("ending stray vm", "err", err)
-				} else if n > 0 {
-					log.Info("ended stray vm left by an interrupted boot", "count", n)
-				}
-			}
-			log.Info("sandbox's vm is gone; marking it stopped")
-			m.finish(newInstance(sb.ID), ReasonLostOnRestart)
-			continue
-		}
-		in := newInstance(sb.ID)
-		in.machine = mach
-		if sb.State != StateStarting {
-			close(in.bootDone)
-		}
-		in.gate = m.restoreGate(ctx, sb.ID)
-		m.mu.Lock()
-		m.live[sb.ID] = in
-		m.mu.Unlock()
-		log.Info("reattached to running vm", "pid", mach.PID(), "state", sb.State)
-		m.event(sb.ID, "reattached", "server restarted; vm still running", map[string]any{"pid": mach.PID()})
-		switch sb.State {
-		case StateStopping:
-			go func() { _, _ = m.stop(context.Background(), sb.ID, sb.StopReason, true) }()
-		case StateStarting:
-			go m.resumeBoot(in.ctx, in, sb)
-		default:
-			go m.watch(in)
-		}
+		m.recoverOne(ctx, sb)
 	}
 	return m.finishDeletes(ctx)
 }
 
-// finishDeletes completes deletions a crash interrupted: a sandbox that
-// was stopped on its way to deletion still has its disk.
+func (m *Manager) recoverOne(ctx context.Context, sb *Sandbox) {
+	log := m.log.With("sandbox_id", sb.ID)
+	var mach vmm.Machine
+	var err error
+	if len(sb.VM) > 0 {
+		mach, err = m.cfg.Driver.Attach(ctx, m.vmSpec(sb), sb.VM)
+	} else {
+		err = vmm.ErrGone
+	}
+	if err != nil {
+		if !errors.Is(err, vmm.ErrGone) {
+			log.Warn("reattaching", "err", err)
+		}
+		// A boot cut short by a crash may have left a VM that no record
+		// names (its record was not yet saved): end it.
+		if k, ok := m.cfg.Driver.(vmm.StrayKiller); ok {
+			if n, err := k.KillStray(ctx, m.vmSpec(sb)); err != nil {
+				log.Warn("ending stray vm", "err", err)
+			} else if n > 0 {
+				log.Info("ended stray vm left by an interrupted boot", "count", n)
+			}
+		}
+		if sb.State == StateDeleting {
+			log.Info("finishing an interrupted delete")
+			m.spawn(func() { m.logErr(m.finishDelete(m.ctx, sb.ID)) })
+			return
+		}
+		log.Info("sandbox's vm is gone; marking it stopped")
+		m.markStopped(sb.ID, ReasonLostOnRestart)
+		return
+	}
+	in := m.newInstance(sb.ID)
+	in.machine = mach
+	if sb.State != StateStarting {
+		close(in.bootDone)
+	}
+	in.gate = m.restoreGate(ctx, sb.ID)
+	m.mu.Lock()
+	m.live[sb.ID] = in
+	m.mu.Unlock()
+	log.Info("reattached to running vm", "pid", mach.PID(), "state", sb.State)
+	m.event(sb.ID, "reattached", "server restarted; vm still running", map[string]any{"pid": mach.PID()})
+	var started bool
+	switch sb.State {
+	case StateDeleting:
+		started = m.spawn(func() { m.logErr(m.finishDelete(m.ctx, sb.ID)) })
+	case StateStopping:
+		started = m.spawn(func() { _, _ = m.stop(m.ctx, sb.ID, sb.StopReason, true) })
+	case StateStarting:
+		started = m.spawn(func() { m.resumeBoot(in.ctx, in, sb) })
+	default:
+		started = m.spawn(func() { m.watch(in) })
+	}
+	if !started && sb.State == StateStarting {
+		close(in.bootDone)
+	}
+}
+
+// logErr logs the error of a background delete.
+func (m *Manager) logErr(_ *Sandbox, err error) {
+	if err != nil {
+		m.log.Error("finishing delete", "err", err)
+	}
+}
+
+// finishDeletes completes deletions that a server older than the deleting
+// state left half done: a sandbox stopped on its way to deletion still has
+// its disk.
 func (m *Manager) finishDeletes(ctx context.Context) error {
 	opts := ListOptions{States: []State{StateStopped}, IncludeStopped: true, Limit: 100}
 	for {
@@ -101,7 +126,7 @@ func (m *Manager) finishDeletes(ctx context.Context) error {
 func (m *Manager) resumeBoot(ctx context.Context, in *instance, sb *Sandbox) {
 	defer close(in.bootDone)
 	if len(sb.EnvNames) > 0 {
-		_, _ = m.stop(context.Background(), sb.ID, ReasonStartFailed, false)
+		m.spawn(func() { _, _ = m.stop(m.ctx, sb.ID, ReasonStartFailed, false) })
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
@@ -113,7 +138,10 @@ func (m *Manager) resumeBoot(ctx context.Context, in *instance, sb *Sandbox) {
 		}
 	}
 	if err != nil {
-		_, _ = m.stop(context.Background(), sb.ID, ReasonStartFailed, false)
+		if m.closing.Load() {
+			return // shutting down: the next start resumes this boot again
+		}
+		m.spawn(func() { _, _ = m.stop(m.ctx, sb.ID, ReasonStartFailed, false) })
 		return
 	}
 	in.mu.Lock()

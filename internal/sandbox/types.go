@@ -9,35 +9,6 @@ import (
 	"github.com/emberbox/emberbox/internal/egress"
 )
 
-// State is where a sandbox is in its life (the API's "state" field).
-type State string
-
-// States. Paused and pausing arrive with snapshots.
-const (
-	StateStarting State = "starting"
-	StateRunning  State = "running"
-	StateStopping State = "stopping"
-	StateStopped  State = "stopped"
-	StateDeleted  State = "deleted"
-)
-
-// Status is the coarse status the API reports beside State.
-func (s State) Status() string {
-	switch s {
-	case StateStarting:
-		return "pending"
-	case StateRunning:
-		return "active"
-	case StateStopping:
-		return "stopping"
-	default:
-		return "stopped"
-	}
-}
-
-// Terminal reports whether no further transition can happen but deletion.
-func (s State) Terminal() bool { return s == StateStopped || s == StateDeleted }
-
 // Lease-end actions.
 const (
 	LeaseEndStop   = "stop"
@@ -104,6 +75,10 @@ type CreateSpec struct {
 	OnLeaseEnd     string
 	// Network is the egress policy; nil means the operator's default.
 	Network *egress.Policy
+	// IdempotencyKey is the create request's Idempotency-Key, if any: the
+	// store keeps the new sandbox's id with it, in the same transaction as
+	// the record, so a retry after a crash answers with this sandbox.
+	IdempotencyKey string
 }
 
 // Network is a sandbox's stored egress policy.

@@ -23,6 +23,11 @@ type Idempotency struct {
 	ContentType string
 	Body        []byte
 	CreatedAt   time.Time
+	// SandboxID is the sandbox a create with this key recorded. A record
+	// with a SandboxID, a Status and no Body is an answer to render anew
+	// from that sandbox: its request was cut short by a crash after the
+	// sandbox was recorded (see ResolvePendingIdempotency).
+	SandboxID string
 }
 
 // ReserveIdempotency claims (keyID, key) for a request with the given
@@ -40,12 +45,14 @@ func (s *Store) ReserveIdempotency(ctx context.Context, keyID, key, fingerprint 
 
 	now := s.now().UTC()
 	var (
-		rec     = Idempotency{KeyID: keyID, Key: key}
-		created string
+		rec       = Idempotency{KeyID: keyID, Key: key}
+		created   string
+		sandboxID sql.NullString
 	)
-	err = tx.QueryRowContext(ctx, `SELECT fingerprint, status, content_type, body, created_at
+	err = tx.QueryRowContext(ctx, `SELECT fingerprint, status, content_type, body, created_at, sandbox_id
 		FROM idempotency WHERE key_id = ? AND key = ?`, keyID, key).
-		Scan(&rec.Fingerprint, &rec.Status, &rec.ContentType, &rec.Body, &created)
+		Scan(&rec.Fingerprint, &rec.Status, &rec.ContentType, &rec.Body, &created, &sandboxID)
+	rec.SandboxID = sandboxID.String
 	switch {
 	case err == nil:
 		if rec.CreatedAt, err = parseTime(created); err != nil {
@@ -60,8 +67,8 @@ func (s *Store) ReserveIdempotency(ctx context.Context, keyID, key, fingerprint 
 	}
 
 	_, err = tx.ExecContext(ctx, `INSERT OR REPLACE INTO idempotency
-		(key_id, key, fingerprint, status, content_type, body, created_at)
-		VALUES (?, ?, ?, 0, '', NULL, ?)`, keyID, key, fingerprint, formatTime(now))
+		(key_id, key, fingerprint, status, content_type, body, created_at, sandbox_id)
+		VALUES (?, ?, ?, 0, '', NULL, ?, NULL)`, keyID, key, fingerprint, formatTime(now))
 	if err != nil {
 		return nil, false, fmt.Errorf("reserving idempotency key %q: %w", key, err)
 	}
@@ -116,18 +123,37 @@ func (s *Store) PruneIdempotency(ctx context.Context, olderThan time.Time) (int6
 	return n, nil
 }
 
-// ReleasePendingIdempotency deletes every pending record (status 0) and
-// returns how many it deleted. It is for startup only: a pending record then
-// is left by a process that died mid-request, and would block its key until
-// it expired. No request of the running process may be in flight.
-func (s *Store) ReleasePendingIdempotency(ctx context.Context) (int64, error) {
-	res, err := s.db.ExecContext(ctx, `DELETE FROM idempotency WHERE status = 0`)
+// ResolvePendingIdempotency settles every pending record (status 0) at
+// startup, when each was left by a process that died mid-request and would
+// otherwise block its key until it expired: a record whose request had
+// already recorded a sandbox (a create) becomes a completed answer with
+// status 200 and no body, which the API renders from that sandbox, so the
+// client's retry gets the same sandbox; every other one is deleted, so a
+// retry runs again. It returns how many it resolved and released. No
+// request of the running process may be in flight.
+func (s *Store) ResolvePendingIdempotency(ctx context.Context) (resolved, released int64, err error) {
+	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return 0, fmt.Errorf("releasing pending idempotency records: %w", err)
+		return 0, 0, fmt.Errorf("resolving pending idempotency records: %w", err)
 	}
-	n, err := res.RowsAffected()
+	defer tx.Rollback()
+	res, err := tx.ExecContext(ctx, `UPDATE idempotency SET status = 200, content_type = '', body = NULL
+		WHERE status = 0 AND sandbox_id IS NOT NULL`)
+	if err == nil {
+		resolved, err = res.RowsAffected()
+	}
 	if err != nil {
-		return 0, fmt.Errorf("releasing pending idempotency records: %w", err)
+		return 0, 0, fmt.Errorf("resolving pending idempotency records: %w", err)
 	}
-	return n, nil
+	res, err = tx.ExecContext(ctx, `DELETE FROM idempotency WHERE status = 0`)
+	if err == nil {
+		released, err = res.RowsAffected()
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("releasing pending idempotency records: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, 0, fmt.Errorf("resolving pending idempotency records: %w", err)
+	}
+	return resolved, released, nil
 }

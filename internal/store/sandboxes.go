@@ -26,10 +26,13 @@ const sandboxColumns = `id, owner_key_id, name, labels, env_names, vcpu, memory_
 	created_at, ready_at, expires_at, ended_at, deleted_at, vm`
 
 // InsertSandbox records a new sandbox. If sb.CreatedAt is zero it is set to
-// the current time. A non-empty name already held by another sandbox of the
+// the current time. A non-empty idempotencyKey names the pending
+// Idempotency-Key record (of sb.OwnerKeyID) of the request that creates it:
+// the sandbox's id is stored with that key in the same transaction, so a
+// retry after a crash finds this sandbox and never makes a second one. A non-empty name already held by another sandbox of the
 // same owner that is not stopped or deleted fails with an
 // *errdefs.CodedError of class errdefs.ErrConflict and code "name_taken".
-func (s *Store) InsertSandbox(ctx context.Context, sb *sandbox.Sandbox) error {
+func (s *Store) InsertSandbox(ctx context.Context, sb *sandbox.Sandbox, idempotencyKey string) error {
 	if sb.ID == "" {
 		return errdefs.New(errdefs.ErrInvalidArgument, "invalid_sandbox", "inserting sandbox: empty id")
 	}
@@ -44,9 +47,14 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *sandbox.Sandbox) error {
 	if err != nil {
 		return fmt.Errorf("inserting sandbox %s: encoding env names: %w", sb.ID, err)
 	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("inserting sandbox %s: %w", sb.ID, err)
+	}
+	defer tx.Rollback()
 	// The partial unique index sandboxes_live_name makes the name check and
 	// the insert one atomic step.
-	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
+	_, err = tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sb.ID, sb.OwnerKeyID, sb.Name, labels, envNames, sb.VCPU, sb.MemoryMiB, sb.DiskMiB,
 		sb.TimeoutSeconds, sb.OnLeaseEnd, string(sb.State), sb.StopReason, sb.Accel, sb.Driver,
@@ -58,6 +66,15 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *sandbox.Sandbox) error {
 	case isPrimaryKeyViolation(err):
 		return fmt.Errorf("inserting sandbox %s: id in use: %w", sb.ID, errdefs.ErrConflict)
 	case err != nil:
+		return fmt.Errorf("inserting sandbox %s: %w", sb.ID, err)
+	}
+	if idempotencyKey != "" {
+		if _, err := tx.ExecContext(ctx, `UPDATE idempotency SET sandbox_id = ?
+			WHERE key_id = ? AND key = ? AND status = 0`, sb.ID, sb.OwnerKeyID, idempotencyKey); err != nil {
+			return fmt.Errorf("inserting sandbox %s: linking its idempotency key: %w", sb.ID, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("inserting sandbox %s: %w", sb.ID, err)
 	}
 	return nil
@@ -87,16 +104,53 @@ func (s *Store) GetSandbox(ctx context.Context, id string) (*sandbox.Sandbox, er
 	return sb, nil
 }
 
-// UpdateSandbox writes the mutable fields of sb (everything but ID,
-// OwnerKeyID, EnvNames, VCPU, MemoryMiB, DiskMiB and CreatedAt) to its
-// record. A missing sandbox is an error of class errdefs.ErrNotFound; a name
-// clash as in InsertSandbox fails with code "name_taken".
-func (s *Store) UpdateSandbox(ctx context.Context, sb *sandbox.Sandbox) error {
+// UpdateSandbox changes the record of sandbox id in one transaction: it
+// reads the committed record, lets fn change it, and writes the mutable
+// fields (everything but ID, OwnerKeyID, EnvNames, VCPU, MemoryMiB, DiskMiB
+// and CreatedAt) back, so that no other change can come between the read
+// and the write. If fn returns false nothing is written. It returns the
+// record as it is afterwards. A missing sandbox is an error of class
+// errdefs.ErrNotFound; a name clash as in InsertSandbox fails with code
+// "name_taken". fn runs with the database's write lock held: it must not
+// block.
+func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(sb *sandbox.Sandbox) bool) (*sandbox.Sandbox, error) {
+	tx, err := s.db.BeginTx(ctx, nil) // IMMEDIATE: the write lock is taken before the read
+	if err != nil {
+		return nil, fmt.Errorf("updating sandbox %s: %w", id, err)
+	}
+	defer tx.Rollback()
+	sb, err := scanSandbox(tx.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("updating sandbox: %w", sandboxNotFound(id))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("updating sandbox %s: %w", id, err)
+	}
+	if !fn(sb) {
+		return sb, nil
+	}
+	sb.ID = id
+	if err := updateSandbox(ctx, tx, sb); err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("updating sandbox %s: %w", id, err)
+	}
+	return sb, nil
+}
+
+// execer is a *sql.DB or a *sql.Tx.
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// updateSandbox writes the mutable fields of sb to its record.
+func updateSandbox(ctx context.Context, db execer, sb *sandbox.Sandbox) error {
 	labels, err := jsonOrNull(sb.Labels, sb.Labels == nil)
 	if err != nil {
 		return fmt.Errorf("updating sandbox %s: encoding labels: %w", sb.ID, err)
 	}
-	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET
+	res, err := db.ExecContext(ctx, `UPDATE sandboxes SET
 		name = ?, labels = ?, timeout_seconds = ?, on_lease_end = ?, state = ?,
 		stop_reason = ?, accel = ?, driver = ?, ready_at = ?, expires_at = ?,
 		ended_at = ?, deleted_at = ?, vm = ?

@@ -153,6 +153,11 @@ CREATE TABLE sandbox_network (
 	updated_at TEXT NOT NULL
 ) STRICT;
 `,
+	// 3: the sandbox a create made, stored with its Idempotency-Key in the
+	// transaction that records the sandbox.
+	`
+ALTER TABLE idempotency ADD COLUMN sandbox_id TEXT;
+`,
 }
 
 // migrate applies the pending migrations, each in its own transaction

@@ -51,7 +51,7 @@ func newSandbox(id, owner string, created time.Time) *sandbox.Sandbox {
 func mustInsert(t *testing.T, s *Store, sbs ...*sandbox.Sandbox) {
 	t.Helper()
 	for _, sb := range sbs {
-		if err := s.InsertSandbox(t.Context(), sb); err != nil {
+		if err := s.InsertSandbox(t.Context(), sb, ""); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -170,7 +170,7 @@ func TestSandboxRoundTrip(t *testing.T) {
 	upd.EndedAt = ptr(base.Add(2 * time.Hour))
 	upd.DeletedAt = ptr(base.Add(3 * time.Hour))
 	upd.VM = []byte(`{"pid":7}`)
-	if err := s.UpdateSandbox(ctx, &upd); err != nil {
+	if err := put(ctx, s, &upd); err != nil {
 		t.Fatal(err)
 	}
 	got, err := s.GetSandbox(ctx, upd.ID)
@@ -185,7 +185,7 @@ func TestSandboxRoundTrip(t *testing.T) {
 	back.OwnerKeyID, back.EnvNames, back.VCPU, back.MemoryMiB, back.DiskMiB, back.CreatedAt =
 		upd.OwnerKeyID, upd.EnvNames, upd.VCPU, upd.MemoryMiB, upd.DiskMiB, upd.CreatedAt
 	back.ReadyAt, back.ExpiresAt, back.EndedAt, back.DeletedAt, back.VM, back.Labels = nil, nil, nil, nil, nil, nil
-	if err := s.UpdateSandbox(ctx, &back); err != nil {
+	if err := put(ctx, s, &back); err != nil {
 		t.Fatal(err)
 	}
 	if got, err = s.GetSandbox(ctx, upd.ID); err != nil {
@@ -219,15 +219,15 @@ func TestSandboxErrors(t *testing.T) {
 	if _, err := s.GetSandbox(ctx, "sbx_nope"); !errdefs.IsNotFound(err) || errdefs.Code(err) != "sandbox_not_found" {
 		t.Errorf("GetSandbox(missing) = %v, want sandbox_not_found", err)
 	}
-	if err := s.UpdateSandbox(ctx, newSandbox("sbx_nope", "key_1", base)); !errdefs.IsNotFound(err) {
+	if err := put(ctx, s, newSandbox("sbx_nope", "key_1", base)); !errdefs.IsNotFound(err) {
 		t.Errorf("UpdateSandbox(missing) = %v, want not found", err)
 	}
 	sb := newSandbox("sbx_1", "key_1", base)
 	mustInsert(t, s, sb)
-	if err := s.InsertSandbox(ctx, sb); !errdefs.IsConflict(err) {
+	if err := s.InsertSandbox(ctx, sb, ""); !errdefs.IsConflict(err) {
 		t.Errorf("InsertSandbox(duplicate id) = %v, want conflict", err)
 	}
-	if err := s.InsertSandbox(ctx, newSandbox("", "key_1", base)); !errdefs.IsInvalidArgument(err) {
+	if err := s.InsertSandbox(ctx, newSandbox("", "key_1", base), ""); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("InsertSandbox(no id) = %v, want invalid argument", err)
 	}
 }
@@ -245,7 +245,7 @@ func TestNameTaken(t *testing.T) {
 	for _, state := range []sandbox.State{sandbox.StateStarting, sandbox.StateRunning, sandbox.StateStopping} {
 		sb := newSandbox("sbx_b_"+string(state), "key_1", base)
 		sb.Name, sb.State = "web", state
-		if err := s.InsertSandbox(ctx, sb); !isNameTaken(err) {
+		if err := s.InsertSandbox(ctx, sb, ""); !isNameTaken(err) {
 			t.Errorf("InsertSandbox(same name, %s) = %v, want name_taken", state, err)
 		}
 	}
@@ -260,23 +260,23 @@ func TestNameTaken(t *testing.T) {
 	// Renaming another live sandbox onto the name clashes too.
 	rename := newSandbox("sbx_n1", "key_1", base)
 	rename.Name = "web"
-	if err := s.UpdateSandbox(ctx, rename); !isNameTaken(err) {
+	if err := put(ctx, s, rename); !isNameTaken(err) {
 		t.Errorf("UpdateSandbox(rename onto taken name) = %v, want name_taken", err)
 	}
 
 	// Once the holder stops, the name is free again.
 	holder.State, holder.StopReason = sandbox.StateStopped, sandbox.ReasonRequested
-	if err := s.UpdateSandbox(ctx, holder); err != nil {
+	if err := put(ctx, s, holder); err != nil {
 		t.Fatal(err)
 	}
 	next := newSandbox("sbx_c", "key_1", base.Add(time.Second))
 	next.Name = "web"
-	if err := s.InsertSandbox(ctx, next); err != nil {
+	if err := s.InsertSandbox(ctx, next, ""); err != nil {
 		t.Fatalf("InsertSandbox after holder stopped: %v", err)
 	}
 	// And the old holder cannot come back to life under it.
 	holder.State = sandbox.StateRunning
-	if err := s.UpdateSandbox(ctx, holder); !isNameTaken(err) {
+	if err := put(ctx, s, holder); !isNameTaken(err) {
 		t.Errorf("UpdateSandbox(revive holder) = %v, want name_taken", err)
 	}
 }
@@ -728,12 +728,12 @@ func TestConcurrentWrites(t *testing.T) {
 			for i := range each {
 				sb := newSandbox(fmt.Sprintf("sbx_%d_%d", w, i), fmt.Sprintf("k%d", w), base.Add(time.Duration(i)*time.Millisecond))
 				sb.Name = fmt.Sprintf("n%d", i)
-				if err := s.InsertSandbox(ctx, sb); err != nil {
+				if err := s.InsertSandbox(ctx, sb, ""); err != nil {
 					errc <- err
 					continue
 				}
 				sb.State = sandbox.StateStopped
-				if err := s.UpdateSandbox(ctx, sb); err != nil {
+				if err := put(ctx, s, sb); err != nil {
 					errc <- err
 				}
 				if err := s.AppendEvent(ctx, sb.ID, "stopped", "", nil); err != nil {
@@ -759,5 +759,53 @@ func TestConcurrentWrites(t *testing.T) {
 	}
 	if n != workers*each {
 		t.Errorf("%d sandboxes stored, want %d", n, workers*each)
+	}
+}
+
+// put overwrites a sandbox's mutable fields with sb's.
+func put(ctx context.Context, s *Store, sb *sandbox.Sandbox) error {
+	_, err := s.UpdateSandbox(ctx, sb.ID, func(r *sandbox.Sandbox) bool { *r = *sb; return true })
+	return err
+}
+
+// TestUpdateSandboxIsAtomic runs read-modify-writes of one record from many
+// goroutines: none may be lost, as one would be if another write could come
+// between an update's read and its write.
+func TestUpdateSandboxIsAtomic(t *testing.T) {
+	s, _ := openTest(t)
+	ctx := t.Context()
+	mustInsert(t, s, newSandbox("sbx_1", "key_1", base))
+	const workers, each = 8, 20
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for range each {
+				if _, err := s.UpdateSandbox(ctx, "sbx_1", func(sb *sandbox.Sandbox) bool {
+					sb.TimeoutSeconds++
+					return true
+				}); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	got, err := s.GetSandbox(ctx, "sbx_1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := newSandbox("sbx_1", "key_1", base).TimeoutSeconds + workers*each
+	if got.TimeoutSeconds != want {
+		t.Errorf("TimeoutSeconds = %d after %d increments, want %d", got.TimeoutSeconds, workers*each, want)
+	}
+	// fn returning false writes nothing; a missing record is not found.
+	if _, err := s.UpdateSandbox(ctx, "sbx_1", func(sb *sandbox.Sandbox) bool { sb.Name = "x"; return false }); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.GetSandbox(ctx, "sbx_1"); got.Name == "x" {
+		t.Error("an update whose fn returned false was written")
+	}
+	if _, err := s.UpdateSandbox(ctx, "sbx_nope", func(*sandbox.Sandbox) bool { return true }); !errdefs.IsNotFound(err) {
+		t.Errorf("UpdateSandbox(missing) = %v, want not found", err)
 	}
 }

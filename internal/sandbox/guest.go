@@ -1,0 +1,113 @@
+package sandbox
+
+import (
+	"context"
+	"io"
+	"time"
+
+	"github.com/emberbox/emberbox/internal/agentproto"
+	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/guest"
+)
+
+// The guest's requests and answers, as callers of this package see them.
+// They are the wire protocol's own plain structs: aliases rather than copies
+// keep the API free of the protocol package without a conversion on every
+// call, and the day the two must differ, the change is made here alone.
+type (
+	ExecRequest    = agentproto.ExecRequest
+	ExecResult     = agentproto.ExecResult
+	Event          = agentproto.Event
+	ProcessInfo    = agentproto.ProcessInfo
+	ProcessRequest = agentproto.ProcessRequest
+	FileRequest    = agentproto.FileRequest
+	FileEntry      = agentproto.FileEntry
+)
+
+// Output stream names of Event.Type.
+const (
+	EventStdout = agentproto.Stdout
+	EventStderr = agentproto.Stderr
+)
+
+// CodeFileNotFound is the error code of a path that does not exist in the
+// guest.
+const CodeFileNotFound = agentproto.CodeFileNotFound
+
+// Guest is the agent of a running sandbox: every call the API makes into a
+// guest goes through it. Errors carry errdefs classes and codes.
+type Guest interface {
+	// Exec runs a command. With req.Stream, onEvent receives "start",
+	// "stdout"/"stderr" (with cumulative offsets) and finally "exit"
+	// events; an error from onEvent aborts the call.
+	Exec(ctx context.Context, req ExecRequest, onEvent func(Event) error) (*ExecResult, error)
+	// Spawn starts a process that outlives the call.
+	Spawn(ctx context.Context, req ExecRequest) (*ProcessInfo, error)
+	Processes(ctx context.Context) ([]ProcessInfo, error)
+	Process(ctx context.Context, id string) (*ProcessInfo, error)
+	// ProcessOutput sends output events from req.Cursor to onEvent; it ends
+	// with an "exit" event if the process has ended and all its kept output
+	// was sent.
+	ProcessOutput(ctx context.Context, req ProcessRequest, onEvent func(Event) error) error
+	Signal(ctx context.Context, id, signal string) (*ProcessInfo, error)
+
+	// ReadFile returns the file's entry and a reader of its bytes, which
+	// the caller must close.
+	ReadFile(ctx context.Context, path string) (*FileEntry, io.ReadCloser, error)
+	// WriteFile atomically replaces path with exactly size bytes from r,
+	// creating parent directories. mode 0 means 0644.
+	WriteFile(ctx context.Context, path string, mode uint32, size int64, r io.Reader) (*FileEntry, error)
+	List(ctx context.Context, req FileRequest) ([]FileEntry, error)
+	// Stat returns an error of class errdefs.ErrNotFound if path does not
+	// exist.
+	Stat(ctx context.Context, path string) (*FileEntry, error)
+	Mkdir(ctx context.Context, path string, parents bool) (*FileEntry, error)
+	Remove(ctx context.Context, path string, recursive bool) (bool, error)
+}
+
+var _ Guest = (*guest.Client)(nil)
+
+// Guest returns a sandbox of owner's together with its guest, or the one
+// refusal (see Refusal) for a sandbox that has no guest to call in its
+// state. It is the only way from the API into a guest.
+func (m *Manager) Guest(ctx context.Context, owner, id string) (*Sandbox, Guest, error) {
+	sb, err := m.Get(ctx, owner, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := Refusal(sb); err != nil {
+		return nil, nil, err
+	}
+	m.mu.Lock()
+	in := m.live[id]
+	m.mu.Unlock()
+	if in == nil {
+		// Recorded running but not (yet) watched by this process: only
+		// possible in the moment a stop forgets it.
+		return nil, nil, refuse(sb, StateStopping)
+	}
+	// Right after a restart or a dropped connection the watcher is still
+	// reconnecting; a short wait beats an error the caller must retry.
+	c := in.guest()
+	if c == nil {
+		t := time.NewTimer(reconnectWait)
+		defer t.Stop()
+		tick := time.NewTicker(25 * time.Millisecond)
+		defer tick.Stop()
+		for c == nil {
+			select {
+			case <-ctx.Done():
+				return nil, nil, ctx.Err()
+			case <-in.ctx.Done():
+				return nil, nil, refuse(sb, StateStopping)
+			case <-t.C:
+				e := errdefs.New(errdefs.ErrUnavailable, "guest_busy", "the sandbox's agent is reconnecting")
+				e.Hint = "retry in a few seconds"
+				return nil, nil, e
+			case <-tick.C:
+				c = in.guest()
+			}
+		}
+	}
+	return sb, c, nil
+}
