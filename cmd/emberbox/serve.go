@@ -12,12 +12,14 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/emberbox/emberbox/internal/api"
 	"github.com/emberbox/emberbox/internal/egress"
+	"github.com/emberbox/emberbox/internal/faultpoint"
 	"github.com/emberbox/emberbox/internal/image"
 	"github.com/emberbox/emberbox/internal/sandbox"
 	"github.com/emberbox/emberbox/internal/store"
@@ -129,11 +131,19 @@ func serve(ctx context.Context, o serveOptions) error {
 		Store: st, Driver: drv, Boot: boot.BootFiles, DataDir: o.dataDir, Logger: log, BootTimeout: o.bootTimeout,
 		Egress: ecfg.op, EgressDefault: ecfg.def, ExtraCAs: ecfg.cas,
 	})
+	// On any way out: the background loops are stopped and waited for,
+	// then the manager lets go of its sandboxes (they keep running), and
+	// only then is the store closed (deferred above).
+	defer mgr.Close()
 	if err := mgr.Recover(ctx); err != nil {
 		return err
 	}
-	go func() { _ = mgr.Run(ctx) }()
-	go pruneIdempotency(ctx, st, log)
+	bctx, stopBackground := context.WithCancel(ctx)
+	var bg sync.WaitGroup
+	defer bg.Wait()
+	defer stopBackground()
+	bg.Go(func() { _ = mgr.Run(bctx) })
+	bg.Go(func() { pruneIdempotency(bctx, st, log) })
 
 	handler := api.New(api.Config{
 		Manager: mgr, Keys: keyStore{st}, Idempotency: idempotencyStore{st}, Events: eventStore{st},
@@ -161,7 +171,6 @@ func serve(ctx context.Context, o serveOptions) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err = srv.Shutdown(sctx)
-	mgr.Close()
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
@@ -234,16 +243,59 @@ func ensureAdminKey(ctx context.Context, st *store.Store, dataDir string, log *s
 	if err != nil || n > 0 {
 		return err
 	}
-	k, secret, err := st.CreateKey(ctx, "admin")
+	// The file is written, whole, before the key is recorded: a crash in
+	// between leaves no keys, and the next start makes a new one; the other
+	// order could leave a key whose secret nobody has.
+	k, secret, err := st.NewKey("admin")
 	if err != nil {
 		return err
 	}
 	path := filepath.Join(dataDir, adminKeyFile)
-	if err := os.WriteFile(path, []byte(secret+"\n"), 0o600); err != nil {
+	if err := writeFileAtomic(path, []byte(secret+"\n"), 0o600); err != nil {
 		return fmt.Errorf("writing admin key: %w", err)
+	}
+	faultpoint.Hit("admin_key.written")
+	if err := st.InsertKey(ctx, k, secret); err != nil {
+		return err
 	}
 	log.Info("created admin API key", "key_id", k.ID, "path", path)
 	fmt.Fprintf(os.Stderr, "\nAdmin API key written to %s\n\n", path)
+	return nil
+}
+
+// writeFileAtomic replaces path with data: a temporary file beside it is
+// written and synced, then renamed over it, so that path holds either the
+// old content or all of the new.
+func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp) // fails harmlessly once renamed
+	if err := f.Chmod(perm); err != nil {
+		f.Close()
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	// Make the rename itself durable.
+	if d, err := os.Open(filepath.Dir(path)); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
 	return nil
 }
 

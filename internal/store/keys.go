@@ -24,6 +24,19 @@ type Key struct {
 // CreateKey creates an API key and returns it with its secret, which is
 // shown this once: the store keeps only its SHA-256.
 func (s *Store) CreateKey(ctx context.Context, name string) (Key, string, error) {
+	k, secret, err := s.NewKey(name)
+	if err != nil {
+		return Key{}, "", err
+	}
+	if err := s.InsertKey(ctx, k, secret); err != nil {
+		return Key{}, "", err
+	}
+	return k, secret, nil
+}
+
+// NewKey makes a new key and its secret without recording it, for a caller
+// that must keep the secret somewhere first (see InsertKey).
+func (s *Store) NewKey(name string) (Key, string, error) {
 	var idb [8]byte
 	var secb [32]byte
 	if _, err := rand.Read(idb[:]); err != nil {
@@ -33,14 +46,18 @@ func (s *Store) CreateKey(ctx context.Context, name string) (Key, string, error)
 		return Key{}, "", fmt.Errorf("creating key: %w", err)
 	}
 	k := Key{ID: "key_" + hex.EncodeToString(idb[:]), Name: name, CreatedAt: s.now().UTC()}
-	secret := "ebx_" + base64.RawURLEncoding.EncodeToString(secb[:])
+	return k, "ebx_" + base64.RawURLEncoding.EncodeToString(secb[:]), nil
+}
+
+// InsertKey records a key made by NewKey.
+func (s *Store) InsertKey(ctx context.Context, k Key, secret string) error {
 	_, err := s.db.ExecContext(ctx,
 		`INSERT INTO api_keys (id, name, secret_hash, created_at) VALUES (?, ?, ?, ?)`,
 		k.ID, k.Name, hashSecret(secret), formatTime(k.CreatedAt))
 	if err != nil {
-		return Key{}, "", fmt.Errorf("creating key %q: %w", name, err)
+		return fmt.Errorf("creating key %q: %w", k.Name, err)
 	}
-	return k, secret, nil
+	return nil
 }
 
 // hashSecret returns the hex SHA-256 of secret. A plain hash suffices: the
