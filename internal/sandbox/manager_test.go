@@ -17,6 +17,7 @@ import (
 	"github.com/emberbox/emberbox/internal/sandbox"
 	"github.com/emberbox/emberbox/internal/store"
 	"github.com/emberbox/emberbox/internal/vmm"
+	"go.uber.org/goleak"
 )
 
 // fakeDriver runs "VMs" whose guest is a real agent in this process, reached
@@ -143,27 +144,45 @@ func (c *fakeClock) Advance(d time.Duration) {
 }
 
 type env struct {
+	t     *testing.T
 	st    *store.Store
 	drv   *fakeDriver
 	clock *fakeClock
 	dir   string
 }
 
+// newEnv sets up a store and a fake driver. When the test ends, its
+// managers are closed and its VMs stopped, and then no goroutine may be
+// left that was not running before the test began: a manager owns every
+// goroutine it starts.
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	drv := newFakeDriver(t)
+	before := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, before) })
 	dir := t.TempDir()
 	st, err := store.Open(context.Background(), dir+"/test.db")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	return &env{st: st, drv: newFakeDriver(t), clock: &fakeClock{now: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}, dir: dir}
+	t.Cleanup(func() {
+		drv.mu.Lock()
+		defer drv.mu.Unlock()
+		for _, m := range drv.machines {
+			_ = m.Stop(context.Background())
+		}
+	})
+	return &env{t: t, st: st, drv: drv, clock: &fakeClock{now: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}, dir: dir}
 }
 
+// manager returns a manager of the env, closed when the test ends.
 func (e *env) manager() *sandbox.Manager {
-	return sandbox.New(sandbox.Config{
+	m := sandbox.New(sandbox.Config{
 		Store: e.st, Driver: e.drv, DataDir: e.dir, BootTimeout: 2 * time.Second, Now: e.clock.Now,
 	})
+	e.t.Cleanup(m.Close)
+	return m
 }
 
 func spec() sandbox.CreateSpec {
