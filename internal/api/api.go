@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/upload"
 )
 
 // Keys authenticates API keys.
@@ -67,8 +68,11 @@ type Config struct {
 	// Accel optionally reports the host's acceleration ("kvm" or "tcg"),
 	// shown by /healthz and used for sandboxes that do not record theirs.
 	Accel func() string
-	// UploadDir is where chunked uploads are staged on the host; empty
-	// means os.TempDir()/emberbox-uploads.
+	// Uploads stages chunked uploads (see NewUploads); whoever makes it
+	// runs its Run, the periodic sweep. If nil, New makes one in UploadDir,
+	// swept only as requests come; with neither, chunked uploads are
+	// refused.
+	Uploads   *Uploads
 	UploadDir string
 	// Events serves GET /v1/sandboxes/{id}/events; nil lists none.
 	Events Events
@@ -90,7 +94,7 @@ type server struct {
 	log     *slog.Logger
 	version string
 	accel   func() string
-	uploads *uploadStore
+	uploads *Uploads // nil: chunked uploads refused
 
 	routes  []route
 	mux     *http.ServeMux
@@ -119,7 +123,14 @@ func newServer(cfg Config) *server {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
-	s.uploads = newUploadStore(cfg.UploadDir, s.log)
+	s.uploads = cfg.Uploads
+	if s.uploads == nil && cfg.UploadDir != "" {
+		u, err := NewUploads(upload.Config{Dir: cfg.UploadDir, Logger: s.log})
+		if err != nil {
+			s.log.Error("chunked uploads are unavailable", "err", err)
+		}
+		s.uploads = u
+	}
 	s.routes = s.routeTable()
 	s.mux = s.buildMux()
 	doc, err := json.Marshal(s.openAPI())

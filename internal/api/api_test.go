@@ -18,13 +18,15 @@ type testEnv struct {
 	m    *fakeManager
 	idem *fakeIdem
 	s    *server
+
+	uploadDir string // staging directory, set by newUploadEnv
 }
 
 func newEnv(t *testing.T) *testEnv {
 	t.Helper()
 	m, idem := newFakeManager(), newFakeIdem()
 	s := newServer(Config{Manager: m, Keys: fakeKeys{}, Idempotency: idem, Version: "test",
-		Accel: func() string { return "tcg" }})
+		Accel: func() string { return "tcg" }, UploadDir: t.TempDir()})
 	return &testEnv{t: t, m: m, idem: idem, s: s}
 }
 

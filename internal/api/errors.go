@@ -79,7 +79,8 @@ var classStatus = []struct {
 
 // codeStatus overrides the class status for codes with a status of their own.
 var codeStatus = map[string]int{
-	"too_large": http.StatusRequestEntityTooLarge,
+	"too_large":    http.StatusRequestEntityTooLarge,
+	"rate_limited": http.StatusTooManyRequests,
 }
 
 // toAPIError converts any error into the answer to send.

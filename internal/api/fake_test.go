@@ -37,6 +37,8 @@ type fakeManager struct {
 	outputReq  sandbox.ProcessRequest
 	signal     string
 	lastMode   uint32
+	lastChmod  string // path and octal mode
+	chmodErr   error
 }
 
 type waitCall struct {
@@ -341,6 +343,26 @@ func (g fakeGuest) Remove(ctx context.Context, p string, recursive bool) (bool, 
 	_, ok := m.files[id+"\x00"+p]
 	delete(m.files, id+"\x00"+p)
 	return ok, nil
+}
+
+func (g fakeGuest) Chmod(ctx context.Context, p string, mode uint32) (*sandbox.FileEntry, error) {
+	m, owner, id := g.m, g.owner, g.id
+	if _, err := m.Get(ctx, owner, id); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.lastChmod = fmt.Sprintf("%s %o", p, mode)
+	if m.chmodErr != nil {
+		return nil, m.chmodErr
+	}
+	data, ok := m.files[id+"\x00"+p]
+	if !ok {
+		return nil, errdefs.New(errdefs.ErrNotFound, "file_not_found", "%s: no such file or directory", p)
+	}
+	e := m.entry(p, int64(len(data)))
+	e.Mode = fmt.Sprintf("%o", mode)
+	return e, nil
 }
 
 // fakeGuest is the guest of one of fakeManager's sandboxes.

@@ -309,3 +309,40 @@ func (s *server) removeFile(w http.ResponseWriter, r *http.Request, c *call) err
 	writeJSON(w, http.StatusOK, map[string]bool{"removed": removed})
 	return nil
 }
+
+type chmodRequest struct {
+	Path string `json:"path"`
+	Mode string `json:"mode"`
+}
+
+// chmod sets a file's permission bits as the sandbox user (the files API
+// writes as that user, so it owns what it wrote) and answers the new entry.
+func (s *server) chmod(w http.ResponseWriter, r *http.Request, c *call) error {
+	var req chmodRequest
+	if err := decode(c, &req); err != nil {
+		return err
+	}
+	issues := pathIssue("path", req.Path)
+	mode, ok := parseMode(req.Mode)
+	if !ok {
+		issues = append(issues, issue{Path: "mode", Message: `must be octal permission bits such as "755"`})
+	}
+	if len(issues) > 0 {
+		return invalid(issues)
+	}
+	_, g, err := s.guest(r, c)
+	if err != nil {
+		return err
+	}
+	entry, err := g.Chmod(r.Context(), req.Path, mode)
+	if errdefs.Code(err) == "permission_denied" {
+		ae := toAPIError(err)
+		ae.Hint = "The sandbox user can change only the modes of files it owns."
+		return ae
+	}
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, toFileJSON(entry))
+	return nil
+}

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/emberbox/emberbox/internal/agentproto"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -23,12 +22,12 @@ func TestStreamOverRealConnection(t *testing.T) {
 	srv := httptest.NewServer(e.s)
 	defer srv.Close()
 	// The command is silent until gate closes, then prints and exits.
-	e.m.execHook = func(onEvent func(agentproto.Event) error) error {
+	e.m.execHook = func(onEvent func(sandbox.Event) error) error {
 		<-gate
-		if err := onEvent(agentproto.Event{Type: "start", ProcessID: "p1"}); err != nil {
+		if err := onEvent(sandbox.Event{Type: "start", ProcessID: "p1"}); err != nil {
 			return err
 		}
-		return onEvent(agentproto.Event{Type: "exit", Exit: &agentproto.ExecResult{ExitCode: intPtr(0), State: "exited"}})
+		return onEvent(sandbox.Event{Type: "exit", Exit: &sandbox.ExecResult{ExitCode: intPtr(0), State: "exited"}})
 	}
 	req, _ := http.NewRequest("POST", srv.URL+"/v1/sandboxes/sbx_r:exec", strings.NewReader(`{"command":"x","stream":true}`))
 	req.Header.Set("Authorization", "Bearer secret-a")

@@ -13,7 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/sandbox"
+	"github.com/emberbox/emberbox/internal/upload"
 )
 
 // newUploadEnv is a test env with a running sandbox sbx_r of key_a whose
@@ -21,7 +23,12 @@ import (
 func newUploadEnv(t *testing.T) *testEnv {
 	t.Helper()
 	e := newEnv(t)
-	e.s.uploads.dir = t.TempDir()
+	e.uploadDir = t.TempDir()
+	st, err := NewUploads(upload.Config{Dir: e.uploadDir, Now: func() time.Time { return e.s.now() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.s.uploads = st
 	e.m.add("key_a", "sbx_r", sandbox.StateRunning, time.Hour)
 	return e
 }
@@ -64,7 +71,7 @@ func (e *testEnv) chunk(id string, data []byte, off int, headers ...string) *htt
 
 func stagedFiles(t *testing.T, e *testEnv) []os.DirEntry {
 	t.Helper()
-	ents, err := os.ReadDir(e.s.uploads.dir)
+	ents, err := os.ReadDir(e.uploadDir)
 	if err != nil && !os.IsNotExist(err) {
 		t.Fatal(err)
 	}
@@ -317,11 +324,11 @@ func TestUploadLimitAndExpiry(t *testing.T) {
 	now := time.Now()
 	e.s.now = func() time.Time { return now }
 	var ids []string
-	for range maxUploadsPerKey {
+	for range upload.MaxPerOwner {
 		ids = append(ids, e.begin("/workspace/l", nil, ""))
 	}
 	w := e.do("POST", "/v1/sandboxes/sbx_r/uploads", fmt.Sprintf(`{"path":"l","size":0,"sha256":%q}`, sumHex(nil)))
-	if w.Code != 429 || errorOf(t, w).Code != "rate_limited" {
+	if w.Code != 429 || errorOf(t, w).Code != "rate_limited" || errorOf(t, w).RetryAfterMs == 0 {
 		t.Fatalf("17th: %d %s", w.Code, w.Body)
 	}
 	// Another key has its own allowance.
@@ -334,42 +341,60 @@ func TestUploadLimitAndExpiry(t *testing.T) {
 	e.do("POST", "/v1/sandboxes/sbx_r/uploads/"+ids[0]+":abort", "{}")
 	e.begin("/workspace/l", nil, "")
 	// An hour later every idle upload is gone, with its staging file.
-	now = now.Add(uploadTTL + time.Second)
+	now = now.Add(upload.TTL + time.Second)
 	if w := e.do("POST", "/v1/sandboxes/sbx_r/uploads/"+ids[1]+":commit", "{}"); w.Code != 404 {
 		t.Errorf("expired: %d %s", w.Code, w.Body)
 	}
-	if len(stagedFiles(t, e)) != 0 || len(e.s.uploads.byID) != 0 {
-		t.Errorf("expired uploads kept: %d files, %d records", len(stagedFiles(t, e)), len(e.s.uploads.byID))
+	if n := len(stagedFiles(t, e)); n != 0 {
+		t.Errorf("expired uploads kept %d staging files", n)
+	}
+	for range upload.MaxPerOwner { // and no slot
+		e.begin("/workspace/l", nil, "")
+	}
+}
+
+func TestUploadsUnavailable(t *testing.T) {
+	e := newEnv(t)
+	e.s.uploads = nil // as with no staging directory
+	e.m.add("key_a", "sbx_r", sandbox.StateRunning, time.Hour)
+	w := e.do("POST", "/v1/sandboxes/sbx_r/uploads", fmt.Sprintf(`{"path":"a","size":0,"sha256":%q}`, sumHex(nil)))
+	if w.Code != 503 || errorOf(t, w).Code != "uploads_unavailable" {
+		t.Errorf("begin: %d %s", w.Code, w.Body)
 	}
 }
 
 func TestChmod(t *testing.T) {
 	e := newUploadEnv(t)
 	e.m.files["sbx_r\x00/workspace/s.sh"] = []byte("#!/bin/sh\n")
-	zero := 0
-	e.m.execResult = sandbox.ExecResult{ExitCode: &zero}
 	w := e.do("POST", "/v1/sandboxes/sbx_r/files:chmod", `{"path":"/workspace/s.sh","mode":"0755"}`)
-	if w.Code != 200 || decodeBody[map[string]any](t, w)["path"] != "/workspace/s.sh" {
+	if got := decodeBody[map[string]any](t, w); w.Code != 200 || got["path"] != "/workspace/s.sh" || got["mode"] != "755" {
 		t.Fatalf("chmod: %d %s", w.Code, w.Body)
 	}
-	if got := strings.Join(e.m.lastExec.Argv, " "); got != "chmod 755 -- /workspace/s.sh" || e.m.lastExec.Stream || e.m.lastExec.TimeoutMs == 0 {
-		t.Errorf("exec %q %+v", got, e.m.lastExec)
+	if e.m.lastChmod != "/workspace/s.sh 755" {
+		t.Errorf("guest asked for %q", e.m.lastChmod)
 	}
-	one := 1
-	e.m.execResult = sandbox.ExecResult{ExitCode: &one,
-		Stderr: []byte("chmod: cannot access '/workspace/n': No such file or directory\n")}
+	// Relative paths go to the guest as they are: it resolves them.
+	e.do("POST", "/v1/sandboxes/sbx_r/files:chmod", `{"path":"s.sh","mode":"4750"}`)
+	if e.m.lastChmod != "s.sh 4750" {
+		t.Errorf("guest asked for %q", e.m.lastChmod)
+	}
 	w = e.do("POST", "/v1/sandboxes/sbx_r/files:chmod", `{"path":"/workspace/n","mode":"644"}`)
-	if er := errorOf(t, w); w.Code != 404 || er.Code != "file_not_found" || !strings.Contains(er.Message, "No such file") {
+	if er := errorOf(t, w); w.Code != 404 || er.Code != "file_not_found" {
 		t.Errorf("missing: %d %s", w.Code, w.Body)
 	}
-	e.m.execResult = sandbox.ExecResult{ExitCode: &one, Stderr: []byte("chmod: something odd\n")}
-	if w := e.do("POST", "/v1/sandboxes/sbx_r/files:chmod", `{"path":"/workspace/s.sh","mode":"644"}`); w.Code != 400 ||
-		!strings.Contains(errorOf(t, w).Message, "something odd") {
-		t.Errorf("failed: %d %s", w.Code, w.Body)
+	e.m.chmodErr = errdefs.New(errdefs.ErrPermission, "permission_denied", "/etc/passwd: operation not permitted")
+	w = e.do("POST", "/v1/sandboxes/sbx_r/files:chmod", `{"path":"/etc/passwd","mode":"777"}`)
+	if er := errorOf(t, w); w.Code != 403 || er.Code != "permission_denied" || !strings.Contains(er.Hint, "owns") {
+		t.Errorf("not the owner: %d %s", w.Code, w.Body)
 	}
-	for _, body := range []string{`{"path":"/workspace/s.sh","mode":"9"}`, `{"mode":"644"}`, `{"path":"/a","mode":"644","x":1}`} {
+	for _, body := range []string{`{"path":"/workspace/s.sh","mode":"9"}`, `{"path":"/workspace/s.sh","mode":"17777"}`,
+		`{"path":"/workspace/s.sh","mode":""}`, `{"mode":"644"}`, `{"path":"/a","mode":"644","x":1}`, `{"path":"/a","mode":644}`} {
 		if w := e.do("POST", "/v1/sandboxes/sbx_r/files:chmod", body); w.Code != 400 {
 			t.Errorf("%s: %d", body, w.Code)
 		}
+	}
+	e.m.add("key_a", "sbx_s", sandbox.StateStopped, time.Hour)
+	if w := e.do("POST", "/v1/sandboxes/sbx_s/files:chmod", `{"path":"a","mode":"644"}`); w.Code != 409 || errorOf(t, w).Code != "not_running" {
+		t.Errorf("stopped sandbox: %d %s", w.Code, w.Body)
 	}
 }

@@ -63,6 +63,10 @@ type Guest interface {
 	Stat(ctx context.Context, path string) (*FileEntry, error)
 	Mkdir(ctx context.Context, path string, parents bool) (*FileEntry, error)
 	Remove(ctx context.Context, path string, recursive bool) (bool, error)
+	// Chmod sets path's permission bits (at most 07777), following a final
+	// symlink, as the sandbox user, who may change only the modes of files
+	// it owns; it returns path's entry.
+	Chmod(ctx context.Context, path string, mode uint32) (*FileEntry, error)
 }
 
 var _ Guest = (*guest.Client)(nil)
