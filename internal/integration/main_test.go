@@ -175,10 +175,17 @@ func freePort(t testing.TB) int {
 // no VM of dataDir is left, and prints the log's tail if the test failed.
 func startServer(t testing.TB, dataDir string) *server {
 	t.Helper()
+	return startServerEnv(t, dataDir)
+}
+
+// startServerEnv is startServer with extra environment variables
+// ("NAME=value") for the server.
+func startServerEnv(t testing.TB, dataDir string, env ...string) *server {
+	t.Helper()
 	needVMs(t)
 	var lastErr error
 	for attempt := 1; attempt <= 3; attempt++ {
-		s, err := launch(t, dataDir)
+		s, err := launch(t, dataDir, env)
 		if err == nil {
 			return s
 		}
@@ -194,7 +201,7 @@ func startServer(t testing.TB, dataDir string) *server {
 
 var errPortTaken = errors.New("address already in use")
 
-func launch(t testing.TB, dataDir string) (*server, error) {
+func launch(t testing.TB, dataDir string, env []string) (*server, error) {
 	serverSeq.Lock()
 	serverSeq.n++
 	n := serverSeq.n
@@ -216,6 +223,9 @@ func launch(t testing.TB, dataDir string) (*server, error) {
 	s.cmd = exec.Command(filepath.Join(binDir, "emberbox"), "serve",
 		"--listen", fmt.Sprintf("127.0.0.1:%d", port), "--data-dir", dataDir)
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
+	if len(env) > 0 {
+		s.cmd.Env = append(os.Environ(), env...)
+	}
 	// Its own process group, so a terminal's ^C reaches it only through us.
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := s.cmd.Start(); err != nil {
