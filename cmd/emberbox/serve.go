@@ -24,6 +24,7 @@ import (
 	"github.com/emberbox/emberbox/internal/sandbox"
 	"github.com/emberbox/emberbox/internal/store"
 	"github.com/emberbox/emberbox/internal/tsc"
+	"github.com/emberbox/emberbox/internal/upload"
 	"github.com/emberbox/emberbox/internal/vmm/qemu"
 )
 
@@ -144,11 +145,18 @@ func serve(ctx context.Context, o serveOptions) error {
 	defer stopBackground()
 	bg.Go(func() { _ = mgr.Run(bctx) })
 	bg.Go(func() { pruneIdempotency(bctx, st, log) })
+	// Staging files a crash left behind are removed here, and expired
+	// uploads by the sweep.
+	uploads, err := api.NewUploads(upload.Config{Dir: filepath.Join(o.dataDir, "uploads"), Logger: log})
+	if err != nil {
+		return fmt.Errorf("upload staging: %w", err)
+	}
+	bg.Go(func() { uploads.Run(bctx) })
 
 	handler := api.New(api.Config{
 		Manager: mgr, Keys: keyStore{st}, Idempotency: idempotencyStore{st}, Events: eventStore{st},
 		Logger: log, Version: version, Accel: drv.Accel,
-		UploadDir: filepath.Join(o.dataDir, "uploads"),
+		Uploads: uploads,
 	})
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {

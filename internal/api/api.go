@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
-	"github.com/emberbox/emberbox/internal/upload"
 )
 
 // Keys authenticates API keys.
@@ -69,11 +68,8 @@ type Config struct {
 	// shown by /healthz and used for sandboxes that do not record theirs.
 	Accel func() string
 	// Uploads stages chunked uploads (see NewUploads); whoever makes it
-	// runs its Run, the periodic sweep. If nil, New makes one in UploadDir,
-	// swept only as requests come; with neither, chunked uploads are
-	// refused.
-	Uploads   *Uploads
-	UploadDir string
+	// runs its Run, the periodic sweep. Nil refuses chunked uploads.
+	Uploads *Uploads
 	// Events serves GET /v1/sandboxes/{id}/events; nil lists none.
 	Events Events
 }
@@ -124,13 +120,6 @@ func newServer(cfg Config) *server {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.uploads = cfg.Uploads
-	if s.uploads == nil && cfg.UploadDir != "" {
-		u, err := NewUploads(upload.Config{Dir: cfg.UploadDir, Logger: s.log})
-		if err != nil {
-			s.log.Error("chunked uploads are unavailable", "err", err)
-		}
-		s.uploads = u
-	}
 	s.routes = s.routeTable()
 	s.mux = s.buildMux()
 	doc, err := json.Marshal(s.openAPI())

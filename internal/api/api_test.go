@@ -10,6 +10,7 @@ import (
 
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/sandbox"
+	"github.com/emberbox/emberbox/internal/upload"
 	"github.com/google/go-cmp/cmp"
 )
 
@@ -26,7 +27,7 @@ func newEnv(t *testing.T) *testEnv {
 	t.Helper()
 	m, idem := newFakeManager(), newFakeIdem()
 	s := newServer(Config{Manager: m, Keys: fakeKeys{}, Idempotency: idem, Version: "test",
-		Accel: func() string { return "tcg" }, UploadDir: t.TempDir()})
+		Accel: func() string { return "tcg" }, Uploads: newTestUploads(t)})
 	return &testEnv{t: t, m: m, idem: idem, s: s}
 }
 
@@ -429,4 +430,13 @@ func TestCodedErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+func newTestUploads(t *testing.T) *Uploads {
+	t.Helper()
+	u, err := NewUploads(upload.Config{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
 }
