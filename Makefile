@@ -1,5 +1,7 @@
 # Emberbox: `make build` builds both binaries into bin/; `make test` runs every
-# test (VM-booting integration tests included); `make bench` measures.
+# test (VM-booting integration tests included); `make bench` measures; `make
+# vet` runs go vet, the house rules (internal/housekeeping: package docs,
+# dependency fences, go vet for darwin) and gofmt.
 GO      ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
@@ -15,6 +17,7 @@ deps:
 
 vet:
 	$(GO) vet ./...
+	$(GO) test -count=1 ./internal/housekeeping/
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 
 test-short:
