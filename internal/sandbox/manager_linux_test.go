@@ -2,128 +2,18 @@ package sandbox_test
 
 import (
 	"context"
-	"encoding/json"
-	"net"
 	"os"
-	"os/user"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/emberbox/emberbox/internal/agent"
 	"github.com/emberbox/emberbox/internal/agentproto"
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/sandbox"
 	"github.com/emberbox/emberbox/internal/store"
-	"github.com/emberbox/emberbox/internal/vmm"
+	"github.com/emberbox/emberbox/internal/vmm/vmmtest"
 	"go.uber.org/goleak"
 )
-
-// fakeDriver runs "VMs" whose guest is a real agent in this process, reached
-// over a socketpair, so the manager's real boot, call and recovery paths run
-// without QEMU. VM-booting tests live in internal/integration.
-type fakeDriver struct {
-	t     *testing.T
-	agent *agent.Agent
-
-	mu         sync.Mutex
-	hangStarts int // this many next starts never answer (a hung boot)
-	machines   map[string]*fakeMachine
-	starts     int
-}
-
-func newFakeDriver(t *testing.T) *fakeDriver {
-	u, err := user.Current()
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := agent.New(agent.Config{Root: "/", User: u.Username})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &fakeDriver{t: t, agent: a, machines: map[string]*fakeMachine{}}
-}
-
-func (d *fakeDriver) Name() string  { return "fake" }
-func (d *fakeDriver) Accel() string { return "tcg" }
-
-func (d *fakeDriver) Start(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.starts++
-	m := &fakeMachine{d: d, id: spec.ID, done: make(chan struct{})}
-	if d.hangStarts > 0 {
-		d.hangStarts--
-		m.hung = true
-	}
-	d.machines[spec.ID] = m
-	return m, nil
-}
-
-func (d *fakeDriver) Attach(ctx context.Context, spec vmm.Spec, rec []byte) (vmm.Machine, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	m, ok := d.machines[spec.ID]
-	if !ok || m.stopped() {
-		return nil, vmm.ErrGone
-	}
-	return m, nil
-}
-
-type fakeMachine struct {
-	d    *fakeDriver
-	id   string
-	hung bool
-	once sync.Once
-	done chan struct{}
-}
-
-func (m *fakeMachine) Record() []byte        { b, _ := json.Marshal(map[string]string{"id": m.id}); return b }
-func (m *fakeMachine) Accel() string         { return "tcg" }
-func (m *fakeMachine) PID() int              { return os.Getpid() }
-func (m *fakeMachine) Done() <-chan struct{} { return m.done }
-func (m *fakeMachine) stopped() bool {
-	select {
-	case <-m.done:
-		return true
-	default:
-		return false
-	}
-}
-
-func (m *fakeMachine) Stop(ctx context.Context) error {
-	m.once.Do(func() { close(m.done) })
-	return nil
-}
-
-func (m *fakeMachine) DialGuest(ctx context.Context) (net.Conn, error) {
-	if m.hung {
-		<-ctx.Done()
-		return nil, ctx.Err()
-	}
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return nil, err
-	}
-	conns := make([]net.Conn, 2)
-	for i, fd := range fds {
-		f := os.NewFile(uintptr(fd), "vm")
-		conns[i], err = net.FileConn(f)
-		f.Close()
-		if err != nil {
-			return nil, err
-		}
-	}
-	actx, cancel := context.WithCancel(context.Background())
-	go func() {
-		<-m.done
-		cancel()
-		conns[1].Close()
-	}()
-	go func() { _ = m.d.agent.ServeConn(actx, conns[1]) }()
-	return conns[0], nil
-}
 
 // fakeClock is a settable clock.
 type fakeClock struct {
@@ -146,7 +36,7 @@ func (c *fakeClock) Advance(d time.Duration) {
 type env struct {
 	t     *testing.T
 	st    *store.Store
-	drv   *fakeDriver
+	drv   *vmmtest.Driver
 	clock *fakeClock
 	dir   string
 }
@@ -157,22 +47,16 @@ type env struct {
 // goroutine it starts.
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	drv := newFakeDriver(t)
-	before := goleak.IgnoreCurrent()
-	t.Cleanup(func() { goleak.VerifyNone(t, before) })
+	var before goleak.Option
+	t.Cleanup(func() { goleak.VerifyNone(t, before) }) // runs last
+	drv := vmmtest.NewDriver(t)                         // its cleanup stops every VM
+	before = goleak.IgnoreCurrent()
 	dir := t.TempDir()
 	st, err := store.Open(context.Background(), dir+"/test.db")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	t.Cleanup(func() {
-		drv.mu.Lock()
-		defer drv.mu.Unlock()
-		for _, m := range drv.machines {
-			_ = m.Stop(context.Background())
-		}
-	})
 	return &env{t: t, st: st, drv: drv, clock: &fakeClock{now: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}, dir: dir}
 }
 
@@ -294,18 +178,18 @@ func TestBootRetriesOnceThenFails(t *testing.T) {
 	m := e.manager()
 	ctx := context.Background()
 
-	e.drv.hangStarts = 1 // first attempt hangs, second boots
+	e.drv.HangStarts(1) // first attempt hangs, second boots
 	sb, _ := m.Create(ctx, "k", spec())
 	waitState(t, m, "k", sb.ID, sandbox.StateRunning)
 
-	e.drv.hangStarts = 2 // both attempts hang
+	e.drv.HangStarts(2) // both attempts hang
 	sb, _ = m.Create(ctx, "k", spec())
 	sb = waitState(t, m, "k", sb.ID, sandbox.StateStopped)
 	if sb.StopReason != sandbox.ReasonStartFailed {
 		t.Errorf("stopReason = %q, want start_failed", sb.StopReason)
 	}
-	if e.drv.starts != 4 {
-		t.Errorf("%d VM starts, want 4 (two creates, one retry each)", e.drv.starts)
+	if e.drv.Starts() != 4 {
+		t.Errorf("%d VM starts, want 4 (two creates, one retry each)", e.drv.Starts())
 	}
 }
 
@@ -323,7 +207,7 @@ func TestRecoverAfterRestart(t *testing.T) {
 
 	// The "server" goes away without stopping anything; one VM dies.
 	m1.Close()
-	e.drv.machines[lost.ID].Stop(ctx)
+	e.drv.Machine(lost.ID).Stop(ctx)
 	m2 := e.manager()
 	if err := m2.Recover(ctx); err != nil {
 		t.Fatal(err)
@@ -365,14 +249,12 @@ func TestStopDuringBoot(t *testing.T) {
 	e := newEnv(t)
 	m := e.manager()
 	ctx := context.Background()
-	e.drv.hangStarts = 2
+	e.drv.HangStarts(2)
 	sb, _ := m.Create(ctx, "k", spec())
 	// Wait until the first (hanging) VM has started, then stop.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		e.drv.mu.Lock()
-		started := e.drv.starts
-		e.drv.mu.Unlock()
+		started := e.drv.Starts()
 		if started > 0 {
 			break
 		}
@@ -388,12 +270,10 @@ func TestStopDuringBoot(t *testing.T) {
 	if got.StopReason != sandbox.ReasonRequested {
 		t.Errorf("stopReason = %q, want requested", got.StopReason)
 	}
-	e.drv.mu.Lock()
-	defer e.drv.mu.Unlock()
-	if e.drv.starts != 1 {
-		t.Errorf("%d VM starts, want 1: a stopped sandbox must not retry its boot", e.drv.starts)
+	if e.drv.Starts() != 1 {
+		t.Errorf("%d VM starts, want 1: a stopped sandbox must not retry its boot", e.drv.Starts())
 	}
-	if mach := e.drv.machines[sb.ID]; !mach.stopped() {
+	if mach := e.drv.Machine(sb.ID); !mach.Stopped() {
 		t.Error("the VM of a sandbox stopped while booting still runs")
 	}
 }
@@ -411,7 +291,7 @@ func TestRecoverFinishesInterruptedDelete(t *testing.T) {
 	// A crash between stopping for a delete and removing the disk: the
 	// record says stopped (reason deleted) and the files are still there.
 	m1.Close()
-	e.drv.machines[sb.ID].Stop(ctx)
+	e.drv.Machine(sb.ID).Stop(ctx)
 	now := e.clock.Now()
 	if _, err := e.st.UpdateSandbox(ctx, sb.ID, func(rec *sandbox.Sandbox) bool {
 		rec.State, rec.StopReason, rec.EndedAt = sandbox.StateStopped, sandbox.ReasonDeleted, &now

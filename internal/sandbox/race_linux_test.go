@@ -99,7 +99,7 @@ func TestExtendVersusStop(t *testing.T) {
 	if got.StopReason != sandbox.ReasonRequested {
 		t.Errorf("stop reason %q, want %q", got.StopReason, sandbox.ReasonRequested)
 	}
-	if !e.drv.machines[sb.ID].stopped() {
+	if !e.drv.Machine(sb.ID).Stopped() {
 		t.Error("the sandbox is recorded stopped but its VM still runs")
 	}
 }
@@ -142,7 +142,7 @@ func TestStopVersusLeaseExpiry(t *testing.T) {
 	if n := countEvents(t, e, sb.ID, "stopped"); n != 1 {
 		t.Errorf("%d stopped events, want 1", n)
 	}
-	if !e.drv.machines[sb.ID].stopped() {
+	if !e.drv.Machine(sb.ID).Stopped() {
 		t.Error("VM still runs")
 	}
 }
@@ -174,7 +174,7 @@ func TestDeleteVersusBootFinishing(t *testing.T) {
 	if err != nil || got.State != sandbox.StateDeleted {
 		t.Fatalf("after delete: %+v, %v; want deleted", got, err)
 	}
-	if !e.drv.machines[sb.ID].stopped() {
+	if !e.drv.Machine(sb.ID).Stopped() {
 		t.Error("VM still runs after the delete")
 	}
 	if _, err := os.Stat(e.dir + "/sandboxes/" + sb.ID); !os.IsNotExist(err) {
@@ -206,7 +206,7 @@ func TestReattachVersusStop(t *testing.T) {
 	if got.StopReason != sandbox.ReasonRequested {
 		t.Errorf("stop reason %q, want requested", got.StopReason)
 	}
-	if !e.drv.machines[sb.ID].stopped() {
+	if !e.drv.Machine(sb.ID).Stopped() {
 		t.Error("VM still runs")
 	}
 	m2.Close() // the stop's goroutine records the event after the state
