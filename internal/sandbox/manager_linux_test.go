@@ -49,7 +49,7 @@ func newEnv(t *testing.T) *env {
 	t.Helper()
 	var before goleak.Option
 	t.Cleanup(func() { goleak.VerifyNone(t, before) }) // runs last
-	drv := vmmtest.NewDriver(t)                         // its cleanup stops every VM
+	drv := vmmtest.NewDriver(t)                        // its cleanup stops every VM
 	before = goleak.IgnoreCurrent()
 	dir := t.TempDir()
 	st, err := store.Open(context.Background(), dir+"/test.db")
