@@ -69,6 +69,16 @@ type Config struct {
 // connection to come back before answering guest_busy.
 const reconnectWait = 15 * time.Second
 
+// A reconnect to a running guest tries for reconnectTry, then again after
+// reconnectPause. The tries are short because a fresh connection can be
+// lost: the agent's previous session may still be reading the port when
+// the new Hello arrives, take it for its own traffic and end, so that Hello
+// is never answered; the agent then waits for the next one.
+const (
+	reconnectTry   = 5 * time.Second
+	reconnectPause = time.Second
+)
+
 // Manager owns every sandbox's lifecycle.
 type Manager struct {
 	cfg Config
@@ -428,7 +438,7 @@ func (m *Manager) watch(in *instance) {
 	in.mu.Unlock()
 	for {
 		if c == nil {
-			ctx, cancel := context.WithTimeout(in.ctx, time.Minute)
+			ctx, cancel := context.WithTimeout(in.ctx, reconnectTry)
 			nc, err := m.connect(ctx, in, mach)
 			cancel()
 			if err == nil {
@@ -445,7 +455,7 @@ func (m *Manager) watch(in *instance) {
 		if c != nil {
 			cdone = c.Done()
 		} else {
-			retry = time.After(5 * time.Second)
+			retry = time.After(reconnectPause)
 		}
 		select {
 		case <-in.ctx.Done():
