@@ -104,6 +104,9 @@ func probeKVM(qemuBin, kernel string) error {
 		return err
 	}
 	f.Close()
+	if err := checkHardwareKVM("/proc/cpuinfo", "/sys/module"); err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	args := []string{"-M", "microvm,acpi=on,rtc=on", "-accel", "kvm", "-cpu", kvmCPU,
@@ -127,6 +130,35 @@ func probeKVM(qemuBin, kernel string) error {
 	}
 	if kernel == "" && !strings.Contains(string(out), `"enabled": true`) {
 		return fmt.Errorf("qemu reports kvm not enabled: %s", lastLine(out))
+	}
+	return nil
+}
+
+// checkHardwareKVM tells at once, without booting anything, a /dev/kvm that
+// cannot run a stock guest kernel: a CPU without hardware virtualization
+// (no vmx or svm flag) and PVM (module kvm_pvm), which emulates the guest's
+// ring 0 instruction by instruction, some 2,000 times slower than TCG (a
+// Debian kernel had not finished early init after 25 s). Under nested
+// hardware virtualization a working KVM shows the flag.
+func checkHardwareKVM(cpuinfo, modules string) error {
+	if _, err := os.Stat(filepath.Join(modules, "kvm_pvm")); err == nil {
+		return errors.New("/dev/kvm is PVM (module kvm_pvm), which only guest kernels built for it can use")
+	}
+	b, err := os.ReadFile(cpuinfo)
+	if err != nil {
+		return nil // cannot tell; the boot probe decides
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		name, val, ok := strings.Cut(line, ":")
+		if !ok || strings.TrimSpace(name) != "flags" {
+			continue
+		}
+		for _, f := range strings.Fields(val) {
+			if f == "vmx" || f == "svm" {
+				return nil
+			}
+		}
+		return errors.New("the CPU has no hardware virtualization (no vmx or svm flag)")
 	}
 	return nil
 }

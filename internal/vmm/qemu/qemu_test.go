@@ -103,3 +103,32 @@ func TestKillStray(t *testing.T) {
 		t.Errorf("another sandbox's process was touched: %v", err)
 	}
 }
+
+func TestCheckHardwareKVM(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	vmx := write("cpuinfo-vmx", "processor\t: 0\nflags\t\t: fpu vme vmx sse2\n")
+	none := write("cpuinfo-none", "processor\t: 0\nflags\t\t: fpu vme sse2 hypervisor\n")
+	modules := filepath.Join(dir, "modules")
+	if err := os.MkdirAll(filepath.Join(modules, "kvm"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkHardwareKVM(vmx, modules); err != nil {
+		t.Errorf("vmx CPU: %v, want usable", err)
+	}
+	if err := checkHardwareKVM(none, modules); err == nil {
+		t.Error("CPU without vmx/svm: usable, want refused")
+	}
+	if err := os.MkdirAll(filepath.Join(modules, "kvm_pvm"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkHardwareKVM(vmx, modules); err == nil || !strings.Contains(err.Error(), "PVM") {
+		t.Errorf("kvm_pvm loaded: %v, want refused as PVM", err)
+	}
+}
