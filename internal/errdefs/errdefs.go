@@ -7,6 +7,7 @@ package errdefs
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Error classes. Wrap one of these (fmt.Errorf("...: %w", errdefs.ErrNotFound))
@@ -29,6 +30,9 @@ type CodedError struct {
 	Message string // human-readable, safe to show to API callers
 	Hint    string // optional: what the caller can do about it
 	Details map[string]any
+	// RetryAfter, when positive, is how long the caller should wait before
+	// trying again (a server out of room, a quota, a rate limit).
+	RetryAfter time.Duration
 }
 
 func (e *CodedError) Error() string { return e.Message }

@@ -1,0 +1,327 @@
+// Package admission keeps the ledger of what the server has promised its
+// sandboxes (vCPUs, memory, disk and boot slots) and decides whether one
+// more fits: on the host, within the free space of the data dir's
+// filesystem, and within its key's quota. The sandbox manager holds a claim
+// from the moment it records a sandbox until the sandbox is stopped or
+// deleted; the ledger is in memory and rebuilt from the store's live
+// sandboxes at every start.
+package admission
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/emberbox/emberbox/internal/errdefs"
+)
+
+// Wire codes of refusals.
+const (
+	// CodeNoCapacity (class conflict, HTTP 409): the host has no room now.
+	CodeNoCapacity = "no_capacity"
+	// CodeQuotaExceeded (class conflict, HTTP 429): the key has used up
+	// its quota.
+	CodeQuotaExceeded = "quota_exceeded"
+)
+
+// Suggested waits. A boot slot frees within a boot (a few seconds under
+// TCG); other resources free when a sandbox ends, which nobody can predict,
+// so the wait is one a client can afford to repeat.
+const (
+	BootRetryAfter     = 2 * time.Second
+	ResourceRetryAfter = 10 * time.Second
+)
+
+// Resources is what one sandbox is promised.
+type Resources struct {
+	VCPU      int
+	MemoryMiB int64
+	DiskMiB   int64
+}
+
+// Claim is one sandbox's entry in the ledger.
+type Claim struct {
+	ID    string // the sandbox's id; a ledger holds at most one claim per id
+	Owner string // the API key id whose quota it counts against
+	Resources
+	// Booting holds a boot slot until Booted or Release.
+	Booting bool
+}
+
+// Capacity is what the host may promise in all. A zero field is no limit.
+type Capacity struct {
+	VCPU      int
+	MemoryMiB int64 // after the host reserve and the commitment ratio
+	Boots     int   // sandboxes booting at once
+}
+
+// Quota is what one key may hold at once. A zero field is no limit.
+type Quota struct {
+	Sandboxes int
+	VCPU      int
+	MemoryMiB int64
+	DiskMiB   int64
+	Boots     int
+}
+
+// Config configures a Ledger. The zero value admits everything.
+type Config struct {
+	Capacity Capacity
+	// VMOverheadMiB is charged to the host's memory per sandbox on top of
+	// its own memory: the VMM's code cache, device model and page tables.
+	// It is not charged to quotas, which speak of what callers asked for.
+	VMOverheadMiB int64
+	Quota         Quota
+
+	// DiskFreeMiB reports the free space of the filesystem the disks grow
+	// on; nil skips the disk check. A sandbox is admitted only if the
+	// space left after every live sandbox's disk has grown to its full
+	// size is at least DiskReserveMiB.
+	DiskFreeMiB    func() (int64, error)
+	DiskReserveMiB int64
+	// MemAvailableMiB reports the memory the host could give now (Linux
+	// MemAvailable); nil skips the check. A sandbox is admitted only if at
+	// least MemReserveMiB would be left after it, whatever else runs on
+	// the host.
+	MemAvailableMiB func() (int64, error)
+	MemReserveMiB   int64
+}
+
+// Usage is what is held, in all or by one key.
+type Usage struct {
+	Sandboxes int
+	VCPU      int
+	MemoryMiB int64 // as asked for, without the overhead
+	DiskMiB   int64
+	Boots     int
+}
+
+func (u *Usage) add(c *Claim, sign int) {
+	u.Sandboxes += sign
+	u.VCPU += sign * c.VCPU
+	u.MemoryMiB += int64(sign) * c.MemoryMiB
+	u.DiskMiB += int64(sign) * c.DiskMiB
+	if c.Booting {
+		u.Boots += sign
+	}
+}
+
+// Ledger is the record of promises. It is safe for concurrent use.
+type Ledger struct {
+	cfg Config
+
+	mu      sync.Mutex
+	claims  map[string]*Claim
+	total   Usage
+	byOwner map[string]*Usage
+}
+
+// New returns an empty ledger.
+func New(cfg Config) *Ledger {
+	return &Ledger{cfg: cfg, claims: map[string]*Claim{}, byOwner: map[string]*Usage{}}
+}
+
+// Reserve admits c and holds it, or refuses it with a coded error:
+// no_capacity (errdefs.ErrConflict) when the host has no room,
+// quota_exceeded (errdefs.ErrConflict) when c's owner is at its quota, both
+// with a RetryAfter. Holding a claim for an id already held is a
+// programming error, refused with errdefs.ErrInternal.
+func (l *Ledger) Reserve(c Claim) error {
+	// The host is read before the lock: the figures are a moment old in
+	// any case, and nothing else waits on a slow read.
+	diskFree, memAvail := int64(-1), int64(-1)
+	if l.cfg.DiskFreeMiB != nil {
+		free, err := l.cfg.DiskFreeMiB()
+		if err != nil {
+			return fmt.Errorf("reading the data dir's free space: %w", err)
+		}
+		diskFree = free
+	}
+	if l.cfg.MemAvailableMiB != nil {
+		avail, err := l.cfg.MemAvailableMiB()
+		if err != nil {
+			return fmt.Errorf("reading the host's available memory: %w", err)
+		}
+		memAvail = avail
+	}
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.claims[c.ID]; ok {
+		return errdefs.New(errdefs.ErrInternal, "internal", "sandbox %s already holds resources", c.ID)
+	}
+	own := l.byOwner[c.Owner]
+	if own == nil {
+		own = &Usage{}
+	}
+	if err := l.checkQuota(own, &c); err != nil {
+		return err
+	}
+	if err := l.checkHost(&c, diskFree, memAvail); err != nil {
+		return err
+	}
+	l.holdLocked(&c)
+	return nil
+}
+
+// checkQuota refuses c if its owner would pass a quota.
+func (l *Ledger) checkQuota(own *Usage, c *Claim) error {
+	q := l.cfg.Quota
+	over := func(what string, used, asked, limit int64, unit string) error {
+		if limit <= 0 || used+asked <= limit {
+			return nil
+		}
+		retry := ResourceRetryAfter
+		if what == "boots" {
+			retry = BootRetryAfter
+		}
+		msg := fmt.Sprintf("this key's quota of %d%s %s is reached (%d in use)", limit, unit, quotaNoun[what], used)
+		e := errdefs.New(errdefs.ErrConflict, CodeQuotaExceeded, "%s", msg).
+			WithHint("Stop or delete sandboxes of this key, or ask the operator for a larger quota.")
+		e.Details = map[string]any{"quota": what, "limit": limit, "used": used, "requested": asked}
+		e.RetryAfter = retry
+		return e
+	}
+	boot := int64(0)
+	if c.Booting {
+		boot = 1
+	}
+	for _, err := range []error{
+		over("sandboxes", int64(own.Sandboxes), 1, int64(q.Sandboxes), ""),
+		over("vcpu", int64(own.VCPU), int64(c.VCPU), int64(q.VCPU), ""),
+		over("memoryMiB", own.MemoryMiB, c.MemoryMiB, q.MemoryMiB, " MiB"),
+		over("diskMiB", own.DiskMiB, c.DiskMiB, q.DiskMiB, " MiB"),
+		over("boots", int64(own.Boots), boot, int64(q.Boots), ""),
+	} {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+var quotaNoun = map[string]string{
+	"sandboxes": "live sandboxes", "vcpu": "vCPUs", "memoryMiB": "of memory",
+	"diskMiB": "of disk", "boots": "sandboxes booting at once",
+}
+
+// checkHost refuses c if the host has no room for it. The message names
+// the resource but not the host's figures, which are the operator's
+// business.
+func (l *Ledger) checkHost(c *Claim, diskFree, memAvail int64) error {
+	capa, t := l.cfg.Capacity, &l.total
+	full := ""
+	retry := ResourceRetryAfter
+	overhead := l.cfg.VMOverheadMiB
+	switch {
+	case c.Booting && capa.Boots > 0 && t.Boots+1 > capa.Boots:
+		full, retry = "boots", BootRetryAfter
+	case capa.VCPU > 0 && t.VCPU+c.VCPU > capa.VCPU:
+		full = "vcpu"
+	case capa.MemoryMiB > 0 && t.MemoryMiB+int64(t.Sandboxes)*overhead+c.MemoryMiB+overhead > capa.MemoryMiB:
+		full = "memoryMiB"
+	case memAvail >= 0 && memAvail-c.MemoryMiB-overhead < l.cfg.MemReserveMiB:
+		full = "memoryMiB"
+	case diskFree >= 0 && diskFree-t.DiskMiB-c.DiskMiB < l.cfg.DiskReserveMiB:
+		// Conservative: a live disk's space already in use is counted
+		// both as used and as promised.
+		full = "diskMiB"
+	}
+	if full == "" {
+		return nil
+	}
+	e := errdefs.New(errdefs.ErrConflict, CodeNoCapacity, "the server has no room for this sandbox now (%s)", hostNoun[full]).
+		WithHint("Retry later, or ask for a smaller sandbox.")
+	e.Details = map[string]any{"resource": full}
+	e.RetryAfter = retry
+	return e
+}
+
+var hostNoun = map[string]string{
+	"boots": "too many sandboxes are booting", "vcpu": "vCPUs",
+	"memoryMiB": "memory", "diskMiB": "disk space",
+}
+
+// Restore holds c without checking it: a sandbox the store says is live
+// holds what it was promised, whatever the host looks like now. Restoring
+// an id already held replaces its claim.
+func (l *Ledger) Restore(c Claim) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if old, ok := l.claims[c.ID]; ok {
+		l.dropLocked(old)
+	}
+	l.holdLocked(&c)
+}
+
+// Booted gives back the boot slot of sandbox id, if it holds one.
+func (l *Ledger) Booted(id string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := l.claims[id]
+	if c == nil || !c.Booting {
+		return
+	}
+	l.total.Boots--
+	l.byOwner[c.Owner].Boots--
+	c.Booting = false
+}
+
+// Release gives back everything sandbox id holds and reports whether it
+// held anything: whoever calls it first releases, later calls do nothing.
+func (l *Ledger) Release(id string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := l.claims[id]
+	if c == nil {
+		return false
+	}
+	l.dropLocked(c)
+	return true
+}
+
+func (l *Ledger) holdLocked(c *Claim) {
+	l.claims[c.ID] = c
+	l.total.add(c, 1)
+	own := l.byOwner[c.Owner]
+	if own == nil {
+		own = &Usage{}
+		l.byOwner[c.Owner] = own
+	}
+	own.add(c, 1)
+}
+
+func (l *Ledger) dropLocked(c *Claim) {
+	delete(l.claims, c.ID)
+	l.total.add(c, -1)
+	own := l.byOwner[c.Owner]
+	own.add(c, -1)
+	if own.Sandboxes == 0 {
+		delete(l.byOwner, c.Owner) // the map stays as small as the live set
+	}
+}
+
+// Total returns what is held in all.
+func (l *Ledger) Total() Usage {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.total
+}
+
+// Owner returns what one key holds.
+func (l *Ledger) Owner(owner string) Usage {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if u := l.byOwner[owner]; u != nil {
+		return *u
+	}
+	return Usage{}
+}
+
+// Held reports whether sandbox id holds a claim.
+func (l *Ledger) Held(id string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.claims[id]
+	return ok
+}

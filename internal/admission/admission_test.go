@@ -1,0 +1,246 @@
+package admission
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/emberbox/emberbox/internal/errdefs"
+)
+
+func claim(id, owner string, vcpu int, mem, disk int64) Claim {
+	return Claim{ID: id, Owner: owner, Resources: Resources{VCPU: vcpu, MemoryMiB: mem, DiskMiB: disk}, Booting: true}
+}
+
+// refusal checks that err is a coded conflict with code and a wait.
+func refusal(t *testing.T, err error, code, what string) {
+	t.Helper()
+	var ce *errdefs.CodedError
+	if !errors.As(err, &ce) || ce.Code != code || !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("got %v, want %s", err, code)
+	}
+	if ce.RetryAfter <= 0 {
+		t.Errorf("%s has no RetryAfter", code)
+	}
+	key := "resource"
+	if code == CodeQuotaExceeded {
+		key = "quota"
+	}
+	if got := ce.Details[key]; got != what {
+		t.Errorf("%s: details.%s = %v, want %s", code, key, got, what)
+	}
+}
+
+func TestHostCapacity(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  Config
+		held []Claim
+		next Claim
+		want string // resource refused, "" admitted
+	}{
+		{name: "empty ledger admits", cfg: Config{Capacity: Capacity{VCPU: 2, MemoryMiB: 1024, Boots: 1}},
+			next: claim("a", "k", 2, 1024, 10)},
+		{name: "vcpu", cfg: Config{Capacity: Capacity{VCPU: 3}},
+			held: []Claim{claim("a", "k", 2, 1, 1)}, next: claim("b", "k", 2, 1, 1), want: "vcpu"},
+		{name: "memory", cfg: Config{Capacity: Capacity{MemoryMiB: 2048}},
+			held: []Claim{claim("a", "k", 1, 1024, 1)}, next: claim("b", "k", 1, 1025, 1), want: "memoryMiB"},
+		{name: "memory fits exactly", cfg: Config{Capacity: Capacity{MemoryMiB: 2048}},
+			held: []Claim{claim("a", "k", 1, 1024, 1)}, next: claim("b", "k", 1, 1024, 1)},
+		{name: "overhead per vm", cfg: Config{Capacity: Capacity{MemoryMiB: 2048}, VMOverheadMiB: 1},
+			held: []Claim{claim("a", "k", 1, 1024, 1)}, next: claim("b", "k", 1, 1024, 1), want: "memoryMiB"},
+		{name: "boots", cfg: Config{Capacity: Capacity{Boots: 1}},
+			held: []Claim{claim("a", "k", 1, 1, 1)}, next: claim("b", "k", 1, 1, 1), want: "boots"},
+		{name: "host memory available", cfg: Config{MemAvailableMiB: func() (int64, error) { return 3000, nil }, MemReserveMiB: 2048},
+			next: claim("a", "k", 1, 1024, 1), want: "memoryMiB"},
+		{name: "host memory available fits", cfg: Config{MemAvailableMiB: func() (int64, error) { return 3072, nil }, MemReserveMiB: 2048},
+			next: claim("a", "k", 1, 1024, 1)},
+		{name: "disk counts live disks at full size", cfg: Config{DiskFreeMiB: func() (int64, error) { return 10000, nil }, DiskReserveMiB: 2000},
+			held: []Claim{claim("a", "k", 1, 1, 4000)}, next: claim("b", "k", 1, 1, 4001), want: "diskMiB"},
+		{name: "disk fits", cfg: Config{DiskFreeMiB: func() (int64, error) { return 10000, nil }, DiskReserveMiB: 2000},
+			held: []Claim{claim("a", "k", 1, 1, 4000)}, next: claim("b", "k", 1, 1, 4000)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := New(tt.cfg)
+			for _, c := range tt.held {
+				l.Restore(c)
+			}
+			err := l.Reserve(tt.next)
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("Reserve: %v", err)
+				}
+				return
+			}
+			refusal(t, err, CodeNoCapacity, tt.want)
+			if l.Held(tt.next.ID) {
+				t.Error("a refused claim is held")
+			}
+		})
+	}
+}
+
+func TestQuota(t *testing.T) {
+	q := Quota{Sandboxes: 2, VCPU: 3, MemoryMiB: 3000, DiskMiB: 9000, Boots: 1}
+	tests := []struct {
+		name string
+		held []Claim
+		next Claim
+		want string
+	}{
+		{name: "sandboxes", held: []Claim{claim("a", "k", 1, 1, 1), claim("b", "k", 1, 1, 1)}, next: claim("c", "k", 1, 1, 1), want: "sandboxes"},
+		{name: "vcpu", held: []Claim{claim("a", "k", 2, 1, 1)}, next: claim("b", "k", 2, 1, 1), want: "vcpu"},
+		{name: "memory", held: []Claim{claim("a", "k", 1, 2000, 1)}, next: claim("b", "k", 1, 1001, 1), want: "memoryMiB"},
+		{name: "disk", held: []Claim{claim("a", "k", 1, 1, 5000)}, next: claim("b", "k", 1, 1, 4001), want: "diskMiB"},
+		{name: "boots", held: []Claim{claim("a", "k", 1, 1, 1)}, next: claim("b", "k", 1, 1, 1), want: "boots"},
+		{name: "another key is not counted", held: []Claim{claim("a", "other", 3, 3000, 9000), claim("b", "other", 1, 1, 1)}, next: claim("c", "k", 3, 3000, 9000)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := New(Config{Quota: q})
+			for _, c := range tt.held {
+				l.Restore(c)
+			}
+			err := l.Reserve(tt.next)
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("Reserve: %v", err)
+				}
+				return
+			}
+			refusal(t, err, CodeQuotaExceeded, tt.want)
+		})
+	}
+}
+
+func TestBootedFreesOnlyTheBootSlot(t *testing.T) {
+	l := New(Config{Capacity: Capacity{Boots: 1, VCPU: 4}, Quota: Quota{Boots: 1}})
+	if err := l.Reserve(claim("a", "k", 2, 1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	refusal(t, l.Reserve(claim("b", "k", 2, 1, 1)), CodeQuotaExceeded, "boots")
+	l.Booted("a")
+	l.Booted("a") // twice is once
+	if err := l.Reserve(claim("b", "k", 2, 1, 1)); err != nil {
+		t.Fatalf("after a booted: %v", err)
+	}
+	if got := l.Total(); got.Boots != 1 || got.VCPU != 4 || got.Sandboxes != 2 {
+		t.Errorf("total %+v, want 1 boot, 4 vCPUs, 2 sandboxes", got)
+	}
+	refusal(t, l.Reserve(Claim{ID: "c", Owner: "k2", Resources: Resources{VCPU: 1}}), CodeNoCapacity, "vcpu")
+}
+
+func TestReleaseExactlyOnce(t *testing.T) {
+	l := New(Config{Capacity: Capacity{VCPU: 4}})
+	l.Restore(claim("a", "k", 2, 100, 10))
+	l.Restore(claim("b", "k", 2, 100, 10))
+	var released atomic.Int32
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			if l.Release("a") {
+				released.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if n := released.Load(); n != 1 {
+		t.Fatalf("Release reported true %d times, want once", n)
+	}
+	if got := l.Total(); got != (Usage{Sandboxes: 1, VCPU: 2, MemoryMiB: 100, DiskMiB: 10, Boots: 1}) {
+		t.Errorf("total after release %+v", got)
+	}
+	if l.Release("never") {
+		t.Error("releasing an unknown id reported true")
+	}
+	if err := l.Reserve(claim("b", "k", 1, 1, 1)); !errors.Is(err, errdefs.ErrInternal) {
+		t.Errorf("reserving a held id: %v, want internal", err)
+	}
+}
+
+// TestConcurrentReserveRelease races many reservers against a small
+// capacity: the ledger must never hold more than it may, and must end
+// empty once everything is released.
+func TestConcurrentReserveRelease(t *testing.T) {
+	const capVCPU = 5
+	l := New(Config{Capacity: Capacity{VCPU: capVCPU, MemoryMiB: 5 * 1024, Boots: 3}, Quota: Quota{Sandboxes: 4}})
+	var held, peak atomic.Int32
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := range 200 {
+				id := fmt.Sprintf("w%d-%d", w, i)
+				err := l.Reserve(claim(id, fmt.Sprintf("key%d", w%3), 1, 1024, 1))
+				if err != nil {
+					if c := errdefs.Code(err); c != CodeNoCapacity && c != CodeQuotaExceeded {
+						t.Errorf("Reserve: %v", err)
+					}
+					continue
+				}
+				n := held.Add(1)
+				for {
+					p := peak.Load()
+					if n <= p || peak.CompareAndSwap(p, n) {
+						break
+					}
+				}
+				if u := l.Total(); u.VCPU > capVCPU || u.Boots > 3 {
+					t.Errorf("ledger holds %+v, over capacity", u)
+				}
+				if i%2 == 0 {
+					l.Booted(id)
+				}
+				held.Add(-1)
+				if !l.Release(id) {
+					t.Errorf("release of %s found nothing", id)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if got := l.Total(); got != (Usage{}) {
+		t.Errorf("total after all releases %+v, want zero", got)
+	}
+	if n := len(l.byOwner); n != 0 {
+		t.Errorf("%d owners left in the ledger, want none", n)
+	}
+	if peak.Load() == 0 {
+		t.Error("no reservation ever succeeded")
+	}
+}
+
+// TestRebuild: a new ledger restored from the live records of the last
+// one holds the same, booting sandboxes included, and refuses alike.
+func TestRebuild(t *testing.T) {
+	cfg := Config{Capacity: Capacity{VCPU: 4, MemoryMiB: 4096, Boots: 2}, Quota: Quota{Sandboxes: 3}}
+	before := New(cfg)
+	live := []Claim{claim("a", "k", 2, 1024, 100), claim("b", "k", 1, 1024, 100), claim("c", "j", 1, 1024, 100)}
+	for _, c := range live {
+		if err := before.Reserve(c); err != nil {
+			t.Fatal(err)
+		}
+		if c.ID == "a" {
+			before.Booted("a")
+		}
+	}
+	// Restart: the store's live records come back, each booting or not.
+	after := New(cfg)
+	for _, c := range live {
+		c.Booting = c.ID != "a"
+		after.Restore(c)
+	}
+	if b, a := before.Total(), after.Total(); a != b {
+		t.Errorf("rebuilt total %+v, want %+v", a, b)
+	}
+	if b, a := before.Owner("k"), after.Owner("k"); a != b {
+		t.Errorf("rebuilt usage of k %+v, want %+v", a, b)
+	}
+	refusal(t, after.Reserve(claim("d", "x", 1, 1, 1)), CodeNoCapacity, "boots")
+	after.Restore(claim("a", "k", 2, 1024, 100)) // restoring again replaces
+	if got := after.Total(); got.Sandboxes != 3 || got.VCPU != 4 {
+		t.Errorf("restoring a held id twice: total %+v", got)
+	}
+}
