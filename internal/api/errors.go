@@ -5,6 +5,8 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
 )
@@ -79,8 +81,9 @@ var classStatus = []struct {
 
 // codeStatus overrides the class status for codes with a status of their own.
 var codeStatus = map[string]int{
-	"too_large":    http.StatusRequestEntityTooLarge,
-	"rate_limited": http.StatusTooManyRequests,
+	"too_large":      http.StatusRequestEntityTooLarge,
+	"rate_limited":   http.StatusTooManyRequests,
+	"quota_exceeded": http.StatusTooManyRequests,
 }
 
 // toAPIError converts any error into the answer to send.
@@ -112,6 +115,7 @@ func toAPIError(err error) *apiError {
 			out.Status = s
 		}
 		out.Message, out.Hint, out.Details = ce.Message, ce.Hint, ce.Details
+		out.RetryAfterMs = ce.RetryAfter.Milliseconds()
 	} else {
 		out.Message = err.Error()
 	}
@@ -174,6 +178,11 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	if ae.Status == http.StatusUnauthorized {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="emberbox"`)
+	}
+	if ae.RetryAfterMs > 0 {
+		// Whole seconds, rounded up, for clients that read only the header.
+		secs := (time.Duration(ae.RetryAfterMs)*time.Millisecond + time.Second - 1) / time.Second
+		w.Header().Set("Retry-After", strconv.Itoa(int(secs)))
 	}
 	writeJSON(w, status, errorBody{Error: errorJSON{
 		Code: ae.Code, Status: status, Message: ae.Message, Hint: ae.Hint,

@@ -34,6 +34,10 @@ import (
 //     /processes/{pid}/output from its cursor instead. A retry with the same
 //     key therefore only happens when the first try never started, and then
 //     running it is right.
+//   - Answers that tell the caller to come back later (those with a
+//     Retry-After: no_capacity, quota_exceeded, rate_limited): the SDK
+//     retries them with the same key, and the retry must run again rather
+//     than replay the refusal.
 
 func validIdempotencyKey(key string) bool {
 	if len(key) < 1 || len(key) > 128 {
@@ -139,7 +143,7 @@ func (s *server) runReserved(w http.ResponseWriter, r *http.Request, owner, key 
 	}()
 	run(rec)
 	finished = true
-	if !rec.wrote || rec.streaming || rec.status >= 500 {
+	if !rec.wrote || rec.streaming || rec.status >= 500 || rec.Header().Get("Retry-After") != "" {
 		release()
 		return
 	}

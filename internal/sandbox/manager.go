@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/emberbox/emberbox/internal/admission"
 	"github.com/emberbox/emberbox/internal/agentproto"
 	"github.com/emberbox/emberbox/internal/egress"
 	"github.com/emberbox/emberbox/internal/errdefs"
@@ -63,6 +64,12 @@ type Config struct {
 	EgressDefault egress.Policy
 	// ExtraCAs is a PEM bundle every guest trusts besides its own roots.
 	ExtraCAs string
+	// Admission holds what each sandbox was promised, from its create
+	// until it is stopped or deleted, and refuses creates it has no room
+	// for; nil admits everything.
+	Admission *admission.Ledger
+	// Limits bound the size and the lifetime of one sandbox.
+	Limits Limits
 }
 
 // reconnectWait is how long a call waits for a running sandbox's guest
@@ -144,6 +151,9 @@ func New(cfg Config) *Manager {
 	}
 	if cfg.BootTimeout == 0 {
 		cfg.BootTimeout = 90 * time.Second
+	}
+	if cfg.Admission == nil {
+		cfg.Admission = admission.New(admission.Config{})
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -237,7 +247,62 @@ func (m *Manager) update(ctx context.Context, id string, fn func(sb *Sandbox) bo
 	if changed {
 		m.notify(id)
 	}
+	m.account(sb)
 	return sb, nil
+}
+
+// account keeps the admission ledger in step with the record, as every
+// transition goes through update: a sandbox gives back its boot slot when
+// it runs and everything when it is stopped or deleted (the ledger
+// releases once however often this is called).
+func (m *Manager) account(sb *Sandbox) {
+	switch sb.State {
+	case StateRunning:
+		m.cfg.Admission.Booted(sb.ID)
+	case StateStopped, StateDeleted:
+		m.cfg.Admission.Release(sb.ID)
+	}
+}
+
+// claim is what sb holds in the admission ledger.
+func claim(sb *Sandbox) admission.Claim {
+	return admission.Claim{ID: sb.ID, Owner: sb.OwnerKeyID, Booting: sb.State == StateStarting,
+		Resources: admission.Resources{VCPU: sb.VCPU, MemoryMiB: int64(sb.MemoryMiB), DiskMiB: int64(sb.DiskMiB)}}
+}
+
+// checkLimits refuses a spec beyond the operator's limits of one sandbox,
+// naming each field and its limit.
+func (m *Manager) checkLimits(spec CreateSpec) error {
+	lim := m.cfg.Limits
+	var issues []map[string]string
+	over := func(field string, v, max int, unit string) {
+		if max > 0 && v > max {
+			issues = append(issues, map[string]string{"path": field, "message": fmt.Sprintf("must be at most %d%s on this server", max, unit)})
+		}
+	}
+	over("diskMiB", spec.DiskMiB, lim.MaxDiskMiB, "")
+	over("memoryMiB", spec.MemoryMiB, lim.MaxMemoryMiB, "")
+	over("timeoutSeconds", spec.TimeoutSeconds, int(lim.MaxLifetime/time.Second), " (the maximum lifetime of a sandbox)")
+	over("vcpu", spec.VCPU, lim.MaxVCPU, "")
+	if len(issues) == 0 {
+		return nil
+	}
+	msg := "The request is not valid."
+	if len(issues) == 1 {
+		msg = issues[0]["path"] + ": " + issues[0]["message"]
+	}
+	e := errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "%s", msg).
+		WithHint("Ask for a sandbox within the limits in details.issues.")
+	e.Details = map[string]any{"issues": issues}
+	return e
+}
+
+// lifetimeEnd is the latest a lease of sb may end, or the zero time.
+func (m *Manager) lifetimeEnd(sb *Sandbox) time.Time {
+	if m.cfg.Limits.MaxLifetime <= 0 {
+		return time.Time{}
+	}
+	return sb.CreatedAt.Add(m.cfg.Limits.MaxLifetime)
 }
 
 func (m *Manager) event(id, typ, msg string, data map[string]any) {
@@ -272,7 +337,15 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (*S
 	if err != nil {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "network: %v", err)
 	}
+	if err := m.checkLimits(spec); err != nil {
+		return nil, err
+	}
+	// Held from here until the record says stopped or deleted (account).
+	if err := m.cfg.Admission.Reserve(claim(sb)); err != nil {
+		return nil, err
+	}
 	if err := m.cfg.Store.InsertSandbox(ctx, sb, spec.IdempotencyKey); err != nil {
+		m.cfg.Admission.Release(sb.ID)
 		return nil, err
 	}
 	if err := m.cfg.Store.PutNetwork(ctx, sb.ID, &Network{Policy: compiled.Policy, Version: 1, UpdatedAt: sb.CreatedAt}); err != nil {
@@ -341,6 +414,9 @@ func (m *Manager) ready(in *instance, data map[string]any) {
 		expires := now.Add(time.Duration(s.TimeoutSeconds) * time.Second)
 		if s.ExpiresAt != nil && s.ExpiresAt.After(expires) {
 			expires = *s.ExpiresAt
+		}
+		if end := m.lifetimeEnd(s); !end.IsZero() && expires.After(end) {
+			expires = end
 		}
 		s.State, s.ReadyAt, s.ExpiresAt = StateRunning, &now, &expires
 		changed = true
@@ -730,11 +806,22 @@ func (m *Manager) Extend(ctx context.Context, owner, id string, d time.Duration)
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "seconds must be between 1 and %d", int(MaxExtendAhead.Seconds()))
 	}
 	exp := m.now().Add(d)
+	end := m.lifetimeEnd(sb)
+	if !end.IsZero() && exp.After(end) {
+		if sb.ExpiresAt != nil && !sb.ExpiresAt.Before(end) {
+			e := errdefs.New(errdefs.ErrConflict, "lifetime_exceeded",
+				"the sandbox's lease already ends at its maximum lifetime of %s", m.cfg.Limits.MaxLifetime).
+				WithHint("Create a new sandbox to keep working after this one ends.")
+			e.Details = map[string]any{"maxLifetimeSeconds": int64(m.cfg.Limits.MaxLifetime / time.Second)}
+			return nil, e
+		}
+		exp = end // as far as the lifetime allows
+	}
 	return m.update(ctx, id, func(s *Sandbox) bool {
 		if s.State.Terminal() || s.State == StateStopping {
 			return false
 		}
-		if s.ExpiresAt != nil && s.ExpiresAt.After(exp) {
+		if s.ExpiresAt != nil && !s.ExpiresAt.Before(exp) {
 			return false // never shortens
 		}
 		s.ExpiresAt = &exp

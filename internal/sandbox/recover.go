@@ -21,6 +21,11 @@ func (m *Manager) Recover(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listing live sandboxes: %w", err)
 	}
+	// What the last process promised is held again before anything is
+	// decided; a sandbox found gone is released when it is marked stopped.
+	for _, sb := range live {
+		m.cfg.Admission.Restore(claim(sb))
+	}
 	for _, sb := range live {
 		m.recoverOne(ctx, sb)
 	}

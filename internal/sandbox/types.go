@@ -37,6 +37,17 @@ const (
 	MaxExtendAhead        = time.Hour
 )
 
+// Limits bound one sandbox, as the operator configured them. A zero field
+// is no limit beyond the API's own.
+type Limits struct {
+	MaxVCPU      int
+	MaxMemoryMiB int
+	MaxDiskMiB   int
+	// MaxLifetime bounds the time from a sandbox's creation to the end of
+	// its lease: the first lease is cut there and :extend never passes it.
+	MaxLifetime time.Duration
+}
+
 // Sandbox is the durable record of one sandbox, as the store keeps it and the
 // API shows it.
 type Sandbox struct {
