@@ -72,6 +72,9 @@ type Config struct {
 	Uploads *Uploads
 	// Events serves GET /v1/sandboxes/{id}/events; nil lists none.
 	Events Events
+	// RateLimits bound each caller's request rate; the zero value sets
+	// no limit.
+	RateLimits RateLimits
 }
 
 // Limits of the waits a request may ask for.
@@ -91,6 +94,7 @@ type server struct {
 	version string
 	accel   func() string
 	uploads *Uploads // nil: chunked uploads refused
+	limits  *rateLimiter
 
 	routes  []route
 	mux     *http.ServeMux
@@ -115,6 +119,7 @@ func newServer(cfg Config) *server {
 		mgr: cfg.Manager, keys: cfg.Keys, idem: cfg.Idempotency, log: cfg.Logger,
 		version: cfg.Version, accel: cfg.Accel, events: cfg.Events,
 		idemPoll: idemPollInterval, idemPollMax: idemPollMax, now: time.Now,
+		limits: newRateLimiter(cfg.RateLimits),
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -217,16 +222,13 @@ type call struct {
 
 type handlerFunc func(w http.ResponseWriter, r *http.Request, c *call) error
 
-// serveRoute runs rt for r: authentication, body, idempotency, handler.
+// serveRoute runs rt for r: authentication and rate limits, body,
+// idempotency, handler.
 func (s *server) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 	c := &call{}
-	if !rt.Public {
-		owner, err := s.authenticate(r)
-		if err != nil {
-			s.writeError(w, r, err)
-			return
-		}
-		c.owner = owner
+	if err := s.gate(r, rt, c); err != nil {
+		s.writeError(w, r, err)
+		return
 	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead && r.Body != nil {
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
