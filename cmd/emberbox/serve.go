@@ -46,6 +46,8 @@ type serveOptions struct {
 	egressOpen    []string
 	egressResolve []string
 	extraCAFile   string
+
+	limits limitOptions
 }
 
 // hostCABundle is passed to guests by default, so that they trust what the
@@ -78,6 +80,7 @@ func newServeCommand() *cobra.Command {
 		defCA = hostCABundle
 	}
 	f.StringVar(&o.extraCAFile, "extra-ca-file", defCA, `PEM bundle every sandbox trusts besides its own roots ("" for none)`)
+	addLimitFlags(cmd, &o.limits)
 	return cmd
 }
 
@@ -128,9 +131,14 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		return err
 	}
+	adm, err := o.limits.build(o.dataDir, log)
+	if err != nil {
+		return err
+	}
 	mgr := sandbox.New(sandbox.Config{
 		Store: st, Driver: drv, Boot: boot.BootFiles, DataDir: o.dataDir, Logger: log, BootTimeout: o.bootTimeout,
 		Egress: ecfg.op, EgressDefault: ecfg.def, ExtraCAs: ecfg.cas,
+		Admission: adm.ledger, Limits: adm.limits,
 	})
 	// On any way out: the background loops are stopped and waited for,
 	// then the manager lets go of its sandboxes (they keep running), and
@@ -156,7 +164,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	handler := api.New(api.Config{
 		Manager: mgr, Keys: keyStore{st}, Idempotency: idempotencyStore{st}, Events: eventStore{st},
 		Logger: log, Version: version, Accel: drv.Accel,
-		Uploads: uploads,
+		Uploads: uploads, RateLimits: adm.rates,
 	})
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {

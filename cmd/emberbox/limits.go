@@ -1,0 +1,124 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/emberbox/emberbox/internal/admission"
+	"github.com/emberbox/emberbox/internal/api"
+	"github.com/emberbox/emberbox/internal/sandbox"
+)
+
+// limitOptions are the flags of admission control: what the host may
+// promise, what one key may hold, how large and how long-lived one sandbox
+// may be, and how fast a caller may send requests.
+type limitOptions struct {
+	maxVCPUs           int
+	vcpuOvercommit     float64
+	maxMemoryMiB       int64
+	memoryOvercommit   float64
+	hostReserveMiB     int64
+	vmOverheadMiB      int64
+	diskReserveMiB     int64
+	maxConcurrentBoots int
+
+	quota admission.Quota
+
+	maxSandboxVCPUs     int
+	maxSandboxMemoryMiB int
+	maxSandboxDiskMiB   int
+	maxLifetime         time.Duration
+
+	rates api.RateLimits
+}
+
+func addLimitFlags(cmd *cobra.Command, o *limitOptions) {
+	f := cmd.Flags()
+	f.IntVar(&o.maxVCPUs, "max-vcpus", 0, "vCPUs the server may promise in all (default: host CPUs × --vcpu-overcommit)")
+	f.Float64Var(&o.vcpuOvercommit, "vcpu-overcommit", 4, "vCPUs promised per host CPU when --max-vcpus is not set")
+	f.Int64Var(&o.maxMemoryMiB, "max-memory-mib", 0, "memory the server may promise in all, VM overhead included (default: (host memory − --host-reserve-mib) × --memory-overcommit)")
+	f.Float64Var(&o.memoryOvercommit, "memory-overcommit", 1.0, "memory promised per MiB of host memory; above 1 the host can run out of memory")
+	f.Int64Var(&o.hostReserveMiB, "host-reserve-mib", 2048, "host memory never promised to sandboxes, and kept available at every create")
+	f.Int64Var(&o.vmOverheadMiB, "vm-overhead-mib", 256, "host memory charged per sandbox besides its own (the VMM's code cache and devices)")
+	f.Int64Var(&o.diskReserveMiB, "disk-reserve-mib", 2048, "free space kept on the data dir's filesystem after every live disk has grown to its size")
+	f.IntVar(&o.maxConcurrentBoots, "max-concurrent-boots", 0, "sandboxes booting at once (default: host CPUs)")
+
+	f.IntVar(&o.quota.Sandboxes, "quota-sandboxes", 20, "live sandboxes per API key (0: no limit)")
+	f.IntVar(&o.quota.VCPU, "quota-vcpus", 0, "vCPUs per API key (0: only the host's limit)")
+	f.Int64Var(&o.quota.MemoryMiB, "quota-memory-mib", 0, "memory per API key (0: only the host's limit)")
+	f.Int64Var(&o.quota.DiskMiB, "quota-disk-mib", 0, "disk per API key (0: only the host's limit)")
+	f.IntVar(&o.quota.Boots, "quota-boots", 0, "sandboxes of one API key booting at once (0: only the host's limit)")
+
+	f.IntVar(&o.maxSandboxVCPUs, "max-sandbox-vcpus", 0, "vCPUs of one sandbox (default: host CPUs, at least 2)")
+	f.IntVar(&o.maxSandboxMemoryMiB, "max-sandbox-memory-mib", 0, "memory of one sandbox (default: all the server may promise)")
+	f.IntVar(&o.maxSandboxDiskMiB, "max-sandbox-disk-mib", 0, "disk of one sandbox (default: the API's 65536)")
+	f.DurationVar(&o.maxLifetime, "max-lifetime", 24*time.Hour, "longest a sandbox may live from its creation; :extend never passes it")
+
+	f.Float64Var(&o.rates.Read.PerSecond, "rate-read", 50, "GET requests per second per API key (0: no limit)")
+	f.IntVar(&o.rates.Read.Burst, "rate-read-burst", 100, "GET requests per API key at once")
+	f.Float64Var(&o.rates.Write.PerSecond, "rate-write", 20, "other requests (creates, execs, writes) per second per API key (0: no limit)")
+	f.IntVar(&o.rates.Write.Burst, "rate-write-burst", 50, "other requests per API key at once")
+	f.Float64Var(&o.rates.AuthFail.PerSecond, "rate-auth-fail", 1, "failed authentications per second per client address (0: no limit)")
+	f.IntVar(&o.rates.AuthFail.Burst, "rate-auth-fail-burst", 10, "failed authentications per client address at once")
+}
+
+// admissionSettings is what the limit flags configure.
+type admissionSettings struct {
+	ledger *admission.Ledger
+	limits sandbox.Limits
+	rates  api.RateLimits
+}
+
+// build reads the host's size and turns the flags into the ledger, the
+// limits of one sandbox and the request rates.
+func (o limitOptions) build(dataDir string, log *slog.Logger) (admissionSettings, error) {
+	var as admissionSettings
+	if o.memoryOvercommit <= 0 || o.vcpuOvercommit <= 0 {
+		return as, fmt.Errorf("--memory-overcommit and --vcpu-overcommit must be positive")
+	}
+	cpus := admission.HostCPUs()
+	capa := admission.Capacity{VCPU: o.maxVCPUs, MemoryMiB: o.maxMemoryMiB, Boots: o.maxConcurrentBoots}
+	if capa.VCPU <= 0 {
+		capa.VCPU = max(1, int(float64(cpus)*o.vcpuOvercommit))
+	}
+	if capa.Boots <= 0 {
+		capa.Boots = cpus
+	}
+	hostMiB, err := admission.HostMemoryMiB()
+	if err != nil {
+		return as, fmt.Errorf("reading the host's memory: %w", err)
+	}
+	if capa.MemoryMiB <= 0 {
+		capa.MemoryMiB = int64(float64(hostMiB-o.hostReserveMiB) * o.memoryOvercommit)
+		if capa.MemoryMiB <= o.vmOverheadMiB {
+			return as, fmt.Errorf("the host has %d MiB of memory, too little beside --host-reserve-mib %d for any sandbox", hostMiB, o.hostReserveMiB)
+		}
+	}
+	as.ledger = admission.New(admission.Config{
+		Capacity: capa, VMOverheadMiB: o.vmOverheadMiB, Quota: o.quota,
+		DiskFreeMiB: func() (int64, error) { return admission.DiskFreeMiB(dataDir) }, DiskReserveMiB: o.diskReserveMiB,
+		MemAvailableMiB: admission.MemAvailableMiB, MemReserveMiB: o.hostReserveMiB,
+	})
+	as.limits = sandbox.Limits{
+		MaxVCPU: o.maxSandboxVCPUs, MaxMemoryMiB: o.maxSandboxMemoryMiB, MaxDiskMiB: o.maxSandboxDiskMiB,
+		MaxLifetime: o.maxLifetime,
+	}
+	if as.limits.MaxVCPU <= 0 {
+		as.limits.MaxVCPU = max(cpus, sandbox.DefaultVCPU)
+	}
+	if as.limits.MaxMemoryMiB <= 0 {
+		// A sandbox that could never fit is refused as too large, not
+		// answered no_capacity for ever.
+		as.limits.MaxMemoryMiB = int(capa.MemoryMiB - o.vmOverheadMiB)
+	}
+	as.rates = o.rates
+	log.Info("admission control", "host_cpus", cpus, "host_memory_mib", hostMiB,
+		"max_vcpus", capa.VCPU, "max_memory_mib", capa.MemoryMiB, "vm_overhead_mib", o.vmOverheadMiB,
+		"max_concurrent_boots", capa.Boots, "disk_reserve_mib", o.diskReserveMiB,
+		"max_sandbox_vcpus", as.limits.MaxVCPU, "max_sandbox_memory_mib", as.limits.MaxMemoryMiB,
+		"max_lifetime", o.maxLifetime)
+	return as, nil
+}
