@@ -14,8 +14,8 @@ func TestHostFigures(t *testing.T) {
 		t.Fatalf("HostMemoryMiB = %d, %v", total, err)
 	}
 	avail, err := MemAvailableMiB()
-	if err != nil || avail <= 0 || avail > total+total/8 {
-		t.Errorf("MemAvailableMiB = %d, %v (total %d)", avail, err, total)
+	if err != nil || avail <= 0 { // host-wide, so it may exceed a cgroup's limit
+		t.Errorf("MemAvailableMiB = %d, %v", avail, err)
 	}
 	if st, sf, err := Swap(); err != nil || sf > st {
 		t.Errorf("Swap = %d total, %d free, %v", st, sf, err)
