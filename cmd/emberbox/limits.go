@@ -38,7 +38,7 @@ type limitOptions struct {
 func addLimitFlags(cmd *cobra.Command, o *limitOptions) {
 	f := cmd.Flags()
 	f.IntVar(&o.maxVCPUs, "max-vcpus", 0, "vCPUs the server may promise in all (default: host CPUs × --vcpu-overcommit)")
-	f.Float64Var(&o.vcpuOvercommit, "vcpu-overcommit", 4, "vCPUs promised per host CPU when --max-vcpus is not set")
+	f.Float64Var(&o.vcpuOvercommit, "vcpu-overcommit", 8, "vCPUs promised per host CPU when --max-vcpus is not set")
 	f.Int64Var(&o.maxMemoryMiB, "max-memory-mib", 0, "memory the server may promise in all, VM overhead included (default: (host memory − --host-reserve-mib) × --memory-overcommit)")
 	f.Float64Var(&o.memoryOvercommit, "memory-overcommit", 1.0, "memory promised per MiB of host memory; above 1 the host can run out of memory")
 	f.Int64Var(&o.hostReserveMiB, "host-reserve-mib", 2048, "host memory never promised to sandboxes, and kept available at every create")
@@ -57,10 +57,10 @@ func addLimitFlags(cmd *cobra.Command, o *limitOptions) {
 	f.IntVar(&o.maxSandboxDiskMiB, "max-sandbox-disk-mib", 0, "disk of one sandbox (default: the API's 65536)")
 	f.DurationVar(&o.maxLifetime, "max-lifetime", 24*time.Hour, "longest a sandbox may live from its creation; :extend never passes it")
 
-	f.Float64Var(&o.rates.Read.PerSecond, "rate-read", 50, "GET requests per second per API key (0: no limit)")
-	f.IntVar(&o.rates.Read.Burst, "rate-read-burst", 100, "GET requests per API key at once")
-	f.Float64Var(&o.rates.Write.PerSecond, "rate-write", 20, "other requests (creates, execs, writes) per second per API key (0: no limit)")
-	f.IntVar(&o.rates.Write.Burst, "rate-write-burst", 50, "other requests per API key at once")
+	f.Float64Var(&o.rates.Read.PerSecond, "rate-read", 100, "GET requests per second per API key (0: no limit)")
+	f.IntVar(&o.rates.Read.Burst, "rate-read-burst", 200, "GET requests per API key at once")
+	f.Float64Var(&o.rates.Write.PerSecond, "rate-write", 50, "other requests (creates, execs, writes) per second per API key (0: no limit)")
+	f.IntVar(&o.rates.Write.Burst, "rate-write-burst", 100, "other requests per API key at once")
 	f.Float64Var(&o.rates.AuthFail.PerSecond, "rate-auth-fail", 1, "failed authentications per second per client address (0: no limit)")
 	f.IntVar(&o.rates.AuthFail.Burst, "rate-auth-fail-burst", 10, "failed authentications per client address at once")
 }
