@@ -110,7 +110,8 @@ func (c *Client) Done() <-chan struct{} { return c.sess.CloseChan() }
 func (c *Client) call(ctx context.Context, req *agentproto.Request) (*agentproto.Conn, func(), error) {
 	st, err := c.sess.OpenStream()
 	if err != nil {
-		return nil, nil, errdefs.New(errdefs.ErrUnavailable, "guest_unavailable", "the sandbox's agent is not reachable: %v", err)
+		// The cause stays on the host: its text is yamux's, not the caller's.
+		return nil, nil, errdefs.New(errdefs.ErrUnavailable, "guest_unavailable", "the sandbox's agent is not reachable")
 	}
 	// Close alone only half-closes a yamux stream; the past deadline
 	// unblocks our own reads and writes at once.
@@ -128,7 +129,7 @@ func transportError(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	return errdefs.New(errdefs.ErrUnavailable, "guest_unavailable", "lost the connection to the sandbox's agent: %v", err)
+	return errdefs.New(errdefs.ErrUnavailable, "guest_unavailable", "lost the connection to the sandbox's agent")
 }
 
 // roundTrip sends req and reads one Reply within lim.
