@@ -138,8 +138,8 @@ func release(st *yamux.Stream, held chan struct{}) {
 	closed := time.Now()
 	_ = st.Close()
 	_ = st.SetDeadline(closed.Add(sessionCloseTimeout))
-	_, err := io.Copy(io.Discard, io.LimitReader(st, maxDrain))
-	if err == nil || errors.Is(err, yamux.ErrConnectionReset) {
+	_, err := io.CopyN(io.Discard, st, maxDrain)
+	if errors.Is(err, io.EOF) || errors.Is(err, yamux.ErrConnectionReset) {
 		return // the guest closed its side (or reset the stream): it is gone
 	}
 	time.Sleep(time.Until(closed.Add(sessionCloseTimeout + 100*time.Millisecond)))

@@ -387,4 +387,3 @@ func (h *hostile) halfClosedStream(st *yamux.Stream) error {
 	}
 	return nil // never closed
 }
-
