@@ -41,6 +41,7 @@ type serveOptions struct {
 	bootTimeout time.Duration
 	noKVM       bool
 	logLevel    string
+	memoryLimit string
 
 	egressDefault string
 	egressOpen    []string
@@ -72,6 +73,7 @@ func newServeCommand() *cobra.Command {
 	f.DurationVar(&o.bootTimeout, "boot-timeout", 90*time.Second, "bound on one boot attempt; a create makes at most two")
 	f.BoolVar(&o.noKVM, "no-kvm", false, "use software emulation even where /dev/kvm works")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&o.memoryLimit, "memory-limit", "", `the server's soft memory limit (Go's GOMEMLIMIT), e.g. 512MiB, or "off" (default: $GOMEMLIMIT, else a quarter of the host's memory, 256 MiB to 1 GiB)`)
 	f.StringVar(&o.egressDefault, "egress-default", "internet", `egress of sandboxes created without a network policy: "internet" (public addresses) or "off"`)
 	f.StringArrayVar(&o.egressOpen, "egress-open", nil, "open a private address or CIDR to sandboxes (repeatable; e.g. a test range)")
 	f.StringArrayVar(&o.egressResolve, "egress-resolve", nil, "resolve a name to addresses for sandboxes, name=ip[,ip] (repeatable; for tests)")
@@ -90,6 +92,11 @@ func serve(ctx context.Context, o serveOptions) error {
 		return fmt.Errorf("--log-level: %w", err)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	memLimit, err := setMemoryLimit(o.memoryLimit)
+	if err != nil {
+		return err
+	}
+	log.Info("memory limit", "bytes", memLimit)
 
 	if err := os.MkdirAll(o.dataDir, 0o700); err != nil {
 		return fmt.Errorf("creating data dir: %w", err)

@@ -21,9 +21,7 @@ import (
 )
 
 const (
-	defaultListLimit = 1000
-	maxListLimit     = 10000
-	maxListDepth     = 10
+	maxListDepth = 10
 )
 
 // asUser runs fn with the file-system identity of acct, so the kernel applies
@@ -301,10 +299,7 @@ func (a *Agent) list(acct *account, p string, depth int, hidden bool, limit int)
 		depth = 1
 	}
 	depth = min(depth, maxListDepth)
-	if limit <= 0 {
-		limit = defaultListLimit
-	}
-	limit = min(limit, maxListLimit)
+	limit = agentproto.ListLimit(limit)
 	var out []agentproto.FileEntry
 	err := a.asUser(acct, func() error {
 		fi, err := os.Stat(p)

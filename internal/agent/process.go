@@ -212,6 +212,8 @@ func (t *processTable) list() []agentproto.ProcessInfo {
 	}
 	t.mu.Unlock()
 	sort.Slice(ps, func(i, j int) bool { return ps[i].started.Before(ps[j].started) })
+	// The host refuses a longer list; the newest processes matter most.
+	ps = ps[max(0, len(ps)-agentproto.MaxProcessList):]
 	out := make([]agentproto.ProcessInfo, 0, len(ps))
 	for _, p := range ps {
 		out = append(out, p.info())

@@ -37,6 +37,10 @@ const DataChunk = 256 << 10
 // ErrFrameTooLarge is returned for a frame whose declared size exceeds MaxFrame.
 var ErrFrameTooLarge = errors.New("agentproto: frame too large")
 
+// ErrUnknownKind is returned for a frame of a kind other than KindJSON and
+// KindData.
+var ErrUnknownKind = errors.New("agentproto: unknown frame kind")
+
 // Conn reads and writes frames on one stream. It is not safe for concurrent
 // writers; callers serialize writes themselves.
 type Conn struct {
@@ -111,7 +115,7 @@ func (c *Conn) ReadFrameMax(limit int) (kind byte, payload []byte, err error) {
 	}
 	kind = hdr[0]
 	if kind != KindJSON && kind != KindData {
-		return 0, nil, fmt.Errorf("agentproto: unknown frame kind %q", kind)
+		return 0, nil, fmt.Errorf("%w %q", ErrUnknownKind, kind)
 	}
 	var buf bytes.Buffer
 	buf.Grow(min(int(n), readPrealloc))

@@ -227,6 +227,26 @@ type ProcessRequest struct {
 	WaitMs int64 `json:"waitMs,omitempty"`
 }
 
+// Sizes of lists the agent answers with. The host refuses longer lists
+// (internal/guest), so the agent never sends more.
+const (
+	// MaxProcessList bounds process.list: the newest processes are listed.
+	MaxProcessList = 1024
+	// DefaultListLimit is file.list's limit when the request gives none;
+	// MaxListLimit bounds any limit it gives.
+	DefaultListLimit = 1000
+	MaxListLimit     = 10000
+)
+
+// ListLimit is the number of entries file.list answers at most for a
+// request's limit.
+func ListLimit(limit int) int {
+	if limit <= 0 {
+		return DefaultListLimit
+	}
+	return min(limit, MaxListLimit)
+}
+
 // FileRequest addresses a path in the guest. Relative paths resolve against
 // the user's home (/workspace).
 type FileRequest struct {

@@ -21,8 +21,10 @@ type apiError struct {
 	Hint         string
 	Details      map[string]any
 	RetryAfterMs int64
-	// cause is logged for 5xx answers and never sent.
-	cause error
+	// cause is logged for 5xx answers, and for others whose text was
+	// replaced (uncoded), and never sent.
+	cause   error
+	uncoded bool
 }
 
 func (e *apiError) Error() string { return e.Code + ": " + e.Message }
@@ -117,7 +119,9 @@ func toAPIError(err error) *apiError {
 		out.Message, out.Hint, out.Details = ce.Message, ce.Hint, ce.Details
 		out.RetryAfterMs = ce.RetryAfter.Milliseconds()
 	} else {
-		out.Message = err.Error()
+		// An error without a code was not written for callers: its text
+		// can name host paths or addresses. Say only what class it is.
+		out.Message, out.uncoded = classMessage(out.Status), true
 	}
 	if out.Status >= 500 {
 		// Never leak internal detail: a coded 503 says what it is in words
@@ -134,6 +138,21 @@ func toAPIError(err error) *apiError {
 
 // statusClientClosed is logged when the client hung up (nginx's 499).
 const statusClientClosed = 499
+
+// classMessage is the message of an uncoded error of a 4xx class.
+func classMessage(status int) string {
+	switch status {
+	case http.StatusBadRequest:
+		return "The request is not valid."
+	case http.StatusNotFound:
+		return "Not found."
+	case http.StatusConflict:
+		return "The request conflicts with the sandbox's state."
+	case http.StatusForbidden:
+		return "Permission denied."
+	}
+	return genericMessage(status)
+}
 
 func genericMessage(status int) string {
 	switch status {
@@ -171,6 +190,10 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 			slog.String("request_id", rid), slog.String("method", r.Method),
 			slog.String("path", r.URL.Path), slog.Int("status", ae.Status),
 			slog.String("code", ae.Code), slog.Any("err", errOr(ae.cause, err)))
+	}
+	if ae.Status < 500 && ae.uncoded {
+		s.log.LogAttrs(r.Context(), slog.LevelInfo, "request refused",
+			slog.String("request_id", rid), slog.Int("status", ae.Status), slog.Any("err", ae.cause))
 	}
 	status := ae.Status
 	if status == statusClientClosed {

@@ -3,15 +3,18 @@ package egress
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -77,7 +80,7 @@ func (g *Gate) ServeProxy(ctx context.Context, c net.Conn, br *bufio.Reader) {
 		}
 		if err != nil {
 			if err != io.EOF {
-				writeStatus(c, http.StatusBadRequest, "", "bad proxy request: "+err.Error())
+				writeStatus(c, http.StatusBadRequest, "", "bad proxy request")
 			}
 			return
 		}
@@ -144,7 +147,7 @@ func (g *Gate) ServeProxy(ctx context.Context, c net.Conn, br *bufio.Reader) {
 			return
 		}
 		if err != nil {
-			writeStatus(c, http.StatusBadGateway, "", "upstream: "+err.Error())
+			writeStatus(c, http.StatusBadGateway, "", "upstream: bad response")
 			return
 		}
 		err = resp.Write(c)
@@ -202,12 +205,31 @@ func splitTarget(hostport string, defPort int) (string, int, error) {
 	return host, port, nil
 }
 
+// writeRefusal answers a failed dial. A refusal names the target as the
+// guest asked for it; any other failure says only what kind it was, as its
+// text would name the host's resolver or the real address behind a name.
 func writeRefusal(w io.Writer, err error) {
 	if r, ok := AsRefusal(err); ok {
 		writeStatus(w, http.StatusForbidden, r.Reason, r.Error())
 		return
 	}
-	writeStatus(w, http.StatusBadGateway, "", err.Error())
+	writeStatus(w, http.StatusBadGateway, "", dialFailure(err))
+}
+
+// dialFailure is what a guest is told of a dial that failed.
+func dialFailure(err error) string {
+	var de *net.DNSError
+	switch {
+	case errors.As(err, &de) && de.IsNotFound:
+		return "no such host"
+	case errors.As(err, &de):
+		return "name resolution failed"
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded):
+		return "connection timed out"
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "connection refused"
+	}
+	return "connection failed"
 }
 
 func writeStatus(w io.Writer, code int, reason Reason, msg string) {

@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -24,10 +26,18 @@ import (
 // maxHandshakeSkip bounds the stale bytes skipped while waiting for Ready.
 const maxHandshakeSkip = 16 << 20
 
+// sessionCloseTimeout is how long a stream the host has closed may wait for
+// the guest to close its side before yamux resets it; until then what the
+// guest sends on it is buffered. The host closes a stream only when it
+// wants nothing more from it, so this is short.
+const sessionCloseTimeout = 5 * time.Second
+
 // Client talks to one guest agent. It is safe for concurrent use.
 type Client struct {
 	sess *yamux.Session
 	conn net.Conn
+
+	onViolation atomic.Pointer[func(Violation)]
 }
 
 // Handshake performs the hello/ready exchange on conn and starts a session.
@@ -71,12 +81,13 @@ func Handshake(ctx context.Context, conn net.Conn) (*Client, error) {
 	_ = conn.SetDeadline(time.Time{})
 	cfg := yamux.DefaultConfig()
 	cfg.LogOutput = io.Discard
-	cfg.MaxStreamWindowSize = 1 << 20
+	// What the guest sends is buffered up to the window per stream; see
+	// GuestStreamBytes for the budget this keeps.
+	cfg.MaxStreamWindowSize = MaxWindow
+	cfg.AcceptBacklog = acceptBacklog
 	cfg.ConnectionWriteTimeout = 30 * time.Second
 	cfg.StreamOpenTimeout = 30 * time.Second
-	// A stream the guest never finishes closing is dropped after this, not
-	// yamux's default 5 minutes.
-	cfg.StreamCloseTimeout = 30 * time.Second
+	cfg.StreamCloseTimeout = sessionCloseTimeout
 	sess, err := yamux.Client(struct {
 		io.Reader
 		io.Writer
@@ -99,7 +110,8 @@ func (c *Client) Done() <-chan struct{} { return c.sess.CloseChan() }
 func (c *Client) call(ctx context.Context, req *agentproto.Request) (*agentproto.Conn, func(), error) {
 	st, err := c.sess.OpenStream()
 	if err != nil {
-		return nil, nil, errdefs.New(errdefs.ErrUnavailable, "guest_unavailable", "the sandbox's agent is not reachable: %v", err)
+		// The cause stays on the host: its text is yamux's, not the caller's.
+		return nil, nil, errdefs.New(errdefs.ErrUnavailable, "guest_unavailable", "the sandbox's agent is not reachable")
 	}
 	// Close alone only half-closes a yamux stream; the past deadline
 	// unblocks our own reads and writes at once.
@@ -117,19 +129,19 @@ func transportError(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	return errdefs.New(errdefs.ErrUnavailable, "guest_unavailable", "lost the connection to the sandbox's agent: %v", err)
+	return errdefs.New(errdefs.ErrUnavailable, "guest_unavailable", "lost the connection to the sandbox's agent")
 }
 
-// roundTrip sends req and reads one Reply.
-func (c *Client) roundTrip(ctx context.Context, req *agentproto.Request) (*agentproto.Reply, error) {
+// roundTrip sends req and reads one Reply within lim.
+func (c *Client) roundTrip(ctx context.Context, req *agentproto.Request, lim readLimit) (*agentproto.Reply, error) {
 	fc, done, err := c.call(ctx, req)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
 	var rep agentproto.Reply
-	if err := fc.ReadJSON(&rep); err != nil {
-		return nil, transportError(ctx, err)
+	if err := c.readJSON(ctx, fc, req.Method, lim, &rep); err != nil {
+		return nil, err
 	}
 	if rep.Error != nil {
 		return nil, wireError(rep.Error)
@@ -138,6 +150,8 @@ func (c *Client) roundTrip(ctx context.Context, req *agentproto.Request) (*agent
 }
 
 // wireError maps an agent error to an errdefs error with the same code.
+// Codes the host does not know become guest_error; the message is the
+// guest's own text, bounded, as the guest is not trusted to keep it short.
 func wireError(e *agentproto.Error) error {
 	class := errdefs.ErrInternal
 	code := e.Code
@@ -156,24 +170,40 @@ func wireError(e *agentproto.Error) error {
 	default:
 		code = "guest_error"
 	}
-	return &errdefs.CodedError{Class: class, Code: code, Message: e.Message}
+	return &errdefs.CodedError{Class: class, Code: code, Message: guestText(e.Message)}
+}
+
+// maxGuestMessage bounds the text of a guest's error that reaches a caller.
+const maxGuestMessage = 4 << 10
+
+// guestText bounds a message from the guest and makes it valid UTF-8.
+func guestText(s string) string {
+	if len(s) > maxGuestMessage {
+		s = s[:maxGuestMessage] + "…"
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
+}
+
+// missing reports a reply without the result its method must carry.
+func (c *Client) missing(method, what string) error {
+	return c.violation(method, "reply carries no %s", what)
 }
 
 // Info describes the guest.
 func (c *Client) Info(ctx context.Context) (*agentproto.Info, error) {
-	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodInfo})
+	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodInfo}, ordinaryReply)
 	if err != nil {
 		return nil, err
 	}
 	if rep.Info == nil {
-		return nil, errors.New("agent sent no info")
+		return nil, c.missing(agentproto.MethodInfo, "info")
 	}
 	return rep.Info, nil
 }
 
 // Configure sets the sandbox-wide env and hostname.
 func (c *Client) Configure(ctx context.Context, req agentproto.ConfigureRequest) error {
-	_, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodConfigure, Configure: &req})
+	_, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodConfigure, Configure: &req}, ordinaryReply)
 	return err
 }
 
@@ -185,15 +215,16 @@ func (c *Client) Exec(ctx context.Context, req agentproto.ExecRequest, onEvent f
 	}
 	defer done()
 	if !req.Stream {
+		// The result carries the captured output: up to a frame.
 		var rep agentproto.Reply
-		if err := fc.ReadJSON(&rep); err != nil {
-			return nil, transportError(ctx, err)
+		if err := c.readJSON(ctx, fc, agentproto.MethodExec, readLimit{bytes: maxListReply}, &rep); err != nil {
+			return nil, err
 		}
 		if rep.Error != nil {
 			return nil, wireError(rep.Error)
 		}
 		if rep.Exit == nil {
-			return nil, errors.New("agent sent no result")
+			return nil, c.missing(agentproto.MethodExec, "result")
 		}
 		return rep.Exit, nil
 	}
@@ -201,15 +232,15 @@ func (c *Client) Exec(ctx context.Context, req agentproto.ExecRequest, onEvent f
 		// A streaming call's frames are Events, except a Reply error sent
 		// before the process started; both decode into Event's shape.
 		var ev agentproto.Event
-		if err := fc.ReadJSON(&ev); err != nil {
-			return nil, transportError(ctx, err)
+		if err := c.readJSON(ctx, fc, agentproto.MethodExec, eventFrame, &ev); err != nil {
+			return nil, err
 		}
 		switch {
 		case ev.Error != nil:
 			return nil, wireError(ev.Error)
 		case ev.Type == "exit":
 			if ev.Exit == nil {
-				return nil, errors.New("agent sent exit without result")
+				return nil, c.missing(agentproto.MethodExec, "result in its exit event")
 			}
 			if onEvent != nil {
 				if err := onEvent(ev); err != nil {
@@ -229,19 +260,24 @@ func (c *Client) Exec(ctx context.Context, req agentproto.ExecRequest, onEvent f
 // Spawn starts a process that outlives the call.
 func (c *Client) Spawn(ctx context.Context, req agentproto.ExecRequest) (*agentproto.ProcessInfo, error) {
 	req.Stream = false
-	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodSpawn, Exec: &req})
+	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodSpawn, Exec: &req}, processReply)
 	if err != nil {
 		return nil, err
 	}
 	if rep.Process == nil {
-		return nil, errors.New("agent sent no process")
+		return nil, c.missing(agentproto.MethodSpawn, "process")
 	}
 	return rep.Process, nil
 }
 
+// processReply bounds a reply carrying a ProcessInfo, whose command may be
+// as long as a request body.
+var processReply = readLimit{bytes: maxListReply}
+
 // Processes lists the processes the agent knows.
 func (c *Client) Processes(ctx context.Context) ([]agentproto.ProcessInfo, error) {
-	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodProcessList})
+	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodProcessList},
+		readLimit{bytes: maxListReply, listKey: "processes", maxItems: agentproto.MaxProcessList})
 	if err != nil {
 		return nil, err
 	}
@@ -253,24 +289,24 @@ func (c *Client) Processes(ctx context.Context) ([]agentproto.ProcessInfo, error
 
 // Process describes one process.
 func (c *Client) Process(ctx context.Context, id string) (*agentproto.ProcessInfo, error) {
-	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodProcessGet, Process: &agentproto.ProcessRequest{ID: id}})
+	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodProcessGet, Process: &agentproto.ProcessRequest{ID: id}}, processReply)
 	if err != nil {
 		return nil, err
 	}
 	if rep.Process == nil {
-		return nil, errors.New("agent sent no process")
+		return nil, c.missing(agentproto.MethodProcessGet, "process")
 	}
 	return rep.Process, nil
 }
 
 // Signal sends a signal to a process's group.
 func (c *Client) Signal(ctx context.Context, id, signal string) (*agentproto.ProcessInfo, error) {
-	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodProcessSignal, Process: &agentproto.ProcessRequest{ID: id, Signal: signal}})
+	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodProcessSignal, Process: &agentproto.ProcessRequest{ID: id, Signal: signal}}, processReply)
 	if err != nil {
 		return nil, err
 	}
 	if rep.Process == nil {
-		return nil, errors.New("agent sent no process")
+		return nil, c.missing(agentproto.MethodProcessSignal, "process")
 	}
 	return rep.Process, nil
 }
@@ -283,12 +319,14 @@ func (c *Client) ProcessOutput(ctx context.Context, req agentproto.ProcessReques
 	}
 	defer done()
 	for {
+		// The exit event carries what a non-streamed exec captured:
+		// up to a frame.
 		var ev agentproto.Event
-		if err := fc.ReadJSON(&ev); err != nil {
-			if errors.Is(err, io.EOF) && ctx.Err() == nil {
+		if err := c.readJSON(ctx, fc, agentproto.MethodProcessOutput, readLimit{bytes: maxListReply, eofOK: true}, &ev); err != nil {
+			if errors.Is(err, io.EOF) {
 				return nil
 			}
-			return transportError(ctx, err)
+			return err
 		}
 		if ev.Error != nil {
 			return wireError(ev.Error)

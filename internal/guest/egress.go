@@ -3,7 +3,9 @@ package guest
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"net/netip"
 	"time"
@@ -43,10 +45,37 @@ type RefusedError struct {
 
 func (e *RefusedError) Error() string { return "egress refused: " + e.Reason }
 
-// MaxGuestStreams bounds the streams the guest may hold open at once (each
-// costs a goroutine and buffers on the host); a stream opened beyond it is
-// closed at once.
-const MaxGuestStreams = 256
+// Budgets of the streams a guest opens (egress). yamux buffers what the
+// guest sends on a stream until the host reads it, up to the stream's
+// window, so the host's memory for a guest's streams is bounded by the
+// number of streams it keeps times the window:
+//
+//   - at most MaxGuestStreams are served at once; one opened beyond that
+//     is refused;
+//   - a stream the host has finished with stays in yamux until the guest
+//     closes its side too, or until sessionCloseTimeout has passed; such
+//     streams count against maxHeldGuestStreams, and while that many are
+//     held the host accepts no new stream (they wait in yamux's backlog of
+//     acceptBacklog, beyond which yamux resets them itself);
+//   - the window is yamux's initial 256 KiB and never grows (MaxWindow).
+//
+// So a guest's streams hold at most (maxHeldGuestStreams + acceptBacklog)
+// × MaxWindow = GuestStreamBytes of the host's memory at once.
+const (
+	MaxGuestStreams     = 128
+	maxHeldGuestStreams = 192
+	acceptBacklog       = 64
+	// MaxWindow is the receive window of every stream, host calls too.
+	MaxWindow = 256 << 10
+	// GuestStreamBytes is the byte budget above.
+	GuestStreamBytes = (maxHeldGuestStreams + acceptBacklog) * MaxWindow
+	// maxDNSInFlight bounds the DNS exchanges the host makes for one guest
+	// at once; more wait for their turn.
+	maxDNSInFlight = 32
+	// maxDrain bounds what the host reads and discards from a finished
+	// stream while it waits for the guest to close it.
+	maxDrain = 1 << 20
+)
 
 // MaxDNSMessage bounds a DNS query from the guest: no DNS message is longer
 // (TCP carries their length in 16 bits).
@@ -66,40 +95,71 @@ const (
 // them and serves each with h, until the session ends.
 func (c *Client) ServeGuestStreams(h EgressHandler) {
 	ctx, cancel := context.WithCancel(context.Background())
-	sem := make(chan struct{}, MaxGuestStreams)
+	open := make(chan struct{}, MaxGuestStreams)
+	held := make(chan struct{}, maxHeldGuestStreams)
+	dns := make(chan struct{}, maxDNSInFlight)
 	go func() {
 		defer cancel()
 		for {
+			// Waiting here for a held stream to go leaves new ones in
+			// yamux's bounded backlog.
+			select {
+			case held <- struct{}{}:
+			case <-c.sess.CloseChan():
+				return
+			}
 			st, err := c.sess.AcceptStream()
 			if err != nil {
 				return
 			}
 			select {
-			case sem <- struct{}{}:
+			case open <- struct{}{}:
 			default:
-				// Too many: refuse this one outright. Close alone only
-				// half-closes a yamux stream; the past deadline ends it.
-				_ = st.SetDeadline(time.Unix(1, 0))
-				st.Close()
+				// Too many at once: refuse this one. That is the guest's
+				// load, not a violation.
+				go release(st, held)
 				continue
 			}
 			go func() {
-				defer func() { <-sem }()
-				defer st.Close()
-				serveGuestStream(ctx, h, st)
+				defer release(st, held)
+				defer func() { <-open }()
+				c.serveGuestStream(ctx, h, st, dns)
 			}()
 		}
 	}()
 }
 
+// release closes a stream the host has finished with and frees its place
+// in held once yamux has let go of it: at once if the guest closes its
+// side within sessionCloseTimeout (what is sent meanwhile is discarded),
+// else when yamux resets it at that timeout.
+func release(st *yamux.Stream, held chan struct{}) {
+	defer func() { <-held }()
+	closed := time.Now()
+	_ = st.Close()
+	_ = st.SetDeadline(closed.Add(sessionCloseTimeout))
+	_, err := io.CopyN(io.Discard, st, maxDrain)
+	if errors.Is(err, io.EOF) || errors.Is(err, yamux.ErrConnectionReset) {
+		return // the guest closed its side (or reset the stream): it is gone
+	}
+	time.Sleep(time.Until(closed.Add(sessionCloseTimeout + 100*time.Millisecond)))
+}
+
 // serveGuestStream reads the first frame of a guest-opened stream and
-// hands the rest of the stream to h as the method says.
-func serveGuestStream(ctx context.Context, h EgressHandler, st *yamux.Stream) {
+// hands the rest of the stream to h as the method says. Frames that break
+// the protocol are violations.
+func (c *Client) serveGuestStream(ctx context.Context, h EgressHandler, st *yamux.Stream, dns chan struct{}) {
 	fc := agentproto.NewConn(st)
 	_ = st.SetReadDeadline(time.Now().Add(guestRequestTimeout))
 	var req agentproto.Request
-	if err := fc.ReadJSONMax(&req, maxGuestRequest); err != nil {
+	kind, p, err := fc.ReadFrameMax(maxGuestRequest)
+	if errors.Is(err, agentproto.ErrFrameTooLarge) || errors.Is(err, agentproto.ErrUnknownKind) ||
+		(err == nil && (kind != agentproto.KindJSON || checkShape(p, "", 0) != nil || json.Unmarshal(p, &req) != nil)) {
+		c.violation("guest stream", "first frame is not a request of at most %d bytes", maxGuestRequest)
 		return
+	}
+	if err != nil {
+		return // the guest gave up on it, or took too long
 	}
 	_ = st.SetReadDeadline(time.Time{})
 	switch req.Method {
@@ -108,13 +168,32 @@ func serveGuestStream(ctx context.Context, h EgressHandler, st *yamux.Stream) {
 	case agentproto.MethodEgressDNS:
 		_ = st.SetDeadline(time.Now().Add(dnsTimeout))
 		kind, q, err := fc.ReadFrameMax(MaxDNSMessage)
-		if err != nil || kind != agentproto.KindData {
+		switch {
+		case errors.Is(err, agentproto.ErrFrameTooLarge):
+			c.violation(req.Method, "query over %d bytes", MaxDNSMessage)
+			return
+		case err != nil:
+			return
+		case kind != agentproto.KindData:
+			c.violation(req.Method, "query is not a data frame")
 			return
 		}
-		_ = fc.WriteFrame(agentproto.KindData, h.AnswerDNS(ctx, q))
+		t := time.NewTimer(dnsTimeout)
+		select {
+		case dns <- struct{}{}:
+			t.Stop()
+		case <-t.C:
+			return
+		case <-ctx.Done():
+			return
+		}
+		a := h.AnswerDNS(ctx, q)
+		<-dns
+		_ = fc.WriteFrame(agentproto.KindData, a)
 	case agentproto.MethodEgressTCP:
 		dst, ok := egressDst(req.Egress)
 		if !ok {
+			c.violation(req.Method, "bad destination address")
 			_ = fc.WriteJSON(agentproto.Reply{Error: &agentproto.Error{Code: agentproto.CodeInvalid, Message: "egress.tcp: bad address"}})
 			return
 		}
@@ -122,6 +201,7 @@ func serveGuestStream(ctx context.Context, h EgressHandler, st *yamux.Stream) {
 			return fc.WriteJSON(acceptReply(err))
 		})
 	default:
+		c.violation("guest stream", "unknown method")
 		_ = fc.WriteJSON(agentproto.Reply{Error: &agentproto.Error{Code: agentproto.CodeUnknownMethod, Message: "unknown stream method"}})
 	}
 }

@@ -11,24 +11,22 @@ import (
 	"github.com/emberbox/emberbox/internal/errdefs"
 )
 
-// errNoEntry is returned for a reply that lacks the entry it must carry.
-var errNoEntry = errors.New("agent sent no entry")
-
 // Stat describes path (not following a final symlink).
 func (c *Client) Stat(ctx context.Context, path string) (*agentproto.FileEntry, error) {
-	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodFileStat, File: &agentproto.FileRequest{Path: path}})
+	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodFileStat, File: &agentproto.FileRequest{Path: path}}, ordinaryReply)
 	if err != nil {
 		return nil, err
 	}
 	if rep.Entry == nil {
-		return nil, errNoEntry
+		return nil, c.missing(agentproto.MethodFileStat, "entry")
 	}
 	return rep.Entry, nil
 }
 
 // List lists a directory.
 func (c *Client) List(ctx context.Context, req agentproto.FileRequest) ([]agentproto.FileEntry, error) {
-	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodFileList, File: &req})
+	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodFileList, File: &req},
+		readLimit{bytes: maxListReply, listKey: "entries", maxItems: agentproto.ListLimit(req.Limit)})
 	if err != nil {
 		return nil, err
 	}
@@ -40,19 +38,19 @@ func (c *Client) List(ctx context.Context, req agentproto.FileRequest) ([]agentp
 
 // Mkdir creates a directory.
 func (c *Client) Mkdir(ctx context.Context, path string, parents bool) (*agentproto.FileEntry, error) {
-	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodFileMkdir, File: &agentproto.FileRequest{Path: path, Parents: parents}})
+	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodFileMkdir, File: &agentproto.FileRequest{Path: path, Parents: parents}}, ordinaryReply)
 	if err != nil {
 		return nil, err
 	}
 	if rep.Entry == nil {
-		return nil, errNoEntry
+		return nil, c.missing(agentproto.MethodFileMkdir, "entry")
 	}
 	return rep.Entry, nil
 }
 
 // Remove removes path; removed is false if it did not exist.
 func (c *Client) Remove(ctx context.Context, path string, recursive bool) (bool, error) {
-	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodFileRemove, File: &agentproto.FileRequest{Path: path, Recursive: recursive}})
+	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodFileRemove, File: &agentproto.FileRequest{Path: path, Recursive: recursive}}, ordinaryReply)
 	if err != nil {
 		return false, err
 	}
@@ -66,12 +64,12 @@ func (c *Client) Chmod(ctx context.Context, path string, mode uint32) (*agentpro
 	if mode > 0o7777 {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "invalid mode %o: only permission bits (at most 7777)", mode)
 	}
-	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodFileChmod, File: &agentproto.FileRequest{Path: path, Mode: mode}})
+	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodFileChmod, File: &agentproto.FileRequest{Path: path, Mode: mode}}, ordinaryReply)
 	if err != nil {
 		return nil, err
 	}
 	if rep.Entry == nil {
-		return nil, errNoEntry
+		return nil, c.missing(agentproto.MethodFileChmod, "entry")
 	}
 	return rep.Entry, nil
 }
@@ -100,14 +98,14 @@ func (c *Client) WriteFile(ctx context.Context, path string, mode uint32, size i
 		}
 	}
 	var rep agentproto.Reply
-	if err := fc.ReadJSON(&rep); err != nil {
-		return nil, transportError(ctx, err)
+	if err := c.readJSON(ctx, fc, agentproto.MethodFileWrite, ordinaryReply, &rep); err != nil {
+		return nil, err
 	}
 	if rep.Error != nil {
 		return nil, wireError(rep.Error)
 	}
 	if rep.Entry == nil {
-		return nil, errNoEntry
+		return nil, c.missing(agentproto.MethodFileWrite, "entry")
 	}
 	return rep.Entry, nil
 }
@@ -120,9 +118,9 @@ func (c *Client) ReadFile(ctx context.Context, path string) (*agentproto.FileEnt
 		return nil, nil, err
 	}
 	var rep agentproto.Reply
-	if err := fc.ReadJSON(&rep); err != nil {
+	if err := c.readJSON(ctx, fc, agentproto.MethodFileRead, ordinaryReply, &rep); err != nil {
 		done()
-		return nil, nil, transportError(ctx, err)
+		return nil, nil, err
 	}
 	if rep.Error != nil {
 		done()
@@ -130,13 +128,14 @@ func (c *Client) ReadFile(ctx context.Context, path string) (*agentproto.FileEnt
 	}
 	if rep.Entry == nil {
 		done()
-		return nil, nil, errNoEntry
+		return nil, nil, c.missing(agentproto.MethodFileRead, "entry")
 	}
-	return rep.Entry, &fileReader{fc: fc, done: done, ctx: ctx}, nil
+	return rep.Entry, &fileReader{c: c, fc: fc, done: done, ctx: ctx}, nil
 }
 
 type fileReader struct {
 	ctx  context.Context
+	c    *Client
 	fc   *agentproto.Conn
 	done func()
 	buf  []byte
@@ -148,9 +147,20 @@ func (r *fileReader) Read(p []byte) (int, error) {
 		if r.err != nil {
 			return 0, r.err
 		}
-		kind, payload, err := r.fc.ReadFrame()
-		if err != nil {
+		// The agent sends the file in DataChunk frames; a JSON frame ends
+		// it and is small.
+		kind, payload, err := r.fc.ReadFrameMax(max(agentproto.DataChunk, MaxReply))
+		switch {
+		case r.ctx.Err() != nil:
+			r.err = r.ctx.Err()
+		case errors.Is(err, agentproto.ErrFrameTooLarge), errors.Is(err, agentproto.ErrUnknownKind):
+			r.err = r.c.violation(agentproto.MethodFileRead, "frame over the limit or of unknown kind")
+		case err != nil:
 			r.err = transportError(r.ctx, err)
+		case kind == agentproto.KindData && len(payload) > agentproto.DataChunk:
+			r.err = r.c.violation(agentproto.MethodFileRead, "data frame over %d bytes", agentproto.DataChunk)
+		}
+		if r.err != nil {
 			return 0, r.err
 		}
 		if kind == agentproto.KindData {
@@ -158,8 +168,10 @@ func (r *fileReader) Read(p []byte) (int, error) {
 			continue
 		}
 		var rep agentproto.Reply
-		if err := json.Unmarshal(payload, &rep); err != nil {
-			r.err = err
+		if err := checkShape(payload, "", 0); err != nil {
+			r.err = r.c.violation(agentproto.MethodFileRead, "%v", err)
+		} else if err := json.Unmarshal(payload, &rep); err != nil {
+			r.err = r.c.violation(agentproto.MethodFileRead, "reply does not decode")
 		} else if rep.Error != nil {
 			r.err = fmt.Errorf("reading file: %w", wireError(rep.Error))
 		} else {

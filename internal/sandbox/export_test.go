@@ -1,5 +1,7 @@
 package sandbox
 
+import "github.com/emberbox/emberbox/internal/guest"
+
 // SetUpdateHooks installs test hooks into m's record updates: before runs
 // as an update begins, inside between its read and its write (with the
 // record as the update leaves it). Either may be nil.
@@ -13,3 +15,19 @@ func SetUpdateHooks(m *Manager, before func(id string), inside func(id string, s
 		m.testHookUpdate.Store(nil)
 	}
 }
+
+// ReportGuestViolation reports a violation of sandbox id's guest as its
+// client would; it reports false if the sandbox has no live instance.
+func ReportGuestViolation(m *Manager, id string, v guest.Violation) bool {
+	m.mu.Lock()
+	in := m.live[id]
+	m.mu.Unlock()
+	if in == nil {
+		return false
+	}
+	m.guestViolation(in, v)
+	return true
+}
+
+// MaxGuestViolations is the number of violations that stops a sandbox.
+const MaxGuestViolations = maxViolations

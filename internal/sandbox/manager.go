@@ -127,6 +127,8 @@ type instance struct {
 	client  *guest.Client
 
 	gate *egress.Gate // the sandbox's egress; set before the VM starts
+
+	safety guestSafety // what the guest did wrong; guestsafety.go
 }
 
 func (m *Manager) newInstance(id string) *instance {
@@ -498,20 +500,27 @@ func (m *Manager) connect(ctx context.Context, in *instance, mach vmm.Machine) (
 		conn.Close()
 		return nil, err
 	}
+	c.SetViolationHandler(func(v guest.Violation) { m.guestViolation(in, v) })
 	c.ServeGuestStreams(m.egressHandler(in))
 	if _, err := c.Info(ctx); err != nil {
 		c.Close()
+		if ctx.Err() == nil && errdefs.Code(err) == "guest_unavailable" {
+			m.guestViolation(in, guest.Violation{Method: "session", Problem: "ended before answering info"})
+		}
 		return nil, err
 	}
 	return c, nil
 }
 
 // watch follows a running sandbox: if its VM exits on its own the sandbox
-// is stopped; if only the guest connection drops, it reconnects.
+// is stopped; if only the guest connection drops, it reconnects, backing off
+// while attempts fail or sessions end right after their handshake.
 func (m *Manager) watch(in *instance) {
 	in.mu.Lock()
 	mach, c := in.machine, in.client
 	in.mu.Unlock()
+	var failures int    // attempts in a row that failed or did not last
+	var since time.Time // when the session in c began (zero: at boot)
 	for {
 		if c == nil {
 			ctx, cancel := context.WithTimeout(in.ctx, reconnectTry)
@@ -521,9 +530,10 @@ func (m *Manager) watch(in *instance) {
 				in.mu.Lock()
 				in.client = nc
 				in.mu.Unlock()
-				c = nc
+				c, since = nc, time.Now()
 			} else {
-				m.log.Warn("connecting to guest", "sandbox_id", in.id, "err", err)
+				failures++
+				m.guestWarn(in, "connecting to guest", "err", err, "attempt", failures)
 			}
 		}
 		var cdone <-chan struct{}
@@ -531,7 +541,7 @@ func (m *Manager) watch(in *instance) {
 		if c != nil {
 			cdone = c.Done()
 		} else {
-			retry = time.After(reconnectPause)
+			retry = time.After(max(reconnectPause, backoff(failures)))
 		}
 		select {
 		case <-in.ctx.Done():
@@ -543,11 +553,29 @@ func (m *Manager) watch(in *instance) {
 			m.finish(in, ReasonVMExited)
 			return
 		case <-cdone:
-			m.log.Warn("guest connection lost; reconnecting", "sandbox_id", in.id)
 			in.mu.Lock()
 			in.client = nil
 			in.mu.Unlock()
 			c = nil
+			if !since.IsZero() && time.Since(since) < minSessionLife {
+				// The VM may be exiting; if not, this guest drops its
+				// sessions on purpose.
+				select {
+				case <-mach.Done():
+					continue
+				case <-time.After(100 * time.Millisecond):
+				}
+				failures++
+				m.guestViolation(in, guest.Violation{Method: "session", Problem: "ended right after the handshake"})
+				m.guestWarn(in, "guest connection lost right after the handshake; reconnecting", "attempt", failures)
+				select {
+				case <-in.ctx.Done():
+				case <-time.After(backoff(failures)):
+				}
+				continue
+			}
+			failures = 0
+			m.guestWarn(in, "guest connection lost; reconnecting")
 		case <-retry:
 		}
 	}

@@ -24,6 +24,9 @@ const (
 	ReasonStartFailed   = "start_failed"
 	ReasonVMExited      = "vm_exited"       // the VM process ended on its own
 	ReasonLostOnRestart = "lost_on_restart" // found dead when the server restarted
+	// ReasonGuestProtocolViolation: the guest broke the protocol
+	// repeatedly (see guestsafety.go); the events say how.
+	ReasonGuestProtocolViolation = "guest_protocol_violation"
 )
 
 // Defaults and limits for create requests.

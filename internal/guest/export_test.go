@@ -1,0 +1,7 @@
+package guest
+
+// Budgets the tests check.
+const (
+	MaxHeldGuestStreams = maxHeldGuestStreams
+	SessionCloseTimeout = sessionCloseTimeout
+)
