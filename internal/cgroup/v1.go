@@ -27,8 +27,14 @@ func NewV1(parents map[string]string) (*V1, error) {
 		}
 	}
 	m := &V1{parents: parents}
-	// CFQ had blkio.weight; with BFQ the weight is blkio.bfq.weight; with
-	// neither (mq-deadline, none) v1 has no IO weight at all.
+	for _, d := range m.Parents() {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, fmt.Errorf("cgroup v1: %w", err)
+		}
+	}
+	// A non-root group shows the weight files its kernel has: CFQ had blkio.weight; with BFQ the weight is blkio.bfq.weight; with
+	// neither v1 has no IO weight at all. Either counts only on devices
+	// whose IO scheduler is that one.
 	if d := parents["blkio"]; d != "" {
 		for _, f := range []string{"blkio.weight", "blkio.bfq.weight"} {
 			if exists(filepath.Join(d, f)) {

@@ -35,7 +35,7 @@ const (
 	ConsoleLog   = "console.log"
 	qemuLog      = "qemu.log"  // QEMU's stdout and stderr, bounded like the console
 	qemuPipe     = "qemu.pipe" // the FIFO QEMU writes them to
-	consoleLimit = 1 << 20 // bytes per console log generation
+	consoleLimit = 1 << 20     // bytes per console log generation
 )
 
 // Config configures the driver.
