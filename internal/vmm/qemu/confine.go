@@ -125,9 +125,9 @@ func fileSizeLimit(spec vmm.Spec) uint64 {
 }
 
 // setRlimits sets QEMU's resource limits, just after it starts. Limits are
-// per process, so they cannot be set in the server before the fork the way
-// namespaces and credentials are; QEMU is still loading its libraries when
-// they land, long before it writes a byte to the disk.
+// per process, so unlike namespaces and credentials they cannot be set on
+// the thread that forks QEMU; QEMU is still loading its libraries when they
+// land, long before it writes a byte to its disk.
 func setRlimits(pid int, spec vmm.Spec) error {
 	for _, l := range []struct {
 		res int
@@ -231,7 +231,7 @@ type Confinement struct {
 type CgroupReport struct {
 	Version     int      `json:"version"`
 	Controllers []string `json:"controllers"`
-	Parents     []string `json:"parents"`
+	Parents     []string `json:"-"` // host paths: for doctor, not for /healthz
 	Memory      string   `json:"memory"`
 }
 

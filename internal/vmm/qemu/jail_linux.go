@@ -107,18 +107,42 @@ func (d *Driver) startJailed(cmd *exec.Cmd, spec vmm.Spec, m *machine) (err erro
 		Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid), Groups: groups},
 		Cloneflags: vmCloneflags,
 	}
-	errc := make(chan error, 1)
+	errc := make(chan [2]error, 1)
 	go func() {
-		// Never unlocked: this thread's mount namespace, bounding set and
-		// cgroup are changed for good, so Go ends it with the goroutine.
+		// Never unlocked: this thread's mount namespace, bounding set,
+		// cgroup and finally its user are changed for good, so Go ends
+		// it with the goroutine.
 		runtime.LockOSThread()
-		errc <- j.launch(cmd, root, binds, g)
+		var errs [2]error
+		if errs[0] = j.launch(cmd, root, binds, g); errs[0] == nil {
+			errs[1] = limitAs(uid, cmd.Process.Pid, spec)
+		}
+		errc <- errs
 	}()
-	if err := <-errc; err != nil {
-		return err
+	errs := <-errc
+	if errs[0] != nil {
+		return errs[0]
+	}
+	if errs[1] != nil {
+		d.log.Warn("setting qemu's resource limits", "sandbox_id", spec.ID, "err", errs[1])
 	}
 	m.uid, m.cgroup = uid, true
 	return nil
+}
+
+// limitAs sets the VM's rlimits from a thread that has become the VM's
+// user: lowering another process's limits needs either CAP_SYS_RESOURCE,
+// which a server in a container may lack, or the same uid and gid. Only
+// this thread changes user (raw system calls, not Go's all-threads
+// setuid), and it is discarded after.
+func limitAs(uid, pid int, spec vmm.Spec) error {
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, uintptr(uid), uintptr(uid), uintptr(uid)); e != 0 {
+		return fmt.Errorf("setresgid: %w", e)
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, uintptr(uid), uintptr(uid), uintptr(uid)); e != 0 {
+		return fmt.Errorf("setresuid: %w", e)
+	}
+	return setRlimits(pid, spec)
 }
 
 // launch runs on a locked thread that is thrown away afterwards.

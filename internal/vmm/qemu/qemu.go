@@ -379,8 +379,11 @@ func (d *Driver) Start(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) 
 	}
 	m.pid = cmd.Process.Pid
 	m.startTime, _ = procStartTime(m.pid)
-	if err := setRlimits(m.pid, spec); err != nil {
-		d.log.Warn("setting qemu's resource limits", "sandbox_id", spec.ID, "err", err)
+	if d.jail == nil {
+		// Same user as the server's: no privilege needed.
+		if err := setRlimits(m.pid, spec); err != nil {
+			d.log.Warn("setting qemu's resource limits", "sandbox_id", spec.ID, "err", err)
+		}
 	}
 	go func() {
 		_ = cmd.Wait()
