@@ -84,6 +84,12 @@ func TestV1(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(root, "pids/emberbox/sbx_1/tasks")); string(b) != "1234" {
 		t.Errorf("tasks = %q", b)
 	}
+	if err := g.LeaveThread(1234); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(root, "memory/jobs/42/emberbox/tasks")); string(b) != "1234" {
+		t.Errorf("parent's tasks = %q", b)
+	}
 
 	// A real group's files vanish with it; clear the fake's, then remove.
 	for _, d := range g.uniqueDirs() {

@@ -153,6 +153,16 @@ func (g *Group) JoinThread(tid int) error {
 	return nil
 }
 
+// LeaveThread moves a thread that joined g into g's parent groups.
+func (g *Group) LeaveThread(tid int) error {
+	for _, d := range g.uniqueDirs() {
+		if err := write(filepath.Dir(d), "tasks", strconv.Itoa(tid)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Remove implements Manager.
 func (m *V1) Remove(name string) error {
 	if !ValidName(name) {

@@ -109,9 +109,8 @@ func (d *Driver) startJailed(cmd *exec.Cmd, spec vmm.Spec, m *machine) (err erro
 	}
 	errc := make(chan [2]error, 1)
 	go func() {
-		// Never unlocked: this thread's mount namespace, bounding set,
-		// cgroup and finally its user are changed for good, so Go ends
-		// it with the goroutine.
+		// Never unlocked: this thread's mount namespace and bounding set
+		// are changed for good, so Go ends it with the goroutine.
 		runtime.LockOSThread()
 		var errs [2]error
 		if errs[0] = j.launch(cmd, root, binds, g); errs[0] == nil {
@@ -130,18 +129,28 @@ func (d *Driver) startJailed(cmd *exec.Cmd, spec vmm.Spec, m *machine) (err erro
 	return nil
 }
 
-// limitAs sets the VM's rlimits from a thread that has become the VM's
-// user: lowering another process's limits needs either CAP_SYS_RESOURCE,
-// which a server in a container may lack, or the same uid and gid. Only
-// this thread changes user (raw system calls, not Go's all-threads
-// setuid), and it is discarded after.
+// limitAs sets the VM's rlimits. Lowering another process's limits takes
+// CAP_SYS_RESOURCE, which a server in a container may lack, or a real uid
+// and gid equal to the target's; so this thread takes the VM's as its real
+// ids for the call, keeping root as its effective and saved ids (and so its
+// capabilities), and then takes back its own. Raw system calls: Go's
+// setuid functions change every thread of the process.
 func limitAs(uid, pid int, spec vmm.Spec) error {
-	if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, uintptr(uid), uintptr(uid), uintptr(uid)); e != 0 {
-		return fmt.Errorf("setresgid: %w", e)
+	const keep = ^uintptr(0) // -1: leave this id as it is
+	set := func(nr, id uintptr) error {
+		if _, _, e := unix.RawSyscall(nr, id, keep, keep); e != 0 {
+			return e
+		}
+		return nil
 	}
-	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, uintptr(uid), uintptr(uid), uintptr(uid)); e != 0 {
-		return fmt.Errorf("setresuid: %w", e)
+	if err := set(unix.SYS_SETRESGID, uintptr(uid)); err != nil {
+		return fmt.Errorf("setresgid: %w", err)
 	}
+	defer set(unix.SYS_SETRESGID, 0)
+	if err := set(unix.SYS_SETRESUID, uintptr(uid)); err != nil {
+		return fmt.Errorf("setresuid: %w", err)
+	}
+	defer set(unix.SYS_SETRESUID, 0) // runs before the gid is restored
 	return setRlimits(pid, spec)
 }
 
@@ -166,9 +175,14 @@ func (j *jail) launch(cmd *exec.Cmd, root string, binds []bind, g *cgroup.Group)
 		return fmt.Errorf("jail: no_new_privs: %w", err)
 	}
 	if g.Version == 1 {
-		if err := g.JoinThread(unix.Gettid()); err != nil {
+		tid := unix.Gettid()
+		if err := g.JoinThread(tid); err != nil {
 			return err
 		}
+		// Out again once QEMU is born: should Go keep this thread (it
+		// keeps the main thread, parked, if a locked goroutine ends on
+		// it), it must not keep the VM's group from being removed.
+		defer g.LeaveThread(tid)
 	} else {
 		fd, err := unix.Open(g.Dir("memory"), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
