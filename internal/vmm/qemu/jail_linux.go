@@ -48,6 +48,16 @@ const vmCloneflags = unix.CLONE_NEWPID | unix.CLONE_NEWNET | unix.CLONE_NEWIPC |
 // with elevateprivileges=deny.
 func (d *Driver) startJailed(cmd *exec.Cmd, spec vmm.Spec, m *machine) (err error) {
 	j := d.jail
+	// QEMU opens the shared boot files as the VM's uid.
+	for _, f := range []string{spec.Kernel, spec.Initrd, spec.Rootfs} {
+		st, err := os.Stat(f)
+		if err != nil {
+			return err
+		}
+		if st.Mode().Perm()&0o004 == 0 {
+			return fmt.Errorf("%s is not readable by VMs' uids (mode %v)", f, st.Mode().Perm())
+		}
+	}
 	uid, err := j.uids.take()
 	if err != nil {
 		return err
