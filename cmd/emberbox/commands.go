@@ -22,7 +22,7 @@ func newRootCommand() *cobra.Command {
 		SilenceErrors: true,
 		Version:       version,
 	}
-	root.AddCommand(newServeCommand(), newKeysCommand(), newImageCommand())
+	root.AddCommand(newServeCommand(), newKeysCommand(), newImageCommand(), newDoctorCommand())
 	return root
 }
 

@@ -42,7 +42,7 @@ func addLimitFlags(cmd *cobra.Command, o *limitOptions) {
 	f.Int64Var(&o.maxMemoryMiB, "max-memory-mib", 0, "memory the server may promise in all, VM overhead included (default: (host memory − --host-reserve-mib) × --memory-overcommit)")
 	f.Float64Var(&o.memoryOvercommit, "memory-overcommit", 1.0, "memory promised per MiB of host memory; above 1 the host can run out of memory")
 	f.Int64Var(&o.hostReserveMiB, "host-reserve-mib", 2048, "host memory never promised to sandboxes, and kept available at every create")
-	f.Int64Var(&o.vmOverheadMiB, "vm-overhead-mib", 256, "host memory charged per sandbox besides its own (the VMM's code cache and devices)")
+	f.Int64Var(&o.vmOverheadMiB, "vm-overhead-mib", 512, "host memory charged per sandbox besides its own: what its cgroup allows QEMU beyond the guest (code cache and devices)")
 	f.Int64Var(&o.diskReserveMiB, "disk-reserve-mib", 2048, "free space kept on the data dir's filesystem after every live disk has grown to its size")
 	f.IntVar(&o.maxConcurrentBoots, "max-concurrent-boots", 0, "sandboxes booting at once (default: host CPUs)")
 

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/emberbox/emberbox/internal/api"
 	"github.com/emberbox/emberbox/internal/egress"
@@ -42,6 +43,11 @@ type serveOptions struct {
 	noKVM       bool
 	logLevel    string
 	memoryLimit string
+
+	unconfined   bool
+	uidBase      int
+	uidCount     int
+	cgroupParent string
 
 	egressDefault string
 	egressOpen    []string
@@ -72,6 +78,7 @@ func newServeCommand() *cobra.Command {
 	f.StringVar(&o.agentBinary, "agent-binary", "", "emberbox-agent binary to boot (default: beside this binary)")
 	f.DurationVar(&o.bootTimeout, "boot-timeout", 90*time.Second, "bound on one boot attempt; a create makes at most two")
 	f.BoolVar(&o.noKVM, "no-kvm", false, "use software emulation even where /dev/kvm works")
+	addConfineFlags(f, &o)
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&o.memoryLimit, "memory-limit", "", `the server's soft memory limit (Go's GOMEMLIMIT), e.g. 512MiB, or "off" (default: $GOMEMLIMIT, else a quarter of the host's memory, 256 MiB to 1 GiB)`)
 	f.StringVar(&o.egressDefault, "egress-default", "internet", `egress of sandboxes created without a network policy: "internet" (public addresses) or "off"`)
@@ -127,12 +134,18 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		log.Warn("could not measure the host TSC rate; TCG guests may boot slowly", "err", err)
 	}
-	drv, err := qemu.New(qemu.Config{TSCkHz: khz, DisableKVM: o.noKVM, ProbeKernel: boot.Kernel,
-		ProbeCache: boot.ProbeCache, Logger: log})
+	drv, err := qemu.New(driverConfig(o, khz, boot.Kernel, boot.ProbeCache, log))
 	if err != nil {
 		return err
 	}
+	conf := drv.Confinement()
 	log.Info("vm driver", "driver", drv.Name(), "accel", drv.Accel(), "tsc_khz", khz)
+	if conf.Confined {
+		log.Info("vms confined", "uids", conf.UIDRange, "cgroup_version", conf.Cgroup.Version,
+			"cgroup_controllers", conf.Cgroup.Controllers, "seccomp", conf.Seccomp)
+	} else {
+		log.Warn("VMS RUN UNCONFINED (--unconfined): as root, without seccomp, namespaces, chroot or cgroups; a guest that escapes QEMU owns this host")
+	}
 
 	ecfg, err := egressConfig(o)
 	if err != nil {
@@ -171,7 +184,8 @@ func serve(ctx context.Context, o serveOptions) error {
 	handler := api.New(api.Config{
 		Manager: mgr, Keys: keyStore{st}, Idempotency: idempotencyStore{st}, Events: eventStore{st},
 		Logger: log, Version: version, Accel: drv.Accel,
-		Uploads: uploads, RateLimits: adm.rates,
+		Confinement: func() any { return drv.Confinement() },
+		Uploads:     uploads, RateLimits: adm.rates,
 	})
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
@@ -198,6 +212,21 @@ func serve(ctx context.Context, o serveOptions) error {
 		return err
 	}
 	return nil
+}
+
+func addConfineFlags(f *pflag.FlagSet, o *serveOptions) {
+	f.BoolVar(&o.unconfined, "unconfined", false, "run VMs without confinement (own uid, seccomp, namespaces, chroot, cgroup): only where the host cannot confine them")
+	f.IntVar(&o.uidBase, "vm-uid-base", qemu.DefaultUIDBase, "first host uid (and gid) VMs run as, one per VM")
+	f.IntVar(&o.uidCount, "vm-uid-count", qemu.DefaultUIDCount, "number of host uids VMs may run as")
+	f.StringVar(&o.cgroupParent, "cgroup-parent", "", `cgroup the VMs' groups are made in, from the hierarchy's root (default: "emberbox" under the server's own)`)
+}
+
+// driverConfig is the QEMU driver's configuration from the flags.
+func driverConfig(o serveOptions, khz int64, kernel, probeCache string, log *slog.Logger) qemu.Config {
+	return qemu.Config{
+		TSCkHz: khz, DisableKVM: o.noKVM, ProbeKernel: kernel, ProbeCache: probeCache, Logger: log,
+		Unconfined: o.unconfined, UIDBase: o.uidBase, UIDCount: o.uidCount, CgroupParent: o.cgroupParent,
+	}
 }
 
 type egressSettings struct {

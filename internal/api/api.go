@@ -67,6 +67,9 @@ type Config struct {
 	// Accel optionally reports the host's acceleration ("kvm" or "tcg"),
 	// shown by /healthz and used for sandboxes that do not record theirs.
 	Accel func() string
+	// Confinement optionally reports how VMs are confined (the driver's
+	// report, as JSON), shown by /healthz.
+	Confinement func() any
 	// Uploads stages chunked uploads (see NewUploads); whoever makes it
 	// runs its Run, the periodic sweep. Nil refuses chunked uploads.
 	Uploads *Uploads
@@ -93,6 +96,7 @@ type server struct {
 	log     *slog.Logger
 	version string
 	accel   func() string
+	confine func() any
 	uploads *Uploads // nil: chunked uploads refused
 	limits  *rateLimiter
 
@@ -117,7 +121,7 @@ func newServer(cfg Config) *server {
 	}
 	s := &server{
 		mgr: cfg.Manager, keys: cfg.Keys, idem: cfg.Idempotency, log: cfg.Logger,
-		version: cfg.Version, accel: cfg.Accel, events: cfg.Events,
+		version: cfg.Version, accel: cfg.Accel, confine: cfg.Confinement, events: cfg.Events,
 		idemPoll: idemPollInterval, idemPollMax: idemPollMax, now: time.Now,
 		limits: newRateLimiter(cfg.RateLimits),
 	}

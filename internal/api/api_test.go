@@ -440,3 +440,21 @@ func newTestUploads(t *testing.T) *Uploads {
 	}
 	return u
 }
+
+func TestHealthReportsConfinement(t *testing.T) {
+	s := newServer(Config{Manager: newFakeManager(), Keys: fakeKeys{}, Version: "test",
+		Accel:       func() string { return "tcg" },
+		Confinement: func() any { return map[string]any{"confined": true, "seccomp": "on"} }})
+	w := httptest.NewRecorder()
+	s.ServeHTTP(w, httptest.NewRequest("GET", "/healthz", nil))
+	var body struct {
+		Status, Version, Accel string
+		Confinement            map[string]any
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
+		t.Fatal(err)
+	}
+	if body.Status != "ok" || body.Version != "test" || body.Accel != "tcg" || body.Confinement["confined"] != true {
+		t.Errorf("health = %s", w.Body)
+	}
+}

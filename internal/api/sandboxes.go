@@ -554,6 +554,9 @@ func (s *server) health(w http.ResponseWriter, r *http.Request, c *call) error {
 	if s.accel != nil {
 		out["accel"] = s.accel()
 	}
+	if s.confine != nil {
+		out["confinement"] = s.confine()
+	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
 }

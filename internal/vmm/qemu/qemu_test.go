@@ -14,21 +14,69 @@ import (
 
 func TestArgs(t *testing.T) {
 	spec := vmm.Spec{ID: "sbx_1", VCPU: 2, MemoryMiB: 4096, Kernel: "/k", Initrd: "/i"}
-	tcg := &Driver{cfg: Config{TSCkHz: 2596144}, accel: "tcg"}
-	args := strings.Join(tcg.Args(spec), " ")
+	tcg := &Driver{cfg: Config{TSCkHz: 2596144}, accel: "tcg", jail: &jail{}}
+	args := strings.Join(tcg.Args(spec, jailFiles), " ")
 	for _, want := range []string{
-		"-M microvm,acpi=on,rtc=on,pit=off,pic=off", "-smp 2", "-m 4096M", "-accel tcg",
+		"-M microvm,acpi=on,rtc=on,pit=off,pic=off", "-smp 2", "-m 4096M", "-accel tcg,thread=multi,tb-size=256",
 		"tsc_early_khz=2596144 tsc=reliable", "-name emberbox-sbx_1", "-no-reboot",
-		"name=org.emberbox.agent.0",
+		"name=org.emberbox.agent.0", "-kernel /vmlinuz -initrd /initrd",
+		"-blockdev driver=file,node-name=base-file,read-only=on,filename=/rootfs.img",
+		"filename=/disk.qcow2", "backing=base", "socket,id=agent,server=on,wait=off,fd=3",
+		"socket,id=console,server=on,wait=off,fd=4",
+		"-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
 	} {
 		if !strings.Contains(args, want) {
 			t.Errorf("tcg args lack %q: %s", want, args)
 		}
 	}
 	kvm := &Driver{cfg: Config{TSCkHz: 2596144}, accel: "kvm"}
-	args = strings.Join(kvm.Args(spec), " ")
+	args = strings.Join(kvm.Args(spec, vmFiles{Kernel: "/k", Initrd: "/i", Rootfs: "/a,b/rootfs.img", Disk: "disk.qcow2"}), " ")
 	if strings.Contains(args, "tsc_early_khz") || !strings.Contains(args, "-accel kvm -cpu "+kvmCPU) {
 		t.Errorf("kvm args: %s", args)
+	}
+	if strings.Contains(args, "-sandbox") {
+		t.Errorf("unconfined args have -sandbox: %s", args)
+	}
+	if !strings.Contains(args, "filename=/a,,b/rootfs.img") {
+		t.Errorf("a comma in a path is not escaped: %s", args)
+	}
+}
+
+func TestLimits(t *testing.T) {
+	spec := vmm.Spec{MemoryMiB: 4096, DiskMiB: 4096, VCPU: 2}
+	if got, want := memoryCeiling(spec, "tcg"), int64(4096+256+256)<<20; got != want {
+		t.Errorf("tcg ceiling %d, want %d", got, want)
+	}
+	if got, want := memoryCeiling(spec, "kvm"), int64(4096+256)<<20; got != want {
+		t.Errorf("kvm ceiling %d, want %d", got, want)
+	}
+	// The overlay may hold the whole disk and its metadata.
+	if got := fileSizeLimit(spec); got < (4096+4096/32)<<20 {
+		t.Errorf("file size limit %d is below the overlay's maximum", got)
+	}
+}
+
+func TestUIDPool(t *testing.T) {
+	p := &uidPool{base: 2_000_000_000, count: 2, held: map[int]bool{}}
+	a, err := p.take()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := p.take()
+	if err != nil || a == b {
+		t.Fatalf("take = %d, %v after %d", b, err, a)
+	}
+	if _, err := p.take(); err == nil {
+		t.Error("a third uid from a pool of two")
+	}
+	p.release(a)
+	if c, err := p.take(); err != nil || c != a {
+		t.Errorf("take after release = %d, %v; want %d", c, err, a)
+	}
+	// A uid a running process has is never handed out.
+	q := &uidPool{base: os.Getuid(), count: 1, held: map[int]bool{}}
+	if uid, err := q.take(); err == nil {
+		t.Errorf("handed out uid %d, which this test runs as", uid)
 	}
 }
 
