@@ -361,8 +361,8 @@ func pruneIdempotency(ctx context.Context, st *store.Store, log *slog.Logger) {
 // eventStore adapts the store to api.Events.
 type eventStore struct{ st *store.Store }
 
-func (e eventStore) ListEvents(ctx context.Context, sandboxID string, limit int) ([]api.Event, error) {
-	evs, err := e.st.ListEvents(ctx, sandboxID, limit)
+func (e eventStore) ListEvents(ctx context.Context, sandboxID string, before int64, limit int) ([]api.Event, error) {
+	evs, err := e.st.ListEventsBefore(ctx, sandboxID, before, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -390,7 +390,7 @@ func (s idempotencyStore) Reserve(ctx context.Context, keyID, key, fingerprint s
 		return nil, reserved, err
 	}
 	return &api.IdempotentResult{Fingerprint: rec.Fingerprint, Status: rec.Status, ContentType: rec.ContentType,
-		Body: rec.Body, SandboxID: rec.SandboxID}, reserved, nil
+		Body: rec.Body, SandboxID: rec.SandboxID, Omitted: rec.Omitted}, reserved, nil
 }
 
 func (s idempotencyStore) Complete(ctx context.Context, keyID, key string, status int, contentType string, body []byte) error {

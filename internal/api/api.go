@@ -53,6 +53,9 @@ type IdempotentResult struct {
 	// crash after it recorded its sandbox: its answer is that sandbox, as
 	// it is now.
 	SandboxID string
+	// Omitted, with a Status, is the size of an answer too large to keep:
+	// the request ran and its answer cannot be replayed.
+	Omitted int64
 }
 
 // Config configures the handler New returns.

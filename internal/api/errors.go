@@ -168,6 +168,9 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 			slog.String("path", r.URL.Path), slog.Int("status", ae.Status),
 			slog.String("code", ae.Code), slog.Any("err", errOr(ae.cause, err)))
 	}
+	if !keepable(ae) {
+		markTransient(w)
+	}
 	status := ae.Status
 	if status == statusClientClosed {
 		status = http.StatusBadRequest // nobody reads it

@@ -401,6 +401,7 @@ type fakeIdem struct {
 	mu       sync.Mutex
 	recs     map[string]*IdempotentResult
 	released int
+	maxBody  int // like the store's limit: larger answers are not kept; 0: no limit
 }
 
 func newFakeIdem() *fakeIdem { return &fakeIdem{recs: map[string]*IdempotentResult{}} }
@@ -421,6 +422,9 @@ func (f *fakeIdem) Complete(ctx context.Context, keyID, key string, status int, 
 	defer f.mu.Unlock()
 	rec := f.recs[keyID+"/"+key]
 	rec.Status, rec.ContentType, rec.Body = status, ct, bytes.Clone(body)
+	if f.maxBody > 0 && len(body) > f.maxBody {
+		rec.Body, rec.Omitted = nil, int64(len(body))
+	}
 	return nil
 }
 

@@ -67,7 +67,8 @@ func (s *server) routeTable() []route {
 
 		{Method: "GET", Path: "/v1/sandboxes/{id}/events", OpID: "listEvents",
 			Summary: "What happened to the sandbox (created, ready, stopped, egress_refused, ...), oldest first",
-			Query:   []param{q("limit", "integer", "the newest N events, 1..1000, default 100")}, handle: s.listEvents},
+			Query: []param{q("limit", "integer", "the newest N events, 1..1000, default 100; a page is at most 1 MiB"),
+				q("cursor", "string", "nextCursor of the previous page: the events before it")}, handle: s.listEvents},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/network", OpID: "getNetwork", Summary: "The sandbox's egress policy, its version and whether the host enforces it",
 			handle: s.getNetwork},
 		{Method: "PUT", Path: "/v1/sandboxes/{id}/network", OpID: "setNetwork",
