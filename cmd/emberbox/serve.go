@@ -350,6 +350,10 @@ func pruneIdempotency(ctx context.Context, st *store.Store, log *slog.Logger) {
 		} else if n > 0 {
 			log.Debug("pruned idempotency records", "count", n)
 		}
+		// Give what the prunes and the rings freed back to the disk.
+		if err := st.Compact(ctx); err != nil && ctx.Err() == nil {
+			log.Warn("compacting the store", "err", err)
+		}
 		select {
 		case <-ctx.Done():
 			return
