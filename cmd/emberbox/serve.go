@@ -258,6 +258,7 @@ func ensureAdminKey(ctx context.Context, st *store.Store, dataDir string, log *s
 	if err != nil {
 		return err
 	}
+	k.Role = store.RoleAdmin
 	path := filepath.Join(dataDir, adminKeyFile)
 	if err := writeFileAtomic(path, []byte(secret+"\n"), 0o600); err != nil {
 		return fmt.Errorf("writing admin key: %w", err)
@@ -380,9 +381,22 @@ func (e eventStore) ListEvents(ctx context.Context, sandboxID string, before int
 // keyStore adapts the store to api.Keys.
 type keyStore struct{ st *store.Store }
 
-func (k keyStore) Authenticate(ctx context.Context, secret string) (string, error) {
+func (k keyStore) Authenticate(ctx context.Context, secret string) (api.Key, error) {
 	key, err := k.st.AuthenticateKey(ctx, secret)
-	return key.ID, err
+	return api.Key{ID: key.ID, Role: key.Role}, err
+}
+
+func (k keyStore) ListKeys(ctx context.Context) ([]api.KeyInfo, error) {
+	keys, err := k.st.ListKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]api.KeyInfo, len(keys))
+	for i, key := range keys {
+		out[i] = api.KeyInfo{ID: key.ID, Name: key.Name, Role: key.Role, CreatedAt: key.CreatedAt,
+			ExpiresAt: key.ExpiresAt, RevokedAt: key.RevokedAt}
+	}
+	return out, nil
 }
 
 // idempotencyStore adapts the store to api.Idempotency.

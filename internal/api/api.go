@@ -23,9 +23,38 @@ import (
 
 // Keys authenticates API keys.
 type Keys interface {
-	// Authenticate returns the id of the key whose secret this is, or an
-	// error of class errdefs.ErrNotFound for an unknown or revoked key.
-	Authenticate(ctx context.Context, secret string) (keyID string, err error)
+	// Authenticate returns the key whose secret this is, or an error of
+	// class errdefs.ErrNotFound for an unknown, revoked or expired key.
+	Authenticate(ctx context.Context, secret string) (Key, error)
+}
+
+// Key is an authenticated API key.
+type Key struct {
+	ID   string
+	Role string // RoleTenant or RoleAdmin
+}
+
+// Roles of keys. A tenant key sees only its own sandboxes; an admin key
+// may also list every key and every key's sandboxes.
+const (
+	RoleTenant = "tenant"
+	RoleAdmin  = "admin"
+)
+
+// KeyInfo describes a key to GET /v1/keys.
+type KeyInfo struct {
+	ID        string
+	Name      string
+	Role      string
+	CreatedAt time.Time
+	ExpiresAt *time.Time
+	RevokedAt *time.Time
+}
+
+// KeyLister is the optional capability of Keys to list every key, found by
+// type assertion; without it GET /v1/keys answers 503.
+type KeyLister interface {
+	ListKeys(ctx context.Context) ([]KeyInfo, error)
 }
 
 // Idempotency remembers the answers to requests sent with an
@@ -215,6 +244,7 @@ func written(w http.ResponseWriter) bool {
 // call is what a handler knows about its request beyond *http.Request.
 type call struct {
 	owner string // the authenticated key id
+	role  string // the key's role
 	body  []byte // the whole request body (at most maxBody bytes)
 }
 
@@ -224,12 +254,12 @@ type handlerFunc func(w http.ResponseWriter, r *http.Request, c *call) error
 func (s *server) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 	c := &call{}
 	if !rt.Public {
-		owner, err := s.authenticate(r)
+		key, err := s.authenticate(r)
 		if err != nil {
 			s.writeError(w, r, err)
 			return
 		}
-		c.owner = owner
+		c.owner, c.role = key.ID, key.Role
 	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead && r.Body != nil {
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
@@ -265,22 +295,30 @@ func (s *server) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 	run(w)
 }
 
-func (s *server) authenticate(r *http.Request) (string, error) {
+func (s *server) authenticate(r *http.Request) (Key, error) {
 	unauthorized := newError(http.StatusUnauthorized, "unauthorized", "A valid API key is required.").
 		withHint("Send the header Authorization: Bearer <key> with a key this server issued.")
 	scheme, secret, ok := strings.Cut(r.Header.Get("Authorization"), " ")
 	secret = strings.TrimSpace(secret)
 	if !ok || !strings.EqualFold(scheme, "Bearer") || secret == "" {
-		return "", unauthorized
+		return Key{}, unauthorized
 	}
-	owner, err := s.keys.Authenticate(r.Context(), secret)
+	key, err := s.keys.Authenticate(r.Context(), secret)
 	if err != nil {
 		if errdefs.IsNotFound(err) {
-			return "", unauthorized
+			// Whoever holds the secret may learn that it expired or was
+			// revoked; nobody else learns anything.
+			switch errdefs.Code(err) {
+			case "key_expired":
+				unauthorized.Message = "This API key has expired."
+			case "key_revoked":
+				unauthorized.Message = "This API key was revoked."
+			}
+			return Key{}, unauthorized
 		}
-		return "", err
+		return Key{}, err
 	}
-	return owner, nil
+	return key, nil
 }
 
 // writeJSON sends v as JSON with status.

@@ -94,3 +94,64 @@ func TestLargeAnswerNotReplayed(t *testing.T) {
 		t.Errorf("ran %d times, want 1", n)
 	}
 }
+
+// Revoked and expired keys are refused with 401, saying which.
+func TestRevokedAndExpiredKeys(t *testing.T) {
+	e := newEnv(t)
+	for secret, msg := range map[string]string{"secret-revoked": "revoked", "secret-expired": "expired", "nope": "required"} {
+		w := e.do("GET", "/v1/sandboxes", "", "Authorization", "Bearer "+secret)
+		if w.Code != http.StatusUnauthorized || errorOf(t, w).Code != "unauthorized" || !strings.Contains(errorOf(t, w).Message, msg) {
+			t.Errorf("%s: %d %s, want 401 saying %q", secret, w.Code, w.Body, msg)
+		}
+	}
+}
+
+// An admin key lists every key and every key's sandboxes; a tenant key
+// sees only its own.
+func TestAdminRole(t *testing.T) {
+	e := newEnv(t)
+	e.m.add("key_a", "sbx_a", sandbox.StateRunning, time.Hour)
+	e.m.add("key_b", "sbx_b", sandbox.StateRunning, time.Hour)
+	type list struct {
+		Data []struct {
+			ID    string `json:"id"`
+			Owner string `json:"ownerKeyId"`
+		} `json:"data"`
+	}
+	ids := func(w *httptest.ResponseRecorder) []string {
+		t.Helper()
+		if w.Code != http.StatusOK {
+			t.Fatalf("status %d: %s", w.Code, w.Body)
+		}
+		var out []string
+		for _, d := range decodeBody[list](t, w).Data {
+			out = append(out, d.ID+"/"+d.Owner)
+		}
+		return out
+	}
+	admin := []string{"Authorization", "Bearer secret-admin"}
+	if got := ids(e.do("GET", "/v1/sandboxes?owner=all", "", admin...)); strings.Join(got, ",") != "sbx_a/key_a,sbx_b/key_b" {
+		t.Errorf("admin, owner=all: %v", got)
+	}
+	if got := ids(e.do("GET", "/v1/sandboxes?owner=key_b", "", admin...)); strings.Join(got, ",") != "sbx_b/key_b" {
+		t.Errorf("admin, owner=key_b: %v", got)
+	}
+	if got := ids(e.do("GET", "/v1/sandboxes", "")); strings.Join(got, ",") != "sbx_a/" {
+		t.Errorf("tenant: %v", got)
+	}
+	for _, o := range []string{"all", "key_b"} {
+		if w := e.do("GET", "/v1/sandboxes?owner="+o, ""); w.Code != http.StatusForbidden || errorOf(t, w).Code != "admin_only" {
+			t.Errorf("tenant, owner=%s: %d %s, want 403 admin_only", o, w.Code, w.Body)
+		}
+	}
+	if got := ids(e.do("GET", "/v1/keys", "", admin...)); len(got) != 3 {
+		t.Errorf("admin keys: %v", got)
+	}
+	if got := ids(e.do("GET", "/v1/keys", "")); strings.Join(got, ",") != "key_a/" {
+		t.Errorf("tenant keys: %v", got)
+	}
+	// The admin key sees no other key's sandbox by id: listing is all it may do.
+	if w := e.do("GET", "/v1/sandboxes/sbx_a", "", admin...); w.Code != http.StatusNotFound {
+		t.Errorf("admin GET of another key's sandbox: %d", w.Code)
+	}
+}

@@ -547,8 +547,9 @@ func (m *Manager) Get(ctx context.Context, owner, id string) (*Sandbox, error) {
 
 // List implements api.Manager.List.
 func (m *Manager) List(ctx context.Context, opts ListOptions) ([]*Sandbox, string, error) {
-	if opts.OwnerKeyID == "" {
-		// Every caller is a key; an unscoped listing would show everyone's.
+	if opts.OwnerKeyID == "" && !opts.AllOwners {
+		// Every caller is a key; an unscoped listing would show everyone's
+		// unless asked for (an admin key's).
 		return nil, "", errdefs.New(errdefs.ErrInternal, "internal", "listing sandboxes without an owner")
 	}
 	return m.cfg.Store.ListSandboxes(ctx, opts)

@@ -100,6 +100,7 @@ type NetworkStatus struct {
 // ListOptions filters a listing. Zero values mean no filter.
 type ListOptions struct {
 	OwnerKeyID     string
+	AllOwners      bool // with no OwnerKeyID: every owner's (an admin's listing)
 	States         []State
 	Name           string
 	Labels         map[string]string // all must match
