@@ -64,7 +64,7 @@ type sandboxJSON struct {
 	EnvNames       []string          `json:"envNames"`
 	Accel          *string           `json:"accel"`
 	Driver         *string           `json:"driver"`
-	Reused         bool              `json:"reused,omitempty"` // getOrCreate found it
+	Reused         bool              `json:"reused,omitempty"`     // getOrCreate found it
 	OwnerKeyID     string            `json:"ownerKeyId,omitempty"` // in an admin's listing of other keys' sandboxes
 }
 
