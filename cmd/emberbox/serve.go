@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -45,6 +46,9 @@ type serveOptions struct {
 	egressDefault string
 	egressOpen    []string
 	egressResolve []string
+	diskRetention time.Duration
+	egressMax     []string
+	egressDeny    []string
 	extraCAFile   string
 }
 
@@ -70,9 +74,14 @@ func newServeCommand() *cobra.Command {
 	f.DurationVar(&o.bootTimeout, "boot-timeout", 90*time.Second, "bound on one boot attempt; a create makes at most two")
 	f.BoolVar(&o.noKVM, "no-kvm", false, "use software emulation even where /dev/kvm works")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.DurationVar(&o.diskRetention, "stopped-disk-retention", sandbox.DefaultStoppedDiskRetention,
+		"how long a stopped sandbox keeps its disk before its files are removed (the record stays); negative: forever")
 	f.StringVar(&o.egressDefault, "egress-default", "internet", `egress of sandboxes created without a network policy: "internet" (public addresses) or "off"`)
 	f.StringArrayVar(&o.egressOpen, "egress-open", nil, "open a private address or CIDR to sandboxes (repeatable; e.g. a test range)")
 	f.StringArrayVar(&o.egressResolve, "egress-resolve", nil, "resolve a name to addresses for sandboxes, name=ip[,ip] (repeatable; for tests)")
+	f.StringSliceVar(&o.egressMax, "egress-max", nil, `ceiling of every sandbox's egress: rules a tenant policy is intersected with `+
+		`(domain, *.domain, IP, CIDR; "!rule" denies; "off" for none; comma-separated or repeated)`)
+	f.StringSliceVar(&o.egressDeny, "egress-deny-cidr", nil, "refuse an address or CIDR to every sandbox, even where --egress-open admits it (repeatable)")
 	defCA := ""
 	if _, err := os.Stat(hostCABundle); err == nil {
 		defCA = hostCABundle
@@ -130,7 +139,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 	mgr := sandbox.New(sandbox.Config{
 		Store: st, Driver: drv, Boot: boot.BootFiles, DataDir: o.dataDir, Logger: log, BootTimeout: o.bootTimeout,
-		Egress: ecfg.op, EgressDefault: ecfg.def, ExtraCAs: ecfg.cas,
+		Egress: ecfg.op, EgressDefault: ecfg.def, ExtraCAs: ecfg.cas, StoppedDiskRetention: o.diskRetention,
 	})
 	// On any way out: the background loops are stopped and waited for,
 	// then the manager lets go of its sandboxes (they keep running), and
@@ -145,6 +154,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	defer stopBackground()
 	bg.Go(func() { _ = mgr.Run(bctx) })
 	bg.Go(func() { pruneIdempotency(bctx, st, log) })
+	bg.Go(func() { mgr.RunDiskRetention(bctx) })
 	// Staging files a crash left behind are removed here, and expired
 	// uploads by the sweep.
 	uploads, err := api.NewUploads(upload.Config{Dir: filepath.Join(o.dataDir, "uploads"), Logger: log})
@@ -218,6 +228,31 @@ func egressConfig(o serveOptions) (egressSettings, error) {
 		if p, err := strconv.Atoi(port); err == nil {
 			op.Closed = append(op.Closed, netip.AddrPortFrom(netip.IPv6Unspecified(), uint16(p)))
 		}
+	}
+	for _, s := range o.egressDeny {
+		p, err := egress.ParseOpen(s)
+		if err != nil {
+			return es, fmt.Errorf("--egress-deny-cidr: %w", err)
+		}
+		op.Deny = append(op.Deny, p)
+	}
+	if len(o.egressMax) > 0 {
+		ceiling := egress.Policy{Internet: true}
+		for _, r := range o.egressMax {
+			switch {
+			case r == "off":
+				ceiling.Internet = false
+			case strings.HasPrefix(r, "!"):
+				ceiling.Deny = append(ceiling.Deny, r[1:])
+			default:
+				ceiling.Allow = append(ceiling.Allow, r)
+			}
+		}
+		c, err := egress.Compile(ceiling)
+		if err != nil {
+			return es, fmt.Errorf("--egress-max: %w", err)
+		}
+		op.Max = c
 	}
 	op.Resolve = map[string][]netip.Addr{}
 	for _, s := range o.egressResolve {

@@ -63,6 +63,9 @@ type Config struct {
 	EgressDefault egress.Policy
 	// ExtraCAs is a PEM bundle every guest trusts besides its own roots.
 	ExtraCAs string
+	// StoppedDiskRetention is how long a stopped sandbox keeps its disk
+	// (RunDiskRetention); 0 means DefaultStoppedDiskRetention, < 0 forever.
+	StoppedDiskRetention time.Duration
 }
 
 // reconnectWait is how long a call waits for a running sandbox's guest

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"reflect"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -162,6 +163,13 @@ func (m *Manager) Network(ctx context.Context, owner, id string) (*NetworkStatus
 
 func (m *Manager) networkStatus(id string, n *Network) *NetworkStatus {
 	st := &NetworkStatus{SandboxID: id, Network: *n, Enforced: true, EnforcedVersion: n.Version}
+	// The store keeps the policy asked for; what applies is that within
+	// the operator's ceiling, which may have changed since.
+	if c, err := egress.Compile(n.Policy); err == nil {
+		eff := m.cfg.Egress.Limit(c).Policy
+		st.Limited = !reflect.DeepEqual(eff, c.Policy)
+		st.Network.Policy = eff
+	}
 	m.mu.Lock()
 	in := m.live[id]
 	m.mu.Unlock()
@@ -214,7 +222,8 @@ func (m *Manager) SetNetwork(ctx context.Context, owner, id string, p egress.Pol
 	}
 	// Versions and counts only: a policy can hold hundreds of rules, and
 	// GET …/network shows the one in force.
-	m.event(sb.ID, "network_changed", "egress policy changed", map[string]any{"version": version, "internet": c.Internet,
-		"allowRules": len(c.Allow), "denyRules": len(c.Deny)})
+	eff := m.cfg.Egress.Limit(c)
+	m.event(sb.ID, "network_changed", "egress policy changed", map[string]any{"version": version, "internet": eff.Internet,
+		"allowRules": len(eff.Allow), "denyRules": len(eff.Deny)})
 	return m.networkStatus(sb.ID, n), nil
 }
