@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -38,41 +41,150 @@ func defaultDataDir() string {
 }
 
 func newKeysCommand() *cobra.Command {
-	var dataDir, name string
+	var dataDir, name, role, expires string
+	var grace time.Duration
 	keys := &cobra.Command{Use: "keys", Short: "Manage API keys"}
 	create := &cobra.Command{
 		Use:   "create",
 		Short: "Create an API key and print it (it is stored only as a hash)",
 		Args:  cobra.NoArgs,
 		RunE: withStore(&dataDir, func(cmd *cobra.Command, st *store.Store) error {
-			k, secret, err := st.CreateKey(cmd.Context(), name)
+			k, secret, err := st.NewKey(name)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "created key %s (%s)\n", k.ID, k.Name)
+			k.Role = role
+			if k.ExpiresAt, err = parseExpiry(expires, time.Now()); err != nil {
+				return err
+			}
+			if err := st.InsertKey(cmd.Context(), k, secret); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "created key %s (%s, %s%s)\n", k.ID, k.Name, k.Role, expiryNote(k.ExpiresAt))
 			fmt.Fprintln(cmd.OutOrStdout(), secret)
 			return nil
 		}),
 	}
 	create.Flags().StringVar(&name, "name", "key", "a name to recognise the key by")
+	create.Flags().StringVar(&role, "role", store.RoleTenant, `"tenant" (its own sandboxes) or "admin" (may also list every key and sandbox)`)
+	create.Flags().StringVar(&expires, "expires", "", "when the key stops working: a duration (720h, 30d) or an RFC 3339 time; default never")
 	list := &cobra.Command{
 		Use:   "list",
-		Short: "List API keys (ids and names; secrets are not kept)",
+		Short: "List API keys: id, name, role, created, expires, state (secrets are not kept)",
 		Args:  cobra.NoArgs,
 		RunE: withStore(&dataDir, func(cmd *cobra.Command, st *store.Store) error {
 			ks, err := st.ListKeys(cmd.Context())
 			if err != nil {
 				return err
 			}
+			now := time.Now()
 			for _, k := range ks {
-				fmt.Fprintf(cmd.OutOrStdout(), "%s\t%s\t%s\n", k.ID, k.Name, k.CreatedAt.Format("2006-01-02T15:04:05Z"))
+				exp, state := "never", "active"
+				if k.ExpiresAt != nil {
+					exp = k.ExpiresAt.UTC().Format(time.RFC3339)
+				}
+				switch {
+				case k.RevokedAt != nil:
+					state = "revoked " + k.RevokedAt.UTC().Format(time.RFC3339)
+				case !k.Active(now):
+					state = "expired"
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Name, k.Role,
+					k.CreatedAt.Format("2006-01-02T15:04:05Z"), exp, state)
 			}
 			return nil
 		}),
 	}
+	revoke := &cobra.Command{
+		Use:   "revoke KEY_ID",
+		Short: "Revoke a key at once; its sandboxes stay until they end or an admin deletes them",
+		Args:  cobra.ExactArgs(1),
+		RunE: withStoreArgs(&dataDir, func(cmd *cobra.Command, st *store.Store, args []string) error {
+			k, err := st.RevokeKey(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "revoked key %s (%s)\n", k.ID, k.Name)
+			return nil
+		}),
+	}
+	var rotateExpires string
+	rotate := &cobra.Command{
+		Use:   "rotate KEY_ID",
+		Short: "Give a key a new secret and print it; the key keeps its id and sandboxes",
+		Args:  cobra.ExactArgs(1),
+		RunE: withStoreArgs(&dataDir, func(cmd *cobra.Command, st *store.Store, args []string) error {
+			ctx := cmd.Context()
+			if rotateExpires != "" {
+				exp, err := parseExpiry(rotateExpires, time.Now())
+				if err != nil {
+					return err
+				}
+				if _, err := st.SetKeyExpiry(ctx, args[0], exp); err != nil {
+					return err
+				}
+			}
+			k, secret, err := st.RotateKey(ctx, args[0], grace)
+			if err != nil {
+				return err
+			}
+			note := "the old secret no longer works"
+			if grace > 0 {
+				note = "the old secret works for " + grace.String() + " more"
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "rotated key %s (%s%s); %s\n", k.ID, k.Name, expiryNote(k.ExpiresAt), note)
+			fmt.Fprintln(cmd.OutOrStdout(), secret)
+			return nil
+		}),
+	}
+	rotate.Flags().DurationVar(&grace, "grace", 0, "how long the old secret keeps working")
+	rotate.Flags().StringVar(&rotateExpires, "expires", "", `a new expiry: a duration, an RFC 3339 time, or "never"`)
 	keys.PersistentFlags().StringVar(&dataDir, "data-dir", defaultDataDir(), "server data directory")
-	keys.AddCommand(create, list)
+	keys.AddCommand(create, list, revoke, rotate)
 	return keys
+}
+
+// parseExpiry reads --expires: "" or "never" for none, a duration from now
+// (Go syntax, or whole days as "30d"), or an RFC 3339 time.
+func parseExpiry(s string, now time.Time) (*time.Time, error) {
+	if s == "" || s == "never" {
+		return nil, nil
+	}
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return &t, nil
+	}
+	var d time.Duration
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.Atoi(days)
+		if err != nil {
+			return nil, fmt.Errorf("--expires %q: want a duration (720h, 30d) or an RFC 3339 time", s)
+		}
+		d = time.Duration(n) * 24 * time.Hour
+	} else {
+		var err error
+		if d, err = time.ParseDuration(s); err != nil {
+			return nil, fmt.Errorf("--expires %q: want a duration (720h, 30d) or an RFC 3339 time", s)
+		}
+	}
+	if d <= 0 {
+		return nil, fmt.Errorf("--expires %q: must be in the future", s)
+	}
+	t := now.Add(d).UTC()
+	return &t, nil
+}
+
+func expiryNote(t *time.Time) string {
+	if t == nil {
+		return ""
+	}
+	return ", expires " + t.UTC().Format(time.RFC3339)
+}
+
+// withStoreArgs is withStore for commands with arguments.
+func withStoreArgs(dataDir *string, fn func(*cobra.Command, *store.Store, []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		return withStore(dataDir, func(cmd *cobra.Command, st *store.Store) error { return fn(cmd, st, args) })(cmd, args)
+	}
 }
 
 // withStore runs fn with the store of the data dir *dataDir, closing it after.

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -52,6 +53,9 @@ type serveOptions struct {
 	egressDefault string
 	egressOpen    []string
 	egressResolve []string
+	diskRetention time.Duration
+	egressMax     []string
+	egressDeny    []string
 	extraCAFile   string
 
 	limits limitOptions
@@ -81,9 +85,14 @@ func newServeCommand() *cobra.Command {
 	addConfineFlags(f, &o)
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&o.memoryLimit, "memory-limit", "", `the server's soft memory limit (Go's GOMEMLIMIT), e.g. 512MiB, or "off" (default: $GOMEMLIMIT, else a quarter of the host's memory, 256 MiB to 1 GiB)`)
+	f.DurationVar(&o.diskRetention, "stopped-disk-retention", sandbox.DefaultStoppedDiskRetention,
+		"how long a stopped sandbox keeps its disk before its files are removed (the record stays); negative: forever")
 	f.StringVar(&o.egressDefault, "egress-default", "internet", `egress of sandboxes created without a network policy: "internet" (public addresses) or "off"`)
 	f.StringArrayVar(&o.egressOpen, "egress-open", nil, "open a private address or CIDR to sandboxes (repeatable; e.g. a test range)")
 	f.StringArrayVar(&o.egressResolve, "egress-resolve", nil, "resolve a name to addresses for sandboxes, name=ip[,ip] (repeatable; for tests)")
+	f.StringSliceVar(&o.egressMax, "egress-max", nil, `ceiling of every sandbox's egress: rules a tenant policy is intersected with `+
+		`(domain, *.domain, IP, CIDR; "!rule" denies; "off" for none; comma-separated or repeated)`)
+	f.StringSliceVar(&o.egressDeny, "egress-deny-cidr", nil, "refuse an address or CIDR to every sandbox, even where --egress-open admits it (repeatable)")
 	defCA := ""
 	if _, err := os.Stat(hostCABundle); err == nil {
 		defCA = hostCABundle
@@ -157,7 +166,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 	mgr := sandbox.New(sandbox.Config{
 		Store: st, Driver: drv, Boot: boot.BootFiles, DataDir: o.dataDir, Logger: log, BootTimeout: o.bootTimeout,
-		Egress: ecfg.op, EgressDefault: ecfg.def, ExtraCAs: ecfg.cas,
+		Egress: ecfg.op, EgressDefault: ecfg.def, ExtraCAs: ecfg.cas, StoppedDiskRetention: o.diskRetention,
 		Admission: adm.ledger, Limits: adm.limits,
 	})
 	// On any way out: the background loops are stopped and waited for,
@@ -173,6 +182,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	defer stopBackground()
 	bg.Go(func() { _ = mgr.Run(bctx) })
 	bg.Go(func() { pruneIdempotency(bctx, st, log) })
+	bg.Go(func() { mgr.RunDiskRetention(bctx) })
 	// Staging files a crash left behind are removed here, and expired
 	// uploads by the sweep.
 	uploads, err := api.NewUploads(upload.Config{Dir: filepath.Join(o.dataDir, "uploads"), Logger: log})
@@ -263,6 +273,31 @@ func egressConfig(o serveOptions) (egressSettings, error) {
 			op.Closed = append(op.Closed, netip.AddrPortFrom(netip.IPv6Unspecified(), uint16(p)))
 		}
 	}
+	for _, s := range o.egressDeny {
+		p, err := egress.ParseOpen(s)
+		if err != nil {
+			return es, fmt.Errorf("--egress-deny-cidr: %w", err)
+		}
+		op.Deny = append(op.Deny, p)
+	}
+	if len(o.egressMax) > 0 {
+		ceiling := egress.Policy{Internet: true}
+		for _, r := range o.egressMax {
+			switch {
+			case r == "off":
+				ceiling.Internet = false
+			case strings.HasPrefix(r, "!"):
+				ceiling.Deny = append(ceiling.Deny, r[1:])
+			default:
+				ceiling.Allow = append(ceiling.Allow, r)
+			}
+		}
+		c, err := egress.Compile(ceiling)
+		if err != nil {
+			return es, fmt.Errorf("--egress-max: %w", err)
+		}
+		op.Max = c
+	}
 	op.Resolve = map[string][]netip.Addr{}
 	for _, s := range o.egressResolve {
 		name, addrs, err := egress.ParseResolve(s)
@@ -302,6 +337,7 @@ func ensureAdminKey(ctx context.Context, st *store.Store, dataDir string, log *s
 	if err != nil {
 		return err
 	}
+	k.Role = store.RoleAdmin
 	path := filepath.Join(dataDir, adminKeyFile)
 	if err := writeFileAtomic(path, []byte(secret+"\n"), 0o600); err != nil {
 		return fmt.Errorf("writing admin key: %w", err)
@@ -394,6 +430,10 @@ func pruneIdempotency(ctx context.Context, st *store.Store, log *slog.Logger) {
 		} else if n > 0 {
 			log.Debug("pruned idempotency records", "count", n)
 		}
+		// Give what the prunes and the rings freed back to the disk.
+		if err := st.Compact(ctx); err != nil && ctx.Err() == nil {
+			log.Warn("compacting the store", "err", err)
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -405,8 +445,8 @@ func pruneIdempotency(ctx context.Context, st *store.Store, log *slog.Logger) {
 // eventStore adapts the store to api.Events.
 type eventStore struct{ st *store.Store }
 
-func (e eventStore) ListEvents(ctx context.Context, sandboxID string, limit int) ([]api.Event, error) {
-	evs, err := e.st.ListEvents(ctx, sandboxID, limit)
+func (e eventStore) ListEvents(ctx context.Context, sandboxID string, before int64, limit int) ([]api.Event, error) {
+	evs, err := e.st.ListEventsBefore(ctx, sandboxID, before, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -420,9 +460,22 @@ func (e eventStore) ListEvents(ctx context.Context, sandboxID string, limit int)
 // keyStore adapts the store to api.Keys.
 type keyStore struct{ st *store.Store }
 
-func (k keyStore) Authenticate(ctx context.Context, secret string) (string, error) {
+func (k keyStore) Authenticate(ctx context.Context, secret string) (api.Key, error) {
 	key, err := k.st.AuthenticateKey(ctx, secret)
-	return key.ID, err
+	return api.Key{ID: key.ID, Role: key.Role}, err
+}
+
+func (k keyStore) ListKeys(ctx context.Context) ([]api.KeyInfo, error) {
+	keys, err := k.st.ListKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]api.KeyInfo, len(keys))
+	for i, key := range keys {
+		out[i] = api.KeyInfo{ID: key.ID, Name: key.Name, Role: key.Role, CreatedAt: key.CreatedAt,
+			ExpiresAt: key.ExpiresAt, RevokedAt: key.RevokedAt}
+	}
+	return out, nil
 }
 
 // idempotencyStore adapts the store to api.Idempotency.
@@ -434,7 +487,7 @@ func (s idempotencyStore) Reserve(ctx context.Context, keyID, key, fingerprint s
 		return nil, reserved, err
 	}
 	return &api.IdempotentResult{Fingerprint: rec.Fingerprint, Status: rec.Status, ContentType: rec.ContentType,
-		Body: rec.Body, SandboxID: rec.SandboxID}, reserved, nil
+		Body: rec.Body, SandboxID: rec.SandboxID, Omitted: rec.Omitted}, reserved, nil
 }
 
 func (s idempotencyStore) Complete(ctx context.Context, keyID, key string, status int, contentType string, body []byte) error {

@@ -23,9 +23,38 @@ import (
 
 // Keys authenticates API keys.
 type Keys interface {
-	// Authenticate returns the id of the key whose secret this is, or an
-	// error of class errdefs.ErrNotFound for an unknown or revoked key.
-	Authenticate(ctx context.Context, secret string) (keyID string, err error)
+	// Authenticate returns the key whose secret this is, or an error of
+	// class errdefs.ErrNotFound for an unknown, revoked or expired key.
+	Authenticate(ctx context.Context, secret string) (Key, error)
+}
+
+// Key is an authenticated API key.
+type Key struct {
+	ID   string
+	Role string // RoleTenant or RoleAdmin
+}
+
+// Roles of keys. A tenant key sees only its own sandboxes; an admin key
+// may also list every key and every key's sandboxes.
+const (
+	RoleTenant = "tenant"
+	RoleAdmin  = "admin"
+)
+
+// KeyInfo describes a key to GET /v1/keys.
+type KeyInfo struct {
+	ID        string
+	Name      string
+	Role      string
+	CreatedAt time.Time
+	ExpiresAt *time.Time
+	RevokedAt *time.Time
+}
+
+// KeyLister is the optional capability of Keys to list every key, found by
+// type assertion; without it GET /v1/keys answers 503.
+type KeyLister interface {
+	ListKeys(ctx context.Context) ([]KeyInfo, error)
 }
 
 // Idempotency remembers the answers to requests sent with an
@@ -53,6 +82,9 @@ type IdempotentResult struct {
 	// crash after it recorded its sandbox: its answer is that sandbox, as
 	// it is now.
 	SandboxID string
+	// Omitted, with a Status, is the size of an answer too large to keep:
+	// the request ran and its answer cannot be replayed.
+	Omitted int64
 }
 
 // Config configures the handler New returns.
@@ -221,6 +253,7 @@ func written(w http.ResponseWriter) bool {
 // call is what a handler knows about its request beyond *http.Request.
 type call struct {
 	owner string // the authenticated key id
+	role  string // the key's role
 	body  []byte // the whole request body (at most maxBody bytes)
 }
 
@@ -268,22 +301,30 @@ func (s *server) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 	run(w)
 }
 
-func (s *server) authenticate(r *http.Request) (string, error) {
+func (s *server) authenticate(r *http.Request) (Key, error) {
 	unauthorized := newError(http.StatusUnauthorized, "unauthorized", "A valid API key is required.").
 		withHint("Send the header Authorization: Bearer <key> with a key this server issued.")
 	scheme, secret, ok := strings.Cut(r.Header.Get("Authorization"), " ")
 	secret = strings.TrimSpace(secret)
 	if !ok || !strings.EqualFold(scheme, "Bearer") || secret == "" {
-		return "", unauthorized
+		return Key{}, unauthorized
 	}
-	owner, err := s.keys.Authenticate(r.Context(), secret)
+	key, err := s.keys.Authenticate(r.Context(), secret)
 	if err != nil {
 		if errdefs.IsNotFound(err) {
-			return "", unauthorized
+			// Whoever holds the secret may learn that it expired or was
+			// revoked; nobody else learns anything.
+			switch errdefs.Code(err) {
+			case "key_expired":
+				unauthorized.Message = "This API key has expired."
+			case "key_revoked":
+				unauthorized.Message = "This API key was revoked."
+			}
+			return Key{}, unauthorized
 		}
-		return "", err
+		return Key{}, err
 	}
-	return owner, nil
+	return key, nil
 }
 
 // writeJSON sends v as JSON with status.

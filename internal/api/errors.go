@@ -195,6 +195,9 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		s.log.LogAttrs(r.Context(), slog.LevelInfo, "request refused",
 			slog.String("request_id", rid), slog.Int("status", ae.Status), slog.Any("err", ae.cause))
 	}
+	if !keepable(ae) {
+		markTransient(w)
+	}
 	status := ae.Status
 	if status == statusClientClosed {
 		status = http.StatusBadRequest // nobody reads it

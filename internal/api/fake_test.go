@@ -122,7 +122,7 @@ func (m *fakeManager) List(ctx context.Context, opts sandbox.ListOptions) ([]*sa
 	m.listOpts = opts
 	var out []*sandbox.Sandbox
 	for _, sb := range m.sandboxes {
-		if sb.OwnerKeyID == opts.OwnerKeyID && (opts.Name == "" || sb.Name == opts.Name) {
+		if (sb.OwnerKeyID == opts.OwnerKeyID || (opts.OwnerKeyID == "" && opts.AllOwners)) && (opts.Name == "" || sb.Name == opts.Name) {
 			out = append(out, clone(sb))
 		}
 	}
@@ -383,17 +383,31 @@ func (m *fakeManager) Guest(ctx context.Context, owner, id string) (*sandbox.San
 	return sb, fakeGuest{m: m, owner: owner, id: id}, nil
 }
 
-// fakeKeys knows secrets "secret-a" (key_a) and "secret-b" (key_b).
+// fakeKeys knows secrets "secret-a" (key_a), "secret-b" (key_b) and
+// "secret-admin" (key_admin, an admin); "secret-revoked" and
+// "secret-expired" are refused as the store refuses them.
 type fakeKeys struct{}
 
-func (fakeKeys) Authenticate(ctx context.Context, secret string) (string, error) {
+func (fakeKeys) Authenticate(ctx context.Context, secret string) (Key, error) {
 	switch secret {
 	case "secret-a":
-		return "key_a", nil
+		return Key{ID: "key_a", Role: RoleTenant}, nil
 	case "secret-b":
-		return "key_b", nil
+		return Key{ID: "key_b", Role: RoleTenant}, nil
+	case "secret-admin":
+		return Key{ID: "key_admin", Role: RoleAdmin}, nil
+	case "secret-revoked":
+		return Key{}, errdefs.New(errdefs.ErrNotFound, "key_revoked", "revoked")
+	case "secret-expired":
+		return Key{}, errdefs.New(errdefs.ErrNotFound, "key_expired", "expired")
 	}
-	return "", fmt.Errorf("key: %w", errdefs.ErrNotFound)
+	return Key{}, fmt.Errorf("key: %w", errdefs.ErrNotFound)
+}
+
+func (fakeKeys) ListKeys(ctx context.Context) ([]KeyInfo, error) {
+	t := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	return []KeyInfo{{ID: "key_admin", Name: "admin", Role: RoleAdmin, CreatedAt: t},
+		{ID: "key_a", Name: "a", Role: RoleTenant, CreatedAt: t}, {ID: "key_b", Name: "b", Role: RoleTenant, CreatedAt: t}}, nil
 }
 
 // fakeIdem is an in-memory Idempotency store.
@@ -401,6 +415,7 @@ type fakeIdem struct {
 	mu       sync.Mutex
 	recs     map[string]*IdempotentResult
 	released int
+	maxBody  int // like the store's limit: larger answers are not kept; 0: no limit
 }
 
 func newFakeIdem() *fakeIdem { return &fakeIdem{recs: map[string]*IdempotentResult{}} }
@@ -421,6 +436,9 @@ func (f *fakeIdem) Complete(ctx context.Context, keyID, key string, status int, 
 	defer f.mu.Unlock()
 	rec := f.recs[keyID+"/"+key]
 	rec.Status, rec.ContentType, rec.Body = status, ct, bytes.Clone(body)
+	if f.maxBody > 0 && len(body) > f.maxBody {
+		rec.Body, rec.Omitted = nil, int64(len(body))
+	}
 	return nil
 }
 

@@ -34,10 +34,15 @@ import (
 //     /processes/{pid}/output from its cursor instead. A retry with the same
 //     key therefore only happens when the first try never started, and then
 //     running it is right.
-//   - Answers that tell the caller to come back later (those with a
-//     Retry-After: no_capacity, quota_exceeded, rate_limited): the SDK
-//     retries them with the same key, and the retry must run again rather
-//     than replay the refusal.
+//   - Answers that say "not now": the client went away (logged as 499), 429,
+//     anything with a retryAfterMs, and the codes of a state that passes
+//     (transientCodes). A retry must run again, not get the stale refusal.
+//
+// An answer over the store's size limit (an exec's large output) is kept
+// without its body. Its retry gets 409 idempotency_answer_too_large and is
+// not run again: the SDK sends a retry only when it lost the first answer,
+// and running a command twice is worse than a clear error, which the SDK
+// does not retry. A new key runs it again.
 
 func validIdempotencyKey(key string) bool {
 	if len(key) < 1 || len(key) > 128 {
@@ -97,6 +102,15 @@ func (s *server) idempotent(w http.ResponseWriter, r *http.Request, c *call, key
 				withHint("Use a new key for a new request; reuse a key only to retry the same request."))
 			return
 		}
+		if rec.Status != 0 && rec.Omitted > 0 {
+			e := newError(http.StatusConflict, "idempotency_answer_too_large",
+				"The request with this Idempotency-Key ran, but its answer was too large to keep for a replay.").
+				withHint("It is not run again with this key. Send it with a new Idempotency-Key to run it again, " +
+					"or stream its output (stream: true).")
+			e.Details = map[string]any{"status": rec.Status, "answerBytes": rec.Omitted}
+			s.writeError(w, r, e)
+			return
+		}
 		if rec.Status != 0 && rec.SandboxID != "" && len(rec.Body) == 0 {
 			s.replaySandbox(w, r, c, rec)
 			return
@@ -143,7 +157,10 @@ func (s *server) runReserved(w http.ResponseWriter, r *http.Request, owner, key 
 	}()
 	run(rec)
 	finished = true
-	if !rec.wrote || rec.streaming || rec.status >= 500 || rec.Header().Get("Retry-After") != "" {
+	// An error answered to a client that has gone is the cancellation,
+	// whatever status it took: the retry must run.
+	gone := r.Context().Err() != nil && rec.status >= 400
+	if !rec.wrote || rec.streaming || rec.status >= 500 || rec.transient || gone || rec.Header().Get("Retry-After") != "" {
 		release()
 		return
 	}
@@ -215,7 +232,42 @@ type recorder struct {
 	status    int
 	wrote     bool
 	streaming bool // not JSON: passed through, not kept
+	transient bool // an answer for now only (see keepable); not kept
 	buf       bytes.Buffer
+}
+
+// transientCodes are refusals of a state that passes: a retry later may
+// well succeed, so they are never replayed.
+var transientCodes = map[string]bool{
+	"idempotency_in_progress": true,
+	"sandbox_not_ready":       true,
+	"upload_committing":       true,
+	"guest_busy":              true,
+	"rate_limited":            true,
+	"no_capacity":             true,
+	"quota_exceeded":          true,
+}
+
+// keepable reports whether an error answer may be stored for replay.
+func keepable(ae *apiError) bool {
+	return ae.Status != statusClientClosed && ae.Status != http.StatusTooManyRequests &&
+		ae.RetryAfterMs == 0 && !transientCodes[ae.Code]
+}
+
+// markTransient flags the recorder under w, if any, so that the answer
+// being written is not kept.
+func markTransient(w http.ResponseWriter) {
+	for w != nil {
+		if rec, ok := w.(*recorder); ok {
+			rec.transient = true
+			return
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return
+		}
+		w = u.Unwrap()
+	}
 }
 
 func (w *recorder) WriteHeader(code int) {

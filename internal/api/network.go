@@ -82,6 +82,9 @@ type networkJSON struct {
 	ForbiddenPorts  []int           `json:"forbiddenPorts"`
 	UpdatedAt       time.Time       `json:"updatedAt"`
 	Egress          egress.Counters `json:"egress"`
+	// LimitedByOperator: the server's ceiling narrowed the policy asked
+	// for; internet, allow and deny are the policy that applies.
+	LimitedByOperator bool `json:"limitedByOperator,omitempty"`
 }
 
 func toNetworkJSON(st *sandbox.NetworkStatus) networkJSON {
@@ -90,6 +93,7 @@ func toNetworkJSON(st *sandbox.NetworkStatus) networkJSON {
 		SandboxID: st.SandboxID, Internet: p.Internet, Allow: p.Allow, Deny: p.Deny, Connect: []string{},
 		Version: st.Network.Version, Enforced: st.Enforced, EnforcedVersion: st.EnforcedVersion,
 		OpenPorts: p.Internet, ForbiddenPorts: egress.MailPorts, UpdatedAt: st.Network.UpdatedAt.UTC(), Egress: st.Counters,
+		LimitedByOperator: st.Limited,
 	}
 }
 

@@ -199,14 +199,14 @@ func (s *server) gate(r *http.Request, rt *route, c *call) error {
 		if empty, wait := s.limits.authFail.empty(addr, now); empty {
 			return errRateLimited(wait, " with invalid keys from this address")
 		}
-		owner, err := s.authenticate(r)
+		key, err := s.authenticate(r)
 		if err != nil {
 			if ae := (*apiError)(nil); errors.As(err, &ae) && ae.Status == http.StatusUnauthorized {
 				s.limits.authFail.allow(addr, now)
 			}
 			return err
 		}
-		c.owner = owner
+		c.owner, c.role = key.ID, key.Role
 	}
 	bucket, who := s.limits.write, c.owner
 	if r.Method == http.MethodGet || r.Method == http.MethodHead {

@@ -16,7 +16,7 @@ import (
 // countingKeys is fakeKeys that counts lookups.
 type countingKeys struct{ n atomic.Int32 }
 
-func (k *countingKeys) Authenticate(ctx context.Context, secret string) (string, error) {
+func (k *countingKeys) Authenticate(ctx context.Context, secret string) (Key, error) {
 	k.n.Add(1)
 	return fakeKeys{}.Authenticate(ctx, secret)
 }

@@ -64,7 +64,8 @@ type sandboxJSON struct {
 	EnvNames       []string          `json:"envNames"`
 	Accel          *string           `json:"accel"`
 	Driver         *string           `json:"driver"`
-	Reused         bool              `json:"reused,omitempty"` // getOrCreate found it
+	Reused         bool              `json:"reused,omitempty"`     // getOrCreate found it
+	OwnerKeyID     string            `json:"ownerKeyId,omitempty"` // in an admin's listing of other keys' sandboxes
 }
 
 func (s *server) sandboxJSON(sb *sandbox.Sandbox) sandboxJSON {
@@ -455,6 +456,17 @@ func (s *server) listSandboxes(w http.ResponseWriter, r *http.Request, c *call) 
 		}
 		opts.Labels[k] = val
 	}
+	// owner: an admin key may list another key's sandboxes, or every
+	// key's ("all"); a tenant key only its own.
+	if o := q.Get("owner"); o != "" && o != c.owner {
+		if c.role != RoleAdmin {
+			return errAdminOnly("owner")
+		}
+		opts.OwnerKeyID = o
+		if o == "all" {
+			opts.OwnerKeyID, opts.AllOwners = "", true
+		}
+	}
 	var err error
 	if opts.IncludeStopped, err = boolParam(q.Get("includeStopped")); err != nil {
 		issues = append(issues, issue{Path: "includeStopped", Message: "must be true or false"})
@@ -475,7 +487,11 @@ func (s *server) listSandboxes(w http.ResponseWriter, r *http.Request, c *call) 
 	}
 	out := listJSON[sandboxJSON]{Data: make([]sandboxJSON, 0, len(sbs)), NextCursor: optString(next)}
 	for _, sb := range sbs {
-		out.Data = append(out.Data, s.sandboxJSON(sb))
+		j := s.sandboxJSON(sb)
+		if opts.OwnerKeyID != c.owner {
+			j.OwnerKeyID = sb.OwnerKeyID // an admin's listing says whose
+		}
+		out.Data = append(out.Data, j)
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

@@ -56,7 +56,7 @@ func (s *server) uploadStore() (*Uploads, error) {
 
 // uploadError adds to a store error what its code needs in HTTP.
 func uploadError(err error) error {
-	if errdefs.Code(err) != upload.CodeTooMany {
+	if c := errdefs.Code(err); c != upload.CodeTooMany && c != upload.CodeFull {
 		return err
 	}
 	ae := toAPIError(err)

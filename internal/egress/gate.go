@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"container/list"
 	"context"
 	"fmt"
 	"net"
@@ -27,8 +28,10 @@ type Gate struct {
 	// Names the guest resolved get stand-in addresses from FakeRange, so
 	// a program that connects to "the address" without the proxy is
 	// captured and still checked, resolved and dialed by name on the host.
-	fakeOf   map[string]netip.Addr
-	nameOf   map[netip.Addr]string
+	// At most MaxStandIns names are kept, least recently used first out.
+	fakeOf   map[string]*list.Element // of *standIn
+	nameOf   map[netip.Addr]*list.Element
+	fakeLRU  list.List // front: most recently used
 	nextFake uint32
 
 	bytesOut, bytesIn atomic.Int64 // to and from the outside
@@ -36,10 +39,28 @@ type Gate struct {
 	dials             atomic.Int64
 }
 
-// NewGate returns a gate applying pol (version 1 until SetPolicy).
+// NewGate returns a gate applying pol, within the operator's ceiling
+// (version 1 until SetPolicy).
 func NewGate(op *Operator, pol *Compiled) *Gate {
-	return &Gate{op: op, pol: pol, version: 1, conns: map[*conn]struct{}{},
-		fakeOf: map[string]netip.Addr{}, nameOf: map[netip.Addr]string{}}
+	return &Gate{op: op, pol: op.Limit(pol), version: 1, conns: map[*conn]struct{}{},
+		fakeOf: map[string]*list.Element{}, nameOf: map[netip.Addr]*list.Element{}}
+}
+
+// MaxStandIns bounds the stand-in table of one sandbox.
+const MaxStandIns = 4096
+
+// standInIdle is how long a stand-in must go unused before it is given to
+// another name: twice the answers' TTL, so a guest cache that still holds
+// it has let it go.
+const standInIdle = 2 * dnsTTL * time.Second
+
+// clock is the stand-ins' time; tests move it.
+var clock = time.Now
+
+type standIn struct {
+	name string
+	addr netip.Addr
+	used time.Time
 }
 
 // FakeRange holds the stand-in addresses the guest's DNS answers carry. It
@@ -47,20 +68,38 @@ func NewGate(op *Operator, pol *Compiled) *Gate {
 // stand-in never reaches a real host.
 var FakeRange = netip.MustParsePrefix("198.19.0.0/16")
 
-// fakeAddr returns name's stand-in address, allocating one if needed.
+// fakeAddr returns name's stand-in address, allocating one if needed. With
+// MaxStandIns names held, the least recently used one gives up its
+// address if it has been idle for standInIdle; otherwise there is none
+// (the guest floods its own resolver, and gets SERVFAIL).
 func (g *Gate) fakeAddr(name string) (netip.Addr, bool) {
+	now := clock()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if a, ok := g.fakeOf[name]; ok {
-		return a, true
+	if e, ok := g.fakeOf[name]; ok {
+		si := e.Value.(*standIn)
+		si.used = now
+		g.fakeLRU.MoveToFront(e)
+		return si.addr, true
 	}
-	if g.nextFake >= 1<<16-2 {
-		return netip.Addr{}, false
+	var a netip.Addr
+	if g.fakeLRU.Len() < MaxStandIns {
+		g.nextFake++
+		base := FakeRange.Addr().As4()
+		a = netip.AddrFrom4([4]byte{base[0], base[1], byte(g.nextFake >> 8), byte(g.nextFake)})
+	} else {
+		e := g.fakeLRU.Back()
+		old := e.Value.(*standIn)
+		if now.Sub(old.used) < standInIdle {
+			return netip.Addr{}, false
+		}
+		g.fakeLRU.Remove(e)
+		delete(g.fakeOf, old.name)
+		delete(g.nameOf, old.addr)
+		a = old.addr
 	}
-	g.nextFake++
-	base := FakeRange.Addr().As4()
-	a := netip.AddrFrom4([4]byte{base[0], base[1], byte(g.nextFake >> 8), byte(g.nextFake)})
-	g.fakeOf[name], g.nameOf[a] = a, name
+	e := g.fakeLRU.PushFront(&standIn{name: name, addr: a, used: now})
+	g.fakeOf[name], g.nameOf[a] = e, e
 	return a, true
 }
 
@@ -68,8 +107,14 @@ func (g *Gate) fakeAddr(name string) (netip.Addr, bool) {
 func (g *Gate) fakeName(a netip.Addr) (string, bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	n, ok := g.nameOf[a.Unmap()]
-	return n, ok
+	e, ok := g.nameOf[a.Unmap()]
+	if !ok {
+		return "", false
+	}
+	si := e.Value.(*standIn)
+	si.used = clock()
+	g.fakeLRU.MoveToFront(e)
+	return si.name, true
 }
 
 // Policy returns the policy in force and its version.
@@ -96,9 +141,11 @@ func (g *Gate) Counters() Counters {
 	return Counters{BytesOut: g.bytesOut.Load(), BytesIn: g.bytesIn.Load(), Refused: g.refused.Load(), Dials: g.dials.Load(), Open: n}
 }
 
-// SetPolicy puts pol in force at version. New connections see it at once;
-// open connections that pol refuses are cut.
+// SetPolicy puts pol, within the operator's ceiling, in force at version.
+// New connections see it at once; open connections that it refuses are
+// cut.
 func (g *Gate) SetPolicy(pol *Compiled, version int64) {
+	pol = g.op.Limit(pol)
 	g.mu.Lock()
 	g.pol, g.version = pol, version
 	var cut []*conn

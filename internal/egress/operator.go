@@ -42,6 +42,15 @@ var forbidden = func() []netip.Prefix {
 	return ps
 }()
 
+// neverOpen is refused even where the operator opens a range holding it:
+// the cloud's host agent (Azure's WireServer, which hands out the VM's
+// secrets) and the metadata services.
+var neverOpen = []netip.Prefix{
+	netip.MustParsePrefix("168.63.129.16/32"),
+	netip.MustParsePrefix("169.254.169.254/32"),
+	netip.MustParsePrefix("fd00:ec2::254/128"),
+}
+
 // MailPorts are refused by default: sandboxes must not send mail.
 var MailPorts = []int{25, 465, 587}
 
@@ -70,6 +79,13 @@ type Operator struct {
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// OpenPorts are ports of the refused set (MailPorts) the operator opens.
 	OpenPorts []int
+	// Deny are ranges refused to every sandbox besides the built-in ones,
+	// even where Open admits them (--egress-deny-cidr).
+	Deny []netip.Prefix
+	// Max is the ceiling of every sandbox's policy (--egress-max): a gate
+	// applies a policy intersected with it, so a tenant can narrow it but
+	// never widen it. Nil: no ceiling.
+	Max *Compiled
 	// Closed are host services no sandbox may reach even where Open
 	// admits their address: the server's own API, above all. An
 	// unspecified address (0.0.0.0, ::) stands for every loopback and host
@@ -119,6 +135,10 @@ func hostAddrs() []netip.Addr {
 func (op *Operator) Forbidden(a netip.Addr) bool {
 	a = a.Unmap()
 	if !a.IsValid() || a.Zone() != "" {
+		return true
+	}
+	in := func(p netip.Prefix) bool { return p.Contains(a) }
+	if slices.ContainsFunc(neverOpen, in) || slices.ContainsFunc(op.Deny, in) {
 		return true
 	}
 	if op.opened(a) {
@@ -204,4 +224,13 @@ func ParseOpen(s string) (netip.Prefix, error) {
 		return netip.Prefix{}, fmt.Errorf("%q: want an IP address or a CIDR", s)
 	}
 	return r.pfx, nil
+}
+
+// Limit returns pol intersected with the operator's ceiling (Max): what a
+// sandbox asking for pol may reach. Without a ceiling it is pol.
+func (op *Operator) Limit(pol *Compiled) *Compiled {
+	if op == nil || op.Max == nil {
+		return pol
+	}
+	return pol.Intersect(op.Max)
 }

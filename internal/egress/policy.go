@@ -252,3 +252,75 @@ func (c *Compiled) CheckAddr(a netip.Addr, viaName bool) error {
 	}
 	return nil
 }
+
+// Intersect returns the policy that admits what both c and d admit. Deny
+// rules are united. An allow list admits a destination if one of its
+// rules matches, and the set a rule matches is either inside another
+// rule's or apart from it (names, *.suffixes and CIDRs nest or do not
+// meet), so the pairwise intersections of the two allow lists are again
+// rules of one of them. Two non-empty allow lists that share nothing
+// admit nothing: the result has Internet false. The result may hold more
+// than MaxRules rules; it is never compiled again from its Policy.
+func (c *Compiled) Intersect(d *Compiled) *Compiled {
+	out := &Compiled{Policy: Policy{Internet: c.Internet && d.Internet, Allow: []string{}, Deny: []string{}}}
+	seen := map[string]bool{}
+	add := func(r rule, rules *[]rule, norm *[]string) {
+		k := r.String()
+		if seen[k] {
+			return
+		}
+		seen[k] = true
+		*rules = append(*rules, r)
+		*norm = append(*norm, k)
+	}
+	for _, r := range slices.Concat(c.deny, d.deny) {
+		add(r, &out.deny, &out.Policy.Deny)
+	}
+	clear(seen)
+	switch {
+	case len(c.allow) == 0:
+		for _, r := range d.allow {
+			add(r, &out.allow, &out.Policy.Allow)
+		}
+	case len(d.allow) == 0:
+		for _, r := range c.allow {
+			add(r, &out.allow, &out.Policy.Allow)
+		}
+	default:
+		for _, a := range c.allow {
+			for _, b := range d.allow {
+				if r, ok := intersectRule(a, b); ok {
+					add(r, &out.allow, &out.Policy.Allow)
+				}
+			}
+		}
+		if len(out.allow) == 0 {
+			out.Internet = false
+		}
+	}
+	return out
+}
+
+// intersectRule returns the rule matching what both a and b match, if
+// they meet.
+func intersectRule(a, b rule) (rule, bool) {
+	// within reports whether everything x matches, y matches too.
+	within := func(x, y rule) bool {
+		switch {
+		case x.kind == rulePrefix || y.kind == rulePrefix:
+			return x.kind == rulePrefix && y.kind == rulePrefix &&
+				x.pfx.Addr().BitLen() == y.pfx.Addr().BitLen() && y.pfx.Bits() <= x.pfx.Bits() && y.pfx.Contains(x.pfx.Addr())
+		case y.kind == ruleName:
+			return x.kind == ruleName && x.name == y.name
+		default: // y is *.name
+			return strings.HasSuffix(x.name, "."+y.name) || (x.kind == ruleSuffix && x.name == y.name)
+		}
+	}
+	switch {
+	case within(a, b):
+		return a, true
+	case within(b, a):
+		return b, true
+	}
+	return rule{}, false
+}

@@ -70,6 +70,9 @@ type Config struct {
 	Admission *admission.Ledger
 	// Limits bound the size and the lifetime of one sandbox.
 	Limits Limits
+	// StoppedDiskRetention is how long a stopped sandbox keeps its disk
+	// (RunDiskRetention); 0 means DefaultStoppedDiskRetention, < 0 forever.
+	StoppedDiskRetention time.Duration
 }
 
 // reconnectWait is how long a call waits for a running sandbox's guest
@@ -651,8 +654,9 @@ func (m *Manager) Get(ctx context.Context, owner, id string) (*Sandbox, error) {
 
 // List implements api.Manager.List.
 func (m *Manager) List(ctx context.Context, opts ListOptions) ([]*Sandbox, string, error) {
-	if opts.OwnerKeyID == "" {
-		// Every caller is a key; an unscoped listing would show everyone's.
+	if opts.OwnerKeyID == "" && !opts.AllOwners {
+		// Every caller is a key; an unscoped listing would show everyone's
+		// unless asked for (an admin key's).
 		return nil, "", errdefs.New(errdefs.ErrInternal, "internal", "listing sandboxes without an owner")
 	}
 	return m.cfg.Store.ListSandboxes(ctx, opts)

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"reflect"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/emberbox/emberbox/internal/egress"
 	"github.com/emberbox/emberbox/internal/errdefs"
@@ -20,7 +22,19 @@ import (
 const (
 	maxRefusalEvents      = 100
 	maxRefusalEventsTotal = 1000
+	maxEventTarget        = 256 // bytes of a refused target kept in its event
 )
+
+// truncate cuts s to at most n bytes at a UTF-8 boundary.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
 
 // newGate returns the egress gate of a sandbox, whose refusals become
 // events of the sandbox.
@@ -46,7 +60,10 @@ func (m *Manager) newGate(id string, pol *egress.Compiled, version int64) *egres
 		}
 		recorded.Add(1)
 		m.spawn(func() {
-			m.event(id, "egress_refused", r.Error(), map[string]any{"reason": string(r.Reason), "target": r.Target, "refusals": c})
+			// The target is the guest's to choose: kept short.
+			target := truncate(r.Target, maxEventTarget)
+			m.event(id, "egress_refused", "egress to "+target+" refused: "+string(r.Reason),
+				map[string]any{"reason": string(r.Reason), "target": target, "refusals": c})
 		})
 	}
 	return g
@@ -146,6 +163,13 @@ func (m *Manager) Network(ctx context.Context, owner, id string) (*NetworkStatus
 
 func (m *Manager) networkStatus(id string, n *Network) *NetworkStatus {
 	st := &NetworkStatus{SandboxID: id, Network: *n, Enforced: true, EnforcedVersion: n.Version}
+	// The store keeps the policy asked for; what applies is that within
+	// the operator's ceiling, which may have changed since.
+	if c, err := egress.Compile(n.Policy); err == nil {
+		eff := m.cfg.Egress.Limit(c).Policy
+		st.Limited = !reflect.DeepEqual(eff, c.Policy)
+		st.Network.Policy = eff
+	}
 	m.mu.Lock()
 	in := m.live[id]
 	m.mu.Unlock()
@@ -196,6 +220,10 @@ func (m *Manager) SetNetwork(ctx context.Context, owner, id string, p egress.Pol
 			g.SetPolicy(c, version)
 		}
 	}
-	m.event(sb.ID, "network_changed", "egress policy changed", map[string]any{"version": version, "internet": c.Internet, "allow": c.Allow, "deny": c.Deny})
+	// Versions and counts only: a policy can hold hundreds of rules, and
+	// GET …/network shows the one in force.
+	eff := m.cfg.Egress.Limit(c)
+	m.event(sb.ID, "network_changed", "egress policy changed", map[string]any{"version": version, "internet": eff.Internet,
+		"allowRules": len(eff.Allow), "denyRules": len(eff.Deny)})
 	return m.networkStatus(sb.ID, n), nil
 }

@@ -109,11 +109,15 @@ type NetworkStatus struct {
 	Enforced        bool  // the host applies Version (or nothing runs)
 	EnforcedVersion int64 // the version the host applies
 	Counters        egress.Counters
+	// Limited says the operator's ceiling (--egress-max) narrowed the
+	// policy asked for; Network.Policy is the one that applies.
+	Limited bool
 }
 
 // ListOptions filters a listing. Zero values mean no filter.
 type ListOptions struct {
 	OwnerKeyID     string
+	AllOwners      bool // with no OwnerKeyID: every owner's (an admin's listing)
 	States         []State
 	Name           string
 	Labels         map[string]string // all must match

@@ -13,6 +13,24 @@ import (
 // IdempotencyTTL is how long an Idempotency-Key is remembered.
 const IdempotencyTTL = 24 * time.Hour
 
+// Bounds of the idempotency records. The SDKs send a fresh key with every
+// call that is not a GET and retry within minutes, so keeping the newest
+// records of each API key is enough; the oldest completed ones beyond
+// either bound are deleted as new ones come.
+const (
+	// MaxIdempotencyBody is the largest answer kept for replay. A larger
+	// one (an exec's output) is recorded without its body: a retry learns
+	// that the request ran but gets no answer, and it does not run twice.
+	MaxIdempotencyBody = 64 << 10
+	// MaxIdempotencyPerKey is the most records one API key has.
+	MaxIdempotencyPerKey = 10000
+	// MaxIdempotencyBytesPerKey bounds the answers one API key has kept.
+	MaxIdempotencyBytesPerKey = 64 << 20
+)
+
+// maxIdempotencyPerKey is MaxIdempotencyPerKey; short tests lower it.
+var maxIdempotencyPerKey = MaxIdempotencyPerKey
+
 // Idempotency is the remembered outcome of a request made with an
 // Idempotency-Key, per API key.
 type Idempotency struct {
@@ -28,6 +46,9 @@ type Idempotency struct {
 	// from that sandbox: its request was cut short by a crash after the
 	// sandbox was recorded (see ResolvePendingIdempotency).
 	SandboxID string
+	// Omitted is the size of an answer over MaxIdempotencyBody, which was
+	// not kept: the request ran, and its answer cannot be replayed.
+	Omitted int64
 }
 
 // ReserveIdempotency claims (keyID, key) for a request with the given
@@ -48,11 +69,12 @@ func (s *Store) ReserveIdempotency(ctx context.Context, keyID, key, fingerprint 
 		rec       = Idempotency{KeyID: keyID, Key: key}
 		created   string
 		sandboxID sql.NullString
+		omitted   sql.NullInt64
 	)
-	err = tx.QueryRowContext(ctx, `SELECT fingerprint, status, content_type, body, created_at, sandbox_id
+	err = tx.QueryRowContext(ctx, `SELECT fingerprint, status, content_type, body, created_at, sandbox_id, omitted
 		FROM idempotency WHERE key_id = ? AND key = ?`, keyID, key).
-		Scan(&rec.Fingerprint, &rec.Status, &rec.ContentType, &rec.Body, &created, &sandboxID)
-	rec.SandboxID = sandboxID.String
+		Scan(&rec.Fingerprint, &rec.Status, &rec.ContentType, &rec.Body, &created, &sandboxID, &omitted)
+	rec.SandboxID, rec.Omitted = sandboxID.String, omitted.Int64
 	switch {
 	case err == nil:
 		if rec.CreatedAt, err = parseTime(created); err != nil {
@@ -66,10 +88,18 @@ func (s *Store) ReserveIdempotency(ctx context.Context, keyID, key, fingerprint 
 		return nil, false, fmt.Errorf("reserving idempotency key %q: %w", key, err)
 	}
 
-	_, err = tx.ExecContext(ctx, `INSERT OR REPLACE INTO idempotency
-		(key_id, key, fingerprint, status, content_type, body, created_at, sandbox_id)
-		VALUES (?, ?, ?, 0, '', NULL, ?, NULL)`, keyID, key, fingerprint, formatTime(now))
+	// An upsert, not INSERT OR REPLACE: the replaced row's delete would
+	// not fire the trigger that counts the key's usage.
+	_, err = tx.ExecContext(ctx, `INSERT INTO idempotency
+		(key_id, key, fingerprint, status, content_type, body, created_at, sandbox_id, omitted)
+		VALUES (?, ?, ?, 0, '', NULL, ?, NULL, NULL)
+		ON CONFLICT (key_id, key) DO UPDATE SET fingerprint = excluded.fingerprint, status = 0,
+			content_type = '', body = NULL, created_at = excluded.created_at, sandbox_id = NULL, omitted = NULL`,
+		keyID, key, fingerprint, formatTime(now))
 	if err != nil {
+		return nil, false, fmt.Errorf("reserving idempotency key %q: %w", key, err)
+	}
+	if err := pruneIdempotencyKey(ctx, tx, keyID); err != nil {
 		return nil, false, fmt.Errorf("reserving idempotency key %q: %w", key, err)
 	}
 	if err := tx.Commit(); err != nil {
@@ -79,14 +109,26 @@ func (s *Store) ReserveIdempotency(ctx context.Context, keyID, key, fingerprint 
 }
 
 // CompleteIdempotency stores the response of the request that reserved
-// (keyID, key), for replay. status must be positive. A missing record is an
-// error of class errdefs.ErrNotFound.
+// (keyID, key), for replay. status must be positive. A body over
+// MaxIdempotencyBody is not kept, only its size (Idempotency.Omitted). The
+// key's oldest records beyond MaxIdempotencyPerKey and
+// MaxIdempotencyBytesPerKey are deleted in the same transaction. A missing
+// record is an error of class errdefs.ErrNotFound.
 func (s *Store) CompleteIdempotency(ctx context.Context, keyID, key string, status int, contentType string, body []byte) error {
 	if status <= 0 {
 		return fmt.Errorf("completing idempotency key %q: status %d: %w", key, status, errdefs.ErrInvalidArgument)
 	}
-	res, err := s.db.ExecContext(ctx, `UPDATE idempotency SET status = ?, content_type = ?, body = ?
-		WHERE key_id = ? AND key = ?`, status, contentType, body, keyID, key)
+	var omitted any
+	if len(body) > MaxIdempotencyBody {
+		body, omitted = nil, int64(len(body))
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("completing idempotency key %q: %w", key, err)
+	}
+	defer tx.Rollback()
+	res, err := tx.ExecContext(ctx, `UPDATE idempotency SET status = ?, content_type = ?, body = ?, omitted = ?
+		WHERE key_id = ? AND key = ?`, status, contentType, body, omitted, keyID, key)
 	if err != nil {
 		return fmt.Errorf("completing idempotency key %q: %w", key, err)
 	}
@@ -95,7 +137,47 @@ func (s *Store) CompleteIdempotency(ctx context.Context, keyID, key string, stat
 	} else if n == 0 {
 		return fmt.Errorf("completing idempotency key %q: %w", key, errdefs.ErrNotFound)
 	}
+	if err := pruneIdempotencyKey(ctx, tx, keyID); err != nil {
+		return fmt.Errorf("completing idempotency key %q: %w", key, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("completing idempotency key %q: %w", key, err)
+	}
 	return nil
+}
+
+// pruneIdempotencyKey deletes the oldest completed records of keyID while
+// it has more than MaxIdempotencyPerKey records or more than
+// MaxIdempotencyBytesPerKey bytes of answers. Pending records count but
+// stay: their requests are running. The usage row, kept by triggers, makes
+// the common case (within bounds) one read.
+func pruneIdempotencyKey(ctx context.Context, tx *sql.Tx, keyID string) error {
+	for { // each round deletes at least one record or returns
+		var records, bytes int64
+		err := tx.QueryRowContext(ctx, `SELECT records, bytes FROM idempotency_usage WHERE key_id = ?`, keyID).
+			Scan(&records, &bytes)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("reading the key's usage: %w", err)
+		}
+		n := records - int64(maxIdempotencyPerKey)
+		if bytes > MaxIdempotencyBytesPerKey {
+			n = max(n, 16)
+		}
+		if n <= 0 {
+			return nil
+		}
+		res, err := tx.ExecContext(ctx, `DELETE FROM idempotency WHERE key_id = ?1 AND key IN (
+			SELECT key FROM idempotency WHERE key_id = ?1 AND status <> 0 ORDER BY created_at LIMIT ?2)`, keyID, n)
+		if err != nil {
+			return fmt.Errorf("pruning the key's oldest records: %w", err)
+		}
+		if d, err := res.RowsAffected(); err != nil || d == 0 {
+			return err // only pending records left
+		}
+	}
 }
 
 // ReleaseIdempotency drops a pending reservation so that a retry runs the

@@ -46,6 +46,9 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "synchronous(NORMAL)")
 	q.Add("_pragma", "foreign_keys(ON)")
+	// The log is cut back to this after a checkpoint, so a burst of writes
+	// does not leave a large -wal file behind.
+	q.Add("_pragma", "journal_size_limit(67108864)")
 	q.Set("_txlock", "immediate")
 	dsn := (&url.URL{Scheme: "file", Path: filepath.ToSlash(abs), RawQuery: q.Encode()}).String()
 
@@ -76,7 +79,63 @@ func (s *Store) init(ctx context.Context) error {
 	if !strings.EqualFold(mode, "wal") {
 		return fmt.Errorf("journal_mode is %q, want wal", mode)
 	}
+	if err := s.incrementalVacuum(ctx); err != nil {
+		return err
+	}
 	return s.migrate(ctx)
+}
+
+// incrementalVacuum switches the database to auto_vacuum=INCREMENTAL, so
+// that pages freed by pruning can be given back to the file system
+// (Compact). A database made before needs one VACUUM to switch; a new one
+// switches before its first table.
+func (s *Store) incrementalVacuum(ctx context.Context) error {
+	var av int
+	if err := s.db.QueryRowContext(ctx, "PRAGMA auto_vacuum").Scan(&av); err != nil {
+		return fmt.Errorf("reading auto_vacuum: %w", err)
+	}
+	if av == 2 {
+		return nil
+	}
+	// One connection, as the pragma and the VACUUM must meet.
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "PRAGMA auto_vacuum = INCREMENTAL"); err != nil {
+		return fmt.Errorf("setting auto_vacuum: %w", err)
+	}
+	if _, err := conn.ExecContext(ctx, "VACUUM"); err != nil {
+		return fmt.Errorf("vacuuming to set auto_vacuum: %w", err)
+	}
+	return nil
+}
+
+// Compact gives the pages that deletes freed back to the file system and
+// truncates the write-ahead log. The server runs it after the hourly prune.
+func (s *Store) Compact(ctx context.Context) error {
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("compacting the store: %w", err)
+	}
+	defer conn.Close()
+	// incremental_vacuum frees pages one row of its result at a time, so
+	// the rows are read to the end.
+	rows, err := conn.QueryContext(ctx, "PRAGMA incremental_vacuum")
+	if err != nil {
+		return fmt.Errorf("compacting the store: %w", err)
+	}
+	for rows.Next() {
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("compacting the store: %w", err)
+	}
+	if _, err := conn.ExecContext(ctx, "PRAGMA wal_checkpoint(TRUNCATE)"); err != nil {
+		return fmt.Errorf("compacting the store: checkpoint: %w", err)
+	}
+	return nil
 }
 
 // migrations are applied in order; migration i brings the schema to
@@ -157,6 +216,48 @@ CREATE TABLE sandbox_network (
 	// transaction that records the sandbox.
 	`
 ALTER TABLE idempotency ADD COLUMN sandbox_id TEXT;
+`,
+	// 4: key roles, expiry, revocation and rotation. The oldest key named
+	// "admin" is the one the server made for its data dir.
+	`
+ALTER TABLE api_keys ADD COLUMN role TEXT NOT NULL DEFAULT 'tenant';
+ALTER TABLE api_keys ADD COLUMN expires_at TEXT;
+ALTER TABLE api_keys ADD COLUMN revoked_at TEXT;
+ALTER TABLE api_keys ADD COLUMN old_secret_hash TEXT;       -- the secret before a rotation
+ALTER TABLE api_keys ADD COLUMN old_secret_expires_at TEXT; -- until when it still works
+CREATE INDEX api_keys_old_secret ON api_keys (old_secret_hash) WHERE old_secret_hash IS NOT NULL;
+UPDATE api_keys SET role = 'admin'
+	WHERE id = (SELECT id FROM api_keys WHERE name = 'admin' ORDER BY created_at, id LIMIT 1);
+`,
+	// 5: idempotency answers too large to keep, and what each key holds,
+	// kept by triggers so the per-key bounds cost one row read.
+	`
+ALTER TABLE idempotency ADD COLUMN omitted INTEGER; -- bytes of an answer not kept
+CREATE INDEX idempotency_key_created ON idempotency (key_id, created_at);
+CREATE TABLE idempotency_usage (
+	key_id  TEXT PRIMARY KEY,
+	records INTEGER NOT NULL,
+	bytes   INTEGER NOT NULL -- of kept answers
+) STRICT, WITHOUT ROWID;
+INSERT INTO idempotency_usage
+	SELECT key_id, count(*), coalesce(sum(length(body)), 0) FROM idempotency GROUP BY key_id;
+CREATE TRIGGER idempotency_usage_insert AFTER INSERT ON idempotency BEGIN
+	INSERT INTO idempotency_usage VALUES (NEW.key_id, 1, coalesce(length(NEW.body), 0))
+		ON CONFLICT (key_id) DO UPDATE SET records = records + 1, bytes = bytes + excluded.bytes;
+END;
+CREATE TRIGGER idempotency_usage_delete AFTER DELETE ON idempotency BEGIN
+	UPDATE idempotency_usage SET records = records - 1, bytes = bytes - coalesce(length(OLD.body), 0)
+		WHERE key_id = OLD.key_id;
+END;
+CREATE TRIGGER idempotency_usage_update AFTER UPDATE OF body ON idempotency BEGIN
+	UPDATE idempotency_usage SET bytes = bytes - coalesce(length(OLD.body), 0) + coalesce(length(NEW.body), 0)
+		WHERE key_id = NEW.key_id;
+END;
+`,
+	// 6: stopped sandboxes whose files were removed after the retention.
+	`
+ALTER TABLE sandboxes ADD COLUMN disk_removed_at TEXT;
+CREATE INDEX sandboxes_stopped_disk ON sandboxes (ended_at) WHERE state = 'stopped' AND disk_removed_at IS NULL;
 `,
 }
 

@@ -10,7 +10,9 @@ const (
 	CodeCommitting = "upload_committing" // ErrConflict: a commit is under way
 	CodeCommitted  = "upload_committed"  // ErrConflict
 	CodeIncomplete = "upload_incomplete" // ErrConflict; details.missingOffsets and counts
-	CodeTooMany    = "rate_limited"      // ErrConflict: the owner has MaxPerOwner open
+	CodeTooMany    = "rate_limited"      // ErrConflict: the owner has MaxPerOwner open, or its byte quota staged
+	CodeTooLarge   = "too_large"         // ErrInvalidArgument: larger than the server ever stages for one owner
+	CodeFull       = "staging_full"      // ErrUnavailable: the server's budget or free-space reserve is reached
 )
 
 // Issue is one problem with a field of a request, listed in details.issues
@@ -69,4 +71,20 @@ func errChecksum(want, got string) *errdefs.CodedError {
 		WithHint("Send the chunks again and commit, or abort and begin a new upload.")
 	e.Details = map[string]any{"expected": want, "actual": got}
 	return e
+}
+
+func errTooLarge(size, limit int64) *errdefs.CodedError {
+	return errdefs.New(errdefs.ErrInvalidArgument, CodeTooLarge,
+		"An upload of %d bytes is larger than this server stages for one key (%d bytes).", size, limit).
+		WithHint("Split the file, or ask the operator to raise the upload quota.")
+}
+
+func errOwnerBytes(limit int64) *errdefs.CodedError {
+	return errdefs.New(errdefs.ErrConflict, CodeTooMany, "This key's open uploads would stage more than %d bytes.", limit).
+		WithHint("Commit or abort an upload before beginning another; idle uploads end after an hour.")
+}
+
+func errStagingFull() *errdefs.CodedError {
+	return errdefs.New(errdefs.ErrUnavailable, CodeFull, "The server has no room to stage this upload now.").
+		WithHint("Retry later.")
 }

@@ -6,9 +6,11 @@
 // writer the caller gives (the sandbox's guest).
 //
 // An upload belongs to the owner (API key) that began it and to one
-// sandbox, ends after TTL without a call, and an owner may have MaxPerOwner
-// open at once. Errors are errdefs.CodedError with the codes the API
-// answers.
+// sandbox, ends after TTL without a call and MaxAge after it began, and an
+// owner may have MaxPerOwner open at once. The sizes of open uploads are
+// bounded per owner and in all, and a begin never eats into a reserve of
+// free space on the staging file system. Errors are errdefs.CodedError
+// with the codes the API answers.
 package upload
 
 import (
@@ -37,6 +39,12 @@ const (
 	TTL         = time.Hour // an upload ends this long after its last call
 	MaxPathLen  = 4096
 
+	// Defaults of Config's bounds.
+	DefaultMaxBytes         = 16 << 30 // staged by all owners together
+	DefaultMaxBytesPerOwner = 8 << 30  // staged by one owner
+	DefaultFreeReserve      = 2 << 30  // left free on the staging file system
+	DefaultMaxAge           = 6 * time.Hour
+
 	// sweepEvery is how often Run sweeps.
 	sweepEvery = time.Minute
 	// Staging files are <Dir>/upl_<hex>.part; the id is the name's stem.
@@ -44,11 +52,26 @@ const (
 	fileSuffix = ".part"
 )
 
-// Config configures a Store.
+// Config configures a Store. Zero bounds take their defaults.
 type Config struct {
 	Dir    string           // staging directory, created 0700 if missing; required
 	Logger *slog.Logger     // nil discards
 	Now    func() time.Time // nil: time.Now
+
+	// MaxBytes bounds the sizes of all open uploads together, and
+	// MaxBytesPerOwner those of one owner: staging files are sparse, but
+	// each will grow to its size.
+	MaxBytes         int64
+	MaxBytesPerOwner int64
+	// FreeReserve is left free on the staging file system: a begin is
+	// refused if its size and what open uploads still have to write would
+	// eat into it, a chunk if the free space is below half of it.
+	FreeReserve int64
+	// MaxAge ends an upload this long after it began, however busy.
+	MaxAge time.Duration
+	// FreeSpace returns the bytes available to the server in dir; nil
+	// asks the file system (statfs).
+	FreeSpace func(dir string) (int64, error)
 }
 
 // Spec describes the file an upload writes when committed.
@@ -106,6 +129,7 @@ type upload[E any] struct {
 
 	// Guarded by Store.mu.
 	state    state
+	began    time.Time
 	have     []bool // chunk i arrived
 	received int
 	writing  int // chunk writes in flight
@@ -116,8 +140,17 @@ type upload[E any] struct {
 
 // expired reports whether u ended for lack of calls. An upload with work
 // in flight never does.
-func (u *upload[E]) expired(now time.Time) bool {
-	return u.state != creating && u.state != committing && u.writing == 0 && now.Sub(u.lastUsed) >= TTL
+func (u *upload[E]) expired(now time.Time, maxAge time.Duration) bool {
+	return u.state != creating && u.state != committing && u.writing == 0 &&
+		(now.Sub(u.lastUsed) >= TTL || now.Sub(u.began) >= maxAge)
+}
+
+// staged reports whether u holds (or will hold) staging bytes.
+func (u *upload[E]) staged() bool { return u.state != committed }
+
+// unwritten is an estimate of the bytes u's staging file has yet to take.
+func (u *upload[E]) unwritten() int64 {
+	return max(0, u.size-int64(u.received)*ChunkSize)
 }
 
 // Store keeps the uploads of one server. E is what the commit's writer
@@ -126,6 +159,7 @@ type Store[E any] struct {
 	dir string
 	log *slog.Logger
 	now func() time.Time
+	cfg Config
 
 	mu   sync.Mutex
 	cond *sync.Cond // signalled when a chunk write ends
@@ -138,7 +172,22 @@ func New[E any](cfg Config) (*Store[E], error) {
 	if cfg.Dir == "" {
 		return nil, errors.New("upload: no staging directory")
 	}
-	s := &Store[E]{dir: cfg.Dir, log: cfg.Logger, now: cfg.Now, byID: map[string]*upload[E]{}}
+	if cfg.MaxBytes == 0 {
+		cfg.MaxBytes = DefaultMaxBytes
+	}
+	if cfg.MaxBytesPerOwner == 0 {
+		cfg.MaxBytesPerOwner = DefaultMaxBytesPerOwner
+	}
+	if cfg.FreeReserve == 0 {
+		cfg.FreeReserve = DefaultFreeReserve
+	}
+	if cfg.MaxAge == 0 {
+		cfg.MaxAge = DefaultMaxAge
+	}
+	if cfg.FreeSpace == nil {
+		cfg.FreeSpace = freeSpace
+	}
+	s := &Store[E]{dir: cfg.Dir, log: cfg.Logger, now: cfg.Now, cfg: cfg, byID: map[string]*upload[E]{}}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -187,7 +236,7 @@ func (s *Store[E]) sweepExpired() {
 	var names []string
 	s.mu.Lock()
 	for id, u := range s.byID {
-		if u.expired(now) {
+		if u.expired(now, s.cfg.MaxAge) {
 			delete(s.byID, id)
 			f, name := u.detachLocked()
 			dead, names = append(dead, f), append(names, name)
@@ -262,20 +311,41 @@ func (s *Store[E]) Begin(spec Spec) (*Upload, error) {
 		id: id, owner: spec.Owner, sandboxID: spec.SandboxID, path: spec.Path,
 		size: spec.Size, sha256: sum, mode: spec.Mode,
 		name:  filepath.Join(s.dir, id+fileSuffix),
-		state: creating, have: make([]bool, chunks(spec.Size)), lastUsed: now,
+		state: creating, began: now, have: make([]bool, chunks(spec.Size)), lastUsed: now,
+	}
+	if spec.Size > s.cfg.MaxBytesPerOwner || spec.Size > s.cfg.MaxBytes {
+		return nil, errTooLarge(spec.Size, min(s.cfg.MaxBytesPerOwner, s.cfg.MaxBytes))
+	}
+	avail, err := s.cfg.FreeSpace(s.dir)
+	if err != nil {
+		return nil, fmt.Errorf("staging upload: free space: %w: %w", err, errdefs.ErrInternal)
 	}
 	// Take the slot before touching the disk, so that a burst of begins
-	// cannot go past the limit.
+	// cannot go past the limits.
 	s.mu.Lock()
 	n := 0
+	var owned, all, pending int64
 	for _, o := range s.byID {
-		if o.owner == spec.Owner && o.state != committed {
+		if !o.staged() {
+			continue
+		}
+		all += o.size
+		pending += o.unwritten()
+		if o.owner == spec.Owner {
 			n++
+			owned += o.size
 		}
 	}
-	if n >= MaxPerOwner {
+	switch {
+	case n >= MaxPerOwner:
 		s.mu.Unlock()
 		return nil, errTooMany()
+	case owned+spec.Size > s.cfg.MaxBytesPerOwner:
+		s.mu.Unlock()
+		return nil, errOwnerBytes(s.cfg.MaxBytesPerOwner)
+	case all+spec.Size > s.cfg.MaxBytes || avail-pending-spec.Size < s.cfg.FreeReserve:
+		s.mu.Unlock()
+		return nil, errStagingFull()
 	}
 	s.byID[id] = u
 	s.mu.Unlock()
@@ -289,7 +359,7 @@ func (s *Store[E]) Begin(spec Spec) (*Upload, error) {
 	}
 	u.file, u.state = f, open
 	return &Upload{ID: id, Path: u.path, Size: u.size, SHA256: sum, Mode: u.mode,
-		Chunks: len(u.have), ExpiresAt: now.Add(TTL)}, nil
+		Chunks: len(u.have), ExpiresAt: now.Add(min(TTL, s.cfg.MaxAge))}, nil
 }
 
 func checkSpec(spec Spec, sum string) error {
@@ -358,7 +428,7 @@ func createStaging(dir, name string, size int64) (*os.File, error) {
 // is not found even before a sweep removes it.
 func (s *Store[E]) lookupLocked(owner, sandboxID, id string) (*upload[E], error) {
 	u := s.byID[id]
-	if u == nil || u.owner != owner || u.sandboxID != sandboxID || u.state == creating || u.expired(s.now()) {
+	if u == nil || u.owner != owner || u.sandboxID != sandboxID || u.state == creating || u.expired(s.now(), s.cfg.MaxAge) {
 		return nil, errNotFound(id)
 	}
 	return u, nil
@@ -392,6 +462,12 @@ func (s *Store[E]) Put(owner, sandboxID, id string, off int64, data []byte) (*Pr
 	if err := checkChunk(u.size, off, len(data)); err != nil {
 		s.mu.Unlock()
 		return nil, err
+	}
+	// Begin counted on this space; if something else took it since, the
+	// host's disk comes first.
+	if avail, err := s.cfg.FreeSpace(s.dir); err == nil && avail-int64(len(data)) < s.cfg.FreeReserve/2 {
+		s.mu.Unlock()
+		return nil, errStagingFull()
 	}
 	u.writing++
 	u.lastUsed = s.now()

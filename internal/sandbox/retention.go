@@ -1,0 +1,102 @@
+package sandbox
+
+import (
+	"context"
+	"os"
+	"time"
+)
+
+// DefaultStoppedDiskRetention is how long a stopped sandbox's disk is kept
+// when Config.StoppedDiskRetention is zero.
+const DefaultStoppedDiskRetention = 24 * time.Hour
+
+// retentionTick is how often RunDiskRetention looks for disks to remove.
+const retentionTick = time.Minute
+
+// DiskStore is what disk retention needs from the store beyond Store;
+// store.Store implements it.
+type DiskStore interface {
+	// StoppedWithDisks lists the stopped sandboxes that ended before
+	// endedBefore and still have their files.
+	StoppedWithDisks(ctx context.Context, endedBefore time.Time) ([]string, error)
+	// MarkDiskRemoved records a stopped sandbox's files gone; false if it
+	// is not stopped or was marked already.
+	MarkDiskRemoved(ctx context.Context, id string, at time.Time) (bool, error)
+	// KeptDisks counts the stopped sandboxes of owner ("" for all) whose
+	// disks are kept, and their disks' MiB.
+	KeptDisks(ctx context.Context, owner string) (count int, diskMiB int64, err error)
+}
+
+func (m *Manager) retention() time.Duration {
+	if m.cfg.StoppedDiskRetention == 0 {
+		return DefaultStoppedDiskRetention
+	}
+	return m.cfg.StoppedDiskRetention
+}
+
+// RunDiskRetention removes the files of stopped sandboxes once they have
+// been stopped for the retention, every minute until ctx ends. A negative
+// retention keeps them.
+func (m *Manager) RunDiskRetention(ctx context.Context) {
+	if m.retention() < 0 {
+		return
+	}
+	t := time.NewTicker(retentionTick)
+	defer t.Stop()
+	for {
+		m.RemoveStoppedDisks(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// RemoveStoppedDisks removes the files (disk, sockets, console logs) of
+// every sandbox stopped for longer than the retention, records it with a
+// disk_removed event, and returns their ids. The record stays. The files
+// go first and the mark after, so a crash in between only repeats the
+// (harmless) removal.
+func (m *Manager) RemoveStoppedDisks(ctx context.Context) []string {
+	ds, ok := m.cfg.Store.(DiskStore)
+	if !ok || m.retention() < 0 {
+		return nil
+	}
+	now := m.now()
+	ids, err := ds.StoppedWithDisks(ctx, now.Add(-m.retention()))
+	if err != nil {
+		m.log.Error("listing stopped sandboxes' disks", "err", err)
+		return nil
+	}
+	var removed []string
+	for _, id := range ids {
+		if err := os.RemoveAll(m.dir(id)); err != nil {
+			m.log.Error("removing a stopped sandbox's disk", "sandbox_id", id, "err", err)
+			continue
+		}
+		ok, err := ds.MarkDiskRemoved(ctx, id, now)
+		if err != nil {
+			m.log.Error("recording a stopped sandbox's disk removed", "sandbox_id", id, "err", err)
+			continue
+		}
+		if ok {
+			m.log.Info("removed a stopped sandbox's disk after the retention", "sandbox_id", id)
+			m.event(id, "disk_removed", "disk removed after the stopped-disk retention",
+				map[string]any{"retentionSeconds": int64(m.retention().Seconds())})
+			removed = append(removed, id)
+		}
+	}
+	return removed
+}
+
+// KeptDisks counts owner's stopped sandboxes whose disks are still kept
+// (they are removed after the retention), and the MiB those disks may
+// hold, for quotas: a kept disk takes host disk like a live one.
+func (m *Manager) KeptDisks(ctx context.Context, owner string) (count int, diskMiB int64, err error) {
+	ds, ok := m.cfg.Store.(DiskStore)
+	if !ok {
+		return 0, 0, nil
+	}
+	return ds.KeptDisks(ctx, owner)
+}

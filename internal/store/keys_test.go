@@ -1,0 +1,96 @@
+package store
+
+import (
+	"testing"
+	"time"
+
+	"github.com/emberbox/emberbox/internal/errdefs"
+)
+
+// Revoked and expired keys do not authenticate; a rotated key keeps its id
+// and its old secret works only during the grace period.
+func TestKeyLifecycle(t *testing.T) {
+	s, _ := openTest(t)
+	ctx := t.Context()
+	now := base
+	s.now = func() time.Time { return now }
+
+	admin, adminSecret, err := s.NewKey("admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin.Role = RoleAdmin
+	if err := s.InsertKey(ctx, admin, adminSecret); err != nil {
+		t.Fatal(err)
+	}
+	if k, err := s.AuthenticateKey(ctx, adminSecret); err != nil || k.Role != RoleAdmin {
+		t.Errorf("admin key: %+v, %v", k, err)
+	}
+	bad := admin
+	bad.ID, bad.Role = "key_bad", "root"
+	if err := s.InsertKey(ctx, bad, "x"); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("InsertKey(role root) = %v, want invalid", err)
+	}
+
+	// Expiry.
+	exp, expSecret, _ := s.NewKey("ci")
+	until := now.Add(time.Hour)
+	exp.ExpiresAt = &until
+	if err := s.InsertKey(ctx, exp, expSecret); err != nil {
+		t.Fatal(err)
+	}
+	if k, err := s.AuthenticateKey(ctx, expSecret); err != nil || k.Role != RoleTenant {
+		t.Errorf("before expiry: %+v, %v", k, err)
+	}
+	now = now.Add(time.Hour)
+	if _, err := s.AuthenticateKey(ctx, expSecret); !errdefs.IsNotFound(err) || errdefs.Code(err) != "key_expired" {
+		t.Errorf("after expiry: %v, want key_expired", err)
+	}
+	if _, err := s.SetKeyExpiry(ctx, exp.ID, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AuthenticateKey(ctx, expSecret); err != nil {
+		t.Errorf("expiry lifted: %v", err)
+	}
+
+	// Rotation with a grace period, then revocation.
+	k, newSecret, err := s.RotateKey(ctx, exp.ID, 10*time.Minute)
+	if err != nil || k.ID != exp.ID || newSecret == expSecret {
+		t.Fatalf("RotateKey = %+v, %v", k, err)
+	}
+	for _, sec := range []string{expSecret, newSecret} {
+		if k, err := s.AuthenticateKey(ctx, sec); err != nil || k.ID != exp.ID {
+			t.Errorf("in grace: %+v, %v", k, err)
+		}
+	}
+	now = now.Add(10 * time.Minute)
+	if _, err := s.AuthenticateKey(ctx, expSecret); !errdefs.IsNotFound(err) {
+		t.Errorf("old secret after grace: %v, want not found", err)
+	}
+	if _, err := s.AuthenticateKey(ctx, newSecret); err != nil {
+		t.Errorf("new secret: %v", err)
+	}
+	if _, second, err := s.RotateKey(ctx, exp.ID, 0); err != nil {
+		t.Fatal(err)
+	} else if _, err := s.AuthenticateKey(ctx, newSecret); !errdefs.IsNotFound(err) {
+		t.Errorf("rotation without grace: old secret %v, want not found", err)
+	} else {
+		newSecret = second
+	}
+	if k, err := s.RevokeKey(ctx, exp.ID); err != nil || k.RevokedAt == nil {
+		t.Fatalf("RevokeKey = %+v, %v", k, err)
+	}
+	if _, err := s.AuthenticateKey(ctx, newSecret); errdefs.Code(err) != "key_revoked" {
+		t.Errorf("revoked: %v, want key_revoked", err)
+	}
+	if _, _, err := s.RotateKey(ctx, exp.ID, 0); !errdefs.IsConflict(err) {
+		t.Errorf("rotating a revoked key: %v, want conflict", err)
+	}
+	if _, err := s.RevokeKey(ctx, "key_nope"); !errdefs.IsNotFound(err) {
+		t.Errorf("revoking an unknown key: %v, want not found", err)
+	}
+	keys, err := s.ListKeys(ctx)
+	if err != nil || len(keys) != 2 || keys[1].RevokedAt == nil {
+		t.Errorf("ListKeys = %+v, %v", keys, err)
+	}
+}
