@@ -801,7 +801,7 @@ func (m *Manager) delete(ctx context.Context, id, reason string) (*Sandbox, erro
 func (m *Manager) finishDelete(ctx context.Context, id string) (*Sandbox, error) {
 	m.endVM(id)
 	faultpoint.Hit("delete.vm_ended")
-	if err := os.RemoveAll(m.dir(id)); err != nil {
+	if err := removeAll(m.dir(id)); err != nil {
 		// The record stays deleting, and the next start tries again.
 		return nil, fmt.Errorf("removing the files of sandbox %s: %w", id, err)
 	}
@@ -823,6 +823,20 @@ func (m *Manager) finishDelete(ctx context.Context, id string) (*Sandbox, error)
 		m.event(id, "deleted", "sandbox deleted", map[string]any{"reason": sb.StopReason})
 	}
 	return sb, err
+}
+
+// removeAll removes dir, trying again a few times: a file can appear while
+// it is being emptied (a late log line of a VM that has just ended), which
+// makes the final rmdir fail with ENOTEMPTY.
+func removeAll(dir string) error {
+	var err error
+	for range 5 {
+		if err = os.RemoveAll(dir); err == nil {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return err
 }
 
 // Extend implements api.Manager.Extend.

@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -357,7 +358,7 @@ func (d *Driver) Start(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) 
 	}
 	defer outW.Close()
 
-	m := &machine{d: d, id: spec.ID, dir: spec.Dir, accel: d.accel, done: make(chan struct{})}
+	m := &machine{d: d, id: spec.ID, dir: spec.Dir, accel: d.accel, exited: make(chan struct{}), done: make(chan struct{})}
 	cmd := exec.Command(d.cfg.QEMU)
 	cmd.Stdout, cmd.Stderr = outW, outW
 	cmd.ExtraFiles = socks // agentFD, consoleFD
@@ -390,8 +391,8 @@ func (d *Driver) Start(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) 
 		m.ended()
 	}()
 	d.log.Info("vm started", "sandbox_id", spec.ID, "pid", m.pid, "accel", d.accel, "uid", m.uid, "confined", d.jail != nil)
-	go copyOutput(outR, spec.Dir)
-	go m.copyConsole()
+	m.copy(func() { copyOutput(outR, spec.Dir) })
+	m.copy(m.copyConsole)
 	return m, nil
 }
 
@@ -408,7 +409,7 @@ func (d *Driver) Attach(ctx context.Context, spec vmm.Spec, rec []byte) (vmm.Mac
 		return nil, err
 	}
 	m := &machine{d: d, id: spec.ID, dir: spec.Dir, pid: r.PID, startTime: r.StartTime, accel: r.Accel, uid: r.UID,
-		cgroup: d.jail != nil || r.UID != 0, done: make(chan struct{})}
+		cgroup: d.jail != nil || r.UID != 0, exited: make(chan struct{}), done: make(chan struct{})}
 	if d.jail != nil && r.UID != 0 {
 		d.jail.uids.hold(r.UID)
 	}
@@ -423,9 +424,9 @@ func (d *Driver) Attach(ctx context.Context, spec vmm.Spec, rec []byte) (vmm.Mac
 		m.ended()
 	}()
 	if outR, err := reopenOutput(spec.Dir); err == nil {
-		go copyOutput(outR, spec.Dir)
+		m.copy(func() { copyOutput(outR, spec.Dir) })
 	}
-	go m.copyConsole()
+	m.copy(m.copyConsole)
 	return m, nil
 }
 
@@ -456,15 +457,38 @@ type machine struct {
 	pid       int
 	startTime uint64
 	accel     string
-	uid       int  // the VM's own uid, 0 if unconfined
-	cgroup    bool // whether it has a cgroup to remove (named after the sandbox)
-	done      chan struct{}
+	uid       int            // the VM's own uid, 0 if unconfined
+	cgroup    bool           // whether it has a cgroup to remove (named after the sandbox)
+	exited    chan struct{}  // closed when the VMM process has exited
+	logs      sync.WaitGroup // the copiers of its console and output
+	done      chan struct{}  // closed once exited and everything it left is settled
+}
+
+// copy runs one of the machine's log copiers. They write into the
+// sandbox's directory, so Done waits for them: once it is closed, nothing
+// of this machine writes there (a delete can remove the directory).
+func (m *machine) copy(f func()) {
+	m.logs.Add(1)
+	go func() {
+		defer m.logs.Done()
+		f()
+	}()
 }
 
 // ended runs once the VMM process has exited: its cgroup is removed and
 // its uid freed before Done is closed, so a new boot of the same sandbox
 // never meets them.
 func (m *machine) ended() {
+	close(m.exited)
+	// The copiers see EOF (or m.exited) at once; the bound only guards
+	// against a log write stuck on a failing disk.
+	copied := make(chan struct{})
+	go func() { m.logs.Wait(); close(copied) }()
+	select {
+	case <-copied:
+	case <-time.After(10 * time.Second):
+		m.d.log.Warn("vm log copiers still running after exit", "sandbox_id", m.id)
+	}
 	if m.cgroup {
 		m.d.removeCgroup(m.id)
 	}
@@ -562,13 +586,26 @@ func (m *machine) signal(sig unix.Signal) error {
 // generations of consoleLimit bytes, until the VM exits.
 func (m *machine) copyConsole() {
 	ctx, cancel := context.WithCancel(context.Background())
-	go func() { <-m.done; cancel() }()
-	c, err := dialUnix(ctx, m.dir, consoleSock, m.done)
+	defer cancel()
+	go func() {
+		select {
+		case <-m.exited:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	c, err := dialUnix(ctx, m.dir, consoleSock, m.exited)
 	if err != nil {
 		return
 	}
 	defer c.Close()
-	go func() { <-m.done; c.Close() }()
+	go func() {
+		select {
+		case <-m.exited:
+			c.Close()
+		case <-ctx.Done():
+		}
+	}()
 	w := &boundedLog{path: filepath.Join(m.dir, ConsoleLog), limit: consoleLimit}
 	defer w.Close()
 	buf := make([]byte, 16<<10)
