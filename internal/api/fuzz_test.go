@@ -44,9 +44,23 @@ func (m fuzzManager) SetNetwork(ctx context.Context, owner, id string, p egress.
 // key_b's, and one that does not exist.
 var fuzzIDs = []string{"sbx_run", "sbx_stopped", "sbx_start", "sbx_b", "sbx_none"}
 
-// newFuzzServer returns a server over a fresh fake manager holding
-// fuzzIDs, and its upload staging directory.
-func newFuzzServer(t testing.TB) (*server, *fakeManager, string) {
+// fuzzServer is one server for all the inputs of a fuzzing process:
+// building its routes and OpenAPI document costs more than an input, so
+// each input gets only a fresh manager, idempotency store and staging.
+type fuzzServer struct {
+	s   *server
+	dir string // upload staging
+}
+
+func newFuzzServer(tb testing.TB) *fuzzServer {
+	fs := &fuzzServer{dir: tb.TempDir()}
+	fs.s = newServer(Config{Manager: fuzzManager{newFakeManager()}, Keys: fakeKeys{}, Version: "test",
+		Accel: func() string { return "tcg" }})
+	return fs
+}
+
+// reset gives the server a fresh manager holding fuzzIDs and returns it.
+func (fs *fuzzServer) reset(t *testing.T) *fakeManager {
 	m := newFakeManager()
 	m.add("key_a", "sbx_run", sandbox.StateRunning, 30*time.Minute)
 	m.add("key_a", "sbx_stopped", sandbox.StateStopped, time.Minute)
@@ -56,14 +70,13 @@ func newFuzzServer(t testing.TB) (*server, *fakeManager, string) {
 	zero := 0
 	m.execResult = sandbox.ExecResult{ProcessID: "p1", ExitCode: &zero, Stdout: []byte("hi\n"), Stderr: []byte{0xff}, State: "exited"}
 	m.execEvents = []sandbox.Event{{Type: "start", ProcessID: "p1"}, {Type: "stdout", Data: []byte("hi\xff")}, {Type: "exit", Offset: 3, Exit: &m.execResult}}
-	dir := t.TempDir()
-	u, err := NewUploads(upload.Config{Dir: dir})
+	// A new store removes the staging files the last input left.
+	u, err := NewUploads(upload.Config{Dir: fs.dir})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := newServer(Config{Manager: fuzzManager{m}, Keys: fakeKeys{}, Idempotency: newFakeIdem(), Version: "test",
-		Accel: func() string { return "tcg" }, Uploads: u})
-	return s, m, dir
+	fs.s.mgr, fs.s.idem, fs.s.uploads = fuzzManager{m}, newFakeIdem(), u
+	return m
 }
 
 // muxClean is the path ServeMux serves without redirecting.
@@ -163,8 +176,8 @@ func checkAnswer(t *testing.T, rt *route, w *httptest.ResponseRecorder, hostDir 
 // the create, exec, process, files, network and upload decoders and every
 // query parser.
 func FuzzAPIRequest(f *testing.F) {
-	s, _, _ := newFuzzServer(f)
-	routes := s.routes
+	fs := newFuzzServer(f)
+	routes := fs.s.routes
 	add := func(method, p, query, body string) {
 		for i, rt := range routes {
 			if rt.Method == method && rt.Path == p {
@@ -205,7 +218,8 @@ func FuzzAPIRequest(f *testing.F) {
 	f.Add(uint8(2), "..", "", []byte(nil))
 	f.Add(uint8(3), "a/b:stop", "", []byte("{}"))
 	f.Fuzz(func(t *testing.T, sel uint8, id, query string, body []byte) {
-		s, _, dir := newFuzzServer(t)
+		fs.reset(t)
+		s, dir := fs.s, fs.dir
 		rt := &s.routes[int(sel)%len(s.routes)]
 		if id == "" {
 			id = fuzzIDs[int(sel)/len(s.routes)%len(fuzzIDs)]
@@ -241,6 +255,7 @@ func FuzzFilePath(f *testing.F) {
 	for _, m := range []string{"", "0", "7777", "10000", "8", "-1", "+7", "0o7", "1_0", " 7", "07777"} {
 		f.Add("a", m)
 	}
+	fs := newFuzzServer(f)
 	f.Fuzz(func(t *testing.T, p, mode string) {
 		valid := p != "" && len(p) <= maxPathLen && !strings.Contains(p, "\x00")
 		issues := pathIssue("path", p)
@@ -273,7 +288,8 @@ func FuzzFilePath(f *testing.F) {
 		if !valid {
 			return
 		}
-		s, fm, dir := newFuzzServer(t)
+		fm := fs.reset(t)
+		s, dir := fs.s, fs.dir
 		fm.files["sbx_run\x00"+p] = []byte("x")
 		r := httptest.NewRequest("GET", "/v1/sandboxes/sbx_run/files/stat?"+url.Values{"path": {p}}.Encode(), nil)
 		r.Header.Set("Authorization", "Bearer secret-a")
@@ -301,6 +317,7 @@ func FuzzIdempotencyKey(f *testing.F) {
 	f.Add(strings.Repeat("k", 129), []byte("{}"), []byte("{}"))
 	f.Add("bad key", []byte("{}"), []byte("{}"))
 	f.Add("ключ", []byte("{}"), []byte("{}"))
+	fs := newFuzzServer(f)
 	f.Fuzz(func(t *testing.T, key string, body, body2 []byte) {
 		if validIdempotencyKey(key) != idempotencyKeyRE.MatchString(key) {
 			t.Fatalf("validIdempotencyKey(%q) = %v", key, validIdempotencyKey(key))
@@ -324,7 +341,8 @@ func FuzzIdempotencyKey(f *testing.F) {
 		if key == "" || strings.ContainsAny(key, "\r\n\x00") {
 			return
 		}
-		s, _, dir := newFuzzServer(t)
+		fs.reset(t)
+		s, dir := fs.s, fs.dir
 		send := func(b []byte) *httptest.ResponseRecorder {
 			r := httptest.NewRequest("POST", target, bytes.NewReader(b))
 			r.Header.Set("Authorization", "Bearer secret-a")
