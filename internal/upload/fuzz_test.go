@@ -32,13 +32,16 @@ func FuzzUpload(f *testing.F) {
 	f.Add(int64(MaxSize), int64(MaxSize-ChunkSize), ChunkSize, uint8(3), []byte{0, 2, 'c', 0, 1, 'b', 0, 0, 'a', 3, 0, 0, 3, 0, 0, 4, 0, 0})
 	f.Add(int64(-1), int64(-ChunkSize), -1, uint8(1), []byte{1, 0, 7, 2, 0, 9, 5, 0, 0, 4, 0, 0, 0, 0, 'a'})
 	f.Add(int64(1<<62), int64(1<<62-ChunkSize), ChunkSize, uint8(2), []byte{0, 1, 'x', 3, 0, 0, 0, 1, 'b', 0, 0, 'a', 3, 0, 0})
+	// One staging directory serves every input: New removes what the last
+	// one left.
+	dir := filepath.Join(f.TempDir(), "uploads")
 	f.Fuzz(func(t *testing.T, size, off int64, n int, chunks uint8, ops []byte) {
 		err := checkChunk(size, off, n)
 		valid := off >= 0 && off%ChunkSize == 0 && off < size && int64(n) == min(ChunkSize, size-off)
 		if (err == nil) != valid || err != nil && errdefs.Code(err) != CodeInvalid {
 			t.Fatalf("checkChunk(%d, %d, %d) = %v", size, off, n, err)
 		}
-		runUpload(t, int(chunks)%(fuzzMaxChunks+1), size, ops)
+		runUpload(t, dir, int(chunks)%(fuzzMaxChunks+1), size, ops)
 	})
 }
 
@@ -47,10 +50,10 @@ func chunkData(size int64, i int, b byte) []byte {
 	return bytes.Repeat([]byte{b}, int(min(ChunkSize, size-int64(i)*ChunkSize)))
 }
 
-// runUpload runs ops (3 bytes each) on an upload of nchunks chunks whose
-// last is short by tail bytes, promising the SHA-256 of chunk i filled with
-// 'a'+i.
-func runUpload(t *testing.T, nchunks int, tail int64, ops []byte) {
+// runUpload runs ops (3 bytes each) on an upload staged in dir of nchunks
+// chunks whose last is short by tail bytes, promising the SHA-256 of chunk i
+// filled with 'a'+i.
+func runUpload(t *testing.T, dir string, nchunks int, tail int64, ops []byte) {
 	size := int64(nchunks) * ChunkSize
 	if size > 0 {
 		size -= (tail%ChunkSize + ChunkSize) % ChunkSize
@@ -60,7 +63,6 @@ func runUpload(t *testing.T, nchunks int, tail int64, ops []byte) {
 		want = append(want, chunkData(size, i, 'a'+byte(i))...)
 	}
 	sum := sha256.Sum256(want)
-	dir := filepath.Join(t.TempDir(), "uploads")
 	s, err := New[[]byte](Config{Dir: dir})
 	if err != nil {
 		t.Fatal(err)
