@@ -193,8 +193,9 @@ func pipe(c net.Conn, br *bufio.Reader, up net.Conn) {
 func splitTarget(hostport string, defPort int) (string, int, error) {
 	host, ps, err := net.SplitHostPort(hostport)
 	if err != nil {
-		if strings.Contains(err.Error(), "missing port") {
-			return strings.Trim(hostport, "[]"), defPort, nil
+		// An empty host would be handed to the resolver.
+		if h := strings.Trim(hostport, "[]"); h != "" && strings.Contains(err.Error(), "missing port") {
+			return h, defPort, nil
 		}
 		return "", 0, fmt.Errorf("bad target %q", hostport)
 	}
