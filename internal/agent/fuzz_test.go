@@ -375,11 +375,7 @@ func (fa *fuzzAgent) checkAnswer(t *testing.T, req *agentproto.Request, b []byte
 		ok = rep.Process != nil && rep.Process.ID == req.Process.ID
 	case agentproto.MethodFileList:
 		ok = true // an empty listing carries no entries
-		limit := req.File.Limit
-		if limit <= 0 {
-			limit = defaultListLimit
-		}
-		if len(rep.Entries) > min(limit, maxListLimit) {
+		if limit := agentproto.ListLimit(req.File.Limit); len(rep.Entries) > limit {
 			t.Fatalf("list: %d entries, limit %d", len(rep.Entries), req.File.Limit)
 		}
 		dir := resolvePath(fa.home, req.File.Path)
