@@ -20,6 +20,9 @@ go test -count=1 -timeout 45m ./...
 echo "== go test -race: the packages whose interleavings matter (no VMs)"
 go test -race -short -count=1 ./internal/sandbox/ ./internal/store/ ./internal/api/ ./internal/guest/ ./internal/upload/ ./internal/egress/
 
+echo "== fuzz: every fuzz target briefly (crashers found earlier run above as test cases)"
+./scripts/fuzz.sh 5
+
 echo "== conformance: withruntime SDK and smolagents against a live server"
 python3 -m pip install -q --disable-pip-version-check -r tests/conformance/requirements.txt
 python3 -m pytest -q tests/conformance

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
@@ -53,6 +54,10 @@ func pathIssue(field, p string) []issue {
 		return []issue{{Path: field, Message: fmt.Sprintf("must be at most %d bytes", maxPathLen)}}
 	case strings.IndexByte(p, 0) >= 0:
 		return []issue{{Path: field, Message: "must not contain NUL"}}
+	case !utf8.ValidString(p):
+		// Answers are JSON: a path that is not UTF-8 could not be named
+		// back to the caller as it was sent.
+		return []issue{{Path: field, Message: "must be valid UTF-8"}}
 	}
 	return nil
 }

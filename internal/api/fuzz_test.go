@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"unicode/utf8"
 	"testing"
 	"time"
 
@@ -257,7 +258,7 @@ func FuzzFilePath(f *testing.F) {
 	}
 	fs := newFuzzServer(f)
 	f.Fuzz(func(t *testing.T, p, mode string) {
-		valid := p != "" && len(p) <= maxPathLen && !strings.Contains(p, "\x00")
+		valid := p != "" && len(p) <= maxPathLen && !strings.Contains(p, "\x00") && utf8.ValidString(p)
 		issues := pathIssue("path", p)
 		if (issues == nil) != valid {
 			t.Fatalf("pathIssue(%q) = %v", p, issues)
