@@ -20,7 +20,7 @@ import (
 // Limits are what a group may use.
 type Limits struct {
 	MemoryBytes int64 // hard ceiling; past it the kernel's OOM killer ends a task of the group
-	CPUs        int   // CPU time per period, in whole CPUs; 0 leaves it unlimited
+	MilliCPUs   int   // CPU time per period, in thousandths of a CPU; 0 leaves it unlimited
 	Pids        int   // most tasks (threads count); 0 leaves it unlimited
 	IOWeight    int   // 1–10000 (v2 units; 100 is the default); 0 leaves it alone
 }

@@ -55,7 +55,7 @@ func TestV1(t *testing.T) {
 	// The memsw file of a real group exists from its creation; here the
 	// test makes it where the group will be.
 	touch(t, filepath.Join(root, "memory/jobs/42/emberbox/sbx_1/memory.memsw.limit_in_bytes"))
-	g, err := m.Create("sbx_1", Limits{MemoryBytes: 5 << 30, CPUs: 2, Pids: 256, IOWeight: 100})
+	g, err := m.Create("sbx_1", Limits{MemoryBytes: 5 << 30, MilliCPUs: 2000, Pids: 256, IOWeight: 100})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestV2(t *testing.T) {
 		t.Errorf("subtree_control = %q", b)
 	}
 	touch(t, filepath.Join(svc, "emberbox", "sbx_2", "io.weight"))
-	g, err := m.Create("sbx_2", Limits{MemoryBytes: 1 << 30, CPUs: 1, Pids: 64, IOWeight: 50})
+	g, err := m.Create("sbx_2", Limits{MemoryBytes: 1 << 30, MilliCPUs: 1000, Pids: 64, IOWeight: 50})
 	if err != nil {
 		t.Fatal(err)
 	}

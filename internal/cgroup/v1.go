@@ -109,12 +109,12 @@ func (m *V1) limit(g *Group, l Limits) error {
 			return err
 		}
 	}
-	if l.CPUs > 0 {
+	if l.MilliCPUs > 0 {
 		cpu := g.Dir("cpu")
 		if err := write(cpu, "cpu.cfs_period_us", strconv.Itoa(cfsPeriod)); err != nil {
 			return err
 		}
-		if err := write(cpu, "cpu.cfs_quota_us", strconv.Itoa(l.CPUs*cfsPeriod)); err != nil {
+		if err := write(cpu, "cpu.cfs_quota_us", strconv.Itoa(l.MilliCPUs*cfsPeriod/1000)); err != nil {
 			return err
 		}
 	}

@@ -145,8 +145,8 @@ func (m *V2) limit(d string, l Limits) error {
 			return err
 		}
 	}
-	if l.CPUs > 0 {
-		if err := write(d, "cpu.max", fmt.Sprintf("%d %d", l.CPUs*cfsPeriod, cfsPeriod)); err != nil {
+	if l.MilliCPUs > 0 {
+		if err := write(d, "cpu.max", fmt.Sprintf("%d %d", l.MilliCPUs*cfsPeriod/1000, cfsPeriod)); err != nil {
 			return err
 		}
 	}

@@ -244,7 +244,7 @@ func buildHostile(t *testing.T) []byte {
 
 // probeBystander runs an exec in the other sandbox and fails t unless it
 // answers within bystanderDeadline.
-func probeBystander(t *testing.T, c *client, id string) {
+func probeBystander(t *testing.T, c *client, id string) time.Duration {
 	t.Helper()
 	start := time.Now()
 	r := c.raw(t, "POST", "/v1/sandboxes/"+id+":exec", execReq{Command: "echo ok"}, nil, 30*time.Second)
@@ -254,6 +254,7 @@ func probeBystander(t *testing.T, c *client, id string) {
 	} else if took > bystanderDeadline {
 		t.Errorf("bystander exec took %s, bound %s", took, bystanderDeadline)
 	}
+	return took
 }
 
 // rssMonitor samples a process's resident memory.

@@ -265,3 +265,18 @@ func (d *Driver) Confinement() Confinement {
 	}
 	return c
 }
+
+// cpuCeiling is a VM's CPU quota in thousandths of a CPU: its vCPUs, but
+// never the whole host. Half a CPU is always left to the server and the
+// other VMs, so that a guest spinning (or faulting in memory, or writing its
+// disk) on every vCPU of a VM as large as the host cannot starve them; on
+// hosts with more CPUs than the VM has vCPUs it changes nothing.
+func cpuCeiling(vcpus, hostCPUs int) int {
+	return max(500, min(vcpus*1000, hostCPUs*1000-500))
+}
+
+// diskWriteBps is the sustained rate a VM may write its disk at, in bytes
+// per second (bursts of up to four times that for 2 s): well above what a
+// guest under TCG writes doing real work (pip, git, builds), and well below
+// what lets one guest flood the host's writeback.
+const diskWriteBps = 64 << 20

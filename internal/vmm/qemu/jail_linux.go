@@ -76,7 +76,7 @@ func (d *Driver) startJailed(cmd *exec.Cmd, spec vmm.Spec, m *machine) (err erro
 		return err
 	}
 	g, err := j.cgroups.Create(spec.ID, cgroup.Limits{
-		MemoryBytes: memoryCeiling(spec, d.accel), CPUs: spec.VCPU, Pids: vmPids, IOWeight: 100,
+		MemoryBytes: memoryCeiling(spec, d.accel), MilliCPUs: cpuCeiling(spec.VCPU, runtime.NumCPU()), Pids: vmPids, IOWeight: 100,
 	})
 	if err != nil {
 		return err

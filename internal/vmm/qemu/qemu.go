@@ -309,7 +309,14 @@ func (d *Driver) Args(spec vmm.Spec, f vmFiles) []string {
 		"-blockdev", "driver=file,node-name=base-file,read-only=on,filename=" + optEscape(f.Rootfs),
 		"-blockdev", "driver=raw,node-name=base,file=base-file,read-only=on",
 		"-blockdev", "driver=file,node-name=disk-file,discard=unmap,filename=" + optEscape(f.Disk),
-		"-blockdev", "driver=qcow2,node-name=root,file=disk-file,backing=base,discard=unmap",
+		"-blockdev", "driver=qcow2,node-name=disk,file=disk-file,backing=base,discard=unmap",
+		// Writes are throttled so that a guest filling its disk cannot fill
+		// the host's page cache faster than the host writes it back, which
+		// stalls every other VM and the server (a disk fill beside another
+		// sandbox made its commands wait 1.5 s without this).
+		"-object", "throttle-group,id=io,x-bps-write=" + strconv.Itoa(diskWriteBps) +
+			",x-bps-write-max=" + strconv.Itoa(4*diskWriteBps) + ",x-bps-write-max-length=2",
+		"-blockdev", "driver=throttle,node-name=root,throttle-group=io,file=disk",
 		"-device", "virtio-blk-device,drive=root",
 		"-chardev", "socket,id=console,server=on,wait=off,fd=" + strconv.Itoa(consoleFD),
 		"-serial", "chardev:console",

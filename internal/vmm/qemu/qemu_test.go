@@ -180,3 +180,17 @@ func TestCheckHardwareKVM(t *testing.T) {
 		t.Errorf("kvm_pvm loaded: %v, want refused as PVM", err)
 	}
 }
+
+func TestCPUCeiling(t *testing.T) {
+	for _, c := range []struct{ vcpus, host, want int }{
+		{2, 2, 1500}, // a VM as large as the host leaves half a CPU
+		{1, 2, 1000},
+		{4, 2, 1500},
+		{2, 16, 2000},
+		{1, 1, 500},
+	} {
+		if got := cpuCeiling(c.vcpus, c.host); got != c.want {
+			t.Errorf("cpuCeiling(%d vCPUs, %d host CPUs) = %d, want %d", c.vcpus, c.host, got, c.want)
+		}
+	}
+}
