@@ -276,21 +276,28 @@ func TestHalfClosedStreamsHeld(t *testing.T) {
 	}
 	// The first stream beyond the budget waits until a held one is gone,
 	// which is no sooner than the close timeout after the first was
-	// answered.
+	// answered. The streams are opened one at a time, each once the one
+	// before was served: opened all at once they would overrun yamux's
+	// accept backlog, which resets the excess by design.
 	n := guest.MaxHeldGuestStreams + 1
-	for range n {
-		open()
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	served := func() int {
 		mu.Lock()
-		got := len(times)
-		mu.Unlock()
-		if got >= n || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
+		defer mu.Unlock()
+		return len(times)
 	}
+	waitServed := func(want int, d time.Duration) {
+		deadline := time.Now().Add(d)
+		for served() < want && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	for i := range n {
+		open()
+		if i < n-1 {
+			waitServed(i+1, 10*time.Second)
+		}
+	}
+	waitServed(n, 30*time.Second)
 	mu.Lock()
 	defer mu.Unlock()
 	if len(times) < n {
