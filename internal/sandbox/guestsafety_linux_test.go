@@ -36,6 +36,7 @@ func TestRepeatedViolationsStopTheSandbox(t *testing.T) {
 	if got.StopReason != sandbox.ReasonGuestProtocolViolation {
 		t.Errorf("stop reason %q, want %q", got.StopReason, sandbox.ReasonGuestProtocolViolation)
 	}
+	m.Close() // events are recorded by the manager's goroutines; Close waits for them
 	evs, err := e.st.ListEvents(ctx, sb.ID, 100)
 	if err != nil {
 		t.Fatal(err)
