@@ -35,6 +35,7 @@ func TestCompile(t *testing.T) {
 		{"10.1.2.3/8", "10.0.0.0/8", false},
 		{"2001:db8::/32", "2001:db8::/32", false},
 		{"[2001:db8::1]", "2001:db8::1", false},
+		{"1.2.3.4.", "1.2.3.4", false}, // an address, as the gate reads the host "1.2.3.4."
 		{"::ffff:10.0.0.0/104", "10.0.0.0/8", false},
 		{"", "", true},
 		{"*", "", true},

@@ -166,7 +166,10 @@ func ParseRule(s string) (rule, error) {
 		p = netip.PrefixFrom(p.Addr().Unmap(), unmappedBits(p)).Masked()
 		return rule{kind: rulePrefix, pfx: p}, nil
 	}
-	if a, err := netip.ParseAddr(strings.Trim(s, "[]")); err == nil {
+	// A trailing dot is dropped as from a name, so that "1.2.3.4." is the
+	// address the gate sees for that host, not a name rule that normalizes
+	// to an address.
+	if a, err := netip.ParseAddr(strings.Trim(strings.TrimSuffix(s, "."), "[]")); err == nil {
 		if a.Zone() != "" {
 			return rule{}, fmt.Errorf("%q: zones are not allowed", s)
 		}
