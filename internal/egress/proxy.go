@@ -194,7 +194,9 @@ func splitTarget(hostport string, defPort int) (string, int, error) {
 	host, ps, err := net.SplitHostPort(hostport)
 	if err != nil {
 		// An empty host would be handed to the resolver.
-		if h := strings.Trim(hostport, "[]"); h != "" && strings.Contains(err.Error(), "missing port") {
+		// Brackets are only the ones around an IPv6 address, and zones are
+		// never valid targets.
+		if h := strings.Trim(hostport, "[]"); h != "" && !strings.ContainsAny(h, "[]%") && strings.Contains(err.Error(), "missing port") {
 			return h, defPort, nil
 		}
 		return "", 0, fmt.Errorf("bad target %q", hostport)
