@@ -2,7 +2,6 @@ package integration
 
 import (
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -135,6 +134,6 @@ func recovered(t *testing.T, c *client, id string) bool {
 		}
 		var res execResult
 		return json.Unmarshal(r.Body, &res) == nil && strings.Contains(res.Stdout, "alive") &&
-			c.raw(t, "POST", "/v1/sandboxes/"+id+":exec", execReq{Command: fmt.Sprint("echo ", "ok")}, nil, time.Minute).Status == http.StatusOK
+			c.raw(t, "POST", "/v1/sandboxes/"+id+":exec", execReq{Command: "echo ok"}, nil, time.Minute).Status == http.StatusOK
 	})
 }
