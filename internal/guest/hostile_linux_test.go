@@ -66,23 +66,9 @@ func newFakeGuest(t *testing.T) (*guest.Client, *yamux.Session) {
 // nil result the API would dereference.
 func TestRepliesMissingTheirResult(t *testing.T) {
 	c, sess := newFakeGuest(t)
-	go func() {
-		for {
-			st, err := sess.AcceptStream()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer st.Close()
-				fc := agentproto.NewConn(st)
-				var req agentproto.Request
-				if err := fc.ReadJSON(&req); err != nil {
-					return
-				}
-				_ = fc.WriteJSON(agentproto.Reply{}) // no error, no result
-			}()
-		}
-	}()
+	answerWith(sess, func(agentproto.Request) []byte {
+		return frame(agentproto.KindJSON, []byte("{}")) // a Reply with no error and no result
+	})
 	ctx := context.Background()
 	calls := map[string]func() (any, error){
 		"stat":      func() (any, error) { return c.Stat(ctx, "/x") },
