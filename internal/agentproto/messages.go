@@ -19,6 +19,7 @@ const (
 const (
 	MethodInfo          = "info"
 	MethodConfigure     = "configure"
+	MethodRenew         = "renew"
 	MethodExec          = "exec"
 	MethodSpawn         = "spawn"
 	MethodProcessList   = "process.list"
@@ -74,6 +75,7 @@ const (
 type Request struct {
 	Method    string            `json:"method"`
 	Configure *ConfigureRequest `json:"configure,omitempty"`
+	Renew     *RenewRequest     `json:"renew,omitempty"`
 	Exec      *ExecRequest      `json:"exec,omitempty"`
 	Process   *ProcessRequest   `json:"process,omitempty"`
 	File      *FileRequest      `json:"file,omitempty"`
@@ -138,6 +140,22 @@ type ConfigureRequest struct {
 	// CACerts is a PEM bundle the guest must trust besides its own (the
 	// host's TLS-inspecting proxy's CA, say).
 	CACerts string `json:"caCerts,omitempty"`
+}
+
+// RenewRequest renews what a guest restored from saved memory shares with
+// its past or with other copies of one snapshot: the kernel's randomness,
+// the wall clock and, for a copy, its identity. Empty fields are left alone.
+type RenewRequest struct {
+	// Seed is host randomness mixed into the guest kernel's pool, which
+	// is then reseeded before anything else draws from it.
+	Seed []byte `json:"seed,omitempty"`
+	// UnixNano is the host's wall clock when the request was made.
+	UnixNano int64 `json:"unixNano,omitempty"`
+	// Hostname, MachineID (32 hex digits) and BootID (a UUID) are a
+	// copy's own.
+	Hostname  string `json:"hostname,omitempty"`
+	MachineID string `json:"machineId,omitempty"`
+	BootID    string `json:"bootId,omitempty"`
 }
 
 // ExecRequest starts a command. Command runs under bash -c; Argv runs as is.

@@ -207,6 +207,13 @@ func (c *Client) Configure(ctx context.Context, req agentproto.ConfigureRequest)
 	return err
 }
 
+// Renew renews a restored guest's randomness, clock and identity (see
+// agentproto.RenewRequest).
+func (c *Client) Renew(ctx context.Context, req agentproto.RenewRequest) error {
+	_, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodRenew, Renew: &req}, ordinaryReply)
+	return err
+}
+
 // Exec runs a command. See api.Manager.Exec for the streaming contract.
 func (c *Client) Exec(ctx context.Context, req agentproto.ExecRequest, onEvent func(agentproto.Event) error) (*agentproto.ExecResult, error) {
 	fc, done, err := c.call(ctx, &agentproto.Request{Method: agentproto.MethodExec, Exec: &req})

@@ -23,6 +23,10 @@ type Spec struct {
 	Initrd     string   // initramfs with the agent as /init
 	Rootfs     string   // shared read-only base disk image (raw)
 	KernelArgs []string // extra kernel command-line arguments
+
+	// KeepDisk makes Start boot from the disk already in Dir (a restart of
+	// a stopped sandbox) instead of a fresh overlay of Rootfs.
+	KeepDisk bool
 }
 
 // ErrGone is returned by Attach when the VM no longer runs.
@@ -41,6 +45,28 @@ type Driver interface {
 	// the server, from the record Machine.Record returned. It returns
 	// ErrGone if that VM no longer runs.
 	Attach(ctx context.Context, spec Spec, record []byte) (Machine, error)
+
+	// Resume starts the VM whose state a Pause saved in spec.Dir, or that
+	// Clone prepared there. The guest goes on where it stopped, with its
+	// memory, processes and disk; its agent connection is a new one. The
+	// saved state is consumed before the guest runs again: once Resume
+	// returns, Saved reports false.
+	Resume(ctx context.Context, spec Spec) (Machine, error)
+	// Saved reports whether spec.Dir holds a complete saved state that
+	// Resume can start (written by Pause or Clone, not yet consumed).
+	Saved(spec Spec) bool
+	// Clone prepares spec.Dir as a copy of the snapshot in snapDir (made
+	// by Machine.Snapshot): its own disk over the snapshot's and, when the
+	// snapshot has memory, its own copy of that memory and device state,
+	// so that Saved is true and Resume starts it. A snapshot without
+	// memory leaves only the disk; Start with KeepDisk boots it.
+	Clone(ctx context.Context, snapDir string, spec Spec) error
+}
+
+// SnapshotInfo describes what Machine.Snapshot wrote.
+type SnapshotInfo struct {
+	Memory    bool  // it holds memory and device state, not only the disk
+	SizeBytes int64 // bytes allocated on the host's disk
 }
 
 // Machine is one running VM.
@@ -60,6 +86,20 @@ type Machine interface {
 	Stop(ctx context.Context) error
 	// Done is closed when the VMM process has exited.
 	Done() <-chan struct{}
+
+	// Pause stops the guest, saves its device state in its Dir beside its
+	// memory and disk, all consistent with one another, and ends the VMM:
+	// afterwards the VM holds no host memory or CPU, and Driver.Resume
+	// continues it. Called again on a reattached machine whose pause was
+	// cut short, it finishes the pause.
+	Pause(ctx context.Context) error
+	// Snapshot saves a consistent copy of the guest into dir (created by
+	// the call): the disk always, and memory with device state when
+	// memory is true. The guest is stopped for the copy and runs on after.
+	Snapshot(ctx context.Context, dir string, memory bool) (SnapshotInfo, error)
+	// Continue lets run a guest that a Pause or Resume cut short by a
+	// crash of the server left stopped with no saved state (recovery).
+	Continue(ctx context.Context) error
 }
 
 // StrayKiller is implemented by drivers that can find and end a VM of a
