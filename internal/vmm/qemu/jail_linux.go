@@ -17,7 +17,10 @@ import (
 )
 
 // Paths of a confined VM's files inside its jail.
-var jailFiles = vmFiles{Kernel: "/vmlinuz", Initrd: "/initrd", Rootfs: "/rootfs.img", Disk: "/disk.qcow2"}
+var jailFiles = vmFiles{Kernel: "/vmlinuz", Initrd: "/initrd", Rootfs: "/rootfs.img", Disk: "/disk.qcow2", Mem: "/mem"}
+
+// jailSnapDisk is where a copy's snapshot disk is bound in its jail.
+const jailSnapDisk = "/snapdisk.qcow2"
 
 // jailRoot is the directory under the sandbox's own that is the jail's root.
 const jailRoot = "root"
@@ -46,16 +49,20 @@ const vmCloneflags = unix.CLONE_NEWPID | unix.CLONE_NEWNET | unix.CLONE_NEWIPC |
 // QEMU's own -chroot and -runas are not used: they act after machine setup,
 // but its seccomp filter, installed earlier, would refuse -runas's setuid
 // with elevateprivileges=deny.
-func (d *Driver) startJailed(cmd *exec.Cmd, spec vmm.Spec, m *machine) (err error) {
+func (d *Driver) startJailed(cmd *exec.Cmd, spec vmm.Spec, f vmFiles, restore bool, m *machine) (err error) {
 	j := d.jail
 	// QEMU opens the shared boot files as the VM's uid.
-	for _, f := range []string{spec.Kernel, spec.Initrd, spec.Rootfs} {
-		st, err := os.Stat(f)
+	shared := []string{spec.Kernel, spec.Initrd, spec.Rootfs}
+	if f.SnapDisk != "" {
+		shared = append(shared, f.SnapDisk)
+	}
+	for _, name := range shared {
+		st, err := os.Stat(name)
 		if err != nil {
 			return err
 		}
 		if st.Mode().Perm()&0o004 == 0 {
-			return fmt.Errorf("%s is not readable by VMs' uids (mode %v)", f, st.Mode().Perm())
+			return fmt.Errorf("%s is not readable by VMs' uids (mode %v)", name, st.Mode().Perm())
 		}
 	}
 	uid, err := j.uids.take()
@@ -67,9 +74,10 @@ func (d *Driver) startJailed(cmd *exec.Cmd, spec vmm.Spec, m *machine) (err erro
 			j.uids.release(uid)
 		}
 	}()
-	disk := filepath.Join(spec.Dir, diskFile)
-	if err := os.Chown(disk, uid, uid); err != nil {
-		return err
+	for _, own := range []string{f.Disk, f.Mem} {
+		if err := os.Chown(own, uid, uid); err != nil {
+			return err
+		}
 	}
 	root := filepath.Join(spec.Dir, jailRoot)
 	if err := os.MkdirAll(root, 0o700); err != nil {
@@ -91,7 +99,8 @@ func (d *Driver) startJailed(cmd *exec.Cmd, spec vmm.Spec, m *machine) (err erro
 		{src: spec.Kernel, dst: jailFiles.Kernel},
 		{src: spec.Initrd, dst: jailFiles.Initrd},
 		{src: spec.Rootfs, dst: jailFiles.Rootfs},
-		{src: disk, dst: jailFiles.Disk, rw: true},
+		{src: f.Disk, dst: jailFiles.Disk, rw: true},
+		{src: f.Mem, dst: jailFiles.Mem, rw: true},
 		{src: "/usr", dst: "/usr"},
 		{src: "/dev/null", dst: "/dev/null", rw: true},
 		{src: "/dev/zero", dst: "/dev/zero", rw: true},
@@ -109,7 +118,12 @@ func (d *Driver) startJailed(cmd *exec.Cmd, spec vmm.Spec, m *machine) (err erro
 		groups = append(groups, uint32(j.kvmGID))
 	}
 
-	cmd.Args = append(cmd.Args, d.Args(spec, jailFiles)...)
+	jf := jailFiles
+	if f.SnapDisk != "" {
+		binds = append(binds, bind{src: f.SnapDisk, dst: jailSnapDisk})
+		jf.SnapDisk = jailSnapDisk
+	}
+	cmd.Args = append(cmd.Args, d.Args(spec, jf, restore)...)
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Setsid:     true, // as unconfined: outlives the server, no terminal signals

@@ -12,11 +12,11 @@ import (
 )
 
 // listenSockets makes the VM's agent and console sockets, listening, as
-// files for QEMU to inherit in the order agentFD, consoleFD. The server
+// files for QEMU to inherit in the order agentFD, consoleFD, qmpFD. The server
 // owns their directory; QEMU only ever holds the descriptors.
 func listenSockets(dir string) ([]*os.File, error) {
 	var files []*os.File
-	for _, name := range []string{agentSocket, consoleSock} {
+	for _, name := range []string{agentSocket, consoleSock, qmpSocket} {
 		f, err := listenUnix(dir, name)
 		if err != nil {
 			closeAll(files)

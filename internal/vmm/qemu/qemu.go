@@ -36,6 +36,8 @@ const (
 	ConsoleLog   = "console.log"
 	qemuLog      = "qemu.log"  // QEMU's stdout and stderr, bounded like the console
 	qemuPipe     = "qemu.pipe" // the FIFO QEMU writes them to
+	qmpSocket    = "qmp.sock"  // QEMU's monitor, for pause, snapshots and restores
+	memFile      = "mem"       // guest RAM, a file QEMU maps shared (see snapshot.go)
 	consoleLimit = 1 << 20     // bytes per console log generation
 )
 
@@ -265,12 +267,17 @@ type record struct {
 // so QEMU needs no directory it can write to.
 type vmFiles struct {
 	Kernel, Initrd, Rootfs, Disk string
+	// Mem is the guest RAM file. SnapDisk, if set, is the snapshot disk
+	// (qcow2 over Rootfs) that Disk is an overlay of.
+	Mem, SnapDisk string
 }
 
 // Descriptors QEMU inherits: exec.Cmd.ExtraFiles start at 3.
 const (
 	agentFD   = 3
 	consoleFD = 4
+	qmpFD     = 5
+	stateFD   = 6 // a restore's saved device state, read once
 )
 
 // sandboxArg turns on QEMU's seccomp filter with everything it can deny
@@ -287,10 +294,14 @@ const sandboxArg = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcec
 const tcgCodeMiB = 256
 
 // Args returns the QEMU command line for spec, its files at the paths f.
-func (d *Driver) Args(spec vmm.Spec, f vmFiles) []string {
+// With restore, QEMU waits for a saved device state (-incoming defer)
+// instead of booting, and stays stopped once it is loaded (-S).
+func (d *Driver) Args(spec vmm.Spec, f vmFiles, restore bool) []string {
 	kargs := []string{
 		"console=ttyS0", "reboot=k", "panic=-1", "quiet", "loglevel=4",
 		"emberbox.root=/dev/vda",
+		// No 64 MiB bounce buffer: no device here needs one (M5).
+		"swiotlb=noforce",
 	}
 	if d.accel == "tcg" && d.cfg.TSCkHz > 0 {
 		kargs = append(kargs, "tsc_early_khz="+strconv.FormatInt(d.cfg.TSCkHz, 10), "tsc=reliable")
@@ -298,7 +309,7 @@ func (d *Driver) Args(spec vmm.Spec, f vmFiles) []string {
 	kargs = append(kargs, spec.KernelArgs...)
 	args := []string{
 		"-name", "emberbox-" + spec.ID,
-		"-M", "microvm,acpi=on,rtc=on,pit=off,pic=off",
+		"-M", "microvm,acpi=on,rtc=on,pit=off,pic=off,memory-backend=ram",
 		"-smp", strconv.Itoa(spec.VCPU),
 		"-m", strconv.Itoa(spec.MemoryMiB) + "M",
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
@@ -308,22 +319,41 @@ func (d *Driver) Args(spec vmm.Spec, f vmFiles) []string {
 		// naming the backing node here makes QEMU open it where f says.
 		"-blockdev", "driver=file,node-name=base-file,read-only=on,filename=" + optEscape(f.Rootfs),
 		"-blockdev", "driver=raw,node-name=base,file=base-file,read-only=on",
-		"-blockdev", "driver=file,node-name=disk-file,discard=unmap,filename=" + optEscape(f.Disk),
-		"-blockdev", "driver=qcow2,node-name=disk,file=disk-file,backing=base,discard=unmap",
+	}
+	backing := "base"
+	if f.SnapDisk != "" {
+		// A copy of a snapshot: its overlay is over the snapshot's disk,
+		// which is over the base image.
+		args = append(args,
+			"-blockdev", "driver=file,node-name=snap-file,read-only=on,filename="+optEscape(f.SnapDisk),
+			"-blockdev", "driver=qcow2,node-name=snap,file=snap-file,backing=base,read-only=on")
+		backing = "snap"
+	}
+	args = append(args,
+		"-blockdev", "driver=file,node-name=disk-file,discard=unmap,filename="+optEscape(f.Disk),
+		"-blockdev", "driver=qcow2,node-name=disk,file=disk-file,backing="+backing+",discard=unmap",
 		// Writes are throttled so that a guest filling its disk cannot fill
 		// the host's page cache faster than the host writes it back, which
 		// stalls every other VM and the server (a disk fill beside another
 		// sandbox made its commands wait 1.5 s without this).
-		"-object", "throttle-group,id=io,x-bps-write=" + strconv.Itoa(diskWriteBps) +
-			",x-bps-write-max=" + strconv.Itoa(4*diskWriteBps) + ",x-bps-write-max-length=2",
+		"-object", "throttle-group,id=io,x-bps-write="+strconv.Itoa(diskWriteBps)+
+			",x-bps-write-max="+strconv.Itoa(4*diskWriteBps)+",x-bps-write-max-length=2",
 		"-blockdev", "driver=throttle,node-name=root,throttle-group=io,file=disk",
 		"-device", "virtio-blk-device,drive=root",
-		"-chardev", "socket,id=console,server=on,wait=off,fd=" + strconv.Itoa(consoleFD),
+		"-chardev", "socket,id=console,server=on,wait=off,fd="+strconv.Itoa(consoleFD),
 		"-serial", "chardev:console",
 		"-device", "virtio-serial-device",
-		"-chardev", "socket,id=agent,server=on,wait=off,fd=" + strconv.Itoa(agentFD),
-		"-device", "virtserialport,chardev=agent,name=" + agentproto.PortName,
+		"-chardev", "socket,id=agent,server=on,wait=off,fd="+strconv.Itoa(agentFD),
+		"-device", "virtserialport,chardev=agent,name="+agentproto.PortName,
 		"-device", "virtio-rng-device",
+		// Guest RAM in a file of the sandbox's own, mapped shared: a pause
+		// saves only the device state and the file keeps the memory.
+		"-object", "memory-backend-file,id=ram,share=on,size="+strconv.Itoa(spec.MemoryMiB)+"M,mem-path="+optEscape(f.Mem),
+		"-chardev", "socket,id=qmp,server=on,wait=off,fd="+strconv.Itoa(qmpFD),
+		"-mon", "chardev=qmp,mode=control",
+	)
+	if restore {
+		args = append(args, "-incoming", "defer", "-S")
 	}
 	if d.accel == "kvm" {
 		args = append(args, "-accel", "kvm", "-cpu", kvmCPU)
@@ -345,15 +375,55 @@ func (d *Driver) Start(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) 
 	if err := os.MkdirAll(spec.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating sandbox dir: %w", err)
 	}
-	// Every boot gets a fresh overlay: a retry must not inherit a disk a
-	// failed attempt may have left half-written.
-	disk := filepath.Join(spec.Dir, diskFile)
-	_ = os.Remove(disk)
-	out, err := exec.CommandContext(ctx, d.cfg.QEMUImg, "create", "-q", "-f", "qcow2",
-		"-F", "raw", "-b", spec.Rootfs, disk, strconv.Itoa(spec.DiskMiB)+"M").CombinedOutput()
-	if err != nil {
-		return nil, fmt.Errorf("creating disk overlay: %v: %s", err, strings.TrimSpace(string(out)))
+	// A boot never meets the state of an earlier pause.
+	discardState(spec.Dir)
+	if !spec.KeepDisk {
+		// Every boot gets a fresh overlay: a retry must not inherit a
+		// disk a failed attempt may have left half-written.
+		_ = os.Remove(filepath.Join(spec.Dir, chainFile))
+		if err := d.createOverlay(ctx, spec, "", spec.Rootfs, "raw"); err != nil {
+			return nil, err
+		}
 	}
+	// And fresh memory: a boot must not read what an earlier guest left.
+	if err := createMem(spec); err != nil {
+		return nil, err
+	}
+	m, err := d.launch(ctx, spec, nil)
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// createOverlay makes the sandbox's disk: a qcow2 overlay of backing (of
+// format backingFmt) with the sandbox's disk size.
+func (d *Driver) createOverlay(ctx context.Context, spec vmm.Spec, name, backing, backingFmt string) error {
+	if name == "" {
+		name = filepath.Join(spec.Dir, diskFile)
+	}
+	_ = os.Remove(name)
+	out, err := exec.CommandContext(ctx, d.cfg.QEMUImg, "create", "-q", "-f", "qcow2",
+		"-F", backingFmt, "-b", backing, name, strconv.Itoa(spec.DiskMiB)+"M").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("creating disk overlay: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// hostFiles are spec's files as the host sees them.
+func hostFiles(spec vmm.Spec) vmFiles {
+	f := vmFiles{Kernel: spec.Kernel, Initrd: spec.Initrd, Rootfs: spec.Rootfs,
+		Disk: filepath.Join(spec.Dir, diskFile), Mem: filepath.Join(spec.Dir, memFile)}
+	if b, err := os.ReadFile(filepath.Join(spec.Dir, chainFile)); err == nil {
+		f.SnapDisk = strings.TrimSpace(string(b))
+	}
+	return f
+}
+
+// launch starts QEMU for spec: booting it, or with state set, restoring
+// the device state read from it (see Resume).
+func (d *Driver) launch(ctx context.Context, spec vmm.Spec, state *os.File) (*machine, error) {
 	socks, err := listenSockets(spec.Dir)
 	if err != nil {
 		return nil, err
@@ -365,16 +435,20 @@ func (d *Driver) Start(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) 
 	}
 	defer outW.Close()
 
-	m := &machine{d: d, id: spec.ID, dir: spec.Dir, accel: d.accel, exited: make(chan struct{}), done: make(chan struct{})}
+	m := &machine{d: d, id: spec.ID, dir: spec.Dir, rootfs: spec.Rootfs, accel: d.accel, exited: make(chan struct{}), done: make(chan struct{})}
 	cmd := exec.Command(d.cfg.QEMU)
 	cmd.Stdout, cmd.Stderr = outW, outW
-	cmd.ExtraFiles = socks // agentFD, consoleFD
+	cmd.ExtraFiles = socks // agentFD, consoleFD, qmpFD
+	if state != nil {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, state) // stateFD
+	}
 	// A clean environment: nothing of the server's reaches QEMU.
 	cmd.Env = []string{}
+	f := hostFiles(spec)
 	if d.jail != nil {
-		err = d.startJailed(cmd, spec, m)
+		err = d.startJailed(cmd, spec, f, state != nil, m)
 	} else {
-		cmd.Args = append(cmd.Args, d.Args(spec, vmFiles{Kernel: spec.Kernel, Initrd: spec.Initrd, Rootfs: spec.Rootfs, Disk: disk})...)
+		cmd.Args = append(cmd.Args, d.Args(spec, f, state != nil)...)
 		cmd.Dir = spec.Dir
 		// Its own session: the VM outlives a restart of the server,
 		// which reattaches to it, and a terminal's signals do not reach it.
@@ -397,7 +471,8 @@ func (d *Driver) Start(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) 
 		_ = cmd.Wait()
 		m.ended()
 	}()
-	d.log.Info("vm started", "sandbox_id", spec.ID, "pid", m.pid, "accel", d.accel, "uid", m.uid, "confined", d.jail != nil)
+	d.log.Info("vm started", "sandbox_id", spec.ID, "pid", m.pid, "accel", d.accel, "uid", m.uid,
+		"confined", d.jail != nil, "restore", state != nil)
 	m.copy(func() { copyOutput(outR, spec.Dir) })
 	m.copy(m.copyConsole)
 	return m, nil
@@ -415,7 +490,7 @@ func (d *Driver) Attach(ctx context.Context, spec vmm.Spec, rec []byte) (vmm.Mac
 		d.removeCgroup(spec.ID)
 		return nil, err
 	}
-	m := &machine{d: d, id: spec.ID, dir: spec.Dir, pid: r.PID, startTime: r.StartTime, accel: r.Accel, uid: r.UID,
+	m := &machine{d: d, id: spec.ID, dir: spec.Dir, rootfs: spec.Rootfs, pid: r.PID, startTime: r.StartTime, accel: r.Accel, uid: r.UID,
 		cgroup: d.jail != nil || r.UID != 0, exited: make(chan struct{}), done: make(chan struct{})}
 	if d.jail != nil && r.UID != 0 {
 		d.jail.uids.hold(r.UID)
@@ -461,6 +536,7 @@ type machine struct {
 	d         *Driver
 	id        string
 	dir       string
+	rootfs    string // the base image its disk is over (snapshots flatten onto it)
 	pid       int
 	startTime uint64
 	accel     string
@@ -498,6 +574,11 @@ func (m *machine) ended() {
 	}
 	if m.cgroup {
 		m.d.removeCgroup(m.id)
+	}
+	if !m.d.Saved(vmm.Spec{Dir: m.dir}) {
+		// Only a saved state needs the guest's memory; a restart boots
+		// afresh. Its disk stays for the manager to keep or remove.
+		_ = os.Remove(filepath.Join(m.dir, memFile))
 	}
 	if m.uid != 0 && m.d.jail != nil {
 		m.d.jail.uids.release(m.uid)

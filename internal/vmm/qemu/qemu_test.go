@@ -15,22 +15,32 @@ import (
 func TestArgs(t *testing.T) {
 	spec := vmm.Spec{ID: "sbx_1", VCPU: 2, MemoryMiB: 4096, Kernel: "/k", Initrd: "/i"}
 	tcg := &Driver{cfg: Config{TSCkHz: 2596144}, accel: "tcg", jail: &jail{}}
-	args := strings.Join(tcg.Args(spec, jailFiles), " ")
+	args := strings.Join(tcg.Args(spec, jailFiles, false), " ")
 	for _, want := range []string{
 		"-M microvm,acpi=on,rtc=on,pit=off,pic=off", "-smp 2", "-m 4096M", "-accel tcg,thread=multi,tb-size=256",
 		"tsc_early_khz=2596144 tsc=reliable", "-name emberbox-sbx_1", "-no-reboot",
 		"name=org.emberbox.agent.0", "-kernel /vmlinuz -initrd /initrd",
 		"-blockdev driver=file,node-name=base-file,read-only=on,filename=/rootfs.img",
 		"filename=/disk.qcow2", "backing=base", "socket,id=agent,server=on,wait=off,fd=3",
-		"socket,id=console,server=on,wait=off,fd=4",
+		"socket,id=console,server=on,wait=off,fd=4", "socket,id=qmp,server=on,wait=off,fd=5",
+		"memory-backend-file,id=ram,share=on,size=4096M,mem-path=/mem", "memory-backend=ram", "swiotlb=noforce",
 		"-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
 	} {
 		if !strings.Contains(args, want) {
 			t.Errorf("tcg args lack %q: %s", want, args)
 		}
 	}
+	if strings.Contains(args, "-incoming") || strings.Contains(args, "snap-file") {
+		t.Errorf("a boot's args restore or name a snapshot disk: %s", args)
+	}
+	restore := strings.Join(tcg.Args(spec, vmFiles{Kernel: "/k", Initrd: "/i", Rootfs: "/r", Disk: "/d", Mem: "/m", SnapDisk: "/s"}, true), " ")
+	for _, want := range []string{"-incoming defer -S", "filename=/s", "node-name=snap,file=snap-file,backing=base", "node-name=disk,file=disk-file,backing=snap"} {
+		if !strings.Contains(restore, want) {
+			t.Errorf("restore args lack %q: %s", want, restore)
+		}
+	}
 	kvm := &Driver{cfg: Config{TSCkHz: 2596144}, accel: "kvm"}
-	args = strings.Join(kvm.Args(spec, vmFiles{Kernel: "/k", Initrd: "/i", Rootfs: "/a,b/rootfs.img", Disk: "disk.qcow2"}), " ")
+	args = strings.Join(kvm.Args(spec, vmFiles{Kernel: "/k", Initrd: "/i", Rootfs: "/a,b/rootfs.img", Disk: "disk.qcow2"}, false), " ")
 	if strings.Contains(args, "tsc_early_khz") || !strings.Contains(args, "-accel kvm -cpu "+kvmCPU) {
 		t.Errorf("kvm args: %s", args)
 	}

@@ -3,6 +3,7 @@ package vmmtest
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -33,6 +34,134 @@ func TestDriver(t *testing.T, d vmm.Driver, newSpec func(t *testing.T) vmm.Spec)
 	})
 	t.Run("Lifecycle", func(t *testing.T) { testLifecycle(t, d, newSpec(t)) })
 	t.Run("StopBeforeGuestIsUp", func(t *testing.T) { testEarlyStop(t, d, newSpec(t)) })
+	t.Run("PauseResumeSnapshotClone", func(t *testing.T) { testPause(t, d, newSpec) })
+}
+
+// testPause boots a VM, leaves a file and a running process in its guest,
+// pauses and resumes it twice, snapshots it and resumes a copy: the file and
+// the process are there each time, and the copy's disk and memory are its own.
+func testPause(t *testing.T, d vmm.Driver, newSpec func(t *testing.T) vmm.Spec) {
+	spec := newSpec(t)
+	m := start(t, d, spec)
+	c := connectGuest(t, m, bootTimeout)
+	run(t, c, "echo kept > /tmp/file && setsid -f sh -c 'echo $$ > /tmp/pid; exec sleep 100000' </dev/null >/dev/null 2>&1 && sleep 0.2")
+	pid := run(t, c, "cat /tmp/pid; kill -0 $(cat /tmp/pid)")
+	c.Close()
+	if d.Saved(spec) {
+		t.Fatal("Saved before any pause")
+	}
+	for i := range 2 {
+		ctx, cancel := context.WithTimeout(t.Context(), stepTimeout)
+		if err := m.Pause(ctx); err != nil {
+			cancel()
+			t.Fatalf("Pause %d: %v", i, err)
+		}
+		cancel()
+		waitClosed(t, m.Done(), "Done after Pause")
+		if !d.Saved(spec) {
+			t.Fatalf("Saved is false after Pause %d", i)
+		}
+		m = resume(t, d, spec)
+		if d.Saved(spec) {
+			t.Fatal("Saved is still true after Resume")
+		}
+		c = connectGuest(t, m, bootTimeout)
+		if got := run(t, c, "cat /tmp/file; kill -0 $(cat /tmp/pid) && echo alive"); got != "kept\nalive" {
+			t.Fatalf("after resume %d: %q, want the file and the process", i, got)
+		}
+		c.Close()
+	}
+
+	snap := t.TempDir()
+	ctx, cancel := context.WithTimeout(t.Context(), stepTimeout)
+	info, err := m.Snapshot(ctx, snap, true)
+	cancel()
+	if err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+	if !info.Memory || info.SizeBytes <= 0 {
+		t.Errorf("Snapshot info %+v", info)
+	}
+	c = connectGuest(t, m, bootTimeout)
+	run(t, c, "echo parent > /tmp/file")
+	c.Close()
+
+	cspec := newSpec(t)
+	ctx, cancel = context.WithTimeout(t.Context(), stepTimeout)
+	err = d.Clone(ctx, snap, cspec)
+	cancel()
+	if err != nil {
+		t.Fatalf("Clone: %v", err)
+	}
+	if !d.Saved(cspec) {
+		t.Fatal("Saved is false for a copy of a memory snapshot")
+	}
+	cm := resume(t, d, cspec)
+	cc := connectGuest(t, cm, bootTimeout)
+	defer cc.Close()
+	if got := run(t, cc, "cat /tmp/file; cat /tmp/pid; kill -0 $(cat /tmp/pid) && echo alive"); got != "kept\n"+pid+"\nalive" {
+		t.Fatalf("copy: %q, want the snapshot's file and process", got)
+	}
+	run(t, cc, "echo copy > /tmp/file")
+	c = connectGuest(t, m, bootTimeout)
+	defer c.Close()
+	if got := run(t, c, "cat /tmp/file"); got != "parent" {
+		t.Errorf("parent's file after the copy wrote its own: %q", got)
+	}
+}
+
+func resume(t *testing.T, d vmm.Driver, spec vmm.Spec) vmm.Machine {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), stepTimeout)
+	defer cancel()
+	m, err := d.Resume(ctx, spec)
+	if err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), stepTimeout)
+		defer cancel()
+		_ = m.Stop(ctx)
+	})
+	return m
+}
+
+// connectGuest is reachGuest that keeps the connection.
+func connectGuest(t *testing.T, m vmm.Machine, timeout time.Duration) *guest.Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), timeout)
+	defer cancel()
+	for try := 1; ; try++ {
+		conn, err := m.DialGuest(ctx)
+		if err != nil {
+			t.Fatalf("DialGuest: %v", err)
+		}
+		tctx, tcancel := context.WithTimeout(ctx, reconnectTry)
+		c, err := guest.Handshake(tctx, conn)
+		tcancel()
+		if err == nil {
+			return c
+		}
+		conn.Close()
+		if ctx.Err() != nil {
+			t.Fatalf("guest handshake (attempt %d): %v", try, err)
+		}
+	}
+}
+
+// run runs command as root in the guest and returns its trimmed stdout.
+func run(t *testing.T, c *guest.Client, command string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), stepTimeout)
+	defer cancel()
+	res, err := c.Exec(ctx, agentproto.ExecRequest{Command: command, User: "root", TimeoutMs: 30000}, nil)
+	if err != nil {
+		t.Fatalf("exec %q: %v", command, err)
+	}
+	if res.ExitCode == nil || *res.ExitCode != 0 {
+		t.Fatalf("exec %q: %+v: %s", command, res, res.Stderr)
+	}
+	return strings.TrimSpace(string(res.Stdout))
 }
 
 // testLifecycle starts a VM, reaches its agent directly and through Attach,
