@@ -215,6 +215,16 @@ func (a *Agent) dispatch(ctx context.Context, c *agentproto.Conn, req *agentprot
 			}
 		}
 		return c.WriteJSON(agentproto.Reply{OK: true})
+	case agentproto.MethodDetach:
+		if err := c.WriteJSON(agentproto.Reply{OK: true}); err != nil {
+			return err
+		}
+		// The answer is written to the port; ending the session sends
+		// the agent back to waiting for a Hello.
+		if sess := a.session(); sess != nil {
+			_ = sess.Close()
+		}
+		return nil
 	case agentproto.MethodExec:
 		if req.Exec == nil {
 			return invalid("exec: missing body")

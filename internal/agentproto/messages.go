@@ -17,9 +17,15 @@ const (
 
 // Method names, one per call the host can make.
 const (
-	MethodInfo          = "info"
-	MethodConfigure     = "configure"
-	MethodRenew         = "renew"
+	MethodInfo      = "info"
+	MethodConfigure = "configure"
+	MethodRenew     = "renew"
+	// MethodDetach ends the session from the guest's side once answered,
+	// so that the agent waits for a new Hello: the host detaches before a
+	// pause or snapshot, and a restored guest then answers the first Hello
+	// of a new connection at once instead of reading it as traffic of the
+	// session it had when it was saved.
+	MethodDetach        = "detach"
 	MethodExec          = "exec"
 	MethodSpawn         = "spawn"
 	MethodProcessList   = "process.list"

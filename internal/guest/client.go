@@ -214,6 +214,15 @@ func (c *Client) Renew(ctx context.Context, req agentproto.RenewRequest) error {
 	return err
 }
 
+// Detach asks the agent to end this session and wait for a new Hello: the
+// host detaches before it saves a guest, so that a restored guest is ready
+// for a new connection. The client is closed after it.
+func (c *Client) Detach(ctx context.Context) error {
+	defer c.Close()
+	_, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodDetach}, ordinaryReply)
+	return err
+}
+
 // Exec runs a command. See api.Manager.Exec for the streaming contract.
 func (c *Client) Exec(ctx context.Context, req agentproto.ExecRequest, onEvent func(agentproto.Event) error) (*agentproto.ExecResult, error) {
 	fc, done, err := c.call(ctx, &agentproto.Request{Method: agentproto.MethodExec, Exec: &req})

@@ -46,7 +46,7 @@ func testPause(t *testing.T, d vmm.Driver, newSpec func(t *testing.T) vmm.Spec) 
 	c := connectGuest(t, m, bootTimeout)
 	run(t, c, "echo kept > /tmp/file && setsid -f sh -c 'echo $$ > /tmp/pid; exec sleep 100000' </dev/null >/dev/null 2>&1 && sleep 0.2")
 	pid := run(t, c, "cat /tmp/pid; kill -0 $(cat /tmp/pid)")
-	c.Close()
+	detach(t, c)
 	if d.Saved(spec) {
 		t.Fatal("Saved before any pause")
 	}
@@ -69,7 +69,7 @@ func testPause(t *testing.T, d vmm.Driver, newSpec func(t *testing.T) vmm.Spec) 
 		if got := run(t, c, "cat /tmp/file; kill -0 $(cat /tmp/pid) && echo alive"); got != "kept\nalive" {
 			t.Fatalf("after resume %d: %q, want the file and the process", i, got)
 		}
-		c.Close()
+		detach(t, c)
 	}
 
 	snap := t.TempDir()
@@ -107,6 +107,16 @@ func testPause(t *testing.T, d vmm.Driver, newSpec func(t *testing.T) vmm.Spec) 
 	defer c.Close()
 	if got := run(t, c, "cat /tmp/file"); got != "parent" {
 		t.Errorf("parent's file after the copy wrote its own: %q", got)
+	}
+}
+
+// detach ends c's session as the manager does before a pause or snapshot.
+func detach(t *testing.T, c *guest.Client) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), stepTimeout)
+	defer cancel()
+	if err := c.Detach(ctx); err != nil {
+		t.Fatalf("Detach: %v", err)
 	}
 }
 
