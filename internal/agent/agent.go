@@ -31,6 +31,10 @@ type Config struct {
 	// User is the account commands run as by default ("user" in a guest).
 	User   string
 	Logger *slog.Logger
+	// System is what renew changes besides files under Root. Nil means
+	// the running kernel's when the agent is PID 1 (a guest's init) and
+	// none otherwise: renew is then refused.
+	System System
 }
 
 // Agent serves the host's calls.
@@ -43,6 +47,9 @@ type Agent struct {
 	reaper   *reaper
 	procs    *processTable
 	bootedAt time.Time
+	root     string // where renew writes /etc/hostname and the like
+	sys      System // nil: renew is refused
+	renewMu  sync.Mutex
 
 	mu     sync.Mutex
 	env    map[string]string // sandbox-wide env from configure
@@ -70,6 +77,10 @@ func New(cfg Config) (*Agent, error) {
 	if !ok {
 		return nil, fmt.Errorf("no account %q", cfg.User)
 	}
+	sys := cfg.System
+	if sys == nil {
+		sys = defaultSystem()
+	}
 	bash, err := exec.LookPath("bash")
 	if err != nil {
 		bash = "/bin/bash"
@@ -77,7 +88,7 @@ func New(cfg Config) (*Agent, error) {
 	return &Agent{
 		log: log, accounts: accts, names: names, user: u, bash: bash,
 		reaper: theReaper(), procs: &processTable{procs: map[string]*process{}},
-		bootedAt: time.Now(),
+		bootedAt: time.Now(), root: cfg.Root, sys: sys,
 	}, nil
 }
 
@@ -225,6 +236,14 @@ func (a *Agent) dispatch(ctx context.Context, c *agentproto.Conn, req *agentprot
 			_ = sess.Close()
 		}
 		return nil
+	case agentproto.MethodRenew:
+		if req.Renew == nil {
+			return invalid("renew: missing body")
+		}
+		if err := a.renew(req.Renew); err != nil {
+			return err
+		}
+		return c.WriteJSON(agentproto.Reply{OK: true})
 	case agentproto.MethodExec:
 		if req.Exec == nil {
 			return invalid("exec: missing body")

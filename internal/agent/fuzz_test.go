@@ -67,6 +67,7 @@ func FuzzAgentHandshake(f *testing.F) {
 // request can change nothing outside the sandbox's home.
 type fuzzAgent struct {
 	*Agent
+	sys        *fakeSystem // renew changes nothing of the host's
 	root, home string
 	uid, gid   int
 	passwd     []byte
@@ -101,7 +102,16 @@ func newFuzzAgent(f *testing.F) *fuzzAgent {
 	if err != nil {
 		f.Fatal(err)
 	}
-	fa := &fuzzAgent{Agent: a, root: root, home: home, uid: uid, gid: gid, passwd: []byte(passwd)}
+	sys := newFakeSystem()
+	a.sys = sys
+	bootID := filepath.Join(root, bootIDPath)
+	if err := os.MkdirAll(filepath.Dir(bootID), 0o755); err != nil {
+		f.Fatal(err)
+	}
+	if err := os.WriteFile(bootID, []byte(kernelBootID), 0o444); err != nil {
+		f.Fatal(err)
+	}
+	fa := &fuzzAgent{Agent: a, sys: sys, root: root, home: home, uid: uid, gid: gid, passwd: []byte(passwd)}
 	fa.reset(f)
 	fa.addProcesses(f)
 	return fa
@@ -176,7 +186,9 @@ func requestFrame(req agentproto.Request, data string) []byte {
 // FuzzAgentRequest decodes a fuzzed call the way the agent's stream handler
 // does and dispatches it. Calls that would start a process (exec, spawn) are
 // only checked for their refusal of a missing body, configure never touches
-// the machine's CA bundle or hostname, and file paths are re-rooted under a
+// the machine's CA bundle or hostname, renew changes a fake system and
+// files under the temporary root (and succeeds only when it applied every
+// field it was given), and file paths are re-rooted under a
 // temporary root (see fuzzAgent). It checks that path resolution gives a
 // clean absolute path that a relative path without ".." keeps under the
 // home; that every failure is a coded error and every success is one frame
@@ -225,6 +237,10 @@ func FuzzAgentRequest(f *testing.F) {
 		{file(agentproto.MethodFileRead, agentproto.FileRequest{Path: "d"}), ""},
 		{file(agentproto.MethodFileStat, agentproto.FileRequest{Path: "a\x00b"}), ""},
 		{file(agentproto.MethodFileStat, agentproto.FileRequest{Path: "f.txt", User: "nobody-here"}), ""},
+		{agentproto.Request{Method: agentproto.MethodRenew, Renew: &agentproto.RenewRequest{Seed: []byte("seed"), UnixNano: 1_800_000_000_000_000_000}}, ""},
+		{agentproto.Request{Method: agentproto.MethodRenew, Renew: &fullRenew}, ""},
+		{agentproto.Request{Method: agentproto.MethodRenew, Renew: &agentproto.RenewRequest{Hostname: "a-.b", MachineID: "0123", BootID: "x", UnixNano: -1}}, ""},
+		{agentproto.Request{Method: agentproto.MethodRenew}, ""},
 		{agentproto.Request{Method: "bogus"}, ""},
 	} {
 		f.Add(requestFrame(tc.req, tc.data))
@@ -275,6 +291,9 @@ func (fa *fuzzAgent) checkRequest(t *testing.T, data []byte) {
 	fa.reset(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	if req.Method == agentproto.MethodRenew && req.Renew != nil {
+		defer fa.checkRenew(t, req.Renew, &out)
+	}
 	if err := fa.dispatch(ctx, c, &req); err != nil {
 		var pe *agentproto.Error
 		if !errors.As(err, &pe) {
@@ -298,6 +317,53 @@ func (fa *fuzzAgent) checkRequest(t *testing.T, data []byte) {
 	if os.Geteuid() == 0 {
 		if b, err := os.ReadFile(filepath.Join(fa.root, "etc/passwd")); err != nil || !bytes.Equal(b, fa.passwd) {
 			t.Fatalf("%s %+v: a file outside the home changed: %q %v", req.Method, req.File, b, err)
+		}
+	}
+}
+
+// checkRenew checks that a renew that answered OK applied each field it
+// was given, that one that did not changed nothing but the entropy pool,
+// and that the boot id is never bound more than once.
+func (fa *fuzzAgent) checkRenew(t *testing.T, req *agentproto.RenewRequest, out *bytes.Buffer) {
+	var rep agentproto.Reply
+	ok := agentproto.NewConn(struct {
+		io.Reader
+		io.Writer
+	}{bytes.NewReader(out.Bytes()), io.Discard}).ReadJSON(&rep) == nil && rep.OK
+	fa.sys.mu.Lock()
+	calls, hostname, clock := fa.sys.calls, fa.sys.hostname, fa.sys.clock
+	binds := len(fa.sys.binds[filepath.Join(fa.root, bootIDPath)])
+	fa.sys.calls, fa.sys.hostname, fa.sys.clock = nil, "", time.Time{}
+	fa.sys.mu.Unlock()
+	if binds > 1 {
+		t.Fatalf("renew %+v: boot id bound %d times", req, binds)
+	}
+	if !ok {
+		if len(calls) > 1 || len(calls) == 1 && calls[0] != "reseed" {
+			t.Fatalf("renew %+v failed after changing the system: %v", req, calls)
+		}
+		return
+	}
+	if len(req.Seed) > 0 && (len(calls) == 0 || calls[0] != "reseed") {
+		t.Fatalf("renew %+v: the seed did not go first: %v", req, calls)
+	}
+	if req.UnixNano != 0 && !clock.IsZero() && clock.UnixNano() != req.UnixNano {
+		t.Fatalf("renew %+v: clock set to %v", req, clock)
+	}
+	if req.Hostname != "" {
+		b, _ := os.ReadFile(filepath.Join(fa.root, hostnamePath))
+		if hostname != req.Hostname || string(b) != req.Hostname+"\n" {
+			t.Fatalf("renew %+v: hostname %q, /etc/hostname %q", req, hostname, b)
+		}
+	}
+	if req.MachineID != "" {
+		if b, _ := os.ReadFile(filepath.Join(fa.root, machineIDPath)); string(b) != req.MachineID+"\n" {
+			t.Fatalf("renew %+v: /etc/machine-id %q", req, b)
+		}
+	}
+	if req.BootID != "" {
+		if b, _ := os.ReadFile(filepath.Join(fa.root, bootIDPath)); !strings.EqualFold(string(b), req.BootID+"\n") {
+			t.Fatalf("renew %+v: boot_id reads %q", req, b)
 		}
 	}
 }
@@ -367,7 +433,7 @@ func (fa *fuzzAgent) checkAnswer(t *testing.T, req *agentproto.Request, b []byte
 	switch req.Method {
 	case agentproto.MethodInfo:
 		ok = rep.Info != nil && rep.Info.Version == agentproto.Version
-	case agentproto.MethodConfigure:
+	case agentproto.MethodConfigure, agentproto.MethodRenew:
 		ok = rep.OK
 	case agentproto.MethodProcessList:
 		ok = rep.Processes != nil
