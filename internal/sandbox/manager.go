@@ -70,6 +70,9 @@ type Config struct {
 	Admission *admission.Ledger
 	// Limits bound the size and the lifetime of one sandbox.
 	Limits Limits
+	// Templates turns on fast creates from per-shape templates
+	// (templates.go).
+	Templates bool
 	// StoppedDiskRetention is how long a stopped sandbox keeps its disk
 	// (RunDiskRetention); 0 means DefaultStoppedDiskRetention, < 0 forever.
 	StoppedDiskRetention time.Duration
@@ -110,6 +113,8 @@ type Manager struct {
 	changed map[string]chan struct{} // per sandbox, closed when it changes; only while someone waits
 
 	netMu sync.Mutex // serializes policy changes (version numbers)
+
+	templates templateSet
 
 	// Test hooks (export_test.go): testHookBeforeUpdate runs as an update
 	// begins; testHookUpdate inside every update that changes something,

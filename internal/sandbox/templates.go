@@ -1,0 +1,183 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/emberbox/emberbox/internal/agentproto"
+	"github.com/emberbox/emberbox/internal/guest"
+	"github.com/emberbox/emberbox/internal/vmm"
+)
+
+// Templates make a plain create cost a restore instead of a boot. A
+// template is a memory snapshot of a VM of one shape (vCPUs, memory, disk
+// size: a restored guest keeps the devices it booted with), taken once its
+// agent is up and the operator's CA installed, and before anything of a
+// user ran in it. A create of that shape copies it (Driver.Clone: its own
+// memory file and a disk over the template's) and resumes the copy, which
+// then gets its own randomness, clock, hostname, machine-id and boot id
+// (Renew) and its env (Configure). Creates of a shape with no template
+// yet boot as before while one is built in the background.
+//
+// Templates live under DataDir/templates, keyed by the boot files and the
+// CA bundle, so a new image or CA gets new templates. Copies' disks are
+// overlays of a template's disk, so templates are never removed by the
+// server (each takes a few hundred MiB); removing the templates of an old
+// image is left to the operator.
+
+// shape is what a template is made for.
+type shape struct{ VCPU, MemoryMiB, DiskMiB int }
+
+func (s shape) String() string { return fmt.Sprintf("%dcpu-%dmib-%dmib", s.VCPU, s.MemoryMiB, s.DiskMiB) }
+
+func shapeOf(sb *Sandbox) shape { return shape{sb.VCPU, sb.MemoryMiB, sb.DiskMiB} }
+
+// templateSet tracks the templates of this server.
+type templateSet struct {
+	mu       sync.Mutex
+	building map[shape]bool
+	failed   map[shape]time.Time // a failed build is not retried for a while
+}
+
+// templateRetry is how long a shape whose template failed to build boots
+// cold before another build is tried.
+const templateRetry = 10 * time.Minute
+
+// templateMarker is written into a template's directory last.
+const templateMarker = "template.ok"
+
+// templateRoot is the directory of this server's templates for its current
+// boot files and CA bundle.
+func (m *Manager) templateRoot() string {
+	h := sha256.New()
+	for _, f := range []string{m.cfg.Boot.Kernel, m.cfg.Boot.Initrd, m.cfg.Boot.Rootfs} {
+		st, err := os.Stat(f)
+		if err == nil {
+			fmt.Fprintf(h, "%s:%d:%d\n", f, st.Size(), st.ModTime().UnixNano())
+		}
+	}
+	fmt.Fprintf(h, "%s\n%s\n", m.cfg.Driver.Name(), m.cfg.ExtraCAs)
+	return filepath.Join(m.cfg.DataDir, "templates", hex.EncodeToString(h.Sum(nil))[:16])
+}
+
+func (m *Manager) templateDir(s shape) string { return filepath.Join(m.templateRoot(), s.String()) }
+
+// template returns the directory of the template of s if it is built, and
+// otherwise starts building it (unless templates are off) and reports false.
+func (m *Manager) template(s shape) (string, bool) {
+	if !m.cfg.Templates {
+		return "", false
+	}
+	dir := m.templateDir(s)
+	if _, err := os.Stat(filepath.Join(dir, templateMarker)); err == nil {
+		return dir, true
+	}
+	m.buildTemplateAsync(s)
+	return "", false
+}
+
+// PrepareTemplate builds the template of the default shape in the
+// background, so that the first creates need not boot.
+func (m *Manager) PrepareTemplate() {
+	if m.cfg.Templates {
+		m.template(shape{DefaultVCPU, DefaultMemoryMiB, DefaultDiskMiB})
+	}
+}
+
+func (m *Manager) buildTemplateAsync(s shape) {
+	t := &m.templates
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.building == nil {
+		t.building, t.failed = map[shape]bool{}, map[shape]time.Time{}
+	}
+	if t.building[s] || time.Since(t.failed[s]) < templateRetry {
+		return
+	}
+	t.building[s] = true
+	if !m.spawn(func() {
+		start := time.Now()
+		err := m.buildTemplate(m.ctx, s)
+		t.mu.Lock()
+		delete(t.building, s)
+		if err != nil {
+			t.failed[s] = time.Now()
+		}
+		t.mu.Unlock()
+		if err != nil {
+			if m.ctx.Err() == nil {
+				m.log.Warn("building a template failed; creates of its shape boot", "shape", s, "err", err)
+			}
+			return
+		}
+		m.log.Info("template ready", "shape", s, "took", time.Since(start).Round(time.Millisecond))
+	}) {
+		delete(t.building, s)
+	}
+}
+
+// buildTemplate boots a VM of shape s, waits for its agent, installs the
+// CA bundle, detaches, snapshots its memory and disk into the template's
+// directory and ends the VM.
+func (m *Manager) buildTemplate(ctx context.Context, s shape) error {
+	final := m.templateDir(s)
+	work := final + ".build"
+	_ = os.RemoveAll(work)
+	if err := os.MkdirAll(work, 0o755); err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	var id [6]byte
+	_, _ = rand.Read(id[:])
+	spec := vmm.Spec{
+		ID: "tpl_" + hex.EncodeToString(id[:]), Dir: filepath.Join(work, "vm"),
+		VCPU: s.VCPU, MemoryMiB: s.MemoryMiB, DiskMiB: s.DiskMiB,
+		Kernel: m.cfg.Boot.Kernel, Initrd: m.cfg.Boot.Initrd, Rootfs: m.cfg.Boot.Rootfs,
+	}
+	bctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
+	defer cancel()
+	mach, err := m.cfg.Driver.Start(bctx, spec)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+		defer cancel()
+		_ = mach.Stop(sctx)
+	}()
+	conn, err := mach.DialGuest(bctx)
+	if err != nil {
+		return err
+	}
+	c, err := guest.Handshake(bctx, conn)
+	if err != nil {
+		conn.Close()
+		return fmt.Errorf("template guest: %w", err)
+	}
+	if err := c.Configure(bctx, agentproto.ConfigureRequest{CACerts: m.cfg.ExtraCAs}); err != nil {
+		c.Close()
+		return fmt.Errorf("template guest: %w", err)
+	}
+	if err := c.Detach(bctx); err != nil {
+		return fmt.Errorf("template guest: detaching: %w", err)
+	}
+	snap := filepath.Join(work, "snap")
+	if _, err := mach.Snapshot(bctx, snap, true); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(snap, templateMarker), nil, 0o644); err != nil {
+		return err
+	}
+	_ = os.RemoveAll(final)
+	if err := os.MkdirAll(filepath.Dir(final), 0o755); err != nil {
+		return err
+	}
+	return os.Rename(snap, final)
+}
