@@ -35,7 +35,9 @@ import (
 // shape is what a template is made for.
 type shape struct{ VCPU, MemoryMiB, DiskMiB int }
 
-func (s shape) String() string { return fmt.Sprintf("%dcpu-%dmib-%dmib", s.VCPU, s.MemoryMiB, s.DiskMiB) }
+func (s shape) String() string {
+	return fmt.Sprintf("%dcpu-%dmib-%dmib", s.VCPU, s.MemoryMiB, s.DiskMiB)
+}
 
 func shapeOf(sb *Sandbox) shape { return shape{sb.VCPU, sb.MemoryMiB, sb.DiskMiB} }
 
