@@ -122,6 +122,9 @@ func (a *Agent) ServeConn(ctx context.Context, rwc io.ReadWriteCloser) error {
 	if err := handshake(ctx, br, rwc); err != nil {
 		return err
 	}
+	if err := skipHellos(br); err != nil {
+		return err
+	}
 	a.log.Info("host connected")
 	cfg := yamux.DefaultConfig()
 	cfg.LogOutput = io.Discard
@@ -170,6 +173,28 @@ func handshake(ctx context.Context, br *bufio.Reader, w io.Writer) error {
 		return err
 	}
 	return ctx.Err()
+}
+
+// skipHellos drops the repeats of the Hello just answered: the host repeats
+// it until the Ready line reaches it, and every repeat comes before the
+// session's first frame, which starts with yamux's version byte, 0.
+func skipHellos(br *bufio.Reader) error {
+	for {
+		b, err := br.Peek(1)
+		if err != nil {
+			return fmt.Errorf("waiting for the session: %w", err)
+		}
+		if b[0] != agentproto.HelloPrefix[0] {
+			return nil
+		}
+		line, err := br.ReadSlice('\n')
+		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
+			return fmt.Errorf("waiting for the session: %w", err)
+		}
+		if !strings.HasPrefix(string(line), agentproto.HelloPrefix) {
+			return fmt.Errorf("waiting for the session: unexpected %q", line)
+		}
+	}
 }
 
 // handle serves one call.

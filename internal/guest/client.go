@@ -53,9 +53,34 @@ func Handshake(ctx context.Context, conn net.Conn) (*Client, error) {
 	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 
-	if _, err := io.WriteString(conn, agentproto.HelloPrefix+nonce+"\n"); err != nil {
+	hello := agentproto.HelloPrefix + nonce + "\n"
+	if _, err := io.WriteString(conn, hello); err != nil {
 		return nil, fmt.Errorf("sending hello: %w", err)
 	}
+	// The Hello is repeated until the Ready line comes: a guest restored
+	// from saved memory can take the first one for traffic of the session
+	// it had when it was saved, end that session and wait for the next
+	// Hello. The agent skips repeats that follow its Ready, and they all
+	// come before the session's first frame, as the repeating stops (and is
+	// waited for) before the session starts.
+	stopResend := make(chan struct{})
+	resent := make(chan struct{})
+	go func() {
+		defer close(resent)
+		t := time.NewTicker(helloResend)
+		defer t.Stop()
+		for {
+			select {
+			case <-stopResend:
+				return
+			case <-t.C:
+				if _, err := io.WriteString(conn, hello); err != nil {
+					return
+				}
+			}
+		}
+	}()
+	endResend := func() { close(stopResend); <-resent }
 	br := bufio.NewReaderSize(conn, 64<<10)
 	want := []byte(agentproto.ReadyPrefix + nonce + " ")
 	// The guest is not trusted: lines are read in bounded pieces, and only
@@ -65,16 +90,19 @@ func Handshake(ctx context.Context, conn net.Conn) (*Client, error) {
 	for {
 		line, err := br.ReadSlice('\n')
 		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
+			endResend()
 			if ctx.Err() != nil {
 				return nil, fmt.Errorf("waiting for agent: %w", ctx.Err())
 			}
 			return nil, fmt.Errorf("waiting for agent: %w", err)
 		}
 		if atLineStart && bytes.HasPrefix(line, want) {
+			endResend()
 			break
 		}
 		atLineStart = err == nil
 		if skipped += len(line); skipped > maxHandshakeSkip {
+			endResend()
 			return nil, fmt.Errorf("waiting for agent: no ready line in %d bytes", skipped)
 		}
 	}
@@ -98,6 +126,9 @@ func Handshake(ctx context.Context, conn net.Conn) (*Client, error) {
 	}
 	return &Client{sess: sess, conn: conn}, nil
 }
+
+// helloResend is how often Handshake repeats its Hello until answered.
+const helloResend = 250 * time.Millisecond
 
 // Close ends the session. Calls in flight fail.
 func (c *Client) Close() error { return c.sess.Close() }
