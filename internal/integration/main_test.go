@@ -350,6 +350,11 @@ func (s *server) cleanup(t testing.TB) {
 			report("cleanup: VM pid %d (%s) left running on %s; killing it", p.PID, p.Name, s.DataDir)
 			_ = syscall.Kill(p.PID, syscall.SIGKILL)
 		}
+		// A template build a kill -9 cut short leaves its VM for the next
+		// server on the data dir to end; there is none.
+		for _, p := range templateVMs(s.DataDir) {
+			_ = syscall.Kill(p.PID, syscall.SIGKILL)
+		}
 	}
 	if t.Failed() {
 		t.Logf("server %s log (%s), last lines:\n%s", s.URL, s.LogPath, s.logTail(60))
@@ -435,6 +440,21 @@ func vmProcesses(dataDir string) []vmProc {
 		dataDir = d
 	}
 	prefix := filepath.Join(dataDir, "sandboxes") + string(filepath.Separator)
+	var out []vmProc
+	for _, p := range allVMs() {
+		if strings.HasPrefix(p.Dir, prefix) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// templateVMs returns the VMs of template builds on dataDir.
+func templateVMs(dataDir string) []vmProc {
+	if d, err := filepath.EvalSymlinks(dataDir); err == nil {
+		dataDir = d
+	}
+	prefix := filepath.Join(dataDir, "templates") + string(filepath.Separator)
 	var out []vmProc
 	for _, p := range allVMs() {
 		if strings.HasPrefix(p.Dir, prefix) {

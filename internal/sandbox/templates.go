@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/emberbox/emberbox/internal/admission"
 	"github.com/emberbox/emberbox/internal/agentproto"
 	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/vmm"
@@ -103,6 +104,9 @@ func (m *Manager) buildTemplateAsync(s shape) {
 	if t.building[s] || time.Since(t.failed[s]) < templateRetry {
 		return
 	}
+	if len(t.building) > 0 {
+		return // one build at a time: each is a boot
+	}
 	t.building[s] = true
 	if !m.spawn(func() {
 		start := time.Now()
@@ -131,6 +135,8 @@ func (m *Manager) buildTemplateAsync(s shape) {
 func (m *Manager) buildTemplate(ctx context.Context, s shape) error {
 	final := m.templateDir(s)
 	work := final + ".build"
+	// A build a crash of the server cut short may have left its VM.
+	m.killTemplateStrays(ctx)
 	_ = os.RemoveAll(work)
 	if err := os.MkdirAll(work, 0o755); err != nil {
 		return err
@@ -143,6 +149,16 @@ func (m *Manager) buildTemplate(ctx context.Context, s shape) error {
 		VCPU: s.VCPU, MemoryMiB: s.MemoryMiB, DiskMiB: s.DiskMiB,
 		Kernel: m.cfg.Boot.Kernel, Initrd: m.cfg.Boot.Initrd, Rootfs: m.cfg.Boot.Rootfs,
 	}
+	if err := os.WriteFile(filepath.Join(work, "id"), []byte(spec.ID), 0o600); err != nil {
+		return err
+	}
+	// The build VM is promised its resources and a boot slot like a
+	// sandbox, and waits for a later create when there is no room.
+	if err := m.cfg.Admission.Reserve(admission.Claim{ID: spec.ID, Booting: true,
+		Resources: admission.Resources{VCPU: s.VCPU, MemoryMiB: int64(s.MemoryMiB), DiskMiB: int64(s.DiskMiB)}}); err != nil {
+		return fmt.Errorf("no room to build a template: %w", err)
+	}
+	defer m.cfg.Admission.Release(spec.ID)
 	bctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
 	defer cancel()
 	mach, err := m.cfg.Driver.Start(bctx, spec)
@@ -182,4 +198,24 @@ func (m *Manager) buildTemplate(ctx context.Context, s shape) error {
 		return err
 	}
 	return os.Rename(snap, final)
+}
+
+// killTemplateStrays ends the VMs of template builds that a crash of the
+// server left running: the build VMs are disposable, and only one build
+// runs at a time, so none of them is in use when a build starts.
+func (m *Manager) killTemplateStrays(ctx context.Context) {
+	k, ok := m.cfg.Driver.(vmm.StrayKiller)
+	if !ok {
+		return
+	}
+	root := filepath.Join(m.cfg.DataDir, "templates")
+	builds, _ := filepath.Glob(filepath.Join(root, "*", "*.build"))
+	for _, b := range builds {
+		if id, err := os.ReadFile(filepath.Join(b, "id")); err == nil {
+			if n, err := k.KillStray(ctx, vmm.Spec{ID: string(id), Dir: filepath.Join(b, "vm")}); err == nil && n > 0 {
+				m.log.Info("ended a template build's vm left by a crash", "count", n)
+			}
+		}
+		_ = os.RemoveAll(b)
+	}
 }
