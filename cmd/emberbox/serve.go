@@ -54,6 +54,7 @@ type serveOptions struct {
 	egressOpen    []string
 	egressResolve []string
 	diskRetention time.Duration
+	templates     bool
 	egressMax     []string
 	egressDeny    []string
 	extraCAFile   string
@@ -80,6 +81,7 @@ func newServeCommand() *cobra.Command {
 	f.StringVar(&o.dataDir, "data-dir", defaultDataDir(), "where the database, keys and sandbox disks live")
 	f.StringVar(&o.cacheDir, "cache-dir", "", "image cache directory (default ~/.cache/emberbox)")
 	f.StringVar(&o.agentBinary, "agent-binary", "", "emberbox-agent binary to boot (default: beside this binary)")
+	f.BoolVar(&o.templates, "templates", true, "create sandboxes by restoring a template of their shape (made once, from a booted guest) instead of booting each")
 	f.DurationVar(&o.bootTimeout, "boot-timeout", 90*time.Second, "bound on one boot attempt; a create makes at most two")
 	f.BoolVar(&o.noKVM, "no-kvm", false, "use software emulation even where /dev/kvm works")
 	addConfineFlags(f, &o)
@@ -167,6 +169,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	mgr := sandbox.New(sandbox.Config{
 		Store: st, Driver: drv, Boot: boot.BootFiles, DataDir: o.dataDir, Logger: log, BootTimeout: o.bootTimeout,
 		Egress: ecfg.op, EgressDefault: ecfg.def, ExtraCAs: ecfg.cas, StoppedDiskRetention: o.diskRetention,
+		Templates: o.templates,
 		Admission: adm.ledger, Limits: adm.limits,
 	})
 	// On any way out: the background loops are stopped and waited for,
@@ -180,6 +183,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	var bg sync.WaitGroup
 	defer bg.Wait()
 	defer stopBackground()
+	mgr.PrepareTemplate()
 	bg.Go(func() { _ = mgr.Run(bctx) })
 	bg.Go(func() { pruneIdempotency(bctx, st, log) })
 	bg.Go(func() { mgr.RunDiskRetention(bctx) })
