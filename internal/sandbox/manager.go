@@ -269,10 +269,15 @@ func (m *Manager) account(sb *Sandbox) {
 	}
 }
 
-// claim is what sb holds in the admission ledger.
+// claim is what sb holds in the admission ledger: a paused sandbox holds
+// its disk alone, as it has no VM.
 func claim(sb *Sandbox) admission.Claim {
-	return admission.Claim{ID: sb.ID, Owner: sb.OwnerKeyID, Booting: sb.State == StateStarting,
+	c := admission.Claim{ID: sb.ID, Owner: sb.OwnerKeyID, Booting: sb.State == StateStarting || sb.State == StateResuming,
 		Resources: admission.Resources{VCPU: sb.VCPU, MemoryMiB: int64(sb.MemoryMiB), DiskMiB: int64(sb.DiskMiB)}}
+	if sb.State == StatePaused {
+		c.VCPU, c.MemoryMiB, c.Booting = 0, 0, false
+	}
+	return c
 }
 
 // checkLimits refuses a spec beyond the operator's limits of one sandbox,

@@ -75,6 +75,22 @@ type Sandbox struct {
 	DeletedAt      *time.Time
 	// VM is the driver's opaque reattach record (pid, socket paths), JSON.
 	VM []byte
+
+	// PausedAt is when it was last paused; nil unless pausing, paused or
+	// resuming.
+	PausedAt *time.Time
+	// AutoWake: a guest call to it while paused wakes it first; without
+	// it the call is refused with sandbox_paused.
+	AutoWake bool
+	// IdlePauseSeconds pauses a running sandbox after that long without
+	// API activity; 0 never.
+	IdlePauseSeconds int
+	// Persistent sandboxes have no lease and are never idle-paused: they
+	// run until stopped.
+	Persistent bool
+	// SnapshotID is the snapshot it was made from, if any: its disk
+	// backs this sandbox's, so the snapshot's files stay while it exists.
+	SnapshotID string
 }
 
 // CreateSpec is a validated create request with defaults filled in.
