@@ -105,9 +105,11 @@ type Manager struct {
 	wg     sync.WaitGroup
 
 	mu      sync.Mutex
-	closed  bool                     // no goroutine starts once set
-	live    map[string]*instance     // sandboxes with a VM (starting, running, stopping)
-	changed map[string]chan struct{} // per sandbox, closed when it changes; only while someone waits
+	closed  bool                         // no goroutine starts once set
+	live    map[string]*instance         // sandboxes with a VM (starting, running, stopping)
+	changed map[string]chan struct{}     // per sandbox, closed when it changes; only while someone waits
+	ops     map[string]*opLock           // per sandbox whose VM is being changed (pause.go)
+	envs    map[string]map[string]string // env values per sandbox, memory only (lifecycle.go)
 
 	netMu sync.Mutex // serializes policy changes (version numbers)
 
@@ -132,6 +134,8 @@ type instance struct {
 	gate *egress.Gate // the sandbox's egress; set before the VM starts
 
 	safety guestSafety // what the guest did wrong; guestsafety.go
+
+	active atomic.Int64 // unix nanoseconds (of m.now) of the last API call to it, for idle pause
 }
 
 func (m *Manager) newInstance(id string) *instance {
@@ -166,7 +170,8 @@ func New(cfg Config) *Manager {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Manager{cfg: cfg, log: log, ctx: ctx, cancel: cancel,
-		live: map[string]*instance{}, changed: map[string]chan struct{}{}}
+		live: map[string]*instance{}, changed: map[string]chan struct{}{}, ops: map[string]*opLock{},
+		envs: map[string]map[string]string{}}
 }
 
 // spawn runs f in a goroutine the manager owns: Close waits for it. After
@@ -323,10 +328,6 @@ func (m *Manager) event(id, typ, msg string, data map[string]any) {
 
 // Create implements api.Manager.Create.
 func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (*Sandbox, error) {
-	if spec.OnLeaseEnd == LeaseEndPause {
-		return nil, errdefs.New(errdefs.ErrInvalidArgument, "pause_unavailable", "onLeaseEnd \"pause\" needs snapshots, which this server does not have yet").
-			WithHint(`use "stop" or "delete"`)
-	}
 	names := make([]string, 0, len(spec.Env))
 	for k := range spec.Env {
 		names = append(names, k)
@@ -337,7 +338,8 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (*S
 		VCPU: spec.VCPU, MemoryMiB: spec.MemoryMiB, DiskMiB: spec.DiskMiB,
 		TimeoutSeconds: spec.TimeoutSeconds, OnLeaseEnd: spec.OnLeaseEnd,
 		State: StateStarting, Accel: m.cfg.Driver.Accel(), Driver: m.cfg.Driver.Name(),
-		CreatedAt: m.now(),
+		CreatedAt: m.now(), AutoWake: spec.AutoWake == nil || *spec.AutoWake,
+		IdlePauseSeconds: spec.IdlePauseSeconds, Persistent: spec.Persistent,
 	}
 	pol := m.cfg.EgressDefault
 	if spec.Network != nil {
@@ -368,9 +370,10 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (*S
 	m.mu.Lock()
 	m.live[sb.ID] = in
 	m.mu.Unlock()
+	m.rememberEnv(sb.ID, spec.Env)
 	m.event(sb.ID, "created", "sandbox created", map[string]any{"vcpu": sb.VCPU, "memoryMiB": sb.MemoryMiB})
 	faultpoint.Hit("create.recorded")
-	if !m.spawn(func() { m.boot(in.ctx, in, sb, spec.Env) }) {
+	if !m.spawn(func() { m.boot(in.ctx, in, sb, spec.Env, false) }) {
 		// Shutting down: the record stays starting with no VM, and the
 		// next start records it stopped (lost_on_restart).
 		close(in.bootDone)
@@ -387,13 +390,14 @@ func (m *Manager) vmSpec(sb *Sandbox) vmm.Spec {
 
 // boot starts the VM and waits for its agent, retrying once: a TCG guest can
 // still hang early in boot, and a fresh VM nearly always comes up.
-func (m *Manager) boot(ctx context.Context, in *instance, sb *Sandbox, env map[string]string) {
+// With keepDisk it boots from the disk the sandbox already has (restart).
+func (m *Manager) boot(ctx context.Context, in *instance, sb *Sandbox, env map[string]string, keepDisk bool) {
 	defer close(in.bootDone)
 	log := m.log.With("sandbox_id", sb.ID)
 	var lastErr error
 	for attempt := 1; attempt <= 2; attempt++ {
 		start := time.Now()
-		err := m.bootOnce(ctx, in, sb, env)
+		err := m.bootOnce(ctx, in, sb, env, keepDisk)
 		if err == nil {
 			log.Info("sandbox ready", "attempt", attempt, "took", time.Since(start).Round(time.Millisecond))
 			m.ready(in, map[string]any{"attempt": attempt, "bootMs": time.Since(start).Milliseconds()})
@@ -421,14 +425,14 @@ func (m *Manager) ready(in *instance, data map[string]any) {
 		if s.State != StateStarting {
 			return false // stopped or deleted while booting
 		}
-		expires := now.Add(time.Duration(s.TimeoutSeconds) * time.Second)
-		if s.ExpiresAt != nil && s.ExpiresAt.After(expires) {
-			expires = *s.ExpiresAt
+		expires := m.leaseEnd(s, now)
+		if expires != nil && s.ExpiresAt != nil && s.ExpiresAt.After(*expires) {
+			expires = s.ExpiresAt
 		}
-		if end := m.lifetimeEnd(s); !end.IsZero() && expires.After(end) {
-			expires = end
+		if end := m.lifetimeEnd(s); expires != nil && !end.IsZero() && expires.After(end) {
+			expires = &end
 		}
-		s.State, s.ReadyAt, s.ExpiresAt = StateRunning, &now, &expires
+		s.State, s.ReadyAt, s.ExpiresAt = StateRunning, &now, expires
 		changed = true
 		return true
 	})
@@ -438,14 +442,17 @@ func (m *Manager) ready(in *instance, data map[string]any) {
 	if !changed {
 		return
 	}
+	in.touch(now)
 	m.event(in.id, "ready", "sandbox is running", data)
 	m.spawn(func() { m.watch(in) })
 }
 
-func (m *Manager) bootOnce(ctx context.Context, in *instance, sb *Sandbox, env map[string]string) error {
+func (m *Manager) bootOnce(ctx context.Context, in *instance, sb *Sandbox, env map[string]string, keepDisk bool) error {
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
 	defer cancel()
-	mach, err := m.cfg.Driver.Start(ctx, m.vmSpec(sb))
+	spec := m.vmSpec(sb)
+	spec.KeepDisk = keepDisk
+	mach, err := m.cfg.Driver.Start(ctx, spec)
 	if err != nil {
 		return err
 	}
@@ -733,6 +740,8 @@ func (m *Manager) stop(ctx context.Context, id, reason string, wait bool) (*Sand
 // egress gate and the VM itself go. It returns once the VM has exited (or
 // its stop failed, which is logged).
 func (m *Manager) endVM(id string) {
+	unlock := m.lockOp(id) // a pause or wake under way finishes first
+	defer unlock()
 	m.mu.Lock()
 	in := m.live[id]
 	m.mu.Unlock()
@@ -811,6 +820,7 @@ func (m *Manager) finishDelete(ctx context.Context, id string) (*Sandbox, error)
 		return nil, fmt.Errorf("removing the files of sandbox %s: %w", id, err)
 	}
 	faultpoint.Hit("delete.files_removed")
+	m.rememberEnv(id, nil)
 	now := m.now()
 	changed := false
 	sb, err := m.update(ctx, id, func(s *Sandbox) bool {
@@ -852,6 +862,9 @@ func (m *Manager) Extend(ctx context.Context, owner, id string, d time.Duration)
 	}
 	if sb.State != StateRunning && sb.State != StateStarting {
 		return nil, Refusal(sb)
+	}
+	if sb.Persistent || sb.TimeoutSeconds == 0 {
+		return sb, nil // no time limit: nothing to extend
 	}
 	if d <= 0 || d > MaxExtendAhead {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "seconds must be between 1 and %d", int(MaxExtendAhead.Seconds()))

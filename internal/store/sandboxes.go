@@ -24,7 +24,7 @@ const (
 const sandboxColumns = `id, owner_key_id, name, labels, env_names, vcpu, memory_mib, disk_mib,
 	timeout_seconds, on_lease_end, state, stop_reason, accel, driver,
 	created_at, ready_at, expires_at, ended_at, deleted_at, vm,
-	paused_at, auto_wake, idle_pause_seconds, persistent, snapshot_id`
+	paused_at, auto_wake, idle_pause_seconds, persistent, snapshot_id, disk_removed_at`
 
 // InsertSandbox records a new sandbox. If sb.CreatedAt is zero it is set to
 // the current time. A non-empty idempotencyKey names the pending
@@ -56,12 +56,13 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *sandbox.Sandbox, idempote
 	// The partial unique index sandboxes_live_name makes the name check and
 	// the insert one atomic step.
 	_, err = tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sb.ID, sb.OwnerKeyID, sb.Name, labels, envNames, sb.VCPU, sb.MemoryMiB, sb.DiskMiB,
 		sb.TimeoutSeconds, sb.OnLeaseEnd, string(sb.State), sb.StopReason, sb.Accel, sb.Driver,
 		formatTime(sb.CreatedAt), formatTimePtr(sb.ReadyAt), formatTimePtr(sb.ExpiresAt),
 		formatTimePtr(sb.EndedAt), formatTimePtr(sb.DeletedAt), sb.VM,
-		formatTimePtr(sb.PausedAt), sb.AutoWake, sb.IdlePauseSeconds, sb.Persistent, sb.SnapshotID)
+		formatTimePtr(sb.PausedAt), sb.AutoWake, sb.IdlePauseSeconds, sb.Persistent, sb.SnapshotID,
+		formatTimePtr(sb.DiskRemovedAt))
 	switch {
 	case isUniqueViolation(err):
 		return fmt.Errorf("inserting sandbox %s: %w", sb.ID, nameTaken(sb.Name))
@@ -287,12 +288,12 @@ func scanSandbox(row interface{ Scan(...any) error }) (*sandbox.Sandbox, error) 
 		state, created                 string
 		labels, envNames               sql.NullString
 		ready, expires, ended, deleted sql.NullString
-		paused                         sql.NullString
+		paused, diskRemoved            sql.NullString
 	)
 	err := row.Scan(&sb.ID, &sb.OwnerKeyID, &sb.Name, &labels, &envNames, &sb.VCPU, &sb.MemoryMiB, &sb.DiskMiB,
 		&sb.TimeoutSeconds, &sb.OnLeaseEnd, &state, &sb.StopReason, &sb.Accel, &sb.Driver,
 		&created, &ready, &expires, &ended, &deleted, &sb.VM,
-		&paused, &sb.AutoWake, &sb.IdlePauseSeconds, &sb.Persistent, &sb.SnapshotID)
+		&paused, &sb.AutoWake, &sb.IdlePauseSeconds, &sb.Persistent, &sb.SnapshotID, &diskRemoved)
 	if err != nil {
 		return nil, err
 	}
@@ -309,7 +310,7 @@ func scanSandbox(row interface{ Scan(...any) error }) (*sandbox.Sandbox, error) 
 	for _, f := range []struct {
 		dst **time.Time
 		src sql.NullString
-	}{{&sb.ReadyAt, ready}, {&sb.ExpiresAt, expires}, {&sb.EndedAt, ended}, {&sb.DeletedAt, deleted}, {&sb.PausedAt, paused}} {
+	}{{&sb.ReadyAt, ready}, {&sb.ExpiresAt, expires}, {&sb.EndedAt, ended}, {&sb.DeletedAt, deleted}, {&sb.PausedAt, paused}, {&sb.DiskRemovedAt, diskRemoved}} {
 		if *f.dst, err = parseTimePtr(f.src); err != nil {
 			return nil, fmt.Errorf("sandbox %s: %w", sb.ID, err)
 		}

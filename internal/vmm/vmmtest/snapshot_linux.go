@@ -164,3 +164,8 @@ func (d *Driver) Continues() int {
 	defer d.mu.Unlock()
 	return d.continues
 }
+
+// SaveState writes a saved state for sandbox id into dir, as a Pause that
+// got as far as saving would, without touching any machine: for tests of
+// recovery from a crash in the middle of a pause or wake.
+func SaveState(dir, id string) error { return writeSaved(dir, id) }
