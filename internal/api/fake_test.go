@@ -39,6 +39,8 @@ type fakeManager struct {
 	lastMode   uint32
 	lastChmod  string // path and octal mode
 	chmodErr   error
+	restarts   int
+	lastUpdate sandbox.UpdateSpec
 }
 
 type waitCall struct {
@@ -98,7 +100,9 @@ func (m *fakeManager) Create(ctx context.Context, owner string, spec sandbox.Cre
 	id := fmt.Sprintf("sbx_%d", m.n)
 	sb := &sandbox.Sandbox{ID: id, OwnerKeyID: owner, Name: spec.Name, Labels: spec.Labels, State: sandbox.StateStarting,
 		VCPU: spec.VCPU, MemoryMiB: spec.MemoryMiB, DiskMiB: spec.DiskMiB, TimeoutSeconds: spec.TimeoutSeconds,
-		OnLeaseEnd: spec.OnLeaseEnd, CreatedAt: time.Date(2026, 11, 1, 12, 0, 0, 123456789, time.UTC)}
+		OnLeaseEnd: spec.OnLeaseEnd, CreatedAt: time.Date(2026, 11, 1, 12, 0, 0, 123456789, time.UTC),
+		AutoWake: spec.AutoWake == nil || *spec.AutoWake, IdlePauseSeconds: spec.IdlePauseSeconds, Persistent: spec.Persistent,
+		SnapshotID: spec.SnapshotID}
 	for k := range spec.Env {
 		sb.EnvNames = append(sb.EnvNames, k)
 	}
@@ -454,4 +458,89 @@ var errInternalSecret = fmt.Errorf("agent socket /run/secret broke: %w", errdefs
 
 func errdefsConflict(code string) error {
 	return errdefs.New(errdefs.ErrConflict, code, "refused: %s", code)
+}
+
+func (m *fakeManager) Pause(ctx context.Context, owner, id string) (*sandbox.Sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, err := m.getLocked(owner, id)
+	if err != nil {
+		return nil, err
+	}
+	switch sb.State {
+	case sandbox.StatePaused, sandbox.StatePausing:
+	case sandbox.StateRunning:
+		now := time.Date(2026, 11, 1, 13, 0, 0, 0, time.UTC)
+		sb.State, sb.PausedAt, sb.ExpiresAt = sandbox.StatePausing, &now, nil
+	default:
+		return nil, sandbox.Refusal(sb)
+	}
+	return clone(sb), nil
+}
+
+func (m *fakeManager) Wake(ctx context.Context, owner, id string, timeout *int) (*sandbox.Sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, err := m.getLocked(owner, id)
+	if err != nil {
+		return nil, err
+	}
+	switch sb.State {
+	case sandbox.StatePaused:
+		sb.State, sb.PausedAt = sandbox.StateResuming, nil
+		if timeout != nil {
+			sb.TimeoutSeconds = *timeout
+		}
+	case sandbox.StateRunning, sandbox.StateStarting:
+		return nil, errdefsConflict("not_paused")
+	default:
+		return nil, sandbox.Refusal(sb)
+	}
+	return clone(sb), nil
+}
+
+func (m *fakeManager) Restart(ctx context.Context, owner, id string) (*sandbox.Sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, err := m.getLocked(owner, id)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State == sandbox.StateStopped {
+		m.restarts++
+		sb.State, sb.StopReason = sandbox.StateStarting, ""
+	}
+	return clone(sb), nil
+}
+
+func (m *fakeManager) Update(ctx context.Context, owner, id string, u sandbox.UpdateSpec) (*sandbox.Sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, err := m.getLocked(owner, id)
+	if err != nil {
+		return nil, err
+	}
+	m.lastUpdate = u
+	if u.Name != nil {
+		sb.Name = *u.Name
+	}
+	if u.Labels != nil {
+		sb.Labels = u.Labels
+	}
+	if u.AutoWake != nil {
+		sb.AutoWake = *u.AutoWake
+	}
+	if u.IdlePauseSeconds != nil {
+		sb.IdlePauseSeconds = *u.IdlePauseSeconds
+	}
+	if u.Persistent != nil {
+		sb.Persistent = *u.Persistent
+	}
+	if u.TimeoutSeconds != nil {
+		sb.TimeoutSeconds = *u.TimeoutSeconds
+	}
+	if u.OnLeaseEnd != nil {
+		sb.OnLeaseEnd = *u.OnLeaseEnd
+	}
+	return clone(sb), nil
 }

@@ -30,6 +30,18 @@ type Manager interface {
 	// Extend moves the lease to now+d (at most sandbox.MaxExtendAhead ahead).
 	Extend(ctx context.Context, owner, id string, d time.Duration) (*sandbox.Sandbox, error)
 
+	// Pause records a running sandbox pausing and pauses it in the
+	// background; a pausing or paused one is answered as it is.
+	Pause(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
+	// Wake admits a paused sandbox again and resumes it in the background
+	// (no_capacity leaves it paused); a running one is not_paused.
+	// timeout, if not nil, is its new time limit in seconds.
+	Wake(ctx context.Context, owner, id string, timeout *int) (*sandbox.Sandbox, error)
+	// Restart boots a stopped sandbox again from its kept disk.
+	Restart(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
+	// Update changes a sandbox's settings.
+	Update(ctx context.Context, owner, id string, u sandbox.UpdateSpec) (*sandbox.Sandbox, error)
+
 	// Guest returns a running sandbox of owner's and its guest agent, or
 	// the coded refusal of the sandbox's state (sandbox.Refusal). Every call
 	// into a guest goes through it.

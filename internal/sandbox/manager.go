@@ -328,6 +328,9 @@ func (m *Manager) event(id, typ, msg string, data map[string]any) {
 
 // Create implements api.Manager.Create.
 func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (*Sandbox, error) {
+	if spec.SnapshotID != "" {
+		return nil, errdefs.New(errdefs.ErrNotFound, "snapshot_not_found", "no snapshot %q", spec.SnapshotID)
+	}
 	names := make([]string, 0, len(spec.Env))
 	for k := range spec.Env {
 		names = append(names, k)

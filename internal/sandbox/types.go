@@ -121,6 +121,9 @@ type CreateSpec struct {
 	AutoWake         *bool
 	IdlePauseSeconds int
 	Persistent       bool
+	// SnapshotID, if set, makes the sandbox a copy of that snapshot (of
+	// the same owner), with its shape.
+	SnapshotID string
 	// Network is the egress policy; nil means the operator's default.
 	Network *egress.Policy
 	// IdempotencyKey is the create request's Idempotency-Key, if any: the
