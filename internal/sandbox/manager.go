@@ -328,8 +328,12 @@ func (m *Manager) event(id, typ, msg string, data map[string]any) {
 
 // Create implements api.Manager.Create.
 func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (*Sandbox, error) {
+	var source *Snapshot
 	if spec.SnapshotID != "" {
-		return nil, errdefs.New(errdefs.ErrNotFound, "snapshot_not_found", "no snapshot %q", spec.SnapshotID)
+		var err error
+		if source, err = m.copySource(ctx, owner, &spec); err != nil {
+			return nil, err
+		}
 	}
 	names := make([]string, 0, len(spec.Env))
 	for k := range spec.Env {
@@ -342,7 +346,7 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (*S
 		TimeoutSeconds: spec.TimeoutSeconds, OnLeaseEnd: spec.OnLeaseEnd,
 		State: StateStarting, Accel: m.cfg.Driver.Accel(), Driver: m.cfg.Driver.Name(),
 		CreatedAt: m.now(), AutoWake: spec.AutoWake == nil || *spec.AutoWake,
-		IdlePauseSeconds: spec.IdlePauseSeconds, Persistent: spec.Persistent,
+		IdlePauseSeconds: spec.IdlePauseSeconds, Persistent: spec.Persistent, SnapshotID: spec.SnapshotID,
 	}
 	pol := m.cfg.EgressDefault
 	if spec.Network != nil {
@@ -376,7 +380,11 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (*S
 	m.rememberEnv(sb.ID, spec.Env)
 	m.event(sb.ID, "created", "sandbox created", map[string]any{"vcpu": sb.VCPU, "memoryMiB": sb.MemoryMiB})
 	faultpoint.Hit("create.recorded")
-	if !m.spawn(func() { m.boot(in.ctx, in, sb, spec.Env, false) }) {
+	start := func() { m.boot(in.ctx, in, sb, spec.Env, false) }
+	if source != nil {
+		start = func() { m.bootCopy(in.ctx, in, sb, source, spec.Env) }
+	}
+	if !m.spawn(start) {
 		// Shutting down: the record stays starting with no VM, and the
 		// next start records it stopped (lost_on_restart).
 		close(in.bootDone)
@@ -839,6 +847,9 @@ func (m *Manager) finishDelete(ctx context.Context, id string) (*Sandbox, error)
 	})
 	if changed {
 		m.event(id, "deleted", "sandbox deleted", map[string]any{"reason": sb.StopReason})
+		if sb.SnapshotID != "" {
+			m.RemoveUnusedSnapshots(ctx) // it may have been the last user of a deleted snapshot
+		}
 	}
 	return sb, err
 }

@@ -36,16 +36,14 @@ func (m *Manager) retention() time.Duration {
 }
 
 // RunDiskRetention removes the files of stopped sandboxes once they have
-// been stopped for the retention, every minute until ctx ends. A negative
-// retention keeps them.
+// been stopped for the retention (never, if it is negative), and deletes
+// snapshots whose retention has ended, every minute until ctx ends.
 func (m *Manager) RunDiskRetention(ctx context.Context) {
-	if m.retention() < 0 {
-		return
-	}
 	t := time.NewTicker(retentionTick)
 	defer t.Stop()
 	for {
 		m.RemoveStoppedDisks(ctx)
+		m.ExpireSnapshots(ctx)
 		select {
 		case <-ctx.Done():
 			return

@@ -153,12 +153,14 @@ func (s *Store) ExpiredSnapshots(ctx context.Context, now time.Time) ([]*sandbox
 }
 
 // UnusedDeletedSnapshots returns the deleted snapshots whose files are
-// still there and that no sandbox but a deleted one was made from: their
+// still there and that no sandbox with a disk was made from (deleted, or
+// stopped with its files removed, a copy needs them no longer): their
 // files can go.
 func (s *Store) UnusedDeletedSnapshots(ctx context.Context) ([]string, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT id FROM snapshots AS sn
 		WHERE state = 'deleted' AND files_removed_at IS NULL
-		AND NOT EXISTS (SELECT 1 FROM sandboxes WHERE snapshot_id = sn.id AND state <> 'deleted')
+		AND NOT EXISTS (SELECT 1 FROM sandboxes
+			WHERE snapshot_id = sn.id AND state <> 'deleted' AND disk_removed_at IS NULL)
 		ORDER BY deleted_at`)
 	if err != nil {
 		return nil, fmt.Errorf("listing unused deleted snapshots: %w", err)
