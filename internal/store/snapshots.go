@@ -223,3 +223,9 @@ func scanSnapshot(row interface{ Scan(...any) error }) (*sandbox.Snapshot, error
 	}
 	return &sn, nil
 }
+
+// The manager finds these by interface assertion; keep them implemented.
+var (
+	_ sandbox.SnapshotStore = (*Store)(nil)
+	_ sandbox.DiskStore     = (*Store)(nil)
+)
