@@ -104,6 +104,11 @@ func (m *Manager) Guest(ctx context.Context, owner, id string) (*Sandbox, Guest,
 	if err != nil {
 		return nil, nil, err
 	}
+	if sb.State.Paused() && sb.AutoWake {
+		return nil, nil, errdefs.New(errdefs.ErrUnavailable, "wake_failed",
+			"sandbox %s was paused again, or its wake failed, each time it was woken for this call", id).
+			WithHint("see GET /v1/sandboxes/{id}/events, and retry")
+	}
 	if err := Refusal(sb); err != nil {
 		return nil, nil, err
 	}

@@ -422,7 +422,8 @@ func (m *Manager) wakeFailed(in *instance, sb *Sandbox, mach vmm.Machine, cause 
 }
 
 // wakeForCall wakes a paused sandbox whose autoWake is on for a guest call
-// and waits until it runs (or is no longer paused).
+// and waits until it runs or is paused again (the wake failed, or another
+// pause came first); the caller looks again.
 func (m *Manager) wakeForCall(ctx context.Context, owner string, sb *Sandbox) error {
 	if sb.State == StatePaused {
 		if _, err := m.wake(ctx, sb.ID, nil); err != nil {
@@ -431,16 +432,8 @@ func (m *Manager) wakeForCall(ctx context.Context, owner string, sb *Sandbox) er
 	}
 	wctx, cancel := context.WithTimeout(ctx, pauseTimeout+m.cfg.BootTimeout)
 	defer cancel()
-	got, err := m.WaitFor(wctx, owner, sb.ID, StateRunning, StatePaused)
-	if err != nil {
+	if _, err := m.WaitFor(wctx, owner, sb.ID, StateRunning, StatePaused); err != nil {
 		return err
-	}
-	if got.State == StatePaused && sb.State == StatePaused {
-		// Woken and paused again, or the wake failed: say so rather
-		// than loop.
-		e := errdefs.New(errdefs.ErrUnavailable, "wake_failed", "sandbox %s could not be woken", sb.ID).
-			WithHint("see GET /v1/sandboxes/{id}/events; retry the call")
-		return e
 	}
 	return ctx.Err()
 }

@@ -435,3 +435,74 @@ func TestUpdate(t *testing.T) {
 		t.Errorf("update by another key: %v, want not found", err)
 	}
 }
+
+func TestStopAndDeletePaused(t *testing.T) {
+	e := newEnv(t)
+	ledger := admission.New(admission.Config{})
+	m := e.managerWith(func(c *sandbox.Config) { c.Admission = ledger })
+	ctx := context.Background()
+	a := running(t, m, spec())
+	b := running(t, m, spec())
+	pause(t, m, a.ID)
+	pause(t, m, b.ID)
+	if _, err := m.Stop(ctx, "k", a.ID); err != nil {
+		t.Fatal(err)
+	}
+	if sb := waitState(t, m, "k", a.ID, sandbox.StateStopped); sb.StopReason != sandbox.ReasonRequested {
+		t.Errorf("stopped paused sandbox: reason %q", sb.StopReason)
+	}
+	if _, err := m.Delete(ctx, "k", b.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Get(ctx, "k", b.ID); !errdefs.IsNotFound(err) {
+		t.Errorf("deleted paused sandbox: %v", err)
+	}
+	if exists(e.spec(b.ID).Dir) {
+		t.Error("a deleted paused sandbox's files (its saved state) are still there")
+	}
+	if u := ledger.Total(); u.Sandboxes != 0 {
+		t.Errorf("the ledger still holds %+v", u)
+	}
+}
+
+// TestCallsDuringPause runs guest calls while the sandbox is paused over
+// and over: each call is served (autoWake) or answered with a retryable
+// code, and nothing deadlocks.
+func TestCallsDuringPause(t *testing.T) {
+	e := newEnv(t)
+	m := e.manager()
+	ctx := context.Background()
+	sb := running(t, m, spec())
+	done := make(chan error, 1)
+	go func() {
+		for range 20 {
+			if _, err := exec(ctx, m, "k", sb.ID, agentproto.ExecRequest{Argv: []string{"true"}}); err != nil &&
+				errdefs.Code(err) != "guest_busy" && errdefs.Code(err) != "guest_unavailable" && errdefs.Code(err) != "wake_failed" {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	for range 5 {
+		if _, err := m.Pause(ctx, "k", sb.ID); err != nil && !errdefs.IsConflict(err) {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("a call during pauses: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("calls during pauses did not finish")
+	}
+	// Once the pauses stop, a call wakes it and is served.
+	if _, err := exec(ctx, m, "k", sb.ID, agentproto.ExecRequest{Argv: []string{"true"}}); err != nil {
+		t.Errorf("a call after the pauses: %v", err)
+	}
+	if got, _ := m.Get(ctx, "k", sb.ID); got.State != sandbox.StateRunning {
+		t.Errorf("after the call the sandbox is %s", got.State)
+	}
+}
