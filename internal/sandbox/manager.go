@@ -243,9 +243,11 @@ func (m *Manager) update(ctx context.Context, id string, fn func(sb *Sandbox) bo
 	if h := m.testHookBeforeUpdate.Load(); h != nil {
 		(*h)(id)
 	}
-	changed := false
+	changed, entered := false, false
 	sb, err := m.cfg.Store.UpdateSandbox(ctx, id, func(sb *Sandbox) bool {
+		before := sb.State
 		changed = fn(sb)
+		entered = changed && sb.State != before
 		if h := m.testHookUpdate.Load(); changed && h != nil {
 			(*h)(id, sb)
 		}
@@ -254,21 +256,29 @@ func (m *Manager) update(ctx context.Context, id string, fn func(sb *Sandbox) bo
 	if err != nil {
 		return nil, fmt.Errorf("saving sandbox %s: %w", id, err)
 	}
+	// The ledger first: a waiter woken by the change may create at once.
+	m.account(sb, entered)
 	if changed {
 		m.notify(id)
 	}
-	m.account(sb)
 	return sb, nil
 }
 
 // account keeps the admission ledger in step with the record, as every
 // transition goes through update: a sandbox gives back its boot slot when
-// it runs and everything when it is stopped or deleted (the ledger
-// releases once however often this is called).
-func (m *Manager) account(sb *Sandbox) {
+// it runs, all but its disk when it enters paused, and everything when it
+// is stopped or deleted (the ledger releases once however often this is
+// called). Entering paused happens only under the sandbox's VM lock, which
+// a stop or delete takes before it can release, so the shrink never
+// follows a release.
+func (m *Manager) account(sb *Sandbox, entered bool) {
 	switch sb.State {
 	case StateRunning:
 		m.cfg.Admission.Booted(sb.ID)
+	case StatePaused:
+		if entered {
+			m.cfg.Admission.Restore(claim(sb))
+		}
 	case StateStopped, StateDeleted:
 		m.cfg.Admission.Release(sb.ID)
 	}

@@ -163,11 +163,11 @@ func (m *Manager) finishPause(id, why string) {
 	}
 }
 
-// recordPaused records a pausing or resuming sandbox paused, with no VM,
-// and lets go of all but its disk in the admission ledger.
+// recordPaused records a pausing or resuming sandbox paused, with no VM;
+// update's account lets go of all but its disk in the admission ledger.
 func (m *Manager) recordPaused(id string) bool {
 	changed := false
-	sb, err := m.update(context.Background(), id, func(s *Sandbox) bool {
+	_, err := m.update(context.Background(), id, func(s *Sandbox) bool {
 		if changed = s.State == StatePausing || s.State == StateResuming; changed {
 			s.State, s.VM, s.ExpiresAt = StatePaused, nil, nil
 			if s.PausedAt == nil {
@@ -181,10 +181,7 @@ func (m *Manager) recordPaused(id string) bool {
 		m.log.Error("recording paused sandbox", "sandbox_id", id, "err", err)
 		return false
 	}
-	if changed {
-		m.cfg.Admission.Restore(claim(sb))
-	}
-	return changed
+	return changed // update shrank the claim to the disk (account)
 }
 
 // carryOn puts a VM whose pause failed, and still runs, back to work: a
