@@ -127,24 +127,10 @@ func New(cfg Config) *Ledger {
 // with a RetryAfter. Holding a claim for an id already held is a
 // programming error, refused with errdefs.ErrInternal.
 func (l *Ledger) Reserve(c Claim) error {
-	// The host is read before the lock: the figures are a moment old in
-	// any case, and nothing else waits on a slow read.
-	diskFree, memAvail := int64(-1), int64(-1)
-	if l.cfg.DiskFreeMiB != nil {
-		free, err := l.cfg.DiskFreeMiB()
-		if err != nil {
-			return fmt.Errorf("reading the data dir's free space: %w", err)
-		}
-		diskFree = free
+	diskFree, memAvail, err := l.readHost()
+	if err != nil {
+		return err
 	}
-	if l.cfg.MemAvailableMiB != nil {
-		avail, err := l.cfg.MemAvailableMiB()
-		if err != nil {
-			return fmt.Errorf("reading the host's available memory: %w", err)
-		}
-		memAvail = avail
-	}
-
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if _, ok := l.claims[c.ID]; ok {
@@ -162,6 +148,24 @@ func (l *Ledger) Reserve(c Claim) error {
 	}
 	l.holdLocked(&c)
 	return nil
+}
+
+// readHost reads the host's free disk and available memory (-1: not
+// checked). It runs before the lock: the figures are a moment old in any
+// case, and nothing else waits on a slow read.
+func (l *Ledger) readHost() (diskFree, memAvail int64, err error) {
+	diskFree, memAvail = -1, -1
+	if l.cfg.DiskFreeMiB != nil {
+		if diskFree, err = l.cfg.DiskFreeMiB(); err != nil {
+			return 0, 0, fmt.Errorf("reading the data dir's free space: %w", err)
+		}
+	}
+	if l.cfg.MemAvailableMiB != nil {
+		if memAvail, err = l.cfg.MemAvailableMiB(); err != nil {
+			return 0, 0, fmt.Errorf("reading the host's available memory: %w", err)
+		}
+	}
+	return diskFree, memAvail, nil
 }
 
 // checkQuota refuses c if its owner would pass a quota.
@@ -252,6 +256,40 @@ func (l *Ledger) Restore(c Claim) {
 		l.dropLocked(old)
 	}
 	l.holdLocked(&c)
+}
+
+// Replace admits c in place of what sandbox c.ID holds now, checking c as
+// if the old claim were given back first, and refuses it as Reserve does,
+// leaving the old claim held. A paused sandbox that wakes grows from its
+// disk alone to its whole shape this way, with no moment in which another
+// create could take its disk.
+func (l *Ledger) Replace(c Claim) error {
+	diskFree, memAvail, err := l.readHost()
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	old := l.claims[c.ID]
+	if old != nil {
+		l.dropLocked(old)
+	}
+	own := l.byOwner[c.Owner]
+	if own == nil {
+		own = &Usage{}
+	}
+	err = l.checkQuota(own, &c)
+	if err == nil {
+		err = l.checkHost(&c, diskFree, memAvail)
+	}
+	if err != nil {
+		if old != nil {
+			l.holdLocked(old)
+		}
+		return err
+	}
+	l.holdLocked(&c)
+	return nil
 }
 
 // Booted gives back the boot slot of sandbox id, if it holds one.

@@ -244,3 +244,26 @@ func TestRebuild(t *testing.T) {
 		t.Errorf("restoring a held id twice: total %+v", got)
 	}
 }
+
+func TestReplaceKeepsOldClaimWhenRefused(t *testing.T) {
+	l := New(Config{Capacity: Capacity{VCPU: 4, MemoryMiB: 8192}})
+	paused := Claim{ID: "a", Owner: "k", Resources: Resources{DiskMiB: 4096}}
+	l.Restore(paused)
+	if err := l.Reserve(Claim{ID: "b", Owner: "k", Resources: Resources{VCPU: 4, MemoryMiB: 4096}}); err != nil {
+		t.Fatal(err)
+	}
+	whole := Claim{ID: "a", Owner: "k", Booting: true, Resources: Resources{VCPU: 2, MemoryMiB: 4096, DiskMiB: 4096}}
+	if err := l.Replace(whole); errdefs.Code(err) != CodeNoCapacity {
+		t.Fatalf("Replace with no vCPU left: %v, want no_capacity", err)
+	}
+	if got := l.Total(); got.VCPU != 4 || got.DiskMiB != 4096 || got.Sandboxes != 2 {
+		t.Errorf("after a refused Replace the ledger holds %+v, want the old claims", got)
+	}
+	l.Release("b")
+	if err := l.Replace(whole); err != nil {
+		t.Fatalf("Replace with room: %v", err)
+	}
+	if got := l.Total(); got.VCPU != 2 || got.MemoryMiB != 4096 || got.DiskMiB != 4096 || got.Sandboxes != 1 || got.Boots != 1 {
+		t.Errorf("after Replace the ledger holds %+v, want the whole claim once", got)
+	}
+}

@@ -210,15 +210,16 @@ func TestCreateValidation(t *testing.T) {
 		{name: "ranges", body: `{"vcpu":0,"memoryMiB":127,"diskMiB":65537,"timeoutSeconds":59}`, code: "invalid_request",
 			paths: []string{"diskMiB", "memoryMiB", "timeoutSeconds", "vcpu"}},
 		{name: "lease end", body: `{"onLeaseEnd":"explode"}`, code: "invalid_request", paths: []string{"onLeaseEnd"}},
-		{name: "pause", body: `{"onLeaseEnd":"pause"}`, code: "pause_unavailable"},
-		{name: "pause among others", body: `{"onLeaseEnd":"pause","vcpu":99}`, code: "invalid_request", paths: []string{"onLeaseEnd", "vcpu"}},
+		{name: "idle pause", body: `{"idlePauseSeconds":86401,"persistent":true,"timeoutSeconds":600}`, code: "invalid_request",
+			paths: []string{"idlePauseSeconds", "timeoutSeconds"}},
+		{name: "copy with a shape", body: `{"snapshot":"snap_1","vcpu":4}`, code: "invalid_request", paths: []string{"snapshot"}},
 		{name: "name", body: `{"name":"-bad"}`, code: "invalid_request", paths: []string{"name"}},
 		{name: "long name", body: `{"name":"` + strings.Repeat("a", 64) + `"}`, code: "invalid_request", paths: []string{"name"}},
 		{name: "labels", body: `{"labels":` + string(labels) + `}`, code: "invalid_request", paths: []string{"labels"}},
 		{name: "env name", body: `{"env":{"1BAD":"x","GOOD":"y"}}`, code: "invalid_request", paths: []string{"env.1BAD"}},
 		{name: "env size", body: `{"env":{"BIG":"` + strings.Repeat("x", 33<<10) + `"}}`, code: "invalid_request", paths: []string{"env"}},
 		{name: "not here", body: `{"image":"python","pausable":true,"region":"us-east"}`, code: "invalid_request",
-			paths: []string{"image", "pausable", "region"}},
+			paths: []string{"image", "region"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -230,9 +231,6 @@ func TestCreateValidation(t *testing.T) {
 			got := errorOf(t, w)
 			if got.Code != tt.code {
 				t.Errorf("code %q, want %q", got.Code, tt.code)
-			}
-			if tt.code == "pause_unavailable" && !strings.Contains(got.Hint, "stop") {
-				t.Errorf("hint %q does not point to stop/delete", got.Hint)
 			}
 			var paths []string
 			for _, is := range issuesOf(t, w) {
@@ -251,16 +249,18 @@ func TestCreateDefaultsAndObject(t *testing.T) {
 	if w.Code != 200 {
 		t.Fatalf("status %d: %s", w.Code, w.Body)
 	}
+	// No time limit: it pauses when idle instead, as withruntime documents.
 	want := sandbox.CreateSpec{VCPU: sandbox.DefaultVCPU, MemoryMiB: sandbox.DefaultMemoryMiB, DiskMiB: sandbox.DefaultDiskMiB,
-		TimeoutSeconds: sandbox.DefaultTimeoutSeconds, OnLeaseEnd: "stop"}
+		OnLeaseEnd: "stop", IdlePauseSeconds: sandbox.DefaultIdlePauseSeconds}
 	if diff := cmp.Diff(want, e.m.lastSpec); diff != "" {
 		t.Errorf("spec (-want +got):\n%s", diff)
 	}
 	got := decodeBody[map[string]any](t, w)
 	wantObj := map[string]any{
 		"id": "sbx_1", "kind": "sandbox", "name": nil, "labels": map[string]any{}, "status": "pending", "state": "starting",
-		"region": "local", "vcpu": 2.0, "memoryMiB": 4096.0, "diskMiB": 4096.0, "cpu": "shared", "timeoutSeconds": 1800.0,
-		"onLeaseEnd": "stop", "pausable": false, "persistent": false, "createdAt": "2026-11-01T12:00:00.123Z",
+		"region": "local", "vcpu": 2.0, "memoryMiB": 4096.0, "diskMiB": 4096.0, "cpu": "shared", "timeoutSeconds": 0.0,
+		"onLeaseEnd": "stop", "pausable": true, "persistent": false, "createdAt": "2026-11-01T12:00:00.123Z",
+		"autoWake": true, "idlePauseSeconds": 300.0, "pausedAt": nil,
 		"readyAt": nil, "expiresAt": nil, "endsAt": nil, "endedAt": nil, "stopReason": nil, "envNames": []any{},
 		"accel": "tcg", "driver": nil,
 	}

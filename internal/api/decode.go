@@ -115,3 +115,14 @@ func kindName(t reflect.Type) string {
 		return t.Kind().String() + "s"
 	}
 }
+
+// nullField reports whether the JSON object body holds key with the value
+// null (which decodeStrict leaves unset, like a missing key).
+func nullField(body []byte, key string) bool {
+	var raw map[string]json.RawMessage
+	if json.Unmarshal(body, &raw) != nil {
+		return false
+	}
+	v, ok := raw[key]
+	return ok && string(bytes.TrimSpace(v)) == "null"
+}

@@ -185,7 +185,7 @@ type errorJSON struct {
 func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	ae := toAPIError(err)
 	rid := requestID(r.Context())
-	if ae.Status >= 500 {
+	if ae.Status >= 500 && ae.Status != http.StatusNotImplemented { // 501: a feature not built, not a failure
 		s.log.LogAttrs(r.Context(), slog.LevelError, "request failed",
 			slog.String("request_id", rid), slog.String("method", r.Method),
 			slog.String("path", r.URL.Path), slog.Int("status", ae.Status),

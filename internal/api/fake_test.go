@@ -39,6 +39,10 @@ type fakeManager struct {
 	lastMode   uint32
 	lastChmod  string // path and octal mode
 	chmodErr   error
+	restarts   int
+	lastUpdate sandbox.UpdateSpec
+	lastFork   sandbox.ForkSpec
+	snaps      map[string]*sandbox.Snapshot
 }
 
 type waitCall struct {
@@ -48,7 +52,7 @@ type waitCall struct {
 }
 
 func newFakeManager() *fakeManager {
-	return &fakeManager{sandboxes: map[string]*sandbox.Sandbox{}, files: map[string][]byte{}}
+	return &fakeManager{sandboxes: map[string]*sandbox.Sandbox{}, files: map[string][]byte{}, snaps: map[string]*sandbox.Snapshot{}}
 }
 
 func notFound(id string) error {
@@ -98,7 +102,9 @@ func (m *fakeManager) Create(ctx context.Context, owner string, spec sandbox.Cre
 	id := fmt.Sprintf("sbx_%d", m.n)
 	sb := &sandbox.Sandbox{ID: id, OwnerKeyID: owner, Name: spec.Name, Labels: spec.Labels, State: sandbox.StateStarting,
 		VCPU: spec.VCPU, MemoryMiB: spec.MemoryMiB, DiskMiB: spec.DiskMiB, TimeoutSeconds: spec.TimeoutSeconds,
-		OnLeaseEnd: spec.OnLeaseEnd, CreatedAt: time.Date(2026, 11, 1, 12, 0, 0, 123456789, time.UTC)}
+		OnLeaseEnd: spec.OnLeaseEnd, CreatedAt: time.Date(2026, 11, 1, 12, 0, 0, 123456789, time.UTC),
+		AutoWake: spec.AutoWake == nil || *spec.AutoWake, IdlePauseSeconds: spec.IdlePauseSeconds, Persistent: spec.Persistent,
+		SnapshotID: spec.SnapshotID}
 	for k := range spec.Env {
 		sb.EnvNames = append(sb.EnvNames, k)
 	}
@@ -454,4 +460,204 @@ var errInternalSecret = fmt.Errorf("agent socket /run/secret broke: %w", errdefs
 
 func errdefsConflict(code string) error {
 	return errdefs.New(errdefs.ErrConflict, code, "refused: %s", code)
+}
+
+func (m *fakeManager) Pause(ctx context.Context, owner, id string) (*sandbox.Sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, err := m.getLocked(owner, id)
+	if err != nil {
+		return nil, err
+	}
+	switch sb.State {
+	case sandbox.StatePaused, sandbox.StatePausing:
+	case sandbox.StateRunning:
+		now := time.Date(2026, 11, 1, 13, 0, 0, 0, time.UTC)
+		sb.State, sb.PausedAt, sb.ExpiresAt = sandbox.StatePausing, &now, nil
+	default:
+		return nil, sandbox.Refusal(sb)
+	}
+	return clone(sb), nil
+}
+
+func (m *fakeManager) Wake(ctx context.Context, owner, id string, timeout *int) (*sandbox.Sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, err := m.getLocked(owner, id)
+	if err != nil {
+		return nil, err
+	}
+	switch sb.State {
+	case sandbox.StatePaused:
+		sb.State, sb.PausedAt = sandbox.StateResuming, nil
+		if timeout != nil {
+			sb.TimeoutSeconds = *timeout
+		}
+	case sandbox.StateRunning, sandbox.StateStarting:
+		return nil, errdefsConflict("not_paused")
+	default:
+		return nil, sandbox.Refusal(sb)
+	}
+	return clone(sb), nil
+}
+
+func (m *fakeManager) Restart(ctx context.Context, owner, id string) (*sandbox.Sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, err := m.getLocked(owner, id)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State == sandbox.StateStopped {
+		m.restarts++
+		sb.State, sb.StopReason = sandbox.StateStarting, ""
+	}
+	return clone(sb), nil
+}
+
+func (m *fakeManager) Update(ctx context.Context, owner, id string, u sandbox.UpdateSpec) (*sandbox.Sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, err := m.getLocked(owner, id)
+	if err != nil {
+		return nil, err
+	}
+	m.lastUpdate = u
+	if u.Name != nil {
+		sb.Name = *u.Name
+	}
+	if u.Labels != nil {
+		sb.Labels = u.Labels
+	}
+	if u.AutoWake != nil {
+		sb.AutoWake = *u.AutoWake
+	}
+	if u.IdlePauseSeconds != nil {
+		sb.IdlePauseSeconds = *u.IdlePauseSeconds
+	}
+	if u.Persistent != nil {
+		sb.Persistent = *u.Persistent
+	}
+	if u.TimeoutSeconds != nil {
+		sb.TimeoutSeconds = *u.TimeoutSeconds
+	}
+	if u.OnLeaseEnd != nil {
+		sb.OnLeaseEnd = *u.OnLeaseEnd
+	}
+	return clone(sb), nil
+}
+
+func (m *fakeManager) snapshotLocked(owner, id string) (*sandbox.Snapshot, error) {
+	sn := m.snaps[id]
+	if sn == nil || sn.OwnerKeyID != owner || sn.State == sandbox.SnapshotDeleted {
+		return nil, &errdefs.CodedError{Class: errdefs.ErrNotFound, Code: "snapshot_not_found", Message: "no snapshot " + id}
+	}
+	return sn, nil
+}
+
+func (m *fakeManager) Snapshot(ctx context.Context, owner, id string, spec sandbox.SnapshotSpec) (*sandbox.Snapshot, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, err := m.getLocked(owner, id)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State != sandbox.StateRunning && sb.State != sandbox.StatePaused {
+		return nil, sandbox.Refusal(sb)
+	}
+	if spec.Mode == "" {
+		spec.Mode = sandbox.SnapshotModeMemory
+	}
+	m.n++
+	now := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
+	sn := &sandbox.Snapshot{ID: fmt.Sprintf("snap_%d", m.n), OwnerKeyID: owner, Name: spec.Name, Labels: spec.Labels,
+		SourceSandboxID: id, Mode: spec.Mode, State: sandbox.SnapshotReady, VCPU: sb.VCPU, MemoryMiB: sb.MemoryMiB,
+		DiskMiB: sb.DiskMiB, RetentionDays: spec.RetentionDays, CreatedAt: now, ReadyAt: &now, SizeBytes: 1 << 20}
+	m.snaps[sn.ID] = sn
+	c := *sn
+	return &c, nil
+}
+
+func (m *fakeManager) Fork(ctx context.Context, owner, id string, spec sandbox.ForkSpec) ([]*sandbox.Sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	src, err := m.getLocked(owner, id)
+	if err != nil {
+		return nil, err
+	}
+	m.lastFork = spec
+	var out []*sandbox.Sandbox
+	for i := range spec.Count {
+		c := clone(src)
+		c.ID, c.Name, c.Labels, c.SnapshotID = fmt.Sprintf("%s_copy%d", id, i+1), spec.Name, spec.Labels, "snap_fork"
+		m.sandboxes[c.ID] = c
+		out = append(out, clone(c))
+	}
+	return out, nil
+}
+
+func (m *fakeManager) GetSnapshot(ctx context.Context, owner, id string) (*sandbox.Snapshot, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sn, err := m.snapshotLocked(owner, id)
+	if err != nil {
+		return nil, err
+	}
+	c := *sn
+	return &c, nil
+}
+
+func (m *fakeManager) ListSnapshots(ctx context.Context, opts sandbox.SnapshotListOptions) ([]*sandbox.Snapshot, string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []*sandbox.Snapshot
+	for _, sn := range m.snaps {
+		if sn.OwnerKeyID == opts.OwnerKeyID && sn.State != sandbox.SnapshotDeleted &&
+			(opts.SourceSandboxID == "" || sn.SourceSandboxID == opts.SourceSandboxID) {
+			c := *sn
+			out = append(out, &c)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, "", nil
+}
+
+func (m *fakeManager) UpdateSnapshot(ctx context.Context, owner, id string, u sandbox.SnapshotUpdate) (*sandbox.Snapshot, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sn, err := m.snapshotLocked(owner, id)
+	if err != nil {
+		return nil, err
+	}
+	if u.Name != nil {
+		sn.Name = *u.Name
+	}
+	if u.Labels != nil {
+		sn.Labels = u.Labels
+	}
+	c := *sn
+	return &c, nil
+}
+
+func (m *fakeManager) DeleteSnapshot(ctx context.Context, owner, id string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sn, err := m.snapshotLocked(owner, id)
+	if err != nil {
+		return err
+	}
+	sn.State = sandbox.SnapshotDeleted
+	return nil
+}
+
+func (m *fakeManager) ExtendSnapshot(ctx context.Context, owner, id string, days int) (*sandbox.Snapshot, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sn, err := m.snapshotLocked(owner, id)
+	if err != nil {
+		return nil, err
+	}
+	sn.RetentionDays = days
+	c := *sn
+	return &c, nil
 }

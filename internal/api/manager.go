@@ -30,6 +30,33 @@ type Manager interface {
 	// Extend moves the lease to now+d (at most sandbox.MaxExtendAhead ahead).
 	Extend(ctx context.Context, owner, id string, d time.Duration) (*sandbox.Sandbox, error)
 
+	// Pause records a running sandbox pausing and pauses it in the
+	// background; a pausing or paused one is answered as it is.
+	Pause(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
+	// Wake admits a paused sandbox again and resumes it in the background
+	// (no_capacity leaves it paused); a running one is not_paused.
+	// timeout, if not nil, is its new time limit in seconds.
+	Wake(ctx context.Context, owner, id string, timeout *int) (*sandbox.Sandbox, error)
+	// Restart boots a stopped sandbox again from its kept disk.
+	Restart(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
+	// Update changes a sandbox's settings.
+	Update(ctx context.Context, owner, id string, u sandbox.UpdateSpec) (*sandbox.Sandbox, error)
+
+	// Snapshot captures a sandbox (memory and disk, or disk alone) and
+	// answers once the capture is over.
+	Snapshot(ctx context.Context, owner, id string, spec sandbox.SnapshotSpec) (*sandbox.Snapshot, error)
+	// Fork makes count copies of a sandbox as it is and answers them once
+	// they run.
+	Fork(ctx context.Context, owner, id string, spec sandbox.ForkSpec) ([]*sandbox.Sandbox, error)
+	GetSnapshot(ctx context.Context, owner, id string) (*sandbox.Snapshot, error)
+	ListSnapshots(ctx context.Context, opts sandbox.SnapshotListOptions) ([]*sandbox.Snapshot, string, error)
+	UpdateSnapshot(ctx context.Context, owner, id string, u sandbox.SnapshotUpdate) (*sandbox.Snapshot, error)
+	// DeleteSnapshot deletes a snapshot; its files stay while a sandbox
+	// made from it exists.
+	DeleteSnapshot(ctx context.Context, owner, id string) error
+	// ExtendSnapshot keeps a snapshot days from now.
+	ExtendSnapshot(ctx context.Context, owner, id string, days int) (*sandbox.Snapshot, error)
+
 	// Guest returns a running sandbox of owner's and its guest agent, or
 	// the coded refusal of the sandbox's state (sandbox.Refusal). Every call
 	// into a guest goes through it.

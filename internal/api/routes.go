@@ -47,7 +47,7 @@ func (s *server) routeTable() []route {
 			Body: createRequest{}, handle: s.createSandbox},
 		{Method: "GET", Path: "/v1/sandboxes", OpID: "listSandboxes", Summary: "List sandboxes",
 			Query: []param{
-				{Name: "state", Type: "string", Repeat: true, Doc: "starting|running|stopping|stopped|deleted"},
+				{Name: "state", Type: "string", Repeat: true, Doc: "starting|running|pausing|paused|resuming|stopping|stopped|deleted"},
 				q("name", "string", "exact name"),
 				{Name: "label", Type: "string", Repeat: true, Doc: "key:value; all must match"},
 				q("includeStopped", "boolean", "list stopped sandboxes too"),
@@ -63,10 +63,40 @@ func (s *server) routeTable() []route {
 		{Method: "DELETE", Path: "/v1/sandboxes/{id}", OpID: "deleteSandbox", Summary: "Delete a sandbox and its disk", handle: s.deleteSandbox},
 		{Method: "POST", Path: "/v1/sandboxes/{id}:stop", OpID: "stopSandbox", Summary: "Stop a sandbox (Prefer: wait=N waits for stopped)",
 			Body: struct{}{}, handle: s.stopSandbox},
+		{Method: "POST", Path: "/v1/sandboxes/{id}:pause", OpID: "pauseSandbox",
+			Summary: "Pause: memory and disk saved, no CPU or memory held (Prefer: wait=N waits for paused)",
+			Body:    struct{}{}, handle: s.pauseSandbox},
+		{Method: "POST", Path: "/v1/sandboxes/{id}:wake", OpID: "wakeSandbox",
+			Summary: "Wake a paused sandbox with a new lease (Prefer: wait=N waits for running); running: 409 not_paused",
+			Body:    wakeRequest{}, handle: s.wakeSandbox},
+		{Method: "POST", Path: "/v1/sandboxes/{id}:restart", OpID: "restartSandbox",
+			Summary: "Boot a stopped sandbox again from its kept disk (Prefer: wait=N waits for running)",
+			Body:    struct{}{}, handle: s.restartSandbox},
+		{Method: "POST", Path: "/v1/sandboxes/{id}:update", OpID: "updateSandbox",
+			Summary: "Change name, labels, env, autoWake, idlePauseSeconds, persistent, timeoutSeconds, onTimeout",
+			Body:    updateRequest{}, handle: s.updateSandbox},
+		{Method: "POST", Path: "/v1/sandboxes/{id}:snapshot", OpID: "snapshotSandbox",
+			Summary: "Snapshot it (mode memory or disk); answers once the capture is over",
+			Body:    snapshotRequest{}, handle: s.snapshotSandbox},
+		{Method: "POST", Path: "/v1/sandboxes/{id}:fork", OpID: "forkSandbox",
+			Summary: "count copies of it as it is, answered as {sandboxes} once they run",
+			Body:    forkRequest{}, handle: s.forkSandbox},
 		{Method: "POST", Path: "/v1/sandboxes/{id}:extend", OpID: "extendSandbox", Summary: "Move the lease to now+seconds",
 			Body: extendRequest{}, handle: s.extendSandbox},
 		{Method: "POST", Path: "/v1/sandboxes/{id}:exec", OpID: "exec", Guest: true, Summary: "Run a command; stream:true answers NDJSON",
 			Body: execRequest{}, Answers: []string{"application/json", "application/x-ndjson"}, handle: s.exec},
+
+		{Method: "GET", Path: "/v1/snapshots", OpID: "listSnapshots", Summary: "Snapshots of this key, newest first",
+			Query: []param{q("sandboxId", "string", "the sandbox they were taken of"), q("name", "string", "exact name"),
+				q("state", "string", "capturing|ready|failed"), q("limit", "integer", "1..100, default 50"),
+				q("cursor", "string", "nextCursor of the previous page")}, handle: s.listSnapshots},
+		{Method: "GET", Path: "/v1/snapshots/{id}", OpID: "getSnapshot", Summary: "Read a snapshot", handle: s.getSnapshot},
+		{Method: "POST", Path: "/v1/snapshots/{id}:update", OpID: "updateSnapshot", Summary: "Replace its name or labels (ifLabels fences)",
+			Body: snapshotUpdateRequest{}, handle: s.updateSnapshot},
+		{Method: "POST", Path: "/v1/snapshots/{id}:delete", OpID: "deleteSnapshot",
+			Summary: "Delete it; its files stay while a sandbox made from it exists", Body: struct{}{}, handle: s.deleteSnapshot},
+		{Method: "POST", Path: "/v1/snapshots/{id}:extend", OpID: "extendSnapshot", Summary: "Keep it retentionDays (1..365) from now",
+			Body: snapshotExtendRequest{}, handle: s.extendSnapshot},
 
 		{Method: "GET", Path: "/v1/sandboxes/{id}/events", OpID: "listEvents",
 			Summary: "What happened to the sandbox (created, ready, stopped, egress_refused, ...), oldest first",
@@ -167,7 +197,7 @@ func (s *server) buildMux() *http.ServeMux {
 		mux.Handle(p, groups[p])
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		s.writeError(w, r, routeNotFound(r))
+		s.writeError(w, r, notServed(r))
 	})
 	return mux
 }
@@ -194,7 +224,7 @@ func (g *group) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	methods := g.ops[verb]
 	if methods == nil {
-		g.s.writeError(w, r, routeNotFound(r))
+		g.s.writeError(w, r, notServed(r))
 		return
 	}
 	rt := methods[r.Method]

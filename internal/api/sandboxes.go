@@ -55,6 +55,10 @@ type sandboxJSON struct {
 	OnLeaseEnd     string            `json:"onLeaseEnd"`
 	Pausable       bool              `json:"pausable"`
 	Persistent     bool              `json:"persistent"`
+	AutoWake       bool              `json:"autoWake"`
+	IdlePause      int               `json:"idlePauseSeconds"`
+	PausedAt       *jsonTime         `json:"pausedAt"`
+	SnapshotID     *string           `json:"snapshotId,omitempty"` // the snapshot it was made from
 	CreatedAt      *jsonTime         `json:"createdAt"`
 	ReadyAt        *jsonTime         `json:"readyAt"`
 	ExpiresAt      *jsonTime         `json:"expiresAt"`
@@ -86,6 +90,8 @@ func (s *server) sandboxJSON(sb *sandbox.Sandbox) sandboxJSON {
 		Status: sb.State.Status(), State: string(sb.State.Wire()), Region: "local",
 		VCPU: sb.VCPU, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB, CPU: "shared",
 		TimeoutSeconds: sb.TimeoutSeconds, OnLeaseEnd: sb.OnLeaseEnd,
+		Pausable: true, Persistent: sb.Persistent, AutoWake: sb.AutoWake, IdlePause: sb.IdlePauseSeconds,
+		PausedAt: optTime(sb.PausedAt), SnapshotID: optString(sb.SnapshotID),
 		CreatedAt: optTime(&sb.CreatedAt), ReadyAt: optTime(sb.ReadyAt),
 		ExpiresAt: optTime(sb.ExpiresAt), EndsAt: optTime(sb.ExpiresAt), EndedAt: optTime(sb.EndedAt),
 		StopReason: optString(sb.StopReason), EnvNames: env,
@@ -103,29 +109,30 @@ type createRequest struct {
 	VCPU           *int              `json:"vcpu"`
 	MemoryMiB      *int              `json:"memoryMiB"`
 	DiskMiB        *int              `json:"diskMiB"`
-	TimeoutSeconds *int              `json:"timeoutSeconds"`
+	TimeoutSeconds *int              `json:"timeoutSeconds"` // left out or 0: no time limit, idle pause instead
 	OnLeaseEnd     string            `json:"onLeaseEnd"`
 	GetOrCreate    bool              `json:"getOrCreate"`
 
-	// Accepted with the only values that mean something here.
-	Region           string `json:"region"`           // "local"
-	CPU              string `json:"cpu"`              // "shared"
-	Pausable         *bool  `json:"pausable"`         // false
-	Persistent       *bool  `json:"persistent"`       // false
-	IdlePauseSeconds *int   `json:"idlePauseSeconds"` // 0: never
-	User             string `json:"user"`             // "sandbox"
+	AutoWake         *bool  `json:"autoWake"`         // default true
+	IdlePauseSeconds *int   `json:"idlePauseSeconds"` // default 300; 0: never
+	Persistent       *bool  `json:"persistent"`       // no time limit, never idle-paused
+	Snapshot         string `json:"snapshot"`         // a snapshot's id to start from
 
-	// Accepted and ignored: no billing, nothing pauses.
+	// Accepted with the only values that mean something here.
+	Region   string `json:"region"`   // "local"
+	CPU      string `json:"cpu"`      // "shared"
+	Pausable *bool  `json:"pausable"` // every sandbox here can pause
+	User     string `json:"user"`     // "sandbox"
+
+	// Accepted and ignored: no billing.
 	Funding            string `json:"funding"`
 	CPUFloorMillis     *int   `json:"cpuFloorMillis"`
-	AutoWake           *bool  `json:"autoWake"`
 	MaxTotalCostMicros *int64 `json:"maxTotalCostMicros"`
 	MaxCostMicros      *int64 `json:"maxCostMicros"`
 
 	// Known to the wire format, not available on this server.
 	Network    json.RawMessage `json:"network"` // {internet, allow, deny}
 	Image      json.RawMessage `json:"image"`
-	Snapshot   json.RawMessage `json:"snapshot"`
 	SpreadFrom json.RawMessage `json:"spreadFrom"`
 	Volumes    json.RawMessage `json:"volumes"`
 	Tailscale  json.RawMessage `json:"tailscale"`
@@ -142,14 +149,8 @@ func (req *createRequest) unsupportedIssues() []issue {
 	if req.CPU != "" && req.CPU != "shared" {
 		no("cpu", `must be "shared"`)
 	}
-	if req.Pausable != nil && *req.Pausable {
-		no("pausable", "pausing is not available yet (no snapshots); must be false")
-	}
-	if req.Persistent != nil && *req.Persistent {
-		no("persistent", "persistent sandboxes are not available; must be false")
-	}
-	if req.IdlePauseSeconds != nil && *req.IdlePauseSeconds != 0 {
-		no("idlePauseSeconds", "idle pause is not available yet (no snapshots); must be 0")
+	if req.Persistent != nil && *req.Persistent && req.TimeoutSeconds != nil && *req.TimeoutSeconds != 0 {
+		no("timeoutSeconds", "a persistent sandbox has no time limit; leave it out")
 	}
 	if req.User != "" && req.User != "sandbox" {
 		no("user", `must be "sandbox"`)
@@ -165,7 +166,7 @@ func (req *createRequest) unsupportedIssues() []issue {
 	for _, f := range []struct {
 		path string
 		raw  json.RawMessage
-	}{{"image", req.Image}, {"secrets", req.Secrets}, {"snapshot", req.Snapshot},
+	}{{"image", req.Image}, {"secrets", req.Secrets},
 		{"spreadFrom", req.SpreadFrom}, {"tailscale", req.Tailscale}, {"volumes", req.Volumes}} {
 		if len(f.raw) > 0 {
 			no(f.path, "is not available on this server")
@@ -210,20 +211,32 @@ func orDefault(v *int, def int) int {
 	return *v
 }
 
-// spec validates a create request and fills in defaults.
-func (req *createRequest) spec() (sandbox.CreateSpec, error) {
-	var issues []issue
-	if req.Name != "" && (len(req.Name) > maxNameLen || !nameRE.MatchString(req.Name)) {
-		issues = append(issues, issue{Path: "name", Message: "must be at most 63 characters of a-z A-Z 0-9 . _ -, starting with a letter or digit"})
+// nameIssues checks a sandbox's or snapshot's name ("" is none).
+func nameIssues(name string) []issue {
+	if name != "" && (len(name) > maxNameLen || !nameRE.MatchString(name)) {
+		return []issue{{Path: "name", Message: "must be at most 63 characters of a-z A-Z 0-9 . _ -, starting with a letter or digit"}}
 	}
-	if len(req.Labels) > maxLabels {
+	return nil
+}
+
+// labelIssues checks labels: count and sizes.
+func labelIssues(labels map[string]string) []issue {
+	var issues []issue
+	if len(labels) > maxLabels {
 		issues = append(issues, issue{Path: "labels", Message: fmt.Sprintf("must have at most %d labels", maxLabels)})
 	}
-	for k, v := range req.Labels {
+	for k, v := range labels {
 		if k == "" || len(k) > maxLabelLen || len(v) > maxLabelLen || strings.Contains(k, ":") {
 			issues = append(issues, issue{Path: "labels." + k, Message: "keys must be 1 to 256 characters without ':' and values at most 256"})
 		}
 	}
+	return issues
+}
+
+// spec validates a create request and fills in defaults.
+func (req *createRequest) spec() (sandbox.CreateSpec, error) {
+	issues := nameIssues(req.Name)
+	issues = append(issues, labelIssues(req.Labels)...)
 	issues = append(issues, envIssues("env", req.Env)...)
 	issues = append(issues, req.unsupportedIssues()...)
 	network, netIssues := parseNetwork(req.Network)
@@ -231,18 +244,14 @@ func (req *createRequest) spec() (sandbox.CreateSpec, error) {
 	issues = intIn(issues, "vcpu", req.VCPU, 1, maxVCPU)
 	issues = intIn(issues, "memoryMiB", req.MemoryMiB, minMemoryMiB, maxMemoryMiB)
 	issues = intIn(issues, "diskMiB", req.DiskMiB, minDiskMiB, maxDiskMiB)
-	issues = intIn(issues, "timeoutSeconds", req.TimeoutSeconds, sandbox.MinTimeoutSeconds, sandbox.MaxTimeoutSeconds)
-	switch req.OnLeaseEnd {
-	case "", sandbox.LeaseEndStop, sandbox.LeaseEndDelete:
-	case sandbox.LeaseEndPause:
-		if len(issues) == 0 {
-			return sandbox.CreateSpec{}, newError(http.StatusBadRequest, "pause_unavailable",
-				`onLeaseEnd "pause" is not available on this server.`).
-				withHint(`Snapshots are not implemented yet: use onLeaseEnd "stop" or "delete".`)
-		}
-		issues = append(issues, issue{Path: "onLeaseEnd", Message: `"pause" is not available yet (no snapshots); use "stop" or "delete"`})
-	default:
-		issues = append(issues, issue{Path: "onLeaseEnd", Message: `must be "stop" or "delete"`})
+	issues = timeLimitIssues(issues, "timeoutSeconds", req.TimeoutSeconds)
+	if req.OnLeaseEnd != "" && !validLeaseEnd(req.OnLeaseEnd) {
+		issues = append(issues, issue{Path: "onLeaseEnd", Message: `must be "pause", "stop" or "delete"`})
+	}
+	idle, idleIssues := idlePause("idlePauseSeconds", req.IdlePauseSeconds)
+	issues = append(issues, idleIssues...)
+	if req.Snapshot != "" && (req.VCPU != nil || req.MemoryMiB != nil || req.DiskMiB != nil) {
+		issues = append(issues, issue{Path: "snapshot", Message: "a copy of a snapshot has the snapshot's shape; leave out vcpu, memoryMiB and diskMiB"})
 	}
 	if len(issues) > 0 {
 		return sandbox.CreateSpec{}, invalid(sortIssues(issues))
@@ -251,14 +260,28 @@ func (req *createRequest) spec() (sandbox.CreateSpec, error) {
 	if onEnd == "" {
 		onEnd = sandbox.LeaseEndStop
 	}
+	persistent := req.Persistent != nil && *req.Persistent
+	// A sandbox with no time limit pauses when idle instead, unless it is
+	// persistent (withruntime: "a new sandbox has 300").
+	idleSeconds := sandbox.DefaultIdlePauseSeconds
+	if idle != nil {
+		idleSeconds = *idle
+	}
+	if persistent {
+		idleSeconds = 0
+	}
 	return sandbox.CreateSpec{
 		Name: req.Name, Labels: req.Labels, Env: req.Env,
-		VCPU:           orDefault(req.VCPU, sandbox.DefaultVCPU),
-		MemoryMiB:      orDefault(req.MemoryMiB, sandbox.DefaultMemoryMiB),
-		DiskMiB:        orDefault(req.DiskMiB, sandbox.DefaultDiskMiB),
-		TimeoutSeconds: orDefault(req.TimeoutSeconds, sandbox.DefaultTimeoutSeconds),
-		OnLeaseEnd:     onEnd,
-		Network:        network,
+		VCPU:             orDefault(req.VCPU, sandbox.DefaultVCPU),
+		MemoryMiB:        orDefault(req.MemoryMiB, sandbox.DefaultMemoryMiB),
+		DiskMiB:          orDefault(req.DiskMiB, sandbox.DefaultDiskMiB),
+		TimeoutSeconds:   orDefault(req.TimeoutSeconds, 0),
+		OnLeaseEnd:       onEnd,
+		AutoWake:         req.AutoWake,
+		IdlePauseSeconds: idleSeconds,
+		Persistent:       persistent,
+		SnapshotID:       req.Snapshot,
+		Network:          network,
 	}, nil
 }
 
@@ -354,17 +377,14 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request, c *call) 
 	var sb *sandbox.Sandbox
 	reused := false
 	if req.GetOrCreate {
-		// The sandbox that holds the name, if it can still run. Two such
+		// The sandbox that holds the name, ready to use: running as it is,
+		// woken if paused, restarted if stopped and persistent. Two such
 		// creates at once may both miss it; the manager's name_taken then
 		// refuses the second.
-		found, _, err := s.mgr.List(r.Context(), sandbox.ListOptions{OwnerKeyID: c.owner, Name: spec.Name,
-			States: []sandbox.State{sandbox.StateStarting, sandbox.StateRunning}, Limit: 1})
-		if err != nil {
+		if sb, err = s.findForGetOrCreate(r.Context(), c.owner, spec.Name); err != nil {
 			return err
 		}
-		if len(found) > 0 {
-			sb, reused = found[0], true
-		}
+		reused = sb != nil
 	}
 	if sb == nil {
 		if sb, err = s.mgr.Create(r.Context(), c.owner, spec); err != nil {
@@ -380,8 +400,34 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request, c *call) 
 	return nil
 }
 
+// findForGetOrCreate returns owner's sandbox named name made ready to
+// use, or nil when a new one must be created.
+func (s *server) findForGetOrCreate(ctx context.Context, owner, name string) (*sandbox.Sandbox, error) {
+	found, _, err := s.mgr.List(ctx, sandbox.ListOptions{OwnerKeyID: owner, Name: name, Limit: 1,
+		States: []sandbox.State{sandbox.StateStarting, sandbox.StateRunning, sandbox.StatePausing,
+			sandbox.StatePaused, sandbox.StateResuming, sandbox.StateStopped}})
+	if err != nil || len(found) == 0 {
+		return nil, err
+	}
+	sb := found[0]
+	switch {
+	case sb.State == sandbox.StatePaused || sb.State == sandbox.StatePausing:
+		woken, err := s.mgr.Wake(ctx, owner, sb.ID, nil)
+		if errdefs.Code(err) == "not_paused" {
+			return s.mgr.Get(ctx, owner, sb.ID)
+		}
+		return woken, err
+	case sb.State == sandbox.StateStopped && sb.Persistent:
+		return s.mgr.Restart(ctx, owner, sb.ID)
+	case sb.State == sandbox.StateStopped:
+		return nil, nil
+	}
+	return sb, nil
+}
+
 var knownStates = map[sandbox.State]bool{
-	sandbox.StateStarting: true, sandbox.StateRunning: true, sandbox.StateStopping: true,
+	sandbox.StateStarting: true, sandbox.StateRunning: true, sandbox.StatePausing: true,
+	sandbox.StatePaused: true, sandbox.StateResuming: true, sandbox.StateStopping: true,
 	sandbox.StateStopped: true, sandbox.StateDeleted: true,
 }
 
@@ -391,7 +437,7 @@ func (s *server) getSandbox(w http.ResponseWriter, r *http.Request, c *call) err
 	var issues []issue
 	waitFor := sandbox.State(q.Get("waitFor"))
 	if waitFor != "" && !knownStates[waitFor] {
-		issues = append(issues, issue{Path: "waitFor", Message: "must be one of starting, running, stopping, stopped, deleted"})
+		issues = append(issues, issue{Path: "waitFor", Message: "must be one of starting, running, pausing, paused, resuming, stopping, stopped, deleted"})
 	}
 	timeout := defaultWaitForState
 	if v := q.Get("timeoutSeconds"); v != "" {

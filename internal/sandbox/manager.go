@@ -108,9 +108,11 @@ type Manager struct {
 	wg     sync.WaitGroup
 
 	mu      sync.Mutex
-	closed  bool                     // no goroutine starts once set
-	live    map[string]*instance     // sandboxes with a VM (starting, running, stopping)
-	changed map[string]chan struct{} // per sandbox, closed when it changes; only while someone waits
+	closed  bool                         // no goroutine starts once set
+	live    map[string]*instance         // sandboxes with a VM (starting, running, stopping)
+	changed map[string]chan struct{}     // per sandbox, closed when it changes; only while someone waits
+	ops     map[string]*opLock           // per sandbox whose VM is being changed (pause.go)
+	envs    map[string]map[string]string // env values per sandbox, memory only (lifecycle.go)
 
 	netMu sync.Mutex // serializes policy changes (version numbers)
 
@@ -137,6 +139,8 @@ type instance struct {
 	gate *egress.Gate // the sandbox's egress; set before the VM starts
 
 	safety guestSafety // what the guest did wrong; guestsafety.go
+
+	active atomic.Int64 // unix nanoseconds (of m.now) of the last API call to it, for idle pause
 }
 
 func (m *Manager) newInstance(id string) *instance {
@@ -171,7 +175,8 @@ func New(cfg Config) *Manager {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Manager{cfg: cfg, log: log, ctx: ctx, cancel: cancel,
-		live: map[string]*instance{}, changed: map[string]chan struct{}{}}
+		live: map[string]*instance{}, changed: map[string]chan struct{}{}, ops: map[string]*opLock{},
+		envs: map[string]map[string]string{}}
 }
 
 // spawn runs f in a goroutine the manager owns: Close waits for it. After
@@ -243,9 +248,11 @@ func (m *Manager) update(ctx context.Context, id string, fn func(sb *Sandbox) bo
 	if h := m.testHookBeforeUpdate.Load(); h != nil {
 		(*h)(id)
 	}
-	changed := false
+	changed, entered := false, false
 	sb, err := m.cfg.Store.UpdateSandbox(ctx, id, func(sb *Sandbox) bool {
+		before := sb.State
 		changed = fn(sb)
+		entered = changed && sb.State != before
 		if h := m.testHookUpdate.Load(); changed && h != nil {
 			(*h)(id, sb)
 		}
@@ -254,30 +261,43 @@ func (m *Manager) update(ctx context.Context, id string, fn func(sb *Sandbox) bo
 	if err != nil {
 		return nil, fmt.Errorf("saving sandbox %s: %w", id, err)
 	}
+	// The ledger first: a waiter woken by the change may create at once.
+	m.account(sb, entered)
 	if changed {
 		m.notify(id)
 	}
-	m.account(sb)
 	return sb, nil
 }
 
 // account keeps the admission ledger in step with the record, as every
 // transition goes through update: a sandbox gives back its boot slot when
-// it runs and everything when it is stopped or deleted (the ledger
-// releases once however often this is called).
-func (m *Manager) account(sb *Sandbox) {
+// it runs, all but its disk when it enters paused, and everything when it
+// is stopped or deleted (the ledger releases once however often this is
+// called). Entering paused happens only under the sandbox's VM lock, which
+// a stop or delete takes before it can release, so the shrink never
+// follows a release.
+func (m *Manager) account(sb *Sandbox, entered bool) {
 	switch sb.State {
 	case StateRunning:
 		m.cfg.Admission.Booted(sb.ID)
+	case StatePaused:
+		if entered {
+			m.cfg.Admission.Restore(claim(sb))
+		}
 	case StateStopped, StateDeleted:
 		m.cfg.Admission.Release(sb.ID)
 	}
 }
 
-// claim is what sb holds in the admission ledger.
+// claim is what sb holds in the admission ledger: a paused sandbox holds
+// its disk alone, as it has no VM.
 func claim(sb *Sandbox) admission.Claim {
-	return admission.Claim{ID: sb.ID, Owner: sb.OwnerKeyID, Booting: sb.State == StateStarting,
+	c := admission.Claim{ID: sb.ID, Owner: sb.OwnerKeyID, Booting: sb.State == StateStarting || sb.State == StateResuming,
 		Resources: admission.Resources{VCPU: sb.VCPU, MemoryMiB: int64(sb.MemoryMiB), DiskMiB: int64(sb.DiskMiB)}}
+	if sb.State == StatePaused {
+		c.VCPU, c.MemoryMiB, c.Booting = 0, 0, false
+	}
+	return c
 }
 
 // checkLimits refuses a spec beyond the operator's limits of one sandbox,
@@ -323,9 +343,12 @@ func (m *Manager) event(id, typ, msg string, data map[string]any) {
 
 // Create implements api.Manager.Create.
 func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (*Sandbox, error) {
-	if spec.OnLeaseEnd == LeaseEndPause {
-		return nil, errdefs.New(errdefs.ErrInvalidArgument, "pause_unavailable", "onLeaseEnd \"pause\" needs snapshots, which this server does not have yet").
-			WithHint(`use "stop" or "delete"`)
+	var source *Snapshot
+	if spec.SnapshotID != "" {
+		var err error
+		if source, err = m.copySource(ctx, owner, &spec); err != nil {
+			return nil, err
+		}
 	}
 	names := make([]string, 0, len(spec.Env))
 	for k := range spec.Env {
@@ -337,7 +360,8 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (*S
 		VCPU: spec.VCPU, MemoryMiB: spec.MemoryMiB, DiskMiB: spec.DiskMiB,
 		TimeoutSeconds: spec.TimeoutSeconds, OnLeaseEnd: spec.OnLeaseEnd,
 		State: StateStarting, Accel: m.cfg.Driver.Accel(), Driver: m.cfg.Driver.Name(),
-		CreatedAt: m.now(),
+		CreatedAt: m.now(), AutoWake: spec.AutoWake == nil || *spec.AutoWake,
+		IdlePauseSeconds: spec.IdlePauseSeconds, Persistent: spec.Persistent, SnapshotID: spec.SnapshotID,
 	}
 	pol := m.cfg.EgressDefault
 	if spec.Network != nil {
@@ -368,9 +392,14 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (*S
 	m.mu.Lock()
 	m.live[sb.ID] = in
 	m.mu.Unlock()
+	m.rememberEnv(sb.ID, spec.Env)
 	m.event(sb.ID, "created", "sandbox created", map[string]any{"vcpu": sb.VCPU, "memoryMiB": sb.MemoryMiB})
 	faultpoint.Hit("create.recorded")
-	if !m.spawn(func() { m.boot(in.ctx, in, sb, spec.Env) }) {
+	start := func() { m.boot(in.ctx, in, sb, spec.Env, false) }
+	if source != nil {
+		start = func() { m.bootCopy(in.ctx, in, sb, source, spec.Env) }
+	}
+	if !m.spawn(start) {
 		// Shutting down: the record stays starting with no VM, and the
 		// next start records it stopped (lost_on_restart).
 		close(in.bootDone)
@@ -387,13 +416,14 @@ func (m *Manager) vmSpec(sb *Sandbox) vmm.Spec {
 
 // boot starts the VM and waits for its agent, retrying once: a TCG guest can
 // still hang early in boot, and a fresh VM nearly always comes up.
-func (m *Manager) boot(ctx context.Context, in *instance, sb *Sandbox, env map[string]string) {
+// With keepDisk it boots from the disk the sandbox already has (restart).
+func (m *Manager) boot(ctx context.Context, in *instance, sb *Sandbox, env map[string]string, keepDisk bool) {
 	defer close(in.bootDone)
 	log := m.log.With("sandbox_id", sb.ID)
 	var lastErr error
 	for attempt := 1; attempt <= 2; attempt++ {
 		start := time.Now()
-		err := m.bootOnce(ctx, in, sb, env)
+		err := m.bootOnce(ctx, in, sb, env, keepDisk)
 		if err == nil {
 			log.Info("sandbox ready", "attempt", attempt, "took", time.Since(start).Round(time.Millisecond))
 			m.ready(in, map[string]any{"attempt": attempt, "bootMs": time.Since(start).Milliseconds()})
@@ -421,14 +451,14 @@ func (m *Manager) ready(in *instance, data map[string]any) {
 		if s.State != StateStarting {
 			return false // stopped or deleted while booting
 		}
-		expires := now.Add(time.Duration(s.TimeoutSeconds) * time.Second)
-		if s.ExpiresAt != nil && s.ExpiresAt.After(expires) {
-			expires = *s.ExpiresAt
+		expires := m.leaseEnd(s, now)
+		if expires != nil && s.ExpiresAt != nil && s.ExpiresAt.After(*expires) {
+			expires = s.ExpiresAt
 		}
-		if end := m.lifetimeEnd(s); !end.IsZero() && expires.After(end) {
-			expires = end
+		if end := m.lifetimeEnd(s); expires != nil && !end.IsZero() && expires.After(end) {
+			expires = &end
 		}
-		s.State, s.ReadyAt, s.ExpiresAt = StateRunning, &now, &expires
+		s.State, s.ReadyAt, s.ExpiresAt = StateRunning, &now, expires
 		changed = true
 		return true
 	})
@@ -438,14 +468,17 @@ func (m *Manager) ready(in *instance, data map[string]any) {
 	if !changed {
 		return
 	}
+	in.touch(now)
 	m.event(in.id, "ready", "sandbox is running", data)
 	m.spawn(func() { m.watch(in) })
 }
 
-func (m *Manager) bootOnce(ctx context.Context, in *instance, sb *Sandbox, env map[string]string) error {
+func (m *Manager) bootOnce(ctx context.Context, in *instance, sb *Sandbox, env map[string]string, keepDisk bool) error {
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
 	defer cancel()
-	mach, err := m.cfg.Driver.Start(ctx, m.vmSpec(sb))
+	spec := m.vmSpec(sb)
+	spec.KeepDisk = keepDisk
+	mach, err := m.cfg.Driver.Start(ctx, spec)
 	if err != nil {
 		return err
 	}
@@ -733,6 +766,8 @@ func (m *Manager) stop(ctx context.Context, id, reason string, wait bool) (*Sand
 // egress gate and the VM itself go. It returns once the VM has exited (or
 // its stop failed, which is logged).
 func (m *Manager) endVM(id string) {
+	unlock := m.lockOp(id) // a pause or wake under way finishes first
+	defer unlock()
 	m.mu.Lock()
 	in := m.live[id]
 	m.mu.Unlock()
@@ -811,6 +846,7 @@ func (m *Manager) finishDelete(ctx context.Context, id string) (*Sandbox, error)
 		return nil, fmt.Errorf("removing the files of sandbox %s: %w", id, err)
 	}
 	faultpoint.Hit("delete.files_removed")
+	m.rememberEnv(id, nil)
 	now := m.now()
 	changed := false
 	sb, err := m.update(ctx, id, func(s *Sandbox) bool {
@@ -826,6 +862,9 @@ func (m *Manager) finishDelete(ctx context.Context, id string) (*Sandbox, error)
 	})
 	if changed {
 		m.event(id, "deleted", "sandbox deleted", map[string]any{"reason": sb.StopReason})
+		if sb.SnapshotID != "" {
+			m.RemoveUnusedSnapshots(ctx) // it may have been the last user of a deleted snapshot
+		}
 	}
 	return sb, err
 }
@@ -852,6 +891,9 @@ func (m *Manager) Extend(ctx context.Context, owner, id string, d time.Duration)
 	}
 	if sb.State != StateRunning && sb.State != StateStarting {
 		return nil, Refusal(sb)
+	}
+	if sb.Persistent || sb.TimeoutSeconds == 0 {
+		return sb, nil // no time limit: nothing to extend
 	}
 	if d <= 0 || d > MaxExtendAhead {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "seconds must be between 1 and %d", int(MaxExtendAhead.Seconds()))

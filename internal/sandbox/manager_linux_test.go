@@ -61,13 +61,7 @@ func newEnv(t *testing.T) *env {
 }
 
 // manager returns a manager of the env, closed when the test ends.
-func (e *env) manager() *sandbox.Manager {
-	m := sandbox.New(sandbox.Config{
-		Store: e.st, Driver: e.drv, DataDir: e.dir, BootTimeout: 2 * time.Second, Now: e.clock.Now,
-	})
-	e.t.Cleanup(m.Close)
-	return m
-}
+func (e *env) manager() *sandbox.Manager { return e.managerWith(func(*sandbox.Config) {}) }
 
 func spec() sandbox.CreateSpec {
 	return sandbox.CreateSpec{VCPU: 2, MemoryMiB: 4096, DiskMiB: 4096, TimeoutSeconds: 60, OnLeaseEnd: sandbox.LeaseEndStop,
@@ -232,16 +226,6 @@ func TestRecoverAfterRestart(t *testing.T) {
 			t.Fatalf("exec after reattach: %v", err)
 		}
 		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func TestPauseRefused(t *testing.T) {
-	e := newEnv(t)
-	s := spec()
-	s.OnLeaseEnd = sandbox.LeaseEndPause
-	_, err := e.manager().Create(context.Background(), "k", s)
-	if errdefs.Code(err) != "pause_unavailable" || !errdefs.IsInvalidArgument(err) {
-		t.Errorf("pause: %v, want pause_unavailable", err)
 	}
 }
 

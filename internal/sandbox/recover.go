@@ -34,6 +34,9 @@ func (m *Manager) Recover(ctx context.Context) error {
 
 func (m *Manager) recoverOne(ctx context.Context, sb *Sandbox) {
 	log := m.log.With("sandbox_id", sb.ID)
+	if sb.State == StatePaused {
+		return // no VM; its saved state and disk are in its dir
+	}
 	var mach vmm.Machine
 	var err error
 	if len(sb.VM) > 0 {
@@ -54,6 +57,13 @@ func (m *Manager) recoverOne(ctx context.Context, sb *Sandbox) {
 				log.Info("ended stray vm left by an interrupted boot", "count", n)
 			}
 		}
+		if (sb.State == StatePausing || sb.State == StateResuming) && m.cfg.Driver.Saved(m.vmSpec(sb)) {
+			// The pause got as far as saving, or the wake not as far as
+			// using the saved state: paused either way.
+			log.Info("recording an interrupted pause or wake paused", "state", sb.State)
+			m.recordPaused(sb.ID)
+			return
+		}
 		if sb.State == StateDeleting {
 			log.Info("finishing an interrupted delete")
 			m.spawn(func() { m.logErr(m.finishDelete(m.ctx, sb.ID)) })
@@ -61,6 +71,16 @@ func (m *Manager) recoverOne(ctx context.Context, sb *Sandbox) {
 		}
 		log.Info("sandbox's vm is gone; marking it stopped")
 		m.markStopped(sb.ID, ReasonLostOnRestart)
+		return
+	}
+	if sb.State == StateResuming && m.cfg.Driver.Saved(m.vmSpec(sb)) {
+		// A VM that runs beside a saved state it has not used: the saved
+		// state is the truth; this VM may not have gone far enough to be.
+		log.Info("ending a vm of an interrupted wake; its saved state stays")
+		if err := mach.Stop(ctx); err != nil {
+			log.Warn("stopping the vm of an interrupted wake", "err", err)
+		}
+		m.recordPaused(sb.ID)
 		return
 	}
 	in := m.newInstance(sb.ID)
@@ -82,6 +102,10 @@ func (m *Manager) recoverOne(ctx context.Context, sb *Sandbox) {
 		started = m.spawn(func() { _, _ = m.stop(m.ctx, sb.ID, sb.StopReason, true) })
 	case StateStarting:
 		started = m.spawn(func() { m.resumeBoot(in.ctx, in, sb) })
+	case StatePausing:
+		started = m.spawn(func() { m.finishPause(sb.ID, "recovered") })
+	case StateResuming:
+		started = m.spawn(func() { m.continueWake(in, sb) })
 	default:
 		started = m.spawn(func() { m.watch(in) })
 	}
@@ -153,4 +177,22 @@ func (m *Manager) resumeBoot(ctx context.Context, in *instance, sb *Sandbox) {
 	in.client = c
 	in.mu.Unlock()
 	m.ready(in, map[string]any{"resumedAfterRestart": true})
+}
+
+// continueWake goes on with a wake a crash of the server cut short after
+// the saved state was used: the VM runs (maybe stopped by its VMM before
+// the guest went on), so it is let run, renewed and recorded running.
+func (m *Manager) continueWake(in *instance, sb *Sandbox) {
+	unlock := m.lockOp(sb.ID)
+	defer unlock()
+	ctx, cancel := context.WithTimeout(in.ctx, m.cfg.BootTimeout)
+	defer cancel()
+	if err := in.machine.Continue(ctx); err != nil {
+		m.log.Warn("letting a resumed vm run after a restart", "sandbox_id", sb.ID, "err", err)
+	}
+	if err := m.attachResumed(ctx, in, in.machine, agentproto.RenewRequest{}); err != nil {
+		m.wakeFailed(in, sb, in.machine, err)
+		return
+	}
+	m.running(in, "woken", map[string]any{"resumedAfterRestart": true})
 }

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"time"
 )
@@ -35,16 +36,14 @@ func (m *Manager) retention() time.Duration {
 }
 
 // RunDiskRetention removes the files of stopped sandboxes once they have
-// been stopped for the retention, every minute until ctx ends. A negative
-// retention keeps them.
+// been stopped for the retention (never, if it is negative), and deletes
+// snapshots whose retention has ended, every minute until ctx ends.
 func (m *Manager) RunDiskRetention(ctx context.Context) {
-	if m.retention() < 0 {
-		return
-	}
 	t := time.NewTicker(retentionTick)
 	defer t.Stop()
 	for {
 		m.RemoveStoppedDisks(ctx)
+		m.ExpireSnapshots(ctx)
 		select {
 		case <-ctx.Done():
 			return
@@ -71,11 +70,7 @@ func (m *Manager) RemoveStoppedDisks(ctx context.Context) []string {
 	}
 	var removed []string
 	for _, id := range ids {
-		if err := os.RemoveAll(m.dir(id)); err != nil {
-			m.log.Error("removing a stopped sandbox's disk", "sandbox_id", id, "err", err)
-			continue
-		}
-		ok, err := ds.MarkDiskRemoved(ctx, id, now)
+		ok, err := m.removeStoppedDisk(ctx, ds, id, now)
 		if err != nil {
 			m.log.Error("recording a stopped sandbox's disk removed", "sandbox_id", id, "err", err)
 			continue
@@ -88,6 +83,22 @@ func (m *Manager) RemoveStoppedDisks(ctx context.Context) []string {
 		}
 	}
 	return removed
+}
+
+// removeStoppedDisk removes the files of a sandbox that is still stopped,
+// under its VM lock, so that a restart never boots from a disk being
+// removed.
+func (m *Manager) removeStoppedDisk(ctx context.Context, ds DiskStore, id string, now time.Time) (bool, error) {
+	unlock := m.lockOp(id)
+	defer unlock()
+	sb, err := m.cfg.Store.GetSandbox(ctx, id)
+	if err != nil || sb.State != StateStopped {
+		return false, err // restarted meanwhile
+	}
+	if err := os.RemoveAll(m.dir(id)); err != nil {
+		return false, fmt.Errorf("removing the files of sandbox %s: %w", id, err)
+	}
+	return ds.MarkDiskRemoved(ctx, id, now)
 }
 
 // KeptDisks counts owner's stopped sandboxes whose disks are still kept

@@ -10,10 +10,17 @@ import (
 // State is where a sandbox is in its life (the API's "state" field).
 type State string
 
-// States. Paused and pausing arrive with snapshots.
+// States.
 const (
 	StateStarting State = "starting"
 	StateRunning  State = "running"
+	// StatePausing is recorded before a pause touches the VM, StatePaused
+	// once its state is saved and the VMM has ended, and StateResuming
+	// before a wake starts it again: a crash at any step is finished or
+	// undone by the next start (Recover).
+	StatePausing  State = "pausing"
+	StatePaused   State = "paused"
+	StateResuming State = "resuming"
 	StateStopping State = "stopping"
 	StateStopped  State = "stopped"
 	// StateDeleting is recorded before a delete removes anything, so that a
@@ -21,6 +28,16 @@ const (
 	StateDeleting State = "deleting"
 	StateDeleted  State = "deleted"
 )
+
+// CodeSandboxPaused refuses a guest call to a paused sandbox whose
+// autoWake is off.
+const CodeSandboxPaused = "sandbox_paused"
+
+// Paused reports whether s is one of the states of a pause: pausing,
+// paused or resuming. A guest call in them waits for a wake (autoWake).
+func (s State) Paused() bool {
+	return s == StatePausing || s == StatePaused || s == StateResuming
+}
 
 // StateInfo is one row of the state table: what a state means to callers.
 type StateInfo struct {
@@ -35,6 +52,9 @@ type StateInfo struct {
 	// Refusal is what a call into the guest gets in this state; nil for
 	// the one state that has a guest to call.
 	Refusal *RefusalInfo
+	// Wakes: a guest call in this state to a sandbox with autoWake waits
+	// for it to be woken and is then served; Refusal is for the others.
+	Wakes bool
 }
 
 // RefusalInfo is the coded answer to a guest call in the wrong state.
@@ -50,6 +70,12 @@ var stateTable = []StateInfo{
 	{State: StateStarting, Wire: StateStarting, Status: "pending",
 		Refusal: &RefusalInfo{errdefs.ErrConflict, "sandbox_not_ready", "wait for it with GET /v1/sandboxes/{id}?waitFor=running"}},
 	{State: StateRunning, Wire: StateRunning, Status: "active"},
+	{State: StatePausing, Wire: StatePausing, Wakes: true, Status: "paused",
+		Refusal: &RefusalInfo{errdefs.ErrConflict, CodeSandboxPaused, "it is pausing and autoWake is off: wake it with POST /v1/sandboxes/{id}:wake"}},
+	{State: StatePaused, Wire: StatePaused, Wakes: true, Status: "paused",
+		Refusal: &RefusalInfo{errdefs.ErrConflict, CodeSandboxPaused, "autoWake is off: wake it with POST /v1/sandboxes/{id}:wake"}},
+	{State: StateResuming, Wire: StateResuming, Wakes: true, Status: "pending",
+		Refusal: &RefusalInfo{errdefs.ErrConflict, "sandbox_not_ready", "wait for it with GET /v1/sandboxes/{id}?waitFor=running"}},
 	{State: StateStopping, Wire: StateStopping, Status: "stopping",
 		Refusal: &RefusalInfo{errdefs.ErrConflict, "not_running", "the sandbox is stopping; create a new one"}},
 	{State: StateStopped, Wire: StateStopped, Status: "stopped", Terminal: true,
@@ -116,6 +142,9 @@ func StateTableMarkdown() string {
 		ans := "served"
 		if r := i.Refusal; r != nil {
 			ans = fmt.Sprintf("%s: `%s`", r.Class, r.Code)
+		}
+		if i.Wakes {
+			ans = "autoWake: woken, then served; else " + ans
 		}
 		fmt.Fprintf(&b, "| `%s` | `%s` | `%s` | %s |\n", i.State, i.Wire, i.Status, ans)
 	}

@@ -13,7 +13,7 @@ import (
 const (
 	LeaseEndStop   = "stop"
 	LeaseEndDelete = "delete"
-	LeaseEndPause  = "pause" // refused until snapshots exist
+	LeaseEndPause  = "pause"
 )
 
 // Stop reasons.
@@ -27,6 +27,10 @@ const (
 	// ReasonGuestProtocolViolation: the guest broke the protocol
 	// repeatedly (see guestsafety.go); the events say how.
 	ReasonGuestProtocolViolation = "guest_protocol_violation"
+	// ReasonPauseFailed: a pause ended the VM without saving its state.
+	ReasonPauseFailed = "pause_failed"
+	// ReasonWakeFailed: a wake failed after the saved state was used up.
+	ReasonWakeFailed = "wake_failed"
 )
 
 // Defaults and limits for create requests.
@@ -36,8 +40,14 @@ const (
 	DefaultDiskMiB        = 4096
 	DefaultTimeoutSeconds = 1800
 	MinTimeoutSeconds     = 60
-	MaxTimeoutSeconds     = 24 * 3600
-	MaxExtendAhead        = time.Hour
+	// DefaultIdlePauseSeconds is the idle pause of a new sandbox that
+	// names none, as withruntime documents; MinIdlePauseSeconds is the
+	// shortest (a shorter one is raised to it).
+	DefaultIdlePauseSeconds = 300
+	MinIdlePauseSeconds     = 60
+	MaxIdlePauseSeconds     = 24 * 3600
+	MaxTimeoutSeconds       = 24 * 3600
+	MaxExtendAhead          = time.Hour
 )
 
 // Limits bound one sandbox, as the operator configured them. A zero field
@@ -75,18 +85,45 @@ type Sandbox struct {
 	DeletedAt      *time.Time
 	// VM is the driver's opaque reattach record (pid, socket paths), JSON.
 	VM []byte
+
+	// PausedAt is when it was last paused; nil unless pausing, paused or
+	// resuming.
+	PausedAt *time.Time
+	// AutoWake: a guest call to it while paused wakes it first; without
+	// it the call is refused with sandbox_paused.
+	AutoWake bool
+	// IdlePauseSeconds pauses a running sandbox after that long without
+	// API activity; 0 never.
+	IdlePauseSeconds int
+	// Persistent sandboxes have no lease and are never idle-paused: they
+	// run until stopped.
+	Persistent bool
+	// SnapshotID is the snapshot it was made from, if any: its disk
+	// backs this sandbox's, so the snapshot's files stay while it exists.
+	SnapshotID string
+	// DiskRemovedAt is when the retention removed a stopped sandbox's
+	// files (read only: set by DiskStore.MarkDiskRemoved).
+	DiskRemovedAt *time.Time
 }
 
 // CreateSpec is a validated create request with defaults filled in.
 type CreateSpec struct {
-	Name           string
-	Labels         map[string]string
-	Env            map[string]string // values go to the guest only; the store keeps names
-	VCPU           int
-	MemoryMiB      int
-	DiskMiB        int
+	Name      string
+	Labels    map[string]string
+	Env       map[string]string // values go to the guest only; the store keeps names
+	VCPU      int
+	MemoryMiB int
+	DiskMiB   int
+	// TimeoutSeconds is the time limit of each run; 0 none.
 	TimeoutSeconds int
 	OnLeaseEnd     string
+	// AutoWake: nil means on.
+	AutoWake         *bool
+	IdlePauseSeconds int
+	Persistent       bool
+	// SnapshotID, if set, makes the sandbox a copy of that snapshot (of
+	// the same owner), with its shape.
+	SnapshotID string
 	// Network is the egress policy; nil means the operator's default.
 	Network *egress.Policy
 	// IdempotencyKey is the create request's Idempotency-Key, if any: the

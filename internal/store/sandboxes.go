@@ -23,7 +23,8 @@ const (
 
 const sandboxColumns = `id, owner_key_id, name, labels, env_names, vcpu, memory_mib, disk_mib,
 	timeout_seconds, on_lease_end, state, stop_reason, accel, driver,
-	created_at, ready_at, expires_at, ended_at, deleted_at, vm`
+	created_at, ready_at, expires_at, ended_at, deleted_at, vm,
+	paused_at, auto_wake, idle_pause_seconds, persistent, snapshot_id, disk_removed_at`
 
 // InsertSandbox records a new sandbox. If sb.CreatedAt is zero it is set to
 // the current time. A non-empty idempotencyKey names the pending
@@ -55,11 +56,13 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *sandbox.Sandbox, idempote
 	// The partial unique index sandboxes_live_name makes the name check and
 	// the insert one atomic step.
 	_, err = tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sb.ID, sb.OwnerKeyID, sb.Name, labels, envNames, sb.VCPU, sb.MemoryMiB, sb.DiskMiB,
 		sb.TimeoutSeconds, sb.OnLeaseEnd, string(sb.State), sb.StopReason, sb.Accel, sb.Driver,
 		formatTime(sb.CreatedAt), formatTimePtr(sb.ReadyAt), formatTimePtr(sb.ExpiresAt),
-		formatTimePtr(sb.EndedAt), formatTimePtr(sb.DeletedAt), sb.VM)
+		formatTimePtr(sb.EndedAt), formatTimePtr(sb.DeletedAt), sb.VM,
+		formatTimePtr(sb.PausedAt), sb.AutoWake, sb.IdlePauseSeconds, sb.Persistent, sb.SnapshotID,
+		formatTimePtr(sb.DiskRemovedAt))
 	switch {
 	case isUniqueViolation(err):
 		return fmt.Errorf("inserting sandbox %s: %w", sb.ID, nameTaken(sb.Name))
@@ -106,8 +109,8 @@ func (s *Store) GetSandbox(ctx context.Context, id string) (*sandbox.Sandbox, er
 
 // UpdateSandbox changes the record of sandbox id in one transaction: it
 // reads the committed record, lets fn change it, and writes the mutable
-// fields (everything but ID, OwnerKeyID, EnvNames, VCPU, MemoryMiB, DiskMiB
-// and CreatedAt) back, so that no other change can come between the read
+// fields (everything but ID, OwnerKeyID, VCPU, MemoryMiB, DiskMiB,
+// CreatedAt and SnapshotID) back, so that no other change can come between the read
 // and the write. If fn returns false nothing is written. It returns the
 // record as it is afterwards. A missing sandbox is an error of class
 // errdefs.ErrNotFound; a name clash as in InsertSandbox fails with code
@@ -150,14 +153,20 @@ func updateSandbox(ctx context.Context, db execer, sb *sandbox.Sandbox) error {
 	if err != nil {
 		return fmt.Errorf("updating sandbox %s: encoding labels: %w", sb.ID, err)
 	}
+	envNames, err := jsonOrNull(sb.EnvNames, sb.EnvNames == nil)
+	if err != nil {
+		return fmt.Errorf("updating sandbox %s: encoding env names: %w", sb.ID, err)
+	}
 	res, err := db.ExecContext(ctx, `UPDATE sandboxes SET
-		name = ?, labels = ?, timeout_seconds = ?, on_lease_end = ?, state = ?,
+		name = ?, labels = ?, env_names = ?, timeout_seconds = ?, on_lease_end = ?, state = ?,
 		stop_reason = ?, accel = ?, driver = ?, ready_at = ?, expires_at = ?,
-		ended_at = ?, deleted_at = ?, vm = ?
+		ended_at = ?, deleted_at = ?, vm = ?,
+		paused_at = ?, auto_wake = ?, idle_pause_seconds = ?, persistent = ?
 		WHERE id = ?`,
-		sb.Name, labels, sb.TimeoutSeconds, sb.OnLeaseEnd, string(sb.State),
+		sb.Name, labels, envNames, sb.TimeoutSeconds, sb.OnLeaseEnd, string(sb.State),
 		sb.StopReason, sb.Accel, sb.Driver, formatTimePtr(sb.ReadyAt), formatTimePtr(sb.ExpiresAt),
 		formatTimePtr(sb.EndedAt), formatTimePtr(sb.DeletedAt), sb.VM,
+		formatTimePtr(sb.PausedAt), sb.AutoWake, sb.IdlePauseSeconds, sb.Persistent,
 		sb.ID)
 	if isUniqueViolation(err) {
 		return fmt.Errorf("updating sandbox %s: %w", sb.ID, nameTaken(sb.Name))
@@ -279,10 +288,12 @@ func scanSandbox(row interface{ Scan(...any) error }) (*sandbox.Sandbox, error) 
 		state, created                 string
 		labels, envNames               sql.NullString
 		ready, expires, ended, deleted sql.NullString
+		paused, diskRemoved            sql.NullString
 	)
 	err := row.Scan(&sb.ID, &sb.OwnerKeyID, &sb.Name, &labels, &envNames, &sb.VCPU, &sb.MemoryMiB, &sb.DiskMiB,
 		&sb.TimeoutSeconds, &sb.OnLeaseEnd, &state, &sb.StopReason, &sb.Accel, &sb.Driver,
-		&created, &ready, &expires, &ended, &deleted, &sb.VM)
+		&created, &ready, &expires, &ended, &deleted, &sb.VM,
+		&paused, &sb.AutoWake, &sb.IdlePauseSeconds, &sb.Persistent, &sb.SnapshotID, &diskRemoved)
 	if err != nil {
 		return nil, err
 	}
@@ -299,7 +310,7 @@ func scanSandbox(row interface{ Scan(...any) error }) (*sandbox.Sandbox, error) 
 	for _, f := range []struct {
 		dst **time.Time
 		src sql.NullString
-	}{{&sb.ReadyAt, ready}, {&sb.ExpiresAt, expires}, {&sb.EndedAt, ended}, {&sb.DeletedAt, deleted}} {
+	}{{&sb.ReadyAt, ready}, {&sb.ExpiresAt, expires}, {&sb.EndedAt, ended}, {&sb.DeletedAt, deleted}, {&sb.PausedAt, paused}, {&sb.DiskRemovedAt, diskRemoved}} {
 		if *f.dst, err = parseTimePtr(f.src); err != nil {
 			return nil, fmt.Errorf("sandbox %s: %w", sb.ID, err)
 		}

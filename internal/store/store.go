@@ -259,6 +259,39 @@ END;
 ALTER TABLE sandboxes ADD COLUMN disk_removed_at TEXT;
 CREATE INDEX sandboxes_stopped_disk ON sandboxes (ended_at) WHERE state = 'stopped' AND disk_removed_at IS NULL;
 `,
+	// 7: pause and wake, idle pause, persistent sandboxes, and snapshots.
+	`
+ALTER TABLE sandboxes ADD COLUMN paused_at TEXT;
+ALTER TABLE sandboxes ADD COLUMN auto_wake INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE sandboxes ADD COLUMN idle_pause_seconds INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sandboxes ADD COLUMN persistent INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sandboxes ADD COLUMN snapshot_id TEXT NOT NULL DEFAULT ''; -- the snapshot it was made from
+CREATE INDEX sandboxes_snapshot ON sandboxes (snapshot_id) WHERE snapshot_id <> '';
+
+CREATE TABLE snapshots (
+	id                TEXT PRIMARY KEY,
+	owner_key_id      TEXT NOT NULL,
+	name              TEXT NOT NULL,
+	labels            TEXT,             -- JSON object, NULL for a nil map
+	source_sandbox_id TEXT NOT NULL,
+	mode              TEXT NOT NULL,    -- memory | disk
+	state             TEXT NOT NULL,    -- capturing | ready | failed | deleted
+	error             TEXT NOT NULL,
+	size_bytes        INTEGER NOT NULL,
+	vcpu              INTEGER NOT NULL,
+	memory_mib        INTEGER NOT NULL,
+	disk_mib          INTEGER NOT NULL,
+	retention_days    INTEGER NOT NULL,
+	created_at        TEXT NOT NULL,
+	ready_at          TEXT,
+	expires_at        TEXT,
+	deleted_at        TEXT,
+	files_removed_at  TEXT              -- set once its directory is gone
+) STRICT;
+CREATE INDEX snapshots_owner_created ON snapshots (owner_key_id, created_at DESC, id DESC);
+CREATE INDEX snapshots_expiring ON snapshots (expires_at) WHERE state <> 'deleted';
+CREATE INDEX snapshots_files ON snapshots (deleted_at) WHERE state = 'deleted' AND files_removed_at IS NULL;
+`,
 }
 
 // migrate applies the pending migrations, each in its own transaction

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/user"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"testing"
@@ -27,6 +28,9 @@ type Driver struct {
 	starts   int
 	serial   int                 // numbers machines, so records name one
 	machines map[string]*Machine // by sandbox id: the newest one started
+
+	failResumes, failPauses int // FailResumes, FailPauses
+	resumes, continues      int
 }
 
 // NewDriver returns a Driver whose guests run commands as the user running
@@ -81,19 +85,39 @@ func (d *Driver) Machine(id string) *Machine {
 	return d.machines[id]
 }
 
-// Start implements vmm.Driver.Start. It does not fail.
+// Start implements vmm.Driver.Start. A fresh start makes a disk in
+// spec.Dir (when it has one); with KeepDisk that disk must be there.
 func (d *Driver) Start(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) {
+	if spec.Dir != "" {
+		disk := filepath.Join(spec.Dir, diskFile)
+		if spec.KeepDisk {
+			if _, err := os.Stat(disk); err != nil {
+				return nil, fmt.Errorf("fake start from the kept disk: %w", err)
+			}
+		} else if err := os.MkdirAll(spec.Dir, 0o700); err != nil {
+			return nil, err
+		} else if err := os.WriteFile(disk, nil, 0o600); err != nil {
+			return nil, err
+		}
+	}
+	d.mu.Lock()
+	d.starts++
+	d.mu.Unlock()
+	return d.start(spec), nil
+}
+
+// start registers a new machine of spec.
+func (d *Driver) start(spec vmm.Spec) *Machine {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.starts++
 	d.serial++
-	m := &Machine{d: d, id: spec.ID, serial: d.serial, done: make(chan struct{})}
+	m := &Machine{d: d, id: spec.ID, dir: spec.Dir, serial: d.serial, done: make(chan struct{})}
 	if d.hang > 0 {
 		d.hang--
 		m.hung = true
 	}
 	d.machines[spec.ID] = m
-	return m, nil
+	return m
 }
 
 // record is what Machine.Record returns.
@@ -137,6 +161,7 @@ func (d *Driver) stopAll() {
 type Machine struct {
 	d      *Driver
 	id     string
+	dir    string
 	serial int
 	hung   bool
 	once   sync.Once

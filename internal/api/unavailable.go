@@ -1,0 +1,90 @@
+package api
+
+import (
+	"net/http"
+	"strings"
+)
+
+// Routes of the Runtime API that withruntime 0.35.0 calls and this server
+// does not have answer 501 with a code ending in _unavailable: the SDK
+// never retries those, and a caller can tell "not built here" from "no
+// such sandbox" (404). Only the names the SDK uses are listed, so a
+// mistyped path is still route_not_found.
+
+// unavailableTop are the first segments after /v1/ of whole products.
+var unavailableTop = map[string]bool{
+	"account": true, "agents": true, "apps": true, "audit": true, "billing": true, "builds": true,
+	"ci": true, "containers": true, "domains": true, "egress-secrets": true, "events": true,
+	"feedback": true, "functions": true, "images": true, "ips": true, "job-runs": true, "jobs": true,
+	"limits": true, "mcp": true, "me": true, "networks": true, "otel-exports": true, "plans": true,
+	"ports": true, "referrals": true, "repositories": true, "reservations": true, "secrets": true,
+	"sso": true, "support": true, "switching": true, "usage": true, "volume-backups": true,
+	"volumes": true, "webhooks": true,
+}
+
+// unavailableSandboxSub are the segments after /v1/sandboxes/{id}/ (with
+// any :verb stripped) of features of a sandbox, and their codes.
+var unavailableSandboxSub = map[string]string{
+	"browser": "browser_unavailable", "desktop": "desktop_unavailable", "interpreter": "interpreter_unavailable",
+	"mcp": "mcp_unavailable", "metrics": "metrics_unavailable", "mounts": "mounts_unavailable",
+	"previews": "previews_unavailable", "sessions": "sessions_unavailable", "tailscale": "tailscale_unavailable",
+	"terminal": "terminal_unavailable", "tunnel": "tunnel_unavailable", "usage": "usage_unavailable",
+}
+
+// unavailableFiles are the paths after /v1/sandboxes/{id}/files.
+var unavailableFiles = map[string]string{
+	"/archive": "archive_unavailable", "/watches": "file_watches_unavailable",
+	":link": "file_links_unavailable", ":revoke-links": "file_links_unavailable",
+	":rename": "file_rename_unavailable",
+}
+
+// unavailableVerbs are the colon verbs of /v1/sandboxes/{id}.
+var unavailableVerbs = map[string]string{
+	"resize": "resize_unavailable", "switch-image": "switch_image_unavailable",
+	"retention": "retention_unavailable",
+}
+
+// unavailableCode returns the code of a path the SDK calls that this
+// server does not serve, or "".
+func unavailableCode(path string) string {
+	rest, ok := strings.CutPrefix(path, "/v1/")
+	if !ok {
+		return ""
+	}
+	first, tail, _ := strings.Cut(rest, "/")
+	if first != "sandboxes" {
+		name, _, _ := strings.Cut(first, ":")
+		if unavailableTop[name] {
+			return strings.ReplaceAll(name, "-", "_") + "_unavailable"
+		}
+		return ""
+	}
+	id, sub, hasSub := strings.Cut(tail, "/")
+	if !hasSub {
+		if i := strings.LastIndexByte(id, ':'); i > 0 {
+			return unavailableVerbs[id[i+1:]]
+		}
+		return ""
+	}
+	if f, ok := strings.CutPrefix(sub, "files"); ok {
+		for p, code := range unavailableFiles {
+			if f == p || strings.HasPrefix(f, p+"/") || strings.HasPrefix(f, p+":") {
+				return code
+			}
+		}
+		return ""
+	}
+	seg, _, _ := strings.Cut(sub, "/")
+	seg, _, _ = strings.Cut(seg, ":")
+	return unavailableSandboxSub[seg]
+}
+
+// notServed answers a request no route serves: 501 for what the SDK
+// knows and this server has not built, else route_not_found.
+func notServed(r *http.Request) *apiError {
+	if code := unavailableCode(r.URL.Path); code != "" {
+		return newError(http.StatusNotImplemented, code, "This server does not offer "+r.Method+" "+r.URL.Path+".").
+			withHint("Emberbox serves sandboxes, their commands, files, processes, network, pause, wake and snapshots; GET /v1/openapi.json lists every route.")
+	}
+	return routeNotFound(r)
+}

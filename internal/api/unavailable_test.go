@@ -1,0 +1,72 @@
+package api
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// sdkUnavailable is what withruntime 0.35.0 calls that this server does not
+// serve: each must answer 501 with a code ending in _unavailable (never
+// retried by the SDK), in the one error shape.
+var sdkUnavailable = []struct{ method, path string }{
+	{"GET", "/v1/sandboxes/sbx_r/terminal"},
+	{"GET", "/v1/sandboxes/sbx_r/tunnel"},
+	{"POST", "/v1/sandboxes/sbx_r/previews"},
+	{"GET", "/v1/sandboxes/sbx_r/previews"},
+	{"DELETE", "/v1/sandboxes/sbx_r/previews/8080"},
+	{"GET", "/v1/sandboxes/sbx_r/files/archive"},
+	{"POST", "/v1/sandboxes/sbx_r/files/archive/uploads"},
+	{"POST", "/v1/sandboxes/sbx_r/files/watches"},
+	{"POST", "/v1/sandboxes/sbx_r/files:link"},
+	{"POST", "/v1/sandboxes/sbx_r/files:revoke-links"},
+	{"POST", "/v1/sandboxes/sbx_r/files:rename"},
+	{"GET", "/v1/sandboxes/sbx_r/metrics"},
+	{"POST", "/v1/sandboxes/sbx_r/sessions"},
+	{"POST", "/v1/sandboxes/sbx_r/interpreter:run"},
+	{"POST", "/v1/sandboxes/sbx_r/mounts"},
+	{"POST", "/v1/sandboxes/sbx_r/browser:start"},
+	{"POST", "/v1/sandboxes/sbx_r/desktop:act"},
+	{"GET", "/v1/sandboxes/sbx_r/mcp"},
+	{"POST", "/v1/sandboxes/sbx_r/tailscale"},
+	{"POST", "/v1/sandboxes/sbx_r:resize"},
+	{"POST", "/v1/sandboxes/sbx_r:switch-image"},
+	{"POST", "/v1/sandboxes/sbx_r:retention"},
+	{"GET", "/v1/usage"},
+	{"GET", "/v1/usage/export"},
+	{"GET", "/v1/images"},
+	{"GET", "/v1/images/img_1/logs"},
+	{"GET", "/v1/volumes"},
+	{"POST", "/v1/volume-backups"},
+	{"GET", "/v1/secrets"},
+	{"GET", "/v1/egress-secrets"},
+	{"POST", "/v1/apps"},
+	{"GET", "/v1/jobs"},
+	{"GET", "/v1/agents/sessions"},
+	{"GET", "/v1/me"},
+	{"GET", "/v1/limits"},
+	{"POST", "/v1/webhooks/wh_1:test"},
+}
+
+func TestSDKRoutesNotBuiltAnswerUnavailable(t *testing.T) {
+	e := newEnv(t)
+	e.m.add("key_a", "sbx_r", "running", 0)
+	for _, rt := range sdkUnavailable {
+		w := e.do(rt.method, rt.path, "{}")
+		if w.Code != http.StatusNotImplemented {
+			t.Errorf("%s %s: status %d, want 501: %s", rt.method, rt.path, w.Code, w.Body)
+			continue
+		}
+		got := errorOf(t, w)
+		if !strings.HasSuffix(got.Code, "_unavailable") || got.Status != 501 || got.Message == "" {
+			t.Errorf("%s %s: %+v, want a code ending in _unavailable", rt.method, rt.path, got)
+		}
+	}
+	// What the SDK never calls is still not found.
+	for _, p := range []string{"/v1/sandboxes/sbx_r/nonsense", "/v1/nonsense", "/v1/sandboxes/sbx_r:explode", "/v2/usage"} {
+		w := e.do("GET", p, "")
+		if w.Code != http.StatusNotFound || errorOf(t, w).Code != "route_not_found" {
+			t.Errorf("GET %s: %d %s, want 404 route_not_found", p, w.Code, w.Body)
+		}
+	}
+}

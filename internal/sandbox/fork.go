@@ -1,0 +1,95 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/emberbox/emberbox/internal/errdefs"
+)
+
+// MaxForkCount bounds the copies one fork makes.
+const MaxForkCount = 10
+
+// ForkSpec is a validated fork request.
+type ForkSpec struct {
+	Count  int // 1..MaxForkCount
+	Name   string
+	Labels map[string]string
+	// KeepSnapshot keeps the memory snapshot the copies were made from;
+	// otherwise it is deleted (its files stay while a copy exists).
+	KeepSnapshot bool
+}
+
+// Fork implements api.Manager.Fork: a memory snapshot of the sandbox, then
+// Count copies of it, answered once they all run. Copies are admitted as
+// creates are; if one is refused, the copies made so far are deleted and
+// the refusal answered.
+func (m *Manager) Fork(ctx context.Context, owner, id string, spec ForkSpec) ([]*Sandbox, error) {
+	if spec.Count < 1 || spec.Count > MaxForkCount {
+		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "count must be from 1 to %d", MaxForkCount)
+	}
+	src, err := m.Get(ctx, owner, id)
+	if err != nil {
+		return nil, err
+	}
+	sn, err := m.Snapshot(ctx, owner, id, SnapshotSpec{Mode: SnapshotModeMemory,
+		Labels: map[string]string{"emberbox.fork": id}, RetentionDays: 1})
+	if err != nil {
+		return nil, err
+	}
+	if sn.State != SnapshotReady {
+		m.dropForkSnapshot(ctx, sn.ID, spec.KeepSnapshot)
+		e := errdefs.New(errdefs.ErrConflict, "snapshot_failed", "the fork's snapshot of %s failed", id)
+		e.Details = map[string]any{"snapshotId": sn.ID}
+		return nil, e
+	}
+	var copies []*Sandbox
+	for i := range spec.Count {
+		name := spec.Name
+		if name != "" && spec.Count > 1 {
+			name = fmt.Sprintf("%s-%d", spec.Name, i+1)
+		}
+		cs := CreateSpec{Name: name, Labels: spec.Labels, SnapshotID: sn.ID, OnLeaseEnd: src.OnLeaseEnd,
+			TimeoutSeconds: src.TimeoutSeconds, AutoWake: &src.AutoWake, IdlePauseSeconds: src.IdlePauseSeconds,
+			Persistent: src.Persistent}
+		if n, err := m.cfg.Store.GetNetwork(ctx, id); err == nil {
+			pol := n.Policy
+			cs.Network = &pol // a copy gets its own gate with its source's policy
+		}
+		sb, err := m.Create(ctx, owner, cs)
+		if err != nil {
+			for _, c := range copies {
+				if _, derr := m.delete(context.WithoutCancel(ctx), c.ID, ReasonDeleted); derr != nil {
+					m.log.Error("deleting a copy of a failed fork", "sandbox_id", c.ID, "err", derr)
+				}
+			}
+			m.dropForkSnapshot(ctx, sn.ID, spec.KeepSnapshot)
+			return nil, err
+		}
+		copies = append(copies, sb)
+	}
+	m.dropForkSnapshot(ctx, sn.ID, spec.KeepSnapshot)
+	wctx, cancel := context.WithTimeout(ctx, 2*m.cfg.BootTimeout+10*time.Second)
+	defer cancel()
+	for i, c := range copies {
+		got, err := m.WaitFor(wctx, owner, c.ID, StateRunning)
+		if err != nil {
+			return nil, err
+		}
+		copies[i] = got
+	}
+	return copies, nil
+}
+
+// dropForkSnapshot deletes the snapshot a fork made unless it is kept.
+func (m *Manager) dropForkSnapshot(ctx context.Context, id string, keep bool) {
+	if keep {
+		return
+	}
+	ctx = context.WithoutCancel(ctx)
+	if err := m.markSnapshotDeleted(ctx, id); err != nil {
+		m.log.Error("deleting a fork's snapshot", "snapshot_id", id, "err", err)
+	}
+	m.RemoveUnusedSnapshots(ctx)
+}

@@ -1,0 +1,60 @@
+package sandbox
+
+import "time"
+
+// Snapshot states.
+const (
+	SnapshotCapturing = "capturing"
+	SnapshotReady     = "ready"
+	SnapshotFailed    = "failed"
+	SnapshotDeleted   = "deleted"
+)
+
+// Snapshot modes: a memory snapshot holds the guest's memory and device
+// state besides its disk, so its copies go on where it was taken; a disk
+// snapshot only the disk, so its copies boot.
+const (
+	SnapshotModeMemory = "memory"
+	SnapshotModeDisk   = "disk"
+)
+
+// Bounds of a snapshot's retention, in days.
+const (
+	DefaultSnapshotRetentionDays = 7
+	MaxSnapshotRetentionDays     = 365
+)
+
+// Snapshot is the durable record of one snapshot of a sandbox. Its files
+// live in DataDir/snapshots/<id>.
+type Snapshot struct {
+	ID              string
+	OwnerKeyID      string
+	Name            string
+	Labels          map[string]string
+	SourceSandboxID string
+	Mode            string
+	State           string
+	Error           string // why capture failed
+	SizeBytes       int64
+	// The shape of the source; copies get the same.
+	VCPU, MemoryMiB, DiskMiB int
+	RetentionDays            int
+	CreatedAt                time.Time
+	ReadyAt                  *time.Time
+	ExpiresAt                *time.Time // deleted by the retention loop from then
+	DeletedAt                *time.Time
+	// FilesRemovedAt is set once its directory is gone: a deleted
+	// snapshot keeps its files while a sandbox made from it exists.
+	FilesRemovedAt *time.Time
+}
+
+// SnapshotListOptions filters a listing of snapshots. Zero values mean no
+// filter; deleted snapshots are never listed.
+type SnapshotListOptions struct {
+	OwnerKeyID      string
+	SourceSandboxID string
+	Name            string
+	State           string
+	Limit           int    // 1..100, default 50
+	Cursor          string // opaque, from a previous page
+}

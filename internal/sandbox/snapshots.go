@@ -1,0 +1,471 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/emberbox/emberbox/internal/agentproto"
+	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/vmm"
+)
+
+// SnapshotStore is what snapshots need from the store beyond Store;
+// store.Store implements it.
+type SnapshotStore interface {
+	InsertSnapshot(ctx context.Context, sn *Snapshot) error
+	GetSnapshot(ctx context.Context, id string) (*Snapshot, error)
+	UpdateSnapshot(ctx context.Context, id string, fn func(sn *Snapshot) bool) (*Snapshot, error)
+	ListSnapshots(ctx context.Context, opts SnapshotListOptions) ([]*Snapshot, string, error)
+	// ExpiredSnapshots lists the snapshots, not deleted, whose retention
+	// ended by now.
+	ExpiredSnapshots(ctx context.Context, now time.Time) ([]*Snapshot, error)
+	// UnusedDeletedSnapshots lists the deleted snapshots whose files are
+	// still there and that no sandbox but a deleted one was made from.
+	UnusedDeletedSnapshots(ctx context.Context) ([]string, error)
+}
+
+// captureTimeout bounds one Machine.Snapshot.
+const captureTimeout = 10 * time.Minute
+
+// SnapshotSpec is a validated snapshot request.
+type SnapshotSpec struct {
+	Name          string
+	Labels        map[string]string
+	RetentionDays int    // 0: DefaultSnapshotRetentionDays
+	Mode          string // SnapshotModeMemory (default) or SnapshotModeDisk
+}
+
+// SnapshotUpdate changes a snapshot's name and labels; nil fields stay.
+type SnapshotUpdate struct {
+	Name   *string // "" clears it
+	Labels map[string]string
+	// IfLabels, when not nil, must equal the labels the snapshot has, or
+	// the update is refused (labels_changed): a fence against a
+	// concurrent change.
+	IfLabels map[string]string
+}
+
+func (m *Manager) snapshots() (SnapshotStore, error) {
+	ss, ok := m.cfg.Store.(SnapshotStore)
+	if !ok {
+		return nil, errdefs.New(errdefs.ErrUnavailable, "snapshots_unavailable", "this server's store keeps no snapshots")
+	}
+	return ss, nil
+}
+
+func (m *Manager) snapshotDir(id string) string {
+	return filepath.Join(m.cfg.DataDir, "snapshots", id)
+}
+
+func snapshotNotFound(id string) error {
+	return errdefs.New(errdefs.ErrNotFound, "snapshot_not_found", "no snapshot %q", id)
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// randomUUID returns a random (version 4) UUID.
+func randomUUID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b[:])
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+// getSnapshot loads a snapshot of owner's that is not deleted.
+func (m *Manager) getSnapshot(ctx context.Context, owner, id string) (*Snapshot, error) {
+	ss, err := m.snapshots()
+	if err != nil {
+		return nil, err
+	}
+	sn, err := ss.GetSnapshot(ctx, id)
+	if errdefs.IsNotFound(err) || (err == nil && (sn.OwnerKeyID != owner || sn.State == SnapshotDeleted)) {
+		return nil, snapshotNotFound(id)
+	}
+	return sn, err
+}
+
+// GetSnapshot implements api.Manager.GetSnapshot.
+func (m *Manager) GetSnapshot(ctx context.Context, owner, id string) (*Snapshot, error) {
+	return m.getSnapshot(ctx, owner, id)
+}
+
+// ListSnapshots implements api.Manager.ListSnapshots.
+func (m *Manager) ListSnapshots(ctx context.Context, opts SnapshotListOptions) ([]*Snapshot, string, error) {
+	ss, err := m.snapshots()
+	if err != nil {
+		return nil, "", err
+	}
+	if opts.OwnerKeyID == "" {
+		return nil, "", errdefs.New(errdefs.ErrInternal, "internal", "listing snapshots without an owner")
+	}
+	return ss.ListSnapshots(ctx, opts)
+}
+
+// Snapshot implements api.Manager.Snapshot: a consistent copy of the
+// sandbox (memory and disk, or the disk alone) kept in
+// DataDir/snapshots/<id> for the retention. The guest is stopped for the
+// copy and runs on after; a paused sandbox is woken for it and paused
+// again. It answers once the capture is over, ready or failed.
+func (m *Manager) Snapshot(ctx context.Context, owner, id string, spec SnapshotSpec) (*Snapshot, error) {
+	ss, err := m.snapshots()
+	if err != nil {
+		return nil, err
+	}
+	sb, err := m.settleRunning(ctx, owner, id)
+	if err != nil {
+		return nil, err
+	}
+	repause := sb.State == StatePaused
+	if repause {
+		if _, err := m.Wake(ctx, owner, id, nil); err != nil {
+			return nil, err
+		}
+		if sb, err = m.settleRunning(ctx, owner, id); err != nil {
+			return nil, err
+		}
+		if sb.State != StateRunning {
+			return nil, Refusal(sb)
+		}
+	}
+	if spec.Mode == "" {
+		spec.Mode = SnapshotModeMemory
+	}
+	if spec.RetentionDays == 0 {
+		spec.RetentionDays = DefaultSnapshotRetentionDays
+	}
+	now := m.now()
+	expires := now.Add(time.Duration(spec.RetentionDays) * 24 * time.Hour)
+	sn := &Snapshot{ID: "snap_" + randomHex(10), OwnerKeyID: owner, Name: spec.Name, Labels: spec.Labels,
+		SourceSandboxID: id, Mode: spec.Mode, State: SnapshotCapturing, VCPU: sb.VCPU, MemoryMiB: sb.MemoryMiB,
+		DiskMiB: sb.DiskMiB, RetentionDays: spec.RetentionDays, CreatedAt: now, ExpiresAt: &expires}
+	if err := ss.InsertSnapshot(ctx, sn); err != nil {
+		return nil, err
+	}
+	info, capErr := m.capture(id, sn)
+	if repause {
+		if _, err := m.pause(context.WithoutCancel(ctx), id, "snapshot"); err != nil {
+			m.log.Warn("pausing again after a snapshot", "sandbox_id", id, "err", err)
+		}
+	}
+	readyAt := m.now()
+	sn, err = ss.UpdateSnapshot(context.WithoutCancel(ctx), sn.ID, func(s *Snapshot) bool {
+		if s.State != SnapshotCapturing {
+			return false // deleted meanwhile
+		}
+		if capErr != nil {
+			s.State, s.Error = SnapshotFailed, "capture failed: the sandbox stopped or its VMM could not save it"
+			return true
+		}
+		s.State, s.ReadyAt, s.SizeBytes = SnapshotReady, &readyAt, info.SizeBytes
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	if capErr != nil {
+		m.log.Warn("snapshot capture failed", "sandbox_id", id, "snapshot_id", sn.ID, "err", capErr)
+		_ = os.RemoveAll(m.snapshotDir(sn.ID))
+		m.event(id, "snapshot_failed", "snapshot capture failed", map[string]any{"snapshotId": sn.ID})
+	} else {
+		m.event(id, "snapshot", "snapshot taken", map[string]any{"snapshotId": sn.ID, "mode": sn.Mode, "sizeBytes": sn.SizeBytes})
+	}
+	return sn, nil
+}
+
+// settleRunning returns the sandbox once it is not starting, resuming or
+// pausing (waiting at most a boot's time), or its refusal if it cannot run.
+func (m *Manager) settleRunning(ctx context.Context, owner, id string) (*Sandbox, error) {
+	sb, err := m.Get(ctx, owner, id)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State == StateStarting || sb.State == StateResuming || sb.State == StatePausing {
+		wctx, cancel := context.WithTimeout(ctx, pauseTimeout+m.cfg.BootTimeout)
+		sb, err = m.WaitFor(wctx, owner, id, StateRunning, StatePaused)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+	}
+	if sb.State != StateRunning && sb.State != StatePaused {
+		return nil, Refusal(sb)
+	}
+	return sb, nil
+}
+
+// capture has the sandbox's VM write the snapshot, under its VM lock so
+// that no pause or stop replaces the VM meanwhile.
+func (m *Manager) capture(id string, sn *Snapshot) (vmm.SnapshotInfo, error) {
+	unlock := m.lockOp(id)
+	defer unlock()
+	m.mu.Lock()
+	in := m.live[id]
+	m.mu.Unlock()
+	if in == nil {
+		return vmm.SnapshotInfo{}, fmt.Errorf("sandbox %s has no vm", id)
+	}
+	in.mu.Lock()
+	mach := in.machine
+	in.mu.Unlock()
+	if mach == nil {
+		return vmm.SnapshotInfo{}, fmt.Errorf("sandbox %s has no vm", id)
+	}
+	ctx, cancel := context.WithTimeout(m.ctx, captureTimeout)
+	defer cancel()
+	return mach.Snapshot(ctx, m.snapshotDir(sn.ID), sn.Mode == SnapshotModeMemory)
+}
+
+// UpdateSnapshot implements api.Manager.UpdateSnapshot.
+func (m *Manager) UpdateSnapshot(ctx context.Context, owner, id string, u SnapshotUpdate) (*Snapshot, error) {
+	if _, err := m.getSnapshot(ctx, owner, id); err != nil {
+		return nil, err
+	}
+	ss, _ := m.snapshots()
+	fenced := false
+	sn, err := ss.UpdateSnapshot(ctx, id, func(s *Snapshot) bool {
+		if s.State == SnapshotDeleted {
+			return false
+		}
+		if u.IfLabels != nil && !sameLabels(s.Labels, u.IfLabels) {
+			fenced = true
+			return false
+		}
+		if u.Name != nil {
+			s.Name = *u.Name
+		}
+		if u.Labels != nil {
+			s.Labels = u.Labels
+		}
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	if fenced {
+		return nil, errdefs.New(errdefs.ErrConflict, "labels_changed", "the snapshot's labels are not ifLabels").
+			WithHint("read it again and retry with its current labels")
+	}
+	if sn.State == SnapshotDeleted {
+		return nil, snapshotNotFound(id)
+	}
+	return sn, nil
+}
+
+func sameLabels(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// ExtendSnapshot implements api.Manager.ExtendSnapshot: the snapshot is
+// kept days from now.
+func (m *Manager) ExtendSnapshot(ctx context.Context, owner, id string, days int) (*Snapshot, error) {
+	if _, err := m.getSnapshot(ctx, owner, id); err != nil {
+		return nil, err
+	}
+	ss, _ := m.snapshots()
+	exp := m.now().Add(time.Duration(days) * 24 * time.Hour)
+	sn, err := ss.UpdateSnapshot(ctx, id, func(s *Snapshot) bool {
+		if s.State == SnapshotDeleted {
+			return false
+		}
+		s.RetentionDays, s.ExpiresAt = days, &exp
+		return true
+	})
+	if err == nil && sn.State == SnapshotDeleted {
+		return nil, snapshotNotFound(id)
+	}
+	return sn, err
+}
+
+// DeleteSnapshot implements api.Manager.DeleteSnapshot. The snapshot is
+// gone for its owner at once; its files stay while any sandbox made from
+// it exists (their disks are built on its disk), and go with the last.
+func (m *Manager) DeleteSnapshot(ctx context.Context, owner, id string) error {
+	if _, err := m.getSnapshot(ctx, owner, id); err != nil {
+		return err
+	}
+	if err := m.markSnapshotDeleted(ctx, id); err != nil {
+		return err
+	}
+	m.RemoveUnusedSnapshots(ctx)
+	return nil
+}
+
+func (m *Manager) markSnapshotDeleted(ctx context.Context, id string) error {
+	ss, err := m.snapshots()
+	if err != nil {
+		return err
+	}
+	now := m.now()
+	_, err = ss.UpdateSnapshot(ctx, id, func(s *Snapshot) bool {
+		if s.State == SnapshotDeleted {
+			return false
+		}
+		s.State, s.DeletedAt = SnapshotDeleted, &now
+		return true
+	})
+	return err
+}
+
+// ExpireSnapshots deletes the snapshots whose retention has ended and
+// removes the files no sandbox needs any more. It returns the ids of the
+// snapshots it deleted.
+func (m *Manager) ExpireSnapshots(ctx context.Context) []string {
+	ss, err := m.snapshots()
+	if err != nil {
+		return nil
+	}
+	expired, err := ss.ExpiredSnapshots(ctx, m.now())
+	if err != nil {
+		m.log.Error("listing expired snapshots", "err", err)
+		return nil
+	}
+	var ids []string
+	for _, sn := range expired {
+		if err := m.markSnapshotDeleted(ctx, sn.ID); err != nil {
+			m.log.Error("deleting an expired snapshot", "snapshot_id", sn.ID, "err", err)
+			continue
+		}
+		m.log.Info("snapshot retention ended; deleted", "snapshot_id", sn.ID)
+		ids = append(ids, sn.ID)
+	}
+	m.RemoveUnusedSnapshots(ctx)
+	return ids
+}
+
+// RemoveUnusedSnapshots removes the files of deleted snapshots that no
+// sandbox but a deleted one was made from.
+func (m *Manager) RemoveUnusedSnapshots(ctx context.Context) {
+	ss, err := m.snapshots()
+	if err != nil {
+		return
+	}
+	ids, err := ss.UnusedDeletedSnapshots(ctx)
+	if err != nil {
+		m.log.Error("listing unused snapshots", "err", err)
+		return
+	}
+	for _, id := range ids {
+		if err := removeAll(m.snapshotDir(id)); err != nil {
+			m.log.Error("removing a deleted snapshot's files", "snapshot_id", id, "err", err)
+			continue
+		}
+		now := m.now()
+		if _, err := ss.UpdateSnapshot(ctx, id, func(s *Snapshot) bool {
+			s.FilesRemovedAt = &now
+			return true
+		}); err != nil {
+			m.log.Error("recording a deleted snapshot's files removed", "snapshot_id", id, "err", err)
+		}
+	}
+}
+
+// copySource checks the snapshot a create names and fills the spec with
+// its shape.
+func (m *Manager) copySource(ctx context.Context, owner string, spec *CreateSpec) (*Snapshot, error) {
+	sn, err := m.getSnapshot(ctx, owner, spec.SnapshotID)
+	if err != nil {
+		return nil, err
+	}
+	if sn.State != SnapshotReady {
+		return nil, errdefs.New(errdefs.ErrConflict, "snapshot_not_ready", "snapshot %s is %s", sn.ID, sn.State).
+			WithHint("only a ready snapshot can be copied")
+	}
+	spec.VCPU, spec.MemoryMiB, spec.DiskMiB = sn.VCPU, sn.MemoryMiB, sn.DiskMiB
+	return sn, nil
+}
+
+// bootCopy starts a sandbox made from a snapshot: its directory becomes a
+// copy of the snapshot's, then a memory snapshot's copy is resumed and
+// renewed (its own randomness, clock, hostname, machine-id and boot id),
+// and a disk snapshot's copy boots from its disk.
+func (m *Manager) bootCopy(ctx context.Context, in *instance, sb *Sandbox, sn *Snapshot, env map[string]string) {
+	spec := m.vmSpec(sb)
+	cctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
+	err := m.cfg.Driver.Clone(cctx, m.snapshotDir(sn.ID), spec)
+	cancel()
+	if err != nil {
+		defer close(in.bootDone)
+		m.log.Error("copying a snapshot", "sandbox_id", sb.ID, "snapshot_id", sn.ID, "err", err)
+		m.event(sb.ID, "boot_failed", "copying the snapshot failed", map[string]any{"snapshotId": sn.ID})
+		if ctx.Err() == nil {
+			m.finish(in, ReasonStartFailed)
+		}
+		return
+	}
+	if sn.Mode != SnapshotModeMemory {
+		m.boot(ctx, in, sb, env, true)
+		return
+	}
+	defer close(in.bootDone)
+	start := time.Now()
+	err = m.resumeCopy(ctx, in, sb, env)
+	if err == nil {
+		m.ready(in, map[string]any{"snapshotId": sn.ID, "resumeMs": time.Since(start).Milliseconds()})
+		return
+	}
+	m.log.Warn("resuming a copy failed", "sandbox_id", sb.ID, "err", err)
+	m.event(sb.ID, "boot_failed", "resuming the copy failed", map[string]any{"snapshotId": sn.ID})
+	if ctx.Err() == nil && !m.closing.Load() {
+		m.finish(in, ReasonStartFailed)
+	}
+}
+
+func (m *Manager) resumeCopy(ctx context.Context, in *instance, sb *Sandbox, env map[string]string) error {
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
+	defer cancel()
+	mach, err := m.cfg.Driver.Resume(ctx, m.vmSpec(sb))
+	if err != nil {
+		return fmt.Errorf("resuming the copy: %w", err)
+	}
+	in.mu.Lock()
+	in.machine = mach
+	in.mu.Unlock()
+	starting := false
+	if _, err := m.update(context.Background(), sb.ID, func(s *Sandbox) bool {
+		if starting = s.State == StateStarting; starting {
+			s.VM, s.Accel = mach.Record(), mach.Accel()
+		}
+		return starting
+	}); err != nil || !starting {
+		_ = mach.Stop(context.Background())
+		if err == nil {
+			err = fmt.Errorf("stopped while resuming")
+		}
+		return err
+	}
+	host := sb.Name
+	if host == "" {
+		host = sb.ID
+	}
+	renew := agentproto.RenewRequest{Hostname: host, MachineID: randomHex(16), BootID: randomUUID()}
+	if err := m.attachResumed(ctx, in, mach, renew); err != nil {
+		_ = mach.Stop(context.Background())
+		return err
+	}
+	if len(env) > 0 {
+		if err := in.guest().Configure(ctx, agentproto.ConfigureRequest{Env: env}); err != nil {
+			_ = mach.Stop(context.Background())
+			return fmt.Errorf("configuring the copy: %w", err)
+		}
+	}
+	return nil
+}

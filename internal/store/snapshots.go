@@ -1,0 +1,231 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/sandbox"
+)
+
+const snapshotColumns = `id, owner_key_id, name, labels, source_sandbox_id, mode, state, error,
+	size_bytes, vcpu, memory_mib, disk_mib, retention_days,
+	created_at, ready_at, expires_at, deleted_at, files_removed_at`
+
+func snapshotNotFound(id string) error {
+	return errdefs.New(errdefs.ErrNotFound, "snapshot_not_found", "snapshot %s not found", id)
+}
+
+// InsertSnapshot records a new snapshot.
+func (s *Store) InsertSnapshot(ctx context.Context, sn *sandbox.Snapshot) error {
+	if sn.ID == "" {
+		return errdefs.New(errdefs.ErrInvalidArgument, "invalid_snapshot", "inserting snapshot: empty id")
+	}
+	labels, err := jsonOrNull(sn.Labels, sn.Labels == nil)
+	if err != nil {
+		return fmt.Errorf("inserting snapshot %s: encoding labels: %w", sn.ID, err)
+	}
+	_, err = s.db.ExecContext(ctx, `INSERT INTO snapshots (`+snapshotColumns+`)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		sn.ID, sn.OwnerKeyID, sn.Name, labels, sn.SourceSandboxID, sn.Mode, sn.State, sn.Error,
+		sn.SizeBytes, sn.VCPU, sn.MemoryMiB, sn.DiskMiB, sn.RetentionDays,
+		formatTime(sn.CreatedAt), formatTimePtr(sn.ReadyAt), formatTimePtr(sn.ExpiresAt),
+		formatTimePtr(sn.DeletedAt), formatTimePtr(sn.FilesRemovedAt))
+	if err != nil {
+		return fmt.Errorf("inserting snapshot %s: %w", sn.ID, err)
+	}
+	return nil
+}
+
+// GetSnapshot returns a snapshot of any owner, deleted ones included.
+func (s *Store) GetSnapshot(ctx context.Context, id string) (*sandbox.Snapshot, error) {
+	sn, err := scanSnapshot(s.db.QueryRowContext(ctx, `SELECT `+snapshotColumns+` FROM snapshots WHERE id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("getting snapshot: %w", snapshotNotFound(id))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("getting snapshot %s: %w", id, err)
+	}
+	return sn, nil
+}
+
+// UpdateSnapshot changes a snapshot's record in one transaction, as
+// UpdateSandbox does a sandbox's: fn sees the committed record and nothing
+// is written if it returns false. ID, owner, source, mode, shape and
+// creation time never change.
+func (s *Store) UpdateSnapshot(ctx context.Context, id string, fn func(sn *sandbox.Snapshot) bool) (*sandbox.Snapshot, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("updating snapshot %s: %w", id, err)
+	}
+	defer tx.Rollback()
+	sn, err := scanSnapshot(tx.QueryRowContext(ctx, `SELECT `+snapshotColumns+` FROM snapshots WHERE id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("updating snapshot: %w", snapshotNotFound(id))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("updating snapshot %s: %w", id, err)
+	}
+	if !fn(sn) {
+		return sn, nil
+	}
+	labels, err := jsonOrNull(sn.Labels, sn.Labels == nil)
+	if err != nil {
+		return nil, fmt.Errorf("updating snapshot %s: encoding labels: %w", id, err)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE snapshots SET name = ?, labels = ?, state = ?, error = ?,
+		size_bytes = ?, retention_days = ?, ready_at = ?, expires_at = ?, deleted_at = ?, files_removed_at = ?
+		WHERE id = ?`,
+		sn.Name, labels, sn.State, sn.Error, sn.SizeBytes, sn.RetentionDays, formatTimePtr(sn.ReadyAt),
+		formatTimePtr(sn.ExpiresAt), formatTimePtr(sn.DeletedAt), formatTimePtr(sn.FilesRemovedAt), id); err != nil {
+		return nil, fmt.Errorf("updating snapshot %s: %w", id, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("updating snapshot %s: %w", id, err)
+	}
+	return sn, nil
+}
+
+// ListSnapshots returns one page of the snapshots matching opts that are
+// not deleted, newest first, and the cursor of the next page.
+func (s *Store) ListSnapshots(ctx context.Context, opts sandbox.SnapshotListOptions) ([]*sandbox.Snapshot, string, error) {
+	limit := opts.Limit
+	switch {
+	case limit == 0:
+		limit = DefaultListLimit
+	case limit < 0 || limit > MaxListLimit:
+		return nil, "", errdefs.New(errdefs.ErrInvalidArgument, "invalid_limit", "limit must be between 1 and %d", MaxListLimit)
+	}
+	where := []string{"state <> 'deleted'"}
+	var args []any
+	add := func(cond string, v any) {
+		where = append(where, cond)
+		args = append(args, v)
+	}
+	if opts.OwnerKeyID != "" {
+		add("owner_key_id = ?", opts.OwnerKeyID)
+	}
+	if opts.SourceSandboxID != "" {
+		add("source_sandbox_id = ?", opts.SourceSandboxID)
+	}
+	if opts.Name != "" {
+		add("name = ?", opts.Name)
+	}
+	if opts.State != "" {
+		add("state = ?", opts.State)
+	}
+	if opts.Cursor != "" {
+		created, id, err := decodeCursor(opts.Cursor)
+		if err != nil {
+			return nil, "", err
+		}
+		where = append(where, "(created_at < ? OR (created_at = ? AND id < ?))")
+		args = append(args, created, created, id)
+	}
+	args = append(args, limit+1)
+	list, err := s.querySnapshots(ctx, `SELECT `+snapshotColumns+` FROM snapshots WHERE `+
+		strings.Join(where, " AND ")+` ORDER BY created_at DESC, id DESC LIMIT ?`, args...)
+	if err != nil {
+		return nil, "", fmt.Errorf("listing snapshots: %w", err)
+	}
+	var next string
+	if len(list) > limit {
+		list = list[:limit]
+		last := list[len(list)-1]
+		next = encodeCursor(formatTime(last.CreatedAt), last.ID)
+	}
+	return list, next, nil
+}
+
+// ExpiredSnapshots returns the snapshots, not deleted, whose retention
+// ended before now.
+func (s *Store) ExpiredSnapshots(ctx context.Context, now time.Time) ([]*sandbox.Snapshot, error) {
+	list, err := s.querySnapshots(ctx, `SELECT `+snapshotColumns+` FROM snapshots
+		WHERE state <> 'deleted' AND expires_at IS NOT NULL AND expires_at <= ? ORDER BY expires_at`, formatTime(now))
+	if err != nil {
+		return nil, fmt.Errorf("listing expired snapshots: %w", err)
+	}
+	return list, nil
+}
+
+// UnusedDeletedSnapshots returns the deleted snapshots whose files are
+// still there and that no sandbox with a disk was made from (deleted, or
+// stopped with its files removed, a copy needs them no longer): their
+// files can go.
+func (s *Store) UnusedDeletedSnapshots(ctx context.Context) ([]string, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id FROM snapshots AS sn
+		WHERE state = 'deleted' AND files_removed_at IS NULL
+		AND NOT EXISTS (SELECT 1 FROM sandboxes
+			WHERE snapshot_id = sn.id AND state <> 'deleted' AND disk_removed_at IS NULL)
+		ORDER BY deleted_at`)
+	if err != nil {
+		return nil, fmt.Errorf("listing unused deleted snapshots: %w", err)
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("listing unused deleted snapshots: %w", err)
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
+}
+
+func (s *Store) querySnapshots(ctx context.Context, query string, args ...any) ([]*sandbox.Snapshot, error) {
+	rows, err := s.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var list []*sandbox.Snapshot
+	for rows.Next() {
+		sn, err := scanSnapshot(rows)
+		if err != nil {
+			return nil, err
+		}
+		list = append(list, sn)
+	}
+	return list, rows.Err()
+}
+
+func scanSnapshot(row interface{ Scan(...any) error }) (*sandbox.Snapshot, error) {
+	var (
+		sn                                 sandbox.Snapshot
+		labels                             sql.NullString
+		created                            string
+		ready, expires, deleted, filesGone sql.NullString
+	)
+	err := row.Scan(&sn.ID, &sn.OwnerKeyID, &sn.Name, &labels, &sn.SourceSandboxID, &sn.Mode, &sn.State, &sn.Error,
+		&sn.SizeBytes, &sn.VCPU, &sn.MemoryMiB, &sn.DiskMiB, &sn.RetentionDays,
+		&created, &ready, &expires, &deleted, &filesGone)
+	if err != nil {
+		return nil, err
+	}
+	if err := unmarshalNullable(labels, &sn.Labels); err != nil {
+		return nil, fmt.Errorf("snapshot %s: decoding labels: %w", sn.ID, err)
+	}
+	if sn.CreatedAt, err = parseTime(created); err != nil {
+		return nil, fmt.Errorf("snapshot %s: %w", sn.ID, err)
+	}
+	for _, f := range []struct {
+		dst **time.Time
+		src sql.NullString
+	}{{&sn.ReadyAt, ready}, {&sn.ExpiresAt, expires}, {&sn.DeletedAt, deleted}, {&sn.FilesRemovedAt, filesGone}} {
+		if *f.dst, err = parseTimePtr(f.src); err != nil {
+			return nil, fmt.Errorf("snapshot %s: %w", sn.ID, err)
+		}
+	}
+	return &sn, nil
+}
+
+// The manager finds these by interface assertion; keep them implemented.
+var (
+	_ sandbox.SnapshotStore = (*Store)(nil)
+	_ sandbox.DiskStore     = (*Store)(nil)
+)
