@@ -31,3 +31,6 @@ func ReportGuestViolation(m *Manager, id string, v guest.Violation) bool {
 
 // MaxGuestViolations is the number of violations that stops a sandbox.
 const MaxGuestViolations = maxViolations
+
+// Hostname is hostname, for its tests.
+func Hostname(sb *Sandbox) string { return hostname(sb) }

@@ -125,8 +125,11 @@ func TestAutoWake(t *testing.T) {
 	pause(t, m, off.ID)
 
 	res, err := exec(ctx, m, "k", on.ID, agentproto.ExecRequest{Command: `echo "$GREETING"`})
-	if err != nil || string(res.Stdout) != "hello\n" {
-		t.Fatalf("exec on a paused sandbox with autoWake: %q, %v", res.Stdout, err)
+	if err != nil {
+		t.Fatalf("exec on a paused sandbox with autoWake: %v", err)
+	}
+	if string(res.Stdout) != "hello\n" {
+		t.Fatalf("exec on a paused sandbox with autoWake: %q", res.Stdout)
 	}
 	if sb, _ := m.Get(ctx, "k", on.ID); sb.State != sandbox.StateRunning {
 		t.Errorf("after the call the sandbox is %s, want running", sb.State)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/emberbox/emberbox/internal/agentproto"
@@ -452,11 +453,7 @@ func (m *Manager) resumeCopy(ctx context.Context, in *instance, sb *Sandbox, env
 		}
 		return err
 	}
-	host := sb.Name
-	if host == "" {
-		host = sb.ID
-	}
-	renew := agentproto.RenewRequest{Hostname: host, MachineID: randomHex(16), BootID: randomUUID()}
+	renew := agentproto.RenewRequest{Hostname: hostname(sb), MachineID: randomHex(16), BootID: randomUUID()}
 	if err := m.attachResumed(ctx, in, mach, renew); err != nil {
 		_ = mach.Stop(context.Background())
 		return err
@@ -468,4 +465,26 @@ func (m *Manager) resumeCopy(ctx context.Context, in *instance, sb *Sandbox, env
 		}
 	}
 	return nil
+}
+
+// hostname is a copy's host name: its name made a valid RFC 1123 label
+// (lower case letters, digits and inner hyphens, at most 63 bytes), or its
+// id's when nothing of the name is left.
+func hostname(sb *Sandbox) string {
+	label := func(s string) string {
+		b := make([]byte, 0, len(s))
+		for _, r := range strings.ToLower(s) {
+			switch {
+			case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+				b = append(b, byte(r))
+			case len(b) > 0 && b[len(b)-1] != '-':
+				b = append(b, '-')
+			}
+		}
+		return strings.Trim(string(b[:min(len(b), 63)]), "-")
+	}
+	if h := label(sb.Name); h != "" {
+		return h
+	}
+	return label(sb.ID)
 }

@@ -11,6 +11,9 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/emberbox/emberbox/internal/agent"
 	"github.com/emberbox/emberbox/internal/vmm"
@@ -46,13 +49,54 @@ func NewDriver(t testing.TB) *Driver {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := agent.New(agent.Config{Root: "/", User: u.Username})
+	// The agent reads accounts from its root and renew writes /etc/hostname
+	// and the like there: a copy of the host's account files, so that a
+	// renew never touches the host's, and a System that changes nothing.
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"passwd", "group"} {
+		b, err := os.ReadFile(filepath.Join("/etc", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, "etc", f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, err := agent.New(agent.Config{Root: root, User: u.Username, System: &System{}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	d := &Driver{agent: a, machines: map[string]*Machine{}}
 	t.Cleanup(d.stopAll)
 	return d
+}
+
+// System is the guests' system as renew sees it: it records what it was
+// asked and changes nothing of the host's.
+type System struct {
+	mu       sync.Mutex
+	Reseeds  int
+	Hostname string
+}
+
+func (s *System) Reseed(seed []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.Reseeds++
+	return nil
+}
+func (s *System) Now() time.Time                 { return time.Now() }
+func (s *System) SetClock(time.Time) error       { return nil }
+func (s *System) Unmount(string) error           { return unix.EINVAL }
+func (s *System) BindReadOnly(_, _ string) error { return nil }
+func (s *System) SetHostname(name string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.Hostname = name
+	return nil
 }
 
 // Name implements vmm.Driver.Name.
