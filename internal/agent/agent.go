@@ -143,6 +143,7 @@ func (a *Agent) ServeConn(ctx context.Context, rwc io.ReadWriteCloser) error {
 	defer a.setSession(nil)
 	stop := context.AfterFunc(ctx, func() { sess.Close() })
 	defer stop()
+	ctx = context.WithValue(ctx, sessionKey{}, sess) // for detach
 	for {
 		st, err := sess.AcceptStream()
 		if err != nil {
@@ -174,6 +175,9 @@ func handshake(ctx context.Context, br *bufio.Reader, w io.Writer) error {
 	}
 	return ctx.Err()
 }
+
+// sessionKey is the context key of the session a call came on.
+type sessionKey struct{}
 
 // skipHellos drops the repeats of the Hello just answered: the host repeats
 // it until the Ready line reaches it, and every repeat comes before the
@@ -257,7 +261,7 @@ func (a *Agent) dispatch(ctx context.Context, c *agentproto.Conn, req *agentprot
 		}
 		// The answer is written to the port; ending the session sends
 		// the agent back to waiting for a Hello.
-		if sess := a.session(); sess != nil {
+		if sess, ok := ctx.Value(sessionKey{}).(*yamux.Session); ok {
 			_ = sess.Close()
 		}
 		return nil

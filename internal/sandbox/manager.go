@@ -141,6 +141,12 @@ type instance struct {
 	safety guestSafety // what the guest did wrong; guestsafety.go
 
 	active atomic.Int64 // unix nanoseconds (of m.now) of the last API call to it, for idle pause
+
+	// saving is held while the guest is detached for a memory snapshot:
+	// the watcher reconnects only once the snapshot is taken, so that the
+	// saved agent waits for a Hello (detach.go).
+	saving   sync.Mutex
+	detached atomic.Bool // the session's end was asked for by the host
 }
 
 func (m *Manager) newInstance(id string) *instance {
@@ -564,9 +570,11 @@ func (m *Manager) watch(in *instance) {
 	var since time.Time // when the session in c began (zero: at boot)
 	for {
 		if c == nil {
+			in.saving.Lock()
 			ctx, cancel := context.WithTimeout(in.ctx, reconnectTry)
 			nc, err := m.connect(ctx, in, mach)
 			cancel()
+			in.saving.Unlock()
 			if err == nil {
 				in.mu.Lock()
 				in.client = nc
@@ -598,6 +606,9 @@ func (m *Manager) watch(in *instance) {
 			in.client = nil
 			in.mu.Unlock()
 			c = nil
+			if in.detached.Swap(false) {
+				continue // the host detached it for a snapshot
+			}
 			if !since.IsZero() && time.Since(since) < minSessionLife {
 				// The VM may be exiting; if not, this guest drops its
 				// sessions on purpose.

@@ -125,13 +125,10 @@ func (m *Manager) finishPause(id, why string) {
 	if in != nil {
 		in.cancel() // the watcher lets go; the guest connection goes with the VMM
 		<-in.bootDone
+		m.detach(context.Background(), in)
 		in.mu.Lock()
-		c := in.client
-		mach, in.client = in.machine, nil
+		mach = in.machine
 		in.mu.Unlock()
-		if c != nil {
-			c.Close()
-		}
 	}
 	start := time.Now()
 	if mach != nil {

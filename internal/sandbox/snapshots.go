@@ -224,7 +224,14 @@ func (m *Manager) capture(id string, sn *Snapshot) (vmm.SnapshotInfo, error) {
 	}
 	ctx, cancel := context.WithTimeout(m.ctx, captureTimeout)
 	defer cancel()
-	return mach.Snapshot(ctx, m.snapshotDir(sn.ID), sn.Mode == SnapshotModeMemory)
+	memory := sn.Mode == SnapshotModeMemory
+	if memory {
+		// Copies must find the agent waiting for a new connection.
+		in.saving.Lock()
+		defer in.saving.Unlock()
+		m.detach(ctx, in)
+	}
+	return mach.Snapshot(ctx, m.snapshotDir(sn.ID), memory)
 }
 
 // UpdateSnapshot implements api.Manager.UpdateSnapshot.
