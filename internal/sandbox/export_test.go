@@ -1,6 +1,11 @@
 package sandbox
 
-import "github.com/emberbox/emberbox/internal/guest"
+import (
+	"os"
+	"path/filepath"
+
+	"github.com/emberbox/emberbox/internal/guest"
+)
 
 // SetUpdateHooks installs test hooks into m's record updates: before runs
 // as an update begins, inside between its read and its write (with the
@@ -34,3 +39,9 @@ const MaxGuestViolations = maxViolations
 
 // Hostname is hostname, for its tests.
 func Hostname(sb *Sandbox) string { return hostname(sb) }
+
+// TemplateReady reports whether the template of a shape is built.
+func (m *Manager) TemplateReady(vcpu, memoryMiB, diskMiB int) bool {
+	_, err := os.Stat(filepath.Join(m.templateDir(shape{vcpu, memoryMiB, diskMiB}), templateMarker))
+	return err == nil
+}

@@ -219,3 +219,28 @@ func (m *Manager) killTemplateStrays(ctx context.Context) {
 		_ = os.RemoveAll(b)
 	}
 }
+
+// bootTemplate starts a sandbox as a copy of the template in dir, and
+// boots it if that fails: a template is an optimisation, never a reason
+// for a create to fail.
+func (m *Manager) bootTemplate(ctx context.Context, in *instance, sb *Sandbox, dir string, env map[string]string) {
+	start := time.Now()
+	spec := m.vmSpec(sb)
+	cctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
+	err := m.cfg.Driver.Clone(cctx, dir, spec)
+	cancel()
+	if err == nil {
+		if err = m.resumeCopy(ctx, in, sb, env); err == nil {
+			close(in.bootDone)
+			m.ready(in, map[string]any{"template": true, "resumeMs": time.Since(start).Milliseconds()})
+			return
+		}
+	}
+	if ctx.Err() != nil || m.closing.Load() {
+		close(in.bootDone)
+		return // stopped, deleted or shutting down: that path records the end
+	}
+	m.log.Warn("restoring a template failed; booting instead", "sandbox_id", sb.ID, "err", err)
+	m.event(sb.ID, "template_failed", err.Error(), nil)
+	m.boot(ctx, in, sb, env, false)
+}
