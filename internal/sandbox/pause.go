@@ -11,6 +11,7 @@ import (
 	"github.com/emberbox/emberbox/internal/agentproto"
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/faultpoint"
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/vmm"
 )
 
@@ -329,6 +330,12 @@ func (m *Manager) finishWake(sb *Sandbox) {
 		m.wakeFailed(in, sb, mach, err)
 		return
 	}
+	// Recorded: only now may the guest run (a crash before this leaves a
+	// VM that never ran, and its state, for the next start to use).
+	if err := mach.Continue(ctx); err != nil {
+		m.wakeFailed(in, sb, mach, err)
+		return
+	}
 	if err := m.attachResumed(ctx, in, mach, agentproto.RenewRequest{}); err != nil {
 		m.wakeFailed(in, sb, mach, err)
 		return
@@ -341,7 +348,7 @@ func (m *Manager) finishWake(sb *Sandbox) {
 // renews what it must not keep from its past: its randomness and its
 // clock, and whatever else renew names (a copy's identity).
 func (m *Manager) attachResumed(ctx context.Context, in *instance, mach vmm.Machine, renew agentproto.RenewRequest) error {
-	c, err := m.connect(ctx, in, mach)
+	c, err := m.connectRestored(ctx, in, mach)
 	if err != nil {
 		return fmt.Errorf("connecting to the resumed guest: %w", err)
 	}
@@ -456,3 +463,23 @@ func isDone(c <-chan struct{}) bool {
 
 // touch records API activity on the sandbox at now, for idle pause.
 func (in *instance) touch(now time.Time) { in.active.Store(now.UnixNano()) }
+
+// restoredTry bounds one connection attempt to a guest restored from saved
+// memory. Its agent answers within a few hundred milliseconds when it was
+// saved detached; one saved in a session (a crash came before the detach)
+// may first have to end that session, and a new connection is what gets
+// its attention soonest.
+const restoredTry = 2 * time.Second
+
+// connectRestored connects to a restored guest, on a new connection every
+// restoredTry, until ctx ends.
+func (m *Manager) connectRestored(ctx context.Context, in *instance, mach vmm.Machine) (*guest.Client, error) {
+	for {
+		tctx, cancel := context.WithTimeout(ctx, restoredTry)
+		c, err := m.connect(tctx, in, mach)
+		cancel()
+		if err == nil || ctx.Err() != nil || isDone(mach.Done()) {
+			return c, err
+		}
+	}
+}

@@ -460,6 +460,10 @@ func (m *Manager) resumeCopy(ctx context.Context, in *instance, sb *Sandbox, env
 		}
 		return err
 	}
+	if err := mach.Continue(ctx); err != nil {
+		_ = mach.Stop(context.Background())
+		return err
+	}
 	renew := agentproto.RenewRequest{Hostname: hostname(sb), MachineID: randomHex(16), BootID: randomUUID()}
 	if err := m.attachResumed(ctx, in, mach, renew); err != nil {
 		_ = mach.Stop(context.Background())

@@ -47,10 +47,11 @@ type Driver interface {
 	Attach(ctx context.Context, spec Spec, record []byte) (Machine, error)
 
 	// Resume starts the VM whose state a Pause saved in spec.Dir, or that
-	// Clone prepared there. The guest goes on where it stopped, with its
-	// memory, processes and disk; its agent connection is a new one. The
-	// saved state is consumed before the guest runs again: once Resume
-	// returns, Saved reports false.
+	// Clone prepared there, with that state loaded and the guest not yet
+	// running: the caller records the machine, then lets the guest go on
+	// with Machine.Continue, which consumes the state. So a crash between
+	// the two leaves a VM that never ran and a state that still matches
+	// (Saved is true): the VM can be ended and the state resumed again.
 	Resume(ctx context.Context, spec Spec) (Machine, error)
 	// Saved reports whether spec.Dir holds a complete saved state that
 	// Resume can start (written by Pause or Clone, not yet consumed).
@@ -97,8 +98,12 @@ type Machine interface {
 	// the call): the disk always, and memory with device state when
 	// memory is true. The guest is stopped for the copy and runs on after.
 	Snapshot(ctx context.Context, dir string, memory bool) (SnapshotInfo, error)
-	// Continue lets run a guest that a Pause or Resume cut short by a
-	// crash of the server left stopped with no saved state (recovery).
+	// Continue lets the guest of a machine that Resume returned run,
+	// consuming the saved state first (afterwards Saved is false): the
+	// guest goes on where it stopped, with its memory, processes and disk;
+	// its agent connection is a new one. It also lets run a guest that a
+	// crash of the server left stopped with no saved state (recovery of a
+	// pause or wake cut short). It is safe to repeat.
 	Continue(ctx context.Context) error
 }
 

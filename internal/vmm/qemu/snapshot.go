@@ -174,42 +174,26 @@ func (d *Driver) Resume(ctx context.Context, spec vmm.Spec) (vmm.Machine, error)
 	if err != nil {
 		return nil, fmt.Errorf("resuming: %w", err)
 	}
-	if err := m.restore(ctx); err != nil {
+	if err := m.load(ctx); err != nil {
 		_ = m.Stop(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("resuming: %w", err)
 	}
 	return m, nil
 }
 
-// restore loads the state QEMU inherited and lets the guest run, consuming
-// the state first.
-func (m *machine) restore(ctx context.Context) error {
+// load has QEMU load the state it inherited; the guest stays stopped.
+func (m *machine) load(ctx context.Context) error {
 	q, err := dialQMP(ctx, m.dir, m.exited)
 	if err != nil {
 		return err
 	}
 	defer q.Close()
-	if err := q.loadState(ctx, stateFD, m.exited); err != nil {
-		return err
-	}
-	used, state := filepath.Join(m.dir, stateUsed), filepath.Join(m.dir, stateFile)
-	if err := os.Rename(state, used); err != nil {
-		return err
-	}
-	if err := syncDir(m.dir); err != nil {
-		_ = os.Rename(used, state)
-		return err
-	}
-	if err := q.execute(ctx, "cont", nil, nil); err != nil {
-		// The guest has not run: the state still matches.
-		_ = os.Rename(used, state)
-		return err
-	}
-	_ = os.Remove(used)
-	return nil
+	return q.loadState(ctx, stateFD, m.exited)
 }
 
-// Continue implements vmm.Machine.Continue.
+// Continue implements vmm.Machine.Continue: the saved state is renamed
+// away (and the directory synced) before the guest runs, as from then on
+// the RAM file moves past it.
 func (m *machine) Continue(ctx context.Context) error {
 	q, err := dialQMP(ctx, m.dir, m.exited)
 	if err != nil {
@@ -223,7 +207,20 @@ func (m *machine) Continue(ctx context.Context) error {
 	if st == "inmigrate" {
 		return errors.New("continuing: the guest's state was never loaded")
 	}
+	used, state := filepath.Join(m.dir, stateUsed), filepath.Join(m.dir, stateFile)
+	consumed := false
+	if err := os.Rename(state, used); err == nil {
+		consumed = true
+		if err := syncDir(m.dir); err != nil {
+			_ = os.Rename(used, state)
+			return fmt.Errorf("continuing: %w", err)
+		}
+	}
 	if err := q.execute(ctx, "cont", nil, nil); err != nil {
+		if consumed {
+			// The guest has not run: the state still matches.
+			_ = os.Rename(used, state)
+		}
 		return fmt.Errorf("continuing: %w", err)
 	}
 	discardState(m.dir)

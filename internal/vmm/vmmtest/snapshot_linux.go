@@ -64,9 +64,7 @@ func (d *Driver) Resume(ctx context.Context, spec vmm.Spec) (vmm.Machine, error)
 	}
 	d.resumes++
 	d.mu.Unlock()
-	if err := os.Remove(filepath.Join(spec.Dir, savedFile)); err != nil {
-		return nil, fmt.Errorf("fake resume: consuming the saved state: %w", err)
-	}
+	// The state is consumed by Continue, as the contract says.
 	return d.start(spec), nil
 }
 
@@ -146,11 +144,14 @@ func (m *Machine) Snapshot(ctx context.Context, dir string, memory bool) (vmm.Sn
 	return vmm.SnapshotInfo{Memory: memory, SizeBytes: int64(len(b))}, nil
 }
 
-// Continue implements vmm.Machine.Continue. The fake's guest never stops
-// short of a pause, so there is nothing to let run but to count the call.
+// Continue implements vmm.Machine.Continue: it consumes the saved state
+// and counts the call (the fake's guest itself never stops).
 func (m *Machine) Continue(ctx context.Context) error {
 	if m.Stopped() {
 		return errStopped
+	}
+	if err := os.Remove(filepath.Join(m.dir, savedFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("fake continue: consuming the saved state: %w", err)
 	}
 	m.d.mu.Lock()
 	m.d.continues++

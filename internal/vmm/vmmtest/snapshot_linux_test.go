@@ -42,11 +42,14 @@ func TestFakePauseResumeClone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.Saved(spec) {
-		t.Error("Saved after Resume: the state must be consumed")
+	if !d.Saved(spec) {
+		t.Error("Resume consumed the state: only Continue may")
 	}
 	if err := m2.Continue(ctx); err != nil || d.Continues() != 1 {
 		t.Errorf("Continue: %v, %d calls", err, d.Continues())
+	}
+	if d.Saved(spec) {
+		t.Error("Saved after Continue: the state must be consumed")
 	}
 	if _, err := d.Resume(ctx, spec); err == nil {
 		t.Error("a second Resume of one saved state worked")

@@ -131,6 +131,12 @@ func resume(t *testing.T, d vmm.Driver, spec vmm.Spec) vmm.Machine {
 	if err != nil {
 		t.Fatalf("Resume: %v", err)
 	}
+	if !d.Saved(spec) {
+		t.Error("Resume consumed the saved state before Continue")
+	}
+	if err := m.Continue(ctx); err != nil {
+		t.Fatalf("Continue: %v", err)
+	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), stepTimeout)
 		defer cancel()

@@ -1,0 +1,229 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"text/tabwriter"
+	"time"
+)
+
+// BenchmarkLifecycle measures the lifecycle on this machine and prints a
+// table: cold create, create from the template, create from a user
+// snapshot, pause, wake and fork (each to the first output of a streamed
+// `echo hi`, p50 and p95), host memory (Pss) of an idle default sandbox and
+// of copies of one snapshot, and how many idle default sandboxes the host
+// holds before no_capacity, with the default limits and with memory and
+// vCPUs overcommitted. It asserts nothing about time.
+func BenchmarkLifecycle(b *testing.B) {
+	for range b.N {
+		var rows [][3]string
+		row := func(what string, ms []float64) {
+			rows = append(rows, [3]string{what, fmt.Sprintf("%.0f ms", percentile(ms, 50)), fmt.Sprintf("%.0f ms (n=%d)", percentile(ms, 95), len(ms))})
+		}
+		note := func(what, value string) { rows = append(rows, [3]string{what, value, ""}) }
+
+		cold := startServerWith(b, b.TempDir(), "--templates=false")
+		cc := cold.client(cold.AdminKey)
+		row("cold create → first output", createTimes(b, cc, nil, 5))
+		cold.cleanup(b)
+
+		s := startServer(b, b.TempDir())
+		c := s.client(s.AdminKey)
+		waitTemplate(b, s)
+		note("accel", accelOf(b, c))
+		row("create (template) → first output", createTimes(b, c, nil, 10))
+
+		src := c.createRunning(b, map[string]any{"timeoutSeconds": 3600})
+		c.sh(b, src.ID, "echo hi > /workspace/f")
+		r := c.raw(b, "POST", "/v1/sandboxes/"+src.ID+":snapshot", map[string]any{}, http.Header{"Prefer": {"wait=60"}}, requestTimeout)
+		var sn struct {
+			ID string `json:"id"`
+		}
+		if r.Status != http.StatusOK || json.Unmarshal(r.Body, &sn) != nil || sn.ID == "" {
+			b.Fatalf("snapshot: %v", r)
+		}
+		row("create from a user snapshot → first output", createTimes(b, c, map[string]any{"snapshot": sn.ID, "timeoutSeconds": 600}, 5))
+
+		var pause, wake []float64
+		for range 10 {
+			start := time.Now()
+			c.lifecycle(b, src.ID, "pause", nil)
+			c.waitState(b, src.ID, "paused")
+			pause = append(pause, ms(time.Since(start)))
+			start = time.Now()
+			c.lifecycle(b, src.ID, "wake", nil)
+			firstOutput(b, c, src.ID, "echo hi")
+			wake = append(wake, ms(time.Since(start)))
+		}
+		row("pause", pause)
+		row("wake → first output", wake)
+		c.lifecycle(b, src.ID, "pause", nil)
+		c.waitState(b, src.ID, "paused")
+		note("host processes of a paused sandbox", strconv.Itoa(btoi(vmPID(src.ID) != 0)))
+		c.lifecycle(b, src.ID, "wake", nil)
+		c.waitState(b, src.ID, "running")
+
+		var fork []float64
+		for range 5 {
+			start := time.Now()
+			r := c.raw(b, "POST", "/v1/sandboxes/"+src.ID+":fork", map[string]any{"count": 1}, nil, requestTimeout)
+			var f struct {
+				Sandboxes []sandboxJSON `json:"sandboxes"`
+			}
+			if r.Status != http.StatusOK || json.Unmarshal(r.Body, &f) != nil || len(f.Sandboxes) != 1 {
+				b.Fatalf("fork: %v", r)
+			}
+			s.tr.add(f.Sandboxes[0].ID, s.AdminKey)
+			firstOutput(b, c, f.Sandboxes[0].ID, "echo hi")
+			fork = append(fork, ms(time.Since(start)))
+			c.delete(b, f.Sandboxes[0].ID)
+		}
+		row("fork → first output", fork)
+
+		idle := c.createRunning(b, map[string]any{"timeoutSeconds": 3600})
+		c.sh(b, idle.ID, "true")
+		var copies []string
+		for range 10 {
+			cp := c.createRunning(b, map[string]any{"snapshot": sn.ID, "timeoutSeconds": 3600})
+			c.sh(b, cp.ID, "true")
+			copies = append(copies, cp.ID)
+		}
+		time.Sleep(60 * time.Second) // the idle period being measured
+		note("Pss of an idle default sandbox after 60 s", fmt.Sprintf("%.0f MiB", pssMiB(b, vmPID(idle.ID))))
+		var pss []float64
+		for _, id := range copies {
+			pss = append(pss, pssMiB(b, vmPID(id)))
+		}
+		note("Pss of each of 10 copies of one snapshot", fmt.Sprintf("p50 %.0f MiB, max %.0f MiB", percentile(pss, 50), percentile(pss, 100)))
+		s.cleanup(b)
+
+		note("idle default sandboxes held, default limits", holds(b, nil, 100))
+		note("idle default sandboxes held, --memory-overcommit 25 --vcpu-overcommit 100", holds(b, []string{"--memory-overcommit", "25", "--vcpu-overcommit", "100"}, 100))
+
+		w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(w, "measure\tp50 / value\tp95")
+		for _, r := range rows {
+			fmt.Fprintf(w, "%s\t%s\t%s\n", r[0], r[1], r[2])
+		}
+		w.Flush()
+	}
+}
+
+// createTimes creates n sandboxes with body one after another, timing each
+// from the POST to the first output of a streamed echo, and deletes them.
+func createTimes(b *testing.B, c *client, body map[string]any, n int) []float64 {
+	var out []float64
+	for range n {
+		start := time.Now()
+		sb := c.create(b, body, nil)
+		if sb.State != "running" {
+			sb = c.waitState(b, sb.ID, "running")
+		}
+		firstOutput(b, c, sb.ID, "echo hi")
+		out = append(out, ms(time.Since(start)))
+		c.delete(b, sb.ID)
+	}
+	return out
+}
+
+// holds creates idle default sandboxes on a fresh server started with args
+// until it answers no_capacity, the host's available memory falls below 2
+// GiB, or max run; it reports how many ran.
+func holds(b *testing.B, args []string, max int) string {
+	s := startServerWith(b, b.TempDir(), args...)
+	defer s.cleanup(b)
+	c := s.client(s.AdminKey)
+	waitTemplate(b, s)
+	why := fmt.Sprintf("stopped at %d", max)
+	n := 0
+	for n < max {
+		if avail := memAvailableMiB(); avail < 2048 {
+			why = fmt.Sprintf("host memory available %d MiB", avail)
+			break
+		}
+		r := c.raw(b, "POST", "/v1/sandboxes", map[string]any{"timeoutSeconds": 3600}, http.Header{"Prefer": {"wait=60"}}, requestTimeout)
+		if r.Status == http.StatusConflict && r.Err != nil && r.Err.Code == "no_capacity" {
+			why = "no_capacity"
+			break
+		}
+		var sb sandboxJSON
+		if r.Status != http.StatusOK || json.Unmarshal(r.Body, &sb) != nil {
+			b.Fatalf("create %d: %v", n+1, r)
+		}
+		s.tr.add(sb.ID, s.AdminKey)
+		if sb.State != "running" {
+			c.waitState(b, sb.ID, "running")
+		}
+		n++
+	}
+	return fmt.Sprintf("%d (%s; host memory available after: %d MiB)", n, why, memAvailableMiB())
+}
+
+// waitTemplate waits until the server's default template is built.
+func waitTemplate(b *testing.B, s *server) {
+	b.Helper()
+	ok := waitUntil(5*time.Minute, 200*time.Millisecond, func() bool {
+		m, _ := filepath.Glob(filepath.Join(s.DataDir, "templates", "*", "2cpu-4096mib-4096mib", "template.ok"))
+		return len(m) > 0
+	})
+	if !ok {
+		b.Fatalf("the default template was not built in 5 minutes; log:\n%s", s.logTail(30))
+	}
+}
+
+func accelOf(b *testing.B, c *client) string {
+	sb := c.createRunning(b, map[string]any{"timeoutSeconds": 600})
+	defer c.delete(b, sb.ID)
+	if sb.Accel == nil {
+		return "?"
+	}
+	if *sb.Accel == "kvm" {
+		return "kvm"
+	}
+	return *sb.Accel + " (no KVM: software emulation)"
+}
+
+// pssMiB returns the proportional set size of pid in MiB (shared pages
+// counted once among their sharers).
+func pssMiB(b testing.TB, pid int) float64 {
+	b.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		b.Fatalf("reading smaps_rollup of VM pid %d: %v", pid, err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "Pss:"); ok {
+			if kb, err := strconv.ParseFloat(strings.Fields(rest)[0], 64); err == nil {
+				return kb / 1024
+			}
+		}
+	}
+	b.Fatalf("no Pss in /proc/%d/smaps_rollup", pid)
+	return 0
+}
+
+func memAvailableMiB() int {
+	data, _ := os.ReadFile("/proc/meminfo")
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
+			kb, _ := strconv.Atoi(strings.Fields(rest)[0])
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func btoi(v bool) int {
+	if v {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,280 @@
+package integration
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// lifecycle POSTs /v1/sandboxes/{id}:verb and returns the sandbox it
+// answers; it fails t unless the answer is 200.
+func (c *client) lifecycle(t testing.TB, id, verb string, body map[string]any) sandboxJSON {
+	t.Helper()
+	if body == nil {
+		body = map[string]any{}
+	}
+	r := c.raw(t, "POST", "/v1/sandboxes/"+id+":"+verb, body, http.Header{"Prefer": {"wait=60"}}, requestTimeout)
+	if r.err != nil || r.Status != http.StatusOK {
+		t.Fatalf("%s %s: %v", verb, id, r)
+	}
+	var sb sandboxJSON
+	if err := json.Unmarshal(r.Body, &sb); err != nil {
+		t.Fatalf("%s: decoding %s: %v", verb, r.Body, err)
+	}
+	return sb
+}
+
+// serveHTTP starts a web server on port 8000 in the sandbox, as a process
+// of its own, and waits until it answers.
+func serveHTTP(t testing.TB, c *client, id string) {
+	t.Helper()
+	c.spawn(t, id, "python3 -m http.server 8000 --directory /workspace")
+	c.sh(t, id, "for i in $(seq 100); do curl -sf -o /dev/null localhost:8000/ && exit 0; sleep 0.1; done; exit 1")
+}
+
+// checkKept checks that /workspace/kept holds want and that the web server
+// serves it.
+func checkKept(t testing.TB, c *client, id, want, when string) {
+	t.Helper()
+	if got := c.sh(t, id, "cat /workspace/kept"); got != want+"\n" {
+		t.Errorf("%s: file holds %q, want %q", when, got, want)
+	}
+	if got := c.sh(t, id, "curl -sf localhost:8000/kept"); got != want+"\n" {
+		t.Errorf("%s: the web server answers %q, want %q", when, got, want)
+	}
+}
+
+// TestPauseWake: a sandbox with a file and a running web server keeps both
+// across a pause, a restart of the server and a kill -9 of it while paused,
+// and ten pause/wake cycles in a row; a paused sandbox has no VM process;
+// an exec wakes it (autoWake), and with autoWake off it answers
+// sandbox_paused; waking a running one answers not_paused; the guest's
+// clock is right after a wake.
+func TestPauseWake(t *testing.T) {
+	dataDir := t.TempDir()
+	s := startServer(t, dataDir)
+	c := s.client(s.AdminKey)
+	sb := c.createRunning(t, map[string]any{"timeoutSeconds": 1800})
+	c.sh(t, sb.ID, "echo kept > /workspace/kept")
+	serveHTTP(t, c, sb.ID)
+
+	paused := c.lifecycle(t, sb.ID, "pause", nil)
+	if paused.State != "paused" {
+		paused = c.waitState(t, sb.ID, "paused")
+	}
+	if pid := vmPID(sb.ID); pid != 0 {
+		t.Errorf("a paused sandbox has a VM process (pid %d)", pid)
+	}
+	// A paused sandbox's memory and disk survive the server.
+	s.terminate(t)
+	s = startServer(t, dataDir)
+	c = s.client(s.AdminKey)
+	if got := c.get(t, sb.ID); got.State != "paused" {
+		t.Fatalf("after a restart the sandbox is %s, want paused", got.State)
+	}
+	s.kill9(t)
+	s = startServer(t, dataDir)
+	c = s.client(s.AdminKey)
+	// Some minutes pass while it is paused: the wake corrects the clock.
+	woken := c.lifecycle(t, sb.ID, "wake", nil)
+	if woken.State != "running" {
+		c.waitState(t, sb.ID, "running")
+	}
+	checkKept(t, c, sb.ID, "kept", "after a restart and a kill -9")
+	skew := c.sh(t, sb.ID, "date +%s")
+	if d := time.Since(time.Unix(atoi(t, strings.TrimSpace(skew)), 0)); d < -5*time.Second || d > 5*time.Second {
+		t.Errorf("guest clock is %s off after a wake", d)
+	}
+
+	for i := range 10 {
+		c.lifecycle(t, sb.ID, "pause", nil)
+		c.waitState(t, sb.ID, "paused")
+		c.lifecycle(t, sb.ID, "wake", nil)
+		c.waitState(t, sb.ID, "running")
+		c.sh(t, sb.ID, "echo "+itoa(i)+" > /workspace/kept")
+		checkKept(t, c, sb.ID, itoa(i), "cycle "+itoa(i))
+	}
+
+	t.Run("AutoWake", func(t *testing.T) {
+		c.lifecycle(t, sb.ID, "pause", nil)
+		c.waitState(t, sb.ID, "paused")
+		checkKept(t, c, sb.ID, "9", "an exec on a paused sandbox")
+		if got := c.get(t, sb.ID); got.State != "running" {
+			t.Errorf("after an exec the sandbox is %s, want running", got.State)
+		}
+	})
+	t.Run("NotPaused", func(t *testing.T) {
+		r := c.raw(t, "POST", "/v1/sandboxes/"+sb.ID+":wake", map[string]any{}, nil, requestTimeout)
+		if r.Status != http.StatusConflict || r.Err == nil || r.Err.Code != "not_paused" {
+			t.Errorf("wake of a running sandbox: %v, want 409 not_paused", r)
+		}
+	})
+	t.Run("AutoWakeOff", func(t *testing.T) {
+		c.lifecycle(t, sb.ID, "update", map[string]any{"autoWake": false})
+		c.lifecycle(t, sb.ID, "pause", nil)
+		c.waitState(t, sb.ID, "paused")
+		r := c.raw(t, "POST", "/v1/sandboxes/"+sb.ID+":exec", execReq{Command: "true"}, nil, requestTimeout)
+		if r.Status != http.StatusConflict || r.Err == nil || r.Err.Code != "sandbox_paused" {
+			t.Errorf("exec on a paused sandbox without autoWake: %v, want 409 sandbox_paused", r)
+		}
+		if got := c.get(t, sb.ID); got.State != "paused" {
+			t.Errorf("the refused call left it %s", got.State)
+		}
+	})
+}
+
+// TestPausesByItself: a lease with onLeaseEnd "pause" pauses its sandbox,
+// and idlePauseSeconds pauses an idle one; both wake on the next exec with
+// their files.
+func TestPausesByItself(t *testing.T) {
+	s := startServer(t, t.TempDir())
+	c := s.client(s.AdminKey)
+	lease := c.createRunning(t, map[string]any{"timeoutSeconds": 60, "onLeaseEnd": "pause"})
+	idle := c.createRunning(t, map[string]any{"idlePauseSeconds": 60, "persistent": false})
+	keep := c.createRunning(t, map[string]any{"persistent": true})
+	for _, sb := range []sandboxJSON{lease, idle, keep} {
+		c.sh(t, sb.ID, "echo "+sb.ID+" > /workspace/kept")
+	}
+	var wg sync.WaitGroup
+	for _, sb := range []sandboxJSON{lease, idle} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			deadline := time.Now().Add(4 * time.Minute)
+			for time.Now().Before(deadline) {
+				got, _ := call[sandboxJSON](t, c, "GET", "/v1/sandboxes/"+sb.ID+"?waitFor=paused&timeoutSeconds=30", nil, nil)
+				if got.State == "paused" {
+					return
+				}
+				if got.State != "running" && got.State != "pausing" {
+					t.Errorf("%s is %s (stopReason %q), want it to pause", sb.ID, got.State, got.stopReason())
+					return
+				}
+			}
+			t.Errorf("%s did not pause within 4 minutes", sb.ID)
+		}()
+	}
+	wg.Wait()
+	if got := c.get(t, keep.ID); got.State != "running" {
+		t.Errorf("a persistent sandbox is %s after the others paused, want running", got.State)
+	}
+	for _, sb := range []sandboxJSON{lease, idle} {
+		if got := c.sh(t, sb.ID, "cat /workspace/kept"); got != sb.ID+"\n" {
+			t.Errorf("%s after it paused by itself: %q", sb.ID, got)
+		}
+	}
+}
+
+// TestForkAndSnapshots: a fork of a sandbox with a running web server gives
+// copies whose server answers, whose files diverge afterwards and which read
+// different random bytes and boot ids; a snapshot made by one key is not
+// another key's; a create from a snapshot has its files.
+func TestForkAndSnapshots(t *testing.T) {
+	s := startServer(t, t.TempDir())
+	c := s.client(s.AdminKey)
+	parent := c.createRunning(t, map[string]any{"timeoutSeconds": 1800})
+	c.sh(t, parent.ID, "echo parent > /workspace/kept")
+	serveHTTP(t, c, parent.ID)
+
+	r := c.raw(t, "POST", "/v1/sandboxes/"+parent.ID+":fork", map[string]any{"count": 2}, nil, requestTimeout)
+	if r.err != nil || r.Status != http.StatusOK {
+		t.Fatalf("fork: %v", r)
+	}
+	var forked struct {
+		Sandboxes []sandboxJSON `json:"sandboxes"`
+	}
+	if err := json.Unmarshal(r.Body, &forked); err != nil || len(forked.Sandboxes) != 2 {
+		t.Fatalf("fork answered %s (%v), want two sandboxes", r.Body, err)
+	}
+	ids := []string{parent.ID}
+	for _, cp := range forked.Sandboxes {
+		s.tr.add(cp.ID, s.AdminKey)
+		if cp.State != "running" {
+			c.waitState(t, cp.ID, "running")
+		}
+		ids = append(ids, cp.ID)
+	}
+	seen := map[string]string{}
+	for _, id := range ids {
+		checkKept(t, c, id, "parent", "copy "+id)
+		c.sh(t, id, "echo "+id+" > /workspace/kept")
+		for _, probe := range []string{"head -c 16 /dev/urandom | od -An -tx1", "cat /proc/sys/kernel/random/boot_id", "cat /etc/machine-id", "hostname"} {
+			got := c.sh(t, id, probe)
+			if other, dup := seen[probe+got]; dup {
+				t.Errorf("%s and %s read the same %q: %q", other, id, probe, got)
+			}
+			seen[probe+got] = id
+		}
+	}
+	for _, id := range ids {
+		checkKept(t, c, id, id, "after each wrote its own")
+	}
+
+	// A user snapshot, and a create from it.
+	r = c.raw(t, "POST", "/v1/sandboxes/"+parent.ID+":snapshot", map[string]any{"name": "base"}, http.Header{"Prefer": {"wait=60"}}, requestTimeout)
+	if r.err != nil || r.Status != http.StatusOK {
+		t.Fatalf("snapshot: %v", r)
+	}
+	var sn struct {
+		ID    string `json:"id"`
+		State string `json:"state"`
+	}
+	if err := json.Unmarshal(r.Body, &sn); err != nil || sn.ID == "" {
+		t.Fatalf("snapshot answered %s: %v", r.Body, err)
+	}
+	other := s.client(s.createKey(t, "other"))
+	if r := other.raw(t, "GET", "/v1/snapshots/"+sn.ID, nil, nil, requestTimeout); r.Status != http.StatusNotFound {
+		t.Errorf("another key's GET of the snapshot: %v, want 404", r)
+	}
+	if r := other.raw(t, "POST", "/v1/sandboxes", map[string]any{"snapshot": sn.ID}, nil, requestTimeout); r.Status != http.StatusNotFound {
+		t.Errorf("another key's create from the snapshot: %v, want 404", r)
+	}
+	cp := c.createRunning(t, map[string]any{"snapshot": sn.ID, "timeoutSeconds": 600})
+	checkKept(t, c, cp.ID, parent.ID, "a create from a snapshot")
+}
+
+// TestPauseFreesCapacity: a paused sandbox gives back its memory, so a
+// create that had no room gets it; waking the paused one then answers
+// no_capacity and leaves it paused, until there is room again.
+func TestPauseFreesCapacity(t *testing.T) {
+	s := startServerWith(t, t.TempDir(), "--max-memory-mib", "1536", "--vm-overhead-mib", "256", "--max-vcpus", "4")
+	c := s.client(s.AdminKey)
+	small := map[string]any{"vcpu": 1, "memoryMiB": 1024, "diskMiB": 3072, "timeoutSeconds": 600}
+	a := c.createRunning(t, small)
+	c.sh(t, a.ID, "echo a > /workspace/kept")
+	r := c.raw(t, "POST", "/v1/sandboxes", small, nil, requestTimeout)
+	if r.Status != http.StatusConflict || r.Err == nil || r.Err.Code != "no_capacity" {
+		t.Fatalf("a create beyond capacity: %v, want 409 no_capacity", r)
+	}
+	c.lifecycle(t, a.ID, "pause", nil)
+	c.waitState(t, a.ID, "paused")
+	b := c.createRunning(t, small)
+	r = c.raw(t, "POST", "/v1/sandboxes/"+a.ID+":wake", map[string]any{}, nil, requestTimeout)
+	if r.Status != http.StatusConflict || r.Err == nil || r.Err.Code != "no_capacity" {
+		t.Errorf("a wake beyond capacity: %v, want 409 no_capacity", r)
+	}
+	if got := c.get(t, a.ID); got.State != "paused" {
+		t.Errorf("a refused wake left the sandbox %s, want paused", got.State)
+	}
+	c.delete(t, b.ID)
+	c.lifecycle(t, a.ID, "wake", nil)
+	c.waitState(t, a.ID, "running")
+	if got := c.sh(t, a.ID, "cat /workspace/kept"); got != "a\n" {
+		t.Errorf("after the wake: %q", got)
+	}
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+func atoi(t testing.TB, s string) int64 {
+	t.Helper()
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		t.Fatalf("not a number: %q", s)
+	}
+	return n
+}
