@@ -601,6 +601,9 @@ func (m *Manager) watch(in *instance) {
 			if c != nil {
 				c.Close()
 			}
+			if in.ctx.Err() != nil {
+				return // ended by a stop, delete or pause, which records it
+			}
 			m.finish(in, ReasonVMExited)
 			return
 		case <-cdone:
