@@ -199,6 +199,10 @@ func checkHardwareKVM(cpuinfo, modules string) error {
 // cachedProbe runs probeKVM unless cache holds a verdict for the same host
 // boot, QEMU binary and kernel.
 func cachedProbe(cache, qemuBin, kernel string) error {
+	// What needs no boot is decided at once, whatever a cache says.
+	if err := checkHardwareKVM("/proc/cpuinfo", "/sys/module"); err != nil {
+		return err
+	}
 	key := probeKey(qemuBin, kernel)
 	if cache != "" && key != "" {
 		if b, err := os.ReadFile(cache); err == nil {
