@@ -24,6 +24,7 @@ type limitOptions struct {
 	vmOverheadMiB      int64
 	diskReserveMiB     int64
 	maxConcurrentBoots int
+	memoryFloorMiB     int64
 
 	quota admission.Quota
 
@@ -45,6 +46,7 @@ func addLimitFlags(cmd *cobra.Command, o *limitOptions) {
 	f.Int64Var(&o.vmOverheadMiB, "vm-overhead-mib", 512, "host memory charged per sandbox besides its own: what its cgroup allows QEMU beyond the guest (code cache and devices)")
 	f.Int64Var(&o.diskReserveMiB, "disk-reserve-mib", 2048, "free space kept on the data dir's filesystem after every live disk has grown to its size")
 	f.IntVar(&o.maxConcurrentBoots, "max-concurrent-boots", 0, "sandboxes booting at once (default: host CPUs)")
+	f.Int64Var(&o.memoryFloorMiB, "memory-floor-mib", 1024, "host memory available below which the running sandbox idle longest is paused, one a second (0: never); what makes --memory-overcommit above 1 safe")
 
 	f.IntVar(&o.quota.Sandboxes, "quota-sandboxes", 20, "live sandboxes per API key (0: no limit)")
 	f.IntVar(&o.quota.VCPU, "quota-vcpus", 0, "vCPUs per API key (0: only the host's limit)")

@@ -169,7 +169,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	mgr := sandbox.New(sandbox.Config{
 		Store: st, Driver: drv, Boot: boot.BootFiles, DataDir: o.dataDir, Logger: log, BootTimeout: o.bootTimeout,
 		Egress: ecfg.op, EgressDefault: ecfg.def, ExtraCAs: ecfg.cas, StoppedDiskRetention: o.diskRetention,
-		Templates: o.templates,
+		Templates: o.templates, MemoryFloorMiB: o.limits.memoryFloorMiB,
 		Admission: adm.ledger, Limits: adm.limits,
 	})
 	// On any way out: the background loops are stopped and waited for,

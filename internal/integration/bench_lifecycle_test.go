@@ -103,8 +103,8 @@ func BenchmarkLifecycle(b *testing.B) {
 		note("Pss of each of 10 copies of one snapshot", fmt.Sprintf("p50 %.0f MiB, max %.0f MiB", percentile(pss, 50), percentile(pss, 100)))
 		s.cleanup(b)
 
-		note("idle default sandboxes held, default limits", holds(b, nil, 100))
-		note("idle default sandboxes held, --memory-overcommit 25 --vcpu-overcommit 100", holds(b, []string{"--memory-overcommit", "25", "--vcpu-overcommit", "100"}, 100))
+		note("idle default sandboxes held, default limits", holds(b, []string{"--quota-sandboxes", "0"}, 100))
+		note("idle default sandboxes held, --memory-overcommit 25 --vcpu-overcommit 100", holds(b, []string{"--quota-sandboxes", "0", "--memory-overcommit", "25", "--vcpu-overcommit", "100"}, 100))
 
 		w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(w, "measure\tp50 / value\tp95")

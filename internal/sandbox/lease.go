@@ -35,6 +35,9 @@ func (m *Manager) ExpireLeases(ctx context.Context) []string {
 	}
 	now := m.now()
 	var ended []string
+	if id := m.relievePressure(ctx, live); id != "" {
+		ended = append(ended, id)
+	}
 	for _, sb := range live {
 		if sb.State != StateRunning {
 			continue

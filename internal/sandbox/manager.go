@@ -70,6 +70,12 @@ type Config struct {
 	Admission *admission.Ledger
 	// Limits bound the size and the lifetime of one sandbox.
 	Limits Limits
+	// MemoryFloorMiB, if positive, is the host memory available (the
+	// kernel's MemAvailable) below which the server pauses the running
+	// sandbox idle longest, one a second, until there is more
+	// (pressure.go). MemAvailable reads it; nil reads /proc/meminfo.
+	MemoryFloorMiB int64
+	MemAvailable   func() (int64, error)
 	// Templates turns on fast creates from per-shape templates
 	// (templates.go).
 	Templates bool

@@ -23,6 +23,9 @@ const (
 	PauseRequested = "requested"
 	PauseLeaseEnd  = "lease_expired"
 	PauseIdle      = "idle"
+	// PauseMemoryPressure: the host ran low on memory and this was the
+	// sandbox idle longest (pressure.go).
+	PauseMemoryPressure = "memory_pressure"
 )
 
 // opLock serializes the steps that change a sandbox's VM (pause, wake,

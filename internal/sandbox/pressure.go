@@ -1,0 +1,56 @@
+package sandbox
+
+import (
+	"context"
+
+	"github.com/emberbox/emberbox/internal/admission"
+)
+
+// relievePressure pauses one running sandbox when the host's available
+// memory is below the floor: the one whose last API call is oldest among
+// those a call would wake again (autoWake on, not persistent). A paused
+// sandbox holds no host memory (docs/DESIGN.md D13), so this is what keeps
+// a host whose memory is overcommitted (--memory-overcommit above 1) out of
+// swap and the OOM killer when its idle sandboxes grow. One a tick: a pause
+// frees its memory within a fraction of a second, and the next tick looks
+// again. It returns the id paused, or "".
+func (m *Manager) relievePressure(ctx context.Context, live []*Sandbox) string {
+	if m.cfg.MemoryFloorMiB <= 0 {
+		return ""
+	}
+	read := m.cfg.MemAvailable
+	if read == nil {
+		read = admission.MemAvailableMiB
+	}
+	avail, err := read()
+	if err != nil || avail >= m.cfg.MemoryFloorMiB {
+		return ""
+	}
+	var victim *Sandbox
+	var oldest int64
+	for _, sb := range live {
+		if sb.State != StateRunning || sb.Persistent || !sb.AutoWake {
+			continue
+		}
+		m.mu.Lock()
+		in := m.live[sb.ID]
+		m.mu.Unlock()
+		if in == nil {
+			continue
+		}
+		if last := in.active.Load(); victim == nil || last < oldest {
+			victim, oldest = sb, last
+		}
+	}
+	if victim == nil {
+		m.log.Warn("host memory is low and no sandbox can be paused", "available_mib", avail, "floor_mib", m.cfg.MemoryFloorMiB)
+		return ""
+	}
+	m.log.Warn("host memory is low; pausing the sandbox idle longest", "sandbox_id", victim.ID,
+		"available_mib", avail, "floor_mib", m.cfg.MemoryFloorMiB)
+	if _, err := m.pause(ctx, victim.ID, PauseMemoryPressure); err != nil {
+		m.log.Error("pausing under memory pressure", "sandbox_id", victim.ID, "err", err)
+		return ""
+	}
+	return victim.ID
+}
