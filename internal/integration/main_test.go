@@ -435,11 +435,14 @@ type vmProc struct {
 
 // vmProcesses lists the live (not zombie) QEMU processes whose working
 // directory is under dataDir: the VMs of that data dir's sandboxes.
-func vmProcesses(dataDir string) []vmProc {
+func vmProcesses(dataDir string) []vmProc { return vmsUnder(dataDir, "sandboxes") }
+
+// vmsUnder returns the VMs whose directory is under dataDir/sub.
+func vmsUnder(dataDir, sub string) []vmProc {
 	if d, err := filepath.EvalSymlinks(dataDir); err == nil {
 		dataDir = d
 	}
-	prefix := filepath.Join(dataDir, "sandboxes") + string(filepath.Separator)
+	prefix := filepath.Join(dataDir, sub) + string(filepath.Separator)
 	var out []vmProc
 	for _, p := range allVMs() {
 		if strings.HasPrefix(p.Dir, prefix) {
@@ -450,19 +453,7 @@ func vmProcesses(dataDir string) []vmProc {
 }
 
 // templateVMs returns the VMs of template builds on dataDir.
-func templateVMs(dataDir string) []vmProc {
-	if d, err := filepath.EvalSymlinks(dataDir); err == nil {
-		dataDir = d
-	}
-	prefix := filepath.Join(dataDir, "templates") + string(filepath.Separator)
-	var out []vmProc
-	for _, p := range allVMs() {
-		if strings.HasPrefix(p.Dir, prefix) {
-			out = append(out, p)
-		}
-	}
-	return out
-}
+func templateVMs(dataDir string) []vmProc { return vmsUnder(dataDir, "templates") }
 
 // vmPID returns the pid of the live QEMU process of sandbox id (its command
 // line names emberbox-<id>), or 0.

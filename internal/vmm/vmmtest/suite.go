@@ -46,7 +46,7 @@ func testPause(t *testing.T, d vmm.Driver, newSpec func(t *testing.T) vmm.Spec) 
 	}
 	spec := newSpec(t)
 	m := start(t, d, spec)
-	c := connectGuest(t, m, bootTimeout)
+	c := connectGuest(t, m, bootTimeout, reconnectTry)
 	run(t, c, "echo kept > /tmp/file && setsid -f sh -c 'echo $$ > /tmp/pid; exec sleep 100000' </dev/null >/dev/null 2>&1 && sleep 0.2")
 	pid := run(t, c, "cat /tmp/pid; kill -0 $(cat /tmp/pid)")
 	detach(t, c)
@@ -68,7 +68,7 @@ func testPause(t *testing.T, d vmm.Driver, newSpec func(t *testing.T) vmm.Spec) 
 		if d.Saved(spec) {
 			t.Fatal("Saved is still true after Resume")
 		}
-		c = connectGuest(t, m, bootTimeout)
+		c = connectGuest(t, m, bootTimeout, reconnectTry)
 		if got := run(t, c, "cat /tmp/file; kill -0 $(cat /tmp/pid) && echo alive"); got != "kept\nalive" {
 			t.Fatalf("after resume %d: %q, want the file and the process", i, got)
 		}
@@ -85,7 +85,7 @@ func testPause(t *testing.T, d vmm.Driver, newSpec func(t *testing.T) vmm.Spec) 
 	if !info.Memory || info.SizeBytes <= 0 {
 		t.Errorf("Snapshot info %+v", info)
 	}
-	c = connectGuest(t, m, bootTimeout)
+	c = connectGuest(t, m, bootTimeout, reconnectTry)
 	run(t, c, "echo parent > /tmp/file")
 	c.Close()
 
@@ -100,13 +100,13 @@ func testPause(t *testing.T, d vmm.Driver, newSpec func(t *testing.T) vmm.Spec) 
 		t.Fatal("Saved is false for a copy of a memory snapshot")
 	}
 	cm := resume(t, d, cspec)
-	cc := connectGuest(t, cm, bootTimeout)
+	cc := connectGuest(t, cm, bootTimeout, reconnectTry)
 	defer cc.Close()
 	if got := run(t, cc, "cat /tmp/file; cat /tmp/pid; kill -0 $(cat /tmp/pid) && echo alive"); got != "kept\n"+pid+"\nalive" {
 		t.Fatalf("copy: %q, want the snapshot's file and process", got)
 	}
 	run(t, cc, "echo copy > /tmp/file")
-	c = connectGuest(t, m, bootTimeout)
+	c = connectGuest(t, m, bootTimeout, reconnectTry)
 	defer c.Close()
 	if got := run(t, c, "cat /tmp/file"); got != "parent" {
 		t.Errorf("parent's file after the copy wrote its own: %q", got)
@@ -145,8 +145,10 @@ func resume(t *testing.T, d vmm.Driver, spec vmm.Spec) vmm.Machine {
 	return m
 }
 
-// connectGuest is reachGuest that keeps the connection.
-func connectGuest(t *testing.T, m vmm.Machine, timeout time.Duration) *guest.Client {
+// connectGuest dials m's guest and completes the handshake within timeout,
+// trying again on a new connection when an attempt gets no answer within
+// perTry (see reachGuest).
+func connectGuest(t *testing.T, m vmm.Machine, timeout, perTry time.Duration) *guest.Client {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), timeout)
 	defer cancel()
@@ -155,7 +157,7 @@ func connectGuest(t *testing.T, m vmm.Machine, timeout time.Duration) *guest.Cli
 		if err != nil {
 			t.Fatalf("DialGuest: %v", err)
 		}
-		tctx, tcancel := context.WithTimeout(ctx, reconnectTry)
+		tctx, tcancel := context.WithTimeout(ctx, perTry)
 		c, err := guest.Handshake(tctx, conn)
 		tcancel()
 		if err == nil {
@@ -165,6 +167,7 @@ func connectGuest(t *testing.T, m vmm.Machine, timeout time.Duration) *guest.Cli
 		if ctx.Err() != nil {
 			t.Fatalf("guest handshake (attempt %d): %v", try, err)
 		}
+		t.Logf("guest handshake, attempt %d: %v; retrying on a new connection", try, err)
 	}
 }
 
@@ -290,31 +293,13 @@ func stop(t *testing.T, m vmm.Machine) {
 // driver's.
 func reachGuest(t *testing.T, m vmm.Machine, timeout, perTry time.Duration) *agentproto.Info {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), timeout)
-	defer cancel()
-	for try := 1; ; try++ {
-		conn, err := m.DialGuest(ctx)
-		if err != nil {
-			t.Fatalf("DialGuest: %v", err)
-		}
-		tctx, tcancel := context.WithTimeout(ctx, perTry)
-		c, err := guest.Handshake(tctx, conn)
-		tcancel()
-		if err != nil {
-			conn.Close()
-			if ctx.Err() != nil {
-				t.Fatalf("guest handshake (attempt %d): %v", try, err)
-			}
-			t.Logf("guest handshake, attempt %d: %v; retrying on a new connection", try, err)
-			continue
-		}
-		defer c.Close()
-		info, err := c.Info(ctx)
-		if err != nil {
-			t.Fatalf("Info: %v", err)
-		}
-		return info
+	c := connectGuest(t, m, timeout, perTry)
+	defer c.Close()
+	info, err := c.Info(t.Context())
+	if err != nil {
+		t.Fatalf("Info: %v", err)
 	}
+	return info
 }
 
 func checkAccel(t *testing.T, what, accel string) {
