@@ -44,8 +44,10 @@ func TestAPI(t *testing.T) {
 		if sb.State != "running" || sb.Status != "active" {
 			t.Errorf("default create with Prefer: wait=60 answered state %q status %q, want running/active", sb.State, sb.Status)
 		}
-		if sb.Kind != "sandbox" || sb.ReadyAt == nil || sb.ExpiresAt == nil || sb.StopReason != nil {
-			t.Errorf("create answer: kind %q readyAt %v expiresAt %v stopReason %v", sb.Kind, sb.ReadyAt, sb.ExpiresAt, sb.StopReason)
+		// Without timeoutSeconds: no lease, an idle pause instead.
+		if sb.Kind != "sandbox" || sb.ReadyAt == nil || sb.ExpiresAt != nil || sb.IdlePauseSeconds != 300 || sb.StopReason != nil {
+			t.Errorf("create answer: kind %q readyAt %v expiresAt %v idlePauseSeconds %d stopReason %v",
+				sb.Kind, sb.ReadyAt, sb.ExpiresAt, sb.IdlePauseSeconds, sb.StopReason)
 		}
 		if !strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
 			t.Errorf("create Content-Type %q", r.Header.Get("Content-Type"))

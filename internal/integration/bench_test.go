@@ -21,7 +21,7 @@ import (
 // BenchmarkColdCreate: 10 sequential creates with default resources, each
 // timed from the POST to the first output of a streamed `echo hi`.
 func BenchmarkColdCreate(b *testing.B) {
-	s := startServer(b, b.TempDir())
+	s := startServerWith(b, b.TempDir(), "--templates=false") // every create boots
 	c := s.client(s.AdminKey)
 	const n = 10
 	b.ResetTimer()

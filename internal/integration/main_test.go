@@ -696,22 +696,23 @@ func call[T any](t testing.TB, c *client, method, path string, body any, hdr htt
 
 // sandboxJSON is the wire form of a sandbox (the fields the tests read).
 type sandboxJSON struct {
-	ID             string            `json:"id"`
-	Kind           string            `json:"kind"`
-	Status         string            `json:"status"`
-	State          string            `json:"state"`
-	Labels         map[string]string `json:"labels"`
-	VCPU           int               `json:"vcpu"`
-	MemoryMiB      int               `json:"memoryMiB"`
-	TimeoutSeconds int               `json:"timeoutSeconds"`
-	OnLeaseEnd     string            `json:"onLeaseEnd"`
-	CreatedAt      *time.Time        `json:"createdAt"`
-	ReadyAt        *time.Time        `json:"readyAt"`
-	ExpiresAt      *time.Time        `json:"expiresAt"`
-	EndedAt        *time.Time        `json:"endedAt"`
-	StopReason     *string           `json:"stopReason"`
-	Accel          *string           `json:"accel"`
-	Replayed       bool              `json:"replayed"`
+	ID               string            `json:"id"`
+	Kind             string            `json:"kind"`
+	Status           string            `json:"status"`
+	State            string            `json:"state"`
+	Labels           map[string]string `json:"labels"`
+	VCPU             int               `json:"vcpu"`
+	MemoryMiB        int               `json:"memoryMiB"`
+	TimeoutSeconds   int               `json:"timeoutSeconds"`
+	OnLeaseEnd       string            `json:"onLeaseEnd"`
+	IdlePauseSeconds int               `json:"idlePauseSeconds"`
+	CreatedAt        *time.Time        `json:"createdAt"`
+	ReadyAt          *time.Time        `json:"readyAt"`
+	ExpiresAt        *time.Time        `json:"expiresAt"`
+	EndedAt          *time.Time        `json:"endedAt"`
+	StopReason       *string           `json:"stopReason"`
+	Accel            *string           `json:"accel"`
+	Replayed         bool              `json:"replayed"`
 }
 
 func (sb sandboxJSON) stopReason() string {
