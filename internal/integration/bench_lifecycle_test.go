@@ -33,7 +33,8 @@ func BenchmarkLifecycle(b *testing.B) {
 		row("cold create → first output", createTimes(b, cc, nil, 5))
 		cold.cleanup(b)
 
-		s := startServer(b, b.TempDir())
+		// Room for the twelve sandboxes of the memory measures below.
+		s := startServerWith(b, b.TempDir(), "--memory-overcommit", "4", "--vcpu-overcommit", "16", "--quota-sandboxes", "0")
 		c := s.client(s.AdminKey)
 		waitTemplate(b, s)
 		note("accel", accelOf(b, c))
