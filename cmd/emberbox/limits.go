@@ -23,6 +23,7 @@ type limitOptions struct {
 	hostReserveMiB     int64
 	vmOverheadMiB      int64
 	diskReserveMiB     int64
+	diskOvercommit     float64
 	maxConcurrentBoots int
 	memoryFloorMiB     int64
 
@@ -45,6 +46,7 @@ func addLimitFlags(cmd *cobra.Command, o *limitOptions) {
 	f.Int64Var(&o.hostReserveMiB, "host-reserve-mib", 2048, "host memory never promised to sandboxes, and kept available at every create")
 	f.Int64Var(&o.vmOverheadMiB, "vm-overhead-mib", 512, "host memory charged per sandbox besides its own: what its cgroup allows QEMU beyond the guest (code cache and devices)")
 	f.Int64Var(&o.diskReserveMiB, "disk-reserve-mib", 2048, "free space kept on the data dir's filesystem after every live disk has grown to its size")
+	f.Float64Var(&o.diskOvercommit, "disk-overcommit", 1.0, "disk promised per MiB of free space; above 1 a guest whose disk cannot grow meets I/O errors")
 	f.IntVar(&o.maxConcurrentBoots, "max-concurrent-boots", 0, "sandboxes booting at once (default: host CPUs)")
 	f.Int64Var(&o.memoryFloorMiB, "memory-floor-mib", 1024, "host memory available below which the running sandbox idle longest is paused, one a second (0: never); what makes --memory-overcommit above 1 safe")
 
@@ -101,7 +103,7 @@ func (o limitOptions) build(dataDir string, log *slog.Logger) (admissionSettings
 	}
 	as.ledger = admission.New(admission.Config{
 		Capacity: capa, VMOverheadMiB: o.vmOverheadMiB, Quota: o.quota,
-		DiskFreeMiB: func() (int64, error) { return admission.DiskFreeMiB(dataDir) }, DiskReserveMiB: o.diskReserveMiB,
+		DiskFreeMiB: func() (int64, error) { return admission.DiskFreeMiB(dataDir) }, DiskReserveMiB: o.diskReserveMiB, DiskOvercommit: o.diskOvercommit,
 		MemAvailableMiB: admission.MemAvailableMiB, MemReserveMiB: o.hostReserveMiB,
 	})
 	as.limits = sandbox.Limits{

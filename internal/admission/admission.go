@@ -79,6 +79,11 @@ type Config struct {
 	// size is at least DiskReserveMiB.
 	DiskFreeMiB    func() (int64, error)
 	DiskReserveMiB int64
+	// DiskOvercommit, above 1, promises that many MiB of disk per MiB
+	// free: sandboxes' disks are thin overlays that grow only as they are
+	// written, and a guest whose disk cannot grow meets I/O errors, so
+	// this is the operator's bet on how little they write. 0 means 1.
+	DiskOvercommit float64
 	// MemAvailableMiB reports the memory the host could give now (Linux
 	// MemAvailable); nil skips the check. A sandbox is admitted only if at
 	// least MemReserveMiB would be left after it, whatever else runs on
@@ -226,7 +231,7 @@ func (l *Ledger) checkHost(c *Claim, diskFree, memAvail int64) error {
 		full = "memoryMiB"
 	case memAvail >= 0 && memAvail-c.MemoryMiB-overhead < l.cfg.MemReserveMiB:
 		full = "memoryMiB"
-	case diskFree >= 0 && diskFree-t.DiskMiB-c.DiskMiB < l.cfg.DiskReserveMiB:
+	case diskFree >= 0 && diskFree-l.promisedDisk(t.DiskMiB+c.DiskMiB) < l.cfg.DiskReserveMiB:
 		// Conservative: a live disk's space already in use is counted
 		// both as used and as promised.
 		full = "diskMiB"
@@ -239,6 +244,14 @@ func (l *Ledger) checkHost(c *Claim, diskFree, memAvail int64) error {
 	e.Details = map[string]any{"resource": full}
 	e.RetryAfter = retry
 	return e
+}
+
+// promisedDisk is the space mib of promised disks is counted as.
+func (l *Ledger) promisedDisk(mib int64) int64 {
+	if r := l.cfg.DiskOvercommit; r > 1 {
+		return int64(float64(mib) / r)
+	}
+	return mib
 }
 
 var hostNoun = map[string]string{

@@ -61,6 +61,10 @@ func TestHostCapacity(t *testing.T) {
 			held: []Claim{claim("a", "k", 1, 1, 4000)}, next: claim("b", "k", 1, 1, 4001), want: "diskMiB"},
 		{name: "disk fits", cfg: Config{DiskFreeMiB: func() (int64, error) { return 10000, nil }, DiskReserveMiB: 2000},
 			held: []Claim{claim("a", "k", 1, 1, 4000)}, next: claim("b", "k", 1, 1, 4000)},
+		{name: "disk overcommitted fits", cfg: Config{DiskFreeMiB: func() (int64, error) { return 10000, nil }, DiskReserveMiB: 2000, DiskOvercommit: 4},
+			held: []Claim{claim("a", "k", 1, 1, 16000)}, next: claim("b", "k", 1, 1, 16000)},
+		{name: "disk overcommitted full", cfg: Config{DiskFreeMiB: func() (int64, error) { return 10000, nil }, DiskReserveMiB: 2000, DiskOvercommit: 4},
+			held: []Claim{claim("a", "k", 1, 1, 16000)}, next: claim("b", "k", 1, 1, 16004), want: "diskMiB"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

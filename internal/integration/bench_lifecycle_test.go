@@ -105,7 +105,8 @@ func BenchmarkLifecycle(b *testing.B) {
 		s.cleanup(b)
 
 		note("idle default sandboxes held, default limits", holds(b, []string{"--quota-sandboxes", "0"}, 100))
-		note("idle default sandboxes held, --memory-overcommit 25 --vcpu-overcommit 100", holds(b, []string{"--quota-sandboxes", "0", "--memory-overcommit", "25", "--vcpu-overcommit", "100"}, 100))
+		note("idle default sandboxes held, --memory-overcommit 25 --vcpu-overcommit 100 --disk-overcommit 20",
+			holds(b, []string{"--quota-sandboxes", "0", "--memory-overcommit", "25", "--vcpu-overcommit", "100", "--disk-overcommit", "20"}, 100))
 
 		w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(w, "measure\tp50 / value\tp95")
