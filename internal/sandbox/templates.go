@@ -183,6 +183,15 @@ func (m *Manager) buildTemplate(ctx context.Context, s shape) error {
 		c.Close()
 		return fmt.Errorf("template guest: %w", err)
 	}
+	// The first command of every copy pays for what the template never
+	// ran (its files read from disk, under TCG slowly): run the path of a
+	// first command once, so that copies find it in their page cache.
+	for _, cmd := range []string{"true", "echo warm"} {
+		if _, err := c.Exec(bctx, agentproto.ExecRequest{Command: cmd, Stream: true, TimeoutMs: 60000}, func(agentproto.Event) error { return nil }); err != nil {
+			c.Close()
+			return fmt.Errorf("template guest: warming up: %w", err)
+		}
+	}
 	if err := c.Detach(bctx); err != nil {
 		return fmt.Errorf("template guest: detaching: %w", err)
 	}
