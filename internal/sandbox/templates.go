@@ -24,8 +24,9 @@ import (
 // user ran in it. A create of that shape copies it (Driver.Clone: its own
 // memory file and a disk over the template's) and resumes the copy, which
 // then gets its own randomness, clock, hostname, machine-id and boot id
-// (Renew) and its env (Configure). Creates of a shape with no template
-// yet boot as before while one is built in the background.
+// (Renew) and its env (Configure). Templates are made for the default
+// shape, at start; a create of another shape boots, as does one that
+// comes before the template is ready.
 //
 // Templates live under DataDir/templates, keyed by the boot files and the
 // CA bundle, so a new image or CA gets new templates. Copies' disks are
@@ -72,10 +73,16 @@ func (m *Manager) templateRoot() string {
 
 func (m *Manager) templateDir(s shape) string { return filepath.Join(m.templateRoot(), s.String()) }
 
+// defaultShape is the shape templates are made for: a create of another
+// shape boots. Building one for every shape asked for would spend a boot
+// and a few hundred MiB of disk on shapes that may never come again.
+var defaultShape = shape{DefaultVCPU, DefaultMemoryMiB, DefaultDiskMiB}
+
 // template returns the directory of the template of s if it is built, and
-// otherwise starts building it (unless templates are off) and reports false.
+// otherwise starts building it (unless templates are off or s has none)
+// and reports false.
 func (m *Manager) template(s shape) (string, bool) {
-	if !m.cfg.Templates {
+	if !m.cfg.Templates || s != defaultShape {
 		return "", false
 	}
 	dir := m.templateDir(s)
@@ -90,7 +97,7 @@ func (m *Manager) template(s shape) (string, bool) {
 // background, so that the first creates need not boot.
 func (m *Manager) PrepareTemplate() {
 	if m.cfg.Templates {
-		m.template(shape{DefaultVCPU, DefaultMemoryMiB, DefaultDiskMiB})
+		m.template(defaultShape)
 	}
 }
 
@@ -152,9 +159,10 @@ func (m *Manager) buildTemplate(ctx context.Context, s shape) error {
 	if err := os.WriteFile(filepath.Join(work, "id"), []byte(spec.ID), 0o600); err != nil {
 		return err
 	}
-	// The build VM is promised its resources and a boot slot like a
-	// sandbox, and waits for a later create when there is no room.
-	if err := m.cfg.Admission.Reserve(admission.Claim{ID: spec.ID, Booting: true,
+	// The build VM is promised its resources like a sandbox, and waits for
+	// a later create when there is no room; it takes no boot slot, which
+	// are the creates' own.
+	if err := m.cfg.Admission.Reserve(admission.Claim{ID: spec.ID,
 		Resources: admission.Resources{VCPU: s.VCPU, MemoryMiB: int64(s.MemoryMiB), DiskMiB: int64(s.DiskMiB)}}); err != nil {
 		return fmt.Errorf("no room to build a template: %w", err)
 	}
