@@ -138,7 +138,7 @@ func (a *Agent) ServeConn(ctx context.Context, rwc io.ReadWriteCloser) error {
 	if err != nil {
 		return fmt.Errorf("starting session: %w", err)
 	}
-	defer sess.Close()
+	defer a.closeSession(sess)
 	a.setSession(sess)
 	defer a.setSession(nil)
 	stop := context.AfterFunc(ctx, func() { sess.Close() })
@@ -174,6 +174,23 @@ func handshake(ctx context.Context, br *bufio.Reader, w io.Writer) error {
 		return err
 	}
 	return ctx.Err()
+}
+
+// slowTeardown is how long ending a session may take before the agent
+// reports what its goroutines are doing: a session that does not end keeps
+// the agent from the next host's Hello, and its stacks say why.
+const slowTeardown = 5 * time.Second
+
+// closeSession ends sess, and logs every goroutine's stack if that takes
+// longer than slowTeardown (once per session).
+func (a *Agent) closeSession(sess *yamux.Session) {
+	t := time.AfterFunc(slowTeardown, func() {
+		buf := make([]byte, 256<<10)
+		buf = buf[:runtime.Stack(buf, true)]
+		a.log.Warn("ending the host session is slow; goroutines follow", "after", slowTeardown, "stacks", string(buf))
+	})
+	defer t.Stop()
+	_ = sess.Close()
 }
 
 // sessionKey is the context key of the session a call came on.

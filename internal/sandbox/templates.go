@@ -54,6 +54,10 @@ type templateSet struct {
 // cold before another build is tried.
 const templateRetry = 10 * time.Minute
 
+// templateWork bounds a template's making once its guest has booted:
+// configuring, warming up, detaching and saving it.
+const templateWork = 2 * time.Minute
+
 // templateMarker is written into a template's directory last.
 const templateMarker = "template.ok"
 
@@ -187,7 +191,10 @@ func (m *Manager) buildTemplate(ctx context.Context, s shape) error {
 		conn.Close()
 		return fmt.Errorf("template guest: %w", err)
 	}
-	if err := c.Configure(bctx, agentproto.ConfigureRequest{CACerts: m.cfg.ExtraCAs}); err != nil {
+	// Booted: what follows is bounded on its own, not by the boot's time.
+	wctx, wcancel := context.WithTimeout(ctx, templateWork)
+	defer wcancel()
+	if err := c.Configure(wctx, agentproto.ConfigureRequest{CACerts: m.cfg.ExtraCAs}); err != nil {
 		c.Close()
 		return fmt.Errorf("template guest: %w", err)
 	}
@@ -195,16 +202,16 @@ func (m *Manager) buildTemplate(ctx context.Context, s shape) error {
 	// ran (its files read from disk, under TCG slowly): run the path of a
 	// first command once, so that copies find it in their page cache.
 	for _, cmd := range []string{"true", "echo warm"} {
-		if _, err := c.Exec(bctx, agentproto.ExecRequest{Command: cmd, Stream: true, TimeoutMs: 60000}, func(agentproto.Event) error { return nil }); err != nil {
+		if _, err := c.Exec(wctx, agentproto.ExecRequest{Command: cmd, Stream: true, TimeoutMs: 60000}, func(agentproto.Event) error { return nil }); err != nil {
 			c.Close()
 			return fmt.Errorf("template guest: warming up: %w", err)
 		}
 	}
-	if err := c.Detach(bctx); err != nil {
+	if err := c.Detach(wctx); err != nil {
 		return fmt.Errorf("template guest: detaching: %w", err)
 	}
 	snap := filepath.Join(work, "snap")
-	if _, err := mach.Snapshot(bctx, snap, true); err != nil {
+	if _, err := mach.Snapshot(wctx, snap, true); err != nil {
 		return err
 	}
 	if err := os.WriteFile(filepath.Join(snap, templateMarker), nil, 0o644); err != nil {

@@ -15,10 +15,12 @@ import (
 // no template boots.
 func TestTemplateCreate(t *testing.T) {
 	e := newEnv(t)
-	m := e.managerWith(func(c *sandbox.Config) { c.Templates = true })
+	// The env's boot timeout is short for its tests of failing boots; a
+	// machine loaded by other tests needs more for the template's boot.
+	m := e.managerWith(func(c *sandbox.Config) { c.Templates, c.BootTimeout = true, 30*time.Second })
 	ctx := context.Background()
 	m.PrepareTemplate()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for e.drv.Starts() < 1 || !m.TemplateReady(sandbox.DefaultVCPU, sandbox.DefaultMemoryMiB, sandbox.DefaultDiskMiB) {
 		if time.Now().After(deadline) {
 			t.Fatalf("template not built: %d starts", e.drv.Starts())
