@@ -6,6 +6,19 @@ import (
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
+// answerSettled answers a lifecycle call: its error, or sb once it reaches
+// want within the caller's Prefer: wait.
+func (s *server) answerSettled(w http.ResponseWriter, r *http.Request, c *call, sb *sandbox.Sandbox, err error, want sandbox.State) error {
+	if err != nil {
+		return err
+	}
+	if sb, err = s.settle(r.Context(), c.owner, sb, preferWait(r), want); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
+	return nil
+}
+
 // pauseSandbox answers POST /v1/sandboxes/{id}:pause; with Prefer: wait it
 // waits for paused.
 func (s *server) pauseSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -13,14 +26,7 @@ func (s *server) pauseSandbox(w http.ResponseWriter, r *http.Request, c *call) e
 		return err
 	}
 	sb, err := s.mgr.Pause(r.Context(), c.owner, r.PathValue("id"))
-	if err != nil {
-		return err
-	}
-	if sb, err = s.settle(r.Context(), c.owner, sb, preferWait(r), sandbox.StatePaused); err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
-	return nil
+	return s.answerSettled(w, r, c, sb, err, sandbox.StatePaused)
 }
 
 type wakeRequest struct {
@@ -38,14 +44,7 @@ func (s *server) wakeSandbox(w http.ResponseWriter, r *http.Request, c *call) er
 		return invalid(issues)
 	}
 	sb, err := s.mgr.Wake(r.Context(), c.owner, r.PathValue("id"), req.TimeoutSeconds)
-	if err != nil {
-		return err
-	}
-	if sb, err = s.settle(r.Context(), c.owner, sb, preferWait(r), sandbox.StateRunning); err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
-	return nil
+	return s.answerSettled(w, r, c, sb, err, sandbox.StateRunning)
 }
 
 // restartSandbox answers POST /v1/sandboxes/{id}:restart.
@@ -54,14 +53,7 @@ func (s *server) restartSandbox(w http.ResponseWriter, r *http.Request, c *call)
 		return err
 	}
 	sb, err := s.mgr.Restart(r.Context(), c.owner, r.PathValue("id"))
-	if err != nil {
-		return err
-	}
-	if sb, err = s.settle(r.Context(), c.owner, sb, preferWait(r), sandbox.StateRunning); err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
-	return nil
+	return s.answerSettled(w, r, c, sb, err, sandbox.StateRunning)
 }
 
 // updateRequest is the body of POST /v1/sandboxes/{id}:update, as

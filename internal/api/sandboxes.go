@@ -517,13 +517,7 @@ func (s *server) listSandboxes(w http.ResponseWriter, r *http.Request, c *call) 
 	if opts.IncludeStopped, err = boolParam(q.Get("includeStopped")); err != nil {
 		issues = append(issues, issue{Path: "includeStopped", Message: "must be true or false"})
 	}
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 100 {
-			issues = append(issues, issue{Path: "limit", Message: "must be from 1 to 100"})
-		}
-		opts.Limit = n
-	}
+	opts.Limit = limitParam(q.Get("limit"), opts.Limit, &issues)
 	if len(issues) > 0 {
 		return invalid(issues)
 	}
@@ -621,4 +615,17 @@ func (s *server) health(w http.ResponseWriter, r *http.Request, c *call) error {
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
+}
+
+// limitParam reads a listing's limit, 1..100 ("" keeps def), adding an
+// issue if it is not one.
+func limitParam(v string, def int, issues *[]issue) int {
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 100 {
+		*issues = append(*issues, issue{Path: "limit", Message: "must be from 1 to 100"})
+	}
+	return n
 }

@@ -2,7 +2,6 @@ package api
 
 import (
 	"net/http"
-	"strconv"
 
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
@@ -134,13 +133,7 @@ func (s *server) listSnapshots(w http.ResponseWriter, r *http.Request, c *call) 
 	default:
 		issues = append(issues, issue{Path: "state", Message: "must be capturing, ready or failed"})
 	}
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 100 {
-			issues = append(issues, issue{Path: "limit", Message: "must be from 1 to 100"})
-		}
-		opts.Limit = n
-	}
+	opts.Limit = limitParam(q.Get("limit"), opts.Limit, &issues)
 	if len(issues) > 0 {
 		return invalid(issues)
 	}
