@@ -45,6 +45,9 @@ func shapeOf(sb *Sandbox) shape { return shape{sb.VCPU, sb.MemoryMiB, sb.DiskMiB
 
 // templateSet tracks the templates of this server.
 type templateSet struct {
+	rootOnce sync.Once
+	root     string // templateRoot
+
 	mu       sync.Mutex
 	building map[shape]bool
 	failed   map[shape]time.Time // a failed build is not retried for a while
@@ -62,8 +65,14 @@ const templateWork = 2 * time.Minute
 const templateMarker = "template.ok"
 
 // templateRoot is the directory of this server's templates for its current
-// boot files and CA bundle.
+// boot files and CA bundle. Those do not change while the server runs, so
+// it is worked out once, not at every create.
 func (m *Manager) templateRoot() string {
+	m.templates.rootOnce.Do(func() { m.templates.root = m.hashTemplateRoot() })
+	return m.templates.root
+}
+
+func (m *Manager) hashTemplateRoot() string {
 	h := sha256.New()
 	for _, f := range []string{m.cfg.Boot.Kernel, m.cfg.Boot.Initrd, m.cfg.Boot.Rootfs} {
 		st, err := os.Stat(f)
