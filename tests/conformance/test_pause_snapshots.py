@@ -6,27 +6,13 @@ pauses or copies it; files live under /workspace so copies carry them.
 """
 from __future__ import annotations
 
-import time
 import uuid
 
 import pytest
+from _helpers import ok as _ok, poll as _poll
 from withruntime import Sandbox
 
 WS = "/workspace"
-
-
-def _poll(fn, timeout_s: float, interval_s: float = 0.5):
-    deadline = time.monotonic() + timeout_s
-    value = fn()
-    while not value and time.monotonic() < deadline:
-        time.sleep(interval_s)
-        value = fn()
-    return value
-
-
-def _ok(result, what: str) -> None:
-    assert result.exit_code == 0, (f"{what}: exit {result.exit_code}\n"
-                                   f"stdout={result.stdout[-2000:]!r}\nstderr={result.stderr[-2000:]!r}")
 
 
 def _serve(box, port: int):

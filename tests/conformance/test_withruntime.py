@@ -14,26 +14,12 @@ import time
 import uuid
 
 import pytest
+from _helpers import ok as _ok, poll as _poll
 from withruntime import ConflictError, NotFoundError, Sandbox
 from withruntime.tools import sandbox_tools
 
 WS = "/workspace"
 SLOW_MS = 300_000  # generous limit for commands under software emulation
-
-
-def _poll(fn, timeout_s: float, interval_s: float = 0.5):
-    """Calls fn() until it returns a truthy value or timeout_s passes; returns the last value."""
-    deadline = time.monotonic() + timeout_s
-    value = fn()
-    while not value and time.monotonic() < deadline:
-        time.sleep(interval_s)
-        value = fn()
-    return value
-
-
-def _ok(result, what: str) -> None:
-    assert result.exit_code == 0, (f"{what}: exit {result.exit_code}, timed_out={result.timed_out}\n"
-                                   f"stdout={result.stdout[-2000:]!r}\nstderr={result.stderr[-2000:]!r}")
 
 
 def _unique(prefix: str) -> str:
