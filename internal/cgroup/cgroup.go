@@ -39,6 +39,9 @@ type Manager interface {
 	// Remove removes the group name; a group that does not exist is not
 	// an error. It waits briefly for tasks that are exiting to leave.
 	Remove(name string) error
+	// Open returns the group name as Create made it, without touching
+	// the file system, to read its accounting.
+	Open(name string) *Group
 }
 
 // Group is one group: a directory per v1 controller, or one under v2.
@@ -64,6 +67,47 @@ func (g *Group) MemoryMax() (int64, error) {
 		return 0, err
 	}
 	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+}
+
+// CPUUsage reads the CPU time, user and system, that the kernel has
+// charged to the group's tasks since it was made: cpuacct.usage under v1
+// (nanoseconds), usage_usec of cpu.stat under v2. The count stays readable
+// after the tasks have exited, until the group is removed, which is what
+// lets a VM's last CPU-seconds be read after its VMM has ended.
+func (g *Group) CPUUsage() (time.Duration, error) {
+	if g.Version == 2 {
+		dirs := g.uniqueDirs() // one directory: cpu.stat is in every group
+		if len(dirs) == 0 {
+			return 0, errors.New("cgroup: group has no directory")
+		}
+		b, err := os.ReadFile(filepath.Join(dirs[0], "cpu.stat"))
+		if err != nil {
+			return 0, fmt.Errorf("cgroup: reading cpu.stat: %w", err)
+		}
+		for line := range strings.Lines(string(b)) {
+			if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
+				us, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				if err != nil || us < 0 {
+					return 0, fmt.Errorf("cgroup: bad usage_usec %q", strings.TrimSpace(v))
+				}
+				return time.Duration(us) * time.Microsecond, nil
+			}
+		}
+		return 0, errors.New("cgroup: cpu.stat has no usage_usec")
+	}
+	dir, ok := g.Dirs["cpuacct"]
+	if !ok {
+		return 0, errors.New("cgroup: the cpuacct controller is not mounted")
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "cpuacct.usage"))
+	if err != nil {
+		return 0, fmt.Errorf("cgroup: reading cpuacct.usage: %w", err)
+	}
+	ns, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil || ns < 0 {
+		return 0, fmt.Errorf("cgroup: bad cpuacct.usage %q", strings.TrimSpace(string(b)))
+	}
+	return time.Duration(ns), nil
 }
 
 // uniqueDirs lists g's directories once each, in a stable order.

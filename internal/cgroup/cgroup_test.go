@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // fakeV1 lays out a v1 host in a temporary directory: one mount per
@@ -208,3 +209,33 @@ func clearDir(t *testing.T, dir string) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+func TestCPUUsage(t *testing.T) {
+	root, mi, self := fakeV1(t)
+	m, err := Detect(mi, self, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := m.Create("sbx_cpu", Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.CPUUsage(); err == nil {
+		t.Error("no cpuacct.usage file: want an error")
+	}
+	writeFile(t, filepath.Join(root, "cpuacct/emberbox/sbx_cpu/cpuacct.usage"), "1500000123\n")
+	if got, err := m.Open("sbx_cpu").CPUUsage(); err != nil || got != 1500000123 {
+		t.Errorf("v1 usage %v, %v; want 1.500000123s", got, err)
+	}
+	writeFile(t, filepath.Join(root, "cpuacct/emberbox/sbx_cpu/cpuacct.usage"), "-5\n")
+	if _, err := g.CPUUsage(); err == nil {
+		t.Error("negative usage: want an error")
+	}
+
+	d := t.TempDir()
+	g2 := &Group{Name: "x", Version: 2, Dirs: map[string]string{"memory": d, "pids": d}}
+	writeFile(t, filepath.Join(d, "cpu.stat"), "usage_usec 2500001\nuser_usec 2000000\nsystem_usec 500001\n")
+	if got, err := g2.CPUUsage(); err != nil || got != 2500001*time.Microsecond {
+		t.Errorf("v2 usage %v, %v", got, err)
+	}
+}

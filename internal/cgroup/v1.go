@@ -69,6 +69,9 @@ func (m *V1) Parents() []string {
 	return out
 }
 
+// Open implements Manager.
+func (m *V1) Open(name string) *Group { return m.group(name) }
+
 func (m *V1) group(name string) *Group {
 	g := &Group{Name: name, Version: 1, Dirs: map[string]string{}}
 	for c, p := range m.parents {

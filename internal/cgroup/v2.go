@@ -113,6 +113,9 @@ func (m *V2) Controllers() []string { return slices.Clone(m.controllers) }
 // Parents implements Manager.
 func (m *V2) Parents() []string { return []string{m.parent} }
 
+// Open implements Manager.
+func (m *V2) Open(name string) *Group { return m.group(name) }
+
 func (m *V2) group(name string) *Group {
 	d := filepath.Join(m.parent, name)
 	g := &Group{Name: name, Version: 2, Dirs: map[string]string{}}

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"time"
 )
 
 // Spec describes a VM to boot.
@@ -70,6 +71,18 @@ type SnapshotInfo struct {
 	SizeBytes int64 // bytes allocated on the host's disk
 }
 
+// Usage is what the host's kernel has accounted to one VM since its VMM
+// process started: measured outside the guest, so the guest cannot change it.
+type Usage struct {
+	// CPU is the user and system CPU time of the VMM, all its threads
+	// (vCPUs, device emulation, I/O) together.
+	CPU time.Duration
+	// RSSBytes is the VMM's resident memory now; 0 once it has exited.
+	RSSBytes int64
+	// Final: the VMM has exited and CPU is its last count.
+	Final bool
+}
+
 // Machine is one running VM.
 type Machine interface {
 	// Record is what Attach needs to find this VM again; the caller
@@ -77,8 +90,12 @@ type Machine interface {
 	Record() []byte
 	// Accel reports whether this VM runs under "kvm" or "tcg".
 	Accel() string
-	// PID is the VMM process id, for metering.
+	// PID is the VMM process id.
 	PID() int
+	// Usage reads the VM's CPU and memory from the host's accounting.
+	// After Done it answers the VMM's final counters (Final set), so that
+	// nothing it used between the last reading and its end is lost.
+	Usage() (Usage, error)
 	// DialGuest connects to the guest agent's stream. Only one connection
 	// is served at a time.
 	DialGuest(ctx context.Context) (net.Conn, error)

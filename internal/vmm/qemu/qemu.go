@@ -473,7 +473,7 @@ func (d *Driver) launch(ctx context.Context, spec vmm.Spec, state *os.File) (*ma
 	}
 	go func() {
 		_ = cmd.Wait()
-		m.ended()
+		m.ended(cmd.ProcessState)
 	}()
 	d.log.Info("vm started", "sandbox_id", spec.ID, "pid", m.pid, "accel", d.accel, "uid", m.uid,
 		"confined", d.jail != nil, "restore", state != nil)
@@ -507,7 +507,7 @@ func (d *Driver) Attach(ctx context.Context, spec vmm.Spec, rec []byte) (vmm.Mac
 				break
 			}
 		}
-		m.ended()
+		m.ended(nil)
 	}()
 	if outR, err := reopenOutput(spec.Dir); err == nil {
 		m.copy(func() { copyOutput(outR, spec.Dir) })
@@ -549,6 +549,9 @@ type machine struct {
 	exited    chan struct{}  // closed when the VMM process has exited
 	logs      sync.WaitGroup // the copiers of its console and output
 	done      chan struct{}  // closed once exited and everything it left is settled
+
+	meterMu sync.Mutex
+	meter   meter // usage.go
 }
 
 // copy runs one of the machine's log copiers. They write into the
@@ -562,10 +565,12 @@ func (m *machine) copy(f func()) {
 	}()
 }
 
-// ended runs once the VMM process has exited: its cgroup is removed and
-// its uid freed before Done is closed, so a new boot of the same sandbox
-// never meets them.
-func (m *machine) ended() {
+// ended runs once the VMM process has exited: its final CPU count is read,
+// its cgroup removed and its uid freed before Done is closed, so a new boot
+// of the same sandbox never meets them. ps is its wait status if this
+// process started it.
+func (m *machine) ended(ps *os.ProcessState) {
+	m.settleUsage(ps)
 	close(m.exited)
 	// The copiers see EOF (or m.exited) at once; the bound only guards
 	// against a log write stuck on a failing disk.

@@ -9,6 +9,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -156,6 +157,7 @@ func (d *Driver) start(spec vmm.Spec) *Machine {
 	defer d.mu.Unlock()
 	d.serial++
 	m := &Machine{d: d, id: spec.ID, dir: spec.Dir, serial: d.serial, done: make(chan struct{})}
+	m.AddCPU(BootCPU) // a booting VM burns CPU before its guest is ready
 	if d.hang > 0 {
 		d.hang--
 		m.hung = true
@@ -210,6 +212,31 @@ type Machine struct {
 	hung   bool
 	once   sync.Once
 	done   chan struct{}
+
+	cpu atomic.Int64 // nanoseconds of "VMM" CPU; AddCPU
+	rss atomic.Int64
+}
+
+// BootCPU is the CPU time every fake machine has used when it starts.
+const BootCPU = time.Millisecond
+
+// AddCPU adds d to the CPU time the machine's Usage reports, as if its VMM
+// had been busy for d.
+func (m *Machine) AddCPU(d time.Duration) { m.cpu.Add(int64(d)) }
+
+// SetRSS sets the resident memory its Usage reports while it runs.
+func (m *Machine) SetRSS(n int64) { m.rss.Store(n) }
+
+// Usage implements vmm.Machine.Usage: the CPU that AddCPU gave it, final
+// once it has stopped.
+func (m *Machine) Usage() (vmm.Usage, error) {
+	u := vmm.Usage{CPU: time.Duration(m.cpu.Load())}
+	if m.Stopped() {
+		u.Final = true
+	} else {
+		u.RSSBytes = m.rss.Load()
+	}
+	return u, nil
 }
 
 // Record implements vmm.Machine.Record.

@@ -201,6 +201,13 @@ func testLifecycle(t *testing.T, d vmm.Driver, spec vmm.Spec) {
 	if info.Version != agentproto.Version {
 		t.Errorf("agent reports protocol version %d, want %d", info.Version, agentproto.Version)
 	}
+	running, err := m.Usage()
+	if err != nil {
+		t.Fatalf("Usage of a running VM: %v", err)
+	}
+	if running.Final || running.CPU <= 0 {
+		t.Errorf("Usage of a VM that booted = %+v, want CPU > 0 and not final", running)
+	}
 
 	rec := m.Record()
 	if len(rec) == 0 {
@@ -229,6 +236,17 @@ func testLifecycle(t *testing.T, d vmm.Driver, spec vmm.Spec) {
 	stop(t, m)
 	waitClosed(t, m.Done(), "Done after Stop")
 	waitClosed(t, m2.Done(), "Done of the attached Machine after Stop")
+	for _, mm := range []vmm.Machine{m, m2} {
+		final, err := mm.Usage()
+		if err != nil {
+			t.Errorf("Usage after Stop: %v", err)
+		}
+		// The final count is read after the VMM exited, so it holds
+		// everything it used: never less than a reading taken before.
+		if !final.Final || final.CPU < running.CPU || final.RSSBytes != 0 {
+			t.Errorf("Usage after Stop = %+v, want final, CPU >= %v, no RSS", final, running.CPU)
+		}
+	}
 	if err := m.Stop(ctx); err != nil {
 		t.Errorf("second Stop: %v", err)
 	}
