@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -542,5 +543,28 @@ func (a *Agent) info() *agentproto.Info {
 		info.UptimeMs = si.Uptime * 1000
 		info.MemTotalKiB = int64(si.Totalram) * int64(si.Unit) / 1024
 	}
+	if b, err := os.ReadFile("/proc/stat"); err == nil {
+		info.CPUBusyMs = cpuBusyMs(b)
+	}
 	return info
+}
+
+// cpuBusyMs reads the busy time from the "cpu" line of /proc/stat, in
+// USER_HZ ticks of 10 ms: user, nice, system, irq and softirq (guest time
+// is already inside user and nice), leaving out idle, iowait and steal.
+func cpuBusyMs(stat []byte) int64 {
+	line, _, _ := strings.Cut(string(stat), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0
+	}
+	var busy int64
+	for _, i := range []int{1, 2, 3, 6, 7} {
+		v, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil || v < 0 {
+			return 0
+		}
+		busy += v
+	}
+	return busy * 10
 }

@@ -160,3 +160,15 @@ func TestChmodAsUser(t *testing.T) {
 		t.Errorf("as root: %+v %+v", rep.Entry, rep.Error)
 	}
 }
+
+func TestCPUBusyMs(t *testing.T) {
+	stat := "cpu  100 5 50 9000 7 3 2 11 0 0\ncpu0 50 2 25 4500 3 1 1 5 0 0\n"
+	if got := cpuBusyMs([]byte(stat)); got != (100+5+50+3+2)*10 {
+		t.Errorf("busy %d ms", got)
+	}
+	for _, bad := range []string{"", "cpu 1 2\n", "cpu0 1 2 3 4 5 6 7 8\n", "cpu -1 0 0 0 0 0 0 0\n"} {
+		if got := cpuBusyMs([]byte(bad)); got != 0 {
+			t.Errorf("%q: busy %d, want 0", bad, got)
+		}
+	}
+}

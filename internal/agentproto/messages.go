@@ -136,6 +136,10 @@ type Info struct {
 	UptimeMs      int64     `json:"uptimeMs"`
 	CPUs          int       `json:"cpus"`
 	MemTotalKiB   int64     `json:"memTotalKiB"`
+	// CPUBusyMs is the CPU time the guest kernel has counted as busy
+	// since it booted, every CPU together: all but idle and iowait.
+	// The host shows it beside its own meter and never bills it.
+	CPUBusyMs int64 `json:"cpuBusyMs,omitempty"`
 }
 
 // ConfigureRequest sets sandbox-wide settings. The env is kept only in the

@@ -292,6 +292,53 @@ CREATE INDEX snapshots_owner_created ON snapshots (owner_key_id, created_at DESC
 CREATE INDEX snapshots_expiring ON snapshots (expires_at) WHERE state <> 'deleted';
 CREATE INDEX snapshots_files ON snapshots (deleted_at) WHERE state = 'deleted' AND files_removed_at IS NULL;
 `,
+	// 8: metering (usage.go). Times are unix milliseconds, hours unix
+	// seconds of the hour's start, so that ranges and sums stay in SQL.
+	`
+CREATE TABLE meters (             -- the open metering interval of each sandbox whose VM runs
+	sandbox_id     TEXT PRIMARY KEY,
+	vm             TEXT NOT NULL,    -- the VM the cumulative counters belong to
+	at_ms          INTEGER NOT NULL, -- when they were read
+	cpu_ns         INTEGER NOT NULL,
+	guest_cpu_ns   INTEGER NOT NULL,
+	egress_bytes   INTEGER NOT NULL,
+	ingress_bytes  INTEGER NOT NULL
+) STRICT;
+CREATE TABLE usage (              -- settled usage of one resource in one clock hour
+	resource_id     TEXT NOT NULL,
+	kind            TEXT NOT NULL,   -- sandbox | snapshot
+	owner_key_id    TEXT NOT NULL,
+	hour            INTEGER NOT NULL,
+	running_ms      INTEGER NOT NULL DEFAULT 0,
+	vcpu_ms         INTEGER NOT NULL DEFAULT 0,
+	memory_mib_ms   INTEGER NOT NULL DEFAULT 0,
+	cpu_ns          INTEGER NOT NULL DEFAULT 0,
+	guest_cpu_ns    INTEGER NOT NULL DEFAULT 0,
+	egress_bytes    INTEGER NOT NULL DEFAULT 0,
+	ingress_bytes   INTEGER NOT NULL DEFAULT 0,
+	rss_max_bytes   INTEGER NOT NULL DEFAULT 0,
+	runs            INTEGER NOT NULL DEFAULT 0,
+	storage_byte_ms INTEGER NOT NULL DEFAULT 0,
+	settled_ms      INTEGER NOT NULL, -- when it last changed
+	PRIMARY KEY (resource_id, hour)
+) STRICT;
+CREATE INDEX usage_owner_hour ON usage (owner_key_id, hour);
+CREATE INDEX usage_hour ON usage (hour, resource_id);
+CREATE TABLE meter_points (       -- each settled interval of a sandbox, for its metrics
+	sandbox_id   TEXT NOT NULL,
+	at_ms        INTEGER NOT NULL,  -- the interval's end
+	span_ms      INTEGER NOT NULL,
+	cpu_ns       INTEGER NOT NULL,
+	guest_cpu_ns INTEGER NOT NULL,
+	rss_bytes    INTEGER NOT NULL,
+	PRIMARY KEY (sandbox_id, at_ms)
+) STRICT;
+CREATE INDEX meter_points_at ON meter_points (at_ms);
+CREATE TABLE storage_meters (     -- until when each kept disk or snapshot has been charged
+	resource_id TEXT PRIMARY KEY,
+	at_ms       INTEGER NOT NULL
+) STRICT;
+`,
 }
 
 // migrate applies the pending migrations, each in its own transaction
