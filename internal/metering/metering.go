@@ -165,3 +165,15 @@ type Point struct {
 	GuestCPUNs int64
 	RSSBytes   int64
 }
+
+// Query selects usage rows. Zero fields do not filter.
+type Query struct {
+	Owner       string   // the owning key
+	ResourceIDs []string // these resources only
+	From, To    time.Time
+	// AfterHour and AfterID continue a listing ordered by (hour,
+	// resource id) after that row.
+	AfterHour time.Time
+	AfterID   string
+	Limit     int // 0: all
+}

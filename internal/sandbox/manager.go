@@ -79,6 +79,11 @@ type Config struct {
 	// Templates turns on fast creates from per-shape templates
 	// (templates.go).
 	Templates bool
+	// Meter keeps usage (meter.go); store.Store implements it.
+	Meter MeterStore
+	// MeterInterval is how often running sandboxes are read; 0 means
+	// DefaultMeterInterval.
+	MeterInterval time.Duration
 	// StoppedDiskRetention is how long a stopped sandbox keeps its disk
 	// (RunDiskRetention); 0 means DefaultStoppedDiskRetention, < 0 forever.
 	StoppedDiskRetention time.Duration
@@ -148,6 +153,10 @@ type instance struct {
 
 	active atomic.Int64 // unix nanoseconds (of m.now) of the last API call to it, for idle pause
 
+	// guestCPU is the guest's busy time as it last reported it (ns);
+	// egressOut and egressIn the gate's totals once it is closed.
+	guestCPU, egressOut, egressIn atomic.Int64
+
 	// saving is held while the guest is detached for a memory snapshot:
 	// the watcher reconnects only once the snapshot is taken, so that the
 	// saved agent waits for a Hello (detach.go).
@@ -180,6 +189,13 @@ func New(cfg Config) *Manager {
 	}
 	if cfg.Admission == nil {
 		cfg.Admission = admission.New(admission.Config{})
+	}
+	if cfg.Meter == nil {
+		if ms, ok := cfg.Store.(MeterStore); ok {
+			cfg.Meter = ms
+		} else {
+			panic("sandbox.New: Config.Meter is required when the Store does not meter")
+		}
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -574,6 +590,9 @@ func (m *Manager) watch(in *instance) {
 	in.mu.Lock()
 	mach, c := in.machine, in.client
 	in.mu.Unlock()
+	if sb, err := m.cfg.Store.GetSandbox(in.ctx, in.id); err == nil && sb.State == StateRunning {
+		m.meterBegin(in, mach, sb)
+	}
 	var failures int    // attempts in a row that failed or did not last
 	var since time.Time // when the session in c began (zero: at boot)
 	for {
@@ -610,6 +629,7 @@ func (m *Manager) watch(in *instance) {
 			if in.ctx.Err() != nil {
 				return // ended by a stop, delete or pause, which records it
 			}
+			m.meterSettle(in, mach, true)
 			m.finish(in, ReasonVMExited)
 			return
 		case <-cdone:
@@ -813,6 +833,7 @@ func (m *Manager) endVM(id string) {
 			m.log.Error("stopping vm", "sandbox_id", id, "err", err)
 		}
 		cancel()
+		m.meterSettle(in, mach, true)
 	}
 	m.mu.Lock()
 	if m.live[id] == in {

@@ -107,7 +107,10 @@ func (m *Manager) closeGate(in *instance) {
 		return
 	}
 	g.Close()
-	if c := g.Counters(); c.BytesIn+c.BytesOut+c.Refused > 0 {
+	c := g.Counters()
+	in.egressOut.Store(c.BytesOut)
+	in.egressIn.Store(c.BytesIn)
+	if c.BytesIn+c.BytesOut+c.Refused > 0 {
 		m.event(in.id, "egress_totals", "egress totals of this run", map[string]any{
 			"bytesIn": c.BytesIn, "bytesOut": c.BytesOut, "refused": c.Refused, "dials": c.Dials})
 	}

@@ -129,6 +129,7 @@ func (m *Manager) finishPause(id, why string) {
 	if in != nil {
 		in.cancel() // the watcher lets go; the guest connection goes with the VMM
 		<-in.bootDone
+		m.refreshGuestCPU(in)
 		m.detach(context.Background(), in)
 		in.mu.Lock()
 		mach = in.machine
@@ -152,6 +153,7 @@ func (m *Manager) finishPause(id, why string) {
 	}
 	faultpoint.Hit("pause.saved")
 	if in != nil {
+		m.meterSettle(in, mach, true)
 		m.forget(in)
 	}
 	if err != nil && !m.cfg.Driver.Saved(m.vmSpec(sb)) {

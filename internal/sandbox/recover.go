@@ -70,6 +70,11 @@ func (m *Manager) recoverOne(ctx context.Context, sb *Sandbox) {
 			return
 		}
 		log.Info("sandbox's vm is gone; marking it stopped")
+		// Its counters went with it: what it used since the last settle
+		// is lost, and nothing more is charged.
+		if err := m.cfg.Meter.DropMeter(ctx, sb.ID); err != nil {
+			log.Warn("dropping the meter of a lost vm", "err", err)
+		}
 		m.markStopped(sb.ID, ReasonLostOnRestart)
 		return
 	}

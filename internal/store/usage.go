@@ -62,7 +62,16 @@ func (s *Store) SettleMeter(ctx context.Context, id, owner string, shape meterin
 	}
 	c.At = time.UnixMilli(at)
 	if !r.At.After(c.At) {
-		r.At = c.At // a clock that went back charges no time
+		// Read before the interval's last settle (a sample racing the
+		// final one): nothing to add, and the newer cursor stays.
+		if final {
+			_, err = tx.ExecContext(ctx, `DELETE FROM meters WHERE sandbox_id = ?`, id)
+			if err == nil {
+				err = tx.Commit()
+			}
+			return false, err
+		}
+		return false, nil
 	}
 	buckets := metering.Delta(c, r, shape)
 	for _, b := range buckets {
@@ -184,20 +193,8 @@ func (s *Store) addUsage(ctx context.Context, tx *sql.Tx, id, kind, owner string
 	return err
 }
 
-// UsageQuery selects usage rows. Zero fields do not filter.
-type UsageQuery struct {
-	Owner       string   // the owning key
-	ResourceIDs []string // these resources only
-	From, To    time.Time
-	// After continues a listing ordered by (hour, resource id) after the
-	// row of AfterHour and AfterID.
-	AfterHour time.Time
-	AfterID   string
-	Limit     int // 0: all
-}
-
 // UsageRows lists usage rows, oldest hour first.
-func (s *Store) UsageRows(ctx context.Context, q UsageQuery) ([]metering.Row, error) {
+func (s *Store) UsageRows(ctx context.Context, q metering.Query) ([]metering.Row, error) {
 	var where []string
 	var args []any
 	if q.Owner != "" {

@@ -8,7 +8,7 @@ import (
 	"github.com/emberbox/emberbox/internal/metering"
 )
 
-func sumUsage(t *testing.T, s *Store, q UsageQuery) metering.Bucket {
+func sumUsage(t *testing.T, s *Store, q metering.Query) metering.Bucket {
 	t.Helper()
 	rows, err := s.UsageRows(context.Background(), q)
 	if err != nil {
@@ -64,11 +64,11 @@ func TestMeterNeverCountsTwice(t *testing.T) {
 	if ok, _ := s.SettleMeter(ctx, "sbx_a", "key_a", shape, at(40, 9e9), true); ok {
 		t.Error("a second final settle charged something")
 	}
-	got := sumUsage(t, s, UsageQuery{Owner: "key_a"})
+	got := sumUsage(t, s, metering.Query{Owner: "key_a"})
 	if got.RunningMs != 31000 || got.CPUNs != 3.25e9 || got.Runs != 1 || got.MemoryMiBMs != 1024*31000 || got.EgressBytes != 31 {
 		t.Errorf("usage %+v; want 31 s running, 3.25 s cpu, one run", got)
 	}
-	if other := sumUsage(t, s, UsageQuery{Owner: "key_b"}); other != (metering.Bucket{}) {
+	if other := sumUsage(t, s, metering.Query{Owner: "key_b"}); other != (metering.Bucket{}) {
 		t.Errorf("another key sees %+v", other)
 	}
 	// A new VM of the same sandbox (a restart) is a new run.
@@ -79,7 +79,7 @@ func TestMeterNeverCountsTwice(t *testing.T) {
 	if ok, _ := s.SettleMeter(ctx, "sbx_a", "key_a", shape, at(70, 1e10), false); ok {
 		t.Error("a reading of the old VM settled the new VM's interval")
 	}
-	if got := sumUsage(t, s, UsageQuery{}); got.Runs != 2 {
+	if got := sumUsage(t, s, metering.Query{}); got.Runs != 2 {
 		t.Errorf("runs %d, want 2", got.Runs)
 	}
 	pts, err := s.MeterPoints(ctx, "sbx_a", t0, t0.Add(time.Hour))
@@ -100,11 +100,11 @@ func TestAccrueStorage(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	got := sumUsage(t, s, UsageQuery{ResourceIDs: []string{"snap_1"}})
+	got := sumUsage(t, s, metering.Query{ResourceIDs: []string{"snap_1"}})
 	if want := int64(1<<20) * int64(40*time.Minute/time.Millisecond); got.StorageByteMs != want {
 		t.Errorf("storage %d byte-ms, want %d", got.StorageByteMs, want)
 	}
-	rows, _ := s.UsageRows(ctx, UsageQuery{})
+	rows, _ := s.UsageRows(ctx, metering.Query{})
 	if len(rows) != 2 || rows[0].Kind != metering.KindSnapshot {
 		t.Errorf("rows %+v; want two hours of a snapshot", rows)
 	}

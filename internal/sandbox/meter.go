@@ -1,0 +1,253 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"io/fs"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/emberbox/emberbox/internal/metering"
+	"github.com/emberbox/emberbox/internal/vmm"
+)
+
+// Metering (docs/ARCHITECTURE.md "Metering"). A sandbox is charged from
+// the moment its guest is ready (or woken) until its VM has ended or been
+// paused: boot and restore are free. Its VMM's CPU comes from the host
+// kernel's accounting (vmm.Machine.Usage), so the guest cannot change it.
+// The store keeps, per sandbox, the counters the last settle ended at
+// (its open interval), and every settle moves them in the same transaction
+// as it adds the usage: a crash or restart neither loses an interval whose
+// counters still exist nor counts one twice.
+
+// DefaultMeterInterval is how often running sandboxes are read when the
+// configuration names no interval.
+const DefaultMeterInterval = 15 * time.Second
+
+// meterPointsKept is how long each settled interval is kept for a
+// sandbox's metrics; the hourly usage rows are kept for good.
+const meterPointsKept = 24 * time.Hour
+
+// MeterStore is what metering needs from durable storage.
+type MeterStore interface {
+	BeginMeter(ctx context.Context, id, owner string, r metering.Reading) error
+	SettleMeter(ctx context.Context, id, owner string, shape metering.Shape, r metering.Reading, final bool) (bool, error)
+	DropMeter(ctx context.Context, id string) error
+	OldestOpenMeter(ctx context.Context) (time.Time, bool, error)
+	AccrueStorage(ctx context.Context, id, kind, owner string, bytes int64, since, now time.Time) error
+	UsageRows(ctx context.Context, q metering.Query) ([]metering.Row, error)
+	MeterPoints(ctx context.Context, id string, from, to time.Time) ([]metering.Point, error)
+	PruneMeterPoints(ctx context.Context, before time.Time) (int64, error)
+}
+
+// vmKey names the VM process of mach: the CPU count of one VM only
+// continues that VM's.
+func vmKey(mach vmm.Machine) string {
+	h := sha256.Sum256(mach.Record())
+	return hex.EncodeToString(h[:8])
+}
+
+// reading reads in's counters now: the VMM's from the host, the guest's
+// busy time as last reported, the egress gate's totals.
+func (m *Manager) reading(in *instance, mach vmm.Machine) (metering.Reading, bool, error) {
+	u, err := mach.Usage()
+	if err != nil {
+		return metering.Reading{}, false, err
+	}
+	r := metering.Reading{At: m.now(), VM: vmKey(mach), CPUNs: int64(u.CPU), RSSBytes: u.RSSBytes,
+		GuestCPUNs: in.guestCPU.Load()}
+	r.EgressBytes, r.IngressBytes = in.traffic()
+	return r, u.Final, nil
+}
+
+// traffic is what the sandbox's egress gate has carried in this run: the
+// gate's counters while it is open, the totals it closed with after.
+func (in *instance) traffic() (out, in_ int64) {
+	in.mu.Lock()
+	g := in.gate
+	in.mu.Unlock()
+	if g != nil {
+		c := g.Counters()
+		return c.BytesOut, c.BytesIn
+	}
+	return in.egressOut.Load(), in.egressIn.Load()
+}
+
+// meterBegin opens the sandbox's metering interval at its VM's counters
+// now; a reattached server keeps the interval the VM already has.
+func (m *Manager) meterBegin(in *instance, mach vmm.Machine, sb *Sandbox) {
+	m.refreshGuestCPU(in)
+	r, _, err := m.reading(in, mach)
+	if err == nil {
+		err = m.cfg.Meter.BeginMeter(context.Background(), in.id, sb.OwnerKeyID, r)
+	}
+	if err != nil {
+		m.log.Error("opening the meter", "sandbox_id", in.id, "err", err)
+	}
+}
+
+// meterSettle charges the sandbox's usage up to its VM's counters now;
+// with final (its VM has ended or been paused) it closes the interval.
+func (m *Manager) meterSettle(in *instance, mach vmm.Machine, final bool) {
+	if mach == nil {
+		return
+	}
+	sb, err := m.cfg.Store.GetSandbox(context.Background(), in.id)
+	if err != nil {
+		m.log.Error("settling the meter", "sandbox_id", in.id, "err", err)
+		return
+	}
+	r, ended, err := m.reading(in, mach)
+	if err == nil {
+		_, err = m.cfg.Meter.SettleMeter(context.Background(), in.id, sb.OwnerKeyID,
+			metering.Shape{VCPU: sb.VCPU, MemoryMiB: sb.MemoryMiB}, r, final || ended)
+	}
+	if err != nil {
+		m.log.Error("settling the meter", "sandbox_id", in.id, "final", final, "err", err)
+	}
+}
+
+// refreshGuestCPU asks the guest for its busy time. It is the guest's own
+// claim: never negative, never charged.
+func (m *Manager) refreshGuestCPU(in *instance) {
+	c := in.guest()
+	if c == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(m.ctx, 2*time.Second)
+	defer cancel()
+	if info, err := c.Info(ctx); err == nil && info.CPUBusyMs > 0 && info.CPUBusyMs < 1<<40 {
+		in.guestCPU.Store(info.CPUBusyMs * int64(time.Millisecond))
+	}
+}
+
+// RunMeter reads every running sandbox each interval until ctx ends, and
+// charges the kept disks of paused and stopped sandboxes.
+func (m *Manager) RunMeter(ctx context.Context) {
+	t := time.NewTicker(m.meterInterval())
+	defer t.Stop()
+	prune := time.NewTicker(time.Hour)
+	defer prune.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-prune.C:
+			if _, err := m.cfg.Meter.PruneMeterPoints(ctx, m.now().Add(-meterPointsKept)); err != nil {
+				m.log.Warn("pruning metrics", "err", err)
+			}
+		case <-t.C:
+			m.MeterNow(ctx)
+		}
+	}
+}
+
+func (m *Manager) meterInterval() time.Duration {
+	if m.cfg.MeterInterval > 0 {
+		return m.cfg.MeterInterval
+	}
+	return DefaultMeterInterval
+}
+
+// MeterNow settles every running sandbox's usage so far and charges kept
+// disks up to now.
+func (m *Manager) MeterNow(ctx context.Context) {
+	m.mu.Lock()
+	live := make([]*instance, 0, len(m.live))
+	for _, in := range m.live {
+		live = append(live, in)
+	}
+	m.mu.Unlock()
+	for _, in := range live {
+		in.mu.Lock()
+		mach := in.machine
+		in.mu.Unlock()
+		if mach == nil || in.ctx.Err() != nil {
+			continue // booting, or being stopped or paused: that path settles
+		}
+		m.refreshGuestCPU(in)
+		m.meterSettle(in, mach, false)
+	}
+	m.meterStorage(ctx)
+}
+
+// meterStorage charges the disks paused and stopped sandboxes keep, and
+// the snapshots', from when they were kept until now.
+func (m *Manager) meterStorage(ctx context.Context) {
+	now := m.now()
+	opts := ListOptions{AllOwners: true, States: []State{StatePaused, StateStopped}, IncludeStopped: true, Limit: 100}
+	for {
+		page, next, err := m.cfg.Store.ListSandboxes(ctx, opts)
+		if err != nil {
+			m.log.Warn("listing kept disks", "err", err)
+			return
+		}
+		for _, sb := range page {
+			since := sb.EndedAt
+			if sb.State == StatePaused {
+				since = sb.PausedAt
+			}
+			if since == nil || sb.DiskRemovedAt != nil {
+				continue
+			}
+			if err := m.cfg.Meter.AccrueStorage(ctx, sb.ID, metering.KindSandbox, sb.OwnerKeyID, allocated(m.dir(sb.ID)), *since, now); err != nil {
+				m.log.Warn("charging a kept disk", "sandbox_id", sb.ID, "err", err)
+			}
+		}
+		if next == "" {
+			break
+		}
+		opts.Cursor = next
+	}
+	snaps, err := m.liveSnapshots(ctx)
+	if err != nil {
+		m.log.Warn("listing snapshots", "err", err)
+		return
+	}
+	for _, sn := range snaps {
+		if err := m.cfg.Meter.AccrueStorage(ctx, sn.ID, metering.KindSnapshot, sn.OwnerKeyID, sn.SizeBytes, sn.CreatedAt, now); err != nil {
+			m.log.Warn("charging a snapshot", "snapshot_id", sn.ID, "err", err)
+		}
+	}
+}
+
+// allocated is the disk space the files under dir take on the host: what
+// a kept disk really costs, holes excluded.
+func allocated(dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return nil
+		}
+		if fi, err := d.Info(); err == nil {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				n += st.Blocks * 512
+			}
+		}
+		return nil
+	})
+	return n
+}
+
+// liveSnapshots lists every snapshot that keeps files: the ready ones.
+func (m *Manager) liveSnapshots(ctx context.Context) ([]*Snapshot, error) {
+	ss, err := m.snapshots()
+	if err != nil {
+		return nil, nil // a store without snapshots keeps none
+	}
+	var out []*Snapshot
+	opts := SnapshotListOptions{State: SnapshotReady, Limit: 100}
+	for {
+		page, next, err := ss.ListSnapshots(ctx, opts)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, page...)
+		if next == "" {
+			return out, nil
+		}
+		opts.Cursor = next
+	}
+}

@@ -1,0 +1,141 @@
+package sandbox_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/emberbox/emberbox/internal/metering"
+	"github.com/emberbox/emberbox/internal/sandbox"
+	"github.com/emberbox/emberbox/internal/vmm/vmmtest"
+)
+
+// waitMeter waits until sandbox id's metering interval is open (its
+// watcher opens it once it runs) and returns that interval's start.
+func waitMeter(t *testing.T, e *env, id string) *metering.Reading {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		r, err := e.st.OpenMeter(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r != nil {
+			return r
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the meter of %s never opened", id)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func usageOf(t *testing.T, e *env, q metering.Query) metering.Bucket {
+	t.Helper()
+	rows, err := e.st.UsageRows(context.Background(), q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b metering.Bucket
+	for _, r := range rows {
+		b.RunningMs += r.RunningMs
+		b.CPUNs += r.CPUNs
+		b.MemoryMiBMs += r.MemoryMiBMs
+		b.Runs += r.Runs
+		b.StorageByteMs += r.StorageByteMs
+	}
+	return b
+}
+
+// TestMeterStopBetweenSamples: usage read at a sample and at a stop that
+// comes between samples adds up exactly, with boot CPU left out, and the
+// pause and wake that follow a run count as a second run.
+func TestMeterStopBetweenSamples(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	m := e.manager()
+	sb, err := m.Create(ctx, "k", spec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, m, "k", sb.ID, sandbox.StateRunning)
+	if start := waitMeter(t, e, sb.ID); start.CPUNs != int64(vmmtest.BootCPU) {
+		t.Errorf("interval opens at %v of CPU, want the boot's %v (not charged)", time.Duration(start.CPUNs), vmmtest.BootCPU)
+	}
+	mach := e.drv.Machine(sb.ID)
+	mach.AddCPU(3 * time.Second)
+	e.clock.Advance(10 * time.Second)
+	m.MeterNow(ctx)
+
+	mach.AddCPU(2 * time.Second)
+	e.clock.Advance(5 * time.Second)
+	if _, err := m.Pause(ctx, "k", sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, m, "k", sb.ID, sandbox.StatePaused)
+	got := usageOf(t, e, metering.Query{Owner: "k"})
+	if got.RunningMs != 15000 || got.CPUNs != int64(5*time.Second) || got.Runs != 1 || got.MemoryMiBMs != 4096*15000 {
+		t.Errorf("after pause: %+v; want 15 s running, 5 s of CPU, one run", got)
+	}
+	// Paused, it is charged for no time, only for its kept disk.
+	e.clock.Advance(time.Hour)
+	m.MeterNow(ctx)
+	if after := usageOf(t, e, metering.Query{Owner: "k"}); after.RunningMs != 15000 {
+		t.Errorf("a paused sandbox ran %d ms", after.RunningMs)
+	}
+
+	if _, err := m.Wake(ctx, "k", sb.ID, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, m, "k", sb.ID, sandbox.StateRunning)
+	waitMeter(t, e, sb.ID)
+	e.drv.Machine(sb.ID).AddCPU(time.Second)
+	e.clock.Advance(4 * time.Second)
+	if _, err := m.Stop(ctx, "k", sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, m, "k", sb.ID, sandbox.StateStopped)
+	got = usageOf(t, e, metering.Query{Owner: "k"})
+	if got.RunningMs != 19000 || got.CPUNs != int64(6*time.Second) || got.Runs != 2 {
+		t.Errorf("after wake and stop: %+v; want 19 s running, 6 s of CPU, two runs", got)
+	}
+	if r, _ := e.st.OpenMeter(ctx, sb.ID); r != nil {
+		t.Errorf("a stopped sandbox's interval is still open: %+v", r)
+	}
+	if other := usageOf(t, e, metering.Query{Owner: "other"}); other != (metering.Bucket{}) {
+		t.Errorf("another key sees %+v", other)
+	}
+}
+
+// TestMeterRestartCountsNothingTwice: a server that goes away and a new
+// one that reattaches the running VM charge each CPU-second once.
+func TestMeterRestartCountsNothingTwice(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	m1 := e.manager()
+	sb, _ := m1.Create(ctx, "k", spec())
+	waitState(t, m1, "k", sb.ID, sandbox.StateRunning)
+	waitMeter(t, e, sb.ID)
+	mach := e.drv.Machine(sb.ID)
+	mach.AddCPU(time.Second)
+	e.clock.Advance(10 * time.Second)
+	m1.MeterNow(ctx)
+	mach.AddCPU(500 * time.Millisecond) // used while no server watched
+	e.clock.Advance(3 * time.Second)
+	m1.Close()
+
+	m2 := e.manager()
+	if err := m2.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, m2, "k", sb.ID, sandbox.StateRunning)
+	waitMeter(t, e, sb.ID)
+	mach.AddCPU(2 * time.Second)
+	e.clock.Advance(7 * time.Second)
+	m2.MeterNow(ctx)
+	m2.MeterNow(ctx) // a second reading at the same instant adds nothing
+	got := usageOf(t, e, metering.Query{Owner: "k"})
+	if got.RunningMs != 20000 || got.CPUNs != int64(3500*time.Millisecond) || got.Runs != 1 {
+		t.Errorf("usage %+v; want 20 s running, 3.5 s of CPU, one run", got)
+	}
+}
