@@ -110,6 +110,12 @@ type Config struct {
 	// RateLimits bound each caller's request rate; the zero value sets
 	// no limit.
 	RateLimits RateLimits
+	// ObserveRequest, if set, is told of every answered request: route is
+	// the route table's "METHOD /path" (a HEAD served by a GET route is
+	// the GET route), or "unmatched" for a request no route served; status
+	// is the HTTP status sent. It runs on the request's goroutine after
+	// the answer, so it must be quick.
+	ObserveRequest func(route string, status int, d time.Duration)
 }
 
 // Limits of the waits a request may ask for.
@@ -131,6 +137,7 @@ type server struct {
 	confine func() any
 	uploads *Uploads // nil: chunked uploads refused
 	limits  *rateLimiter
+	observe func(route string, status int, d time.Duration) // nil: none
 
 	routes  []route
 	mux     *http.ServeMux
@@ -155,7 +162,7 @@ func newServer(cfg Config) *server {
 		mgr: cfg.Manager, keys: cfg.Keys, idem: cfg.Idempotency, log: cfg.Logger,
 		version: cfg.Version, accel: cfg.Accel, confine: cfg.Confinement, events: cfg.Events,
 		idemPoll: idemPollInterval, idemPollMax: idemPollMax, now: time.Now,
-		limits: newRateLimiter(cfg.RateLimits),
+		limits: newRateLimiter(cfg.RateLimits), observe: cfg.ObserveRequest,
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -173,12 +180,33 @@ func newServer(cfg Config) *server {
 
 type ctxKey int
 
-const requestIDKey ctxKey = 0
+const reqInfoKey ctxKey = 0
+
+// reqInfo is what ServeHTTP keeps about a request in its context.
+type reqInfo struct {
+	id string
+	// route is the table route that served the request, set by its group:
+	// ServeHTTP sees only the outer request, and the mux pattern alone
+	// would not tell the colon verbs of one path apart.
+	route string
+}
 
 func requestID(ctx context.Context) string {
-	id, _ := ctx.Value(requestIDKey).(string)
-	return id
+	if ri, ok := ctx.Value(reqInfoKey).(*reqInfo); ok {
+		return ri.id
+	}
+	return ""
 }
+
+// setRoute records rt as the route serving r, for ObserveRequest.
+func setRoute(r *http.Request, rt *route) {
+	if ri, ok := r.Context().Value(reqInfoKey).(*reqInfo); ok {
+		ri.route = rt.Method + " " + rt.Path
+	}
+}
+
+// unmatchedRoute is the route label of a request no route served.
+const unmatchedRoute = "unmatched"
 
 func newRequestID() string {
 	var b [12]byte
@@ -187,12 +215,13 @@ func newRequestID() string {
 }
 
 // ServeHTTP implements http.Handler: it names the request, recovers panics
-// into 500 answers and logs every request.
+// into 500 answers, logs every request and reports it to ObserveRequest.
 func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rid := newRequestID() // never the caller's: ours are unique and safe to log
 	w.Header().Set("x-request-id", rid)
-	r = r.WithContext(context.WithValue(r.Context(), requestIDKey, rid))
+	ri := &reqInfo{id: rid}
+	r = r.WithContext(context.WithValue(r.Context(), reqInfoKey, ri))
 	sw := &statusWriter{ResponseWriter: w}
 	defer func() {
 		if p := recover(); p != nil {
@@ -207,10 +236,21 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				s.writeError(sw, r, newError(http.StatusInternalServerError, "internal", "Internal error."))
 			}
 		}
+		d := time.Since(start)
 		s.log.LogAttrs(r.Context(), slog.LevelDebug, "request",
 			slog.String("request_id", rid), slog.String("method", r.Method),
 			slog.String("path", r.URL.Path), slog.Int("status", sw.status),
-			slog.Duration("duration", time.Since(start)))
+			slog.Duration("duration", d))
+		if s.observe != nil {
+			route, status := ri.route, sw.status
+			if route == "" {
+				route = unmatchedRoute
+			}
+			if !sw.wrote {
+				status = http.StatusOK // what net/http sends for a handler that wrote nothing
+			}
+			s.observe(route, status, d)
+		}
 	}()
 	s.mux.ServeHTTP(sw, r)
 }

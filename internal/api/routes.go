@@ -242,5 +242,6 @@ func (g *group) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			r.Method+" is not allowed here.").withHint("Use "+strings.Join(allow, " or ")+"."))
 		return
 	}
+	setRoute(r, rt)
 	g.s.serveRoute(w, r, rt)
 }
