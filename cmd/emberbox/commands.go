@@ -25,7 +25,7 @@ func newRootCommand() *cobra.Command {
 		SilenceErrors: true,
 		Version:       version,
 	}
-	root.AddCommand(newServeCommand(), newKeysCommand(), newImageCommand(), newDoctorCommand())
+	root.AddCommand(newServeCommand(), newKeysCommand(), newImageCommand(), newDoctorCommand(), newCostCommand())
 	return root
 }
 
