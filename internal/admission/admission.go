@@ -352,6 +352,9 @@ func (l *Ledger) dropLocked(c *Claim) {
 	}
 }
 
+// Quota is what one key may hold at once.
+func (l *Ledger) Quota() Quota { return l.cfg.Quota }
+
 // Total returns what is held in all.
 func (l *Ledger) Total() Usage {
 	l.mu.Lock()

@@ -43,6 +43,7 @@ type fakeManager struct {
 	lastUpdate sandbox.UpdateSpec
 	lastFork   sandbox.ForkSpec
 	snaps      map[string]*sandbox.Snapshot
+	usage      fakeUsage // fake_usage_test.go
 }
 
 type waitCall struct {

@@ -4,6 +4,9 @@ import (
 	"context"
 	"time"
 
+	"github.com/emberbox/emberbox/internal/admission"
+	"github.com/emberbox/emberbox/internal/metering"
+	"github.com/emberbox/emberbox/internal/pricing"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -56,6 +59,20 @@ type Manager interface {
 	DeleteSnapshot(ctx context.Context, owner, id string) error
 	// ExtendSnapshot keeps a snapshot days from now.
 	ExtendSnapshot(ctx context.Context, owner, id string, days int) (*sandbox.Snapshot, error)
+
+	// Rates are the prices usage is charged at.
+	Rates() pricing.Rates
+	// AttachUsage sets each sandbox's Usage: what was metered for it, priced.
+	AttachUsage(ctx context.Context, sbs ...*sandbox.Sandbox) error
+	// UsageRows lists owner's hourly usage rows that q selects (owner ""
+	// is every key's, for an admin).
+	UsageRows(ctx context.Context, owner string, q metering.Query) ([]metering.Row, error)
+	// SettledThrough is the time before which no usage row changes any more.
+	SettledThrough(ctx context.Context) (time.Time, error)
+	// Metrics returns owner's sandbox and its metered intervals ending in [from, to).
+	Metrics(ctx context.Context, owner, id string, from, to time.Time) (*sandbox.Sandbox, []metering.Point, error)
+	// KeyLimits returns what one key may hold at once and what it holds.
+	KeyLimits(owner string) (admission.Quota, admission.Usage)
 
 	// Guest returns a running sandbox of owner's and its guest agent, or
 	// the coded refusal of the sandbox's state (sandbox.Refusal). Every call

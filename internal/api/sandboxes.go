@@ -70,6 +70,10 @@ type sandboxJSON struct {
 	Driver         *string           `json:"driver"`
 	Reused         bool              `json:"reused,omitempty"`     // getOrCreate found it
 	OwnerKeyID     string            `json:"ownerKeyId,omitempty"` // in an admin's listing of other keys' sandboxes
+	// ChargedMicros and Usage: what it has used and cost so far, in a
+	// read or a listing (not in the answers of changes).
+	ChargedMicros *string    `json:"chargedMicros,omitempty"`
+	Usage         *usageJSON `json:"usage,omitempty"`
 }
 
 func (s *server) sandboxJSON(sb *sandbox.Sandbox) sandboxJSON {
@@ -85,6 +89,12 @@ func (s *server) sandboxJSON(sb *sandbox.Sandbox) sandboxJSON {
 	if accel == "" && s.accel != nil {
 		accel = s.accel()
 	}
+	var charged *string
+	var usage *usageJSON
+	if sb.Usage != nil {
+		u := toUsageJSON(sb.Usage)
+		charged, usage = &u.ChargedMicros, &u
+	}
 	return sandboxJSON{
 		ID: sb.ID, Kind: "sandbox", Name: optString(sb.Name), Labels: labels,
 		Status: sb.State.Status(), State: string(sb.State.Wire()), Region: "local",
@@ -96,6 +106,7 @@ func (s *server) sandboxJSON(sb *sandbox.Sandbox) sandboxJSON {
 		ExpiresAt: optTime(sb.ExpiresAt), EndsAt: optTime(sb.ExpiresAt), EndedAt: optTime(sb.EndedAt),
 		StopReason: optString(sb.StopReason), EnvNames: env,
 		Accel: optString(accel), Driver: optString(sb.Driver),
+		ChargedMicros: charged, Usage: usage,
 	}
 }
 
@@ -459,6 +470,9 @@ func (s *server) getSandbox(w http.ResponseWriter, r *http.Request, c *call) err
 			return err
 		}
 	}
+	if err := s.mgr.AttachUsage(r.Context(), sb); err != nil {
+		return err
+	}
 	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
 	return nil
 }
@@ -522,6 +536,9 @@ func (s *server) listSandboxes(w http.ResponseWriter, r *http.Request, c *call) 
 		return invalid(issues)
 	}
 	sbs, next, err := s.mgr.List(r.Context(), opts)
+	if err == nil {
+		err = s.mgr.AttachUsage(r.Context(), sbs...)
+	}
 	if err != nil {
 		return err
 	}

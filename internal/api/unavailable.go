@@ -16,7 +16,7 @@ var unavailableTop = map[string]bool{
 	"account": true, "agents": true, "apps": true, "audit": true, "billing": true, "builds": true,
 	"ci": true, "containers": true, "domains": true, "egress-secrets": true, "events": true,
 	"feedback": true, "functions": true, "images": true, "ips": true, "job-runs": true, "jobs": true,
-	"limits": true, "mcp": true, "me": true, "networks": true, "otel-exports": true, "plans": true,
+	"mcp": true, "networks": true, "otel-exports": true, "plans": true,
 	"ports": true, "referrals": true, "repositories": true, "reservations": true, "secrets": true,
 	"sso": true, "support": true, "switching": true, "usage": true, "volume-backups": true,
 	"volumes": true, "webhooks": true,
@@ -26,7 +26,7 @@ var unavailableTop = map[string]bool{
 // any :verb stripped) of features of a sandbox, and their codes.
 var unavailableSandboxSub = map[string]string{
 	"browser": "browser_unavailable", "desktop": "desktop_unavailable", "interpreter": "interpreter_unavailable",
-	"mcp": "mcp_unavailable", "metrics": "metrics_unavailable", "mounts": "mounts_unavailable",
+	"mcp": "mcp_unavailable", "mounts": "mounts_unavailable",
 	"previews": "previews_unavailable", "sessions": "sessions_unavailable", "tailscale": "tailscale_unavailable",
 	"terminal": "terminal_unavailable", "tunnel": "tunnel_unavailable", "usage": "usage_unavailable",
 }

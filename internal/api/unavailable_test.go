@@ -21,7 +21,6 @@ var sdkUnavailable = []struct{ method, path string }{
 	{"POST", "/v1/sandboxes/sbx_r/files:link"},
 	{"POST", "/v1/sandboxes/sbx_r/files:revoke-links"},
 	{"POST", "/v1/sandboxes/sbx_r/files:rename"},
-	{"GET", "/v1/sandboxes/sbx_r/metrics"},
 	{"POST", "/v1/sandboxes/sbx_r/sessions"},
 	{"POST", "/v1/sandboxes/sbx_r/interpreter:run"},
 	{"POST", "/v1/sandboxes/sbx_r/mounts"},
@@ -32,8 +31,6 @@ var sdkUnavailable = []struct{ method, path string }{
 	{"POST", "/v1/sandboxes/sbx_r:resize"},
 	{"POST", "/v1/sandboxes/sbx_r:switch-image"},
 	{"POST", "/v1/sandboxes/sbx_r:retention"},
-	{"GET", "/v1/usage"},
-	{"GET", "/v1/usage/export"},
 	{"GET", "/v1/images"},
 	{"GET", "/v1/images/img_1/logs"},
 	{"GET", "/v1/volumes"},
@@ -43,8 +40,8 @@ var sdkUnavailable = []struct{ method, path string }{
 	{"POST", "/v1/apps"},
 	{"GET", "/v1/jobs"},
 	{"GET", "/v1/agents/sessions"},
-	{"GET", "/v1/me"},
-	{"GET", "/v1/limits"},
+	{"GET", "/v1/usage/requests"},
+	{"GET", "/v1/switching"},
 	{"POST", "/v1/webhooks/wh_1:test"},
 }
 

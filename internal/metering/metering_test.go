@@ -1,6 +1,7 @@
 package metering
 
 import (
+	"math/big"
 	"testing"
 	"time"
 )
@@ -71,5 +72,24 @@ func TestStorage(t *testing.T) {
 	b := Storage(1<<30, t0, t0.Add(time.Hour))
 	if len(b) != 2 || b[0].StorageByteMs != (1<<30)*1800000 || b[1].StorageByteMs != (1<<30)*1800000 {
 		t.Errorf("%+v", b)
+	}
+}
+
+func TestDecimal(t *testing.T) {
+	for _, c := range []struct {
+		num, den int64
+		want     string
+	}{
+		{90000, 1000, "90"}, {15_000_000_001, 1e9, "15.000000001"}, {4096 * 90000, 1024 * 1000, "360"},
+		{3, 1024000, "0.0000029296875"}, {0, 1000, "0"}, {-1500, 1000, "-1.5"},
+	} {
+		got := Decimal(c.num, c.den)
+		r, ok := new(big.Rat).SetString(got)
+		if !ok || r.Cmp(big.NewRat(c.num, c.den)) != 0 {
+			t.Errorf("Decimal(%d, %d) = %q, not exact", c.num, c.den, got)
+		}
+		if got != c.want {
+			t.Errorf("Decimal(%d, %d) = %q, want %q", c.num, c.den, got, c.want)
+		}
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/faultpoint"
 	"github.com/emberbox/emberbox/internal/guest"
+	"github.com/emberbox/emberbox/internal/pricing"
 	"github.com/emberbox/emberbox/internal/vmm"
 )
 
@@ -84,6 +85,8 @@ type Config struct {
 	// MeterInterval is how often running sandboxes are read; 0 means
 	// DefaultMeterInterval.
 	MeterInterval time.Duration
+	// Rates price the usage; the zero value means pricing.DefaultRates.
+	Rates pricing.Rates
 	// StoppedDiskRetention is how long a stopped sandbox keeps its disk
 	// (RunDiskRetention); 0 means DefaultStoppedDiskRetention, < 0 forever.
 	StoppedDiskRetention time.Duration
@@ -189,6 +192,9 @@ func New(cfg Config) *Manager {
 	}
 	if cfg.Admission == nil {
 		cfg.Admission = admission.New(admission.Config{})
+	}
+	if cfg.Rates == (pricing.Rates{}) {
+		cfg.Rates = pricing.DefaultRates()
 	}
 	if cfg.Meter == nil {
 		if ms, ok := cfg.Store.(MeterStore); ok {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/egress"
+	"github.com/emberbox/emberbox/internal/metering"
 )
 
 // Lease-end actions.
@@ -101,6 +102,9 @@ type Sandbox struct {
 	// SnapshotID is the snapshot it was made from, if any: its disk
 	// backs this sandbox's, so the snapshot's files stay while it exists.
 	SnapshotID string
+	// Usage is what was metered for it, priced (Manager.AttachUsage);
+	// nil unless asked for.
+	Usage *metering.Summary
 	// DiskRemovedAt is when the retention removed a stopped sandbox's
 	// files (read only: set by DiskStore.MarkDiskRemoved).
 	DiskRemovedAt *time.Time

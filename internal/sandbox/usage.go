@@ -1,0 +1,84 @@
+package sandbox
+
+import (
+	"context"
+	"time"
+
+	"github.com/emberbox/emberbox/internal/admission"
+	"github.com/emberbox/emberbox/internal/metering"
+	"github.com/emberbox/emberbox/internal/pricing"
+)
+
+// Rates are the prices usage is charged at.
+func (m *Manager) Rates() pricing.Rates { return m.cfg.Rates }
+
+// AttachUsage sets the Usage of each sandbox: everything metered for it so
+// far, priced at m's rates.
+func (m *Manager) AttachUsage(ctx context.Context, sbs ...*Sandbox) error {
+	if len(sbs) == 0 {
+		return nil
+	}
+	ids := make([]string, len(sbs))
+	for i, sb := range sbs {
+		ids[i] = sb.ID
+	}
+	rows, err := m.cfg.Meter.UsageRows(ctx, metering.Query{ResourceIDs: ids})
+	if err != nil {
+		return err
+	}
+	sums := map[string]*metering.Summary{}
+	for _, r := range rows {
+		s := sums[r.ResourceID]
+		if s == nil {
+			s = &metering.Summary{}
+			sums[r.ResourceID] = s
+		}
+		s.Add(r, m.cfg.Rates)
+	}
+	for _, sb := range sbs {
+		s := sums[sb.ID]
+		if s == nil {
+			s = &metering.Summary{}
+		}
+		s.Price(m.cfg.Rates)
+		sb.Usage = s
+	}
+	return nil
+}
+
+// UsageRows lists owner's usage rows that q selects.
+func (m *Manager) UsageRows(ctx context.Context, owner string, q metering.Query) ([]metering.Row, error) {
+	q.Owner = owner // "" is every key's: the API lets only an admin ask
+	return m.cfg.Meter.UsageRows(ctx, q)
+}
+
+// SettledThrough is the time before which no usage row can change any
+// more: the start of the hour of the oldest open interval, or of the
+// last full meter interval.
+func (m *Manager) SettledThrough(ctx context.Context) (time.Time, error) {
+	t := m.now().Add(-2 * m.meterInterval())
+	oldest, ok, err := m.cfg.Meter.OldestOpenMeter(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if ok && oldest.Before(t) {
+		t = oldest
+	}
+	return t.UTC().Truncate(time.Hour), nil
+}
+
+// Metrics returns owner's sandbox id and its settled intervals that end
+// in [from, to).
+func (m *Manager) Metrics(ctx context.Context, owner, id string, from, to time.Time) (*Sandbox, []metering.Point, error) {
+	sb, err := m.Get(ctx, owner, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	pts, err := m.cfg.Meter.MeterPoints(ctx, id, from, to)
+	return sb, pts, err
+}
+
+// KeyLimits returns what one key may hold at once and what it holds now.
+func (m *Manager) KeyLimits(owner string) (admission.Quota, admission.Usage) {
+	return m.cfg.Admission.Quota(), m.cfg.Admission.Owner(owner)
+}
