@@ -23,8 +23,10 @@ import (
 	"github.com/emberbox/emberbox/internal/egress"
 	"github.com/emberbox/emberbox/internal/faultpoint"
 	"github.com/emberbox/emberbox/internal/image"
+	"github.com/emberbox/emberbox/internal/pricing"
 	"github.com/emberbox/emberbox/internal/sandbox"
 	"github.com/emberbox/emberbox/internal/store"
+	"github.com/emberbox/emberbox/internal/telemetry"
 	"github.com/emberbox/emberbox/internal/tsc"
 	"github.com/emberbox/emberbox/internal/upload"
 	"github.com/emberbox/emberbox/internal/vmm/qemu"
@@ -60,6 +62,10 @@ type serveOptions struct {
 	extraCAFile   string
 
 	limits limitOptions
+
+	rates         pricing.Rates
+	meterInterval time.Duration
+	metricsListen string
 }
 
 // hostCABundle is passed to guests by default, so that they trust what the
@@ -101,6 +107,16 @@ func newServeCommand() *cobra.Command {
 	}
 	f.StringVar(&o.extraCAFile, "extra-ca-file", defCA, `PEM bundle every sandbox trusts besides its own roots ("" for none)`)
 	addLimitFlags(cmd, &o.limits)
+	o.rates = pricing.DefaultRates()
+	f.StringVar(&o.rates.CPUPerVCPUHour, "price-cpu", o.rates.CPUPerVCPUHour, "dollars per busy vCPU-hour (docs/pricing.md)")
+	f.StringVar(&o.rates.MemoryPerGiBHour, "price-memory", o.rates.MemoryPerGiBHour, "dollars per reserved GiB-hour while running")
+	f.StringVar(&o.rates.CPUFloorVCPU, "price-cpu-floor", o.rates.CPUFloorVCPU, "vCPUs billed at least, per sandbox and hour running")
+	f.StringVar(&o.rates.StoragePerGBMonth, "price-storage", o.rates.StoragePerGBMonth, "dollars per GB-month of kept disk (paused or stopped)")
+	f.StringVar(&o.rates.SnapshotPerGiBHour, "price-snapshot", o.rates.SnapshotPerGiBHour, "dollars per GiB-hour of snapshots")
+	f.StringVar(&o.rates.EgressPerGB, "price-egress", o.rates.EgressPerGB, "dollars per GB of egress past the monthly allowance")
+	f.DurationVar(&o.meterInterval, "meter-interval", sandbox.DefaultMeterInterval, "how often running sandboxes' CPU and memory are read")
+	f.StringVar(&o.metricsListen, "metrics-listen", "", `also serve Prometheus metrics without a key at /metrics on this address, e.g. 127.0.0.1:9464 `+
+		`(the API's /metrics needs an admin key)`)
 	return cmd
 }
 
@@ -166,11 +182,19 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		return err
 	}
+	if err := o.rates.Validate(); err != nil {
+		return fmt.Errorf("prices: %w", err)
+	}
+	if o.meterInterval < time.Second {
+		return fmt.Errorf("--meter-interval must be at least 1s")
+	}
+	metrics := telemetry.New()
 	mgr := sandbox.New(sandbox.Config{
 		Store: st, Driver: drv, Boot: boot.BootFiles, DataDir: o.dataDir, Logger: log, BootTimeout: o.bootTimeout,
 		Egress: ecfg.op, EgressDefault: ecfg.def, ExtraCAs: ecfg.cas, StoppedDiskRetention: o.diskRetention,
 		Templates: o.templates, MemoryFloorMiB: o.limits.memoryFloorMiB,
 		Admission: adm.ledger, Limits: adm.limits,
+		Rates: o.rates, MeterInterval: o.meterInterval, Observer: metrics,
 	})
 	// On any way out: the background loops are stopped and waited for,
 	// then the manager lets go of its sandboxes (they keep running), and
@@ -187,6 +211,8 @@ func serve(ctx context.Context, o serveOptions) error {
 	bg.Go(func() { _ = mgr.Run(bctx) })
 	bg.Go(func() { pruneIdempotency(bctx, st, log) })
 	bg.Go(func() { mgr.RunDiskRetention(bctx) })
+	bg.Go(func() { mgr.RunMeter(bctx) })
+	metrics.SetSources(telemetrySources(st, mgr))
 	// Staging files a crash left behind are removed here, and expired
 	// uploads by the sweep.
 	uploads, err := api.NewUploads(upload.Config{Dir: filepath.Join(o.dataDir, "uploads"), Logger: log})
@@ -199,8 +225,21 @@ func serve(ctx context.Context, o serveOptions) error {
 		Manager: mgr, Keys: keyStore{st}, Idempotency: idempotencyStore{st}, Events: eventStore{st},
 		Logger: log, Version: version, Accel: drv.Accel,
 		Confinement: func() any { return drv.Confinement() },
-		Uploads:     uploads, RateLimits: adm.rates,
+		Uploads:     uploads, RateLimits: adm.rates, ObserveRequest: metrics.ObserveRequest,
+		Metrics: metrics.Handler(),
 	})
+	if o.metricsListen != "" {
+		mln, err := net.Listen("tcp", o.metricsListen)
+		if err != nil {
+			return fmt.Errorf("--metrics-listen: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", metrics.Handler())
+		msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		bg.Go(func() { _ = msrv.Serve(mln) })
+		bg.Go(func() { <-bctx.Done(); _ = msrv.Close() })
+		log.Info("metrics serving", "addr", "http://"+mln.Addr().String()+"/metrics")
+	}
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return err
@@ -500,4 +539,24 @@ func (s idempotencyStore) Complete(ctx context.Context, keyID, key string, statu
 
 func (s idempotencyStore) Release(ctx context.Context, keyID, key string) error {
 	return s.st.ReleaseIdempotency(ctx, keyID, key)
+}
+
+// telemetrySources reads the store and the manager at each scrape.
+func telemetrySources(st *store.Store, mgr *sandbox.Manager) telemetry.Sources {
+	return telemetry.Sources{
+		SandboxStates: st.CountSandboxes,
+		Sandboxes: func(ctx context.Context) ([]telemetry.SandboxReading, error) {
+			rs, err := mgr.Readings(ctx)
+			if err != nil {
+				return nil, err
+			}
+			out := make([]telemetry.SandboxReading, 0, len(rs))
+			for _, r := range rs {
+				out = append(out, telemetry.SandboxReading{ID: r.ID, Owner: r.Owner,
+					CPUSeconds: float64(r.Usage.ActiveCPUNs) / 1e9, GuestCPUSeconds: float64(r.Usage.GuestCPUNs) / 1e9,
+					MemoryBytes: r.RSSBytes, EgressBytes: r.Usage.EgressBytes, ChargedMicros: r.Usage.Charge.TotalMicros})
+			}
+			return out, nil
+		},
+	}
 }

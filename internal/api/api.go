@@ -107,6 +107,8 @@ type Config struct {
 	Uploads *Uploads
 	// Events serves GET /v1/sandboxes/{id}/events; nil lists none.
 	Events Events
+	// Metrics serves GET /metrics (Prometheus) to admin keys; nil: 404.
+	Metrics http.Handler
 	// RateLimits bound each caller's request rate; the zero value sets
 	// no limit.
 	RateLimits RateLimits
@@ -136,6 +138,7 @@ type server struct {
 	accel   func() string
 	confine func() any
 	uploads *Uploads // nil: chunked uploads refused
+	metrics http.Handler
 	limits  *rateLimiter
 	observe func(route string, status int, d time.Duration) // nil: none
 
@@ -167,7 +170,7 @@ func newServer(cfg Config) *server {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
-	s.uploads = cfg.Uploads
+	s.uploads, s.metrics = cfg.Uploads, cfg.Metrics
 	s.routes = s.routeTable()
 	s.mux = s.buildMux()
 	doc, err := json.Marshal(s.openAPI())

@@ -55,6 +55,8 @@ func (s *server) routeTable() []route {
 				q("cursor", "string", "nextCursor of the previous page"),
 				q("owner", "string", `admin keys only: another key's id, or "all"`),
 			}, handle: s.listSandboxes},
+		{Method: "GET", Path: "/metrics", OpID: "metrics", Summary: "Prometheus metrics (admin keys)", Answers: []string{"text/plain"},
+			handle: s.serveMetrics},
 		{Method: "GET", Path: "/v1/me", OpID: "me", Summary: "Who this key is", handle: s.me},
 		{Method: "GET", Path: "/v1/limits", OpID: "limits", Summary: "The quotas this key is held to, what it holds, and its charges of the last 24 hours",
 			handle: s.getLimits},

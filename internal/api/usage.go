@@ -288,7 +288,7 @@ func (s *server) exportUsage(w http.ResponseWriter, r *http.Request, c *call) er
 			metering.Decimal(u.ActiveCPUNs, 1e9), metering.Decimal(u.BilledCPUNs, 1e9), metering.Decimal(sum.GuestCPUNs, 1e9),
 			metering.Decimal(u.StorageMiBMs+u.SnapshotMiBMs, 1024*1000),
 			strconv.FormatInt(u.EgressBytes, 10), strconv.FormatInt(sum.IngressBytes, 10), strconv.FormatInt(u.Runs, 10),
-			micros(sum.Charge.CPUMicros), micros(sum.Charge.MemoryMicros), micros(sum.Charge.StorageMicros+sum.Charge.SnapshotMicros),
+			micros(sum.Charge.CPUMicros), micros(sum.Charge.MemoryMicros), micros(sum.Charge.StorageMicros + sum.Charge.SnapshotMicros),
 			micros(sum.Charge.TotalMicros), strconv.FormatBool(row.Final)})
 	}
 	cw.Flush()
@@ -557,5 +557,18 @@ func (s *server) sandboxMetrics(w http.ResponseWriter, r *http.Request, c *call)
 		"memoryLimitBytes": int64(sb.MemoryMiB) << 20, "diskLimitBytes": int64(sb.DiskMiB) << 20,
 		"points": points, "latest": latest,
 	})
+	return nil
+}
+
+// serveMetrics serves GET /metrics: the server's Prometheus metrics, which
+// name every key's sandboxes, so to admin keys only.
+func (s *server) serveMetrics(w http.ResponseWriter, r *http.Request, c *call) error {
+	if c.role != RoleAdmin {
+		return newError(http.StatusForbidden, "forbidden", "Only an admin key can read the server's metrics.")
+	}
+	if s.metrics == nil {
+		return newError(http.StatusNotFound, "route_not_found", "This server does not serve metrics.")
+	}
+	s.metrics.ServeHTTP(w, r)
 	return nil
 }

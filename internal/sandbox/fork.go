@@ -25,7 +25,8 @@ type ForkSpec struct {
 // Count copies of it, answered once they all run. Copies are admitted as
 // creates are; if one is refused, the copies made so far are deleted and
 // the refusal answered.
-func (m *Manager) Fork(ctx context.Context, owner, id string, spec ForkSpec) ([]*Sandbox, error) {
+func (m *Manager) Fork(ctx context.Context, owner, id string, spec ForkSpec) (_ []*Sandbox, err error) {
+	defer func() { m.observeOp("fork", err) }()
 	if spec.Count < 1 || spec.Count > MaxForkCount {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "count must be from 1 to %d", MaxForkCount)
 	}

@@ -53,6 +53,7 @@ func (m *Manager) ExpireLeases(ctx context.Context) []string {
 			continue
 		}
 		m.log.Info("lease expired", "sandbox_id", sb.ID, "on_lease_end", sb.OnLeaseEnd)
+		m.cfg.Observer.LeaseExpired(sb.OnLeaseEnd)
 		ended = append(ended, sb.ID)
 		if sb.OnLeaseEnd == LeaseEndDelete {
 			m.spawn(func() {

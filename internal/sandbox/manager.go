@@ -85,6 +85,9 @@ type Config struct {
 	// MeterInterval is how often running sandboxes are read; 0 means
 	// DefaultMeterInterval.
 	MeterInterval time.Duration
+	// Observer is told of lifecycle outcomes, for monitoring; nil tells
+	// no one.
+	Observer Observer
 	// Rates price the usage; the zero value means pricing.DefaultRates.
 	Rates pricing.Rates
 	// StoppedDiskRetention is how long a stopped sandbox keeps its disk
@@ -192,6 +195,9 @@ func New(cfg Config) *Manager {
 	}
 	if cfg.Admission == nil {
 		cfg.Admission = admission.New(admission.Config{})
+	}
+	if cfg.Observer == nil {
+		cfg.Observer = noObserver{}
 	}
 	if cfg.Rates == (pricing.Rates{}) {
 		cfg.Rates = pricing.DefaultRates()
@@ -376,7 +382,8 @@ func (m *Manager) event(id, typ, msg string, data map[string]any) {
 }
 
 // Create implements api.Manager.Create.
-func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (*Sandbox, error) {
+func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ *Sandbox, err error) {
+	defer func() { m.observeOp("create", err) }()
 	var source *Snapshot
 	if spec.SnapshotID != "" {
 		var err error
@@ -505,6 +512,7 @@ func (m *Manager) ready(in *instance, data map[string]any) {
 		return
 	}
 	in.touch(now)
+	m.observeReady(data)
 	m.event(in.id, "ready", "sandbox is running", data)
 	m.spawn(func() { m.watch(in) })
 }
@@ -769,7 +777,8 @@ func (m *Manager) WaitFor(ctx context.Context, owner, id string, states ...State
 }
 
 // Stop implements api.Manager.Stop.
-func (m *Manager) Stop(ctx context.Context, owner, id string) (*Sandbox, error) {
+func (m *Manager) Stop(ctx context.Context, owner, id string) (_ *Sandbox, err error) {
+	defer func() { m.observeOp("stop", err) }()
 	if _, err := m.get(ctx, owner, id); err != nil {
 		return nil, err
 	}
@@ -849,7 +858,8 @@ func (m *Manager) endVM(id string) {
 }
 
 // Delete implements api.Manager.Delete.
-func (m *Manager) Delete(ctx context.Context, owner, id string) (*Sandbox, error) {
+func (m *Manager) Delete(ctx context.Context, owner, id string) (_ *Sandbox, err error) {
+	defer func() { m.observeOp("delete", err) }()
 	sb, err := m.get(ctx, owner, id)
 	if err != nil {
 		return nil, err

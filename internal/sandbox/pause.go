@@ -68,7 +68,8 @@ func notPaused(sb *Sandbox) error {
 // Pause implements api.Manager.Pause: a running sandbox is recorded
 // pausing and paused in the background; a pausing or paused one is
 // answered as it is (pausing twice is one pause).
-func (m *Manager) Pause(ctx context.Context, owner, id string) (*Sandbox, error) {
+func (m *Manager) Pause(ctx context.Context, owner, id string) (_ *Sandbox, err error) {
+	defer func() { m.observeOp("pause", err) }()
 	sb, err := m.Get(ctx, owner, id)
 	if err != nil {
 		return nil, err
@@ -237,7 +238,8 @@ func (m *Manager) forget(in *instance) {
 // is its new time limit in seconds (0: none). A pausing one is woken once
 // its pause is over; a resuming one is answered as it is; a running one
 // gets not_paused.
-func (m *Manager) Wake(ctx context.Context, owner, id string, timeout *int) (*Sandbox, error) {
+func (m *Manager) Wake(ctx context.Context, owner, id string, timeout *int) (_ *Sandbox, err error) {
+	defer func() { m.observeOp("wake", err) }()
 	sb, err := m.Get(ctx, owner, id)
 	if err != nil {
 		return nil, err
@@ -397,6 +399,7 @@ func (m *Manager) running(in *instance, event string, data map[string]any) {
 		return
 	}
 	in.touch(now)
+	m.observeReady(data)
 	m.event(in.id, event, "sandbox is running", data)
 	m.spawn(func() { m.watch(in) })
 }

@@ -118,7 +118,8 @@ func (m *Manager) ListSnapshots(ctx context.Context, opts SnapshotListOptions) (
 // DataDir/snapshots/<id> for the retention. The guest is stopped for the
 // copy and runs on after; a paused sandbox is woken for it and paused
 // again. It answers once the capture is over, ready or failed.
-func (m *Manager) Snapshot(ctx context.Context, owner, id string, spec SnapshotSpec) (*Snapshot, error) {
+func (m *Manager) Snapshot(ctx context.Context, owner, id string, spec SnapshotSpec) (_ *Snapshot, err error) {
+	defer func() { m.observeOp("snapshot", err) }()
 	ss, err := m.snapshots()
 	if err != nil {
 		return nil, err

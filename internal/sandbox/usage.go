@@ -82,3 +82,31 @@ func (m *Manager) Metrics(ctx context.Context, owner, id string, from, to time.T
 func (m *Manager) KeyLimits(owner string) (admission.Quota, admission.Usage) {
 	return m.cfg.Admission.Quota(), m.cfg.Admission.Owner(owner)
 }
+
+// Reading is one live sandbox's meters, for monitoring.
+type Reading struct {
+	ID, Owner string
+	Usage     *metering.Summary // everything settled so far
+	RSSBytes  int64             // resident memory at the newest reading
+}
+
+// Readings returns the meters of every sandbox that has a VM.
+func (m *Manager) Readings(ctx context.Context) ([]Reading, error) {
+	live, err := m.cfg.Store.ListLive(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.AttachUsage(ctx, live...); err != nil {
+		return nil, err
+	}
+	now := m.now()
+	out := make([]Reading, 0, len(live))
+	for _, sb := range live {
+		r := Reading{ID: sb.ID, Owner: sb.OwnerKeyID, Usage: sb.Usage}
+		if pts, err := m.cfg.Meter.MeterPoints(ctx, sb.ID, now.Add(-3*m.meterInterval()), now.Add(time.Second)); err == nil && len(pts) > 0 {
+			r.RSSBytes = pts[len(pts)-1].RSSBytes
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}

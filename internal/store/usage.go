@@ -281,3 +281,22 @@ func (s *Store) PruneMeterPoints(ctx context.Context, t time.Time) (int64, error
 	}
 	return res.RowsAffected()
 }
+
+// CountSandboxes counts the sandboxes in each state.
+func (s *Store) CountSandboxes(ctx context.Context) (map[string]int, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT state, COUNT(*) FROM sandboxes GROUP BY state`)
+	if err != nil {
+		return nil, fmt.Errorf("counting sandboxes: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var st string
+		var n int
+		if err := rows.Scan(&st, &n); err != nil {
+			return nil, fmt.Errorf("counting sandboxes: %w", err)
+		}
+		out[st] = n
+	}
+	return out, rows.Err()
+}
