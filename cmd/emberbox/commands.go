@@ -25,7 +25,7 @@ func newRootCommand() *cobra.Command {
 		SilenceErrors: true,
 		Version:       version,
 	}
-	root.AddCommand(newServeCommand(), newKeysCommand(), newImageCommand(), newDoctorCommand(), newCostCommand())
+	root.AddCommand(newServeCommand(), newKeysCommand(), newImageCommand(), newDoctorCommand(), newCostCommand(), newUsageCommand())
 	return root
 }
 

@@ -839,6 +839,7 @@ func (m *Manager) endVM(id string) {
 	mach, c := in.machine, in.client
 	in.mu.Unlock()
 	if c != nil {
+		m.refreshGuestCPU(in) // the guest's last word on its busy time
 		c.Close()
 	}
 	m.closeGate(in)
