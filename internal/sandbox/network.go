@@ -46,6 +46,7 @@ func (m *Manager) newGate(id string, pol *egress.Compiled, version int64) *egres
 	var n, recorded atomic.Int64
 	var last atomic.Int64 // unix nanoseconds of the last recorded refusal
 	g.OnRefuse = func(r *egress.Refusal) {
+		m.cfg.Observer.EgressRefused(string(r.Reason))
 		c := n.Add(1)
 		if c > maxRefusalEvents {
 			// A guest can refuse itself in a loop: past the first ones,

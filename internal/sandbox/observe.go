@@ -19,6 +19,8 @@ type Observer interface {
 	ObserveBoot(kind string, d time.Duration)
 	// LeaseExpired counts a lease end by what it did.
 	LeaseExpired(action string)
+	// EgressRefused counts a refused egress connection or lookup.
+	EgressRefused(reason string)
 }
 
 type noObserver struct{}
@@ -63,3 +65,5 @@ func (m *Manager) observeReady(data map[string]any) {
 		}
 	}
 }
+
+func (noObserver) EgressRefused(string) {}
