@@ -128,6 +128,8 @@ func (m *Manager) refreshGuestCPU(in *instance) {
 func (m *Manager) RunMeter(ctx context.Context) {
 	t := time.NewTicker(m.meterInterval())
 	defer t.Stop()
+	disks := time.NewTicker(storageInterval)
+	defer disks.Stop()
 	prune := time.NewTicker(time.Hour)
 	defer prune.Stop()
 	for {
@@ -138,11 +140,17 @@ func (m *Manager) RunMeter(ctx context.Context) {
 			if _, err := m.cfg.Meter.PruneMeterPoints(ctx, m.now().Add(-meterPointsKept)); err != nil {
 				m.log.Warn("pruning metrics", "err", err)
 			}
+		case <-disks.C:
+			m.meterStorage(ctx)
 		case <-t.C:
-			m.MeterNow(ctx)
+			m.meterRunning()
 		}
 	}
 }
+
+// storageInterval is how often kept disks are charged: they change
+// slowly, and each is a walk of its directory.
+const storageInterval = 5 * time.Minute
 
 func (m *Manager) meterInterval() time.Duration {
 	if m.cfg.MeterInterval > 0 {
@@ -154,6 +162,12 @@ func (m *Manager) meterInterval() time.Duration {
 // MeterNow settles every running sandbox's usage so far and charges kept
 // disks up to now.
 func (m *Manager) MeterNow(ctx context.Context) {
+	m.meterRunning()
+	m.meterStorage(ctx)
+}
+
+// meterRunning settles every running sandbox's usage so far.
+func (m *Manager) meterRunning() {
 	m.mu.Lock()
 	live := make([]*instance, 0, len(m.live))
 	for _, in := range m.live {
@@ -170,7 +184,6 @@ func (m *Manager) MeterNow(ctx context.Context) {
 		m.refreshGuestCPU(in)
 		m.meterSettle(in, mach, false)
 	}
-	m.meterStorage(ctx)
 }
 
 // meterStorage charges the disks paused and stopped sandboxes keep, and
