@@ -21,6 +21,7 @@ type usageGroup struct {
 	CPUMicros        string `json:"cpuMicros"`
 	MemoryMicros     string `json:"memoryMicros"`
 	ChargedMicros    string `json:"chargedMicros"`
+	Runs             int64  `json:"runs"`
 }
 
 func rat(t testing.TB, s string) *big.Rat {
@@ -156,5 +157,60 @@ print(time.process_time() - t)'`, burn))
 	sb, _ := call[charged](t, c, "GET", "/v1/sandboxes/"+busy.ID, nil, nil)
 	if sb.ChargedMicros == nil || *sb.ChargedMicros != b.ChargedMicros {
 		t.Errorf("sandbox chargedMicros %v, usage says %s", sb.ChargedMicros, b.ChargedMicros)
+	}
+}
+
+// burnGuest burns seconds of CPU as the guest counts it.
+func burnGuest(t testing.TB, c *client, id string, seconds float64) {
+	t.Helper()
+	c.sh(t, id, fmt.Sprintf(`python3 -c '
+import time
+t = time.process_time()
+while time.process_time() - t < %g:
+    pass'`, seconds))
+}
+
+// TestMeteringSurvivesKill9: the server is killed with SIGKILL while a
+// sandbox burns CPU, and the next server reattaches it: the usage counts
+// every burned second once, and no more running time than really passed.
+func TestMeteringSurvivesKill9(t *testing.T) {
+	needVMs(t)
+	dataDir := t.TempDir()
+	s1 := startServerWith(t, dataDir, "--meter-interval", "2s")
+	c := s1.client(s1.AdminKey)
+	sb := c.createRunning(t, map[string]any{"vcpu": 1, "memoryMiB": 1024})
+	ready := time.Now()
+	burnGuest(t, c, sb.ID, 3)
+	time.Sleep(3 * time.Second) // a sample or two are settled
+	burnGuest(t, c, sb.ID, 2)   // and this, in part, after the last one
+	s1.kill9(t)
+
+	s2 := startServerWith(t, dataDir, "--meter-interval", "2s")
+	c = s2.client(s2.AdminKey)
+	waitAgent(t, c, sb.ID)
+	burnGuest(t, c, sb.ID, 2)
+	c.lifecycle(t, sb.ID, "stop", nil)
+	wall := time.Since(ready).Seconds()
+
+	type usage struct {
+		Groups []usageGroup `json:"groups"`
+	}
+	u, _ := call[usage](t, c, "GET", "/v1/usage", nil, nil)
+	var g usageGroup
+	for _, x := range u.Groups {
+		if x.Key == sb.ID {
+			g = x
+		}
+	}
+	host, running := secs(t, g.ActiveCPUSeconds), secs(t, g.RunningSeconds)
+	t.Logf("running %.2f s of %.2f s wall; host cpu %.2f s for 7 s burned; guest %s s", running, wall, host, g.GuestCPUSeconds)
+	if running > wall || running < wall-10 {
+		t.Errorf("running %.2f s, but %.2f s passed from ready to stop", running, wall)
+	}
+	if host < 0.9*7 || host > 2*running {
+		t.Errorf("host cpu %.2f s for 7 CPU-s burned in the guest over %.2f s", host, running)
+	}
+	if g.Runs != 1 {
+		t.Errorf("%d runs counted, want 1: a reattach continues the run", g.Runs)
 	}
 }

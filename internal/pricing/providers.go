@@ -161,12 +161,7 @@ func providers() []Provider {
 			Notes:  "Billed per second while running, busy or not; paused sandboxes are not billed.",
 			Source: "https://e2b.dev/docs/faq/calculate-sandbox-price",
 			ReadOn: "2026-12-01",
-			price: func(u Usage) quote {
-				return quote{
-					cpu: mul(vcpuSeconds(u), decimal(e2bVCPUSecond)),
-					mem: mul(gibSeconds(u), decimal(e2bGiBSecond)),
-				}
-			},
+			price:  allocated(e2bVCPUSecond, e2bGiBSecond),
 		},
 		{
 			ID:   "modal",
@@ -231,12 +226,7 @@ func providers() []Provider {
 				"third-party records cite from it ($0.0504/vCPU-h, $0.0162/GiB-h, retrieved 2026-09-28).",
 			Source: "https://www.daytona.io/pricing",
 			ReadOn: "2026-09-28",
-			price: func(u Usage) quote {
-				return quote{
-					cpu: mul(vcpuSeconds(u), decimal(daytonaVCPUSecond)),
-					mem: mul(gibSeconds(u), decimal(daytonaGiBSecond)),
-				}
-			},
+			price:  allocated(daytonaVCPUSecond, daytonaGiBSecond),
 		},
 		{
 			ID:   "vercel",
@@ -286,5 +276,13 @@ func providers() []Provider {
 				}
 			},
 		},
+	}
+}
+
+// allocated prices every allocated vCPU and GiB for the running time, busy
+// or not, at per-second rates.
+func allocated(vcpuSecond, gibSecond string) func(Usage) quote {
+	return func(u Usage) quote {
+		return quote{cpu: mul(vcpuSeconds(u), decimal(vcpuSecond)), mem: mul(gibSeconds(u), decimal(gibSecond))}
 	}
 }

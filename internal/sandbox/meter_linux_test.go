@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/metering"
+	"github.com/emberbox/emberbox/internal/pricing"
 	"github.com/emberbox/emberbox/internal/sandbox"
 	"github.com/emberbox/emberbox/internal/vmm/vmmtest"
 )
@@ -30,21 +31,13 @@ func waitMeter(t *testing.T, e *env, id string) *metering.Reading {
 	}
 }
 
-func usageOf(t *testing.T, e *env, q metering.Query) metering.Bucket {
+func usageOf(t *testing.T, e *env, q metering.Query) pricing.Usage {
 	t.Helper()
 	rows, err := e.st.UsageRows(context.Background(), q)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var b metering.Bucket
-	for _, r := range rows {
-		b.RunningMs += r.RunningMs
-		b.CPUNs += r.CPUNs
-		b.MemoryMiBMs += r.MemoryMiBMs
-		b.Runs += r.Runs
-		b.StorageByteMs += r.StorageByteMs
-	}
-	return b
+	return metering.Summarize(rows, pricing.DefaultRates()).Usage
 }
 
 // TestMeterStopBetweenSamples: usage read at a sample and at a stop that
@@ -74,7 +67,7 @@ func TestMeterStopBetweenSamples(t *testing.T) {
 	}
 	waitState(t, m, "k", sb.ID, sandbox.StatePaused)
 	got := usageOf(t, e, metering.Query{Owner: "k"})
-	if got.RunningMs != 15000 || got.CPUNs != int64(5*time.Second) || got.Runs != 1 || got.MemoryMiBMs != 4096*15000 {
+	if got.RunningMs != 15000 || got.ActiveCPUNs != int64(5*time.Second) || got.Runs != 1 || got.MemoryMiBMs != 4096*15000 {
 		t.Errorf("after pause: %+v; want 15 s running, 5 s of CPU, one run", got)
 	}
 	// Paused, it is charged for no time, only for its kept disk.
@@ -96,13 +89,13 @@ func TestMeterStopBetweenSamples(t *testing.T) {
 	}
 	waitState(t, m, "k", sb.ID, sandbox.StateStopped)
 	got = usageOf(t, e, metering.Query{Owner: "k"})
-	if got.RunningMs != 19000 || got.CPUNs != int64(6*time.Second) || got.Runs != 2 {
+	if got.RunningMs != 19000 || got.ActiveCPUNs != int64(6*time.Second) || got.Runs != 2 {
 		t.Errorf("after wake and stop: %+v; want 19 s running, 6 s of CPU, two runs", got)
 	}
 	if r, _ := e.st.OpenMeter(ctx, sb.ID); r != nil {
 		t.Errorf("a stopped sandbox's interval is still open: %+v", r)
 	}
-	if other := usageOf(t, e, metering.Query{Owner: "other"}); other != (metering.Bucket{}) {
+	if other := usageOf(t, e, metering.Query{Owner: "other"}); other != (pricing.Usage{}) {
 		t.Errorf("another key sees %+v", other)
 	}
 }
@@ -135,7 +128,7 @@ func TestMeterRestartCountsNothingTwice(t *testing.T) {
 	m2.MeterNow(ctx)
 	m2.MeterNow(ctx) // a second reading at the same instant adds nothing
 	got := usageOf(t, e, metering.Query{Owner: "k"})
-	if got.RunningMs != 20000 || got.CPUNs != int64(3500*time.Millisecond) || got.Runs != 1 {
+	if got.RunningMs != 20000 || got.ActiveCPUNs != int64(3500*time.Millisecond) || got.Runs != 1 {
 		t.Errorf("usage %+v; want 20 s running, 3.5 s of CPU, one run", got)
 	}
 }

@@ -6,24 +6,16 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/metering"
+	"github.com/emberbox/emberbox/internal/pricing"
 )
 
-func sumUsage(t *testing.T, s *Store, q metering.Query) metering.Bucket {
+func sumUsage(t *testing.T, s *Store, q metering.Query) pricing.Usage {
 	t.Helper()
 	rows, err := s.UsageRows(context.Background(), q)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var b metering.Bucket
-	for _, r := range rows {
-		b.RunningMs += r.RunningMs
-		b.CPUNs += r.CPUNs
-		b.MemoryMiBMs += r.MemoryMiBMs
-		b.Runs += r.Runs
-		b.StorageByteMs += r.StorageByteMs
-		b.EgressBytes += r.EgressBytes
-	}
-	return b
+	return metering.Summarize(rows, pricing.DefaultRates()).Usage
 }
 
 // TestMeterNeverCountsTwice plays a sandbox whose server settles, is
@@ -65,10 +57,10 @@ func TestMeterNeverCountsTwice(t *testing.T) {
 		t.Error("a second final settle charged something")
 	}
 	got := sumUsage(t, s, metering.Query{Owner: "key_a"})
-	if got.RunningMs != 31000 || got.CPUNs != 3.25e9 || got.Runs != 1 || got.MemoryMiBMs != 1024*31000 || got.EgressBytes != 31 {
+	if got.RunningMs != 31000 || got.ActiveCPUNs != 3.25e9 || got.Runs != 1 || got.MemoryMiBMs != 1024*31000 || got.EgressBytes != 31 {
 		t.Errorf("usage %+v; want 31 s running, 3.25 s cpu, one run", got)
 	}
-	if other := sumUsage(t, s, metering.Query{Owner: "key_b"}); other != (metering.Bucket{}) {
+	if other := sumUsage(t, s, metering.Query{Owner: "key_b"}); other != (pricing.Usage{}) {
 		t.Errorf("another key sees %+v", other)
 	}
 	// A new VM of the same sandbox (a restart) is a new run.
@@ -101,8 +93,8 @@ func TestAccrueStorage(t *testing.T) {
 		}
 	}
 	got := sumUsage(t, s, metering.Query{ResourceIDs: []string{"snap_1"}})
-	if want := int64(1<<20) * int64(40*time.Minute/time.Millisecond); got.StorageByteMs != want {
-		t.Errorf("storage %d byte-ms, want %d", got.StorageByteMs, want)
+	if want := int64(40 * time.Minute / time.Millisecond); got.SnapshotMiBMs != want {
+		t.Errorf("snapshot storage %d MiB-ms, want %d", got.SnapshotMiBMs, want)
 	}
 	rows, _ := s.UsageRows(ctx, metering.Query{})
 	if len(rows) != 2 || rows[0].Kind != metering.KindSnapshot {
