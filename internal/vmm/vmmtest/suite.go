@@ -236,16 +236,16 @@ func testLifecycle(t *testing.T, d vmm.Driver, spec vmm.Spec) {
 	stop(t, m)
 	waitClosed(t, m.Done(), "Done after Stop")
 	waitClosed(t, m2.Done(), "Done of the attached Machine after Stop")
-	for _, mm := range []vmm.Machine{m, m2} {
-		final, err := mm.Usage()
-		if err != nil {
-			t.Errorf("Usage after Stop: %v", err)
-		}
-		// The final count is read after the VMM exited, so it holds
-		// everything it used: never less than a reading taken before.
-		if !final.Final || final.CPU < running.CPU || final.RSSBytes != 0 {
-			t.Errorf("Usage after Stop = %+v, want final, CPU >= %v, no RSS", final, running.CPU)
-		}
+	// The final count is read after the VMM exited, so it holds everything
+	// it used: never less than a reading taken before. (The attached
+	// handle, a second one to the same VM in this process, only has to
+	// know the VM ended: the first handle to see the end settles it.)
+	final, err := m.Usage()
+	if err != nil || !final.Final || final.CPU < running.CPU || final.RSSBytes != 0 {
+		t.Errorf("Usage after Stop = %+v, %v; want final, CPU >= %v, no RSS", final, err, running.CPU)
+	}
+	if final2, err := m2.Usage(); err != nil || !final2.Final || final2.RSSBytes != 0 {
+		t.Errorf("Usage of the attached Machine after Stop = %+v, %v; want final, no RSS", final2, err)
 	}
 	if err := m.Stop(ctx); err != nil {
 		t.Errorf("second Stop: %v", err)
