@@ -73,6 +73,8 @@ func (s *server) routeTable() []route {
 			Query: []param{{Name: "provider", Type: "string", Required: true, Doc: "e2b, modal, blaxel, blaxel-no-standby, daytona, vercel or fly"},
 				q("days", "integer", "1..90, default 30")},
 			handle: s.compareUsage},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/usage", OpID: "sandboxUsage", Summary: "What a sandbox has used and cost so far",
+			handle: s.sandboxUsage},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/metrics", OpID: "sandboxMetrics", Summary: "CPU and memory of its VM as the host measured them",
 			Query: []param{q("range", "string", "15m, 1h (default), 6h, 24h, 7d or 30d")}, handle: s.sandboxMetrics},
 		{Method: "GET", Path: "/v1/keys", OpID: "listKeys", Summary: "API keys: every key for an admin key, the caller's own for a tenant key",

@@ -572,3 +572,21 @@ func (s *server) serveMetrics(w http.ResponseWriter, r *http.Request, c *call) e
 	s.metrics.ServeHTTP(w, r)
 	return nil
 }
+
+// sandboxUsage serves GET /v1/sandboxes/{id}/usage: everything metered for
+// one sandbox so far, priced.
+func (s *server) sandboxUsage(w http.ResponseWriter, r *http.Request, c *call) error {
+	sb, err := s.mgr.Get(r.Context(), c.owner, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	if err := s.mgr.AttachUsage(r.Context(), sb); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, struct {
+		SandboxID string    `json:"sandboxId"`
+		Rates     ratesJSON `json:"rates"`
+		usageJSON
+	}{SandboxID: sb.ID, Rates: toRatesJSON(s.mgr.Rates()), usageJSON: toUsageJSON(sb.Usage)})
+	return nil
+}

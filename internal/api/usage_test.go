@@ -173,3 +173,24 @@ func TestSandboxMetrics(t *testing.T) {
 		t.Errorf("another key's sandbox: %d", w.Code)
 	}
 }
+
+func TestSandboxUsage(t *testing.T) {
+	e := newEnv(t)
+	e.m.add("key_a", "sbx_a", "running", 0)
+	e.m.usage.rows = productPageRows(time.Now())
+	type usage struct {
+		SandboxID, RunningSeconds, ChargedMicros string
+		Runs                                     int64
+	}
+	u := decodeBody[usage](t, e.do("GET", "/v1/sandboxes/sbx_a/usage", ""))
+	if u.SandboxID != "sbx_a" || u.RunningSeconds != "360000" || u.Runs != 4000 || u.ChargedMicros != "3416667" {
+		t.Errorf("usage %+v", u)
+	}
+	type sb struct{ ChargedMicros *string }
+	if got := decodeBody[sb](t, e.do("GET", "/v1/sandboxes/sbx_a", "")); got.ChargedMicros == nil || *got.ChargedMicros != "3416667" {
+		t.Errorf("sandbox chargedMicros %v", got.ChargedMicros)
+	}
+	if w := e.do("GET", "/v1/sandboxes/sbx_a/usage", "", "Authorization", "Bearer secret-b"); w.Code != http.StatusNotFound {
+		t.Errorf("another key: %d", w.Code)
+	}
+}

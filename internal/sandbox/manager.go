@@ -875,6 +875,9 @@ func (m *Manager) Delete(ctx context.Context, owner, id string) (_ *Sandbox, err
 // that a crash at any later step is finished by the next start (Recover),
 // then ends its VM, removes its files and records it deleted.
 func (m *Manager) delete(ctx context.Context, id, reason string) (*Sandbox, error) {
+	if kept, err := m.cfg.Store.GetSandbox(ctx, id); err == nil {
+		m.accrueKept(ctx, kept, m.now()) // a paused or stopped one's disk, up to its end
+	}
 	sb, err := m.update(ctx, id, func(s *Sandbox) bool {
 		if s.State == StateDeleted || s.State == StateDeleting {
 			return false

@@ -198,16 +198,7 @@ func (m *Manager) meterStorage(ctx context.Context) {
 			return
 		}
 		for _, sb := range page {
-			since := sb.EndedAt
-			if sb.State == StatePaused {
-				since = sb.PausedAt
-			}
-			if since == nil || sb.DiskRemovedAt != nil {
-				continue
-			}
-			if err := m.cfg.Meter.AccrueStorage(ctx, sb.ID, metering.KindSandbox, sb.OwnerKeyID, allocated(m.dir(sb.ID)), *since, now); err != nil {
-				m.log.Warn("charging a kept disk", "sandbox_id", sb.ID, "err", err)
-			}
+			m.accrueKept(ctx, sb, now)
 		}
 		if next == "" {
 			break
@@ -223,6 +214,23 @@ func (m *Manager) meterStorage(ctx context.Context) {
 		if err := m.cfg.Meter.AccrueStorage(ctx, sn.ID, metering.KindSnapshot, sn.OwnerKeyID, sn.SizeBytes, sn.CreatedAt, now); err != nil {
 			m.log.Warn("charging a snapshot", "snapshot_id", sn.ID, "err", err)
 		}
+	}
+}
+
+// accrueKept charges the disk a paused or stopped sandbox keeps, from when
+// it was kept (or last charged) until now. It is also called as the disk
+// stops being kept (a wake, a restart, a delete, the retention), so the
+// time since the last periodic charge is not lost.
+func (m *Manager) accrueKept(ctx context.Context, sb *Sandbox, now time.Time) {
+	since := sb.EndedAt
+	if sb.State == StatePaused {
+		since = sb.PausedAt
+	}
+	if (sb.State != StatePaused && sb.State != StateStopped) || since == nil || sb.DiskRemovedAt != nil {
+		return
+	}
+	if err := m.cfg.Meter.AccrueStorage(ctx, sb.ID, metering.KindSandbox, sb.OwnerKeyID, allocated(m.dir(sb.ID)), *since, now); err != nil {
+		m.log.Warn("charging a kept disk", "sandbox_id", sb.ID, "err", err)
 	}
 }
 

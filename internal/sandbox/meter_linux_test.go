@@ -2,6 +2,8 @@ package sandbox_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -130,5 +132,36 @@ func TestMeterRestartCountsNothingTwice(t *testing.T) {
 	got := usageOf(t, e, metering.Query{Owner: "k"})
 	if got.RunningMs != 20000 || got.ActiveCPUNs != int64(3500*time.Millisecond) || got.Runs != 1 {
 		t.Errorf("usage %+v; want 20 s running, 3.5 s of CPU, one run", got)
+	}
+}
+
+// TestMeterKeptDisk: a stopped sandbox's disk is charged by the hour it is
+// kept, up to its deletion even between periodic charges.
+func TestMeterKeptDisk(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	m := e.manager()
+	sb, _ := m.Create(ctx, "k", spec())
+	waitState(t, m, "k", sb.ID, sandbox.StateRunning)
+	if _, err := m.Stop(ctx, "k", sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, m, "k", sb.ID, sandbox.StateStopped)
+	// The fake VM writes no disk: give it 4 MiB of allocated blocks.
+	if err := os.WriteFile(filepath.Join(e.dir, "sandboxes", sb.ID, "disk.img"), make([]byte, 4<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Hour)
+	m.MeterNow(ctx)
+	hour := int64(time.Hour / time.Millisecond)
+	if got := usageOf(t, e, metering.Query{Owner: "k"}).StorageMiBMs; got < 4*hour || got > 5*hour {
+		t.Errorf("after an hour kept: %d MiB-ms, want about %d", got, 4*hour)
+	}
+	e.clock.Advance(30 * time.Minute)
+	if _, err := m.Delete(ctx, "k", sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := usageOf(t, e, metering.Query{Owner: "k"}).StorageMiBMs; got < 6*hour || got > 7*hour+hour/2 {
+		t.Errorf("after 1.5 h kept and a delete: %d MiB-ms, want about %d", got, 6*hour)
 	}
 }

@@ -278,6 +278,7 @@ func (m *Manager) wake(ctx context.Context, id string, timeout *int) (*Sandbox, 
 	if err != nil || sb.State != StatePaused {
 		return sb, err
 	}
+	m.accrueKept(ctx, sb, m.now())
 	whole := *sb
 	whole.State = StateResuming
 	if err := m.cfg.Admission.Replace(claim(&whole)); err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/emberbox/emberbox/internal/agentproto"
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/metering"
 	"github.com/emberbox/emberbox/internal/vmm"
 )
 
@@ -324,13 +325,19 @@ func (m *Manager) markSnapshotDeleted(ctx context.Context, id string) error {
 		return err
 	}
 	now := m.now()
-	_, err = ss.UpdateSnapshot(ctx, id, func(s *Snapshot) bool {
+	sn, err := ss.UpdateSnapshot(ctx, id, func(s *Snapshot) bool {
 		if s.State == SnapshotDeleted {
 			return false
 		}
 		s.State, s.DeletedAt = SnapshotDeleted, &now
 		return true
 	})
+	if err == nil && sn.ReadyAt != nil {
+		// Charged up to its deletion, not only to the last periodic charge.
+		if err := m.cfg.Meter.AccrueStorage(ctx, sn.ID, metering.KindSnapshot, sn.OwnerKeyID, sn.SizeBytes, sn.CreatedAt, now); err != nil {
+			m.log.Warn("charging a deleted snapshot", "snapshot_id", sn.ID, "err", err)
+		}
+	}
 	return err
 }
 
