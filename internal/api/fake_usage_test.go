@@ -22,14 +22,24 @@ func (m *fakeManager) Rates() pricing.Rates { return pricing.DefaultRates() }
 
 func (m *fakeManager) AttachUsage(ctx context.Context, sbs ...*sandbox.Sandbox) error {
 	for _, sb := range sbs {
-		rows, _ := m.UsageRows(ctx, "", metering.Query{ResourceIDs: []string{sb.ID}})
+		rows, _ := m.usageRows("", metering.Query{ResourceIDs: []string{sb.ID}})
 		s := metering.Summarize(rows, m.Rates())
 		sb.Usage = &s
 	}
 	return nil
 }
 
-func (m *fakeManager) UsageRows(ctx context.Context, owner string, q metering.Query) ([]metering.Row, error) {
+func (m *fakeManager) EachUsageRow(ctx context.Context, owner string, q metering.Query, fn func(metering.Row) error) error {
+	rows, err := m.usageRows(owner, q)
+	for _, r := range rows {
+		if err := fn(r); err != nil {
+			return err
+		}
+	}
+	return err
+}
+
+func (m *fakeManager) usageRows(owner string, q metering.Query) ([]metering.Row, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out []metering.Row

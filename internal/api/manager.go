@@ -64,9 +64,9 @@ type Manager interface {
 	Rates() pricing.Rates
 	// AttachUsage sets each sandbox's Usage: what was metered for it, priced.
 	AttachUsage(ctx context.Context, sbs ...*sandbox.Sandbox) error
-	// UsageRows lists owner's hourly usage rows that q selects (owner ""
-	// is every key's, for an admin).
-	UsageRows(ctx context.Context, owner string, q metering.Query) ([]metering.Row, error)
+	// EachUsageRow calls fn with each of owner's hourly usage rows that q
+	// selects, oldest first (owner "" is every key's, for an admin).
+	EachUsageRow(ctx context.Context, owner string, q metering.Query, fn func(metering.Row) error) error
 	// SettledThrough is the time before which no usage row changes any more.
 	SettledThrough(ctx context.Context) (time.Time, error)
 	// Metrics returns owner's sandbox and its metered intervals ending in [from, to).

@@ -141,17 +141,13 @@ func (s *server) getUsage(w http.ResponseWriter, r *http.Request, c *call) error
 	if err != nil {
 		return err
 	}
-	// Rows are hours: a range covers the hours it touches.
-	rows, err := s.mgr.UsageRows(r.Context(), owner, metering.Query{From: from.Truncate(time.Hour), To: to})
-	if err != nil {
-		return err
-	}
 	rates := s.mgr.Rates()
 	var total metering.Summary
 	groups := map[string]*metering.Summary{}
 	kinds := map[string]string{}
 	var order []string
-	for _, row := range rows {
+	// Rows are hours: a range covers the hours it touches.
+	err = s.mgr.EachUsageRow(r.Context(), owner, metering.Query{From: from.Truncate(time.Hour), To: to}, func(row metering.Row) error {
 		total.Add(row, rates)
 		key := row.ResourceID
 		switch groupBy {
@@ -168,6 +164,10 @@ func (s *server) getUsage(w http.ResponseWriter, r *http.Request, c *call) error
 			kinds[key] = row.Kind
 		}
 		g.Add(row, rates)
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	total.Price(rates)
 	slices.Sort(order)
@@ -258,8 +258,12 @@ func (s *server) exportUsage(w http.ResponseWriter, r *http.Request, c *call) er
 		return err
 	}
 	// A row is an hour's: it is in the range if its hour starts in it.
-	rows, err := s.mgr.UsageRows(r.Context(), owner, metering.Query{From: since, To: until,
-		AfterHour: afterHour, AfterID: afterID, Limit: limit + 1})
+	var rows []metering.Row // at most limit + 1
+	err = s.mgr.EachUsageRow(r.Context(), owner, metering.Query{From: since, To: until,
+		AfterHour: afterHour, AfterID: afterID, Limit: limit + 1}, func(row metering.Row) error {
+		rows = append(rows, row)
+		return nil
+	})
 	if err != nil {
 		return err
 	}
@@ -348,12 +352,11 @@ func (s *server) compareUsage(w http.ResponseWriter, r *http.Request, c *call) e
 	}
 	rates := s.mgr.Rates()
 	now := s.now().UTC()
-	rows, err := s.mgr.UsageRows(r.Context(), c.owner, metering.Query{From: now.Add(-time.Duration(days) * 24 * time.Hour).Truncate(time.Hour)})
+	sum, err := s.summarize(r, c.owner, metering.Query{From: now.Add(-time.Duration(days) * 24 * time.Hour).Truncate(time.Hour)})
 	if err != nil {
 		return err
 	}
-	sum := metering.Summarize(rows, rates)
-	basis, note, scale := "settled", "", big30(days)
+	basis, note, scale := "settled", "", monthScale(days)
 	usage := sum.Usage
 	if usage.RunningMs == 0 {
 		basis, scale = "example", 1
@@ -396,8 +399,20 @@ func (s *server) compareUsage(w http.ResponseWriter, r *http.Request, c *call) e
 	return nil
 }
 
-// big30 scales usage over days to a 30-day month.
-func big30(days int) float64 { return 30 / float64(days) }
+// summarize adds up owner's rows that q selects, priced.
+func (s *server) summarize(r *http.Request, owner string, q metering.Query) (metering.Summary, error) {
+	rates := s.mgr.Rates()
+	var sum metering.Summary
+	err := s.mgr.EachUsageRow(r.Context(), owner, q, func(row metering.Row) error {
+		sum.Add(row, rates)
+		return nil
+	})
+	sum.Price(rates)
+	return sum, err
+}
+
+// monthScale scales usage over days to a 30-day month.
+func monthScale(days int) float64 { return 30 / float64(days) }
 
 // me serves GET /v1/me: who this key is.
 func (s *server) me(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -427,11 +442,10 @@ func (s *server) me(w http.ResponseWriter, r *http.Request, c *call) error {
 // it holds now, and what it was charged in the last 24 hours.
 func (s *server) getLimits(w http.ResponseWriter, r *http.Request, c *call) error {
 	now := s.now().UTC()
-	rows, err := s.mgr.UsageRows(r.Context(), c.owner, metering.Query{From: now.Add(-24 * time.Hour).Truncate(time.Hour)})
+	day, err := s.summarize(r, c.owner, metering.Query{From: now.Add(-24 * time.Hour).Truncate(time.Hour)})
 	if err != nil {
 		return err
 	}
-	day := metering.Summarize(rows, s.mgr.Rates())
 	quota, used := s.mgr.KeyLimits(c.owner)
 	row := func(limit, label, unit string, max, used int64) map[string]any {
 		var m any
@@ -519,20 +533,20 @@ func (s *server) sandboxMetrics(w http.ResponseWriter, r *http.Request, c *call)
 		if sb, _, err = s.mgr.Metrics(r.Context(), c.owner, id, now, now); err != nil {
 			return err
 		}
-		rows, err := s.mgr.UsageRows(r.Context(), c.owner, metering.Query{ResourceIDs: []string{id}, From: from})
-		if err != nil {
-			return err
-		}
-		for _, row := range rows {
+		err = s.mgr.EachUsageRow(r.Context(), c.owner, metering.Query{ResourceIDs: []string{id}, From: from}, func(row metering.Row) error {
 			i := int(row.Hour.Sub(from) / spec.step)
 			if i < 0 || i >= n || row.RunningMs == 0 {
-				continue
+				return nil
 			}
 			a := &steps[i]
 			a.span += time.Duration(row.RunningMs) * time.Millisecond
 			a.cpu += row.CPUNs
 			a.guest += row.GuestCPUNs
 			a.rss, a.seen = max(a.rss, row.RSSMaxBytes), true
+			return nil
+		})
+		if err != nil {
+			return err
 		}
 	}
 	vcpu := float64(max(sb.VCPU, 1))

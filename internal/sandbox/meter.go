@@ -37,7 +37,7 @@ type MeterStore interface {
 	DropMeter(ctx context.Context, id string) error
 	OldestOpenMeter(ctx context.Context) (time.Time, bool, error)
 	AccrueStorage(ctx context.Context, id, kind, owner string, bytes int64, since, now time.Time) error
-	UsageRows(ctx context.Context, q metering.Query) ([]metering.Row, error)
+	EachUsageRow(ctx context.Context, q metering.Query, fn func(metering.Row) error) error
 	MeterPoints(ctx context.Context, id string, from, to time.Time) ([]metering.Point, error)
 	PruneMeterPoints(ctx context.Context, before time.Time) (int64, error)
 }

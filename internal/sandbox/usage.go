@@ -22,18 +22,18 @@ func (m *Manager) AttachUsage(ctx context.Context, sbs ...*Sandbox) error {
 	for i, sb := range sbs {
 		ids[i] = sb.ID
 	}
-	rows, err := m.cfg.Meter.UsageRows(ctx, metering.Query{ResourceIDs: ids})
-	if err != nil {
-		return err
-	}
 	sums := map[string]*metering.Summary{}
-	for _, r := range rows {
+	err := m.cfg.Meter.EachUsageRow(ctx, metering.Query{ResourceIDs: ids}, func(r metering.Row) error {
 		s := sums[r.ResourceID]
 		if s == nil {
 			s = &metering.Summary{}
 			sums[r.ResourceID] = s
 		}
 		s.Add(r, m.cfg.Rates)
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	for _, sb := range sbs {
 		s := sums[sb.ID]
@@ -46,10 +46,11 @@ func (m *Manager) AttachUsage(ctx context.Context, sbs ...*Sandbox) error {
 	return nil
 }
 
-// UsageRows lists owner's usage rows that q selects.
-func (m *Manager) UsageRows(ctx context.Context, owner string, q metering.Query) ([]metering.Row, error) {
+// EachUsageRow calls fn with each of owner's usage rows that q selects,
+// oldest hour first.
+func (m *Manager) EachUsageRow(ctx context.Context, owner string, q metering.Query, fn func(metering.Row) error) error {
 	q.Owner = owner // "" is every key's: the API lets only an admin ask
-	return m.cfg.Meter.UsageRows(ctx, q)
+	return m.cfg.Meter.EachUsageRow(ctx, q, fn)
 }
 
 // SettledThrough is the time before which no usage row can change any

@@ -195,6 +195,18 @@ func (s *Store) addUsage(ctx context.Context, tx *sql.Tx, id, kind, owner string
 
 // UsageRows lists usage rows, oldest hour first.
 func (s *Store) UsageRows(ctx context.Context, q metering.Query) ([]metering.Row, error) {
+	var out []metering.Row
+	err := s.EachUsageRow(ctx, q, func(r metering.Row) error {
+		out = append(out, r)
+		return nil
+	})
+	return out, err
+}
+
+// EachUsageRow calls fn with each usage row q selects, oldest hour first,
+// without holding them all: a month of a busy server's rows can be large.
+// fn must not use the store; an error from it ends the listing.
+func (s *Store) EachUsageRow(ctx context.Context, q metering.Query, fn func(metering.Row) error) error {
 	var where []string
 	var args []any
 	if q.Owner != "" {
@@ -230,24 +242,25 @@ func (s *Store) UsageRows(ctx context.Context, q metering.Query) ([]metering.Row
 	}
 	rows, err := s.db.QueryContext(ctx, query, args...)
 	if err != nil {
-		return nil, fmt.Errorf("listing usage: %w", err)
+		return fmt.Errorf("listing usage: %w", err)
 	}
 	defer rows.Close()
-	var out []metering.Row
 	for rows.Next() {
 		var r metering.Row
 		var hour, settled int64
 		if err := rows.Scan(&r.ResourceID, &r.Kind, &r.Owner, &hour, &r.RunningMs, &r.VCPUMs, &r.MemoryMiBMs, &r.CPUNs, &r.GuestCPUNs,
 			&r.EgressBytes, &r.IngressBytes, &r.RSSMaxBytes, &r.Runs, &r.StorageByteMs, &settled, &r.Final); err != nil {
-			return nil, fmt.Errorf("listing usage: %w", err)
+			return fmt.Errorf("listing usage: %w", err)
 		}
 		r.Hour, r.SettledAt = time.Unix(hour, 0).UTC(), time.UnixMilli(settled).UTC()
-		out = append(out, r)
+		if err := fn(r); err != nil {
+			return err
+		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("listing usage: %w", err)
+		return fmt.Errorf("listing usage: %w", err)
 	}
-	return out, nil
+	return nil
 }
 
 // MeterPoints lists sandbox id's settled intervals that end in [from, to),
