@@ -101,3 +101,26 @@ func TestAccrueStorage(t *testing.T) {
 		t.Errorf("rows %+v; want two hours of a snapshot", rows)
 	}
 }
+
+// BenchmarkSettleMeter measures one settle of a running sandbox's meter:
+// what each sandbox costs the store every meter interval.
+func BenchmarkSettleMeter(b *testing.B) {
+	ctx := context.Background()
+	s, err := Open(ctx, b.TempDir()+"/bench.db")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	t0 := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	if err := s.BeginMeter(ctx, "sbx_b", "key_b", metering.Reading{At: t0, VM: "vm"}); err != nil {
+		b.Fatal(err)
+	}
+	shape := metering.Shape{VCPU: 2, MemoryMiB: 4096}
+	b.ResetTimer()
+	for i := range b.N {
+		r := metering.Reading{At: t0.Add(time.Duration(i+1) * 15 * time.Second), VM: "vm", CPUNs: int64(i+1) * 1e9, RSSBytes: 1 << 28}
+		if ok, err := s.SettleMeter(ctx, "sbx_b", "key_b", shape, r, false); !ok || err != nil {
+			b.Fatal(ok, err)
+		}
+	}
+}
