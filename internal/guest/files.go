@@ -123,11 +123,11 @@ func (c *Client) ReadFile(ctx context.Context, path string) (*agentproto.FileEnt
 type fileReader struct {
 	method string
 	ctx    context.Context
-	c    *Client
-	fc   *agentproto.Conn
-	done func()
-	buf  []byte
-	err  error
+	c      *Client
+	fc     *agentproto.Conn
+	done   func()
+	buf    []byte
+	err    error
 }
 
 func (r *fileReader) Read(p []byte) (int, error) {
