@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"errors"
+	"fmt"
 	"io"
 	"net/url"
 	"strings"
@@ -69,7 +70,7 @@ func TestFilesGlobRenameArchive(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		seen[h.Name] = string(rune(h.Typeflag)) + " " + strings.TrimLeft(strings.TrimPrefix(h.Linkname, ""), "") + " " + modeString(h.Mode)
+		seen[h.Name] = fmt.Sprintf("%c %s %o", h.Typeflag, h.Linkname, h.Mode)
 	}
 	for name, want := range map[string]string{
 		"run.sh": "0  755", "src/private": "0  600", "link": "2 src/deep/b.py 777", "abs": "2 /etc/hostname 777", "src/": "5  755",
@@ -104,8 +105,4 @@ func TestFilesGlobRenameArchive(t *testing.T) {
 	if out := c.sh(t, sb.ID, "test ! -e /workspace/evil && echo safe"); out != "safe\n" {
 		t.Errorf("a hostile entry landed: %q", out)
 	}
-}
-
-func modeString(m int64) string {
-	return strings.TrimLeft(string([]byte{byte('0' + m>>6&7), byte('0' + m>>3&7), byte('0' + m&7)}), "")
 }
