@@ -229,7 +229,7 @@ func (a *Agent) handle(ctx context.Context, st *yamux.Stream) {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if req.Method != agentproto.MethodFileWrite {
+	if !sendsData(req.Method) {
 		// The host sends nothing more, so a read returns only when it
 		// closes the stream: it gave up on the call. Cancel, and fail
 		// writes blocked on a reader that is gone.
@@ -248,6 +248,12 @@ func (a *Agent) handle(ctx context.Context, st *yamux.Stream) {
 		}
 		_ = c.WriteJSON(agentproto.Reply{Error: pe})
 	}
+}
+
+// sendsData reports whether the host sends data frames after a request of
+// method.
+func sendsData(method string) bool {
+	return method == agentproto.MethodFileWrite || method == agentproto.MethodFileUnarchive
 }
 
 // dispatch runs req. An error it returns is sent as the call's final Reply;
@@ -419,13 +425,13 @@ func (a *Agent) dispatchFile(c *agentproto.Conn, req *agentproto.Request) error 
 	}
 	acct, err := a.account(fr.User)
 	if err != nil {
-		if req.Method == agentproto.MethodFileWrite {
+		if sendsData(req.Method) {
 			return drainThen(dataReader(c), fr.Size, err)
 		}
 		return err
 	}
 	if err := checkPath(fr.Path); err != nil {
-		if req.Method == agentproto.MethodFileWrite {
+		if sendsData(req.Method) {
 			return drainThen(dataReader(c), fr.Size, err)
 		}
 		return err
@@ -447,6 +453,38 @@ func (a *Agent) dispatchFile(c *agentproto.Conn, req *agentproto.Request) error 
 			es = []agentproto.FileEntry{}
 		}
 		return c.WriteJSON(agentproto.Reply{Entries: es})
+	case agentproto.MethodFileGlob:
+		es, err := a.glob(acct, p, fr.Glob, fr.Hidden, fr.Limit)
+		if err != nil {
+			return err
+		}
+		if es == nil {
+			es = []agentproto.FileEntry{}
+		}
+		return c.WriteJSON(agentproto.Reply{Entries: es})
+	case agentproto.MethodFileRename:
+		if fr.Path == "" || fr.Target == "" {
+			return invalid(req.Method + ": path and target are required")
+		}
+		if err := checkPath(fr.Target); err != nil {
+			return err
+		}
+		e, err := a.rename(acct, p, resolvePath(acct.home, fr.Target), fr.Overwrite)
+		if err != nil {
+			return err
+		}
+		return c.WriteJSON(agentproto.Reply{Entry: e})
+	case agentproto.MethodFileArchive:
+		return a.archive(c, acct, p, fr.Gzip, fr.Exclude)
+	case agentproto.MethodFileUnarchive:
+		if fr.Size < 0 {
+			return invalid("negative size")
+		}
+		u, err := a.unarchive(acct, p, fr.Size, dataReader(c))
+		if err != nil {
+			return err
+		}
+		return c.WriteJSON(agentproto.Reply{Unpacked: u})
 	case agentproto.MethodFileMkdir:
 		e, err := a.mkdir(acct, p, fr.Mode, fr.Parents)
 		if err != nil {

@@ -347,3 +347,44 @@ func (a *Agent) list(acct *account, p string, depth int, hidden bool, limit int)
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
 	return out, nil
 }
+
+// rename moves src to dst with rename(2) as the user. Without overwrite an
+// existing dst is refused atomically (RENAME_NOREPLACE). Across file
+// systems it is refused: a copy would not be the atomic move callers get
+// everywhere else.
+func (a *Agent) rename(acct *account, src, dst string, overwrite bool) (*agentproto.FileEntry, error) {
+	if src == "/" || dst == "/" {
+		return nil, &agentproto.Error{Code: agentproto.CodePermission, Message: "refusing to rename /"}
+	}
+	err := a.asUser(acct, func() error {
+		var err error
+		if overwrite {
+			err = unix.Rename(src, dst)
+		} else {
+			err = unix.Renameat2(unix.AT_FDCWD, src, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE)
+		}
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, unix.EXDEV):
+			return &agentproto.Error{Code: agentproto.CodeCrossDevice,
+				Message: fmt.Sprintf("%s and %s are on different file systems; copy, then remove", src, dst)}
+		case errors.Is(err, unix.EEXIST) && !overwrite:
+			return &agentproto.Error{Code: agentproto.CodeExists, Message: dst + ": exists; pass overwrite to replace it"}
+		case errors.Is(err, unix.ENOENT):
+			if _, lerr := os.Lstat(src); lerr != nil {
+				return &fs.PathError{Op: "rename", Path: src, Err: err}
+			}
+		}
+		return &fs.PathError{Op: "rename", Path: dst, Err: err}
+	})
+	if err != nil {
+		p := dst
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			p = pe.Path
+		}
+		return nil, fileError(p, err)
+	}
+	return a.stat(acct, dst)
+}

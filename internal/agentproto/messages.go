@@ -39,6 +39,16 @@ const (
 	MethodFileMkdir     = "file.mkdir"
 	MethodFileRemove    = "file.remove"
 	MethodFileChmod     = "file.chmod"
+	// file.glob: Reply{entries} of what under Path matches Glob.
+	MethodFileGlob = "file.glob"
+	// file.rename: Path to Target, refusing to replace unless Overwrite.
+	MethodFileRename = "file.rename"
+	// file.archive: Reply{ok} (or an error), the tar (gzipped with Gzip)
+	// of the directory Path in D frames, then Reply{ok} or an error.
+	MethodFileArchive = "file.archive"
+	// file.unarchive: exactly Size bytes of a tar or tar.gz in D frames,
+	// unpacked into the directory Path, then Reply{unpacked}.
+	MethodFileUnarchive = "file.unarchive"
 )
 
 // Methods of streams the guest opens to the host (egress; see
@@ -104,6 +114,8 @@ const (
 	CodeUnknownMethod    = "unknown_method"
 	CodeCommandNotFound  = "command_not_found"
 	CodeProcessNotExited = "process_running"
+	CodeCrossDevice      = "cross_device"
+	CodeUnsafeArchive    = "unsafe_archive"
 )
 
 // Error is a failure reported by the agent.
@@ -125,6 +137,7 @@ type Reply struct {
 	Entry     *FileEntry    `json:"entry,omitempty"`
 	Entries   []FileEntry   `json:"entries,omitempty"`
 	Removed   *bool         `json:"removed,omitempty"`
+	Unpacked  *Unpacked     `json:"unpacked,omitempty"`
 	OK        bool          `json:"ok,omitempty"`
 }
 
@@ -287,6 +300,29 @@ type FileRequest struct {
 	Parents   bool   `json:"parents,omitempty"`
 	Recursive bool   `json:"recursive,omitempty"`
 	User      string `json:"user,omitempty"` // "" or "user", or "root"
+	// Glob (file.glob) is a pattern relative to Path: '/'-separated
+	// segments as path.Match takes them, "**" matching any number of
+	// directories. Hidden and Limit apply as in file.list.
+	Glob string `json:"glob,omitempty"`
+	// Target and Overwrite: file.rename.
+	Target    string `json:"target,omitempty"`
+	Overwrite bool   `json:"overwrite,omitempty"`
+	// Gzip and Exclude (paths relative to Path): file.archive.
+	Gzip    bool     `json:"gzip,omitempty"`
+	Exclude []string `json:"exclude,omitempty"`
+}
+
+// Bounds of archive and glob requests.
+const (
+	MaxExcludes  = 256
+	MaxGlobLen   = 1024
+	MaxUnarchive = 4 << 30 // bytes of one archive sent to file.unarchive
+)
+
+// Unpacked is what a file.unarchive put in place.
+type Unpacked struct {
+	Entries int   `json:"entries"`
+	Bytes   int64 `json:"bytes"`
 }
 
 // File entry types.

@@ -43,7 +43,8 @@ type fakeManager struct {
 	lastUpdate sandbox.UpdateSpec
 	lastFork   sandbox.ForkSpec
 	snaps      map[string]*sandbox.Snapshot
-	usage      fakeUsage // fake_usage_test.go
+	usage      fakeUsage   // fake_usage_test.go
+	arch       fakeArchive // fake_archive_test.go
 }
 
 type waitCall struct {

@@ -197,11 +197,11 @@ func (s *server) listFiles(w http.ResponseWriter, r *http.Request, c *call) erro
 	if req.Hidden, err = boolParam(q.Get("hidden")); err != nil {
 		issues = append(issues, issue{Path: "hidden", Message: "must be true or false"})
 	}
-	if q.Get("glob") != "" {
-		issues = append(issues, issue{Path: "glob", Message: "is not available yet; list and filter on the client"})
-	}
 	if len(issues) > 0 {
 		return invalid(issues)
+	}
+	if pattern := q.Get("glob"); pattern != "" {
+		return s.globFiles(w, r, c, req, pattern)
 	}
 	_, g, err := s.mgr.Guest(r.Context(), c.owner, r.PathValue("id"))
 	if err != nil {

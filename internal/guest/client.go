@@ -190,13 +190,13 @@ func wireError(e *agentproto.Error) error {
 	case agentproto.CodeFileNotFound, agentproto.CodeProcessNotFound:
 		class = errdefs.ErrNotFound
 	case agentproto.CodeIsADirectory, agentproto.CodeNotADirectory, agentproto.CodeExists,
-		agentproto.CodeNotEmpty, agentproto.CodeNoSpace:
+		agentproto.CodeNotEmpty, agentproto.CodeNoSpace, agentproto.CodeCrossDevice:
 		class = errdefs.ErrConflict
 	case agentproto.CodePermission:
 		class = errdefs.ErrPermission
 	case agentproto.CodeInvalid, agentproto.CodeUnknownMethod, agentproto.CodeCommandNotFound:
 		class = errdefs.ErrInvalidArgument
-	case agentproto.CodeTooLarge:
+	case agentproto.CodeTooLarge, agentproto.CodeUnsafeArchive:
 		class = errdefs.ErrInvalidArgument
 	default:
 		code = "guest_error"

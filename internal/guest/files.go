@@ -81,21 +81,8 @@ func (c *Client) WriteFile(ctx context.Context, path string, mode uint32, size i
 		return nil, err
 	}
 	defer done()
-	buf := make([]byte, agentproto.DataChunk)
-	var sent int64
-	for sent < size {
-		n, rerr := io.ReadFull(r, buf[:min(int64(len(buf)), size-sent)])
-		if n > 0 {
-			if err := fc.WriteFrame(agentproto.KindData, buf[:n]); err != nil {
-				return nil, transportError(ctx, err)
-			}
-			sent += int64(n)
-		}
-		if rerr != nil && sent < size {
-			// The agent is waiting for size bytes; ending the stream makes
-			// it discard the temporary file.
-			return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "body ended after %d of %d bytes", sent, size)
-		}
+	if err := c.sendData(ctx, fc, size, r); err != nil {
+		return nil, err
 	}
 	var rep agentproto.Reply
 	if err := c.readJSON(ctx, fc, agentproto.MethodFileWrite, ordinaryReply, &rep); err != nil {
@@ -130,16 +117,17 @@ func (c *Client) ReadFile(ctx context.Context, path string) (*agentproto.FileEnt
 		done()
 		return nil, nil, c.missing(agentproto.MethodFileRead, "entry")
 	}
-	return rep.Entry, &fileReader{c: c, fc: fc, done: done, ctx: ctx}, nil
+	return rep.Entry, &fileReader{c: c, fc: fc, done: done, ctx: ctx, method: agentproto.MethodFileRead}, nil
 }
 
 type fileReader struct {
-	ctx  context.Context
-	c    *Client
-	fc   *agentproto.Conn
-	done func()
-	buf  []byte
-	err  error
+	method string
+	ctx    context.Context
+	c      *Client
+	fc     *agentproto.Conn
+	done   func()
+	buf    []byte
+	err    error
 }
 
 func (r *fileReader) Read(p []byte) (int, error) {
@@ -154,11 +142,11 @@ func (r *fileReader) Read(p []byte) (int, error) {
 		case r.ctx.Err() != nil:
 			r.err = r.ctx.Err()
 		case errors.Is(err, agentproto.ErrFrameTooLarge), errors.Is(err, agentproto.ErrUnknownKind):
-			r.err = r.c.violation(agentproto.MethodFileRead, "frame over the limit or of unknown kind")
+			r.err = r.c.violation(r.method, "frame over the limit or of unknown kind")
 		case err != nil:
 			r.err = transportError(r.ctx, err)
 		case kind == agentproto.KindData && len(payload) > agentproto.DataChunk:
-			r.err = r.c.violation(agentproto.MethodFileRead, "data frame over %d bytes", agentproto.DataChunk)
+			r.err = r.c.violation(r.method, "data frame over %d bytes", agentproto.DataChunk)
 		}
 		if r.err != nil {
 			return 0, r.err
@@ -169,11 +157,11 @@ func (r *fileReader) Read(p []byte) (int, error) {
 		}
 		var rep agentproto.Reply
 		if err := checkShape(payload, "", 0); err != nil {
-			r.err = r.c.violation(agentproto.MethodFileRead, "%v", err)
+			r.err = r.c.violation(r.method, "%v", err)
 		} else if err := json.Unmarshal(payload, &rep); err != nil {
-			r.err = r.c.violation(agentproto.MethodFileRead, "reply does not decode")
+			r.err = r.c.violation(r.method, "reply does not decode")
 		} else if rep.Error != nil {
-			r.err = fmt.Errorf("reading file: %w", wireError(rep.Error))
+			r.err = fmt.Errorf("%s: %w", r.method, wireError(rep.Error))
 		} else {
 			r.err = io.EOF
 		}
@@ -185,5 +173,26 @@ func (r *fileReader) Read(p []byte) (int, error) {
 
 func (r *fileReader) Close() error {
 	r.done()
+	return nil
+}
+
+// sendData sends exactly size bytes from r in data frames.
+func (c *Client) sendData(ctx context.Context, fc *agentproto.Conn, size int64, r io.Reader) error {
+	buf := make([]byte, agentproto.DataChunk)
+	var sent int64
+	for sent < size {
+		n, rerr := io.ReadFull(r, buf[:min(int64(len(buf)), size-sent)])
+		if n > 0 {
+			if err := fc.WriteFrame(agentproto.KindData, buf[:n]); err != nil {
+				return transportError(ctx, err)
+			}
+			sent += int64(n)
+		}
+		if rerr != nil && sent < size {
+			// The agent is waiting for size bytes; ending the stream makes
+			// it discard what it took.
+			return errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "body ended after %d of %d bytes", sent, size)
+		}
+	}
 	return nil
 }

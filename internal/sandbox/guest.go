@@ -23,6 +23,14 @@ type (
 	ProcessRequest = agentproto.ProcessRequest
 	FileRequest    = agentproto.FileRequest
 	FileEntry      = agentproto.FileEntry
+	Unpacked       = agentproto.Unpacked
+)
+
+// Bounds of archive requests, as the guest takes them.
+const (
+	MaxArchiveExcludes = agentproto.MaxExcludes
+	MaxGlobLen         = agentproto.MaxGlobLen
+	MaxUnarchive       = agentproto.MaxUnarchive
 )
 
 // Output stream names of Event.Type.
@@ -68,6 +76,17 @@ type Guest interface {
 	// symlink, as the sandbox user, who may change only the modes of files
 	// it owns; it returns path's entry.
 	Chmod(ctx context.Context, path string, mode uint32) (*FileEntry, error)
+	// Glob lists what under root matches pattern ("**" spans directories).
+	Glob(ctx context.Context, root, pattern string, hidden bool, limit int) ([]FileEntry, error)
+	// Rename moves from to to as the sandbox user; an existing to is
+	// replaced only with overwrite (else file_exists).
+	Rename(ctx context.Context, from, to string, overwrite bool) (*FileEntry, error)
+	// Archive streams the directory dir as a tar (gzipped with gz) read
+	// as user ("" or "root"); the reader must be closed.
+	Archive(ctx context.Context, dir, user string, gz bool, exclude []string) (io.ReadCloser, error)
+	// Unarchive unpacks exactly size bytes of a tar or tar.gz from r into
+	// the directory dir as user ("" or "root").
+	Unarchive(ctx context.Context, dir, user string, size int64, r io.Reader) (*Unpacked, error)
 }
 
 var _ Guest = (*guest.Client)(nil)

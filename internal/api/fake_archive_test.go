@@ -1,0 +1,98 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"path"
+	"strings"
+
+	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/sandbox"
+)
+
+// fakeArchive records what the fake guest's archive calls were given.
+type fakeArchive struct {
+	glob      string // root and pattern
+	archive   string // dir, user, gzip and excludes
+	unpacked  []byte
+	unpackTo  string // dir and user
+	unpackErr error
+	cutAfter  int // Archive: bytes sent before the reader fails; 0 never
+}
+
+func (g fakeGuest) Glob(ctx context.Context, root, pattern string, hidden bool, limit int) ([]sandbox.FileEntry, error) {
+	m := g.m
+	if _, err := m.Get(ctx, g.owner, g.id); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.arch.glob = root + " " + pattern
+	var out []sandbox.FileEntry
+	for k, data := range m.files {
+		id, p, _ := strings.Cut(k, "\x00")
+		if ok, _ := path.Match(path.Join(root, pattern), p); id == g.id && ok {
+			out = append(out, *m.entry(p, int64(len(data))))
+		}
+	}
+	return out, nil
+}
+
+func (g fakeGuest) Rename(ctx context.Context, from, to string, overwrite bool) (*sandbox.FileEntry, error) {
+	m := g.m
+	if _, err := m.Get(ctx, g.owner, g.id); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	data, ok := m.files[g.id+"\x00"+from]
+	if !ok {
+		return nil, errdefs.New(errdefs.ErrNotFound, "file_not_found", "%s: no such file", from)
+	}
+	if _, exists := m.files[g.id+"\x00"+to]; exists && !overwrite {
+		return nil, errdefs.New(errdefs.ErrConflict, "file_exists", "%s: exists", to)
+	}
+	delete(m.files, g.id+"\x00"+from)
+	m.files[g.id+"\x00"+to] = data
+	return m.entry(to, int64(len(data))), nil
+}
+
+func (g fakeGuest) Archive(ctx context.Context, dir, user string, gz bool, exclude []string) (io.ReadCloser, error) {
+	m := g.m
+	if _, err := m.Get(ctx, g.owner, g.id); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.arch.archive = fmt.Sprintf("%s user=%q gzip=%v exclude=%q", dir, user, gz, exclude)
+	body := strings.Repeat("t", 100_000)
+	if m.arch.cutAfter > 0 {
+		return io.NopCloser(io.MultiReader(strings.NewReader(body[:m.arch.cutAfter]), errReader{})), nil
+	}
+	return io.NopCloser(strings.NewReader(body)), nil
+}
+
+type errReader struct{}
+
+func (errReader) Read([]byte) (int, error) {
+	return 0, errdefs.New(errdefs.ErrConflict, "file_not_found", "vanished")
+}
+
+func (g fakeGuest) Unarchive(ctx context.Context, dir, user string, size int64, r io.Reader) (*sandbox.Unpacked, error) {
+	m := g.m
+	if _, err := m.Get(ctx, g.owner, g.id); err != nil {
+		return nil, err
+	}
+	data, err := io.ReadAll(r)
+	if err != nil || int64(len(data)) != size {
+		return nil, fmt.Errorf("short body: %w", errdefs.ErrInternal)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.arch.unpacked, m.arch.unpackTo = data, fmt.Sprintf("%s user=%q", dir, user)
+	if m.arch.unpackErr != nil {
+		return nil, m.arch.unpackErr
+	}
+	return &sandbox.Unpacked{Entries: 3, Bytes: size}, nil
+}
