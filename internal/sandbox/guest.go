@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"time"
 
 	"github.com/emberbox/emberbox/internal/agentproto"
@@ -68,6 +69,12 @@ type Guest interface {
 	// symlink, as the sandbox user, who may change only the modes of files
 	// it owns; it returns path's entry.
 	Chmod(ctx context.Context, path string, mode uint32) (*FileEntry, error)
+
+	// DialPort connects to a TCP port on the guest's loopback, over the
+	// guest stream; nothing listening there is errdefs.ErrUnavailable
+	// with code port_refused. ctx bounds the connect only. The connection
+	// has CloseWrite, which half-closes it.
+	DialPort(ctx context.Context, port int) (net.Conn, error)
 }
 
 var _ Guest = (*guest.Client)(nil)
