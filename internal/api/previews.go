@@ -123,7 +123,7 @@ func tokenBounds(ttl *int64, at *string) (time.Duration, *time.Time, []issue) {
 	var d time.Duration
 	var issues []issue
 	if ttl != nil {
-		if *ttl <= 0 || *ttl > int64(sandbox.MaxPreviewTTL/time.Second) {
+		if *ttl < int64(sandbox.MinPreviewTTL/time.Second) || *ttl > int64(sandbox.MaxPreviewTTL/time.Second) {
 			issues = append(issues, issue{Path: "ttlSeconds", Message: "must be 60 to 604800"})
 		} else {
 			d = time.Duration(*ttl) * time.Second
