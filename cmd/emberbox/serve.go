@@ -66,6 +66,7 @@ type serveOptions struct {
 	rates         pricing.Rates
 	meterInterval time.Duration
 	metricsListen string
+	previewURL    string
 }
 
 // hostCABundle is passed to guests by default, so that they trust what the
@@ -115,6 +116,7 @@ func newServeCommand() *cobra.Command {
 	f.StringVar(&o.rates.SnapshotPerGiBHour, "price-snapshot", o.rates.SnapshotPerGiBHour, "dollars per GiB-hour of snapshots")
 	f.StringVar(&o.rates.EgressPerGB, "price-egress", o.rates.EgressPerGB, "dollars per GB of egress past the monthly allowance")
 	f.DurationVar(&o.meterInterval, "meter-interval", sandbox.DefaultMeterInterval, "how often running sandboxes' CPU and memory are read")
+	f.StringVar(&o.previewURL, "preview-url", "", "base of preview URLs (https://emberbox.example.com); default: the scheme and host of the request that made the preview")
 	f.StringVar(&o.metricsListen, "metrics-listen", "", `also serve Prometheus metrics without a key at /metrics on this address, e.g. 127.0.0.1:9464 `+
 		`(the API's /metrics needs an admin key)`)
 	return cmd
@@ -226,7 +228,7 @@ func serve(ctx context.Context, o serveOptions) error {
 		Logger: log, Version: version, Accel: drv.Accel,
 		Confinement: func() any { return drv.Confinement() },
 		Uploads:     uploads, RateLimits: adm.rates, ObserveRequest: metrics.ObserveRequest,
-		Metrics: metrics.Handler(),
+		Metrics: metrics.Handler(), PreviewURL: o.previewURL,
 	})
 	if o.metricsListen != "" {
 		mln, err := net.Listen("tcp", o.metricsListen)

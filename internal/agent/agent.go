@@ -229,6 +229,11 @@ func (a *Agent) handle(ctx context.Context, st *yamux.Stream) {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if req.Method == agentproto.MethodPortConnect {
+		// The stream carries a connection's bytes after the reply.
+		a.connectPort(ctx, c, st, req.Port)
+		return
+	}
 	if !sendsData(req.Method) {
 		// The host sends nothing more, so a read returns only when it
 		// closes the stream: it gave up on the call. Cancel, and fail

@@ -49,7 +49,22 @@ const (
 	// file.unarchive: exactly Size bytes of a tar or tar.gz in D frames,
 	// unpacked into the directory Path, then Reply{unpacked}.
 	MethodFileUnarchive = "file.unarchive"
+	// MethodPortConnect connects to a TCP port on the guest's loopback:
+	// the Request carries Port, the agent answers one Reply (OK, or Error
+	// with CodePortRefused), then the stream carries the connection's raw
+	// bytes both ways. Closing one side of the stream half-closes the
+	// connection. An older agent answers CodeUnknownMethod.
+	MethodPortConnect = "port.connect"
 )
+
+// PortRequest names a TCP port on the guest's loopback.
+type PortRequest struct {
+	Port int `json:"port"`
+}
+
+// CodePortRefused is the error code of a port.connect nothing listens on
+// (or that the agent refuses: too many connections at once).
+const CodePortRefused = "port_refused"
 
 // Methods of streams the guest opens to the host (egress; see
 // internal/egress). egress.proxy: after the Request frame the stream carries
@@ -96,6 +111,7 @@ type Request struct {
 	Process   *ProcessRequest   `json:"process,omitempty"`
 	File      *FileRequest      `json:"file,omitempty"`
 	Egress    *EgressRequest    `json:"egress,omitempty"`
+	Port      *PortRequest      `json:"port,omitempty"`
 }
 
 // Error codes carried on the wire. The host maps them to errdefs classes.

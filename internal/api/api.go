@@ -118,6 +118,9 @@ type Config struct {
 	// is the HTTP status sent. It runs on the request's goroutine after
 	// the answer, so it must be quick.
 	ObserveRequest func(route string, status int, d time.Duration)
+	// PreviewURL is the base of preview URLs (https://emberbox.example.com);
+	// "" uses the scheme and host of the request that made the preview.
+	PreviewURL string
 }
 
 // Limits of the waits a request may ask for.
@@ -141,6 +144,10 @@ type server struct {
 	metrics http.Handler
 	limits  *rateLimiter
 	observe func(route string, status int, d time.Duration) // nil: none
+
+	previewBase      string
+	previewTransport *http.Transport
+	previewConns     connSet
 
 	routes  []route
 	mux     *http.ServeMux
@@ -171,6 +178,8 @@ func newServer(cfg Config) *server {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.uploads, s.metrics = cfg.Uploads, cfg.Metrics
+	s.previewBase = cfg.PreviewURL
+	s.previewTransport = s.newPreviewTransport()
 	s.routes = s.routeTable()
 	s.mux = s.buildMux()
 	doc, err := json.Marshal(s.openAPI())

@@ -43,8 +43,10 @@ type fakeManager struct {
 	lastUpdate sandbox.UpdateSpec
 	lastFork   sandbox.ForkSpec
 	snaps      map[string]*sandbox.Snapshot
-	usage      fakeUsage   // fake_usage_test.go
-	arch       fakeArchive // fake_archive_test.go
+	usage      fakeUsage                   // fake_usage_test.go
+	arch       fakeArchive                 // fake_archive_test.go
+	ports      map[string]string           // id:port → the address DialPort reaches (fake_ports_test.go)
+	previews   map[string]*sandbox.Preview // id:port
 }
 
 type waitCall struct {

@@ -11,7 +11,11 @@ import (
 
 // guestRouteRequests is a valid request to every route that calls a guest,
 // by OpID; a route marked Guest without one here fails the test below.
-var guestRouteRequests = map[string]struct{ query, body string }{
+var guestRouteRequests = map[string]struct {
+	query, body string
+	websocket   bool // sent without an upgrade, it is answered 426
+}{
+	"tunnel":          {websocket: true},
 	"exec":            {body: `{"command":"true"}`},
 	"spawnProcess":    {body: `{"command":"sleep 1"}`},
 	"listProcesses":   {},
@@ -60,6 +64,12 @@ func TestGuestRoutesRefuseByStateTable(t *testing.T) {
 			w := e.do(rt.Method, target, req.body)
 			name := string(st.State) + "/" + rt.OpID
 			if st.Refusal == nil {
+				if req.websocket {
+					if w.Code != http.StatusUpgradeRequired || errorOf(t, w).Code != "websocket_required" {
+						t.Errorf("%s: %d %s, want 426 websocket_required", name, w.Code, w.Body)
+					}
+					continue
+				}
 				if w.Code >= 400 {
 					t.Errorf("%s: %d %s, want success", name, w.Code, w.Body)
 				}

@@ -181,6 +181,20 @@ func (s *server) routeTable() []route {
 		{Method: "POST", Path: "/v1/sandboxes/{id}/uploads/{uploadId}:commit", OpID: "commitUpload",
 			Summary: "Check the chunks and the sha256, then write the file; answers its entry",
 			Body:    struct{}{}, handle: s.commitUpload},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/tunnel", OpID: "tunnel", Guest: true,
+			Summary: "WebSocket carrying connections to the sandbox's loopback ports (withruntime forward_port)", handle: s.tunnel},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/previews", OpID: "createPreview",
+			Summary: "Share a port at a preview URL, or change its visibility, lifetime or embed origins",
+			Body:    previewRequest{}, handle: s.createPreview},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/previews", OpID: "listPreviews", Summary: "Shared ports, each private one with a fresh token",
+			handle: s.listPreviews},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/previews/{port}", OpID: "getPreview", Summary: "A shared port, with a fresh token",
+			Query:  []param{q("ttlSeconds", "integer", "the token's lifetime, 60..604800"), q("expiresAt", "string", "RFC 3339: the token ends by then")},
+			handle: s.getPreview},
+		{Method: "DELETE", Path: "/v1/sandboxes/{id}/previews/{port}", OpID: "deletePreview", Summary: "Stop sharing a port; its open connections are closed",
+			handle: s.deletePreview},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/previews/{port}:rotate", OpID: "rotatePreview",
+			Summary: "Refuse every token of the preview issued so far and answer a new one", Body: struct{}{}, handle: s.rotatePreview},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/uploads/{uploadId}:abort", OpID: "abortUpload",
 			Summary: "Drop an upload and its chunks", Body: struct{}{}, handle: s.abortUpload},
 	}
@@ -232,6 +246,9 @@ func (s *server) buildMux() *http.ServeMux {
 	for _, p := range order {
 		mux.Handle(p, groups[p])
 	}
+	// Preview URLs are the sandboxes' own servers, not API routes: any
+	// method, any path, authorized per preview (preview_proxy.go).
+	mux.HandleFunc(previewPrefix, s.servePreview)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, notServed(r))
 	})

@@ -11,10 +11,6 @@ import (
 // retried by the SDK), in the one error shape.
 var sdkUnavailable = []struct{ method, path string }{
 	{"GET", "/v1/sandboxes/sbx_r/terminal"},
-	{"GET", "/v1/sandboxes/sbx_r/tunnel"},
-	{"POST", "/v1/sandboxes/sbx_r/previews"},
-	{"GET", "/v1/sandboxes/sbx_r/previews"},
-	{"DELETE", "/v1/sandboxes/sbx_r/previews/8080"},
 	{"POST", "/v1/sandboxes/sbx_r/files/archive/uploads"},
 	{"PUT", "/v1/sandboxes/sbx_r/files/archive/uploads/upl_1"},
 	{"POST", "/v1/sandboxes/sbx_r/files/watches"},

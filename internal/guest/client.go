@@ -38,6 +38,8 @@ type Client struct {
 	conn net.Conn
 
 	onViolation atomic.Pointer[func(Violation)]
+
+	ports chan struct{} // a place per connection to a guest port (DialPort)
 }
 
 // Handshake performs the hello/ready exchange on conn and starts a session.
@@ -124,7 +126,7 @@ func Handshake(ctx context.Context, conn net.Conn) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("starting session: %w", err)
 	}
-	return &Client{sess: sess, conn: conn}, nil
+	return &Client{sess: sess, conn: conn, ports: make(chan struct{}, MaxPortConns)}, nil
 }
 
 // helloResend is how often Handshake repeats its Hello until answered.

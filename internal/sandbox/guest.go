@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"time"
 
 	"github.com/emberbox/emberbox/internal/agentproto"
@@ -87,6 +88,12 @@ type Guest interface {
 	// Unarchive unpacks exactly size bytes of a tar or tar.gz from r into
 	// the directory dir as user ("" or "root").
 	Unarchive(ctx context.Context, dir, user string, size int64, r io.Reader) (*Unpacked, error)
+
+	// DialPort connects to a TCP port on the guest's loopback, over the
+	// guest stream; nothing listening there is errdefs.ErrUnavailable
+	// with code port_refused. ctx bounds the connect only. The connection
+	// has CloseWrite, which half-closes it.
+	DialPort(ctx context.Context, port int) (net.Conn, error)
 }
 
 var _ Guest = (*guest.Client)(nil)

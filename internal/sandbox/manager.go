@@ -910,6 +910,12 @@ func (m *Manager) finishDelete(ctx context.Context, id string) (*Sandbox, error)
 	}
 	faultpoint.Hit("delete.files_removed")
 	m.rememberEnv(id, nil)
+	if ps, ok := m.cfg.Store.(PreviewStore); ok {
+		// Its URLs are refused already (OpenPreview); this drops the rows.
+		if err := ps.DeletePreviews(ctx, id, 0); err != nil {
+			m.log.Warn("removing the previews of a deleted sandbox", "sandbox_id", id, "err", err)
+		}
+	}
 	now := m.now()
 	changed := false
 	sb, err := m.update(ctx, id, func(s *Sandbox) bool {

@@ -339,6 +339,22 @@ CREATE TABLE storage_meters (     -- until when each kept disk or snapshot has b
 	at_ms       INTEGER NOT NULL
 ) STRICT;
 `,
+	// 9: previews (previews.go), one per sandbox and port.
+	`
+CREATE TABLE previews (
+	id            TEXT PRIMARY KEY, -- names it in its URL
+	sandbox_id    TEXT NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,
+	owner_key_id  TEXT NOT NULL,
+	port          INTEGER NOT NULL,
+	visibility    TEXT NOT NULL,    -- private | public
+	secret        BLOB NOT NULL,    -- signs its tokens; replaced by a rotation
+	embed_origins TEXT,             -- JSON array, NULL for none
+	created_at    TEXT NOT NULL,
+	updated_at    TEXT NOT NULL,
+	expires_at    TEXT,
+	UNIQUE (sandbox_id, port)
+) STRICT;
+`,
 }
 
 // migrate applies the pending migrations, each in its own transaction

@@ -1,0 +1,303 @@
+package api
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/sandbox"
+)
+
+// PreviewManager is the optional capability of managers that keep
+// previews (sandbox.Manager), found by type assertion. Without it the
+// preview routes answer 503 previews_unavailable.
+type PreviewManager interface {
+	CreatePreview(ctx context.Context, owner, id string, spec sandbox.PreviewSpec) (*sandbox.Preview, error)
+	ListPreviews(ctx context.Context, owner, id string) ([]*sandbox.Preview, error)
+	GetPreview(ctx context.Context, owner, id string, port int) (*sandbox.Preview, error)
+	DeletePreview(ctx context.Context, owner, id string, port int) (*sandbox.Preview, error)
+	RotatePreview(ctx context.Context, owner, id string, port int) (*sandbox.Preview, error)
+	// OpenPreview returns the live preview named id, of any owner, for
+	// serving its URL.
+	OpenPreview(ctx context.Context, id string) (*sandbox.Preview, error)
+}
+
+func (s *server) previewManager() (PreviewManager, error) {
+	pm, ok := s.mgr.(PreviewManager)
+	if !ok {
+		return nil, errdefs.New(errdefs.ErrUnavailable, "previews_unavailable", "this server keeps no previews")
+	}
+	return pm, nil
+}
+
+// previewRequest is the body of POST /v1/sandboxes/{id}/previews.
+type previewRequest struct {
+	Port         int       `json:"port"`
+	Visibility   string    `json:"visibility,omitempty"`
+	TTLSeconds   *int64    `json:"ttlSeconds,omitempty"`
+	ExpiresAt    *string   `json:"expiresAt,omitempty"`
+	EmbedOrigins *[]string `json:"embedOrigins,omitempty"`
+}
+
+// previewJSON is a preview as the API answers it. A private one carries a
+// fresh token.
+type previewJSON struct {
+	ID             string     `json:"id"`
+	SandboxID      string     `json:"sandboxId"`
+	Port           int        `json:"port"`
+	Visibility     string     `json:"visibility"`
+	URL            string     `json:"url"`
+	Token          *string    `json:"token"`
+	URLWithToken   *string    `json:"urlWithToken"`
+	TokenExpiresAt *time.Time `json:"tokenExpiresAt"`
+	TokenHeader    string     `json:"tokenHeader"`
+	ExpiresAt      *time.Time `json:"expiresAt"`
+	EmbedOrigins   []string   `json:"embedOrigins"`
+	CreatedAt      time.Time  `json:"createdAt"`
+	UpdatedAt      time.Time  `json:"updatedAt"`
+}
+
+// Where a preview's token may be sent.
+const (
+	previewTokenHeader = "X-Runtime-Preview-Token"
+	previewTokenQuery  = "runtime_preview_token"
+	previewCookie      = "runtime_preview_token"
+	previewPrefix      = "/preview/"
+)
+
+// previewURL is the address a preview is served at: under the
+// configured base, else this request's own scheme and host.
+func (s *server) previewURL(r *http.Request, p *sandbox.Preview) string {
+	base := s.previewBase
+	if base == "" {
+		scheme := "http"
+		if r.TLS != nil {
+			scheme = "https"
+		}
+		base = scheme + "://" + r.Host
+	}
+	return strings.TrimRight(base, "/") + previewPrefix + p.ID + "/"
+}
+
+func (s *server) toPreviewJSON(r *http.Request, p *sandbox.Preview, tokenExp time.Time) previewJSON {
+	out := previewJSON{
+		ID: p.ID, SandboxID: p.SandboxID, Port: p.Port, Visibility: p.Visibility, URL: s.previewURL(r, p),
+		TokenHeader: strings.ToLower(previewTokenHeader), ExpiresAt: utcPtr(p.ExpiresAt), EmbedOrigins: p.EmbedOrigins,
+		CreatedAt: p.CreatedAt.UTC(), UpdatedAt: p.UpdatedAt.UTC(),
+	}
+	if out.EmbedOrigins == nil {
+		out.EmbedOrigins = []string{}
+	}
+	if p.Visibility == sandbox.PreviewPrivate {
+		tok := p.Token(tokenExp)
+		withToken := out.URL + "?" + previewTokenQuery + "=" + url.QueryEscape(tok)
+		exp := tokenExp.UTC()
+		out.Token, out.URLWithToken, out.TokenExpiresAt = &tok, &withToken, &exp
+	}
+	return out
+}
+
+func utcPtr(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+// portParam reads the {port} path value.
+func portParam(r *http.Request) (int, error) {
+	port, err := strconv.Atoi(r.PathValue("port"))
+	if err != nil || port < 1 || port > 65535 {
+		return 0, invalid([]issue{{Path: "port", Message: "must be 1 to 65535"}})
+	}
+	return port, nil
+}
+
+// tokenBounds reads a token's ttlSeconds and expiresAt.
+func tokenBounds(ttl *int64, at *string) (time.Duration, *time.Time, []issue) {
+	var d time.Duration
+	var issues []issue
+	if ttl != nil {
+		if *ttl < int64(sandbox.MinPreviewTTL/time.Second) || *ttl > int64(sandbox.MaxPreviewTTL/time.Second) {
+			issues = append(issues, issue{Path: "ttlSeconds", Message: "must be 60 to 604800"})
+		} else {
+			d = time.Duration(*ttl) * time.Second
+		}
+	}
+	var t *time.Time
+	if at != nil {
+		parsed, err := time.Parse(time.RFC3339Nano, *at)
+		if err != nil {
+			issues = append(issues, issue{Path: "expiresAt", Message: "must be an RFC 3339 time"})
+		} else {
+			t = &parsed
+		}
+	}
+	return d, t, issues
+}
+
+func (s *server) createPreview(w http.ResponseWriter, r *http.Request, c *call) error {
+	var req previewRequest
+	if err := decode(c, &req); err != nil {
+		return err
+	}
+	var issues []issue
+	if req.Port < 1 || req.Port > 65535 {
+		issues = append(issues, issue{Path: "port", Message: "must be 1 to 65535"})
+	}
+	if req.Visibility != "" && req.Visibility != sandbox.PreviewPrivate && req.Visibility != sandbox.PreviewPublic {
+		issues = append(issues, issue{Path: "visibility", Message: "must be private or public"})
+	}
+	ttl, at, more := tokenBounds(req.TTLSeconds, req.ExpiresAt)
+	issues = append(issues, more...)
+	if req.EmbedOrigins != nil {
+		if len(*req.EmbedOrigins) > sandbox.MaxEmbedOrigins {
+			issues = append(issues, issue{Path: "embedOrigins", Message: "at most 16"})
+		}
+		for i, o := range *req.EmbedOrigins {
+			if !validOrigin(o) {
+				issues = append(issues, issue{Path: "embedOrigins." + strconv.Itoa(i), Message: "must be an origin such as https://app.example.com or https://*.example.com"})
+			}
+		}
+	}
+	if len(issues) > 0 {
+		return invalid(issues)
+	}
+	pm, err := s.previewManager()
+	if err != nil {
+		return err
+	}
+	p, err := pm.CreatePreview(r.Context(), c.owner, r.PathValue("id"), sandbox.PreviewSpec{
+		Port: req.Port, Visibility: req.Visibility, TTL: ttl, ExpiresAt: at, EmbedOrigins: req.EmbedOrigins})
+	if err != nil {
+		return err
+	}
+	return s.answerPreview(w, r, p, 0, nil)
+}
+
+// validOrigin accepts scheme://host[:port], the host possibly starting
+// with "*.": it goes into a Content-Security-Policy header, so nothing
+// else may pass.
+func validOrigin(o string) bool {
+	if len(o) > 253 {
+		return false
+	}
+	rest, ok := strings.CutPrefix(o, "https://")
+	if !ok {
+		if rest, ok = strings.CutPrefix(o, "http://"); !ok {
+			return false
+		}
+	}
+	rest = strings.TrimPrefix(rest, "*.")
+	if rest == "" {
+		return false
+	}
+	for _, ch := range rest {
+		if !(ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' || ch == '.' || ch == '-' || ch == ':') {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *server) answerPreview(w http.ResponseWriter, r *http.Request, p *sandbox.Preview, ttl time.Duration, at *time.Time) error {
+	exp, err := p.TokenExpiry(s.now(), ttl, at)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, s.toPreviewJSON(r, p, exp))
+	return nil
+}
+
+func (s *server) listPreviews(w http.ResponseWriter, r *http.Request, c *call) error {
+	pm, err := s.previewManager()
+	if err != nil {
+		return err
+	}
+	ps, err := pm.ListPreviews(r.Context(), c.owner, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	out := make([]previewJSON, 0, len(ps))
+	for _, p := range ps {
+		exp, err := p.TokenExpiry(s.now(), 0, nil)
+		if err != nil {
+			return err
+		}
+		out = append(out, s.toPreviewJSON(r, p, exp))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"data": out})
+	return nil
+}
+
+func (s *server) getPreview(w http.ResponseWriter, r *http.Request, c *call) error {
+	port, err := portParam(r)
+	if err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	var ttlp *int64
+	var atp *string
+	if v := q.Get("ttlSeconds"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return invalid([]issue{{Path: "ttlSeconds", Message: "must be an integer"}})
+		}
+		ttlp = &n
+	}
+	if v := q.Get("expiresAt"); v != "" {
+		atp = &v
+	}
+	ttl, at, issues := tokenBounds(ttlp, atp)
+	if len(issues) > 0 {
+		return invalid(issues)
+	}
+	pm, err := s.previewManager()
+	if err != nil {
+		return err
+	}
+	p, err := pm.GetPreview(r.Context(), c.owner, r.PathValue("id"), port)
+	if err != nil {
+		return err
+	}
+	return s.answerPreview(w, r, p, ttl, at)
+}
+
+func (s *server) rotatePreview(w http.ResponseWriter, r *http.Request, c *call) error {
+	port, err := portParam(r)
+	if err != nil {
+		return err
+	}
+	pm, err := s.previewManager()
+	if err != nil {
+		return err
+	}
+	p, err := pm.RotatePreview(r.Context(), c.owner, r.PathValue("id"), port)
+	if err != nil {
+		return err
+	}
+	return s.answerPreview(w, r, p, 0, nil)
+}
+
+func (s *server) deletePreview(w http.ResponseWriter, r *http.Request, c *call) error {
+	port, err := portParam(r)
+	if err != nil {
+		return err
+	}
+	pm, err := s.previewManager()
+	if err != nil {
+		return err
+	}
+	p, err := pm.DeletePreview(r.Context(), c.owner, r.PathValue("id"), port)
+	if err != nil {
+		return err
+	}
+	s.previewConns.closeAll(p.ID)
+	writeJSON(w, http.StatusOK, map[string]any{"id": p.ID, "sandboxId": p.SandboxID, "port": p.Port, "deleted": true})
+	return nil
+}
