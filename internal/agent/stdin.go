@@ -36,7 +36,8 @@ func newStdin(w *os.File, pty bool) *stdin {
 
 // write accepts data at offset (nil: at the end) and returns the offset
 // reached. Only what fits in agentproto.MaxStdinBuffer is accepted; the
-// caller sends the rest again from the answered offset.
+// caller sends the rest again from the answered offset. An append (nil
+// offset) is accepted whole or refused with CodeStdinFull.
 func (s *stdin) write(data []byte, offset *int64, eof bool) (int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -58,6 +59,11 @@ func (s *stdin) write(data []byte, offset *int64, eof bool) (int64, error) {
 		return s.offset, &agentproto.Error{Code: agentproto.CodeStdinClosed, Message: "the process's input is closed"}
 	}
 	room := max(agentproto.MaxStdinBuffer-len(s.queue)-s.inflight, 0)
+	if offset == nil && room < len(data) {
+		// An append is all or nothing: its writer could not tell
+		// which part went in.
+		return s.offset, &agentproto.Error{Code: agentproto.CodeStdinFull, Message: "the process's input buffer is full"}
+	}
 	n := min(len(data), room)
 	s.queue = append(s.queue, data[:n]...)
 	s.offset += int64(n)

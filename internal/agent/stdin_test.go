@@ -213,3 +213,20 @@ func TestPtyEchoResizeEOF(t *testing.T) {
 		t.Fatalf("output ends %q", out[max(0, len(out)-40):])
 	}
 }
+
+// An append (no offset) is taken whole or not at all.
+func TestStdinAppendAtomic(t *testing.T) {
+	a := newTestAgent(t, os.Geteuid(), os.Getegid(), t.TempDir())
+	info := spawnOK(t, a, agentproto.ExecRequest{Argv: []string{"sleep", "60"}, StdinPipe: true})
+	defer func() { p, _ := a.procs.get(info.ID); _ = p.signal(9) }()
+	if got := written(t, a, info.ID, strings.Repeat("x", agentproto.MaxStdinBuffer-10), nil, false); got != agentproto.MaxStdinBuffer-10 {
+		t.Fatalf("offset %d", got)
+	}
+	rep := call(t, a, writeReq(info.ID, strings.Repeat("y", 20), nil, false))
+	if rep.Error == nil || rep.Error.Code != agentproto.CodeStdinFull {
+		t.Fatalf("append past the buffer: %+v", rep.Error)
+	}
+	if got := written(t, a, info.ID, "0123456789", nil, false); got != agentproto.MaxStdinBuffer {
+		t.Fatalf("an append that fits: offset %d", got)
+	}
+}

@@ -115,6 +115,9 @@ const (
 	CodeStdinClosed = "stdin_closed"
 	// CodeStdinGap: a write's offset is past the bytes accepted so far.
 	CodeStdinGap = "stdin_offset_gap"
+	// CodeStdinFull: an append (no InputOffset) did not fit in the
+	// process's input buffer, and nothing of it was taken.
+	CodeStdinFull = "stdin_full"
 	// CodeNotATerminal: resize of a process that has no Pty.
 	CodeNotATerminal = "not_a_terminal"
 )
@@ -299,7 +302,8 @@ type ProcessRequest struct {
 	Follow bool  `json:"follow,omitempty"`
 	WaitMs int64 `json:"waitMs,omitempty"`
 	// process.write: Input goes at InputOffset, the number of bytes the
-	// writer believes were accepted before it (nil: after whatever was).
+	// writer believes were accepted before it (nil: after whatever was,
+	// all or nothing).
 	// Bytes below the accepted offset are skipped, so a retry is never
 	// typed twice; an offset past it is refused with CodeStdinGap. EOF
 	// ends the input once all of Input is accepted.

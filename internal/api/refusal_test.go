@@ -11,13 +11,21 @@ import (
 
 // guestRouteRequests is a valid request to every route that calls a guest,
 // by OpID; a route marked Guest without one here fails the test below.
-var guestRouteRequests = map[string]struct{ query, body string }{
+// pid is the process in the path (default p1); running is the status a
+// running sandbox answers when it is not a success.
+var guestRouteRequests = map[string]struct {
+	query, body, pid string
+	running          int
+}{
 	"exec":          {body: `{"command":"true"}`},
 	"spawnProcess":  {body: `{"command":"sleep 1"}`},
 	"listProcesses": {},
 	"getProcess":    {},
 	"processOutput": {},
 	"signalProcess": {body: `{"signal":"SIGTERM"}`},
+	"writeProcess":  {body: `{"data":"x"}`},
+	"resizeProcess": {body: `{"cols":100,"rows":30}`, pid: fakeTTYID},
+	"terminal":      {query: "?cols=100", running: http.StatusUpgradeRequired}, // not a WebSocket here
 	"readFile":      {query: "?path=/tmp/x"},
 	"writeFile":     {query: "?path=/tmp/x", body: "hi"},
 	"listFiles":     {query: "?path=/tmp"},
@@ -53,10 +61,20 @@ func TestGuestRoutesRefuseByStateTable(t *testing.T) {
 			if !ok {
 				t.Fatalf("route %s %s calls a guest but has no sample request in guestRouteRequests", rt.Method, rt.Path)
 			}
-			target := strings.NewReplacer("{id}", id, "{pid}", "p1").Replace(rt.Path) + req.query
+			pid := req.pid
+			if pid == "" {
+				pid = "p1"
+			}
+			target := strings.NewReplacer("{id}", id, "{pid}", pid).Replace(rt.Path) + req.query
 			w := e.do(rt.Method, target, req.body)
 			name := string(st.State) + "/" + rt.OpID
 			if st.Refusal == nil {
+				if req.running != 0 {
+					if w.Code != req.running {
+						t.Errorf("%s: %d %s, want %d", name, w.Code, w.Body, req.running)
+					}
+					continue
+				}
 				if w.Code >= 400 {
 					t.Errorf("%s: %d %s, want success", name, w.Code, w.Body)
 				}

@@ -28,7 +28,7 @@ var unavailableSandboxSub = map[string]string{
 	"browser": "browser_unavailable", "desktop": "desktop_unavailable", "interpreter": "interpreter_unavailable",
 	"mcp": "mcp_unavailable", "mounts": "mounts_unavailable",
 	"previews": "previews_unavailable", "sessions": "sessions_unavailable", "tailscale": "tailscale_unavailable",
-	"terminal": "terminal_unavailable", "tunnel": "tunnel_unavailable",
+	"tunnel": "tunnel_unavailable",
 }
 
 // unavailableFiles are the paths after /v1/sandboxes/{id}/files.
