@@ -84,7 +84,7 @@ func unavailableCode(path string) string {
 func notServed(r *http.Request) *apiError {
 	if code := unavailableCode(r.URL.Path); code != "" {
 		return newError(http.StatusNotImplemented, code, "This server does not offer "+r.Method+" "+r.URL.Path+".").
-			withHint("Emberbox serves sandboxes, their commands, files, processes, network, pause, wake and snapshots; GET /v1/openapi.json lists every route.")
+			withHint("Emberbox serves sandboxes, their commands, files, processes, terminals, network, pause, wake and snapshots; GET /v1/openapi.json lists every route.")
 	}
 	return routeNotFound(r)
 }
