@@ -306,6 +306,9 @@ func (a *Agent) dispatch(ctx context.Context, c *agentproto.Conn, req *agentprot
 		if req.Exec == nil {
 			return invalid("exec: missing body")
 		}
+		if req.Exec.StdinPipe || req.Exec.Pty != nil {
+			return invalid("exec: stdinPipe and pty are for spawn")
+		}
 		return a.exec(ctx, c, req.Exec)
 	case agentproto.MethodSpawn:
 		if req.Exec == nil {
@@ -348,6 +351,21 @@ func (a *Agent) dispatchProcess(ctx context.Context, c *agentproto.Conn, req *ag
 			return err
 		}
 		if err := p.signal(sig); err != nil {
+			return err
+		}
+		info := p.info()
+		return c.WriteJSON(agentproto.Reply{Process: &info})
+	case agentproto.MethodProcessWrite:
+		if err := p.write(pr); err != nil {
+			return err
+		}
+		info := p.info()
+		return c.WriteJSON(agentproto.Reply{Process: &info})
+	case agentproto.MethodProcessResize:
+		if pr.Size == nil {
+			return invalid("process.resize: missing size")
+		}
+		if err := p.resize(pr.Size); err != nil {
 			return err
 		}
 		info := p.info()

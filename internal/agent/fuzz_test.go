@@ -134,7 +134,15 @@ func (fa *fuzzAgent) addProcesses(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { _ = sleep.signal(9) })
+	// proc_3 takes input it never reads: writes fill its bounded buffer.
+	reader, err := fa.start(&agentproto.ExecRequest{Argv: []string{"sleep", "600"}, TimeoutMs: 600_000, StdinPipe: true}, nil, nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { _ = reader.signal(9) })
 }
+
+func ptrTo[T any](v T) *T { return &v }
 
 // reset gives each input the same home: a file, a hidden file and a
 // directory with a file.
@@ -218,6 +226,11 @@ func FuzzAgentRequest(f *testing.F) {
 		{proc(agentproto.MethodProcessOutput, agentproto.ProcessRequest{ID: "proc_2", WaitMs: 100}), ""},
 		{proc(agentproto.MethodProcessSignal, agentproto.ProcessRequest{ID: "proc_2", Signal: "CONT"}), ""},
 		{proc(agentproto.MethodProcessSignal, agentproto.ProcessRequest{ID: "proc_1", Signal: "SIGBOGUS"}), ""},
+		{proc(agentproto.MethodProcessWrite, agentproto.ProcessRequest{ID: "proc_2", Input: []byte("x")}), ""},
+		{proc(agentproto.MethodProcessWrite, agentproto.ProcessRequest{ID: "proc_3", Input: []byte("hi\n"), InputOffset: new(int64)}), ""},
+		{proc(agentproto.MethodProcessWrite, agentproto.ProcessRequest{ID: "proc_3", Input: []byte("x"), InputOffset: ptrTo(int64(1 << 40)), EOF: true}), ""},
+		{proc(agentproto.MethodProcessResize, agentproto.ProcessRequest{ID: "proc_3", Size: &agentproto.PtySize{Cols: 80, Rows: 24}}), ""},
+		{proc(agentproto.MethodProcessResize, agentproto.ProcessRequest{ID: "proc_2"}), ""},
 		{proc("process.other", agentproto.ProcessRequest{ID: "proc_1"}), ""},
 		{file(agentproto.MethodFileStat, agentproto.FileRequest{Path: "f.txt"}), ""},
 		{file(agentproto.MethodFileStat, agentproto.FileRequest{Path: "/home/user/../../etc/passwd"}), ""},
@@ -437,8 +450,14 @@ func (fa *fuzzAgent) checkAnswer(t *testing.T, req *agentproto.Request, b []byte
 		ok = rep.OK
 	case agentproto.MethodProcessList:
 		ok = rep.Processes != nil
-	case agentproto.MethodProcessGet, agentproto.MethodProcessSignal:
+	case agentproto.MethodProcessGet, agentproto.MethodProcessSignal, agentproto.MethodProcessResize:
 		ok = rep.Process != nil && rep.Process.ID == req.Process.ID
+	case agentproto.MethodProcessWrite:
+		ok = rep.Process != nil && rep.Process.ID == req.Process.ID
+		// A write at an offset is refused (a gap) or reaches it.
+		if at := req.Process.InputOffset; ok && at != nil && rep.Process.StdinOffset < *at {
+			t.Fatalf("write at %d answered offset %d", *at, rep.Process.StdinOffset)
+		}
 	case agentproto.MethodFileList:
 		ok = true // an empty listing carries no entries
 		if limit := agentproto.ListLimit(req.File.Limit); len(rep.Entries) > limit {

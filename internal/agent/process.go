@@ -52,6 +52,15 @@ type process struct {
 	timeout time.Duration
 	started time.Time
 	pid     int
+	user    string // the account's name
+	// encoding is the host's choice of output encoding, kept for it.
+	encoding string
+	// in is the input of a StdinPipe or Pty process, else nil; tty is
+	// the terminal's master of a Pty process, else nil.
+	in  *stdin
+	tty *os.File
+	// ended closes when the process has ended (stops the input copier).
+	done chan struct{}
 
 	// emitMu serializes output delivery so offsets reach sinks in order.
 	emitMu sync.Mutex
@@ -66,7 +75,8 @@ type process struct {
 	exitCode *int
 	state    string
 	timedOut bool
-	changed  chan struct{} // closed and replaced on every change
+	size     *agentproto.PtySize // the terminal's size, under mu
+	changed  chan struct{}       // closed and replaced on every change
 }
 
 // capture keeps the head of each stream for a non-streamed exec.
@@ -136,11 +146,21 @@ func (p *process) info() agentproto.ProcessInfo {
 
 func (p *process) infoLocked() agentproto.ProcessInfo {
 	first := p.next - p.kept
-	return agentproto.ProcessInfo{
+	info := agentproto.ProcessInfo{
 		ID: p.id, State: p.state, ExitCode: p.exitCode, Command: p.command, Argv: p.argv,
 		Cwd: p.cwd, PID: p.pid, StartedAt: p.started, EndedAt: p.ended,
 		TimeoutMs: p.timeout.Milliseconds(), OutputBytes: p.next, FirstOffset: first,
+		User: p.user, OutputEncoding: p.encoding,
 	}
+	if p.size != nil {
+		size := *p.size
+		info.Pty = &size
+	}
+	if p.in != nil {
+		info.StdinOpen, info.StdinOffset = p.in.state()
+		info.StdinOpen = info.StdinOpen && p.ended == nil
+	}
+	return info
 }
 
 func (p *process) resultLocked() *agentproto.ExecResult {
@@ -227,6 +247,17 @@ func (a *Agent) start(req *agentproto.ExecRequest, s sink, c *capture) (*process
 	if (req.Command == "") == (len(req.Argv) == 0) {
 		return nil, invalid("exactly one of command and argv is required")
 	}
+	if req.Pty != nil {
+		if err := checkPtySize(req.Pty); err != nil {
+			return nil, err
+		}
+		if len(req.Stdin) > 0 {
+			return nil, invalid("give a pty process its input with process.write, not stdin")
+		}
+	}
+	if req.StdinPipe && len(req.Stdin) > 0 {
+		return nil, invalid("give stdin or stdinPipe, not both")
+	}
 	acct, err := a.account(req.User)
 	if err != nil {
 		return nil, err
@@ -256,44 +287,27 @@ func (a *Agent) start(req *agentproto.ExecRequest, s sink, c *capture) (*process
 		}
 	}
 
-	outR, outW, err := os.Pipe()
+	pio, err := openIO(req, cmd)
 	if err != nil {
-		return nil, internal(err)
+		return nil, err
 	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		outR.Close()
-		outW.Close()
-		return nil, internal(err)
-	}
-	cmd.Stdout, cmd.Stderr = outW, errW
-	var inW *os.File
-	if len(req.Stdin) > 0 {
-		var inR *os.File
-		if inR, inW, err = os.Pipe(); err != nil {
-			return nil, internal(err)
-		}
-		cmd.Stdin = inR
-		defer inR.Close()
-	}
-
 	p := &process{
-		command: display, argv: req.Argv, cwd: cwd,
+		command: display, argv: req.Argv, cwd: cwd, user: acct.name, encoding: req.OutputEncoding,
 		timeout: time.Duration(req.TimeoutMs) * time.Millisecond,
 		state:   agentproto.StateRunning, sink: s, capture: c,
-		changed: make(chan struct{}),
+		changed: make(chan struct{}), done: make(chan struct{}),
+		in: pio.in, tty: pio.tty,
+	}
+	if req.Pty != nil {
+		size := *req.Pty
+		p.size = &size
 	}
 	p.started = time.Now()
 	a.procs.add(p)
 	status, err := a.reaper.start(cmd)
-	outW.Close()
-	errW.Close()
+	pio.closeChildEnds()
 	if err != nil {
-		outR.Close()
-		errR.Close()
-		if inW != nil {
-			inW.Close()
-		}
+		pio.closeParentEnds()
 		a.procs.mu.Lock()
 		delete(a.procs.procs, p.id)
 		a.procs.mu.Unlock()
@@ -303,13 +317,16 @@ func (a *Agent) start(req *agentproto.ExecRequest, s sink, c *capture) (*process
 		return nil, &agentproto.Error{Code: agentproto.CodeInvalid, Message: fmt.Sprintf("starting command: %v", err)}
 	}
 	p.pid = cmd.Process.Pid
-	if inW != nil {
+	if pio.stdinW != nil {
 		go func() {
-			_, _ = inW.Write(req.Stdin)
-			inW.Close()
+			_, _ = pio.stdinW.Write(req.Stdin)
+			pio.stdinW.Close()
 		}()
 	}
-	go a.supervise(p, status, outR, errR)
+	if p.in != nil {
+		go p.in.run(p.done)
+	}
+	go a.supervise(p, status, pio.outputs)
 	return p, nil
 }
 
@@ -333,12 +350,9 @@ func (a *Agent) startFailed(req *agentproto.ExecRequest, cwd string, s sink, c *
 }
 
 // supervise copies output, enforces the timeout and records the exit.
-func (a *Agent) supervise(p *process, status <-chan unix.WaitStatus, outR, errR *os.File) {
+func (a *Agent) supervise(p *process, status <-chan unix.WaitStatus, outputs []output) {
 	var readers sync.WaitGroup
-	for _, r := range []struct {
-		f      *os.File
-		stream string
-	}{{outR, agentproto.Stdout}, {errR, agentproto.Stderr}} {
+	for _, r := range outputs {
 		readers.Add(1)
 		go func() {
 			defer readers.Done()
@@ -349,10 +363,17 @@ func (a *Agent) supervise(p *process, status <-chan unix.WaitStatus, outR, errR 
 					p.emit(r.stream, buf[:n])
 				}
 				if err != nil {
+					// A terminal's master reads EIO once no process
+					// has the terminal open: its end of file.
 					return
 				}
 			}
 		}()
+	}
+	closeOutputs := func() {
+		for _, r := range outputs {
+			r.f.Close()
+		}
 	}
 
 	var timer <-chan time.Time
@@ -372,18 +393,21 @@ func (a *Agent) supervise(p *process, status <-chan unix.WaitStatus, outR, errR 
 	}
 	// Whatever the command left behind in its group ends with it.
 	_ = unix.Kill(-p.pid, unix.SIGKILL)
+	// Its input ends too: a blocked copy into the pipe is released.
+	close(p.done)
+	if p.in != nil {
+		p.in.close()
+	}
 
 	done := make(chan struct{})
 	go func() { readers.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(drainAfterExit):
-		outR.Close()
-		errR.Close()
+		closeOutputs()
 		<-done
 	}
-	outR.Close()
-	errR.Close()
+	closeOutputs()
 
 	now := time.Now()
 	p.mu.Lock()

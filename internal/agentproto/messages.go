@@ -32,6 +32,12 @@ const (
 	MethodProcessGet    = "process.get"
 	MethodProcessOutput = "process.output"
 	MethodProcessSignal = "process.signal"
+	// MethodProcessWrite queues input for a process started with StdinPipe
+	// or Pty; MethodProcessResize sets a Pty process's window size. Both
+	// answer Reply{Process}. An agent that predates them answers
+	// CodeUnknownMethod.
+	MethodProcessWrite  = "process.write"
+	MethodProcessResize = "process.resize"
 	MethodFileRead      = "file.read"
 	MethodFileWrite     = "file.write"
 	MethodFileList      = "file.list"
@@ -132,6 +138,16 @@ const (
 	CodeProcessNotExited = "process_running"
 	CodeCrossDevice      = "cross_device"
 	CodeUnsafeArchive    = "unsafe_archive"
+	// CodeStdinClosed: the process takes no (more) input: it was started
+	// without StdinPipe or Pty, input was ended with EOF, or it has ended.
+	CodeStdinClosed = "stdin_closed"
+	// CodeStdinGap: a write's offset is past the bytes accepted so far.
+	CodeStdinGap = "stdin_offset_gap"
+	// CodeStdinFull: an append (no InputOffset) did not fit in the
+	// process's input buffer, and nothing of it was taken.
+	CodeStdinFull = "stdin_full"
+	// CodeNotATerminal: resize of a process that has no Pty.
+	CodeNotATerminal = "not_a_terminal"
 )
 
 // Error is a failure reported by the agent.
@@ -213,7 +229,30 @@ type ExecRequest struct {
 	// Detach (spawn) makes the process outlive the call; its output is kept
 	// in a ring and read with process.output.
 	Detach bool `json:"detach,omitempty"`
+	// StdinPipe (spawn) keeps the process's stdin open for process.write
+	// instead of giving it Stdin and then end of file.
+	StdinPipe bool `json:"stdinPipe,omitempty"`
+	// Pty (spawn) starts the process on a new terminal of that size, as
+	// its session leader; the terminal's output is the process's stdout
+	// and its input is written with process.write.
+	Pty *PtySize `json:"pty,omitempty"`
+	// OutputEncoding is recorded for the host ("utf8" or "base64"); the
+	// agent keeps bytes either way.
+	OutputEncoding string `json:"outputEncoding,omitempty"`
 }
+
+// PtySize is a terminal's window size in characters.
+type PtySize struct {
+	Cols int `json:"cols"`
+	Rows int `json:"rows"`
+}
+
+// MaxPtySide bounds each side of a terminal window.
+const MaxPtySide = 1000
+
+// MaxStdinBuffer bounds the input a process has been sent and not yet
+// read: a write beyond it is accepted in part, or not at all.
+const MaxStdinBuffer = 1 << 20
 
 // Stream names for output events.
 const (
@@ -271,6 +310,15 @@ type ProcessInfo struct {
 	TimeoutMs   int64      `json:"timeoutMs,omitempty"`
 	OutputBytes int64      `json:"outputBytes"`
 	FirstOffset int64      `json:"firstOffset"`
+	// User is the account it runs as ("user" or "root").
+	User string `json:"user,omitempty"`
+	// Pty is its terminal's current size, if it runs on one.
+	Pty *PtySize `json:"pty,omitempty"`
+	// StdinOpen: process.write accepts input. StdinOffset is the number
+	// of input bytes accepted so far.
+	StdinOpen      bool   `json:"stdinOpen,omitempty"`
+	StdinOffset    int64  `json:"stdinOffset,omitempty"`
+	OutputEncoding string `json:"outputEncoding,omitempty"`
 }
 
 // ProcessRequest addresses one process.
@@ -282,6 +330,17 @@ type ProcessRequest struct {
 	// kept from Cursor is sent, waiting up to WaitMs for some if there is none.
 	Follow bool  `json:"follow,omitempty"`
 	WaitMs int64 `json:"waitMs,omitempty"`
+	// process.write: Input goes at InputOffset, the number of bytes the
+	// writer believes were accepted before it (nil: after whatever was,
+	// all or nothing).
+	// Bytes below the accepted offset are skipped, so a retry is never
+	// typed twice; an offset past it is refused with CodeStdinGap. EOF
+	// ends the input once all of Input is accepted.
+	Input       []byte `json:"input,omitempty"`
+	InputOffset *int64 `json:"inputOffset,omitempty"`
+	EOF         bool   `json:"eof,omitempty"`
+	// process.resize: the new window size.
+	Size *PtySize `json:"size,omitempty"`
 }
 
 // Sizes of lists the agent answers with. The host refuses longer lists

@@ -144,6 +144,8 @@ type server struct {
 	metrics http.Handler
 	limits  *rateLimiter
 	observe func(route string, status int, d time.Duration) // nil: none
+	// terminals counts open terminal sockets per sandbox.
+	terminals terminalSlots
 
 	previewBase      string
 	previewTransport *http.Transport
@@ -320,7 +322,11 @@ func (s *server) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 		return
 	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead && r.Body != nil {
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+		limit := int64(maxBody)
+		if rt.MaxBody > 0 {
+			limit = rt.MaxBody
+		}
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 		if err != nil {
 			var mbe *http.MaxBytesError
 			if errors.As(err, &mbe) {

@@ -51,7 +51,7 @@ type spawnRequest struct {
 	User           string            `json:"user"`
 	OutputEncoding string            `json:"outputEncoding"`
 	StdinMode      string            `json:"stdinMode"`
-	Pty            json.RawMessage   `json:"pty"`
+	Pty            *ptyJSON          `json:"pty"`
 	TraceFiles     bool              `json:"traceFiles"` // accepted; no file trace is reported
 }
 
@@ -184,7 +184,7 @@ func (s *server) exec(w http.ResponseWriter, r *http.Request, c *call) error {
 	}
 	req.Stream = body.Stream
 	if body.Stream {
-		s.streamEvents(w, r, func(send func(sandbox.Event) error) error {
+		s.streamEvents(w, r, false, func(send func(sandbox.Event) error) error {
 			_, err := g.Exec(r.Context(), req, send)
 			return err
 		})
@@ -223,9 +223,11 @@ type eventJSON struct {
 }
 
 // wireEvent converts an agent event. A chunk of output carries "data" as
-// text; a chunk that is not valid UTF-8 also carries its exact bytes as "base64", which withruntime's cursor uses
-// to count bytes ("base64" holds the data, not a flag).
-func wireEvent(ev sandbox.Event) (eventJSON, bool) {
+// text; a chunk that is not valid UTF-8, or any chunk with binary (a
+// process spawned with outputEncoding base64), also carries its exact
+// bytes as "base64", which withruntime's cursor uses to count bytes
+// ("base64" holds the data, not a flag).
+func wireEvent(ev sandbox.Event, binary bool) (eventJSON, bool) {
 	off := ev.Offset
 	switch ev.Type {
 	case "start":
@@ -233,7 +235,7 @@ func wireEvent(ev sandbox.Event) (eventJSON, bool) {
 	case sandbox.EventStdout, sandbox.EventStderr:
 		data := text(ev.Data)
 		out := eventJSON{Type: ev.Type, Data: &data, Offset: &off}
-		if !utf8.Valid(ev.Data) {
+		if binary || !utf8.Valid(ev.Data) {
 			out.Base64 = base64.StdEncoding.EncodeToString(ev.Data)
 		}
 		return out, true
@@ -266,10 +268,10 @@ func marshalEvent(e eventJSON) ([]byte, error) {
 const streamHeadersAfter = time.Second
 
 // streamEvents answers NDJSON with the events run sends, one line each,
-// flushed at once. Headers go out with the first event, or after
+// flushed at once; with binary every chunk of output carries "base64". Headers go out with the first event, or after
 // streamHeadersAfter; an error before that is a normal JSON error, an error
 // after it an "error" line.
-func (s *server) streamEvents(w http.ResponseWriter, r *http.Request, run func(send func(sandbox.Event) error) error) {
+func (s *server) streamEvents(w http.ResponseWriter, r *http.Request, binary bool, run func(send func(sandbox.Event) error) error) {
 	rc := http.NewResponseController(w)
 	var mu sync.Mutex // guards w, started and finished, shared with the header timer
 	started, finished := false, false
@@ -312,7 +314,7 @@ func (s *server) streamEvents(w http.ResponseWriter, r *http.Request, run func(s
 				Code: ev.Error.Code, Status: http.StatusBadGateway, Message: ev.Error.Message,
 				RequestID: requestID(r.Context())}})
 		}
-		e, ok := wireEvent(ev)
+		e, ok := wireEvent(ev, binary)
 		if !ok {
 			return nil
 		}
@@ -359,12 +361,33 @@ type processJSON struct {
 	TimeoutMs   *int64    `json:"timeoutMs"`
 	OutputBytes int64     `json:"outputBytes"`
 	FirstOffset int64     `json:"firstOffset"`
+	User        string    `json:"user,omitempty"` // "sandbox" or "root", as withruntime says
+	Pty         *ptyJSON  `json:"pty"`
+	StdinOpen   bool      `json:"stdinOpen"`
+	StdinOffset int64     `json:"stdinOffset"`
+	// OutputEncoding is "base64" for a process whose output events always
+	// carry their bytes as base64; withruntime's output_bytes checks it.
+	OutputEncoding string `json:"outputEncoding"`
 }
 
 func toProcessJSON(p *sandbox.ProcessInfo) processJSON {
 	out := processJSON{ID: p.ID, State: p.State, ExitCode: p.ExitCode, Command: p.Command, Argv: p.Argv,
 		Cwd: p.Cwd, PID: p.PID, StartedAt: optTime(&p.StartedAt), EndedAt: optTime(p.EndedAt),
-		OutputBytes: p.OutputBytes, FirstOffset: p.FirstOffset}
+		OutputBytes: p.OutputBytes, FirstOffset: p.FirstOffset,
+		StdinOpen: p.StdinOpen, StdinOffset: p.StdinOffset, OutputEncoding: p.OutputEncoding}
+	switch p.User {
+	case "":
+	case "root":
+		out.User = "root"
+	default:
+		out.User = "sandbox"
+	}
+	if out.OutputEncoding == "" {
+		out.OutputEncoding = "utf8"
+	}
+	if p.Pty != nil {
+		out.Pty = &ptyJSON{Cols: p.Pty.Cols, Rows: p.Pty.Rows}
+	}
 	if p.TimeoutMs > 0 {
 		t := p.TimeoutMs
 		out.TimeoutMs = &t
@@ -380,21 +403,7 @@ func (s *server) spawn(w http.ResponseWriter, r *http.Request, c *call) error {
 	req := sandbox.ExecRequest{Detach: true}
 	issues := commandFields(body.Command, body.Argv, body.Cwd, body.Env, body.Stdin, body.StdinBase64,
 		body.TimeoutMs, body.User, &req)
-	switch body.OutputEncoding {
-	case "", "utf8":
-	case "base64":
-		issues = append(issues, issue{Path: "outputEncoding", Message: `"base64" is not available yet; use "utf8" (chunks that are not UTF-8 still carry their bytes in "base64")`})
-	default:
-		issues = append(issues, issue{Path: "outputEncoding", Message: `must be "utf8"`})
-	}
-	switch body.StdinMode {
-	case "":
-	default:
-		issues = append(issues, issue{Path: "stdinMode", Message: "input to a running process is not available yet; leave stdinMode out"})
-	}
-	if len(body.Pty) > 0 {
-		issues = append(issues, issue{Path: "pty", Message: "terminals are not available yet"})
-	}
+	issues = append(issues, spawnIO(&body, &req)...)
 	if len(issues) > 0 {
 		return invalid(sortIssues(issues))
 	}
@@ -472,7 +481,13 @@ func (s *server) processOutput(w http.ResponseWriter, r *http.Request, c *call) 
 	if err != nil {
 		return err
 	}
-	s.streamEvents(w, r, func(send func(sandbox.Event) error) error {
+	// A process spawned with outputEncoding base64 has its bytes in every
+	// chunk; the agent keeps bytes alike, so the answer is shaped here.
+	p, err := g.Process(r.Context(), req.ID)
+	if err != nil {
+		return err
+	}
+	s.streamEvents(w, r, p.OutputEncoding == "base64", func(send func(sandbox.Event) error) error {
 		return g.ProcessOutput(r.Context(), req, send)
 	})
 	return nil

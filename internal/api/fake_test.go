@@ -47,6 +47,7 @@ type fakeManager struct {
 	arch       fakeArchive                 // fake_archive_test.go
 	ports      map[string]string           // id:port → the address DialPort reaches (fake_ports_test.go)
 	previews   map[string]*sandbox.Preview // id:port
+	stdin      fakeStdin                   // fake_stdin_test.go
 }
 
 type waitCall struct {
@@ -223,7 +224,11 @@ func (g fakeGuest) Spawn(ctx context.Context, req sandbox.ExecRequest) (*sandbox
 	m.mu.Lock()
 	m.lastExec = req
 	m.mu.Unlock()
-	return &sandbox.ProcessInfo{ID: "p1", State: "running", Command: req.Command, StartedAt: time.Unix(0, 0)}, nil
+	if req.Pty != nil {
+		return m.stdin.spawnTTY(req), nil
+	}
+	return &sandbox.ProcessInfo{ID: "p1", State: "running", Command: req.Command, StartedAt: time.Unix(0, 0),
+		StdinOpen: req.StdinPipe}, nil
 }
 
 func (g fakeGuest) Processes(ctx context.Context) ([]sandbox.ProcessInfo, error) {
@@ -239,16 +244,24 @@ func (g fakeGuest) Process(ctx context.Context, pid string) (*sandbox.ProcessInf
 	if _, err := m.Get(ctx, owner, id); err != nil {
 		return nil, err
 	}
+	if pid == fakeTTYID {
+		return m.stdin.ttyInfo(), nil
+	}
 	if pid != "p1" {
 		return nil, errdefs.New(errdefs.ErrNotFound, "process_not_found", "no process %s", pid)
 	}
-	return &sandbox.ProcessInfo{ID: "p1", State: "running"}, nil
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return &sandbox.ProcessInfo{ID: "p1", State: "running", OutputEncoding: m.lastExec.OutputEncoding}, nil
 }
 
 func (g fakeGuest) ProcessOutput(ctx context.Context, req sandbox.ProcessRequest, onEvent func(sandbox.Event) error) error {
 	m, owner, id := g.m, g.owner, g.id
 	if _, err := m.Get(ctx, owner, id); err != nil {
 		return err
+	}
+	if req.ID == fakeTTYID {
+		return m.stdin.ttyOutput(ctx, req, onEvent)
 	}
 	m.mu.Lock()
 	m.outputReq = req

@@ -11,9 +11,13 @@ import (
 
 // guestRouteRequests is a valid request to every route that calls a guest,
 // by OpID; a route marked Guest without one here fails the test below.
+// pid is the process in the path (default p1); running is the status a
+// running sandbox answers when it is not a success; websocket routes sent
+// without an upgrade answer 426 websocket_required.
 var guestRouteRequests = map[string]struct {
-	query, body string
-	websocket   bool // sent without an upgrade, it is answered 426
+	query, body, pid string
+	running          int
+	websocket        bool
 }{
 	"tunnel":          {websocket: true},
 	"exec":            {body: `{"command":"true"}`},
@@ -22,6 +26,9 @@ var guestRouteRequests = map[string]struct {
 	"getProcess":      {},
 	"processOutput":   {},
 	"signalProcess":   {body: `{"signal":"SIGTERM"}`},
+	"writeProcess":    {body: `{"data":"x"}`},
+	"resizeProcess":   {body: `{"cols":100,"rows":30}`, pid: fakeTTYID},
+	"terminal":        {query: "?cols=100", running: http.StatusUpgradeRequired}, // not a WebSocket here
 	"readFile":        {query: "?path=/tmp/x"},
 	"writeFile":       {query: "?path=/tmp/x", body: "hi"},
 	"listFiles":       {query: "?path=/tmp"},
@@ -60,13 +67,23 @@ func TestGuestRoutesRefuseByStateTable(t *testing.T) {
 			if !ok {
 				t.Fatalf("route %s %s calls a guest but has no sample request in guestRouteRequests", rt.Method, rt.Path)
 			}
-			target := strings.NewReplacer("{id}", id, "{pid}", "p1").Replace(rt.Path) + req.query
+			pid := req.pid
+			if pid == "" {
+				pid = "p1"
+			}
+			target := strings.NewReplacer("{id}", id, "{pid}", pid).Replace(rt.Path) + req.query
 			w := e.do(rt.Method, target, req.body)
 			name := string(st.State) + "/" + rt.OpID
 			if st.Refusal == nil {
 				if req.websocket {
 					if w.Code != http.StatusUpgradeRequired || errorOf(t, w).Code != "websocket_required" {
 						t.Errorf("%s: %d %s, want 426 websocket_required", name, w.Code, w.Body)
+					}
+					continue
+				}
+				if req.running != 0 {
+					if w.Code != req.running {
+						t.Errorf("%s: %d %s, want %d", name, w.Code, w.Body, req.running)
 					}
 					continue
 				}

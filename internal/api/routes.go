@@ -22,6 +22,7 @@ type route struct {
 	Query   []param  // query parameters, for the document
 	Body    any      // JSON request body type (a struct value), for the document
 	RawBody bool     // the body is raw bytes (file content)
+	MaxBody int64    // the largest body accepted; 0: maxBody
 	Answers []string // content types of a 200 answer; default application/json
 	handle  handlerFunc
 }
@@ -140,6 +141,17 @@ func (s *server) routeTable() []route {
 			Answers: ndjson, handle: s.processOutput},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/processes/{pid}:signal", OpID: "signalProcess", Guest: true, Summary: "Send a signal to a process",
 			Body: signalRequest{}, handle: s.signalProcess},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/processes/{pid}:write", OpID: "writeProcess", Guest: true,
+			Summary: "Input for a process spawned with stdinMode pipe or a pty, at offset (bytes already accepted); answers the offset reached",
+			Body:    writeRequest{}, MaxBody: maxWriteBody, handle: s.writeProcess},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/processes/{pid}:resize", OpID: "resizeProcess", Guest: true,
+			Summary: "Set the window size of a pty process", Body: ptyJSON{}, handle: s.resizeProcess},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/terminal", OpID: "terminal", Guest: true,
+			Summary: "A terminal over a WebSocket: binary frames carry its bytes; text frames are JSON (resize in; ready, exit out)",
+			Query: []param{q("cols", "integer", "default 80"), q("rows", "integer", "default 24"),
+				q("command", "string", "default bash -l"), q("cwd", "string", "default /workspace"),
+				q("user", "string", "sandbox (default) or root"), q("processId", "string", "reattach to this running terminal")},
+			handle: s.terminal},
 
 		{Method: "GET", Path: "/v1/sandboxes/{id}/files/content", OpID: "readFile", Guest: true, Summary: "Read a file's bytes",
 			Query: []param{pathParam}, Answers: []string{"application/octet-stream"}, handle: s.readFile},

@@ -10,7 +10,6 @@ import (
 // serve: each must answer 501 with a code ending in _unavailable (never
 // retried by the SDK), in the one error shape.
 var sdkUnavailable = []struct{ method, path string }{
-	{"GET", "/v1/sandboxes/sbx_r/terminal"},
 	{"POST", "/v1/sandboxes/sbx_r/files/archive/uploads"},
 	{"PUT", "/v1/sandboxes/sbx_r/files/archive/uploads/upl_1"},
 	{"POST", "/v1/sandboxes/sbx_r/files/watches"},

@@ -192,7 +192,8 @@ func wireError(e *agentproto.Error) error {
 	case agentproto.CodeFileNotFound, agentproto.CodeProcessNotFound:
 		class = errdefs.ErrNotFound
 	case agentproto.CodeIsADirectory, agentproto.CodeNotADirectory, agentproto.CodeExists,
-		agentproto.CodeNotEmpty, agentproto.CodeNoSpace, agentproto.CodeCrossDevice:
+		agentproto.CodeNotEmpty, agentproto.CodeNoSpace, agentproto.CodeCrossDevice,
+		agentproto.CodeStdinClosed, agentproto.CodeStdinGap, agentproto.CodeNotATerminal, agentproto.CodeStdinFull:
 		class = errdefs.ErrConflict
 	case agentproto.CodePermission:
 		class = errdefs.ErrPermission
@@ -356,6 +357,37 @@ func (c *Client) Signal(ctx context.Context, id, signal string) (*agentproto.Pro
 	}
 	if rep.Process == nil {
 		return nil, c.missing(agentproto.MethodProcessSignal, "process")
+	}
+	return rep.Process, nil
+}
+
+// Write sends input to a process started with StdinPipe or Pty: data at
+// offset (nil: after what was accepted), ending its input with eof. The
+// answer's StdinOffset is how far input was accepted, which may be short
+// of the data's end when the process's input buffer is full.
+func (c *Client) Write(ctx context.Context, id string, data []byte, offset *int64, eof bool) (*agentproto.ProcessInfo, error) {
+	req := &agentproto.Request{Method: agentproto.MethodProcessWrite,
+		Process: &agentproto.ProcessRequest{ID: id, Input: data, InputOffset: offset, EOF: eof}}
+	rep, err := c.roundTrip(ctx, req, processReply)
+	if err != nil {
+		return nil, err
+	}
+	if rep.Process == nil {
+		return nil, c.missing(agentproto.MethodProcessWrite, "process")
+	}
+	return rep.Process, nil
+}
+
+// Resize sets the window size of a Pty process's terminal.
+func (c *Client) Resize(ctx context.Context, id string, size agentproto.PtySize) (*agentproto.ProcessInfo, error) {
+	req := &agentproto.Request{Method: agentproto.MethodProcessResize,
+		Process: &agentproto.ProcessRequest{ID: id, Size: &size}}
+	rep, err := c.roundTrip(ctx, req, processReply)
+	if err != nil {
+		return nil, err
+	}
+	if rep.Process == nil {
+		return nil, c.missing(agentproto.MethodProcessResize, "process")
 	}
 	return rep.Process, nil
 }

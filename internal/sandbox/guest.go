@@ -22,6 +22,7 @@ type (
 	Event          = agentproto.Event
 	ProcessInfo    = agentproto.ProcessInfo
 	ProcessRequest = agentproto.ProcessRequest
+	PtySize        = agentproto.PtySize
 	FileRequest    = agentproto.FileRequest
 	FileEntry      = agentproto.FileEntry
 	Unpacked       = agentproto.Unpacked
@@ -44,6 +45,14 @@ const (
 // guest.
 const CodeFileNotFound = agentproto.CodeFileNotFound
 
+// Bounds of process input and terminals, as the agent enforces them.
+const (
+	// CodeStdinFull refuses an append (nil offset) that did not fit.
+	CodeStdinFull  = agentproto.CodeStdinFull
+	MaxStdinBuffer = agentproto.MaxStdinBuffer
+	MaxPtySide     = agentproto.MaxPtySide
+)
+
 // Guest is the agent of a running sandbox: every call the API makes into a
 // guest goes through it. Errors carry errdefs classes and codes.
 type Guest interface {
@@ -60,6 +69,17 @@ type Guest interface {
 	// was sent.
 	ProcessOutput(ctx context.Context, req ProcessRequest, onEvent func(Event) error) error
 	Signal(ctx context.Context, id, signal string) (*ProcessInfo, error)
+	// Write sends input to a process spawned with StdinPipe or Pty at
+	// offset, the bytes already accepted (nil: after them); a retry at
+	// the same offset is not typed twice, an offset past them is refused
+	// (conflict: stdin_offset_gap). The answer's StdinOffset says how far
+	// input was accepted: short of the data's end while the process's
+	// input buffer is full; an append (nil offset) is taken whole or
+	// refused with conflict stdin_full. eof ends the input once all of
+	// data is in.
+	Write(ctx context.Context, id string, data []byte, offset *int64, eof bool) (*ProcessInfo, error)
+	// Resize sets a Pty process's window size (conflict: not_a_terminal).
+	Resize(ctx context.Context, id string, size PtySize) (*ProcessInfo, error)
 
 	// ReadFile returns the file's entry and a reader of its bytes, which
 	// the caller must close.

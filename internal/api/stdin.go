@@ -1,0 +1,131 @@
+package api
+
+import (
+	"encoding/base64"
+	"fmt"
+	"net/http"
+
+	"github.com/emberbox/emberbox/internal/sandbox"
+)
+
+// maxWriteBody bounds the body of …:write: withruntime sends input in
+// chunks of 1 MiB, base64 in JSON.
+const maxWriteBody = maxBody*4/3 + 64<<10
+
+// ptyJSON is a terminal's size on the wire.
+type ptyJSON struct {
+	Cols int `json:"cols"`
+	Rows int `json:"rows"`
+}
+
+// ptyIssues checks a terminal size at path.
+func ptyIssues(path string, p *ptyJSON) []issue {
+	if p.Cols < 1 || p.Rows < 1 || p.Cols > sandbox.MaxPtySide || p.Rows > sandbox.MaxPtySide {
+		return []issue{{Path: path, Message: fmt.Sprintf("cols and rows must be from 1 to %d", sandbox.MaxPtySide)}}
+	}
+	return nil
+}
+
+// spawnIO validates what a spawn asks of its input and output and fills req.
+func spawnIO(body *spawnRequest, req *sandbox.ExecRequest) []issue {
+	var issues []issue
+	switch body.OutputEncoding {
+	case "", "utf8", "base64":
+		req.OutputEncoding = body.OutputEncoding
+	default:
+		issues = append(issues, issue{Path: "outputEncoding", Message: `must be "utf8" or "base64"`})
+	}
+	switch body.StdinMode {
+	case "":
+	case "pipe":
+		req.StdinPipe = true
+	default:
+		issues = append(issues, issue{Path: "stdinMode", Message: `must be "pipe" or left out`})
+	}
+	if body.Pty != nil {
+		issues = append(issues, ptyIssues("pty", body.Pty)...)
+		req.Pty = &sandbox.PtySize{Cols: body.Pty.Cols, Rows: body.Pty.Rows}
+		req.StdinPipe = false // a terminal takes input by itself
+	}
+	if (req.StdinPipe || req.Pty != nil) && (body.Stdin != nil || body.StdinBase64 != nil) {
+		issues = append(issues, issue{Path: "stdin", Message: "give input with …:write to a process with stdinMode pipe or a pty"})
+	}
+	return issues
+}
+
+// writeRequest is the body of POST …/processes/{pid}:write.
+type writeRequest struct {
+	Base64 *string `json:"base64"`
+	Data   *string `json:"data"`
+	// Offset is the number of input bytes the caller knows were accepted
+	// before this data; left out, the data goes after whatever was.
+	Offset *int64 `json:"offset"`
+	EOF    bool   `json:"eof"`
+}
+
+// writeAnswer is the process after a write; offset is how far its input
+// was accepted.
+type writeAnswer struct {
+	processJSON
+	Offset int64 `json:"offset"`
+}
+
+func (s *server) writeProcess(w http.ResponseWriter, r *http.Request, c *call) error {
+	var body writeRequest
+	if err := decode(c, &body); err != nil {
+		return err
+	}
+	var data []byte
+	var issues []issue
+	switch {
+	case body.Base64 != nil && body.Data != nil:
+		issues = append(issues, issue{Path: "data", Message: "give data or base64, not both"})
+	case body.Base64 != nil:
+		b, err := base64.StdEncoding.DecodeString(*body.Base64)
+		if err != nil {
+			issues = append(issues, issue{Path: "base64", Message: "must be standard base64"})
+		}
+		data = b
+	case body.Data != nil:
+		data = []byte(*body.Data)
+	}
+	if len(data) > sandbox.MaxStdinBuffer {
+		issues = append(issues, issue{Path: "base64", Message: "must be at most 1 MiB at a time"})
+	}
+	if body.Offset != nil && *body.Offset < 0 {
+		issues = append(issues, issue{Path: "offset", Message: "must be 0 or more"})
+	}
+	if len(issues) > 0 {
+		return invalid(sortIssues(issues))
+	}
+	_, g, err := s.guest(r, c)
+	if err != nil {
+		return err
+	}
+	p, err := g.Write(r.Context(), r.PathValue("pid"), data, body.Offset, body.EOF)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, writeAnswer{processJSON: toProcessJSON(p), Offset: p.StdinOffset})
+	return nil
+}
+
+func (s *server) resizeProcess(w http.ResponseWriter, r *http.Request, c *call) error {
+	var body ptyJSON
+	if err := decode(c, &body); err != nil {
+		return err
+	}
+	if issues := ptyIssues("cols", &body); len(issues) > 0 {
+		return invalid(issues)
+	}
+	_, g, err := s.guest(r, c)
+	if err != nil {
+		return err
+	}
+	p, err := g.Resize(r.Context(), r.PathValue("pid"), sandbox.PtySize{Cols: body.Cols, Rows: body.Rows})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, toProcessJSON(p))
+	return nil
+}
