@@ -8,8 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -21,10 +19,10 @@ import (
 
 // usageOptions are the flags of emberbox usage.
 type usageOptions struct {
-	server, key, dataDir string
-	from, to, groupBy    string
-	owner                string
-	json                 bool
+	serverFlags
+	from, to, groupBy string
+	owner             string
+	json              bool
 }
 
 // newUsageCommand prints what a server metered, from its GET /v1/usage.
@@ -37,7 +35,8 @@ func newUsageCommand() *cobra.Command {
 			"measured on the host and as the guest reports it, reserved memory, kept\n" +
 			"disks, egress, and what it costs at the server's prices. The server and key\n" +
 			"come from --server and --key, else $EMBERBOX_URL and $EMBERBOX_API_KEY,\n" +
-			"else http://127.0.0.1:8080 and the admin key in --data-dir.",
+			"else ~/.config/emberbox/config.json, else http://127.0.0.1:8080 and the\n" +
+			"admin key in --data-dir.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			body, err := fetchUsage(cmd.Context(), o)
@@ -52,9 +51,7 @@ func newUsageCommand() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.server, "server", "", "the server's URL (default $EMBERBOX_URL, else http://127.0.0.1:8080)")
-	f.StringVar(&o.key, "key", "", "API key (default $EMBERBOX_API_KEY, else the admin key in --data-dir)")
-	f.StringVar(&o.dataDir, "data-dir", defaultDataDir(), "where the server keeps its admin key")
+	o.serverFlags.register(f)
 	f.StringVar(&o.from, "from", "", "start, RFC 3339 UTC or YYYY-MM-DD (default: the start of this month)")
 	f.StringVar(&o.to, "to", "", "end, RFC 3339 UTC or YYYY-MM-DD (default: now)")
 	f.StringVar(&o.groupBy, "by", "sandbox", "sandbox, key or day")
@@ -79,14 +76,9 @@ func dayOrTime(s string) (string, error) {
 }
 
 func fetchUsage(ctx context.Context, o usageOptions) ([]byte, error) {
-	server := firstOf(o.server, os.Getenv("EMBERBOX_URL"), "http://127.0.0.1:8080")
-	key := firstOf(o.key, os.Getenv("EMBERBOX_API_KEY"))
-	if key == "" {
-		b, err := os.ReadFile(filepath.Join(o.dataDir, adminKeyFile))
-		if err != nil {
-			return nil, fmt.Errorf("no key: pass --key or set EMBERBOX_API_KEY (%w)", err)
-		}
-		key = strings.TrimSpace(string(b))
+	server, key, err := o.resolve()
+	if err != nil {
+		return nil, err
 	}
 	q := url.Values{"groupBy": {o.groupBy}}
 	for name, v := range map[string]string{"from": o.from, "to": o.to} {
@@ -127,15 +119,6 @@ func fetchUsage(ctx context.Context, o usageOptions) ([]byte, error) {
 		return nil, fmt.Errorf("reading usage: HTTP %d", resp.StatusCode)
 	}
 	return body, nil
-}
-
-func firstOf(vs ...string) string {
-	for _, v := range vs {
-		if v != "" {
-			return v
-		}
-	}
-	return ""
 }
 
 // usageRow is the part of a usage answer the table shows.

@@ -1,0 +1,36 @@
+// Package emberbox is a Go client of an Emberbox server: microVM
+// sandboxes for AI agents, over the Runtime Cloud API.
+//
+// A Client is made with the server's origin and an API key. Each call takes
+// a context and returns typed values; an answer of the server that is an
+// error is an *APIError (use errors.As), carrying the server's code,
+// status, message, hint and request id. Calls are retried the way the
+// Python SDK retries them: transport errors and 429/502/503/504 answers,
+// up to MaxRetries times, waiting as the server's Retry-After says or
+// with exponential backoff. Every call but a GET carries an
+// Idempotency-Key that stays the same across its retries, so a retried
+// create makes one sandbox.
+//
+// Exec streams a command's output to writers as it comes and returns its
+// exit status; Terminal opens an interactive terminal over a WebSocket.
+// Files go through ReadFile and WriteFile, directories through
+// DownloadArchive and UploadArchive (tar.gz).
+//
+//	c, err := emberbox.NewClient("http://127.0.0.1:8080", os.Getenv("EMBERBOX_API_KEY"))
+//	if err != nil {
+//		return err
+//	}
+//	sb, err := c.Create(ctx, emberbox.CreateRequest{Name: "demo", VCPU: 1, MemoryMiB: 512})
+//	if err != nil {
+//		return err
+//	}
+//	defer c.Delete(context.WithoutCancel(ctx), sb.ID)
+//	res, err := c.Exec(ctx, sb.ID, emberbox.ExecRequest{Command: "uname -a", Stdout: os.Stdout, Stderr: os.Stderr})
+//	if err != nil {
+//		return err
+//	}
+//	fmt.Println("exit", *res.ExitCode)
+//
+// The package depends on nothing of the server's: it may be copied or
+// vendored alone.
+package emberbox
