@@ -24,9 +24,10 @@ func TestDependencyFence(t *testing.T) {
 		{"cmd/emberbox-agent", "internal/api", false, "the guest does not serve the public API"},
 		{"internal/api", "internal/store", false, "the API reaches state only through the manager"},
 		{"internal/api", "internal/agentproto", true, "guest wire types stay below the manager; the API has its own"},
+		{"sdk/go", "internal", false, "the Go SDK is imported by other modules' programs, which cannot import internal packages"},
 	} {
 		from, to := mod+"/"+f.from, f.to
-		if strings.HasPrefix(to, "internal/") {
+		if to == "internal" || strings.HasPrefix(to, "internal/") {
 			to = mod + "/" + to
 		}
 		name := f.from + " does not import " + f.to
