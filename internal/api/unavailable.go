@@ -33,8 +33,8 @@ var unavailableSandboxSub = map[string]string{
 
 // unavailableFiles are the paths after /v1/sandboxes/{id}/files.
 var unavailableFiles = map[string]string{
-	"/archive/uploads": "archive_uploads_unavailable", "/watches": "file_watches_unavailable",
-	":link": "file_links_unavailable", ":revoke-links": "file_links_unavailable",
+	"/watches": "file_watches_unavailable",
+	":link":    "file_links_unavailable", ":revoke-links": "file_links_unavailable",
 }
 
 // unavailableVerbs are the colon verbs of /v1/sandboxes/{id}.

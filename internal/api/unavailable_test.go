@@ -15,8 +15,6 @@ var sdkUnavailable = []struct{ method, path string }{
 	{"POST", "/v1/sandboxes/sbx_r/previews"},
 	{"GET", "/v1/sandboxes/sbx_r/previews"},
 	{"DELETE", "/v1/sandboxes/sbx_r/previews/8080"},
-	{"POST", "/v1/sandboxes/sbx_r/files/archive/uploads"},
-	{"PUT", "/v1/sandboxes/sbx_r/files/archive/uploads/upl_1"},
 	{"POST", "/v1/sandboxes/sbx_r/files/watches"},
 	{"POST", "/v1/sandboxes/sbx_r/files:link"},
 	{"POST", "/v1/sandboxes/sbx_r/files:revoke-links"},
