@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/links"
 )
 
 // Keys authenticates API keys.
@@ -105,6 +106,8 @@ type Config struct {
 	// Uploads stages chunked uploads (see NewUploads); whoever makes it
 	// runs its Run, the periodic sweep. Nil refuses chunked uploads.
 	Uploads *Uploads
+	// Links signs and opens signed file links; nil refuses them.
+	Links *links.Signer
 	// Events serves GET /v1/sandboxes/{id}/events; nil lists none.
 	Events Events
 	// Metrics serves GET /metrics (Prometheus) to admin keys; nil: 404.
@@ -138,6 +141,7 @@ type server struct {
 	accel   func() string
 	confine func() any
 	uploads *Uploads // nil: chunked uploads refused
+	links   *links.Signer
 	metrics http.Handler
 	limits  *rateLimiter
 	observe func(route string, status int, d time.Duration) // nil: none
@@ -170,7 +174,7 @@ func newServer(cfg Config) *server {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
-	s.uploads, s.metrics = cfg.Uploads, cfg.Metrics
+	s.uploads, s.metrics, s.links = cfg.Uploads, cfg.Metrics, cfg.Links
 	s.routes = s.routeTable()
 	s.mux = s.buildMux()
 	doc, err := json.Marshal(s.openAPI())
@@ -310,7 +314,7 @@ func (s *server) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 		s.writeError(w, r, err)
 		return
 	}
-	if r.Method != http.MethodGet && r.Method != http.MethodHead && r.Body != nil {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead && r.Body != nil && !rt.StreamBody {
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 		if err != nil {
 			var mbe *http.MaxBytesError
@@ -337,7 +341,7 @@ func (s *server) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 			s.writeError(w, r, err)
 		}
 	}
-	if key := r.Header.Get("Idempotency-Key"); key != "" && r.Method != http.MethodGet && r.Method != http.MethodHead {
+	if key := r.Header.Get("Idempotency-Key"); key != "" && r.Method != http.MethodGet && r.Method != http.MethodHead && !rt.StreamBody {
 		s.idempotent(w, r, c, key, run)
 		return
 	}

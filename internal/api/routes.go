@@ -19,11 +19,14 @@ type route struct {
 	// Guest: the route calls into the sandbox's guest, so a sandbox in any
 	// state but running gets its state's refusal (sandbox.States).
 	Guest   bool
-	Query   []param  // query parameters, for the document
-	Body    any      // JSON request body type (a struct value), for the document
-	RawBody bool     // the body is raw bytes (file content)
-	Answers []string // content types of a 200 answer; default application/json
-	handle  handlerFunc
+	Query   []param // query parameters, for the document
+	Body    any     // JSON request body type (a struct value), for the document
+	RawBody bool    // the body is raw bytes (file content)
+	// StreamBody: the handler reads the body itself, of any size; there
+	// is no idempotency for it.
+	StreamBody bool
+	Answers    []string // content types of a 200 answer; default application/json
+	handle     handlerFunc
 }
 
 // param is a query parameter.
@@ -183,6 +186,18 @@ func (s *server) routeTable() []route {
 			Body:    struct{}{}, handle: s.commitArchiveUpload},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/files/archive/uploads/{uploadId}:abort", OpID: "abortArchiveUpload",
 			Summary: "Drop an archive upload and what arrived", Body: struct{}{}, handle: s.abortArchiveUpload},
+
+		{Method: "POST", Path: "/v1/sandboxes/{id}/files:link", OpID: "makeFileLink",
+			Summary: "A signed URL anyone may GET (a file, or with archive a directory as .tar.gz) or PUT (a file) without a key, until expiresInSeconds (default 3600, at most 7 days)",
+			Body:    linkRequest{}, handle: s.makeLink},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/files:revoke-links", OpID: "revokeFileLinks",
+			Summary: "End every file link made for the sandbox", Body: struct{}{}, handle: s.revokeLinks},
+		{Method: "GET", Path: "/v1/links/{token}", OpID: "linkDownload", Public: true,
+			Summary: "Download through a signed GET link (one Range supported); 403 link_invalid, link_expired or link_revoked",
+			Answers: []string{"application/octet-stream", "application/gzip"}, handle: s.linkDownload},
+		{Method: "PUT", Path: "/v1/links/{token}", OpID: "linkUpload", Public: true, RawBody: true, StreamBody: true,
+			Summary: "Write the file of a signed PUT link with the body (Content-Length required, at most the link's maxBytes)",
+			handle:  s.linkUpload},
 
 		{Method: "POST", Path: "/v1/sandboxes/{id}/uploads", OpID: "beginUpload", Guest: true,
 			Summary: "Begin a chunked upload of a file under /workspace (for files over 1 MiB)",

@@ -339,6 +339,14 @@ CREATE TABLE storage_meters (     -- until when each kept disk or snapshot has b
 	at_ms       INTEGER NOT NULL
 ) STRICT;
 `,
+	// 9: the generation of a sandbox's signed file links; revoking them
+	// bumps it, and a link signed with an older one is refused.
+	`
+CREATE TABLE link_generations (
+	sandbox_id TEXT PRIMARY KEY,
+	generation INTEGER NOT NULL
+) STRICT;
+`,
 }
 
 // migrate applies the pending migrations, each in its own transaction
