@@ -49,6 +49,12 @@ const (
 	// file.unarchive: exactly Size bytes of a tar or tar.gz in D frames,
 	// unpacked into the directory Path, then Reply{unpacked}.
 	MethodFileUnarchive = "file.unarchive"
+	// File watches (inotify): start, list, read events from a cursor
+	// (waiting up to WaitMs), stop. An older agent answers unknown_method.
+	MethodFileWatchStart  = "file.watch.start"
+	MethodFileWatchList   = "file.watch.list"
+	MethodFileWatchEvents = "file.watch.events"
+	MethodFileWatchStop   = "file.watch.stop"
 )
 
 // Methods of streams the guest opens to the host (egress; see
@@ -95,6 +101,7 @@ type Request struct {
 	Exec      *ExecRequest      `json:"exec,omitempty"`
 	Process   *ProcessRequest   `json:"process,omitempty"`
 	File      *FileRequest      `json:"file,omitempty"`
+	Watch     *WatchRequest     `json:"watch,omitempty"`
 	Egress    *EgressRequest    `json:"egress,omitempty"`
 }
 
@@ -116,6 +123,7 @@ const (
 	CodeProcessNotExited = "process_running"
 	CodeCrossDevice      = "cross_device"
 	CodeUnsafeArchive    = "unsafe_archive"
+	CodeWatchNotFound    = "watch_not_found"
 )
 
 // Error is a failure reported by the agent.
@@ -138,6 +146,10 @@ type Reply struct {
 	Entries   []FileEntry   `json:"entries,omitempty"`
 	Removed   *bool         `json:"removed,omitempty"`
 	Unpacked  *Unpacked     `json:"unpacked,omitempty"`
+	Watch     *WatchInfo    `json:"watch,omitempty"`
+	Watches   []WatchInfo   `json:"watches,omitempty"`
+	Batch     *WatchBatch   `json:"batch,omitempty"`
+	Stopped   *bool         `json:"stopped,omitempty"`
 	OK        bool          `json:"ok,omitempty"`
 }
 

@@ -45,6 +45,7 @@ type fakeManager struct {
 	snaps      map[string]*sandbox.Snapshot
 	usage      fakeUsage   // fake_usage_test.go
 	arch       fakeArchive // fake_archive_test.go
+	watch      fakeWatch   // fake_archive_test.go
 }
 
 type waitCall struct {

@@ -30,6 +30,10 @@ var guestRouteRequests = map[string]struct{ query, body string }{
 	"uploadArchive":      {query: "?path=/tmp/in", body: "tar"},
 	"beginUpload":        {body: `{"path":"/workspace/big","size":2000000,"sha256":"` + strings.Repeat("0", 64) + `"}`},
 	"beginArchiveUpload": {body: `{"path":"/tmp/in","gzip":true,"user":"sandbox"}`},
+	"startWatch":         {body: `{"path":"/tmp"}`},
+	"listWatches":        {},
+	"watchEvents":        {},
+	"stopWatch":          {},
 }
 
 // TestGuestRoutesRefuseByStateTable checks that every route that needs a
@@ -57,7 +61,7 @@ func TestGuestRoutesRefuseByStateTable(t *testing.T) {
 			if !ok {
 				t.Fatalf("route %s %s calls a guest but has no sample request in guestRouteRequests", rt.Method, rt.Path)
 			}
-			target := strings.NewReplacer("{id}", id, "{pid}", "p1").Replace(rt.Path) + req.query
+			target := strings.NewReplacer("{id}", id, "{pid}", "p1", "{watchId}", "wat_1").Replace(rt.Path) + req.query
 			w := e.do(rt.Method, target, req.body)
 			name := string(st.State) + "/" + rt.OpID
 			if st.Refusal == nil {

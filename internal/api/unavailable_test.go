@@ -15,7 +15,6 @@ var sdkUnavailable = []struct{ method, path string }{
 	{"POST", "/v1/sandboxes/sbx_r/previews"},
 	{"GET", "/v1/sandboxes/sbx_r/previews"},
 	{"DELETE", "/v1/sandboxes/sbx_r/previews/8080"},
-	{"POST", "/v1/sandboxes/sbx_r/files/watches"},
 	{"POST", "/v1/sandboxes/sbx_r/sessions"},
 	{"POST", "/v1/sandboxes/sbx_r/interpreter:run"},
 	{"POST", "/v1/sandboxes/sbx_r/mounts"},

@@ -24,6 +24,11 @@ type (
 	FileRequest    = agentproto.FileRequest
 	FileEntry      = agentproto.FileEntry
 	Unpacked       = agentproto.Unpacked
+	WatchRequest   = agentproto.WatchRequest
+	WatchInfo      = agentproto.WatchInfo
+	WatchBatch     = agentproto.WatchBatch
+	WatchEvent     = agentproto.WatchEvent
+	WatchNotice    = agentproto.WatchNotice
 )
 
 // Bounds of archive requests, as the guest takes them.
@@ -31,6 +36,10 @@ const (
 	MaxArchiveExcludes = agentproto.MaxExcludes
 	MaxGlobLen         = agentproto.MaxGlobLen
 	MaxUnarchive       = agentproto.MaxUnarchive
+	MaxWatchPatterns   = agentproto.MaxWatchPatterns
+	MaxWatchTimeoutMs  = agentproto.MaxWatchTimeout
+	MaxWatchDirs       = agentproto.MaxWatchDirs
+	MaxWatchWaitMs     = agentproto.MaxWatchWait
 )
 
 // Output stream names of Event.Type.
@@ -87,6 +96,13 @@ type Guest interface {
 	// Unarchive unpacks exactly size bytes of a tar or tar.gz from r into
 	// the directory dir as user ("" or "root").
 	Unarchive(ctx context.Context, dir, user string, size int64, r io.Reader) (*Unpacked, error)
+
+	// WatchStart starts a file watch (inotify) in the guest.
+	WatchStart(ctx context.Context, req WatchRequest) (*WatchInfo, error)
+	Watches(ctx context.Context) ([]WatchInfo, error)
+	// WatchEvents reads a watch's events from cursor, waiting up to wait.
+	WatchEvents(ctx context.Context, id string, cursor int64, wait time.Duration) (*WatchBatch, error)
+	WatchStop(ctx context.Context, id string) (bool, error)
 }
 
 var _ Guest = (*guest.Client)(nil)
