@@ -269,10 +269,16 @@ func (w *watch) add(dir string, report bool) error {
 	if err := w.addOne(dir); err != nil {
 		return err
 	}
+	w.walk(dir, report)
+	return nil
+}
+
+// walk watches the directories below dir of a recursive watch.
+func (w *watch) walk(dir string, report bool) {
 	if !w.recursive {
-		return nil
+		return
 	}
-	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || p == dir {
 			return nil // gone or unreadable meanwhile: nothing to watch
 		}
@@ -360,9 +366,14 @@ func (w *watch) handle(ev fsnotify.Event) {
 	}
 	switch {
 	case ev.Has(fsnotify.Create):
+		// A new directory is watched before its create is told, so a
+		// reader who saw it may rely on changes in it being seen.
+		if isDir && w.recursive {
+			_ = w.addOne(p)
+		}
 		w.emit(agentproto.WatchCreate, p, isDir)
 		if isDir && w.recursive {
-			_ = w.add(p, true)
+			w.walk(p, true) // what was made in it before it was watched
 		}
 	case ev.Has(fsnotify.Write):
 		w.emit(agentproto.WatchModify, p, isDir)

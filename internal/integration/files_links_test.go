@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 )
 
 // tarGz packs files (name → bytes) as a tar.gz.
@@ -75,10 +76,11 @@ func noise(seed uint64, n int) []byte {
 	return b
 }
 
-// TestFilesChunkedArchiveAndLinks uploads a directory archive over 1 MiB
-// through the chunked route and reads it back, then uses a signed link
-// without a key and sees it refused once revoked, against one real VM.
-func TestFilesChunkedArchiveAndLinks(t *testing.T) {
+// TestFilesChunkedArchiveLinksWatches uploads a directory archive over
+// 1 MiB through the chunked route and reads it back, uses a signed link
+// without a key and sees it refused (403 link_revoked) once revoked, and
+// watches a directory see create, modify and delete, against one real VM.
+func TestFilesChunkedArchiveLinksWatches(t *testing.T) {
 	needVMs(t)
 	s := startServer(t, t.TempDir())
 	c := s.client(s.AdminKey)
@@ -162,5 +164,59 @@ func TestFilesChunkedArchiveAndLinks(t *testing.T) {
 	}
 	if r := anon.raw(t, "PUT", put, []byte("x"), nil, requestTimeout); r.Status != 403 {
 		t.Errorf("a revoked upload link: %v", r)
+	}
+
+	// A recursive watch sees create, modify and delete, in a directory
+	// made after it began too.
+	wat, _ := call[struct {
+		ID     string
+		Cursor int64
+	}](t, c, "POST", base+"/files/watches", map[string]any{"path": "/workspace", "recursive": true}, nil)
+	c.sh(t, sb.ID, "mkdir -p /workspace/w/new")
+	want := []string{"create /workspace/w", "create /workspace/w/new"}
+	var seen []string
+	cursor := wat.Cursor
+	have := func() bool {
+		for _, w := range want {
+			found := false
+			for _, s := range seen {
+				found = found || s == w
+			}
+			if !found {
+				return false
+			}
+		}
+		return true
+	}
+	poll := func() bool {
+		b, _ := call[struct {
+			Events []struct {
+				Type, Path string
+				At         time.Time
+			}
+			NextCursor int64
+		}](t, c, "GET", fmt.Sprintf("%s/files/watches/%s/events?cursor=%d&waitMs=5000", base, wat.ID, cursor), nil, nil)
+		cursor = b.NextCursor
+		for _, e := range b.Events {
+			if e.At.IsZero() {
+				t.Errorf("event without a time: %+v", e)
+			}
+			seen = append(seen, e.Type+" "+e.Path)
+		}
+		return have()
+	}
+	read := func() {
+		t.Helper()
+		if !waitUntil(60*time.Second, 0, poll) {
+			t.Errorf("watch saw %q, want %q", seen, want)
+		}
+	}
+	read()
+	// The new directory is watched once its create was seen.
+	c.sh(t, sb.ID, "printf 1 > /workspace/w/new/f.txt; printf 2 >> /workspace/w/new/f.txt; rm /workspace/w/new/f.txt")
+	want = append(want, "create /workspace/w/new/f.txt", "modify /workspace/w/new/f.txt", "delete /workspace/w/new/f.txt")
+	read()
+	if r, _ := call[struct{ Stopped bool }](t, c, "DELETE", base+"/files/watches/"+wat.ID, nil, nil); !r.Stopped {
+		t.Errorf("stop: %v", r)
 	}
 }
