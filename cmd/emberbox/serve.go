@@ -23,6 +23,7 @@ import (
 	"github.com/emberbox/emberbox/internal/egress"
 	"github.com/emberbox/emberbox/internal/faultpoint"
 	"github.com/emberbox/emberbox/internal/image"
+	"github.com/emberbox/emberbox/internal/links"
 	"github.com/emberbox/emberbox/internal/pricing"
 	"github.com/emberbox/emberbox/internal/sandbox"
 	"github.com/emberbox/emberbox/internal/store"
@@ -222,13 +223,23 @@ func serve(ctx context.Context, o serveOptions) error {
 		return fmt.Errorf("upload staging: %w", err)
 	}
 	bg.Go(func() { uploads.Run(bctx) })
+	// The key of signed file links is made once and kept: links stay
+	// valid across restarts until they expire or are revoked.
+	linkKey, err := links.LoadKey(filepath.Join(o.dataDir, "link.key"))
+	if err != nil {
+		return err
+	}
+	signer, err := links.NewSigner(linkKey, st, nil)
+	if err != nil {
+		return err
+	}
 
 	handler := api.New(api.Config{
 		Manager: mgr, Keys: keyStore{st}, Idempotency: idempotencyStore{st}, Events: eventStore{st},
 		Logger: log, Version: version, Accel: drv.Accel,
 		Confinement: func() any { return drv.Confinement() },
 		Uploads:     uploads, RateLimits: adm.rates, ObserveRequest: metrics.ObserveRequest,
-		Metrics: metrics.Handler(), PreviewURL: o.previewURL,
+		Metrics: metrics.Handler(), PreviewURL: o.previewURL, Links: signer,
 	})
 	if o.metricsListen != "" {
 		mln, err := net.Listen("tcp", o.metricsListen)

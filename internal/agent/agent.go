@@ -47,6 +47,7 @@ type Agent struct {
 	bash     string
 	reaper   *reaper
 	procs    *processTable
+	watches  *watchSet
 	bootedAt time.Time
 	root     string // where renew writes /etc/hostname and the like
 	sys      System // nil: renew is refused
@@ -88,7 +89,7 @@ func New(cfg Config) (*Agent, error) {
 	}
 	return &Agent{
 		log: log, accounts: accts, names: names, user: u, bash: bash,
-		reaper: theReaper(), procs: &processTable{procs: map[string]*process{}},
+		reaper: theReaper(), procs: &processTable{procs: map[string]*process{}}, watches: newWatchSet(),
 		bootedAt: time.Now(), root: cfg.Root, sys: sys,
 	}, nil
 }
@@ -325,6 +326,9 @@ func (a *Agent) dispatch(ctx context.Context, c *agentproto.Conn, req *agentprot
 	}
 	if strings.HasPrefix(req.Method, "process.") {
 		return a.dispatchProcess(ctx, c, req)
+	}
+	if strings.HasPrefix(req.Method, "file.watch.") {
+		return a.dispatchWatch(ctx, c, req)
 	}
 	if strings.HasPrefix(req.Method, "file.") {
 		return a.dispatchFile(c, req)

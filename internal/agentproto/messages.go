@@ -61,6 +61,12 @@ const (
 	// bytes both ways. Closing one side of the stream half-closes the
 	// connection. An older agent answers CodeUnknownMethod.
 	MethodPortConnect = "port.connect"
+	// File watches (inotify): start, list, read events from a cursor
+	// (waiting up to WaitMs), stop. An older agent answers unknown_method.
+	MethodFileWatchStart  = "file.watch.start"
+	MethodFileWatchList   = "file.watch.list"
+	MethodFileWatchEvents = "file.watch.events"
+	MethodFileWatchStop   = "file.watch.stop"
 )
 
 // PortRequest names a TCP port on the guest's loopback.
@@ -116,6 +122,7 @@ type Request struct {
 	Exec      *ExecRequest      `json:"exec,omitempty"`
 	Process   *ProcessRequest   `json:"process,omitempty"`
 	File      *FileRequest      `json:"file,omitempty"`
+	Watch     *WatchRequest     `json:"watch,omitempty"`
 	Egress    *EgressRequest    `json:"egress,omitempty"`
 	Port      *PortRequest      `json:"port,omitempty"`
 }
@@ -147,7 +154,8 @@ const (
 	// process's input buffer, and nothing of it was taken.
 	CodeStdinFull = "stdin_full"
 	// CodeNotATerminal: resize of a process that has no Pty.
-	CodeNotATerminal = "not_a_terminal"
+	CodeNotATerminal  = "not_a_terminal"
+	CodeWatchNotFound = "watch_not_found"
 )
 
 // Error is a failure reported by the agent.
@@ -170,6 +178,10 @@ type Reply struct {
 	Entries   []FileEntry   `json:"entries,omitempty"`
 	Removed   *bool         `json:"removed,omitempty"`
 	Unpacked  *Unpacked     `json:"unpacked,omitempty"`
+	Watch     *WatchInfo    `json:"watch,omitempty"`
+	Watches   []WatchInfo   `json:"watches,omitempty"`
+	Batch     *WatchBatch   `json:"batch,omitempty"`
+	Stopped   *bool         `json:"stopped,omitempty"`
 	OK        bool          `json:"ok,omitempty"`
 }
 

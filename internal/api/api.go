@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/links"
 )
 
 // Keys authenticates API keys.
@@ -105,6 +106,8 @@ type Config struct {
 	// Uploads stages chunked uploads (see NewUploads); whoever makes it
 	// runs its Run, the periodic sweep. Nil refuses chunked uploads.
 	Uploads *Uploads
+	// Links signs and opens signed file links; nil refuses them.
+	Links *links.Signer
 	// Events serves GET /v1/sandboxes/{id}/events; nil lists none.
 	Events Events
 	// Metrics serves GET /metrics (Prometheus) to admin keys; nil: 404.
@@ -141,6 +144,7 @@ type server struct {
 	accel   func() string
 	confine func() any
 	uploads *Uploads // nil: chunked uploads refused
+	links   *links.Signer
 	metrics http.Handler
 	limits  *rateLimiter
 	observe func(route string, status int, d time.Duration) // nil: none
@@ -179,7 +183,7 @@ func newServer(cfg Config) *server {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
-	s.uploads, s.metrics = cfg.Uploads, cfg.Metrics
+	s.uploads, s.metrics, s.links = cfg.Uploads, cfg.Metrics, cfg.Links
 	s.previewBase = cfg.PreviewURL
 	s.previewTransport = s.newPreviewTransport()
 	s.routes = s.routeTable()
@@ -321,7 +325,7 @@ func (s *server) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 		s.writeError(w, r, err)
 		return
 	}
-	if r.Method != http.MethodGet && r.Method != http.MethodHead && r.Body != nil {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead && r.Body != nil && !rt.StreamBody {
 		limit := int64(maxBody)
 		if rt.MaxBody > 0 {
 			limit = rt.MaxBody
@@ -352,7 +356,7 @@ func (s *server) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 			s.writeError(w, r, err)
 		}
 	}
-	if key := r.Header.Get("Idempotency-Key"); key != "" && r.Method != http.MethodGet && r.Method != http.MethodHead {
+	if key := r.Header.Get("Idempotency-Key"); key != "" && r.Method != http.MethodGet && r.Method != http.MethodHead && !rt.StreamBody {
 		s.idempotent(w, r, c, key, run)
 		return
 	}

@@ -6,10 +6,18 @@ import (
 	"io"
 	"path"
 	"strings"
+	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
+
+// fakeWatch is the fake guest's one watch.
+type fakeWatch struct {
+	req    sandbox.WatchRequest
+	events []sandbox.WatchEvent
+	ended  bool
+}
 
 // fakeArchive records what the fake guest's archive calls were given.
 type fakeArchive struct {
@@ -95,4 +103,43 @@ func (g fakeGuest) Unarchive(ctx context.Context, dir, user string, size int64, 
 		return nil, m.arch.unpackErr
 	}
 	return &sandbox.Unpacked{Entries: 3, Bytes: size}, nil
+}
+
+// The fake's watches: one list of events the test appends to.
+func (g fakeGuest) WatchStart(ctx context.Context, req sandbox.WatchRequest) (*sandbox.WatchInfo, error) {
+	m := g.m
+	if _, err := m.Get(ctx, g.owner, g.id); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.watch.req = req
+	return &sandbox.WatchInfo{ID: "wat_1", Path: req.Path, Recursive: req.Recursive, Events: req.Events, State: "running"}, nil
+}
+
+func (g fakeGuest) Watches(ctx context.Context) ([]sandbox.WatchInfo, error) {
+	return []sandbox.WatchInfo{{ID: "wat_1", Path: "/workspace", State: "running"}}, nil
+}
+
+func (g fakeGuest) WatchEvents(ctx context.Context, id string, cursor int64, wait time.Duration) (*sandbox.WatchBatch, error) {
+	m := g.m
+	if id != "wat_1" {
+		return nil, errdefs.New(errdefs.ErrNotFound, "watch_not_found", "no watch %s", id)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b := &sandbox.WatchBatch{Events: []sandbox.WatchEvent{}, NextCursor: cursor}
+	if cursor < int64(len(m.watch.events)) {
+		b.Events = m.watch.events[cursor:]
+		b.NextCursor = int64(len(m.watch.events))
+	}
+	b.Ended, b.Reason = m.watch.ended, "stopped"
+	return b, nil
+}
+
+func (g fakeGuest) WatchStop(ctx context.Context, id string) (bool, error) {
+	g.m.mu.Lock()
+	defer g.m.mu.Unlock()
+	g.m.watch.ended = true
+	return true, nil
 }

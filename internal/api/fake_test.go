@@ -45,6 +45,7 @@ type fakeManager struct {
 	snaps      map[string]*sandbox.Snapshot
 	usage      fakeUsage                   // fake_usage_test.go
 	arch       fakeArchive                 // fake_archive_test.go
+	watch      fakeWatch                   // fake_archive_test.go
 	ports      map[string]string           // id:port → the address DialPort reaches (fake_ports_test.go)
 	previews   map[string]*sandbox.Preview // id:port
 	stdin      fakeStdin                   // fake_stdin_test.go

@@ -19,27 +19,32 @@ var guestRouteRequests = map[string]struct {
 	running          int
 	websocket        bool
 }{
-	"tunnel":          {websocket: true},
-	"exec":            {body: `{"command":"true"}`},
-	"spawnProcess":    {body: `{"command":"sleep 1"}`},
-	"listProcesses":   {},
-	"getProcess":      {},
-	"processOutput":   {},
-	"signalProcess":   {body: `{"signal":"SIGTERM"}`},
-	"writeProcess":    {body: `{"data":"x"}`},
-	"resizeProcess":   {body: `{"cols":100,"rows":30}`, pid: fakeTTYID},
-	"terminal":        {query: "?cols=100", running: http.StatusUpgradeRequired}, // not a WebSocket here
-	"readFile":        {query: "?path=/tmp/x"},
-	"writeFile":       {query: "?path=/tmp/x", body: "hi"},
-	"listFiles":       {query: "?path=/tmp"},
-	"statFile":        {query: "?path=/tmp/x"},
-	"mkdir":           {body: `{"path":"/tmp/d"}`},
-	"removeFile":      {body: `{"path":"/tmp/y"}`},
-	"chmodFile":       {body: `{"path":"/tmp/x","mode":"755"}`},
-	"renameFile":      {body: `{"from":"/tmp/x","to":"/tmp/z","overwrite":true}`},
-	"downloadArchive": {query: "?path=/tmp"},
-	"uploadArchive":   {query: "?path=/tmp/in", body: "tar"},
-	"beginUpload":     {body: `{"path":"/workspace/big","size":2000000,"sha256":"` + strings.Repeat("0", 64) + `"}`},
+	"tunnel":             {websocket: true},
+	"exec":               {body: `{"command":"true"}`},
+	"spawnProcess":       {body: `{"command":"sleep 1"}`},
+	"listProcesses":      {},
+	"getProcess":         {},
+	"processOutput":      {},
+	"signalProcess":      {body: `{"signal":"SIGTERM"}`},
+	"writeProcess":       {body: `{"data":"x"}`},
+	"resizeProcess":      {body: `{"cols":100,"rows":30}`, pid: fakeTTYID},
+	"terminal":           {query: "?cols=100", running: http.StatusUpgradeRequired}, // not a WebSocket here
+	"readFile":           {query: "?path=/tmp/x"},
+	"writeFile":          {query: "?path=/tmp/x", body: "hi"},
+	"listFiles":          {query: "?path=/tmp"},
+	"statFile":           {query: "?path=/tmp/x"},
+	"mkdir":              {body: `{"path":"/tmp/d"}`},
+	"removeFile":         {body: `{"path":"/tmp/y"}`},
+	"chmodFile":          {body: `{"path":"/tmp/x","mode":"755"}`},
+	"renameFile":         {body: `{"from":"/tmp/x","to":"/tmp/z","overwrite":true}`},
+	"downloadArchive":    {query: "?path=/tmp"},
+	"uploadArchive":      {query: "?path=/tmp/in", body: "tar"},
+	"beginUpload":        {body: `{"path":"/workspace/big","size":2000000,"sha256":"` + strings.Repeat("0", 64) + `"}`},
+	"beginArchiveUpload": {body: `{"path":"/tmp/in","gzip":true,"user":"sandbox"}`},
+	"startWatch":         {body: `{"path":"/tmp"}`},
+	"listWatches":        {},
+	"watchEvents":        {},
+	"stopWatch":          {},
 }
 
 // TestGuestRoutesRefuseByStateTable checks that every route that needs a
@@ -71,7 +76,7 @@ func TestGuestRoutesRefuseByStateTable(t *testing.T) {
 			if pid == "" {
 				pid = "p1"
 			}
-			target := strings.NewReplacer("{id}", id, "{pid}", pid).Replace(rt.Path) + req.query
+			target := strings.NewReplacer("{id}", id, "{pid}", pid, "{watchId}", "wat_1").Replace(rt.Path) + req.query
 			w := e.do(rt.Method, target, req.body)
 			name := string(st.State) + "/" + rt.OpID
 			if st.Refusal == nil {

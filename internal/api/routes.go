@@ -19,12 +19,15 @@ type route struct {
 	// Guest: the route calls into the sandbox's guest, so a sandbox in any
 	// state but running gets its state's refusal (sandbox.States).
 	Guest   bool
-	Query   []param  // query parameters, for the document
-	Body    any      // JSON request body type (a struct value), for the document
-	RawBody bool     // the body is raw bytes (file content)
-	MaxBody int64    // the largest body accepted; 0: maxBody
-	Answers []string // content types of a 200 answer; default application/json
-	handle  handlerFunc
+	Query   []param // query parameters, for the document
+	Body    any     // JSON request body type (a struct value), for the document
+	RawBody bool    // the body is raw bytes (file content)
+	MaxBody int64   // the largest body accepted; 0: maxBody
+	// StreamBody: the handler reads the body itself, of any size; there
+	// is no idempotency for it.
+	StreamBody bool
+	Answers    []string // content types of a 200 answer; default application/json
+	handle     handlerFunc
 }
 
 // param is a query parameter.
@@ -182,6 +185,45 @@ func (s *server) routeTable() []route {
 		{Method: "PUT", Path: "/v1/sandboxes/{id}/files/archive", OpID: "uploadArchive", Guest: true,
 			Summary: "Unpack a tar or tar.gz (at most 1 MiB) into a directory, merging; entries leaving it are refused",
 			Query:   []param{pathParam, q("user", "string", "sandbox (default) or root")}, RawBody: true, handle: s.uploadArchive},
+
+		{Method: "POST", Path: "/v1/sandboxes/{id}/files/archive/uploads", OpID: "beginArchiveUpload", Guest: true,
+			Summary: "Begin a chunked upload of a tar or tar.gz (over 1 MiB, at most 4 GiB) to unpack into path",
+			Body:    beginArchiveUploadRequest{}, handle: s.beginArchiveUpload},
+		{Method: "PUT", Path: "/v1/sandboxes/{id}/files/archive/uploads/{uploadId}", OpID: "putArchiveChunk",
+			Summary: "Send the next chunk (1 byte to chunkBytes) at offset, the bytes received so far; the last one again is a retry",
+			Query:   []param{{Name: "offset", Type: "integer", Required: true, Doc: "the bytes received so far"}},
+			RawBody: true, handle: s.putArchiveChunk},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/files/archive/uploads/{uploadId}:commit", OpID: "commitArchiveUpload",
+			Summary: "Unpack what arrived into path, merging; answers {path, entries, bytes}",
+			Body:    struct{}{}, handle: s.commitArchiveUpload},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/files/archive/uploads/{uploadId}:abort", OpID: "abortArchiveUpload",
+			Summary: "Drop an archive upload and what arrived", Body: struct{}{}, handle: s.abortArchiveUpload},
+
+		{Method: "POST", Path: "/v1/sandboxes/{id}/files:link", OpID: "makeFileLink",
+			Summary: "A signed URL anyone may GET (a file, or with archive a directory as .tar.gz) or PUT (a file) without a key, until expiresInSeconds (default 3600, at most 7 days)",
+			Body:    linkRequest{}, handle: s.makeLink},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/files:revoke-links", OpID: "revokeFileLinks",
+			Summary: "End every file link made for the sandbox", Body: struct{}{}, handle: s.revokeLinks},
+		{Method: "GET", Path: "/v1/links/{token}", OpID: "linkDownload", Public: true,
+			Summary: "Download through a signed GET link (one Range supported); 403 link_invalid, link_expired or link_revoked",
+			Answers: []string{"application/octet-stream", "application/gzip"}, handle: s.linkDownload},
+		{Method: "PUT", Path: "/v1/links/{token}", OpID: "linkUpload", Public: true, RawBody: true, StreamBody: true,
+			Summary: "Write the file of a signed PUT link with the body (Content-Length required, at most the link's maxBytes)",
+			handle:  s.linkUpload},
+
+		{Method: "POST", Path: "/v1/sandboxes/{id}/files/watches", OpID: "startWatch", Guest: true,
+			Summary: "Watch a directory (recursive: and every one below it, new ones too) for create, write, remove, rename and chmod; ends at timeoutMs (default 1 h, 0: until stopped) or when the sandbox stops",
+			Body:    watchRequest{}, handle: s.startWatch},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/files/watches", OpID: "listWatches", Guest: true,
+			Summary: "The sandbox's watches", handle: s.listWatches},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/files/watches/{watchId}/events", OpID: "watchEvents", Guest: true,
+			Summary: "Events from cursor; follow streams NDJSON lines (events, notices, then end, paused, failure or continue)",
+			Query: []param{q("cursor", "integer", "the event number to read from (nextCursor, or a line's cursor)"),
+				q("waitMs", "integer", "without follow, wait this long for an event, at most 30000"),
+				q("follow", "boolean", "stream for up to 110 s")},
+			Answers: []string{"application/json", "application/x-ndjson"}, handle: s.watchEvents},
+		{Method: "DELETE", Path: "/v1/sandboxes/{id}/files/watches/{watchId}", OpID: "stopWatch", Guest: true,
+			Summary: "Stop a watch", handle: s.stopWatch},
 
 		{Method: "POST", Path: "/v1/sandboxes/{id}/uploads", OpID: "beginUpload", Guest: true,
 			Summary: "Begin a chunked upload of a file under /workspace (for files over 1 MiB)",

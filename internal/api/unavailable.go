@@ -30,12 +30,6 @@ var unavailableSandboxSub = map[string]string{
 	"sessions": "sessions_unavailable", "tailscale": "tailscale_unavailable",
 }
 
-// unavailableFiles are the paths after /v1/sandboxes/{id}/files.
-var unavailableFiles = map[string]string{
-	"/archive/uploads": "archive_uploads_unavailable", "/watches": "file_watches_unavailable",
-	":link": "file_links_unavailable", ":revoke-links": "file_links_unavailable",
-}
-
 // unavailableVerbs are the colon verbs of /v1/sandboxes/{id}.
 var unavailableVerbs = map[string]string{
 	"resize": "resize_unavailable", "switch-image": "switch_image_unavailable",
@@ -61,14 +55,6 @@ func unavailableCode(path string) string {
 	if !hasSub {
 		if i := strings.LastIndexByte(id, ':'); i > 0 {
 			return unavailableVerbs[id[i+1:]]
-		}
-		return ""
-	}
-	if f, ok := strings.CutPrefix(sub, "files"); ok {
-		for p, code := range unavailableFiles {
-			if f == p || strings.HasPrefix(f, p+"/") || strings.HasPrefix(f, p+":") {
-				return code
-			}
 		}
 		return ""
 	}

@@ -10,11 +10,6 @@ import (
 // serve: each must answer 501 with a code ending in _unavailable (never
 // retried by the SDK), in the one error shape.
 var sdkUnavailable = []struct{ method, path string }{
-	{"POST", "/v1/sandboxes/sbx_r/files/archive/uploads"},
-	{"PUT", "/v1/sandboxes/sbx_r/files/archive/uploads/upl_1"},
-	{"POST", "/v1/sandboxes/sbx_r/files/watches"},
-	{"POST", "/v1/sandboxes/sbx_r/files:link"},
-	{"POST", "/v1/sandboxes/sbx_r/files:revoke-links"},
 	{"POST", "/v1/sandboxes/sbx_r/sessions"},
 	{"POST", "/v1/sandboxes/sbx_r/interpreter:run"},
 	{"POST", "/v1/sandboxes/sbx_r/mounts"},

@@ -25,14 +25,22 @@ import (
 // key's, an idle TTL); these handlers decode requests, encode answers and
 // give the commit the sandbox's guest to write into.
 
-// Uploads stages the chunked uploads of a server; the commit's writer is a
-// sandbox's guest, whose entry it keeps.
-type Uploads = upload.Store[*sandbox.FileEntry]
+// Uploads stages the chunked uploads of a server, of files and of
+// directory archives, under one set of limits; the commit's writer is a
+// sandbox's guest, whose answer it keeps.
+type Uploads = upload.Store[committed]
+
+// committed is what a commit wrote: a file's entry, or what an archive
+// put in place.
+type committed struct {
+	entry    *sandbox.FileEntry
+	unpacked *unpackedJSON
+}
 
 // NewUploads returns a staging store for Config.Uploads. It removes the
 // staging files an earlier run left in cfg.Dir.
 func NewUploads(cfg upload.Config) (*Uploads, error) {
-	return upload.New[*sandbox.FileEntry](cfg)
+	return upload.New[committed](cfg)
 }
 
 const (
@@ -192,18 +200,19 @@ func (s *server) commitUpload(w http.ResponseWriter, r *http.Request, c *call) e
 	}
 	sbID := r.PathValue("id")
 	// The guest is looked up only once the upload passed its checks.
-	write := func(ctx context.Context, p string, mode uint32, size int64, rd io.Reader) (*sandbox.FileEntry, error) {
+	write := func(ctx context.Context, p string, mode uint32, size int64, rd io.Reader) (committed, error) {
 		_, g, err := s.mgr.Guest(ctx, c.owner, sbID)
 		if err != nil {
-			return nil, err
+			return committed{}, err
 		}
-		return g.WriteFile(ctx, p, mode, size, rd)
+		e, err := g.WriteFile(ctx, p, mode, size, rd)
+		return committed{entry: e}, err
 	}
-	entry, err := st.Commit(r.Context(), c.owner, sbID, r.PathValue("uploadId"), write)
+	done, err := st.Commit(r.Context(), c.owner, sbID, r.PathValue("uploadId"), write)
 	if err != nil {
 		return uploadError(err)
 	}
-	writeJSON(w, http.StatusOK, toFileJSON(entry))
+	writeJSON(w, http.StatusOK, toFileJSON(done.entry))
 	return nil
 }
 

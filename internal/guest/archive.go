@@ -3,6 +3,7 @@ package guest
 import (
 	"context"
 	"io"
+	"time"
 
 	"github.com/emberbox/emberbox/internal/agentproto"
 	"github.com/emberbox/emberbox/internal/errdefs"
@@ -89,4 +90,56 @@ func (c *Client) Unarchive(ctx context.Context, dir, user string, size int64, r 
 		return nil, c.missing(agentproto.MethodFileUnarchive, "unpacked")
 	}
 	return rep.Unpacked, nil
+}
+
+// WatchStart starts a file watch (see agentproto.WatchRequest).
+func (c *Client) WatchStart(ctx context.Context, req agentproto.WatchRequest) (*agentproto.WatchInfo, error) {
+	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodFileWatchStart, Watch: &req}, ordinaryReply)
+	if err != nil {
+		return nil, err
+	}
+	if rep.Watch == nil {
+		return nil, c.missing(agentproto.MethodFileWatchStart, "watch")
+	}
+	return rep.Watch, nil
+}
+
+// Watches lists the guest's file watches.
+func (c *Client) Watches(ctx context.Context) ([]agentproto.WatchInfo, error) {
+	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodFileWatchList, Watch: &agentproto.WatchRequest{}},
+		readLimit{bytes: maxListReply, listKey: "watches", maxItems: 4 * agentproto.MaxWatches})
+	if err != nil {
+		return nil, err
+	}
+	if rep.Watches == nil {
+		return []agentproto.WatchInfo{}, nil
+	}
+	return rep.Watches, nil
+}
+
+// WatchEvents reads a watch's events from cursor, waiting up to wait for
+// some.
+func (c *Client) WatchEvents(ctx context.Context, id string, cursor int64, wait time.Duration) (*agentproto.WatchBatch, error) {
+	req := agentproto.WatchRequest{ID: id, Cursor: cursor, WaitMs: wait.Milliseconds()}
+	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodFileWatchEvents, Watch: &req},
+		readLimit{bytes: maxListReply}) // events are nested: bounded as nested items
+	if err != nil {
+		return nil, err
+	}
+	if rep.Batch == nil {
+		return nil, c.missing(agentproto.MethodFileWatchEvents, "batch")
+	}
+	return rep.Batch, nil
+}
+
+// WatchStop stops a watch.
+func (c *Client) WatchStop(ctx context.Context, id string) (bool, error) {
+	rep, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodFileWatchStop, Watch: &agentproto.WatchRequest{ID: id}}, ordinaryReply)
+	if err != nil {
+		return false, err
+	}
+	if rep.Stopped == nil {
+		return false, c.missing(agentproto.MethodFileWatchStop, "stopped")
+	}
+	return *rep.Stopped, nil
 }

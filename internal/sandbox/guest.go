@@ -26,6 +26,11 @@ type (
 	FileRequest    = agentproto.FileRequest
 	FileEntry      = agentproto.FileEntry
 	Unpacked       = agentproto.Unpacked
+	WatchRequest   = agentproto.WatchRequest
+	WatchInfo      = agentproto.WatchInfo
+	WatchBatch     = agentproto.WatchBatch
+	WatchEvent     = agentproto.WatchEvent
+	WatchNotice    = agentproto.WatchNotice
 )
 
 // Bounds of archive requests, as the guest takes them.
@@ -33,6 +38,10 @@ const (
 	MaxArchiveExcludes = agentproto.MaxExcludes
 	MaxGlobLen         = agentproto.MaxGlobLen
 	MaxUnarchive       = agentproto.MaxUnarchive
+	MaxWatchPatterns   = agentproto.MaxWatchPatterns
+	MaxWatchTimeoutMs  = agentproto.MaxWatchTimeout
+	MaxWatchDirs       = agentproto.MaxWatchDirs
+	MaxWatchWaitMs     = agentproto.MaxWatchWait
 )
 
 // Output stream names of Event.Type.
@@ -114,6 +123,12 @@ type Guest interface {
 	// with code port_refused. ctx bounds the connect only. The connection
 	// has CloseWrite, which half-closes it.
 	DialPort(ctx context.Context, port int) (net.Conn, error)
+	// WatchStart starts a file watch (inotify) in the guest.
+	WatchStart(ctx context.Context, req WatchRequest) (*WatchInfo, error)
+	Watches(ctx context.Context) ([]WatchInfo, error)
+	// WatchEvents reads a watch's events from cursor, waiting up to wait.
+	WatchEvents(ctx context.Context, id string, cursor int64, wait time.Duration) (*WatchBatch, error)
+	WatchStop(ctx context.Context, id string) (bool, error)
 }
 
 var _ Guest = (*guest.Client)(nil)

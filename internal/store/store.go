@@ -355,6 +355,14 @@ CREATE TABLE previews (
 	UNIQUE (sandbox_id, port)
 ) STRICT;
 `,
+	// 10: the generation of a sandbox's signed file links; revoking them
+	// bumps it, and a link signed with an older one is refused.
+	`
+CREATE TABLE link_generations (
+	sandbox_id TEXT PRIMARY KEY,
+	generation INTEGER NOT NULL
+) STRICT;
+`,
 }
 
 // migrate applies the pending migrations, each in its own transaction

@@ -13,6 +13,7 @@ const (
 	CodeTooMany    = "rate_limited"      // ErrConflict: the owner has MaxPerOwner open, or its byte quota staged
 	CodeTooLarge   = "too_large"         // ErrInvalidArgument: larger than the server ever stages for one owner
 	CodeFull       = "staging_full"      // ErrUnavailable: the server's budget or free-space reserve is reached
+	CodeBusy       = "upload_busy"       // ErrConflict: a chunk of an open-ended upload is being written
 )
 
 // Issue is one problem with a field of a request, listed in details.issues

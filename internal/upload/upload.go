@@ -5,6 +5,11 @@
 // came and that the SHA-256 matches, then streams the staged bytes to a
 // writer the caller gives (the sandbox's guest).
 //
+// An open-ended upload (Spec.Open: a directory archive, whose length its
+// sender may not know ahead) takes its chunks in sequence instead, has no
+// SHA-256, and its length is what arrived when it is committed; it counts
+// against the byte bounds as it grows, up to MaxSize.
+//
 // An upload belongs to the owner (API key) that began it and to one
 // sandbox, ends after TTL without a call and MaxAge after it began, and an
 // owner may have MaxPerOwner open at once. The sizes of open uploads are
@@ -38,6 +43,7 @@ const (
 	MaxPerOwner = 16
 	TTL         = time.Hour // an upload ends this long after its last call
 	MaxPathLen  = 4096
+	MaxUserLen  = 64
 
 	// Defaults of Config's bounds.
 	DefaultMaxBytes         = 16 << 30 // staged by all owners together
@@ -82,6 +88,9 @@ type Spec struct {
 	Size      int64  // 0 to MaxSize
 	SHA256    string // hex, either case
 	Mode      uint32 // permission bits (at most 07777) for the writer; 0: its default
+	// Open makes an open-ended upload: Size and SHA256 are left empty.
+	Open bool
+	User string // for the writer, at most MaxUserLen bytes
 }
 
 // Upload describes an upload that began.
@@ -91,7 +100,9 @@ type Upload struct {
 	Size      int64
 	SHA256    string // lower-case hex
 	Mode      uint32
-	Chunks    int
+	Open      bool
+	User      string
+	Chunks    int // 0 for an open-ended upload
 	ExpiresAt time.Time
 }
 
@@ -101,12 +112,17 @@ type Progress struct {
 	Offset         int64
 	Bytes          int
 	ChunksReceived int
-	Chunks         int
+	Chunks         int   // of an open-ended upload: those received
+	Received       int64 // bytes of an open-ended upload so far
 }
 
 // WriteFunc writes exactly size bytes from r to path with mode and
 // describes the written file. Commit calls it with the staged bytes.
 type WriteFunc[E any] func(ctx context.Context, path string, mode uint32, size int64, r io.Reader) (E, error)
+
+// OpenWriteFunc writes exactly u.Size bytes from r where u says (an
+// open-ended upload's user and path) and describes what it wrote.
+type OpenWriteFunc[E any] func(ctx context.Context, u *Upload, r io.Reader) (E, error)
 
 type state int
 
@@ -125,14 +141,17 @@ type upload[E any] struct {
 	size      int64
 	sha256    string
 	mode      uint32
+	openEnded bool
+	user      string
 	name      string // staging file
 
 	// Guarded by Store.mu.
 	state    state
 	began    time.Time
-	have     []bool // chunk i arrived
+	have     []bool // chunk i arrived; unused when open
 	received int
-	writing  int // chunk writes in flight
+	lastOff  int64 // offset of the last chunk of an open upload; -1 before one
+	writing  int   // chunk writes in flight
 	lastUsed time.Time
 	file     *os.File // nil once committed or discarded
 	entry    E        // once committed
@@ -150,6 +169,9 @@ func (u *upload[E]) staged() bool { return u.state != committed }
 
 // unwritten is an estimate of the bytes u's staging file has yet to take.
 func (u *upload[E]) unwritten() int64 {
+	if u.openEnded { // its size is what it has written
+		return 0
+	}
 	return max(0, u.size-int64(u.received)*ChunkSize)
 }
 
@@ -309,7 +331,7 @@ func (s *Store[E]) Begin(spec Spec) (*Upload, error) {
 	id := newID()
 	u := &upload[E]{
 		id: id, owner: spec.Owner, sandboxID: spec.SandboxID, path: spec.Path,
-		size: spec.Size, sha256: sum, mode: spec.Mode,
+		size: spec.Size, sha256: sum, mode: spec.Mode, openEnded: spec.Open, user: spec.User, lastOff: -1,
 		name:  filepath.Join(s.dir, id+fileSuffix),
 		state: creating, began: now, have: make([]bool, chunks(spec.Size)), lastUsed: now,
 	}
@@ -358,7 +380,7 @@ func (s *Store[E]) Begin(spec Spec) (*Upload, error) {
 		return nil, fmt.Errorf("staging upload: %w: %w", err, errdefs.ErrInternal)
 	}
 	u.file, u.state = f, open
-	return &Upload{ID: id, Path: u.path, Size: u.size, SHA256: sum, Mode: u.mode,
+	return &Upload{ID: id, Path: u.path, Size: u.size, SHA256: sum, Mode: u.mode, Open: u.openEnded, User: u.user,
 		Chunks: len(u.have), ExpiresAt: now.Add(min(TTL, s.cfg.MaxAge))}, nil
 }
 
@@ -372,11 +394,17 @@ func checkSpec(spec Spec, sum string) error {
 	case strings.IndexByte(spec.Path, 0) >= 0:
 		issues = append(issues, Issue{"path", "must not contain NUL"})
 	}
-	if spec.Size < 0 || spec.Size > MaxSize {
+	switch {
+	case spec.Open && (spec.Size != 0 || sum != ""):
+		issues = append(issues, Issue{"", "an open-ended upload has no size or sha256 ahead"})
+	case spec.Open:
+	case spec.Size < 0 || spec.Size > MaxSize:
 		issues = append(issues, Issue{"size", fmt.Sprintf("must be from 0 to %d", int64(MaxSize))})
-	}
-	if !ValidSHA256(sum) {
+	case !ValidSHA256(sum):
 		issues = append(issues, Issue{"sha256", "must be 64 hexadecimal characters"})
+	}
+	if len(spec.User) > MaxUserLen {
+		issues = append(issues, Issue{"user", fmt.Sprintf("must be at most %d bytes", MaxUserLen)})
 	}
 	if spec.Mode > 0o7777 {
 		issues = append(issues, Issue{"mode", "must be permission bits, at most 7777 (octal)"})
@@ -426,17 +454,19 @@ func createStaging(dir, name string, size int64) (*os.File, error) {
 
 // lookupLocked returns upload id of owner in sandboxID. An expired upload
 // is not found even before a sweep removes it.
-func (s *Store[E]) lookupLocked(owner, sandboxID, id string) (*upload[E], error) {
+// An upload of the other kind (open-ended or not) is not found either.
+func (s *Store[E]) lookupLocked(owner, sandboxID, id string, openEnded bool) (*upload[E], error) {
 	u := s.byID[id]
-	if u == nil || u.owner != owner || u.sandboxID != sandboxID || u.state == creating || u.expired(s.now(), s.cfg.MaxAge) {
+	if u == nil || u.owner != owner || u.sandboxID != sandboxID || u.openEnded != openEnded || u.state == creating ||
+		u.expired(s.now(), s.cfg.MaxAge) {
 		return nil, errNotFound(id)
 	}
 	return u, nil
 }
 
 // usableLocked returns upload id if it takes chunks, aborts and commits.
-func (s *Store[E]) usableLocked(owner, sandboxID, id string) (*upload[E], error) {
-	u, err := s.lookupLocked(owner, sandboxID, id)
+func (s *Store[E]) usableLocked(owner, sandboxID, id string, openEnded bool) (*upload[E], error) {
+	u, err := s.lookupLocked(owner, sandboxID, id, openEnded)
 	if err != nil {
 		return nil, err
 	}
@@ -454,7 +484,7 @@ func (s *Store[E]) usableLocked(owner, sandboxID, id string) (*upload[E], error)
 func (s *Store[E]) Put(owner, sandboxID, id string, off int64, data []byte) (*Progress, error) {
 	s.sweepExpired()
 	s.mu.Lock()
-	u, err := s.usableLocked(owner, sandboxID, id)
+	u, err := s.usableLocked(owner, sandboxID, id, false)
 	if err != nil {
 		s.mu.Unlock()
 		return nil, err
@@ -510,10 +540,16 @@ func checkChunk(size, off int64, n int) error {
 // what the first one wrote. If a check or write fails the upload stays
 // open, to be completed and committed again.
 func (s *Store[E]) Commit(ctx context.Context, owner, sandboxID, id string, write WriteFunc[E]) (E, error) {
+	return s.commit(ctx, owner, sandboxID, id, false, func(ctx context.Context, u *Upload, r io.Reader) (E, error) {
+		return write(ctx, u.Path, u.Mode, u.Size, r)
+	})
+}
+
+func (s *Store[E]) commit(ctx context.Context, owner, sandboxID, id string, openEnded bool, write OpenWriteFunc[E]) (E, error) {
 	var zero E
 	s.sweepExpired()
 	s.mu.Lock()
-	u, err := s.lookupLocked(owner, sandboxID, id)
+	u, err := s.lookupLocked(owner, sandboxID, id, openEnded)
 	if err != nil {
 		s.mu.Unlock()
 		return zero, err
@@ -532,7 +568,7 @@ func (s *Store[E]) Commit(ctx context.Context, owner, sandboxID, id string, writ
 		s.cond.Wait()
 	}
 	var missing []int64
-	for i, ok := range u.have {
+	for i, ok := range u.have { // empty when open
 		if !ok {
 			missing = append(missing, int64(i)*ChunkSize)
 		}
@@ -542,7 +578,7 @@ func (s *Store[E]) Commit(ctx context.Context, owner, sandboxID, id string, writ
 		s.mu.Unlock()
 		return zero, errIncomplete(missing, len(u.have))
 	}
-	f := u.file
+	f, size := u.file, u.size
 	s.mu.Unlock()
 
 	reopen := func() {
@@ -550,19 +586,22 @@ func (s *Store[E]) Commit(ctx context.Context, owner, sandboxID, id string, writ
 		u.state, u.lastUsed = open, s.now()
 		s.mu.Unlock()
 	}
-	h := sha256.New()
-	if _, err := io.Copy(h, ctxReader{ctx, io.NewSectionReader(f, 0, u.size)}); err != nil {
-		reopen()
-		if ctx.Err() != nil {
-			return zero, ctx.Err()
+	if !openEnded {
+		h := sha256.New()
+		if _, err := io.Copy(h, ctxReader{ctx, io.NewSectionReader(f, 0, size)}); err != nil {
+			reopen()
+			if ctx.Err() != nil {
+				return zero, ctx.Err()
+			}
+			return zero, fmt.Errorf("hashing upload: %w: %w", err, errdefs.ErrInternal)
 		}
-		return zero, fmt.Errorf("hashing upload: %w: %w", err, errdefs.ErrInternal)
+		if got := hex.EncodeToString(h.Sum(nil)); got != u.sha256 {
+			reopen()
+			return zero, errChecksum(u.sha256, got)
+		}
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != u.sha256 {
-		reopen()
-		return zero, errChecksum(u.sha256, got)
-	}
-	entry, err := write(ctx, u.path, u.mode, u.size, io.NewSectionReader(f, 0, u.size))
+	info := &Upload{ID: u.id, Path: u.path, Size: size, SHA256: u.sha256, Mode: u.mode, Open: u.openEnded, User: u.user}
+	entry, err := write(ctx, info, io.NewSectionReader(f, 0, size))
 	if err != nil {
 		reopen()
 		return zero, err
@@ -577,9 +616,18 @@ func (s *Store[E]) Commit(ctx context.Context, owner, sandboxID, id string, writ
 
 // Abort ends an open upload and removes its staging file.
 func (s *Store[E]) Abort(owner, sandboxID, id string) error {
+	return s.abort(owner, sandboxID, id, false)
+}
+
+// AbortOpen ends an open-ended upload and removes its staging file.
+func (s *Store[E]) AbortOpen(owner, sandboxID, id string) error {
+	return s.abort(owner, sandboxID, id, true)
+}
+
+func (s *Store[E]) abort(owner, sandboxID, id string, openEnded bool) error {
 	s.sweepExpired()
 	s.mu.Lock()
-	u, err := s.usableLocked(owner, sandboxID, id)
+	u, err := s.usableLocked(owner, sandboxID, id, openEnded)
 	if err != nil {
 		s.mu.Unlock()
 		return err
