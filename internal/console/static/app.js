@@ -227,7 +227,7 @@
           el("td", { class: "num" }, sb.vcpu),
           el("td", { class: "num" }, sb.memoryMiB + " MiB"),
           el("td", { class: "num" }, sb.diskMiB + " MiB"),
-          el("td", {}, sb.endsAt ? when(sb.endsAt) : el("span", { class: "muted" }, sb.persistent ? "never (persistent)" : "none")),
+          el("td", {}, sb.endsAt ? when(sb.endsAt) : el("span", { class: "muted" }, sb.persistent ? "never (persistent)" : sb.idlePauseSeconds ? "none; pauses after " + sb.idlePauseSeconds + " s idle" : "none")),
           el("td", { class: "egress" }, egressText(networks.get(sb.id))),
           actions));
       }
@@ -437,7 +437,7 @@
     const vis = el("select", { id: "preview-visibility" }, el("option", { value: "private" }, "private (token)"), el("option", { value: "public" }, "public"));
     const form = el("form", { class: "inline", id: "preview-form" },
       el("label", {}, "Port", port), el("label", {}, "Visibility", vis),
-      el("button", { type: "submit", class: "primary" }, "Share port"));
+      el("button", { type: "submit", class: "primary", id: "preview-submit" }, "Share port"));
     const tbody = el("tbody");
     body.append(form, el("table", { id: "previews-table" },
       el("thead", {}, el("tr", {}, ["Port", "Visibility", "URL", "Token expires", ""].map((h) => el("th", {}, h)))), tbody));
