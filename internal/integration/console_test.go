@@ -235,9 +235,21 @@ func TestConsole(t *testing.T) {
 	// Previews and events.
 	run("open the previews", chromedp.Navigate(s.URL+"/console/#/sandboxes/"+id+"/previews"),
 		chromedp.WaitVisible(css("#previews-table")))
-	c.sh(t, id, "nohup python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &")
+	c.spawn(t, id, "python3 -m http.server 8000 --directory /workspace")
 	run("share a port", chromedp.SendKeys(css("#preview-port"), "8000"), chromedp.Click(css("#preview-submit")))
-	waitJS("the preview is listed", `!!document.querySelector('#previews-table tr[data-port="8000"] a[href*="8000"]')`, time.Minute)
+	waitJS("the preview is listed", `document.querySelector('#previews-table tr[data-port="8000"] a[href*="/preview/"]')`, time.Minute)
+	// Its Open link reaches the server in the sandbox.
+	link := eval("read the preview link", `document.querySelector('#previews-table tr[data-port="8000"] a').href`)
+	if !waitUntil(time.Minute, 500*time.Millisecond, func() bool {
+		resp, err := http.Get(link)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}) {
+		t.Fatalf("the preview link %s does not answer 200", link)
+	}
 	shot("5-previews")
 	run("open the events", chromedp.Navigate(s.URL+"/console/#/sandboxes/"+id+"/events"),
 		chromedp.WaitVisible(css("#events-table")))
