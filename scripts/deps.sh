@@ -1,7 +1,8 @@
 #!/bin/sh
 # deps.sh installs what an emberbox host needs (Debian/Ubuntu, as root):
-# QEMU, qemu-img, mmdebstrap, mkfs.ext4, cpio, CA certificates, and Go if it
-# is missing. On a machine that already has everything it only checks, and
+# QEMU, qemu-img, mmdebstrap, mkfs.ext4, cpio, CA certificates, Chromium (for
+# the web console's browser test, run headless; nothing downloads a browser
+# build), and Go if it is missing. On a machine that already has everything it only checks, and
 # never touches the network.
 set -eu
 
@@ -19,6 +20,7 @@ mmdebstrap:mmdebstrap
 e2fsprogs:mkfs.ext4
 cpio:cpio
 ca-certificates:/etc/ssl/certs/ca-certificates.crt
+chromium:chromium
 "
 
 missing=""

@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/emberbox/emberbox/internal/api"
+	"github.com/emberbox/emberbox/internal/console"
 	"github.com/emberbox/emberbox/internal/egress"
 	"github.com/emberbox/emberbox/internal/faultpoint"
 	"github.com/emberbox/emberbox/internal/image"
@@ -259,9 +260,15 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 	// No ReadTimeout or WriteTimeout: exec streams and transfers may run
 	// for hours.
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+	// The web console is a client of the API, served beside it; /v1 and
+	// everything else stay the API's, with its one error shape.
+	root := http.NewServeMux()
+	root.Handle(console.Prefix, console.Handler())
+	root.Handle("/", handler)
+	srv := &http.Server{Handler: root, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-	log.Info("emberbox serving", "addr", "http://"+ln.Addr().String(), "data_dir", o.dataDir, "version", version)
+	log.Info("emberbox serving", "addr", "http://"+ln.Addr().String(), "console", "http://"+ln.Addr().String()+console.Prefix,
+		"data_dir", o.dataDir, "version", version)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

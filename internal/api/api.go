@@ -369,7 +369,11 @@ func (s *server) authenticate(r *http.Request) (Key, error) {
 	scheme, secret, ok := strings.Cut(r.Header.Get("Authorization"), " ")
 	secret = strings.TrimSpace(secret)
 	if !ok || !strings.EqualFold(scheme, "Bearer") || secret == "" {
-		return Key{}, unauthorized
+		// A browser's WebSocket cannot send Authorization; it offers
+		// the key as a subprotocol instead (websocket_auth.go).
+		if secret, ok = webSocketKey(r); !ok {
+			return Key{}, unauthorized
+		}
 	}
 	key, err := s.keys.Authenticate(r.Context(), secret)
 	if err != nil {

@@ -149,7 +149,7 @@ func (s *server) terminal(w http.ResponseWriter, r *http.Request, c *call) error
 	rc := http.NewResponseController(w)
 	_ = rc.SetReadDeadline(time.Time{})
 	_ = rc.SetWriteDeadline(time.Time{})
-	conn, err := websocket.Accept(w, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled})
+	conn, err := websocket.Accept(w, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled, Subprotocols: webSocketAccept})
 	if err != nil {
 		// Accept answered the client; a terminal nobody can reach ends.
 		if spawned {

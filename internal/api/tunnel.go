@@ -64,7 +64,7 @@ func (s *server) tunnel(w http.ResponseWriter, r *http.Request, c *call) error {
 		return newError(http.StatusUpgradeRequired, "websocket_required", "The tunnel is a WebSocket.").
 			withHint("Open it with a WebSocket client, such as withruntime's sandbox.forward_port(port).")
 	}
-	ws, err := websocket.Accept(w, r, nil)
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: webSocketAccept})
 	if err != nil {
 		return nil // Accept answered the request
 	}

@@ -1,0 +1,302 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/browser"
+	"github.com/chromedp/cdproto/input"
+	cdplog "github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+)
+
+// chromiumPath finds Debian's chromium, which scripts/deps.sh installs;
+// nothing here downloads a browser.
+func chromiumPath(t *testing.T) string {
+	t.Helper()
+	for _, p := range []string{os.Getenv("EMBERBOX_CHROMIUM"), "/usr/bin/chromium", "/usr/bin/chromium-browser"} {
+		if p == "" {
+			continue
+		}
+		if path, err := exec.LookPath(p); err == nil {
+			return path
+		}
+	}
+	t.Fatal("the console test needs a Chromium: install Debian's chromium (scripts/deps.sh does, or apt-get install -y chromium), or set EMBERBOX_CHROMIUM")
+	return ""
+}
+
+// TestConsole drives the web console in a headless Chromium against a real
+// server and VM: sign in, create a sandbox, type into its terminal, upload
+// and download a file, read its events, stop it. It takes a screenshot of
+// each page into $EMBERBOX_SCREENSHOTS, or a temporary directory.
+func TestConsole(t *testing.T) {
+	needVMs(t)
+	chromium := chromiumPath(t)
+	s := startServer(t, t.TempDir())
+	c := s.client(s.AdminKey)
+
+	// The page and its assets come with the strict policy.
+	resp, err := http.Get(s.URL + "/console/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(resp.Header.Get("Content-Security-Policy"), "script-src 'self'") {
+		t.Fatalf("GET /console/: %d, CSP %q", resp.StatusCode, resp.Header.Get("Content-Security-Policy"))
+	}
+
+	shots := os.Getenv("EMBERBOX_SCREENSHOTS")
+	if shots == "" {
+		shots = t.TempDir()
+	} else if err := os.MkdirAll(shots, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	downloads := t.TempDir()
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium), chromedp.NoSandbox, chromedp.WindowSize(1280, 820),
+		chromedp.Flag("disable-dev-shm-usage", true), chromedp.Flag("disable-gpu", true))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	ctx, cancelBrowser := chromedp.NewContext(actx, chromedp.WithErrorf(t.Logf))
+	defer cancelBrowser()
+	// The first action starts the browser, which lives as long as the
+	// context of that call: no timeout on it.
+	if err := chromedp.Do(ctx, chromedp.Navigate("about:blank")); err != nil {
+		t.Fatalf("starting %s: %v", chromium, err)
+	}
+
+	// What the page reports: CSP violations and uncaught errors fail the test.
+	var pageMu sync.Mutex
+	var pageErrors []string
+	err = chromedp.Listen(ctx, func(ev any) {
+		var msg string
+		switch e := ev.(type) {
+		case *runtime.EventExceptionThrown:
+			msg = "exception: " + e.ExceptionDetails.Text
+			if e.ExceptionDetails.Exception != nil {
+				msg += " " + e.ExceptionDetails.Exception.Description
+			}
+		case *cdplog.EventEntryAdded:
+			if e.Entry.Level == cdplog.EntryLevelError || strings.Contains(e.Entry.Text, "Content Security Policy") {
+				msg = "log: " + e.Entry.Text
+			}
+		}
+		if msg != "" {
+			pageMu.Lock()
+			pageErrors = append(pageErrors, msg)
+			pageMu.Unlock()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Minute)
+	defer cancel()
+
+	run := func(what string, actions ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(ctx, actions...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	shot := func(name string) {
+		t.Helper()
+		run("settle before "+name, chromedp.Sleep(300*time.Millisecond))
+		png, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
+		if err != nil {
+			t.Fatalf("screenshot %s: %v", name, err)
+		}
+		p := filepath.Join(shots, name+".png")
+		if err := os.WriteFile(p, png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("screenshot: %s", p)
+	}
+	eval := func(what, expr string) string {
+		t.Helper()
+		v, err := chromedp.Run(ctx, chromedp.Evaluate[string](expr))
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		return v
+	}
+	// waitJS polls a JavaScript expression until it is true.
+	waitJS := func(what, expr string, timeout time.Duration) {
+		t.Helper()
+		deadline := time.Now().Add(timeout)
+		for {
+			ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool]("!!("+expr+")"))
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			if ok {
+				return
+			}
+			if time.Now().After(deadline) {
+				page := eval("read the page", `document.getElementById("main").innerText + "\n" + document.getElementById("flash").innerText`)
+				t.Fatalf("%s: not so after %s; the page shows:\n%s", what, timeout, page)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	setDownloads := chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		_, err := chromedp.Call(ctx, browser.SetDownloadBehavior, browser.SetDownloadBehaviorParams{
+			Behavior: browser.SetDownloadBehaviorBehaviorAllowAndName, DownloadPath: downloads, EventsEnabled: &[]bool{true}[0]})
+		return err
+	})
+	css := func(sel string) chromedp.CSS { return chromedp.CSS(sel) }
+
+	// Sign in.
+	run("open the console", setDownloads, chromedp.Navigate(s.URL+"/console/"), chromedp.WaitVisible(css("#signin-key")))
+	shot("1-signin")
+	run("sign in", chromedp.SendKeys(css("#signin-key"), s.AdminKey), chromedp.Click(css("#signin-submit")),
+		chromedp.WaitVisible(css("#create-form")))
+	stored := eval("read the stored key", `sessionStorage.getItem("emberbox.key") + "|" + localStorage.length + "|" + document.cookie`)
+	if stored != s.AdminKey+"|0|" {
+		t.Fatalf("the key is kept as %q; want it in sessionStorage only", stored)
+	}
+
+	// Create a sandbox from the list page and see it run.
+	run("create", chromedp.SendKeys(css("#create-name"), "console-e2e"), chromedp.Click(css("#create-submit")))
+	waitJS("the new sandbox is listed", `!!document.querySelector("#sandbox-table tr[data-id]")`, 2*time.Minute)
+	id := eval("read its id", `document.querySelector("#sandbox-table tr[data-id]").dataset.id`)
+	s.tr.add(id, s.AdminKey) // the cleanup deletes it
+	waitJS("it runs", fmt.Sprintf(`document.querySelector('#sandbox-table tr[data-id=%q]')?.dataset.state === "running"`, id), 5*time.Minute)
+	waitJS("its egress policy is shown", fmt.Sprintf(`document.querySelector('#sandbox-table tr[data-id=%q] td.egress')?.textContent.startsWith("internet")`, id), time.Minute)
+	if sb := c.get(t, id); sb.State != "running" {
+		t.Fatalf("the API has %+v", sb)
+	}
+	shot("2-sandboxes")
+
+	// The terminal: type a command and see what it printed.
+	run("open the terminal", chromedp.Navigate(s.URL+"/console/#/sandboxes/"+id+"/terminal"),
+		chromedp.WaitVisible(css("#terminal[data-process-id]")))
+	// The terminal takes the focus once it is attached; keys go to it.
+	waitJS("the terminal has the focus", `document.activeElement && document.activeElement.classList.contains("xterm-helper-textarea")`, time.Minute)
+	run("type", typeKeys("echo hi-$((6*7))\r"))
+	waitJS("hi-42 shows in the terminal", `window.emberboxTerminalText().includes("hi-42")`, 2*time.Minute)
+	shot("3-terminal")
+
+	// Upload through the files view; the API reads it back.
+	upload := []byte("uploaded through the console\n\x00\xff binary tail\n")
+	local := filepath.Join(t.TempDir(), "from-browser.bin")
+	if err := os.WriteFile(local, upload, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run("open the files", chromedp.Navigate(s.URL+"/console/#/sandboxes/"+id+"/files?path=/workspace"),
+		chromedp.WaitVisible(css("#files-table")))
+	run("upload", chromedp.SetUploadFiles(css("#upload-input"), []string{local}), chromedp.Click(css("#upload-button")))
+	waitJS("the upload is listed", `!!document.querySelector('#files-table tr[data-path="/workspace/from-browser.bin"]')`, 2*time.Minute)
+	if got, _ := c.readFile(t, id, "/workspace/from-browser.bin"); !bytes.Equal(got, upload) {
+		t.Fatalf("the API reads %q, the browser sent %q", got, upload)
+	}
+
+	// Download through the files view; the bytes match what the API wrote.
+	want := make([]byte, 200<<10)
+	_, _ = rand.Read(want)
+	c.writeFile(t, id, "/workspace/to-browser.bin", want)
+	run("reopen the files", chromedp.Navigate(s.URL+"/console/#/sandboxes/"+id+"/files?path=/workspace/"),
+		chromedp.WaitVisible(css(`#files-table button.download[data-path="/workspace/to-browser.bin"]`)))
+	shot("4-files")
+	run("download", chromedp.Click(css(`#files-table button.download[data-path="/workspace/to-browser.bin"]`)))
+	// Chromium names the finished file by its download's GUID.
+	if !waitUntil(2*time.Minute, 200*time.Millisecond, func() bool {
+		ents, _ := os.ReadDir(downloads)
+		for _, e := range ents {
+			if got, err := os.ReadFile(filepath.Join(downloads, e.Name())); err == nil && bytes.Equal(got, want) {
+				return true
+			}
+		}
+		return false
+	}) {
+		ents, _ := os.ReadDir(downloads)
+		var names []string
+		for _, e := range ents {
+			fi, _ := e.Info()
+			names = append(names, fmt.Sprintf("%s (%d bytes)", e.Name(), fi.Size()))
+		}
+		t.Fatalf("no download of the %d bytes written arrived in %s; it holds %v", len(want), downloads, names)
+	}
+
+	// Previews and events.
+	run("open the previews", chromedp.Navigate(s.URL+"/console/#/sandboxes/"+id+"/previews"),
+		chromedp.WaitVisible(css("#previews-table")))
+	c.spawn(t, id, "python3 -m http.server 8000 --directory /workspace")
+	run("share a port", chromedp.SendKeys(css("#preview-port"), "8000"), chromedp.Click(css("#preview-submit")))
+	waitJS("the preview is listed", `document.querySelector('#previews-table tr[data-port="8000"] a[href*="/preview/"]')`, time.Minute)
+	// Its Open link reaches the server in the sandbox.
+	link := eval("read the preview link", `document.querySelector('#previews-table tr[data-port="8000"] a').href`)
+	if !waitUntil(time.Minute, 500*time.Millisecond, func() bool {
+		resp, err := http.Get(link)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}) {
+		t.Fatalf("the preview link %s does not answer 200", link)
+	}
+	shot("5-previews")
+	run("open the events", chromedp.Navigate(s.URL+"/console/#/sandboxes/"+id+"/events"),
+		chromedp.WaitVisible(css("#events-table")))
+	waitJS("its events are listed", `!!document.querySelector('#events-table tr[data-type="created"]')`, time.Minute)
+	shot("6-events")
+
+	// Stop it from the list.
+	run("back to the list", chromedp.Navigate(s.URL+"/console/#/"),
+		chromedp.WaitVisible(css(fmt.Sprintf(`#sandbox-table tr[data-id=%q] button.stop`, id))),
+		chromedp.Click(css(fmt.Sprintf(`#sandbox-table tr[data-id=%q] button.stop`, id))))
+	waitJS("it stops", fmt.Sprintf(`document.querySelector('#sandbox-table tr[data-id=%q]')?.dataset.state === "stopped"`, id), 5*time.Minute)
+	if sb := c.get(t, id); sb.State != "stopped" {
+		t.Fatalf("the API has it %s", sb.State)
+	}
+
+	pageMu.Lock()
+	defer pageMu.Unlock()
+	var bad []string
+	for _, m := range pageErrors {
+		// A refused request is logged by the browser as well as shown.
+		if !strings.Contains(m, "Failed to load resource") {
+			bad = append(bad, m)
+		}
+	}
+	if len(bad) > 0 {
+		t.Fatal(errors.New("the page reported:\n" + strings.Join(bad, "\n")))
+	}
+}
+
+// typeKeys presses a key for each character as a keyboard does: one
+// keyDown carrying its text, then keyUp ("\r" is Enter). chromedp's
+// KeyEvent also sends a char event, which xterm.js takes as a second copy.
+func typeKeys(text string) chromedp.Action[chromedp.Void] {
+	return chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
+		for _, r := range text {
+			down := input.DispatchKeyEventParams{Type: input.DispatchKeyEventTypeKeyDown, Text: string(r), Key: string(r)}
+			if r == '\r' {
+				down.Key, down.Code, down.WindowsVirtualKeyCode = "Enter", "Enter", 13
+			}
+			up := down
+			up.Type, up.Text = input.DispatchKeyEventTypeKeyUp, ""
+			for _, ev := range []input.DispatchKeyEventParams{down, up} {
+				if _, err := chromedp.Call(ctx, input.DispatchKeyEvent, ev); err != nil {
+					return fmt.Errorf("key %q: %w", r, err)
+				}
+			}
+		}
+		return nil
+	})
+}
