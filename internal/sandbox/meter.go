@@ -109,6 +109,10 @@ func (m *Manager) meterSettle(in *instance, mach vmm.Machine, final bool) {
 	}
 }
 
+// guestCPUWait bounds one read of the guest's busy time: long enough for a
+// guest on a loaded host, short enough not to hold a stop for long.
+const guestCPUWait = 5 * time.Second
+
 // refreshGuestCPU asks the guest for its busy time. It is the guest's own
 // claim: never negative, never charged.
 func (m *Manager) refreshGuestCPU(in *instance) {
@@ -116,7 +120,7 @@ func (m *Manager) refreshGuestCPU(in *instance) {
 	if c == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(m.ctx, 2*time.Second)
+	ctx, cancel := context.WithTimeout(m.ctx, guestCPUWait)
 	defer cancel()
 	if info, err := c.Info(ctx); err == nil && info.CPUBusyMs > 0 && info.CPUBusyMs < 1<<40 {
 		in.guestCPU.Store(info.CPUBusyMs * int64(time.Millisecond))
