@@ -215,7 +215,7 @@ func (m *Manager) liveGuest(ctx context.Context, sb *Sandbox) (Guest, error) {
 			}
 		}
 	}
-	return c, nil
+	return activeGuest{Client: c, touch: func() { in.touch(m.now()) }}, nil
 }
 
 // refuseGone answers a call whose sandbox lost its instance: paused

@@ -8,7 +8,6 @@ import (
 
 	"github.com/emberbox/emberbox/internal/agentproto"
 	"github.com/emberbox/emberbox/internal/errdefs"
-	"github.com/emberbox/emberbox/internal/guest"
 )
 
 // UpdateSpec is a validated update of a sandbox's settings; nil fields
@@ -137,7 +136,7 @@ func (m *Manager) updateEnv(ctx context.Context, owner string, sb *Sandbox, chan
 	if err != nil {
 		return nil, err
 	}
-	c, ok := g.(*guest.Client)
+	c, ok := clientOf(g)
 	if !ok {
 		return nil, envUnavailable("the sandbox's guest cannot be configured")
 	}

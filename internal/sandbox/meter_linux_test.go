@@ -2,6 +2,8 @@ package sandbox_test
 
 import (
 	"context"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -163,5 +165,60 @@ func TestMeterKeptDisk(t *testing.T) {
 	}
 	if got := usageOf(t, e, metering.Query{Owner: "k"}).StorageMiBMs; got < 6*hour || got > 7*hour+hour/2 {
 		t.Errorf("after 1.5 h kept and a delete: %d MiB-ms, want about %d", got, 6*hour)
+	}
+}
+
+// TestPortTrafficKeepsSandboxAwake: bytes flowing over a port connection
+// (a tunnel's, a preview's) are activity, so an idle pause waits for them
+// to stop, not only for the connection to open.
+func TestPortTrafficKeepsSandboxAwake(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	m := e.manager()
+	sp := spec()
+	sp.TimeoutSeconds, sp.IdlePauseSeconds = 0, 60
+	sb, err := m.Create(ctx, "k", sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, m, "k", sb.ID, sandbox.StateRunning)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			_, _ = io.Copy(c, c) // echo
+			c.Close()
+		}
+	}()
+	_, g, err := m.Guest(ctx, "k", sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := g.DialPort(ctx, ln.Addr().(*net.TCPAddr).Port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	e.clock.Advance(50 * time.Second)
+	buf := make([]byte, 1)
+	if _, err := conn.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(conn, buf); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(50 * time.Second) // 100 s since the open, 50 s since the traffic
+	m.ExpireLeases(ctx)
+	if got, _ := m.Get(ctx, "k", sb.ID); got.State != sandbox.StateRunning {
+		t.Fatalf("paused while its port carried traffic 50 s ago: %s", got.State)
+	}
+	e.clock.Advance(11 * time.Second) // 61 s without traffic
+	m.ExpireLeases(ctx)
+	if got, _ := m.Get(ctx, "k", sb.ID); got.State != sandbox.StatePausing && got.State != sandbox.StatePaused {
+		t.Errorf("still %s after 61 s without traffic, want pausing", got.State)
 	}
 }
