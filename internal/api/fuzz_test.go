@@ -19,6 +19,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/emberbox/emberbox/internal/egress"
+	"github.com/emberbox/emberbox/internal/links"
 	"github.com/emberbox/emberbox/internal/sandbox"
 	"github.com/emberbox/emberbox/internal/upload"
 )
@@ -55,8 +56,13 @@ type fuzzServer struct {
 
 func newFuzzServer(tb testing.TB) *fuzzServer {
 	fs := &fuzzServer{dir: tb.TempDir()}
+	// Links are signed as on a real server, so their routes are fuzzed too.
+	signer, err := links.NewSigner([]byte(strings.Repeat("k", links.KeyBytes)), &memGens{g: map[string]int64{}}, time.Now)
+	if err != nil {
+		tb.Fatal(err)
+	}
 	fs.s = newServer(Config{Manager: fuzzManager{newFakeManager()}, Keys: fakeKeys{}, Version: "test",
-		Accel: func() string { return "tcg" }})
+		Accel: func() string { return "tcg" }, Links: signer})
 	return fs
 }
 
