@@ -52,11 +52,7 @@ func (s *server) globFiles(w http.ResponseWriter, r *http.Request, c *call, req 
 	if err != nil {
 		return err
 	}
-	data := make([]fileJSON, 0, len(entries))
-	for i := range entries {
-		data = append(data, toFileJSON(&entries[i]))
-	}
-	writeJSON(w, http.StatusOK, dataJSON[fileJSON]{Data: data})
+	writeEntries(w, entries)
 	return nil
 }
 

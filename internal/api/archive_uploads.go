@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
 
 	"github.com/emberbox/emberbox/internal/upload"
 )
@@ -87,13 +86,9 @@ func (s *server) putArchiveChunk(w http.ResponseWriter, r *http.Request, c *call
 	if err != nil {
 		return err
 	}
-	v := r.URL.Query().Get("offset")
-	off, perr := strconv.ParseInt(v, 10, 64)
-	switch {
-	case v == "":
-		return invalid([]issue{{Path: "offset", Message: "is required"}})
-	case perr != nil:
-		return invalid([]issue{{Path: "offset", Message: "must be a whole number of bytes"}})
+	off, err := chunkOffset(r, "must be a whole number of bytes")
+	if err != nil {
+		return err
 	}
 	p, err := st.Append(c.owner, r.PathValue("id"), r.PathValue("uploadId"), off, c.body)
 	if err != nil {

@@ -211,12 +211,17 @@ func (s *server) listFiles(w http.ResponseWriter, r *http.Request, c *call) erro
 	if err != nil {
 		return err
 	}
+	writeEntries(w, entries)
+	return nil
+}
+
+// writeEntries answers a list of file entries.
+func writeEntries(w http.ResponseWriter, entries []sandbox.FileEntry) {
 	data := make([]fileJSON, 0, len(entries))
 	for i := range entries {
 		data = append(data, toFileJSON(&entries[i]))
 	}
 	writeJSON(w, http.StatusOK, dataJSON[fileJSON]{Data: data})
-	return nil
 }
 
 type existsJSON struct {

@@ -160,6 +160,20 @@ func (s *server) beginUpload(w http.ResponseWriter, r *http.Request, c *call) er
 	return nil
 }
 
+// chunkOffset reads a chunk's required offset query parameter; bad is the
+// issue's message for one that is not a number.
+func chunkOffset(r *http.Request, bad string) (int64, error) {
+	v := r.URL.Query().Get("offset")
+	off, err := strconv.ParseInt(v, 10, 64)
+	switch {
+	case v == "":
+		return 0, invalid([]issue{{Path: "offset", Message: "is required"}})
+	case err != nil:
+		return 0, invalid([]issue{{Path: "offset", Message: bad}})
+	}
+	return off, nil
+}
+
 type chunkJSON struct {
 	UploadID       string `json:"uploadId"`
 	Offset         int64  `json:"offset"`
@@ -173,13 +187,9 @@ func (s *server) putUploadChunk(w http.ResponseWriter, r *http.Request, c *call)
 	if err != nil {
 		return err
 	}
-	v := r.URL.Query().Get("offset")
-	off, perr := strconv.ParseInt(v, 10, 64)
-	switch {
-	case v == "":
-		return invalid([]issue{{Path: "offset", Message: "is required"}})
-	case perr != nil:
-		return invalid([]issue{{Path: "offset", Message: fmt.Sprintf("must be a whole number of bytes, a multiple of %d", upload.ChunkSize)}})
+	off, err := chunkOffset(r, fmt.Sprintf("must be a whole number of bytes, a multiple of %d", upload.ChunkSize))
+	if err != nil {
+		return err
 	}
 	p, err := st.Put(c.owner, r.PathValue("id"), r.PathValue("uploadId"), off, c.body)
 	if err != nil {

@@ -71,20 +71,9 @@ func (c *Client) Unarchive(ctx context.Context, dir, user string, size int64, r 
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "an archive is 0 to %d bytes", int64(agentproto.MaxUnarchive))
 	}
 	req := agentproto.FileRequest{Path: dir, User: user, Size: size}
-	fc, done, err := c.call(ctx, &agentproto.Request{Method: agentproto.MethodFileUnarchive, File: &req})
+	rep, err := c.send(ctx, &agentproto.Request{Method: agentproto.MethodFileUnarchive, File: &req}, size, r)
 	if err != nil {
 		return nil, err
-	}
-	defer done()
-	if err := c.sendData(ctx, fc, size, r); err != nil {
-		return nil, err
-	}
-	var rep agentproto.Reply
-	if err := c.readJSON(ctx, fc, agentproto.MethodFileUnarchive, ordinaryReply, &rep); err != nil {
-		return nil, err
-	}
-	if rep.Error != nil {
-		return nil, wireError(rep.Error)
 	}
 	if rep.Unpacked == nil {
 		return nil, c.missing(agentproto.MethodFileUnarchive, "unpacked")

@@ -76,7 +76,21 @@ func (c *Client) Chmod(ctx context.Context, path string, mode uint32) (*agentpro
 
 // WriteFile atomically replaces path with exactly size bytes from r.
 func (c *Client) WriteFile(ctx context.Context, path string, mode uint32, size int64, r io.Reader) (*agentproto.FileEntry, error) {
-	fc, done, err := c.call(ctx, &agentproto.Request{Method: agentproto.MethodFileWrite, File: &agentproto.FileRequest{Path: path, Mode: mode, Size: size}})
+	rep, err := c.send(ctx, &agentproto.Request{Method: agentproto.MethodFileWrite, File: &agentproto.FileRequest{Path: path, Mode: mode, Size: size}}, size, r)
+	if err != nil {
+		return nil, err
+	}
+	if rep.Entry == nil {
+		return nil, c.missing(agentproto.MethodFileWrite, "entry")
+	}
+	return rep.Entry, nil
+}
+
+// send makes a call whose request is followed by exactly size bytes from r
+// in data frames, and reads its one reply; an error reply is returned as
+// the error.
+func (c *Client) send(ctx context.Context, req *agentproto.Request, size int64, r io.Reader) (*agentproto.Reply, error) {
+	fc, done, err := c.call(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -85,16 +99,13 @@ func (c *Client) WriteFile(ctx context.Context, path string, mode uint32, size i
 		return nil, err
 	}
 	var rep agentproto.Reply
-	if err := c.readJSON(ctx, fc, agentproto.MethodFileWrite, ordinaryReply, &rep); err != nil {
+	if err := c.readJSON(ctx, fc, req.Method, ordinaryReply, &rep); err != nil {
 		return nil, err
 	}
 	if rep.Error != nil {
 		return nil, wireError(rep.Error)
 	}
-	if rep.Entry == nil {
-		return nil, c.missing(agentproto.MethodFileWrite, "entry")
-	}
-	return rep.Entry, nil
+	return &rep, nil
 }
 
 // ReadFile opens path for reading. The returned reader yields the file's
