@@ -21,7 +21,9 @@ import (
 
 	"github.com/emberbox/emberbox/internal/api"
 	"github.com/emberbox/emberbox/internal/console"
+	"github.com/emberbox/emberbox/internal/e2b"
 	"github.com/emberbox/emberbox/internal/egress"
+	"github.com/emberbox/emberbox/internal/envd"
 	"github.com/emberbox/emberbox/internal/faultpoint"
 	"github.com/emberbox/emberbox/internal/image"
 	"github.com/emberbox/emberbox/internal/links"
@@ -69,6 +71,7 @@ type serveOptions struct {
 	meterInterval time.Duration
 	metricsListen string
 	previewURL    string
+	e2bDomain     string
 }
 
 // hostCABundle is passed to guests by default, so that they trust what the
@@ -119,6 +122,7 @@ func newServeCommand() *cobra.Command {
 	f.StringVar(&o.rates.EgressPerGB, "price-egress", o.rates.EgressPerGB, "dollars per GB of egress past the monthly allowance")
 	f.DurationVar(&o.meterInterval, "meter-interval", sandbox.DefaultMeterInterval, "how often running sandboxes' CPU and memory are read")
 	f.StringVar(&o.previewURL, "preview-url", "", "base of preview URLs (https://emberbox.example.com); default: the scheme and host of the request that made the preview")
+	f.StringVar(&o.e2bDomain, "e2b-domain", "", "also route E2B sandbox traffic by host name, {port}-{sandboxID}.<domain> (E2B_DOMAIN of the SDKs; needs wildcard DNS); the E2b-Sandbox-Id and E2b-Sandbox-Port headers always work")
 	f.StringVar(&o.metricsListen, "metrics-listen", "", `also serve Prometheus metrics without a key at /metrics on this address, e.g. 127.0.0.1:9464 `+
 		`(the API's /metrics needs an admin key)`)
 	return cmd
@@ -265,7 +269,27 @@ func serve(ctx context.Context, o serveOptions) error {
 	root := http.NewServeMux()
 	root.Handle(console.Prefix, console.Handler())
 	root.Handle("/", handler)
-	srv := &http.Server{Handler: root, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+	// E2B's protocol shares the listener: its sandbox traffic is told by
+	// headers (or host names under --e2b-domain), its control plane by paths
+	// that are not the Runtime API's.
+	e2bKey, err := links.LoadKey(filepath.Join(o.dataDir, "e2b.key"))
+	if err != nil {
+		return err
+	}
+	tokens, err := e2b.NewTokens(e2bKey)
+	if err != nil {
+		return err
+	}
+	front := e2b.New(e2b.Config{
+		Manager: mgr, Keys: keyStore{st}, Tokens: tokens, Domain: o.e2bDomain,
+		EnvdVersion: envd.Version, Next: root, Logger: log,
+	})
+	// HTTP/2 without TLS (prior knowledge) too, for gRPC and Connect
+	// clients of envd; HTTP/1.1 stays the common case.
+	protocols := new(http.Protocols)
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
+	srv := &http.Server{Handler: front, Protocols: protocols, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	log.Info("emberbox serving", "addr", "http://"+ln.Addr().String(), "console", "http://"+ln.Addr().String()+console.Prefix,
 		"data_dir", o.dataDir, "version", version)

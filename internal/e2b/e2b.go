@@ -1,0 +1,140 @@
+// Package e2b serves E2B's protocol beside the Runtime API, so that E2B's
+// SDKs (and smolagents' executor_type="e2b") work against Emberbox with
+// E2B_API_URL and E2B_SANDBOX_URL pointing at it.
+//
+// It has two halves on the one listener. The control plane (/sandboxes,
+// /v2/sandboxes, …) answers in E2B's shapes and error shape, with Emberbox
+// keys in X-API-KEY; an E2B sandbox is an Emberbox sandbox, made and kept by
+// the same manager. Sandbox traffic, every request naming a sandbox in the
+// E2b-Sandbox-Id and E2b-Sandbox-Port headers (or, with a domain, in a
+// {port}-{id}.{domain} host name), is authenticated by the sandbox's access
+// token and handed to envd (port 49983), the code interpreter (port 49999)
+// or proxied to the guest's own port, all over the host↔guest stream.
+package e2b
+
+import (
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/emberbox/emberbox/internal/api"
+)
+
+// Ports of E2B's in-sandbox services.
+const (
+	EnvdPort        = 49983
+	InterpreterPort = 49999
+)
+
+// Config configures the handler New returns.
+type Config struct {
+	Manager api.Manager // required
+	Keys    api.Keys    // required
+	Tokens  *Tokens     // required
+	// Envd serves port 49983 (E2B's envd); Interpreter port 49999 (E2B's
+	// code interpreter). Both read the target from sandbox.RoutedFrom.
+	// Nil answers 502 on that port.
+	Envd        http.Handler
+	Interpreter http.Handler
+	// EnvdVersion is reported as envdVersion: E2B's SDKs switch features
+	// on by it.
+	EnvdVersion string
+	// Domain, if set, routes {port}-{sandboxID}.{Domain} host names as
+	// sandbox traffic, and is reported to the SDKs as the sandbox domain.
+	Domain string
+	// Next serves every request that is not E2B's (the Runtime API).
+	Next   http.Handler
+	Logger *slog.Logger
+	// CreateWait bounds how long a create or resume waits for the sandbox
+	// to run (E2B's create answers a running sandbox); default 5 minutes.
+	CreateWait time.Duration
+}
+
+// Handler is the E2B front of the server.
+type Handler struct {
+	cfg       Config
+	log       *slog.Logger
+	control   *http.ServeMux
+	transport *http.Transport
+}
+
+// New returns the handler. It panics if a required field is nil.
+func New(cfg Config) *Handler {
+	if cfg.Manager == nil || cfg.Keys == nil || cfg.Tokens == nil || cfg.Next == nil {
+		panic("e2b.New: Manager, Keys, Tokens and Next are required")
+	}
+	if cfg.CreateWait <= 0 {
+		cfg.CreateWait = 5 * time.Minute
+	}
+	h := &Handler{cfg: cfg, log: cfg.Logger}
+	if h.log == nil {
+		h.log = slog.New(slog.DiscardHandler)
+	}
+	h.control = h.controlMux()
+	h.transport = newPortTransport()
+	return h
+}
+
+// ServeHTTP routes sandbox traffic, then E2B's control plane, then
+// everything else to Next.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if id := r.Header.Get(headerSandboxID); id != "" {
+		port := EnvdPort
+		if p := r.Header.Get(headerSandboxPort); p != "" {
+			n, err := strconv.Atoi(p)
+			if err != nil || n < 1 || n > 65535 {
+				writeError(w, newError(http.StatusBadRequest, "E2b-Sandbox-Port must be a port number"))
+				return
+			}
+			port = n
+		}
+		h.serveSandbox(w, r, id, port)
+		return
+	}
+	if id, port, ok := h.hostTarget(r.Host); ok {
+		h.serveSandbox(w, r, id, port)
+		return
+	}
+	if isControlPath(r.URL.Path) {
+		h.control.ServeHTTP(w, r)
+		return
+	}
+	h.cfg.Next.ServeHTTP(w, r)
+}
+
+// hostTarget parses {port}-{id}.{domain}.
+func (h *Handler) hostTarget(host string) (id string, port int, ok bool) {
+	if h.cfg.Domain == "" {
+		return "", 0, false
+	}
+	if hh, _, err := net.SplitHostPort(host); err == nil {
+		host = hh
+	}
+	label, found := strings.CutSuffix(strings.ToLower(host), "."+strings.ToLower(h.cfg.Domain))
+	if !found || strings.Contains(label, ".") {
+		return "", 0, false
+	}
+	p, id, found := strings.Cut(label, "-")
+	if !found {
+		return "", 0, false
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil || n < 1 || n > 65535 || id == "" {
+		return "", 0, false
+	}
+	return id, n, true
+}
+
+// isControlPath says whether path is one of E2B's control-plane paths.
+// None of them clash with the Runtime API's (/v1/…) or the server's own.
+func isControlPath(path string) bool {
+	for _, p := range []string{"/sandboxes", "/v2/sandboxes", "/templates", "/v2/templates", "/v3/templates", "/snapshots", "/volumes", "/secrets", "/teams", "/default-templates"} {
+		if path == p || strings.HasPrefix(path, p+"/") {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,312 @@
+package e2b_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/emberbox/emberbox/internal/api"
+	"github.com/emberbox/emberbox/internal/e2b"
+	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/sandbox"
+	"github.com/emberbox/emberbox/internal/store"
+	"github.com/emberbox/emberbox/internal/vmm/vmmtest"
+)
+
+// keys knows two tenants.
+type keys struct{}
+
+func (keys) Authenticate(_ context.Context, secret string) (api.Key, error) {
+	switch secret {
+	case "secret-a":
+		return api.Key{ID: "key_a", Role: api.RoleTenant}, nil
+	case "secret-b":
+		return api.Key{ID: "key_b", Role: api.RoleTenant}, nil
+	}
+	return api.Key{}, errdefs.New(errdefs.ErrNotFound, "unauthorized", "unknown key")
+}
+
+type fixture struct {
+	t       *testing.T
+	srv     *httptest.Server
+	mgr     *sandbox.Manager
+	routed  chan sandbox.Routed // what the envd stand-in saw
+	nextHit chan string         // paths Next served
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	drv := vmmtest.NewDriver(t)
+	dir := t.TempDir()
+	st, err := store.Open(context.Background(), dir+"/test.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	mgr := sandbox.New(sandbox.Config{Store: st, Driver: drv, DataDir: dir, BootTimeout: 10 * time.Second})
+	t.Cleanup(mgr.Close)
+	tokens, err := e2b.NewTokens(bytes.Repeat([]byte{7}, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{t: t, mgr: mgr, routed: make(chan sandbox.Routed, 16), nextHit: make(chan string, 16)}
+	envd := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rt, ok := sandbox.RoutedFrom(r.Context())
+		if !ok {
+			http.Error(w, "not routed", 500)
+			return
+		}
+		f.routed <- rt
+		res, err := rt.Guest.Exec(r.Context(), sandbox.ExecRequest{Command: "echo routed"}, nil)
+		if err != nil {
+			http.Error(w, err.Error(), 500)
+			return
+		}
+		w.Write(res.Stdout)
+	})
+	h := e2b.New(e2b.Config{
+		Manager: mgr, Keys: keys{}, Tokens: tokens, Envd: envd, EnvdVersion: "0.5.7",
+		Next: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			f.nextHit <- r.URL.Path
+			w.WriteHeader(http.StatusTeapot)
+		}),
+		Domain: "sbx.example.test",
+	})
+	f.srv = httptest.NewServer(h)
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+func (f *fixture) do(method, path, key string, body any, hdr map[string]string) (int, []byte, http.Header) {
+	f.t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, f.srv.URL+path, rd)
+	if key != "" {
+		req.Header.Set("X-API-KEY", key)
+	}
+	for k, v := range hdr {
+		if k == "Host" {
+			req.Host = v
+			continue
+		}
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, resp.Header
+}
+
+// wantError checks E2B's error shape.
+func wantError(t *testing.T, what string, status int, body []byte, want int) {
+	t.Helper()
+	var e struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	}
+	if status != want || json.Unmarshal(body, &e) != nil || e.Code != want || e.Message == "" {
+		t.Errorf("%s: %d %s, want %d in E2B's error shape", what, status, body, want)
+	}
+}
+
+func TestControlPlaneAndRouting(t *testing.T) {
+	f := newFixture(t)
+
+	// No key, a wrong key, an unknown template, an unsupported field.
+	st, b, _ := f.do("POST", "/v2/sandboxes", "", map[string]any{"templateID": "base"}, nil)
+	wantError(t, "create without key", st, b, 401)
+	st, b, _ = f.do("POST", "/v2/sandboxes", "nope", map[string]any{"templateID": "base"}, nil)
+	wantError(t, "create with a bad key", st, b, 401)
+	st, b, _ = f.do("POST", "/v2/sandboxes", "secret-a", map[string]any{"templateID": "nodejs"}, nil)
+	wantError(t, "unknown template", st, b, 404)
+	st, b, _ = f.do("POST", "/v2/sandboxes", "secret-a", map[string]any{"templateID": "base", "volumeMounts": []any{map[string]any{"name": "v"}}}, nil)
+	wantError(t, "volume mounts", st, b, 400)
+	st, b, _ = f.do("POST", "/v2/sandboxes", "secret-a", map[string]any{"templateID": "base", "timeout": 0}, nil)
+	wantError(t, "zero timeout", st, b, 400)
+
+	// Create answers a running sandbox.
+	st, b, _ = f.do("POST", "/v2/sandboxes", "secret-a", map[string]any{
+		"templateID": "code-interpreter-v1", "timeout": 300, "metadata": map[string]string{"team": "red"},
+		"envVars": map[string]string{"GREETING": "hi"},
+	}, nil)
+	if st != 201 {
+		t.Fatalf("create: %d %s", st, b)
+	}
+	var created struct {
+		SandboxID, TemplateID, ClientID, EnvdVersion, EnvdAccessToken, TrafficAccessToken string
+		Domain                                                                            *string
+	}
+	if err := json.Unmarshal(b, &created); err != nil {
+		t.Fatal(err)
+	}
+	if created.SandboxID == "" || created.TemplateID != "code-interpreter-v1" || created.EnvdVersion != "0.5.7" ||
+		created.EnvdAccessToken == "" || created.TrafficAccessToken == "" || created.Domain == nil || *created.Domain != "sbx.example.test" {
+		t.Fatalf("create answer %s", b)
+	}
+	id := created.SandboxID
+	sb, err := f.mgr.Get(context.Background(), "key_a", id)
+	if err != nil || sb.State != sandbox.StateRunning || sb.Labels["team"] != "red" || sb.Labels["e2b.template"] != "code-interpreter-v1" ||
+		sb.OnLeaseEnd != sandbox.LeaseEndDelete || sb.TimeoutSeconds != 300 {
+		t.Fatalf("the Emberbox sandbox: %+v, %v", sb, err)
+	}
+
+	// Get, and another key's view.
+	st, b, _ = f.do("GET", "/sandboxes/"+id, "secret-a", nil, nil)
+	var detail map[string]any
+	_ = json.Unmarshal(b, &detail)
+	if st != 200 || detail["state"] != "running" || detail["metadata"].(map[string]any)["team"] != "red" || detail["envdAccessToken"] != created.EnvdAccessToken {
+		t.Errorf("get: %d %s", st, b)
+	}
+	st, b, _ = f.do("GET", "/sandboxes/"+id, "secret-b", nil, nil)
+	wantError(t, "get with another key", st, b, 404)
+	st, b, _ = f.do("DELETE", "/sandboxes/"+id, "secret-b", nil, nil)
+	wantError(t, "kill with another key", st, b, 404)
+
+	// Lists: metadata and state filters, and pagination.
+	st, b, _ = f.do("POST", "/sandboxes", "secret-a", map[string]any{"templateID": "base", "metadata": map[string]string{"team": "blue"}}, nil)
+	if st != 201 {
+		t.Fatalf("v1 create: %d %s", st, b)
+	}
+	var other struct{ SandboxID string }
+	_ = json.Unmarshal(b, &other)
+	list := func(q string) (ids []string, next string) {
+		t.Helper()
+		st, b, hdr := f.do("GET", "/v2/sandboxes"+q, "secret-a", nil, nil)
+		var got []struct{ SandboxID, State string }
+		if st != 200 || json.Unmarshal(b, &got) != nil {
+			t.Fatalf("list %s: %d %s", q, st, b)
+		}
+		for _, g := range got {
+			ids = append(ids, g.SandboxID+"/"+g.State)
+		}
+		return ids, hdr.Get("X-Next-Token")
+	}
+	if ids, _ := list("?metadata=team%3Dred"); len(ids) != 1 || ids[0] != id+"/running" {
+		t.Errorf("list by metadata: %v", ids)
+	}
+	if ids, _ := list("?state=paused"); len(ids) != 0 {
+		t.Errorf("list paused: %v", ids)
+	}
+	page1, next := list("?limit=1")
+	if len(page1) != 1 || next == "" {
+		t.Errorf("first page: %v next %q", page1, next)
+	}
+	if page2, _ := list("?limit=1&nextToken=" + next); len(page2) != 1 || page2[0] == page1[0] {
+		t.Errorf("second page: %v after %v", page2, page1)
+	}
+	st, b, _ = f.do("GET", "/v2/sandboxes?state=stopped", "secret-a", nil, nil)
+	wantError(t, "list by a state E2B lacks", st, b, 400)
+	st, b, _ = f.do("GET", "/v2/sandboxes", "secret-b", nil, nil)
+	if st != 200 || strings.TrimSpace(string(b)) != "[]" {
+		t.Errorf("another key's list: %d %s", st, b)
+	}
+
+	// Sandbox traffic by headers: the envd token of this sandbox only.
+	envdHdr := map[string]string{"E2b-Sandbox-Id": id, "E2b-Sandbox-Port": "49983", "X-Access-Token": created.EnvdAccessToken}
+	st, b, _ = f.do("GET", "/health", "", nil, envdHdr)
+	if st != 200 || string(b) != "routed\n" {
+		t.Fatalf("envd traffic: %d %s", st, b)
+	}
+	if rt := <-f.routed; rt.Sandbox.ID != id || rt.Sandbox.OwnerKeyID != "key_a" {
+		t.Errorf("routed to %+v", rt.Sandbox)
+	}
+	for name, hdr := range map[string]map[string]string{
+		"no token":                {"E2b-Sandbox-Id": id},
+		"traffic token for envd":  {"E2b-Sandbox-Id": id, "X-Access-Token": created.TrafficAccessToken},
+		"another sandbox's token": {"E2b-Sandbox-Id": other.SandboxID, "X-Access-Token": created.EnvdAccessToken},
+		"forged token":            {"E2b-Sandbox-Id": id, "X-Access-Token": "e2b1.a2V5X2I.AAAA"},
+	} {
+		st, b, _ = f.do("GET", "/health", "", nil, hdr)
+		wantError(t, name, st, b, 401)
+	}
+	st, b, _ = f.do("GET", "/health", "", nil, map[string]string{"E2b-Sandbox-Id": id, "E2b-Sandbox-Port": "x", "X-Access-Token": created.EnvdAccessToken})
+	wantError(t, "bad port", st, b, 400)
+	// The same by host name under the domain.
+	st, b, _ = f.do("GET", "/health", "", nil, map[string]string{"Host": "49983-" + id + ".sbx.example.test", "X-Access-Token": created.EnvdAccessToken})
+	if st != 200 || string(b) != "routed\n" {
+		t.Errorf("envd traffic by host name: %d %s", st, b)
+	}
+	<-f.routed
+
+	// Another port: proxied into the guest (the fake guest's loopback is
+	// the host's), with the traffic token, credentials stripped.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "app %s token=%q", r.URL.Path, r.Header.Get("E2B-Traffic-Access-Token")+r.Header.Get("X-Access-Token"))
+	})}
+	go app.Serve(ln)
+	t.Cleanup(func() { app.Close() })
+	port := fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)
+	st, b, _ = f.do("GET", "/hello", "", nil, map[string]string{"E2b-Sandbox-Id": id, "E2b-Sandbox-Port": port, "E2B-Traffic-Access-Token": created.TrafficAccessToken})
+	if st != 200 || string(b) != `app /hello token=""` {
+		t.Errorf("port proxy: %d %s", st, b)
+	}
+
+	// Requests that are not E2B's go to Next.
+	if st, _, _ := f.do("GET", "/v1/sandboxes", "", nil, nil); st != http.StatusTeapot || <-f.nextHit != "/v1/sandboxes" {
+		t.Errorf("Runtime path: %d", st)
+	}
+	st, b, _ = f.do("GET", "/templates", "secret-a", nil, nil)
+	wantError(t, "an E2B route not served", st, b, 501)
+
+	// Timeout: shorter or longer, from now.
+	st, b, _ = f.do("POST", "/sandboxes/"+id+"/timeout", "secret-a", map[string]int{"timeout": 120}, nil)
+	if st != 204 {
+		t.Errorf("timeout: %d %s", st, b)
+	}
+	if sb, _ := f.mgr.Get(context.Background(), "key_a", id); sb.ExpiresAt == nil || time.Until(*sb.ExpiresAt) > 121*time.Second || time.Until(*sb.ExpiresAt) < 100*time.Second {
+		t.Errorf("after timeout 120: expires %v", sb.ExpiresAt)
+	}
+
+	// Pause, pause again (409), connect resumes (201), connect again (200).
+	if st, b, _ = f.do("POST", "/sandboxes/"+id+"/pause", "secret-a", nil, nil); st != 204 {
+		t.Fatalf("pause: %d %s", st, b)
+	}
+	if ids, _ := list("?state=paused"); len(ids) != 1 || ids[0] != id+"/paused" {
+		t.Errorf("list paused: %v", ids)
+	}
+	st, b, _ = f.do("POST", "/sandboxes/"+id+"/pause", "secret-a", nil, nil)
+	wantError(t, "pause twice", st, b, 409)
+	if st, b, _ = f.do("POST", "/v2/sandboxes/"+id+"/connect", "secret-a", map[string]int{"timeout": 300}, nil); st != 201 {
+		t.Fatalf("connect to paused: %d %s", st, b)
+	}
+	if st, b, _ = f.do("POST", "/v2/sandboxes/"+id+"/connect", "secret-a", map[string]int{"timeout": 300}, nil); st != 200 {
+		t.Errorf("connect to running: %d %s", st, b)
+	}
+	st, b, _ = f.do("GET", "/health", "", nil, envdHdr)
+	if st != 200 {
+		t.Errorf("envd after resume: %d %s", st, b)
+	}
+	<-f.routed
+
+	// Kill: 204, then 404; the Runtime record says deleted.
+	if st, b, _ = f.do("DELETE", "/sandboxes/"+id, "secret-a", nil, nil); st != 204 {
+		t.Errorf("kill: %d %s", st, b)
+	}
+	st, b, _ = f.do("DELETE", "/sandboxes/"+id, "secret-a", nil, nil)
+	wantError(t, "kill twice", st, b, 404)
+	st, b, _ = f.do("GET", "/sandboxes/"+id, "secret-a", nil, nil)
+	wantError(t, "get after kill", st, b, 404)
+	st, b, _ = f.do("GET", "/health", "", nil, envdHdr)
+	if st == 200 {
+		t.Errorf("envd traffic to a killed sandbox: %d %s", st, b)
+	}
+}
