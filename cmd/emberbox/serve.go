@@ -281,7 +281,7 @@ func serve(ctx context.Context, o serveOptions) error {
 		return err
 	}
 	front := e2b.New(e2b.Config{
-		Manager: mgr, Keys: keyStore{st}, Tokens: tokens, Domain: o.e2bDomain,
+		Manager: mgr, Keys: keyStore{st}, Tokens: tokens, Idempotency: idempotencyStore{st}, Domain: o.e2bDomain,
 		EnvdVersion: envd.Version, Next: root, Logger: log,
 	})
 	// HTTP/2 without TLS (prior knowledge) too, for gRPC and Connect

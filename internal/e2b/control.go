@@ -94,14 +94,18 @@ func (h *Handler) authenticate(r *http.Request) (string, error) {
 	return k.ID, nil
 }
 
-func decode(r *http.Request, v any) error {
+func readBody(r *http.Request) ([]byte, error) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
 	if err != nil {
-		return newError(http.StatusBadRequest, "reading the body: "+err.Error())
+		return nil, newError(http.StatusBadRequest, "reading the body: "+err.Error())
 	}
 	if len(body) > maxBody {
-		return newError(http.StatusRequestEntityTooLarge, "the body is larger than 1 MiB")
+		return nil, newError(http.StatusRequestEntityTooLarge, "the body is larger than 1 MiB")
 	}
+	return body, nil
+}
+
+func unmarshal(body []byte, v any) error {
 	if len(strings.TrimSpace(string(body))) == 0 {
 		return nil
 	}
@@ -109,6 +113,14 @@ func decode(r *http.Request, v any) error {
 		return newError(http.StatusBadRequest, "invalid JSON body: "+err.Error())
 	}
 	return nil
+}
+
+func decode(r *http.Request, v any) error {
+	body, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	return unmarshal(body, v)
 }
 
 // newSandbox is E2B's NewSandbox (v1 and v2 create bodies). Fields E2B
@@ -248,27 +260,29 @@ func (n *newSandbox) policy() (*egress.Policy, error) {
 }
 
 func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string) {
+	body, err := readBody(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
 	var req newSandbox
-	if err := decode(r, &req); err != nil {
+	if err := unmarshal(body, &req); err != nil {
 		writeError(w, err)
 		return
 	}
-	spec, tmpl, err := req.spec()
+	spec, _, err := req.spec()
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	sb, err := h.cfg.Manager.Create(r.Context(), owner, spec)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	sb, err = h.waitRunning(r.Context(), owner, sb.ID)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	writeJSON(w, http.StatusCreated, h.sandboxJSON(sb, tmpl))
+	h.createOnce(w, r, owner, body, func(key string) (string, error) {
+		spec.IdempotencyKey = key
+		sb, err := h.cfg.Manager.Create(r.Context(), owner, spec)
+		if err != nil {
+			return "", err
+		}
+		return sb.ID, nil
+	})
 }
 
 // waitRunning waits until the sandbox runs: E2B's create and resume answer

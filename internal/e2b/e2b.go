@@ -34,6 +34,9 @@ type Config struct {
 	Manager api.Manager // required
 	Keys    api.Keys    // required
 	Tokens  *Tokens     // required
+	// Idempotency makes a create sent with an Idempotency-Key run once;
+	// nil runs every create.
+	Idempotency api.Idempotency
 	// Envd serves port 49983 (E2B's envd); Interpreter port 49999 (E2B's
 	// code interpreter). Both read the target from sandbox.RoutedFrom.
 	// Nil answers 502 on that port.

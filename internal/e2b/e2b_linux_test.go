@@ -34,6 +34,25 @@ func (keys) Authenticate(_ context.Context, secret string) (api.Key, error) {
 	return api.Key{}, errdefs.New(errdefs.ErrNotFound, "unauthorized", "unknown key")
 }
 
+// idem adapts the real store's idempotency records, as the server does.
+type idem struct{ st *store.Store }
+
+func (s idem) Reserve(ctx context.Context, keyID, key, fp string) (*api.IdempotentResult, bool, error) {
+	rec, reserved, err := s.st.ReserveIdempotency(ctx, keyID, key, fp)
+	if err != nil || rec == nil {
+		return nil, reserved, err
+	}
+	return &api.IdempotentResult{Fingerprint: rec.Fingerprint, Status: rec.Status, Body: rec.Body, SandboxID: rec.SandboxID}, reserved, nil
+}
+
+func (s idem) Complete(ctx context.Context, keyID, key string, status int, ct string, body []byte) error {
+	return s.st.CompleteIdempotency(ctx, keyID, key, status, ct, body)
+}
+
+func (s idem) Release(ctx context.Context, keyID, key string) error {
+	return s.st.ReleaseIdempotency(ctx, keyID, key)
+}
+
 type fixture struct {
 	t       *testing.T
 	srv     *httptest.Server
@@ -73,7 +92,7 @@ func newFixture(t *testing.T) *fixture {
 		w.Write(res.Stdout)
 	})
 	h := e2b.New(e2b.Config{
-		Manager: mgr, Keys: keys{}, Tokens: tokens, Envd: envd, EnvdVersion: "0.5.7",
+		Manager: mgr, Keys: keys{}, Tokens: tokens, Envd: envd, EnvdVersion: "0.5.7", Idempotency: idem{st},
 		Next: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			f.nextHit <- r.URL.Path
 			w.WriteHeader(http.StatusTeapot)
@@ -309,4 +328,33 @@ func TestControlPlaneAndRouting(t *testing.T) {
 	if st == 200 {
 		t.Errorf("envd traffic to a killed sandbox: %d %s", st, b)
 	}
+}
+
+func TestCreateWithIdempotencyKeyRunsOnce(t *testing.T) {
+	f := newFixture(t)
+	body := map[string]any{"templateID": "base", "timeout": 300}
+	hdr := map[string]string{"Idempotency-Key": "retry-1"}
+	st, b1, _ := f.do("POST", "/v2/sandboxes", "secret-a", body, hdr)
+	st2, b2, _ := f.do("POST", "/v2/sandboxes", "secret-a", body, hdr)
+	var a1, a2 struct{ SandboxID, EnvdAccessToken string }
+	_ = json.Unmarshal(b1, &a1)
+	_ = json.Unmarshal(b2, &a2)
+	if st != 201 || st2 != 201 || a1.SandboxID == "" || a1 != a2 {
+		t.Fatalf("two creates with one key: %d %s / %d %s", st, b1, st2, b2)
+	}
+	sbs, _, err := f.mgr.List(context.Background(), sandbox.ListOptions{OwnerKeyID: "key_a"})
+	if err != nil || len(sbs) != 1 {
+		t.Errorf("%d sandboxes after a retried create, want 1 (%v)", len(sbs), err)
+	}
+	st, b, _ := f.do("POST", "/v2/sandboxes", "secret-a", map[string]any{"templateID": "base", "timeout": 60}, hdr)
+	wantError(t, "the key with another body", st, b, 422)
+	// Another caller's key of the same name is its own.
+	st, b, _ = f.do("POST", "/v2/sandboxes", "secret-b", body, hdr)
+	var a3 struct{ SandboxID string }
+	_ = json.Unmarshal(b, &a3)
+	if st != 201 || a3.SandboxID == a1.SandboxID {
+		t.Errorf("another key's create with the same Idempotency-Key: %d %s", st, b)
+	}
+	st, b, _ = f.do("POST", "/v2/sandboxes", "secret-a", body, map[string]string{"Idempotency-Key": "Bad Key"})
+	wantError(t, "an invalid key", st, b, 400)
 }
