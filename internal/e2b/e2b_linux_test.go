@@ -54,14 +54,14 @@ func (s idem) Release(ctx context.Context, keyID, key string) error {
 }
 
 type fixture struct {
-	t       *testing.T
+	t       testing.TB
 	srv     *httptest.Server
 	mgr     *sandbox.Manager
 	routed  chan sandbox.Routed // what the envd stand-in saw
 	nextHit chan string         // paths Next served
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t testing.TB) *fixture {
 	t.Helper()
 	drv := vmmtest.NewDriver(t)
 	dir := t.TempDir()
@@ -132,7 +132,7 @@ func (f *fixture) do(method, path, key string, body any, hdr map[string]string) 
 }
 
 // wantError checks E2B's error shape.
-func wantError(t *testing.T, what string, status int, body []byte, want int) {
+func wantError(t testing.TB, what string, status int, body []byte, want int) {
 	t.Helper()
 	var e struct {
 		Code    int    `json:"code"`
@@ -357,4 +357,71 @@ func TestCreateWithIdempotencyKeyRunsOnce(t *testing.T) {
 	}
 	st, b, _ = f.do("POST", "/v2/sandboxes", "secret-a", body, map[string]string{"Idempotency-Key": "Bad Key"})
 	wantError(t, "an invalid key", st, b, 400)
+}
+
+// FuzzE2BRequest sends arbitrary requests, some with a real sandbox's id
+// and token: none may panic or answer 5xx.
+func FuzzE2BRequest(f *testing.F) {
+	fx := newFixture(f)
+	st, b, _ := fx.do("POST", "/v2/sandboxes", "secret-a", map[string]any{"templateID": "base", "timeout": 3600}, nil)
+	if st != 201 {
+		f.Fatalf("create: %d %s", st, b)
+	}
+	var sb struct{ SandboxID, EnvdAccessToken, TrafficAccessToken string }
+	_ = json.Unmarshal(b, &sb)
+	go func() { // the stand-ins report every request they serve
+		for range fx.routed {
+		}
+	}()
+	go func() {
+		for range fx.nextHit {
+		}
+	}()
+	for _, seed := range []struct {
+		method, path, body string
+		sel                uint8
+	}{
+		{"GET", "/v2/sandboxes?metadata=a%3Db&state=running,paused&limit=5", "", 1},
+		{"POST", "/v2/sandboxes", `{"templateID":"base","timeout":5,"metadata":{"k":"v"},"network":{"allowOut":["pypi.org"]}}`, 1},
+		{"POST", "/sandboxes/{id}/timeout", `{"timeout":10}`, 1},
+		{"POST", "/v2/sandboxes/{id}/connect", `{"timeout":-1}`, 1},
+		{"GET", "/files?path=/x", "", 2},
+		{"GET", "/", "", 3},
+		{"DELETE", "/sandboxes/{id}", "", 0},
+	} {
+		f.Add(seed.method, seed.path, seed.body, seed.sel)
+	}
+	f.Fuzz(func(t *testing.T, method, path, body string, sel uint8) {
+		if !strings.HasPrefix(path, "/") || strings.ContainsAny(path, " \r\n#") || len(method) == 0 || strings.ContainsAny(method, " \r\n") {
+			return
+		}
+		path = strings.ReplaceAll(path, "{id}", sb.SandboxID)
+		if method == "DELETE" || strings.HasSuffix(path, "/pause") {
+			return // keep the one sandbox running for the other inputs
+		}
+		req, err := http.NewRequest(method, fx.srv.URL+path, strings.NewReader(body))
+		if err != nil {
+			return
+		}
+		switch sel % 4 {
+		case 1:
+			req.Header.Set("X-API-KEY", "secret-a")
+		case 2:
+			req.Header.Set("E2b-Sandbox-Id", sb.SandboxID)
+			req.Header.Set("X-Access-Token", sb.EnvdAccessToken)
+		case 3:
+			req.Header.Set("E2b-Sandbox-Id", sb.SandboxID)
+			req.Header.Set("E2b-Sandbox-Port", fmt.Sprint(1+int(sel)))
+			req.Header.Set("E2B-Traffic-Access-Token", sb.TrafficAccessToken)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return
+		}
+		rb, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode >= 500 && resp.StatusCode != http.StatusBadGateway && resp.StatusCode != http.StatusNotImplemented {
+			t.Fatalf("%s %s (sel %d): %d %s", method, path, sel, resp.StatusCode, rb)
+		}
+	})
 }
