@@ -843,6 +843,17 @@ def test_run_code_failure_line_bad_line_and_cut_stream():
         _isbx(bad).run_code("1", on_stderr=lambda t: None)
 
 
+def test_run_code_stream_cut_by_the_transport():
+    def cut():
+        yield b'{"k":"stdout","text":"x"}\n'
+        raise httpx.ReadError("connection reset")
+
+    got = []
+    with pytest.raises(APIConnectionError, match="stream broke: ReadError"):
+        _isbx(lambda req: httpx.Response(200, content=cut())).run_code("1", on_stdout=got.append)
+    assert got == ["x"]
+
+
 def test_run_code_error_status_is_raised_typed():
     def handler(req):
         return httpx.Response(409, content=err_body(409, "sandbox_stopped"))

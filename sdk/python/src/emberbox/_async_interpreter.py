@@ -110,7 +110,7 @@ class AsyncInterpreter:
             if not X.env_language_ok(language, context):
                 raise ValueError("env= is set through Python code, so it needs a Python context; "
                                  "for another language, make a context with env: interpreter.contexts.create(env=...)")
-            setup = await self._run(X.env_set_code(env), context=context, language=language, timeout=60)
+            setup = await self._run(X.env_set_code(env), context=context, language=language, timeout=X.ENV_CELL_TIMEOUT_S)
             if setup.error is not None:
                 raise ValueError(f"could not set env= in the context: {setup.error.name}: {setup.error.value}")
         try:
@@ -120,7 +120,7 @@ class AsyncInterpreter:
         finally:
             if env:
                 try:
-                    await self._run(X.env_restore_code(), context=context, language=language, timeout=60)
+                    await self._run(X.env_restore_code(), context=context, language=language, timeout=X.ENV_CELL_TIMEOUT_S)
                 except EmberboxError:
                     pass  # the context may be gone (a lost run): nothing to restore then
 

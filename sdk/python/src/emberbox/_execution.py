@@ -353,6 +353,7 @@ ErrorCallback = Callable[[ExecutionError], object]
 # processes of the cell (`!cmd`, subprocess) inherit them.
 
 _ENV_SAVE = "__emberbox_saved_env"
+ENV_CELL_TIMEOUT_S = 300.0  # generous: the first cell of a context waits for its kernel to start
 
 
 def env_set_code(env: Mapping[str, str]) -> str:
