@@ -1058,6 +1058,19 @@ def test_executor_timeout_keeps_context_and_lost_restarts_it():
     assert ex("1 + 1").output == "2"
 
 
+def test_executor_makes_a_new_context_when_the_lost_one_cannot_restart():
+    from smolagents.utils import AgentError
+
+    fake = FakeInterpreter([_execution(status="lost"), _execution(), _execution(results=[
+        {"main": True, "data": {"text/plain": "'fresh'"}}])])
+    ex = _executor(fake)
+    fake.contexts.pop("ctx-1")  # the server forgot it when its kernel died
+    with pytest.raises(AgentError, match="exited while running this step. It was restarted"):
+        ex("import os; os._exit(1)")
+    assert ex.context.id == "ctx-2" and ex("'fresh'").output == "'fresh'"
+    assert fake.bodies()[-1]["context"] == "ctx-2"
+
+
 def test_executor_refuses_to_start_without_an_interpreter():
     from emberbox.smolagents import KernelError, SandboxExecutor
 

@@ -30,7 +30,7 @@ from smolagents.remote_executors import RemotePythonExecutor
 from smolagents.utils import AgentError
 
 from ._client import Client
-from ._errors import EmberboxError, NotFoundError
+from ._errors import EmberboxError
 from ._execution import Context, Execution, Result
 from ._sandbox import Sandbox
 
@@ -169,12 +169,18 @@ class SandboxExecutor(RemotePythonExecutor):
             raise KernelError(f"the Python context in sandbox {self._sbx().id} did not start: {why}")
 
     def _restart_context(self) -> None:
-        """Starts the context again (empty state), or a new one if it is gone."""
+        """Starts the context again (empty state), or a new one if it cannot be restarted
+        (a context whose kernel died may be gone from the server)."""
         sbx = self._sbx()
         assert self.context is not None
         try:
             self.context = sbx.interpreter.contexts.restart(self.context)
-        except NotFoundError:
+        except EmberboxError:
+            old, self.context = self.context, None
+            try:
+                sbx.interpreter.contexts.remove(old)
+            except EmberboxError:
+                pass
             self.context = sbx.interpreter.contexts.create(language="python", cwd=WORKDIR)
         self._warm_up()
 
