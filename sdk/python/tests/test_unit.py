@@ -638,12 +638,16 @@ def test_requirement_names():
 def test_public_surface():
     for name in ("Sandbox", "AsyncSandbox", "Client", "AsyncClient", "CommandResult", "NotFoundError"):
         assert hasattr(emberbox, name)
-    for meth in ("create", "connect", "list", "exec", "extend", "stop", "delete", "refresh"):
+    for name in ("Execution", "Result", "ExecutionError", "Logs", "Context", "Interpreter", "AsyncInterpreter"):
+        assert hasattr(emberbox, name)
+    for meth in ("create", "connect", "list", "exec", "run_code", "extend", "stop", "delete", "refresh"):
         assert hasattr(Sandbox, meth) and hasattr(AsyncSandbox, meth)
     for meth in ("read", "write", "list", "stat", "mkdir", "remove"):
         assert hasattr(emberbox.Files, meth) and hasattr(emberbox.AsyncFiles, meth)
     for meth in ("spawn", "list", "output", "signal"):
         assert hasattr(emberbox.Processes, meth) and hasattr(emberbox.AsyncProcesses, meth)
+    for meth in ("create", "list", "restart", "interrupt", "remove"):
+        assert hasattr(emberbox.InterpreterContexts, meth) and hasattr(emberbox.AsyncInterpreterContexts, meth)
 
 
 # --- code interpreter: run_code and contexts -----------------------------------
