@@ -102,13 +102,20 @@ TWINS: tuple[Twin, ...] = (
     Twin("_async_sandbox.py", "_sandbox.py", text=(
         ('"""AsyncSandbox: the asyncio twin of Sandbox (same methods, awaited). The sync Sandbox\n'
          '(_sandbox.py) is generated from this module by scripts/unasync.py."""',
-         '"""The synchronous Sandbox, with its `files` and `processes` helpers."""'),
+         '"""The synchronous Sandbox, with its `files`, `processes` and `interpreter` helpers."""'),
         ("once; any failure (or cancellation) aborts the upload. A larger file outside\n"
          "        /workspace (which the server's uploads refuse) goes up as 1 MiB part files that\n"
          "        a command in the sandbox joins.",
          "once; any failure aborts the upload. A larger file outside /workspace (which the\n"
          "        server's uploads refuse) goes up as 1 MiB part files that a command in the\n"
          "        sandbox joins."),
+    )),
+    Twin("_async_interpreter.py", "_interpreter.py", text=(
+        ('"""AsyncInterpreter: a sandbox\'s stateful code interpreter (`sbx.interpreter`, and\n'
+         '`sbx.run_code`), over asyncio. The sync Interpreter (_interpreter.py) is generated from\n'
+         'this module by scripts/unasync.py; the wire contract is described in _execution.py."""',
+         '"""Interpreter: a sandbox\'s stateful code interpreter (`sbx.interpreter`, and `sbx.run_code`).\n'
+         'The wire contract is described in _execution.py."""'),
     )),
     Twin("_async_tools.py", "_tools.py", text=(
         ('"""async_sandbox_tools: the four agent tools as coroutine functions bound to an AsyncSandbox\n'

@@ -135,6 +135,38 @@ def test_code_agent_with_sandbox_executor(sbx):
     assert steps[4].is_final_answer
 
 
+def test_code_agent_chart_step_comes_back_as_a_pil_image(sbx):
+    """As with smolagents' E2BExecutor: a step whose value is a matplotlib figure is a PIL
+    image in the agent's memory, a DataFrame is its HTML, and an image made in the sandbox
+    can be the final answer."""
+    PIL = pytest.importorskip("PIL.Image")
+    from emberbox.smolagents import SandboxExecutor
+
+    model = ScriptedModel([
+        _code("import matplotlib.pyplot as plt\nfig, ax = plt.subplots(figsize=(4, 3), dpi=50)\n"
+              "ax.plot([1, 2, 3], [2, 4, 8])\nprint('drew', len(ax.lines), 'line')\nfig"),
+        _code("import pandas as pd\npd.DataFrame({'n': [1, 2], 'sq': [1, 4]})"),
+        _code("from PIL import Image\nfinal_answer(Image.new('RGB', (3, 2), (10, 20, 30)))"),
+    ])
+    executor = SandboxExecutor(sandbox=sbx, timeout_seconds=120)
+    agent = CodeAgent(tools=[], model=model, executor=executor, verbosity_level=LogLevel.OFF, max_steps=5)
+    try:
+        result = agent.run("Draw a chart, show a table, then answer with an image.", return_full_result=True)
+    finally:
+        agent.cleanup()
+    assert result.state == "success", result
+    steps = [s for s in agent.memory.steps if hasattr(s, "code_action")]
+    chart = steps[0].action_output
+    assert isinstance(chart, PIL.Image), steps[0]
+    assert chart.width > 50 and chart.height > 50
+    assert "drew 1 line" in steps[0].observations
+    assert "Last output from code snippet:\n<PIL." in steps[0].observations
+    table = steps[1].action_output
+    assert isinstance(table, str) and "<table" in table and "sq" in table
+    assert isinstance(result.output, PIL.Image) and result.output.size == (3, 2)
+    assert result.output.convert("RGB").getpixel((0, 0)) == (10, 20, 30)
+
+
 def test_executor_tuple_set_and_variables_cross_as_safe_json(sbx):
     from emberbox.smolagents import SandboxExecutor
 

@@ -638,9 +638,473 @@ def test_requirement_names():
 def test_public_surface():
     for name in ("Sandbox", "AsyncSandbox", "Client", "AsyncClient", "CommandResult", "NotFoundError"):
         assert hasattr(emberbox, name)
-    for meth in ("create", "connect", "list", "exec", "extend", "stop", "delete", "refresh"):
+    for name in ("Execution", "Result", "ExecutionError", "Logs", "Context", "Interpreter", "AsyncInterpreter"):
+        assert hasattr(emberbox, name)
+    for meth in ("create", "connect", "list", "exec", "run_code", "extend", "stop", "delete", "refresh"):
         assert hasattr(Sandbox, meth) and hasattr(AsyncSandbox, meth)
     for meth in ("read", "write", "list", "stat", "mkdir", "remove"):
         assert hasattr(emberbox.Files, meth) and hasattr(emberbox.AsyncFiles, meth)
     for meth in ("spawn", "list", "output", "signal"):
         assert hasattr(emberbox.Processes, meth) and hasattr(emberbox.AsyncProcesses, meth)
+    for meth in ("create", "list", "restart", "interrupt", "remove"):
+        assert hasattr(emberbox.InterpreterContexts, meth) and hasattr(emberbox.AsyncInterpreterContexts, meth)
+
+
+# --- code interpreter: run_code and contexts -----------------------------------
+IP = "/v1/sandboxes/sbx_1/interpreter"
+ANSI_TB = "\x1b[0;31mValueError\x1b[0m                                Traceback (most recent call last)\nCell \x1b[0;32mIn[3], line 2\x1b[0m\n\x1b[0;31mValueError\x1b[0m: boom"
+
+
+def _png(color=(255, 0, 0), size=(4, 3)) -> bytes:
+    from io import BytesIO
+
+    PIL = pytest.importorskip("PIL.Image")
+    buf = BytesIO()
+    PIL.new("RGB", size, color).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _execution(**kw) -> dict:
+    base = {"status": "ok", "stdout": "", "stderr": "", "results": [], "error": None, "executionCount": 1}
+    base.update(kw)
+    return base
+
+
+class FakeInterpreter:
+    """The interpreter routes of sandbox sbx_1, as a MockTransport handler. `runs` holds
+    what each `:run` answers, in order: an execution dict (sent as JSON, or streamed as
+    NDJSON with `stream` lines first when the request asks to stream), or a function of
+    the request body returning (stream lines, execution)."""
+
+    def __init__(self, runs=(), files=None):
+        self.runs = list(runs)
+        self.files = dict(files or {})  # result name -> bytes
+        self.requests: list[tuple[str, str, dict | None, httpx.Request]] = []
+        self.contexts = {"python": {"id": "python", "language": "python", "cwd": "/workspace"}}
+        self.made = 0
+
+    def bodies(self, suffix=":run"):
+        return [b for m, p, b, _ in self.requests if p.endswith(suffix)]
+
+    def __call__(self, req: httpx.Request) -> httpx.Response:
+        path, method = req.url.path, req.method
+        body = json.loads(req.content) if req.content else None
+        self.requests.append((method, path, body, req))
+        if method == "POST" and path == IP + ":run":
+            assert self.runs, f"unexpected run {body}"
+            answer = self.runs.pop(0)
+            lines, execution = answer(body) if callable(answer) else ([], answer)
+            if body.get("stream"):
+                assert req.headers["Accept"] == "application/x-ndjson"
+                tail = [] if execution is None else [{"k": "execution", "execution": execution}]
+                return httpx.Response(200, content=ndjson(*lines, *tail),
+                                      headers={"content-type": "application/x-ndjson"})
+            assert req.headers["Accept"] == "application/json"
+            return httpx.Response(200, json=execution)
+        if path == IP + "/contexts" and method == "POST":
+            self.made += 1
+            ctx = {"id": body.get("id") or f"ctx-{self.made}", "language": body.get("language", "python"),
+                   "cwd": body.get("cwd", "/workspace")}
+            self.contexts[ctx["id"]] = ctx
+            return httpx.Response(200, json=ctx)
+        if path == IP + "/contexts" and method == "GET":
+            return httpx.Response(200, json={"data": list(self.contexts.values())})
+        if method == "POST" and path == "/v1/sandboxes/sbx_1:exec":  # the executor's import check
+            assert body["argv"][:2] == ["python3", "-c"]
+            return httpx.Response(200, json={"exitCode": 0, "stdout": "[]", "stderr": "", "timedOut": False})
+        if path.startswith(IP + "/contexts/"):
+            rest = path[len(IP + "/contexts/"):]
+            if "/results/" in rest:
+                name = rest.split("/results/")[1]
+                if name not in self.files:
+                    return httpx.Response(404, content=err_body(404, "not_found"))
+                assert req.headers["Accept"] == "application/octet-stream"
+                return httpx.Response(200, content=self.files[name])
+            cid, _, action = rest.partition(":")
+            if cid not in self.contexts:
+                return httpx.Response(404, content=err_body(404, "context_not_found"))
+            if method == "DELETE":
+                del self.contexts[cid]
+                return httpx.Response(200, json={"id": cid, "deleted": True})
+            if action == "restart":
+                return httpx.Response(200, json=self.contexts[cid])
+            if action == "interrupt":
+                return httpx.Response(200, json={"interrupted": True})
+        raise AssertionError(f"unexpected {method} {req.url}")
+
+
+def _isbx(fake) -> Sandbox:
+    return Sandbox(client(fake), dict(SBX))
+
+
+def test_run_code_plain_json_and_result_accessors():
+    png = base64.b64encode(_png()).decode()
+    fake = FakeInterpreter([_execution(
+        stdout="a\nb\npartial", stderr="warn\n", executionCount=7,
+        results=[
+            {"main": False, "data": {"image/png": png, "text/plain": "<Figure size 640x480 with 1 Axes>"}},
+            {"main": True, "data": {"text/plain": "42", "text/html": "<b>42</b>", "text/markdown": "**42**",
+                                    "image/svg+xml": "<svg/>", "image/jpeg": "/9j/", "application/pdf": "JVBE",
+                                    "text/latex": "$42$", "application/json": {"v": 42},
+                                    "application/javascript": "x()", "application/vnd.custom": "c"}},
+        ])])
+    s = _isbx(fake)
+    ex = s.run_code("x = 41\nx + 1", timeout=5)
+    [(method, path, body, req)] = fake.requests
+    assert (method, path, body) == ("POST", IP + ":run", {"code": "x = 41\nx + 1", "timeoutMs": 5000})
+    assert req.headers["Idempotency-Key"]
+    assert ex.logs.stdout == ["a\n", "b\n", "partial"] and ex.logs.stderr == ["warn\n"]
+    assert (ex.stdout, ex.stderr, ex.execution_count, ex.status, ex.error) == ("a\nb\npartial", "warn\n", 7, "ok", None)
+    display, main = ex.results
+    assert not display.is_main_result and display.png == png and display.text.startswith("<Figure")
+    assert main.is_main_result and ex.main_result is main and ex.text == "42"
+    assert (main.text, main.html, main.markdown, main.svg, main.jpeg, main.pdf, main.latex, main.json,
+            main.javascript) == ("42", "<b>42</b>", "**42**", "<svg/>", "/9j/", "JVBE", "$42$", {"v": 42}, "x()")
+    assert main.png is None and main.extra == {"application/vnd.custom": "c"} and main["html"] == "<b>42</b>"
+    assert main.formats() == ["text", "html", "markdown", "svg", "jpeg", "pdf", "latex", "json", "javascript",
+                              "application/vnd.custom"]
+
+
+@pytest.mark.parametrize("kw,want", [
+    ({}, {"code": "1"}),
+    ({"timeout": 0}, {"code": "1", "timeoutMs": 0}),
+    ({"timeout": 0.0004}, {"code": "1", "timeoutMs": 1}),
+    ({"language": "python", "context": "ctx-9"}, {"code": "1", "language": "python", "context": "ctx-9"}),
+    ({"context": emberbox.Context("ctx/x", "python")}, {"code": "1", "context": "ctx/x"}),
+])
+def test_run_code_request_body(kw, want):
+    fake = FakeInterpreter([_execution()])
+    _isbx(fake).run_code("1", **kw)
+    assert fake.bodies() == [want]
+
+
+def test_run_code_streams_to_callbacks_and_fetches_refs_once():
+    png_bytes = _png((0, 0, 255))
+    ref = {"path": "/workspace/.runtime/interpreter/ctx-1/out/r1.png", "bytes": len(png_bytes)}
+    big_json = {"path": "/workspace/.runtime/interpreter/ctx-1/out/r2.json"}
+    streamed = {"main": True, "data": {"text/plain": "<Figure>"}, "refs": {"image/png": ref, "application/json": big_json}}
+    tb = ANSI_TB
+
+    def run(body):
+        assert body == {"code": "draw()", "context": "ctx-1", "timeoutMs": 30000, "stream": True}
+        return ([{"k": "stdout", "text": "one\n"}, {"k": "stderr", "text": "two\n"}, {"k": "stdout", "text": "3"},
+                 {"k": "result", **streamed}, {"k": "some-new-kind", "x": 1},
+                 {"k": "error", "name": "ValueError", "value": "boom", "traceback": tb}],
+                _execution(status="error", stdout="one\n3", stderr="two\n", results=[streamed],
+                           error={"name": "ValueError", "value": "boom", "traceback": tb}, executionCount=3))
+
+    fake = FakeInterpreter([run], files={"r1.png": png_bytes, "r2.json": b'{"rows": [1, 2]}'})
+    seen: list = []
+    ex = _isbx(fake).run_code("draw()", context="ctx-1", timeout=30,
+                              on_stdout=lambda t: seen.append(("out", t)), on_stderr=lambda t: seen.append(("err", t)),
+                              on_result=lambda r: seen.append(("result", r)), on_error=lambda e: seen.append(("error", e)))
+    assert [k for k, _ in seen] == ["out", "err", "out", "result", "error"]
+    assert [t for k, t in seen if k in ("out", "err")] == ["one\n", "two\n", "3"]
+    streamed_result = seen[3][1]
+    assert isinstance(streamed_result, emberbox.Result) and streamed_result.is_main_result
+    assert base64.b64decode(streamed_result.png) == png_bytes and streamed_result.json == {"rows": [1, 2]}
+    assert streamed_result.refs["image/png"] == ref
+    err = seen[4][1]
+    assert isinstance(err, emberbox.ExecutionError) and (err.name, err.value) == ("ValueError", "boom")
+    assert err.plain_traceback.endswith("ValueError: boom") and "\x1b" not in err.plain_traceback
+    assert ex.results[0].png == streamed_result.png and ex.error == err and ex.execution_count == 3
+    fetches = [p for m, p, _, _ in fake.requests if "/results/" in p]
+    assert fetches == [IP + "/contexts/ctx-1/results/r1.png", IP + "/contexts/ctx-1/results/r2.json"]
+
+
+def test_run_code_ref_that_cannot_be_fetched_stays_a_ref():
+    ref = "/workspace/.runtime/interpreter/python/out/gone.png"
+    fake = FakeInterpreter([_execution(results=[{"main": True, "data": {"text/plain": "x"}, "refs": {"image/png": ref}}])])
+    s = _isbx(fake)
+    [r] = s.run_code("x").results
+    assert r.png is None and r.text == "x" and r.refs == {"image/png": ref}
+    fake.files["gone.png"] = b"late"
+    assert s.interpreter.result(r.refs["image/png"]) == b"late"
+    with pytest.raises(ValueError):
+        s.interpreter.result("/etc/passwd")
+    with pytest.raises(ValueError):
+        s.interpreter.result({"path": "/workspace/.runtime/interpreter/../out/x"})
+
+
+def test_run_code_failure_line_bad_line_and_cut_stream():
+    def failure(body):
+        return [{"k": "stdout", "text": "x"}, {"k": "failure", "code": "sandbox_stopped", "status": 409,
+                                               "message": "gone", "requestId": "req_9"}], None
+
+    s = _isbx(FakeInterpreter([failure]))
+    with pytest.raises(SandboxNotRunningError) as ei:
+        s.run_code("1", on_stdout=lambda t: None)
+    assert ei.value.request_id == "req_9" and ei.value.message == "gone"
+
+    s = _isbx(FakeInterpreter([lambda body: ([{"k": "stdout", "text": "x"}], None)]))
+    with pytest.raises(APIConnectionError, match="ended without the execution"):
+        s.run_code("1", on_stdout=lambda t: None)
+
+    def bad(req):
+        return httpx.Response(200, content=b'{"k":"stdout","text":"x"}\n{"k": "std')
+
+    with pytest.raises(APIConnectionError, match="bad line"):
+        _isbx(bad).run_code("1", on_stderr=lambda t: None)
+
+
+def test_run_code_stream_cut_by_the_transport():
+    def cut():
+        yield b'{"k":"stdout","text":"x"}\n'
+        raise httpx.ReadError("connection reset")
+
+    got = []
+    with pytest.raises(APIConnectionError, match="stream broke: ReadError"):
+        _isbx(lambda req: httpx.Response(200, content=cut())).run_code("1", on_stdout=got.append)
+    assert got == ["x"]
+
+
+def test_run_code_error_status_is_raised_typed():
+    def handler(req):
+        return httpx.Response(409, content=err_body(409, "sandbox_stopped"))
+
+    with pytest.raises(SandboxNotRunningError):
+        _isbx(handler).run_code("1")
+
+
+def test_run_code_execution_error_and_jupyter_list_traceback():
+    fake = FakeInterpreter([_execution(status="error", error={"name": "NameError", "value": "name 'y' is not defined",
+                                                               "traceback": ["frame 1", "NameError: name 'y'"]})])
+    ex = _isbx(fake).run_code("y")
+    assert ex.error == emberbox.ExecutionError("NameError", "name 'y' is not defined", "frame 1\nNameError: name 'y'")
+    assert ex.text is None and ex.results == [] and not ex.timed_out
+
+
+def test_run_code_env_sets_and_restores_around_the_run():
+    import os
+
+    fake = FakeInterpreter([_execution(), _execution(stdout="v\n"), _execution()])
+    ex = _isbx(fake).run_code("print(os.environ['A'])", env={"A": "v", "B": 1}, context="ctx-1")
+    assert ex.stdout == "v\n"
+    setup, main, restore = fake.bodies()
+    assert main == {"code": "print(os.environ['A'])", "context": "ctx-1"}
+    assert setup["context"] == restore["context"] == "ctx-1"
+    before = dict(os.environ)
+    os.environ["B"] = "old"
+    ns: dict = {}
+    try:
+        exec(setup["code"], ns)  # noqa: S102 - the cells are plain Python: check what they do here
+        assert (os.environ["A"], os.environ["B"]) == ("v", "1")
+        exec(restore["code"], ns)  # noqa: S102
+        assert "A" not in os.environ and os.environ["B"] == "old"
+        assert [k for k in ns if k != "__builtins__"] == []  # nothing left in the namespace
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
+
+
+def test_run_code_env_restored_when_the_run_fails_and_refused_for_other_languages():
+    fake = FakeInterpreter([_execution(), lambda body: ([{"k": "failure", "code": "interpreter_failed",
+                                                          "status": 502, "message": "x"}], None), _execution()])
+    with pytest.raises(ServiceUnavailableError):
+        _isbx(fake).run_code("1", env={"A": "1"}, on_stdout=print)
+    assert len(fake.bodies()) == 3 and "restore" in fake.bodies()[2]["code"]
+    with pytest.raises(ValueError, match="Python context"):
+        _isbx(FakeInterpreter()).run_code("echo $A", language="bash", env={"A": "1"})
+    with pytest.raises(ValueError, match="Python context"):
+        _isbx(FakeInterpreter()).run_code("x", context=emberbox.Context("c", "r"), env={"A": "1"})
+
+
+def test_contexts_routes_and_bodies():
+    fake = FakeInterpreter()
+    ctxs = _isbx(fake).interpreter.contexts
+    c = ctxs.create(language="python", cwd="proj", env={"K": 1}, idempotency_key="ik-1")
+    assert (c.id, c.language, c.cwd) == ("ctx-1", "python", "/workspace/proj")
+    method, path, body, req = fake.requests[-1]
+    assert (method, path, body) == ("POST", IP + "/contexts", {"language": "python", "cwd": "/workspace/proj",
+                                                               "env": {"K": "1"}})
+    assert req.headers["Idempotency-Key"] == "ik-1"
+    assert ctxs.create(id="mine").id == "mine" and fake.requests[-1][2] == {"id": "mine"}
+    assert [x.id for x in ctxs.list()] == ["python", "ctx-1", "mine"]
+    assert ctxs.restart(c).id == "ctx-1" and fake.requests[-1][1:3] == (IP + "/contexts/ctx-1:restart", {})
+    assert ctxs.interrupt("ctx-1") is True and fake.requests[-1][1:3] == (IP + "/contexts/ctx-1:interrupt", {})
+    assert ctxs.remove(c) is True and fake.requests[-1][:2] == ("DELETE", IP + "/contexts/ctx-1")
+    with pytest.raises(NotFoundError):
+        ctxs.remove("ctx-1")
+    with pytest.raises(NotFoundError):
+        ctxs.restart("a/b")
+    assert fake.requests[-1][3].url.raw_path.decode().endswith("/contexts/a%2Fb:restart")
+
+
+def test_async_run_code_awaits_coroutine_callbacks_and_contexts():
+    png = base64.b64encode(_png()).decode()
+
+    def run(body):
+        assert body["stream"] is True
+        return ([{"k": "stdout", "text": "hi\n"}, {"k": "result", "main": True, "data": {"image/png": png}, "refs": {}}],
+                _execution(stdout="hi\n", results=[{"main": True, "data": {"image/png": png}}]))
+
+    fake = FakeInterpreter([run, _execution(results=[{"main": True, "data": {"text/plain": "2"}}])])
+    got: list = []
+
+    async def on_result(r):
+        await asyncio.sleep(0)
+        got.append(r)
+
+    async def go():
+        c = AsyncClient(URL, "k", transport=httpx.MockTransport(fake), backoff=0)
+        try:
+            s = AsyncSandbox(c, dict(SBX))
+            ctx = await s.interpreter.contexts.create()
+            ex = await s.run_code("plot()", context=ctx, on_stdout=got.append, on_result=on_result)
+            plain = await s.run_code("1 + 1", context=ctx)
+            removed = await s.interpreter.contexts.remove(ctx)
+            return ex, plain, removed
+        finally:
+            await c.aclose()
+
+    ex, plain, removed = asyncio.run(go())
+    assert got[0] == "hi\n" and got[1].png == png and ex.results[0].png == png
+    assert plain.text == "2" and removed is True
+    assert [b["context"] for b in fake.bodies()] == ["ctx-1", "ctx-1"]
+
+
+# --- SandboxExecutor over run_code ------------------------------------------------
+def _executor(fake, **kw):
+    pytest.importorskip("smolagents")
+    from emberbox.smolagents import SandboxExecutor
+
+    fake.runs.insert(0, _execution())  # the warm-up cell of the executor's context
+    return SandboxExecutor(sandbox=_isbx(fake), timeout_seconds=kw.pop("timeout_seconds", 3), **kw)
+
+
+def test_executor_makes_its_own_context_and_warms_it_up():
+    fake = FakeInterpreter()
+    ex = _executor(fake)
+    assert ex.context.id == "ctx-1"
+    assert fake.requests[0][:3] == ("POST", IP + "/contexts", {"language": "python", "cwd": "/workspace"})
+    warm = fake.bodies()[0]
+    assert warm["context"] == "ctx-1" and warm["timeoutMs"] == 300000 and "site.addsitedir" in warm["code"]
+    ex.cleanup()
+    assert fake.requests[-1][:2] == ("DELETE", IP + "/contexts/ctx-1") and ex.sandbox is None and ex.context is None
+    ex.cleanup()  # twice is fine
+
+
+def test_executor_png_main_result_is_a_pil_image_with_interleaved_logs():
+    PIL = pytest.importorskip("PIL.Image")
+    png = base64.b64encode(_png((1, 2, 3), (5, 7))).decode()
+
+    def run(body):
+        assert body["stream"] is True and body["timeoutMs"] == 3000 and body["context"] == "ctx-1"
+        return ([{"k": "stdout", "text": "drawing\n"}, {"k": "stderr", "text": "careful\n"}, {"k": "stdout", "text": "done\n"}],
+                _execution(stdout="drawing\ndone\n", stderr="careful\n",
+                           results=[{"main": True, "data": {"image/png": png, "text/plain": "<Figure size 640x480>"}}]))
+
+    fake = FakeInterpreter([run])
+    out = _executor(fake)("fig")
+    assert isinstance(out.output, PIL.Image) and out.output.size == (5, 7)
+    assert out.output.convert("RGB").getpixel((0, 0)) == (1, 2, 3)
+    assert out.logs == "drawing\ncareful\ndone\n" and out.is_final_answer is False
+
+
+@pytest.mark.parametrize("data,want", [
+    ({"text/plain": "   a\n0  1", "text/html": "<table/>"}, "<table/>"),   # a DataFrame: HTML first, as E2B
+    ({"text/plain": "42"}, "42"),
+    ({"application/json": {"a": 1}, "text/plain": "{'a': 1}"}, {"a": 1}),
+    ({"image/svg+xml": "<svg/>", "text/plain": "<svg>"}, "<svg/>"),
+])
+def test_executor_other_main_results(data, want):
+    fake = FakeInterpreter([_execution(results=[{"main": False, "data": {"text/plain": "shown"}},
+                                                {"main": True, "data": data}])])
+    assert _executor(fake)("x").output == want
+
+
+def test_executor_display_only_step_has_no_output():
+    png = base64.b64encode(_png()).decode()
+    fake = FakeInterpreter([_execution(stdout="p\n", results=[{"main": False, "data": {"image/png": png}}])])
+    out = _executor(fake)("plt.show()")
+    assert out.output is None and out.logs == "p\n"
+
+
+def test_executor_final_answer_and_errors():
+    from smolagents.utils import AgentError
+
+    fake = FakeInterpreter([
+        _execution(status="error", stdout="almost\n",
+                   error={"name": "FinalAnswerException", "value": 'safe:{"a": [1, 2]}', "traceback": "tb"}),
+        _execution(status="error", stdout="about to fail\n", error={"name": "ValueError", "value": "boom",
+                                                                    "traceback": ANSI_TB}),
+        _execution(status="error", error={"name": "KeyError", "value": "'k'", "traceback": ""}),
+    ])
+    ex = _executor(fake)
+    out = ex("final_answer({'a': [1, 2]})")
+    assert out.is_final_answer and out.output == {"a": [1, 2]} and out.logs == "almost\n"
+    with pytest.raises(AgentError) as ei:
+        ex("raise ValueError('boom')")
+    msg = str(ei.value)
+    assert msg.startswith("about to fail\nExecuting code yielded an error:\n")
+    assert "\x1b" not in msg and "Traceback" in msg and msg.endswith("ValueError: boom")
+    with pytest.raises(AgentError, match=r"yielded an error:\nKeyError: 'k'$"):
+        ex("{}['k']")
+
+
+def test_executor_timeout_keeps_context_and_lost_restarts_it():
+    from smolagents.utils import AgentError
+
+    fake = FakeInterpreter([
+        _execution(status="timeout", stdout="tick\n", error={"name": "KeyboardInterrupt", "value": "", "traceback": ""}),
+        _execution(status="lost", error=None),
+        _execution(),  # the warm-up after the restart
+        _execution(results=[{"main": True, "data": {"text/plain": "2"}}]),
+    ])
+    ex = _executor(fake)
+    with pytest.raises(AgentError, match="tick\nExecuting code yielded an error:\nTimeoutError: The code step did "
+                                         "not finish within 3 s and was interrupted"):
+        ex("while True: pass")
+    assert not any(p.endswith(":restart") for _, p, _, _ in fake.requests)
+    with pytest.raises(AgentError, match="exited while running this step. It was restarted"):
+        ex("import os; os._exit(7)")
+    assert any(p == IP + "/contexts/ctx-1:restart" for _, p, _, _ in fake.requests)
+    assert ex("1 + 1").output == "2"
+
+
+def test_executor_makes_a_new_context_when_the_lost_one_cannot_restart():
+    from smolagents.utils import AgentError
+
+    fake = FakeInterpreter([_execution(status="lost"), _execution(), _execution(results=[
+        {"main": True, "data": {"text/plain": "'fresh'"}}])])
+    ex = _executor(fake)
+    fake.contexts.pop("ctx-1")  # the server forgot it when its kernel died
+    with pytest.raises(AgentError, match="exited while running this step. It was restarted"):
+        ex("import os; os._exit(1)")
+    assert ex.context.id == "ctx-2" and ex("'fresh'").output == "'fresh'"
+    assert fake.bodies()[-1]["context"] == "ctx-2"
+
+
+def test_executor_refuses_to_start_without_an_interpreter():
+    from emberbox.smolagents import KernelError, SandboxExecutor
+
+    def handler(req):
+        return httpx.Response(501, content=err_body(501, "not_implemented"))
+
+    with pytest.raises(KernelError, match="could not start a Python context"):
+        SandboxExecutor(sandbox=_isbx(handler))
+
+
+def test_code_agent_gets_a_pil_image_from_a_chart_step():
+    pytest.importorskip("smolagents")
+    PIL = pytest.importorskip("PIL.Image")
+    from _scripted import ScriptedModel
+    from smolagents import CodeAgent
+    from smolagents.monitoring import LogLevel
+
+    png = base64.b64encode(_png((9, 9, 9), (8, 6))).decode()
+    fake = FakeInterpreter([
+        _execution(),  # tool definitions (final_answer)
+        _execution(results=[{"main": True, "data": {"image/png": png, "text/plain": "<Figure>"}}]),
+        _execution(status="error", error={"name": "FinalAnswerException", "value": 'safe:"drawn"', "traceback": ""}),
+    ])
+    ex = _executor(fake)
+    model = ScriptedModel(["Thought: draw.\n<code>\nfig\n</code>", "Thought: done.\n<code>\nfinal_answer('drawn')\n</code>"])
+    agent = CodeAgent(tools=[], model=model, executor=ex, verbosity_level=LogLevel.OFF, max_steps=4)
+    try:
+        assert agent.run("Draw a chart.") == "drawn"
+    finally:
+        agent.cleanup()
+    steps = [s for s in agent.memory.steps if hasattr(s, "code_action")]
+    assert isinstance(steps[0].action_output, PIL.Image) and steps[0].action_output.size == (8, 6)
+    assert "Last output from code snippet:\n<PIL." in steps[0].observations

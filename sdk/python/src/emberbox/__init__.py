@@ -4,11 +4,13 @@
 
     with Sandbox.create(timeout_seconds=900, on_lease_end="stop") as sbx:
         print(sbx.exec("nproc && free -m").stdout)
+        print(sbx.run_code("x = 21\nx * 2").text)   # stateful, like a notebook: '42'
 
 Configuration comes from arguments or EMBERBOX_API_URL / EMBERBOX_API_KEY
 (falling back to RUNTIME_API_URL / RUNTIME_API_KEY).
 """
 from ._async_client import AsyncClient
+from ._async_interpreter import AsyncInterpreter, AsyncInterpreterContexts
 from ._async_sandbox import AsyncFiles, AsyncProcesses, AsyncSandbox
 from ._client import Client
 from ._errors import (
@@ -28,6 +30,8 @@ from ._errors import (
     SandboxStartError,
     ServiceUnavailableError,
 )
+from ._execution import Context, Execution, ExecutionError, Logs, Result
+from ._interpreter import Interpreter, InterpreterContexts
 from ._sandbox import Files, Processes, Sandbox
 from ._types import CommandResult, OutputEvent, ProcessInfo, ProcessOutput
 from ._version import __version__
@@ -40,12 +44,21 @@ __all__ = [
     "AsyncFiles",
     "Processes",
     "AsyncProcesses",
+    "Interpreter",
+    "AsyncInterpreter",
+    "InterpreterContexts",
+    "AsyncInterpreterContexts",
     "Client",
     "AsyncClient",
     "CommandResult",
     "OutputEvent",
     "ProcessInfo",
     "ProcessOutput",
+    "Execution",
+    "Result",
+    "ExecutionError",
+    "Logs",
+    "Context",
     "EmberboxError",
     "ConfigurationError",
     "APIConnectionError",

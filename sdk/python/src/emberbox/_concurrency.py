@@ -1,17 +1,20 @@
-"""Running calls side by side: the one thing the asyncio modules and their generated sync
-twins cannot share by rewriting, so both versions are written here by hand.
+"""What the asyncio modules and their generated sync twins cannot share by rewriting
+(running calls side by side, and calling a callback that may be a coroutine function),
+so both versions are written here by hand.
 
-The async modules call `async_run_concurrently`; scripts/unasync.py renames it to
-`run_concurrently` in the sync modules it generates. Keep the two in step.
+The async modules call `async_run_concurrently` and `async_notify`; scripts/unasync.py
+renames them to `run_concurrently` and `notify` in the sync modules it generates. Keep
+each pair in step.
 """
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import TypeVar
 
-__all__ = ["async_run_concurrently", "run_concurrently"]
+__all__ = ["async_run_concurrently", "run_concurrently", "async_notify", "notify"]
 
 T = TypeVar("T")
 
@@ -60,3 +63,19 @@ def run_concurrently(fn: Callable[[T], None], items: Sequence[T], limit: int, na
             for f in futures:
                 f.cancel()
             raise  # leaving the block waits for the calls in flight
+
+
+async def async_notify(handler: Callable[[T], object] | None, value: T) -> None:
+    """Calls a callback with value, awaiting what it returns if it is awaitable (so a
+    plain function and a coroutine function both work)."""
+    if handler is None:
+        return
+    outcome = handler(value)
+    if inspect.isawaitable(outcome):
+        await outcome
+
+
+def notify(handler: Callable[[T], object] | None, value: T) -> None:
+    """Calls a callback with value (the sync twin of `async_notify`)."""
+    if handler is not None:
+        handler(value)

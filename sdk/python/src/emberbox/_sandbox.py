@@ -1,6 +1,6 @@
 # Generated from _async_sandbox.py by scripts/unasync.py: do not edit by hand.
 # Edit _async_sandbox.py, then regenerate: python3 sdk/python/scripts/unasync.py
-"""The synchronous Sandbox, with its `files` and `processes` helpers."""
+"""The synchronous Sandbox, with its `files`, `processes` and `interpreter` helpers."""
 from __future__ import annotations
 
 import time
@@ -12,10 +12,13 @@ from typing import Any
 import httpx
 
 from . import _common as C
+from . import _execution as X
 from ._client import Client
 from ._concurrency import run_concurrently
 from ._errors import APIConnectionError, APIError, CommandError, NotFoundError, SandboxStartError
+from ._execution import Context, Execution
 from ._http import NDJSON, OCTETS, retry_delay
+from ._interpreter import Interpreter
 from ._stream import ExecAccumulator, OutputCursor, StreamBroken, parse_line
 from ._types import CommandResult, OutputEvent, ProcessInfo, ProcessOutput
 
@@ -43,6 +46,7 @@ class Sandbox:
         self._delete_on_exit = delete_on_exit
         self.files = Files(self)
         self.processes = Processes(self)
+        self.interpreter = Interpreter(self)
 
     # -- identity -----------------------------------------------------------
     @property
@@ -302,6 +306,47 @@ class Sandbox:
                     f"lost the output of {acc.process_id}: 4 reads in a row ended with nothing new")
             time.sleep(retry_delay(idle, self.client.backoff) if idle else 0)
 
+
+    # -- code interpreter ------------------------------------------------------
+    def run_code(
+        self,
+        code: str,
+        *,
+        context: Context | str | None = None,
+        language: str | None = None,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        on_stdout: X.TextCallback | None = None,
+        on_stderr: X.TextCallback | None = None,
+        on_result: X.ResultCallback | None = None,
+        on_error: X.ErrorCallback | None = None,
+    ) -> Execution:
+        """Runs code in a stateful interpreter context (an IPython kernel for Python):
+        variables, imports and functions persist between runs of the same context.
+
+        An exception in the code is `execution.error`, not raised; a cell that runs out of
+        time is interrupted (state kept) and comes back with `status == "timeout"`.
+
+        Args:
+            code: the cell.
+            context: a Context (or its id) from `interpreter.contexts.create`; by default the
+                language's own context.
+            language: "python" (default) or another language the server runs.
+            timeout: seconds the cell may run (the server's default, 60 s, if None; 0 for no limit).
+            env: environment variables for this run only (Python: set in os.environ during
+                the run, then put back; inherited by its child processes).
+            on_stdout: called with each piece of stdout as it is printed (streams the run).
+            on_stderr: called with each piece of stderr as it is printed.
+            on_result: called with each Result (display() calls and the cell's value) as it comes.
+            on_error: called with the ExecutionError if the cell raises.
+
+        Returns:
+            The Execution: `results` (MIME bundles: `text`, `png`, `html`, ... and
+            `is_main_result`), `logs.stdout` / `logs.stderr`, `error`, `execution_count`.
+        """
+        return self.interpreter.run(code, context=context, language=language, timeout=timeout, env=env,
+                                    on_stdout=on_stdout, on_stderr=on_stderr, on_result=on_result,
+                                    on_error=on_error)
 
 class Files:
     """`sbx.files`: read, write, list, stat, mkdir and remove. Relative paths resolve under /workspace."""

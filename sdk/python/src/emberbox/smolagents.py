@@ -6,20 +6,22 @@
     with CodeAgent(tools=[], model=model, executor=SandboxExecutor()) as agent:
         agent.run("...")
 
-State (variables, imports, functions) lives in one long-lived Python process in
-the sandbox (the "kernel", `_guest/kernel.py`), started with the processes API.
-Each code step is one short exec of `_guest/client.py`, which hands the code to
-the kernel over a unix socket and prints the JSON answer. Values cross the
-boundary as smolagents' safe JSON (`allow_pickle=False` by default).
+Each code step is one `Sandbox.run_code` in an interpreter context of its own (an
+IPython kernel in the sandbox), so variables, imports and functions persist between
+steps. Results come back the way smolagents' E2BExecutor returns them: the step's
+value (its main result) as a PIL image for PNG/JPEG, else its richest other MIME
+data (HTML, JSON, ..., text); `final_answer(...)` ends the run with its value; any
+other exception becomes an AgentError carrying the step's output and traceback.
+Values cross the boundary as smolagents' safe JSON (`allow_pickle=False` by default).
 
 Needs `pip install 'emberbox[smolagents]'`.
 """
 from __future__ import annotations
 
+import base64
 import json
 import re
-import uuid
-from importlib import resources
+from io import BytesIO
 from typing import Any
 
 from smolagents.local_python_executor import CodeOutput
@@ -29,12 +31,25 @@ from smolagents.utils import AgentError
 
 from ._client import Client
 from ._errors import EmberboxError
+from ._execution import Context, Execution, Result
 from ._sandbox import Sandbox
 
 __all__ = ["SandboxExecutor", "PackageInstallError", "KernelError"]
 
-KERNEL_DIR = "/workspace/.emberbox"
-STDIN_LIMIT = 512 * 1024  # bigger requests go through a file
+WORKDIR = "/workspace"
+CONTEXT_START_TIMEOUT_S = 300.0  # the first cell of a context waits for its kernel to start
+# The MIME data returned for a main result that is not an image, in smolagents' E2BExecutor's order.
+_OUTPUT_FIELDS = ("html", "javascript", "json", "latex", "markdown", "pdf", "svg", "text")
+# Makes packages pip installed after the kernel started importable (a new user site dir).
+_REFRESH_PATHS = ("def __emberbox_refresh_paths():\n"
+                  "    import importlib, os, site, sys\n"
+                  "    importlib.invalidate_caches()\n"
+                  "    user_site = site.getusersitepackages()\n"
+                  "    if os.path.isdir(user_site) and user_site not in sys.path:\n"
+                  "        site.addsitedir(user_site)\n"
+                  "__emberbox_refresh_paths()\n"
+                  "del __emberbox_refresh_paths")
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 # pip name -> import name, for the usual mismatches (and back).
 _IMPORT_NAMES = {
     "pillow": "PIL", "scikit-learn": "sklearn", "beautifulsoup4": "bs4", "opencv-python": "cv2",
@@ -55,7 +70,7 @@ class PackageInstallError(EmberboxError):
 
 
 class KernelError(EmberboxError):
-    """The in-sandbox Python process could not be started or reached."""
+    """The sandbox's interpreter could not start a Python context for the executor."""
 
     code = "kernel_failed"
 
@@ -89,7 +104,7 @@ class SandboxExecutor(RemotePythonExecutor):
         allow_pickle: let values that safe JSON cannot carry cross as pickle (runs code on unpickling).
         sandbox: a running Sandbox to use; it is left running by cleanup(). Without it the
             executor creates one (with `create` and `sandbox_timeout_seconds`) and cleanup() stops it.
-        timeout_seconds: time limit of each code step.
+        timeout_seconds: time limit of each code step; a step over it is interrupted (state kept).
         client: the Client used to create a sandbox.
         delete_on_cleanup: delete (instead of stop) a sandbox this executor created.
         sandbox_timeout_seconds: the lease of a sandbox this executor creates.
@@ -120,108 +135,87 @@ class SandboxExecutor(RemotePythonExecutor):
             labels.setdefault("created_by", "emberbox-smolagents")
             sandbox = Sandbox.create(client=client, timeout_seconds=sandbox_timeout_seconds, labels=labels, **create)
         self.sandbox: Sandbox | None = sandbox
-        tag = uuid.uuid4().hex[:10]
-        self._kernel_path = f"{KERNEL_DIR}/kernel.py"
-        self._client_path = f"{KERNEL_DIR}/client.py"
-        self._socket = f"/tmp/emberbox-kernel-{tag}.sock"
-        self._process_id: str | None = None
+        self.context: Context | None = None
         try:
-            self._start_kernel()
+            # Packages first: a kernel started afterwards sees them without a refresh.
             self.installed_packages = self.install_packages(self.additional_imports)
+            self._start_context()
         except BaseException:
             self.cleanup()
             raise
-        self.logger.log(f"Emberbox sandbox {sandbox.id} is running the Python kernel", level=LogLevel.INFO)
+        self.logger.log(f"Emberbox sandbox {sandbox.id} is running the Python interpreter", level=LogLevel.INFO)
 
-    # -- kernel ---------------------------------------------------------------
+    # -- the interpreter context ----------------------------------------------
     def _sbx(self) -> Sandbox:
         if self.sandbox is None:
             raise KernelError("this executor has been cleaned up")
         return self.sandbox
 
-    def _start_kernel(self) -> None:
+    def _start_context(self) -> None:
+        """Makes this executor's own Python context and waits for its kernel."""
         sbx = self._sbx()
-        guest = resources.files("emberbox") / "_guest"
-        sbx.files.write(self._kernel_path, (guest / "kernel.py").read_bytes())
-        sbx.files.write(self._client_path, (guest / "client.py").read_bytes())
-        proc = sbx.processes.spawn(["python3", "-u", self._kernel_path, self._socket], cwd="/workspace")
-        self._process_id = proc.id
-        answer = self._call({"op": "ping"}, connect_wait=60.0, timeout=90.0)
-        if not answer.get("ok"):
-            raise KernelError(f"the Python kernel did not start in sandbox {sbx.id}: {answer}")
-
-    def _kernel_log(self) -> str:
-        if self.sandbox is None or self._process_id is None:
-            return ""
         try:
-            out = self.sandbox.processes.output(self._process_id)
-            return (out.stdout + out.stderr)[-2000:]
-        except EmberboxError:
-            return ""
+            self.context = sbx.interpreter.contexts.create(language="python", cwd=WORKDIR)
+            self._warm_up()
+        except EmberboxError as e:
+            raise KernelError(f"the interpreter in sandbox {sbx.id} could not start a Python context: {e}") from e
 
-    def _restart_kernel(self) -> str:
-        """Kills and restarts the kernel; returns what its log said."""
-        log = self._kernel_log()
-        if self.sandbox is not None and self._process_id is not None:
+    def _warm_up(self) -> None:
+        """Runs a first cell with a generous limit (the kernel starts), which also makes
+        packages installed since importable."""
+        ex = self._sbx().run_code(_REFRESH_PATHS, context=self.context, timeout=CONTEXT_START_TIMEOUT_S)
+        if ex.error is not None or ex.status in ("timeout", "lost"):
+            why = f"{ex.error.name}: {ex.error.value}" if ex.error is not None else f"status {ex.status}"
+            raise KernelError(f"the Python context in sandbox {self._sbx().id} did not start: {why}")
+
+    def _restart_context(self) -> None:
+        """Starts the context again (empty state), or a new one if it cannot be restarted
+        (a context whose kernel died may be gone from the server)."""
+        sbx = self._sbx()
+        assert self.context is not None
+        try:
+            self.context = sbx.interpreter.contexts.restart(self.context)
+        except EmberboxError:
+            old, self.context = self.context, None
             try:
-                self.sandbox.processes.kill(self._process_id)
+                sbx.interpreter.contexts.remove(old)
             except EmberboxError:
                 pass
-        self._process_id = None
-        self._start_kernel()
-        return log
-
-    def _call(self, request: dict[str, Any], *, connect_wait: float = 5.0, timeout: float | None = None
-              ) -> dict[str, Any]:
-        """Sends one request to the kernel. Returns its answer, or a dict with
-        `kernel_unreachable` / `kernel_died` / `timed_out`."""
-        sbx = self._sbx()
-        payload = json.dumps(request)
-        limit = timeout if timeout is not None else self.timeout_seconds + 30.0
-        argv = ["python3", self._client_path, self._socket, str(connect_wait)]
-        if len(payload) > STDIN_LIMIT:
-            req_path = f"{KERNEL_DIR}/request-{uuid.uuid4().hex[:10]}.json"
-            sbx.files.write(req_path, payload)
-            cmd = " ".join(_sh(a) for a in argv) + f" < {_sh(req_path)}; s=$?; rm -f {_sh(req_path)}; exit $s"
-            r = sbx.exec(cmd, timeout=limit)
-        else:
-            r = sbx.exec(argv, stdin=payload, timeout=limit)
-        if r.timed_out:
-            return {"timed_out": True}
-        try:
-            answer = json.loads(r.stdout) if r.stdout.strip() else {}
-        except json.JSONDecodeError:
-            answer = {}
-        if not isinstance(answer, dict) or not answer:
-            return {"kernel_died": True, "detail": (r.stderr or r.stdout)[-2000:], "exit_code": r.exit_code}
-        return answer
+            self.context = sbx.interpreter.contexts.create(language="python", cwd=WORKDIR)
+        self._warm_up()
 
     # -- RemotePythonExecutor --------------------------------------------------
     def run_code_raise_errors(self, code: str) -> CodeOutput:
-        answer = self._call({"op": "run", "code": code, "timeout": self.timeout_seconds})
-        if answer.get("timed_out") or answer.get("kernel_died") or answer.get("kernel_unreachable"):
-            if answer.get("timed_out"):
-                why = (f"The code step did not finish within {self.timeout_seconds:g} s and could not be "
-                       "interrupted")
-            else:
-                why = "The Python process in the sandbox exited while running this step"
-            log = self._restart_kernel()
-            detail = f"\nIts last output:\n{log}" if log.strip() else ""
+        sbx = self._sbx()
+        printed: list[str] = []  # stdout and stderr in the order they came
+        try:
+            execution = sbx.run_code(code, context=self.context, timeout=self.timeout_seconds,
+                                     on_stdout=printed.append, on_stderr=printed.append)
+        except EmberboxError as e:
+            raise AgentError(f"Could not run the code in the sandbox: {e}", self.logger) from e
+        logs = "".join(printed) if printed else execution.stdout + execution.stderr
+        if execution.status == "lost":
+            try:
+                self._restart_context()
+                restarted = "It was restarted"
+            except EmberboxError as e:
+                restarted = f"Restarting it failed ({e})"
             raise AgentError(
-                f"{why}. It was restarted: variables, imports and functions defined in earlier steps "
-                f"are gone and must be defined again.{detail}", self.logger)
-        logs = str(answer.get("logs") or "")
-        if answer.get("ok"):
-            return CodeOutput(output=answer.get("output"), logs=logs, is_final_answer=False)
-        if "final_answer" in answer:
-            value = self._deserialize_final_answer(str(answer["final_answer"]), self.allow_pickle)
-            return CodeOutput(output=value, logs=logs, is_final_answer=True)
-        err = answer.get("error") or {}
-        trace = str(err.get("traceback") or "").rstrip()
-        if not trace:
-            trace = f"{err.get('name', 'Error')}: {err.get('value', '')}"
-        prefix = f"{logs.rstrip()}\n" if logs.strip() else ""
-        raise AgentError(f"{prefix}Executing code yielded an error:\n{trace}", self.logger)
+                f"{_logs_prefix(logs)}The Python process in the sandbox exited while running this step. "
+                f"{restarted}: variables, imports and functions defined in earlier steps are gone and must be "
+                "defined again.", self.logger)
+        if execution.status == "timeout":
+            raise AgentError(
+                f"{_logs_prefix(logs)}Executing code yielded an error:\nTimeoutError: The code step did not "
+                f"finish within {self.timeout_seconds:g} s and was interrupted; variables defined before it are "
+                "kept.", self.logger)
+        err = execution.error
+        if err is not None:
+            if err.name == RemotePythonExecutor.FINAL_ANSWER_EXCEPTION:
+                value = self._deserialize_final_answer(err.value, self.allow_pickle)
+                return CodeOutput(output=value, logs=logs, is_final_answer=True)
+            raise AgentError(f"{_logs_prefix(logs)}Executing code yielded an error:\n{_error_text(err)}", self.logger)
+        return CodeOutput(output=main_output(execution), logs=logs, is_final_answer=False)
 
     def install_packages(self, additional_imports: list[str]) -> list[str]:
         """Makes the packages importable: skips those that import already, pip-installs the rest,
@@ -256,10 +250,13 @@ class SandboxExecutor(RemotePythonExecutor):
                     "Installing packages needs network egress from the sandbox; packages that are "
                     f"already in the image (numpy, pillow, ...) need no install.\npip said:\n{tail}",
                     missing)
+            if self.context is not None:  # a running kernel must look for the new packages
+                self._warm_up()
         return list(additional_imports)
 
     def cleanup(self) -> None:
-        """Ends the kernel; stops (or deletes) the sandbox if this executor created it."""
+        """Removes the executor's interpreter context; stops (or deletes) the sandbox if
+        this executor created it."""
         sbx = self.sandbox
         if sbx is None:
             return
@@ -270,16 +267,50 @@ class SandboxExecutor(RemotePythonExecutor):
                 else:
                     sbx.stop(wait=False)
                 sbx.close()
-            elif self._process_id is not None:
-                sbx.processes.kill(self._process_id)
+            elif self.context is not None:
+                sbx.interpreter.contexts.remove(self.context)
         except EmberboxError as e:
             self.logger.log_error(f"Emberbox cleanup of {sbx.id} failed: {e}")
         finally:
             self.sandbox = None
-            self._process_id = None
+            self.context = None
 
 
-def _sh(s: str) -> str:
-    import shlex
+def main_output(execution: Execution) -> Any:
+    """A step's value as smolagents' E2BExecutor returns it: the main result as a PIL
+    image if it is a JPEG or PNG, else its first MIME data of html, javascript, json,
+    latex, markdown, pdf, svg, text; None without a main result."""
+    result = execution.main_result
+    if result is None:
+        return None
+    image = result_image(result)
+    if image is not None:
+        return image
+    for name in _OUTPUT_FIELDS:
+        value = getattr(result, name)
+        if value is not None:
+            return value
+    return None
 
-    return shlex.quote(s)
+
+def result_image(result: Result) -> Any:
+    """The result's JPEG or PNG as a PIL image, or None."""
+    for b64 in (result.jpeg, result.png):
+        if b64 is not None:
+            import PIL.Image
+
+            return PIL.Image.open(BytesIO(base64.b64decode(b64.encode("ascii"))))
+    return None
+
+
+def _logs_prefix(logs: str) -> str:
+    return f"{logs.rstrip()}\n" if logs.strip() else ""
+
+
+def _error_text(err: Any) -> str:
+    """The traceback without colour codes, ending with `Name: value`."""
+    trace = _ANSI.sub("", err.traceback or "").rstrip()
+    last = f"{err.name}: {err.value}" if err.value else err.name
+    if not trace:
+        return last
+    return trace if trace.endswith(last) else f"{trace}\n{last}"
