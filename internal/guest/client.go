@@ -189,7 +189,7 @@ func wireError(e *agentproto.Error) error {
 	class := errdefs.ErrInternal
 	code := e.Code
 	switch e.Code {
-	case agentproto.CodeFileNotFound, agentproto.CodeProcessNotFound:
+	case agentproto.CodeFileNotFound, agentproto.CodeProcessNotFound, agentproto.CodeWatchNotFound:
 		class = errdefs.ErrNotFound
 	case agentproto.CodeIsADirectory, agentproto.CodeNotADirectory, agentproto.CodeExists,
 		agentproto.CodeNotEmpty, agentproto.CodeNoSpace, agentproto.CodeCrossDevice,
