@@ -2,7 +2,10 @@ package envd
 
 import (
 	"context"
+	"encoding/hex"
 	"fmt"
+	"path"
+	"strings"
 	"sync"
 	"time"
 
@@ -186,7 +189,7 @@ func fsEvents(ctx context.Context, rt sandbox.Routed, root string, evs []sandbox
 	out := make([]*filesystem.FilesystemEvent, 0, len(evs))
 	for _, ev := range evs {
 		typ, ok := eventTypes[ev.Type]
-		if !ok {
+		if !ok || isWriteTemp(ev.Path) {
 			continue
 		}
 		name := ev.Path
@@ -202,4 +205,21 @@ func fsEvents(ctx context.Context, rt sandbox.Routed, root string, evs []sandbox
 		out = append(out, fe)
 	}
 	return out
+}
+
+// isWriteTemp tells the temporary file the guest writes a file's new
+// bytes to, beside it, before renaming it over the file: an upload shows
+// as the file's own creation only, as it does with envd.
+func isWriteTemp(p string) bool {
+	base := path.Base(p)
+	i := strings.LastIndex(base, ".emberbox-")
+	if !strings.HasPrefix(base, ".") || i < 2 {
+		return false
+	}
+	rnd := base[i+len(".emberbox-"):]
+	if len(rnd) != 12 {
+		return false
+	}
+	_, err := hex.DecodeString(rnd)
+	return err == nil
 }
