@@ -25,13 +25,11 @@ type uploaded struct {
 	Path string `json:"path"`
 }
 
-// download answers GET /files?path=: the file's bytes, gzipped if the
-// client accepts it. The guest's file calls act as the sandbox's user,
-// whatever username names.
+// download answers GET /files?path=&username=: the file's bytes, read
+// as username, gzipped if the client accepts it.
 func (s *Server) download(w http.ResponseWriter, r *http.Request) {
-	rt, ok := sandbox.RoutedFrom(r.Context())
+	rt, r, ok := filesTarget(w, r)
 	if !ok {
-		httpError(w, http.StatusInternalServerError, errNotRouted.Error())
 		return
 	}
 	p, err := checkPath(r.URL.Query().Get("path"))
@@ -63,13 +61,28 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// upload answers POST /files: multipart/form-data with one or more "file"
-// parts (each written to path=, or to its file name), or one file's bytes
-// as the body (application/octet-stream, maybe gzipped).
-func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
+// filesTarget returns the routed sandbox and r whose file calls act as
+// username=, or answers the error.
+func filesTarget(w http.ResponseWriter, r *http.Request) (sandbox.Routed, *http.Request, bool) {
 	rt, ok := sandbox.RoutedFrom(r.Context())
 	if !ok {
 		httpError(w, http.StatusInternalServerError, errNotRouted.Error())
+		return rt, r, false
+	}
+	user := r.URL.Query().Get("username")
+	if len(user) > maxUserLen {
+		httpError(w, http.StatusBadRequest, "username is too long")
+		return rt, r, false
+	}
+	return rt, r.WithContext(sandbox.WithFileUser(r.Context(), user)), true
+}
+
+// upload answers POST /files (as username=): multipart/form-data with one or more "file"
+// parts (each written to path=, or to its file name), or one file's bytes
+// as the body (application/octet-stream, maybe gzipped).
+func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
+	rt, r, ok := filesTarget(w, r)
+	if !ok {
 		return
 	}
 	dst := r.URL.Query().Get("path")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/http"
 	"path"
 	"strconv"
 	"strings"
@@ -38,7 +39,7 @@ const (
 type filesystemService struct{ s *Server }
 
 func (f *filesystemService) Stat(ctx context.Context, req *connect.Request[filesystem.StatRequest]) (*connect.Response[filesystem.StatResponse], error) {
-	rt, p, err := pathTarget(ctx, req.Msg.GetPath())
+	ctx, rt, p, err := pathTarget(ctx, req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, err
 	}
@@ -52,7 +53,7 @@ func (f *filesystemService) Stat(ctx context.Context, req *connect.Request[files
 // MakeDir creates a directory and its parents; one that exists is
 // AlreadyExists, as with envd (the SDK's make_dir answers false).
 func (f *filesystemService) MakeDir(ctx context.Context, req *connect.Request[filesystem.MakeDirRequest]) (*connect.Response[filesystem.MakeDirResponse], error) {
-	rt, p, err := pathTarget(ctx, req.Msg.GetPath())
+	ctx, rt, p, err := pathTarget(ctx, req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, err
 	}
@@ -73,7 +74,7 @@ func (f *filesystemService) MakeDir(ctx context.Context, req *connect.Request[fi
 
 // Move renames, replacing a destination file as rename(2) does.
 func (f *filesystemService) Move(ctx context.Context, req *connect.Request[filesystem.MoveRequest]) (*connect.Response[filesystem.MoveResponse], error) {
-	rt, src, err := pathTarget(ctx, req.Msg.GetSource())
+	ctx, rt, src, err := pathTarget(ctx, req.Header(), req.Msg.GetSource())
 	if err != nil {
 		return nil, err
 	}
@@ -89,7 +90,7 @@ func (f *filesystemService) Move(ctx context.Context, req *connect.Request[files
 }
 
 func (f *filesystemService) ListDir(ctx context.Context, req *connect.Request[filesystem.ListDirRequest]) (*connect.Response[filesystem.ListDirResponse], error) {
-	rt, p, err := pathTarget(ctx, req.Msg.GetPath())
+	ctx, rt, p, err := pathTarget(ctx, req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, err
 	}
@@ -107,7 +108,7 @@ func (f *filesystemService) ListDir(ctx context.Context, req *connect.Request[fi
 
 // Remove removes a file or a directory with all it holds.
 func (f *filesystemService) Remove(ctx context.Context, req *connect.Request[filesystem.RemoveRequest]) (*connect.Response[filesystem.RemoveResponse], error) {
-	rt, p, err := pathTarget(ctx, req.Msg.GetPath())
+	ctx, rt, p, err := pathTarget(ctx, req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, err
 	}
@@ -117,14 +118,19 @@ func (f *filesystemService) Remove(ctx context.Context, req *connect.Request[fil
 	return connect.NewResponse(&filesystem.RemoveResponse{}), nil
 }
 
-// pathTarget returns the routed sandbox and a checked path.
-func pathTarget(ctx context.Context, p string) (sandbox.Routed, string, error) {
+// pathTarget returns the routed sandbox, a checked path, and ctx under
+// which the guest's file calls act as the request's user.
+func pathTarget(ctx context.Context, h http.Header, p string) (context.Context, sandbox.Routed, string, error) {
 	rt, err := target(ctx)
 	if err != nil {
-		return rt, "", err
+		return ctx, rt, "", err
+	}
+	user, err := userFrom(h)
+	if err != nil {
+		return ctx, rt, "", err
 	}
 	p, err = checkPath(p)
-	return rt, p, err
+	return sandbox.WithFileUser(ctx, user), rt, p, err
 }
 
 // checkPath refuses what no guest path can be; the guest resolves the

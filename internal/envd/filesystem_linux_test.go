@@ -3,15 +3,19 @@ package envd_test
 import (
 	"bytes"
 	"compress/gzip"
+	"encoding/base64"
 	"encoding/json"
 	"io"
 	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/user"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -78,7 +82,7 @@ func TestFilesUploadDownload(t *testing.T) {
 		w.Write([]byte(f.data))
 	}
 	mw.Close()
-	status, out, raw := postFiles(t, e.url+"/files?username=user", mw.FormDataContentType(), &body, nil)
+	status, out, raw := postFiles(t, e.url+"/files?username=root", mw.FormDataContentType(), &body, nil)
 	if status != 200 || len(out) != 2 || out[0] != (uploadedEntry{"a.txt", "file", a}) || out[1].Path != b {
 		t.Fatalf("multipart upload: %d %s", status, raw)
 	}
@@ -317,5 +321,77 @@ func TestWatchDir(t *testing.T) {
 			_, err = c.GetWatcherEvents(ctx, connect.NewRequest(&filesystem.GetWatcherEventsRequest{WatcherId: id}))
 			wantCode(t, err, connect.CodeNotFound)
 		})
+	}
+}
+
+// File calls act as the user a request names: Basic auth for the RPCs,
+// username= for /files.
+func TestFilesystemUser(t *testing.T) {
+	e := newEnv(t)
+	ctx := testCtx(t)
+	nobody, err := user.Lookup("nobody")
+	if err != nil || os.Geteuid() != 0 {
+		t.Skip("needs root and a nobody account")
+	}
+	private := filepath.Join(e.dir, "private")
+	open := filepath.Join(e.dir, "open")
+	if err := os.Mkdir(private, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(open, 0o777)
+	os.Chmod(e.dir, 0o755)
+	os.Chmod(filepath.Dir(e.dir), 0o755) // t.TempDir makes it 0700
+	if err := os.WriteFile(filepath.Join(private, "f"), []byte("secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	c := e.filesystem(connect.WithProtoJSON())
+	as := func(m any, name string) {
+		type headered interface{ Header() http.Header }
+		m.(headered).Header().Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(name+":")))
+	}
+	req := connect.NewRequest(&filesystem.StatRequest{Path: filepath.Join(private, "f")})
+	as(req, "nobody")
+	_, err = c.Stat(ctx, req)
+	wantCode(t, err, connect.CodePermissionDenied)
+	req = connect.NewRequest(&filesystem.StatRequest{Path: filepath.Join(private, "f")})
+	as(req, "root")
+	if _, err := c.Stat(ctx, req); err != nil {
+		t.Errorf("stat as root: %v", err)
+	}
+	mk := connect.NewRequest(&filesystem.MakeDirRequest{Path: filepath.Join(open, "d")})
+	as(mk, "nobody")
+	res, err := c.MakeDir(ctx, mk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Msg.GetEntry().GetOwner() != "nobody" {
+		t.Errorf("made as nobody, owned by %q", res.Msg.GetEntry().GetOwner())
+	}
+
+	res2, err := http.Get(e.url + "/files?username=nobody&path=" + filepath.Join(private, "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res2.Body.Close()
+	if res2.StatusCode != http.StatusForbidden {
+		t.Errorf("GET as nobody: %d, want 403", res2.StatusCode)
+	}
+	status, out, raw := postFiles(t, e.url+"/files?username=nobody&path="+filepath.Join(open, "n.txt"), "application/octet-stream", strings.NewReader("n"), nil)
+	if status != 200 || len(out) != 1 {
+		t.Fatalf("upload as nobody: %d %s", status, raw)
+	}
+	fi, err := os.Stat(filepath.Join(open, "n.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if uid := fi.Sys().(*syscall.Stat_t).Uid; strconv.Itoa(int(uid)) != nobody.Uid {
+		t.Errorf("uploaded as nobody, owned by uid %d", uid)
+	}
+	if status, _, _ := postFiles(t, e.url+"/files?username=nobody&path="+filepath.Join(private, "x"), "application/octet-stream", strings.NewReader("n"), nil); status != http.StatusForbidden {
+		t.Errorf("upload as nobody into a private directory: %d, want 403", status)
 	}
 }

@@ -19,6 +19,9 @@ import (
 // is the only large one; the SDKs send it in small pieces).
 const maxRPCMessage = 8 << 20
 
+// maxUserLen bounds a user's name (Linux's own bound is 32).
+const maxUserLen = 64
+
 // Server is E2B's envd API for the sandbox each request was routed to.
 type Server struct {
 	log      *slog.Logger
@@ -82,7 +85,7 @@ func userFrom(h http.Header) (string, error) {
 		return "", connect.NewError(connect.CodeInvalidArgument, errBadUser)
 	}
 	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(cred))
-	if err != nil || len(b) > 64 {
+	if err != nil || len(b) > maxUserLen+1 {
 		return "", connect.NewError(connect.CodeInvalidArgument, errBadUser)
 	}
 	name, _, _ := strings.Cut(string(b), ":")

@@ -46,7 +46,7 @@ var eventTypes = map[string]filesystem.EventType{
 // WatchDir streams a directory's changes until the client goes or the
 // request's deadline passes; the guest's watch ends with it.
 func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[filesystem.WatchDirRequest], stream *connect.ServerStream[filesystem.WatchDirResponse]) error {
-	rt, p, err := pathTarget(ctx, req.Msg.GetPath())
+	ctx, rt, p, err := pathTarget(ctx, req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return err
 	}
@@ -112,7 +112,7 @@ func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[f
 
 // CreateWatcher starts a watch read by polling GetWatcherEvents.
 func (f *filesystemService) CreateWatcher(ctx context.Context, req *connect.Request[filesystem.CreateWatcherRequest]) (*connect.Response[filesystem.CreateWatcherResponse], error) {
-	rt, p, err := pathTarget(ctx, req.Msg.GetPath())
+	ctx, rt, p, err := pathTarget(ctx, req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, err
 	}
