@@ -76,15 +76,66 @@ func (p *processService) Start(ctx context.Context, req *connect.Request[process
 	if dl, ok := ctx.Deadline(); ok {
 		er.TimeoutMs = max(1, time.Until(dl).Milliseconds())
 	}
+	send := func(ev *process.ProcessEvent) error { return stream.Send(&process.StartResponse{Event: ev}) }
+	tagged := func(info *sandbox.ProcessInfo) {
+		if req.Msg.Tag != nil {
+			p.s.tags.put(rt.Sandbox.ID, req.Msg.GetTag(), info.ID)
+		}
+	}
+	every := keepAliveEvery(req.Header())
+	if !er.StdinPipe && er.Pty == nil {
+		return startStreamed(ctx, rt.Guest, er, every, tagged, send)
+	}
+	// Input needs a spawned process; its output is followed from the
+	// guest's ring, which keeps the last MiB for a reader that falls behind.
 	info, err := rt.Guest.Spawn(ctx, er)
 	if err != nil {
 		return rpcError(err)
 	}
-	if req.Msg.Tag != nil {
-		p.s.tags.put(rt.Sandbox.ID, req.Msg.GetTag(), info.ID)
+	tagged(info)
+	return follow(ctx, rt.Guest, info, 0, every, send)
+}
+
+// startStreamed runs a process without input as a streamed exec: its
+// output reaches the client with backpressure, none lost however fast it
+// comes, as with envd. A client that goes detaches from it; the process
+// runs on, and is found by pid or tag as any other.
+func startStreamed(ctx context.Context, g sandbox.Guest, er sandbox.ExecRequest, every time.Duration, started func(*sandbox.ProcessInfo), send func(*process.ProcessEvent) error) error {
+	er.Stream = true
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	emit := newEmitter(ctx, cancel, &wg, send)
+	ended := false
+	res, err := g.Exec(ctx, er, func(ev sandbox.Event) error {
+		switch ev.Type {
+		case "start":
+			info, err := g.Process(ctx, ev.ProcessID)
+			if err != nil {
+				return err
+			}
+			started(info)
+			pid, _ := e2bPID(info.PID)
+			if err := emit.start(pid, every); err != nil {
+				return err
+			}
+		case "exit":
+			ended = true
+			return emit.send(endEvent(ev.Exit))
+		default:
+			if d := dataEvent(ev, false); d != nil {
+				return emit.send(d)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return rpcError(err)
 	}
-	send := func(ev *process.ProcessEvent) error { return stream.Send(&process.StartResponse{Event: ev}) }
-	return follow(ctx, rt.Guest, info, 0, keepAliveEvery(req.Header()), send)
+	if !ended {
+		return emit.send(endEvent(res))
+	}
+	return nil
 }
 
 // Connect streams a running process's output from now on, as envd does.
@@ -294,56 +345,25 @@ func (s *Server) lookup(ctx context.Context, rt sandbox.Routed, sel *process.Pro
 // its end, with keep-alive events while it is quiet. A process on a
 // terminal has its output as pty data.
 func follow(ctx context.Context, g sandbox.Guest, info *sandbox.ProcessInfo, cursor int64, every time.Duration, send func(*process.ProcessEvent) error) error {
-	var mu sync.Mutex
-	emit := func(ev *process.ProcessEvent) error {
-		mu.Lock()
-		defer mu.Unlock()
-		return send(ev)
-	}
-	pid, _ := e2bPID(info.PID)
-	start := &process.ProcessEvent{Event: &process.ProcessEvent_Start{Start: &process.ProcessEvent_StartEvent{Pid: pid}}}
-	if err := emit(start); err != nil {
-		return err
-	}
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
-	wg.Go(func() {
-		t := time.NewTicker(every)
-		defer t.Stop()
-		keep := &process.ProcessEvent{Event: &process.ProcessEvent_Keepalive{Keepalive: &process.ProcessEvent_KeepAlive{}}}
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				if emit(keep) != nil {
-					cancel()
-					return
-				}
-			}
-		}
-	})
+	emit := newEmitter(ctx, cancel, &wg, send)
+	pid, _ := e2bPID(info.PID)
+	if err := emit.start(pid, every); err != nil {
+		return err
+	}
 	pty := info.Pty != nil
 	ended := false
 	err := g.ProcessOutput(ctx, sandbox.ProcessRequest{ID: info.ID, Cursor: cursor, Follow: true}, func(ev sandbox.Event) error {
-		var data process.ProcessEvent_DataEvent
-		switch {
-		case ev.Type == "exit":
+		if ev.Type == "exit" {
 			ended = true
-			return emit(endEvent(ev.Exit))
-		case len(ev.Data) == 0:
-			return nil // "truncated": what left the guest's buffer is gone
-		case ev.Type == sandbox.EventStdout && pty:
-			data.Output = &process.ProcessEvent_DataEvent_Pty{Pty: ev.Data}
-		case ev.Type == sandbox.EventStdout:
-			data.Output = &process.ProcessEvent_DataEvent_Stdout{Stdout: ev.Data}
-		case ev.Type == sandbox.EventStderr:
-			data.Output = &process.ProcessEvent_DataEvent_Stderr{Stderr: ev.Data}
-		default:
-			return nil
+			return emit.send(endEvent(ev.Exit))
 		}
-		return emit(&process.ProcessEvent{Event: &process.ProcessEvent_Data{Data: &data}})
+		if d := dataEvent(ev, pty); d != nil {
+			return emit.send(d)
+		}
+		return nil // "truncated": what left the guest's buffer is gone
 	})
 	if err != nil {
 		return rpcError(err)
@@ -352,6 +372,70 @@ func follow(ctx context.Context, g sandbox.Guest, info *sandbox.ProcessInfo, cur
 		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("the output of process %d ended before the process did", pid))
 	}
 	return nil
+}
+
+// emitter sends a stream's events one at a time, keep-alives among them.
+type emitter struct {
+	mu     sync.Mutex
+	out    func(*process.ProcessEvent) error
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     *sync.WaitGroup
+}
+
+// newEmitter returns the emitter of a stream; its start sends the start
+// event, then keep-alives (in a goroutine of wg) until ctx ends. A failed
+// keep-alive cancels ctx.
+func newEmitter(ctx context.Context, cancel context.CancelFunc, wg *sync.WaitGroup, out func(*process.ProcessEvent) error) *emitter {
+	return &emitter{out: out, ctx: ctx, cancel: cancel, wg: wg}
+}
+
+func (e *emitter) send(ev *process.ProcessEvent) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.out(ev)
+}
+
+func (e *emitter) start(pid uint32, every time.Duration) error {
+	if err := e.send(&process.ProcessEvent{Event: &process.ProcessEvent_Start{Start: &process.ProcessEvent_StartEvent{Pid: pid}}}); err != nil {
+		return err
+	}
+	e.wg.Go(func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		keep := &process.ProcessEvent{Event: &process.ProcessEvent_Keepalive{Keepalive: &process.ProcessEvent_KeepAlive{}}}
+		for {
+			select {
+			case <-e.ctx.Done():
+				return
+			case <-t.C:
+				if e.send(keep) != nil {
+					e.cancel()
+					return
+				}
+			}
+		}
+	})
+	return nil
+}
+
+// dataEvent is a guest's output event as envd's, or nil for none.
+func dataEvent(ev sandbox.Event, pty bool) *process.ProcessEvent {
+	if len(ev.Data) == 0 {
+		return nil
+	}
+	var data process.ProcessEvent_DataEvent
+	switch {
+	case ev.Type == sandbox.EventStdout && pty:
+		data.Output = &process.ProcessEvent_DataEvent_Pty{Pty: ev.Data}
+	case ev.Type == sandbox.EventStdout:
+		data.Output = &process.ProcessEvent_DataEvent_Stdout{Stdout: ev.Data}
+	case ev.Type == sandbox.EventStderr:
+		data.Output = &process.ProcessEvent_DataEvent_Stderr{Stderr: ev.Data}
+	default:
+		return nil
+	}
+	return &process.ProcessEvent{Event: &process.ProcessEvent_Data{Data: &data}}
 }
 
 // endEvent is envd's end of a process: Go's ProcessState as it reports

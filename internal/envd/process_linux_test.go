@@ -353,3 +353,23 @@ func TestPty(t *testing.T) {
 		t.Error("a zero pty size was accepted")
 	}
 }
+
+// Output comes whole however fast the process writes it, past the
+// guest's kept MiB, as with envd.
+func TestStartOutputWhole(t *testing.T) {
+	e := newEnv(t)
+	ctx := testCtx(t)
+	c := e.process(connect.WithProtoJSON())
+	tag := "big"
+	s, ev := startStream(t, ctx, c, &process.StartRequest{Process: bash("head -c 5000000 /dev/zero | tr '\\0' a; echo done >&2; sleep 1"), Tag: &tag})
+	if !listed(t, ctx, c, ev.pid) {
+		t.Error("a running streamed process is not listed")
+	}
+	drain(t, s, func() *process.ProcessEvent { return s.Msg().GetEvent() }, ev)
+	if n := ev.stdout.Len(); n != 5000000 || bytes.Count(ev.stdout.Bytes(), []byte("a")) != n {
+		t.Errorf("got %d bytes of 5000000", n)
+	}
+	if ev.stderr.String() != "done\n" || ev.end.GetExitCode() != 0 {
+		t.Errorf("stderr %q, end %v", ev.stderr.String(), ev.end)
+	}
+}
