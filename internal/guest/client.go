@@ -151,6 +151,14 @@ func (c *Client) call(ctx context.Context, req *agentproto.Request) (*agentproto
 	stop := context.AfterFunc(ctx, func() { _ = st.SetDeadline(time.Unix(1, 0)); st.Close() })
 	done := func() { stop(); st.Close() }
 	fc := agentproto.NewConn(st)
+	if u := fileUser(ctx); u != "" {
+		if req.File != nil && req.File.User == "" {
+			req.File.User = u
+		}
+		if req.Watch != nil && req.Watch.User == "" {
+			req.Watch.User = u
+		}
+	}
 	if err := fc.WriteJSON(req); err != nil {
 		done()
 		return nil, nil, transportError(ctx, err)
@@ -189,7 +197,7 @@ func wireError(e *agentproto.Error) error {
 	class := errdefs.ErrInternal
 	code := e.Code
 	switch e.Code {
-	case agentproto.CodeFileNotFound, agentproto.CodeProcessNotFound:
+	case agentproto.CodeFileNotFound, agentproto.CodeProcessNotFound, agentproto.CodeWatchNotFound:
 		class = errdefs.ErrNotFound
 	case agentproto.CodeIsADirectory, agentproto.CodeNotADirectory, agentproto.CodeExists,
 		agentproto.CodeNotEmpty, agentproto.CodeNoSpace, agentproto.CodeCrossDevice,

@@ -133,6 +133,12 @@ type Guest interface {
 
 var _ Guest = (*guest.Client)(nil)
 
+// WithFileUser returns ctx under which a Guest's file and watch calls act
+// as user ("" or "user", or "root"); see guest.WithFileUser.
+func WithFileUser(ctx context.Context, user string) context.Context {
+	return guest.WithFileUser(ctx, user)
+}
+
 // Guest returns a sandbox of owner's together with its guest, or the one
 // refusal (see Refusal) for a sandbox that has no guest to call in its
 // state. A paused sandbox whose autoWake is on is woken first, and one

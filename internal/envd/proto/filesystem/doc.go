@@ -1,0 +1,3 @@
+// Package filesystem is the Go code generated from filesystem.proto, E2B's
+// envd filesystem service (see scripts/protoc.sh).
+package filesystem

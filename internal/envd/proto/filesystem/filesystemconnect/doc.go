@@ -1,0 +1,3 @@
+// Package filesystemconnect is the connect-go code generated from
+// filesystem.proto (see scripts/protoc.sh).
+package filesystemconnect

@@ -1,0 +1,3 @@
+// Package process is the Go code generated from process.proto, E2B's
+// envd process service (see scripts/protoc.sh).
+package process
