@@ -282,7 +282,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 	front := e2b.New(e2b.Config{
 		Manager: mgr, Keys: keyStore{st}, Tokens: tokens, Idempotency: idempotencyStore{st}, Domain: o.e2bDomain,
-		EnvdVersion: envd.Version, Next: root, Logger: log,
+		EnvdVersion: envd.Version, Envd: envd.New(log), Next: root, Logger: log,
 	})
 	// HTTP/2 without TLS (prior knowledge) too, for gRPC and Connect
 	// clients of envd; HTTP/1.1 stays the common case.

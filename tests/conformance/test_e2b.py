@@ -178,11 +178,15 @@ def test_files_write_read_list_rename_remove_watch(box):
     with pytest.raises(e2b.NotFoundException):
         box.files.read(f"{d}/sub/b.txt")
 
-    events = []
-    handle = box.files.watch_dir(d, on_event=events.append)
+    handle = box.files.watch_dir(d, recursive=True)
     try:
-        box.files.write(f"{d}/watched.txt", "x")
-        assert poll(lambda: any(e.name == "watched.txt" for e in events), 30), events
+        box.files.make_dir(f"{d}/w")
+        box.files.write(f"{d}/w/watched.txt", "x")
+        seen: list = []
+        assert poll(lambda: seen.extend(handle.get_new_events()) or any(e.name == "w/watched.txt" for e in seen), 30), seen
+        box.files.remove(f"{d}/w/watched.txt")
+        assert poll(lambda: seen.extend(handle.get_new_events()) or any(
+            e.name == "w/watched.txt" and e.type.name == "REMOVE" for e in seen), 30), seen
     finally:
         handle.stop()
 
