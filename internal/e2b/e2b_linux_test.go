@@ -425,3 +425,38 @@ func FuzzE2BRequest(f *testing.F) {
 		}
 	})
 }
+
+func TestNetworkRulesTranslate(t *testing.T) {
+	f := newFixture(t)
+	st, b, _ := f.do("POST", "/v2/sandboxes", "secret-a", map[string]any{"templateID": "base",
+		"network": map[string]any{"allowOut": []string{"pypi.org", "*.pythonhosted.org"}, "denyOut": []string{"0.0.0.0/0"}}}, nil)
+	if st != 201 {
+		t.Fatalf("create: %d %s", st, b)
+	}
+	var c struct{ SandboxID string }
+	_ = json.Unmarshal(b, &c)
+	ns, err := f.mgr.Network(context.Background(), "key_a", c.SandboxID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := ns.Network.Policy; p.Internet || len(p.Allow) != 2 || len(p.Deny) != 0 {
+		t.Errorf("denyOut 0.0.0.0/0 + allowOut became %+v, want internet off and the two allowed", p)
+	}
+	st, b, _ = f.do("PUT", "/sandboxes/"+c.SandboxID+"/network", "secret-a", map[string]any{"denyOut": []string{"10.1.0.0/16"}}, nil)
+	if st != 204 {
+		t.Fatalf("put network: %d %s", st, b)
+	}
+	ns, _ = f.mgr.Network(context.Background(), "key_a", c.SandboxID)
+	if p := ns.Network.Policy; !p.Internet || len(p.Allow) != 0 || len(p.Deny) != 1 || p.Deny[0] != "10.1.0.0/16" {
+		t.Errorf("after the update: %+v", p)
+	}
+	st, b, _ = f.do("PUT", "/sandboxes/"+c.SandboxID+"/network", "secret-a", map[string]any{"denyOut": []string{"example.com"}}, nil)
+	wantError(t, "a domain in denyOut", st, b, 400)
+	st, b, _ = f.do("PUT", "/sandboxes/"+c.SandboxID+"/network", "secret-b", map[string]any{}, nil)
+	wantError(t, "another key's network", st, b, 404)
+	st, b, _ = f.do("POST", "/v2/sandboxes", "secret-a", map[string]any{"templateID": "base", "allow_internet_access": false}, nil)
+	_ = json.Unmarshal(b, &c)
+	if ns, err := f.mgr.Network(context.Background(), "key_a", c.SandboxID); st != 201 || err != nil || ns.Network.Policy.Internet {
+		t.Errorf("allow_internet_access false: %d %s %+v %v", st, b, ns, err)
+	}
+}
