@@ -24,6 +24,7 @@ import (
 	"github.com/emberbox/emberbox/internal/egress"
 	"github.com/emberbox/emberbox/internal/faultpoint"
 	"github.com/emberbox/emberbox/internal/image"
+	"github.com/emberbox/emberbox/internal/interpreter"
 	"github.com/emberbox/emberbox/internal/links"
 	"github.com/emberbox/emberbox/internal/pricing"
 	"github.com/emberbox/emberbox/internal/sandbox"
@@ -235,12 +236,16 @@ func serve(ctx context.Context, o serveOptions) error {
 		return err
 	}
 
+	// One interpreter service for the Runtime routes and E2B's port 49999
+	// (interp.E2BHandler), so both see the same contexts.
+	interp := interpreter.New(log)
 	handler := api.New(api.Config{
 		Manager: mgr, Keys: keyStore{st}, Idempotency: idempotencyStore{st}, Events: eventStore{st},
 		Logger: log, Version: version, Accel: drv.Accel,
 		Confinement: func() any { return drv.Confinement() },
 		Uploads:     uploads, RateLimits: adm.rates, ObserveRequest: metrics.ObserveRequest,
 		Metrics: metrics.Handler(), PreviewURL: o.previewURL, Links: signer,
+		Interpreter: interp,
 	})
 	if o.metricsListen != "" {
 		mln, err := net.Listen("tcp", o.metricsListen)

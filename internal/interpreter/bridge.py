@@ -1,0 +1,275 @@
+# Emberbox interpreter bridge: runs in the guest as the sandbox user, starts
+# one IPython kernel (jupyter_client + ipykernel) and drives it for the host
+# over one loopback TCP connection of JSON lines. Kept in the server's
+# source and sent with every start, so it always matches the host.
+#
+# Start: stdin carries one line, the token. The bridge listens on
+# 127.0.0.1:<any>, prints {"port": N, "cwd": dir} on stdout, and serves the first
+# connection whose first line is the token; when that connection ends, the
+# kernel is shut down and the bridge exits.
+#
+# Host -> bridge: {"op": "execute", "code", "env"} | {"op": "interrupt"} |
+#   {"op": "restart"} | {"op": "shutdown"}
+# Bridge -> host: {"ev": "ready"} | {"ev": "fatal", "message"} |
+#   {"ev": "stdout"|"stderr", "text"} | {"ev": "count", "n"} |
+#   {"ev": "result", "main", "data"} | {"ev": "error", "name", "value",
+#   "traceback"} | {"ev": "end", "status": "ok"|"error"|"aborted"|"lost"} |
+#   {"ev": "restarted"}
+import json
+import os
+import queue
+import signal
+import site
+import socket
+import sys
+import threading
+import time
+
+MAX_EVENT = 16 << 20  # bytes of one event line
+MAX_OUTPUT = 64 << 20  # bytes sent for one execution
+START_TIMEOUT = 240
+
+out_lock = threading.Lock()
+conn = None
+
+
+def send(obj):
+    line = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "replace") + b"\n"
+    if len(line) > MAX_EVENT:
+        return False
+    with out_lock:
+        conn.sendall(line)
+    return True
+
+
+class Kernel:
+    def __init__(self):
+        from jupyter_client import KernelManager
+
+        self.km = KernelManager(kernel_name="python3")
+        self.kc = None
+        self.pid = None
+
+    def start(self, restart=False):
+        if restart:
+            if self.kc is not None:
+                self.kc.stop_channels()
+            self.km.restart_kernel(now=True)
+        else:
+            self.km.start_kernel(cwd=os.getcwd(), env=dict(os.environ))
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=START_TIMEOUT)
+        try:
+            self.pid = self.km.provisioner.process.pid
+        except Exception:
+            self.pid = None
+        # Plain tracebacks: they go to programs and language models, not
+        # terminals.
+        self.run_silent("get_ipython().run_line_magic('colors', 'nocolor')")
+
+    def interrupt(self):
+        pid = self.pid
+        if pid is None:
+            return
+        try:
+            os.killpg(os.getpgid(pid), signal.SIGINT)
+        except Exception:
+            try:
+                os.kill(pid, signal.SIGINT)
+            except Exception:
+                pass
+
+    def alive(self):
+        try:
+            return self.km.is_alive()
+        except Exception:
+            return False
+
+    def run_silent(self, code):
+        msg_id = self.kc.execute(code, silent=True, store_history=False, allow_stdin=False, stop_on_error=False)
+        self.wait_idle(msg_id, None)
+
+    def wait_idle(self, msg_id, on_msg):
+        """Reads iopub until the request's idle status; False if the kernel died."""
+        while True:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=1)
+            except queue.Empty:
+                if not self.alive():
+                    return False
+                continue
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind = msg.get("msg_type")
+            content = msg.get("content", {})
+            if kind == "status":
+                if content.get("execution_state") == "idle":
+                    return True
+                continue
+            if on_msg is not None:
+                on_msg(kind, content)
+
+    def reply_status(self, msg_id):
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                msg = self.kc.get_shell_msg(timeout=1)
+            except queue.Empty:
+                continue
+            if msg.get("parent_header", {}).get("msg_id") == msg_id:
+                return msg.get("content", {}).get("status", "ok")
+        return "ok"
+
+
+def env_code(env, saving):
+    if saving:
+        return ("import os as __eb_os, json as __eb_json\n"
+                "__eb_env = __eb_json.loads(%r)\n"
+                "__eb_saved = {k: __eb_os.environ.get(k) for k in __eb_env}\n"
+                "__eb_os.environ.update(__eb_env)\n" % json.dumps(env))
+    return ("for __eb_k, __eb_v in __eb_saved.items():\n"
+            "    if __eb_v is None: __eb_os.environ.pop(__eb_k, None)\n"
+            "    else: __eb_os.environ[__eb_k] = __eb_v\n")
+
+
+def execute(kernel, req):
+    env = req.get("env") or {}
+    if env:
+        kernel.run_silent(env_code(env, True))
+    msg_id = kernel.kc.execute(req.get("code", ""), silent=False, store_history=True, allow_stdin=False,
+                               stop_on_error=False)
+    state = {"sent": 0, "dropped": False, "error": False}
+
+    def emit(obj):
+        if state["dropped"]:
+            return
+        size = len(json.dumps(obj))
+        if state["sent"] + size > MAX_OUTPUT:
+            state["dropped"] = True
+            return
+        if send(obj):
+            state["sent"] += size
+        else:
+            send({"ev": "stderr", "text": "[emberbox: an output of %d bytes was left out]\n" % size})
+
+    def on_msg(kind, content):
+        if kind == "stream":
+            name = "stderr" if content.get("name") == "stderr" else "stdout"
+            emit({"ev": name, "text": content.get("text", "")})
+        elif kind == "execute_input":
+            emit({"ev": "count", "n": content.get("execution_count")})
+        elif kind in ("execute_result", "display_data"):
+            emit({"ev": "result", "main": kind == "execute_result", "data": content.get("data", {})})
+        elif kind == "error":
+            state["error"] = True
+            emit({"ev": "error", "name": content.get("ename", ""), "value": content.get("evalue", ""),
+                  "traceback": "\n".join(content.get("traceback", []))})
+
+    if not kernel.wait_idle(msg_id, on_msg):
+        send({"ev": "error", "name": "KernelDied",
+              "value": "The kernel died during the execution; it was started again with empty state.",
+              "traceback": ""})
+        try:
+            kernel.start(restart=True)
+        except Exception as e:  # noqa: BLE001
+            send({"ev": "fatal", "message": "restarting the kernel: %s" % e})
+            raise
+        send({"ev": "end", "status": "lost"})
+        return
+    status = kernel.reply_status(msg_id)
+    if state["dropped"]:
+        send({"ev": "stderr", "text": "[emberbox: output past %d bytes was left out]\n" % MAX_OUTPUT})
+    if env:
+        kernel.run_silent(env_code(env, False))
+    if status == "ok" and state["error"]:
+        status = "error"
+    send({"ev": "end", "status": status})
+
+
+def worker(kernel, jobs):
+    try:
+        kernel.start()
+    except Exception as e:  # noqa: BLE001
+        send({"ev": "fatal", "message": "starting the kernel: %s" % e})
+        return
+    send({"ev": "ready"})
+    while True:
+        req = jobs.get()
+        if req is None:
+            return
+        op = req.get("op")
+        if op == "execute":
+            execute(kernel, req)
+        elif op == "restart":
+            kernel.start(restart=True)
+            send({"ev": "restarted"})
+
+
+def serve(listener, token):
+    global conn
+    while True:
+        c, _ = listener.accept()
+        c.settimeout(10)
+        try:
+            first = c.makefile("rb").readline(256).strip().decode("ascii", "replace")
+        except Exception:
+            first = ""
+        if first != token:
+            c.close()
+            continue
+        c.settimeout(None)
+        conn = c
+        listener.close()
+        return c
+
+
+def main():
+    token = sys.stdin.readline().strip()
+    if not token:
+        sys.exit("no token")
+    os.makedirs(site.getusersitepackages(), exist_ok=True)  # so a later "pip install --user" is importable
+    os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")  # ipykernel's debugger, noisy on stderr
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    print(json.dumps({"port": listener.getsockname()[1], "cwd": os.getcwd()}), flush=True)
+    c = serve(listener, token)
+    kernel = Kernel()
+    jobs = queue.Queue()
+    t = threading.Thread(target=worker, args=(kernel, jobs), daemon=True)
+    t.start()
+    reader = c.makefile("rb")
+    try:
+        while True:
+            line = reader.readline(1 << 24)
+            if not line:
+                break
+            try:
+                req = json.loads(line)
+            except ValueError:
+                continue
+            op = req.get("op")
+            if op == "interrupt":
+                kernel.interrupt()
+            elif op == "shutdown":
+                break
+            elif op in ("execute", "restart"):
+                jobs.put(req)
+    finally:
+        # The kernel leads its own process group (jupyter_client starts it
+        # in a new session): end it and whatever it started.
+        if kernel.pid is not None:
+            try:
+                os.killpg(kernel.pid, signal.SIGKILL)
+            except Exception:
+                pass
+        try:
+            kernel.km.cleanup_resources()
+        except Exception:
+            pass
+        os._exit(0)
+
+
+main()
