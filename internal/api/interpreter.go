@@ -203,7 +203,7 @@ func (s *server) createInterpreterContext(w http.ResponseWriter, r *http.Request
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, toContextJSON(ci))
+	writeJSON(w, http.StatusOK, toContextJSON(ci))
 	return nil
 }
 

@@ -32,6 +32,11 @@ START_TIMEOUT = 240
 out_lock = threading.Lock()
 conn = None
 
+# An interrupt asked for during a cell. A SIGINT that reaches the kernel
+# before the cell runs is lost, so it is sent again each second once the
+# cell has started, until the cell reports an error or ends.
+interrupt_wanted = threading.Event()
+
 
 def send(obj):
     line = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "replace") + b"\n"
@@ -68,7 +73,7 @@ class Kernel:
         # terminals.
         self.run_silent("get_ipython().run_line_magic('colors', 'nocolor')")
 
-    def interrupt(self):
+    def signal_interrupt(self):
         pid = self.pid
         if pid is None:
             return
@@ -90,11 +95,13 @@ class Kernel:
         msg_id = self.kc.execute(code, silent=True, store_history=False, allow_stdin=False, stop_on_error=False)
         self.wait_idle(msg_id, None)
 
-    def wait_idle(self, msg_id, on_msg):
+    def wait_idle(self, msg_id, on_msg, tick=None):
         """Reads iopub until the request's idle status; False if the kernel died."""
         while True:
+            if tick is not None:
+                tick()
             try:
-                msg = self.kc.get_iopub_msg(timeout=1)
+                msg = self.kc.get_iopub_msg(timeout=0.5)
             except queue.Empty:
                 if not self.alive():
                     return False
@@ -139,7 +146,15 @@ def execute(kernel, req):
         kernel.run_silent(env_code(env, True))
     msg_id = kernel.kc.execute(req.get("code", ""), silent=False, store_history=True, allow_stdin=False,
                                stop_on_error=False)
-    state = {"sent": 0, "dropped": False, "error": False}
+    state = {"sent": 0, "dropped": False, "error": False, "started": False, "signalled": 0.0}
+
+    def tick():
+        if not interrupt_wanted.is_set() or not state["started"] or state["error"]:
+            return
+        now = time.monotonic()
+        if now - state["signalled"] >= 1.0:
+            state["signalled"] = now
+            kernel.signal_interrupt()
 
     def emit(obj):
         if state["dropped"]:
@@ -158,6 +173,7 @@ def execute(kernel, req):
             name = "stderr" if content.get("name") == "stderr" else "stdout"
             emit({"ev": name, "text": content.get("text", "")})
         elif kind == "execute_input":
+            state["started"] = True
             emit({"ev": "count", "n": content.get("execution_count")})
         elif kind in ("execute_result", "display_data"):
             emit({"ev": "result", "main": kind == "execute_result", "data": content.get("data", {})})
@@ -166,7 +182,7 @@ def execute(kernel, req):
             emit({"ev": "error", "name": content.get("ename", ""), "value": content.get("evalue", ""),
                   "traceback": "\n".join(content.get("traceback", []))})
 
-    if not kernel.wait_idle(msg_id, on_msg):
+    if not kernel.wait_idle(msg_id, on_msg, tick):
         send({"ev": "error", "name": "KernelDied",
               "value": "The kernel died during the execution; it was started again with empty state.",
               "traceback": ""})
@@ -252,10 +268,12 @@ def main():
                 continue
             op = req.get("op")
             if op == "interrupt":
-                kernel.interrupt()
+                interrupt_wanted.set()
             elif op == "shutdown":
                 break
             elif op in ("execute", "restart"):
+                if op == "execute":
+                    interrupt_wanted.clear()  # one left from the cell before
                 jobs.put(req)
     finally:
         # The kernel leads its own process group (jupyter_client starts it

@@ -23,10 +23,11 @@ const (
 	maxEnv      = 128
 	maxEnvBytes = 64 << 10
 	maxCwd      = 4096
-	// interruptGrace is how long an interrupted cell has to end before
-	// its context is given up (the bridge and kernel killed).
-	interruptGrace = 15 * time.Second
 )
+
+// interruptGrace is how long an interrupted cell has to end before its
+// context is given up (the bridge and kernel killed).
+var interruptGrace = 15 * time.Second
 
 // contextID is what a context may be called: Runtime's result paths
 // allow these names only.
