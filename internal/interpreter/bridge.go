@@ -30,7 +30,7 @@ const (
 	MaxEventLine = 16<<20 + 64<<10
 	// MaxOutput bounds the output one execution keeps (text and results
 	// together); the rest is left out and the execution marked truncated.
-	MaxOutput = 64 << 20
+	MaxOutput = 32 << 20
 	// maxPortLine bounds the bridge's first line on stdout.
 	maxPortLine = 4 << 10
 )
@@ -100,7 +100,7 @@ func startBridge(ctx context.Context, g sandbox.Guest, cwd string, env map[strin
 		_, _ = g.Signal(context.WithoutCancel(ctx), info.ID, "KILL")
 		return nil, "", fmt.Errorf("connecting to the interpreter: %w", err)
 	}
-	b := &bridge{conn: conn, pid: info.ID, events: make(chan wireEvent, 64), done: make(chan struct{}),
+	b := &bridge{conn: conn, pid: info.ID, events: make(chan wireEvent, 2), done: make(chan struct{}),
 		closing: make(chan struct{})}
 	if _, err := conn.Write([]byte(token + "\n")); err != nil {
 		b.close()

@@ -26,7 +26,7 @@ import threading
 import time
 
 MAX_EVENT = 16 << 20  # bytes of one event line
-MAX_OUTPUT = 64 << 20  # bytes sent for one execution
+MAX_OUTPUT = 32 << 20  # bytes sent for one execution
 START_TIMEOUT = 240
 
 out_lock = threading.Lock()
