@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -192,5 +194,82 @@ func TestE2BContexts(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 {
 		t.Errorf("health: %d", resp.StatusCode)
+	}
+}
+
+// parseWithE2B is a Python program that reads /execute bodies (one per
+// line of JSON strings on stdin) with e2b_code_interpreter's own parser
+// and prints what its Execution holds.
+const parseWithE2B = `
+import json, sys
+from e2b_code_interpreter.models import Execution, parse_output
+out = []
+for body in sys.stdin:
+    ex = Execution()
+    for line in json.loads(body).splitlines():
+        parse_output(ex, line)
+    out.append({
+        "stdout": ex.logs.stdout, "stderr": ex.logs.stderr, "count": ex.execution_count, "text": ex.text,
+        "results": [{"formats": sorted(r.formats()), "main": r.is_main_result, "png": r.png, "json": r.json}
+                    for r in ex.results],
+        "error": ex.error and {"name": ex.error.name, "value": ex.error.value, "traceback": ex.error.traceback},
+    })
+print(json.dumps(out))
+`
+
+// TestE2BLinesParseWithTheRealClient feeds the lines to the parser of the
+// installed e2b_code_interpreter package (skipped where it is missing).
+func TestE2BLinesParseWithTheRealClient(t *testing.T) {
+	if err := exec.Command("python3", "-c", "import e2b_code_interpreter").Run(); err != nil {
+		t.Skip("python3 cannot import e2b_code_interpreter")
+	}
+	s, sb, g := newTestService(t)
+	srv := e2bServer(t, s, sb, g)
+	var stdin bytes.Buffer
+	for _, code := range []string{"print hi", "plot", "raise"} {
+		resp, err := http.Post(srv.URL+"/execute", "application/json", strings.NewReader(`{"code":"`+code+`"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		line, _ := json.Marshal(string(body))
+		stdin.Write(append(line, '\n'))
+	}
+	cmd := exec.Command("python3", "-c", parseWithE2B)
+	cmd.Stdin = &stdin
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("e2b_code_interpreter's parser: %v\n%s", err, out)
+	}
+	type parsed struct {
+		Stdout, Stderr []string
+		Count          int
+		Text           *string
+		Results        []struct {
+			Formats []string
+			Main    bool
+			PNG     *string
+			JSON    map[string]any
+		}
+		Error *struct{ Name, Value, Traceback string }
+	}
+	var got []parsed
+	if err := json.Unmarshal(out, &got); err != nil || len(got) != 3 {
+		t.Fatalf("parser output %s: %v", out, err)
+	}
+	if p := got[0]; strings.Join(p.Stdout, "") != "hi\n" || strings.Join(p.Stderr, "") != "warn\n" || p.Count != 1 || p.Error != nil {
+		t.Errorf("print: %+v", p)
+	}
+	p := got[1]
+	if len(p.Results) != 2 || p.Results[0].Main || p.Results[0].PNG == nil || *p.Results[0].PNG != "iVBORw0KGgo=" ||
+		!p.Results[1].Main || p.Results[1].JSON["x"] != 1.0 || p.Text == nil || *p.Text != "df" {
+		t.Errorf("plot: %s", out)
+	}
+	if f := strings.Join(p.Results[0].Formats, ","); f != "application/vnd.custom,png,text" {
+		t.Errorf("figure formats %s", f)
+	}
+	if p := got[2]; p.Error == nil || p.Error.Name != "ValueError" || p.Error.Value != "bad" || p.Count != 3 {
+		t.Errorf("raise: %+v", p)
 	}
 }
