@@ -174,12 +174,12 @@ func (s *server) interpreterRun(w http.ResponseWriter, r *http.Request, c *call)
 }
 
 func (s *server) listInterpreterContexts(w http.ResponseWriter, r *http.Request, c *call) error {
-	sb, _, err := s.interpGuest(r, c)
+	sb, g, err := s.interpGuest(r, c)
 	if err != nil {
 		return err
 	}
 	out := []contextJSON{}
-	for _, ci := range s.interp.List(sb.ID) {
+	for _, ci := range s.interp.List(r.Context(), sb, g) {
 		out = append(out, toContextJSON(ci))
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"data": out})
@@ -234,11 +234,11 @@ func (s *server) interruptInterpreterContext(w http.ResponseWriter, r *http.Requ
 }
 
 func (s *server) deleteInterpreterContext(w http.ResponseWriter, r *http.Request, c *call) error {
-	sb, _, err := s.interpGuest(r, c)
+	sb, g, err := s.interpGuest(r, c)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, map[string]bool{"deleted": s.interp.Delete(sb.ID, r.PathValue("ctx"))})
+	writeJSON(w, http.StatusOK, map[string]bool{"deleted": s.interp.Delete(r.Context(), sb, g, r.PathValue("ctx"))})
 	return nil
 }
 

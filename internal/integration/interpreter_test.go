@@ -274,6 +274,35 @@ func TestInterpreter(t *testing.T) {
 		}
 	})
 
+	t.Run("paused sandbox keeps contexts", func(t *testing.T) {
+		runCode(t, c, sb.ID, map[string]any{"code": "kept = 'across a pause'"})
+		if _, r := call[map[string]any](t, c, "POST", base+"/contexts", map[string]any{"id": "side"}, nil); r.Status != 200 {
+			t.Fatalf("create: %v", r)
+		}
+		runCode(t, c, sb.ID, map[string]any{"code": "side = 3", "context": "side"})
+		r := c.raw(t, "POST", "/v1/sandboxes/"+sb.ID+":pause", map[string]any{}, http.Header{"Prefer": {"wait=120"}}, requestTimeout)
+		if r.Status != http.StatusOK {
+			t.Fatalf("pause: %v", r)
+		}
+		c.waitState(t, sb.ID, "paused")
+		// The run wakes the sandbox (autoWake) and connects to the kernel
+		// that was paused with it.
+		ex := runCode(t, c, sb.ID, map[string]any{"code": "kept"})
+		if ex.Status != "ok" || mimeText(ex.Results[0].Data, "text/plain") != "'across a pause'" {
+			t.Fatalf("after a wake: %+v %+v", ex, ex.Error)
+		}
+		list, _ := call[struct {
+			Data []map[string]any `json:"data"`
+		}](t, c, "GET", base+"/contexts", nil, nil)
+		if len(list.Data) != 2 {
+			t.Errorf("contexts after a wake: %v", list.Data)
+		}
+		ex = runCode(t, c, sb.ID, map[string]any{"code": "side", "context": "side"})
+		if mimeText(ex.Results[0].Data, "text/plain") != "3" {
+			t.Errorf("a created context after a wake: %+v", ex)
+		}
+	})
+
 	t.Run("stopped sandbox forgets contexts", func(t *testing.T) {
 		r := c.raw(t, "POST", "/v1/sandboxes/"+sb.ID+":stop", map[string]any{}, http.Header{"Prefer": {"wait=60"}}, requestTimeout)
 		if r.Status != http.StatusOK {

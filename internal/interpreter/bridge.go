@@ -54,16 +54,17 @@ type wireEvent struct {
 	Traceback string                     `json:"traceback"`
 	Status    string                     `json:"status"`
 	Message   string                     `json:"message"`
+	ID        int64                      `json:"id"` // the request an event answers
 	size      int                        // bytes of the line
 }
 
-// bridge is the host's end of one bridge process in the guest.
+// bridge is the host's end of one connection to a bridge process.
 type bridge struct {
-	conn   net.Conn
-	pid    string         // the guest's process id of the bridge
-	events chan wireEvent // read from the connection, in order
-	done   chan struct{}  // closed when the connection has ended
-	err    error          // why it ended; read after done
+	conn    net.Conn
+	events  chan wireEvent // read from the connection, in order
+	done    chan struct{}  // closed when the connection has ended
+	err     error          // why it ended; read after done
+	endedAt time.Time      // when it ended; read after done
 	// closing is closed by close, so a reader blocked on events stops.
 	closing chan struct{}
 	wmu     sync.Mutex
@@ -72,15 +73,37 @@ type bridge struct {
 
 // errBridgeGone is the error of a request to a bridge whose connection
 // ended.
-var errBridgeGone = errors.New("the interpreter's process has ended")
+var errBridgeGone = errors.New("the interpreter's connection has ended")
 
-// startBridge starts a bridge in g with cwd and env, connects to it and
-// waits until its kernel is ready. It returns the bridge and the kernel's
-// working directory.
-func startBridge(ctx context.Context, g sandbox.Guest, cwd string, env map[string]string) (*bridge, string, error) {
+// errProcessGone: the bridge process is no longer there to connect to
+// (the sandbox stopped or restarted, or it was killed).
+var errProcessGone = errors.New("the interpreter's process has ended")
+
+// proc is a bridge process in the guest: what it takes to connect to it
+// again, and to tell it from another process that got its id after a
+// reboot.
+type proc struct {
+	pid     string
+	started time.Time
+	port    int
+	token   string
+}
+
+// bridgeMarker starts bridge.py: what tells a bridge in a process list.
+const bridgeMarker = "# Emberbox interpreter bridge"
+
+// isBridge reports whether a guest process runs a bridge (of any
+// version of this server).
+func isBridge(p sandbox.ProcessInfo) bool {
+	return len(p.Argv) == 4 && p.Argv[0] == "python3" && p.Argv[2] == "-c" && strings.HasPrefix(p.Argv[3], bridgeMarker)
+}
+
+// spawnBridge starts a bridge in g with cwd and env and reads where it
+// listens. It returns the process and the kernel's working directory.
+func spawnBridge(ctx context.Context, g sandbox.Guest, cwd string, env map[string]string) (proc, string, error) {
 	var raw [16]byte
 	if _, err := rand.Read(raw[:]); err != nil {
-		return nil, "", fmt.Errorf("making a bridge token: %w", err)
+		return proc{}, "", fmt.Errorf("making a bridge token: %w", err)
 	}
 	token := hex.EncodeToString(raw[:])
 	info, err := g.Spawn(ctx, sandbox.ExecRequest{
@@ -88,42 +111,62 @@ func startBridge(ctx context.Context, g sandbox.Guest, cwd string, env map[strin
 		Stdin: []byte(token + "\n"), Detach: true,
 	})
 	if err != nil {
-		return nil, "", fmt.Errorf("starting the interpreter: %w", err)
+		return proc{}, "", fmt.Errorf("starting the interpreter: %w", err)
 	}
+	p := proc{pid: info.ID, started: info.StartedAt, token: token}
 	port, dir, err := readPort(ctx, g, info.ID)
 	if err != nil {
-		_, _ = g.Signal(context.WithoutCancel(ctx), info.ID, "KILL")
-		return nil, "", err
+		p.kill(ctx, g)
+		return proc{}, "", err
 	}
-	conn, err := g.DialPort(ctx, port)
+	p.port = port
+	return p, dir, nil
+}
+
+// alive reports whether p is still running in g, and is the process it
+// was: a reboot starts process ids again.
+func (p proc) alive(ctx context.Context, g sandbox.Guest) bool {
+	info, err := g.Process(ctx, p.pid)
+	return err == nil && info.ExitCode == nil && info.EndedAt == nil && info.StartedAt.Equal(p.started) && isBridge(*info)
+}
+
+// kill ends p (its kernel notices its parent is gone and exits too).
+func (p proc) kill(ctx context.Context, g sandbox.Guest) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	_, _ = g.Signal(ctx, p.pid, "KILL")
+}
+
+// connect opens a connection to p and waits up to wait for its kernel to
+// be ready.
+func (p proc) connect(ctx context.Context, g sandbox.Guest, wait time.Duration) (*bridge, error) {
+	conn, err := g.DialPort(ctx, p.port)
 	if err != nil {
-		_, _ = g.Signal(context.WithoutCancel(ctx), info.ID, "KILL")
-		return nil, "", fmt.Errorf("connecting to the interpreter: %w", err)
+		return nil, fmt.Errorf("connecting to the interpreter: %w", err)
 	}
-	b := &bridge{conn: conn, pid: info.ID, events: make(chan wireEvent, 2), done: make(chan struct{}),
-		closing: make(chan struct{})}
-	if _, err := conn.Write([]byte(token + "\n")); err != nil {
+	b := &bridge{conn: conn, events: make(chan wireEvent, 2), done: make(chan struct{}), closing: make(chan struct{})}
+	if _, err := conn.Write([]byte(p.token + "\n")); err != nil {
 		b.close()
-		return nil, "", fmt.Errorf("connecting to the interpreter: %w", err)
+		return nil, fmt.Errorf("connecting to the interpreter: %w", err)
 	}
 	go b.read()
-	ready, cancel := context.WithTimeout(ctx, readyWait)
+	ready, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	for {
 		ev, err := b.next(ready)
 		if err != nil {
 			b.close()
 			if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-				return nil, "", failed("the interpreter's kernel did not start within %s", readyWait)
+				return nil, failed("the interpreter's kernel was not ready within %s", wait)
 			}
-			return nil, "", err
+			return nil, err
 		}
 		switch ev.Ev {
 		case "ready":
-			return b, dir, nil
+			return b, nil
 		case "fatal":
 			b.close()
-			return nil, "", failed("%s", clip(ev.Message, 2048))
+			return nil, failed("%s", clip(ev.Message, 2048))
 		}
 	}
 }
@@ -185,6 +228,7 @@ func readPort(ctx context.Context, g sandbox.Guest, pid string) (int, string, er
 func (b *bridge) read() {
 	defer close(b.done)
 	defer close(b.events)
+	defer func() { b.endedAt = time.Now() }()
 	r := bufio.NewReaderSize(b.conn, 64<<10)
 	for {
 		line, err := readLine(r, MaxEventLine)

@@ -1,20 +1,23 @@
 # Emberbox interpreter bridge: runs in the guest as the sandbox user, starts
 # one IPython kernel (jupyter_client + ipykernel) and drives it for the host
-# over one loopback TCP connection of JSON lines. Kept in the server's
-# source and sent with every start, so it always matches the host.
+# over a loopback TCP connection of JSON lines. Kept in the server's source
+# and sent with every start, so it always matches the host.
 #
 # Start: stdin carries one line, the token. The bridge listens on
-# 127.0.0.1:<any>, prints {"port": N, "cwd": dir} on stdout, and serves the first
-# connection whose first line is the token; when that connection ends, the
-# kernel is shut down and the bridge exits.
+# 127.0.0.1:<any> and prints {"port": N, "cwd": dir} on stdout. A
+# connection whose first line is the token becomes the host's (replacing
+# the one before: after a pause and wake the host connects again); the
+# bridge and its kernel live until "shutdown", or until the host kills it.
 #
-# Host -> bridge: {"op": "execute", "code", "env"} | {"op": "interrupt"} |
-#   {"op": "restart"} | {"op": "shutdown"}
-# Bridge -> host: {"ev": "ready"} | {"ev": "fatal", "message"} |
+# Host -> bridge: {"op": "execute", "id", "code", "env"} |
+#   {"op": "interrupt"} | {"op": "restart", "id"} | {"op": "shutdown"}
+# Bridge -> host: {"ev": "ready"} (on each connection, once the kernel is
+#   up) | {"ev": "fatal", "message"} | and with the request's id:
 #   {"ev": "stdout"|"stderr", "text"} | {"ev": "count", "n"} |
 #   {"ev": "result", "main", "data"} | {"ev": "error", "name", "value",
 #   "traceback"} | {"ev": "end", "status": "ok"|"error"|"aborted"|"lost"} |
 #   {"ev": "restarted"}
+# Events are dropped while no host is connected.
 import json
 import os
 import queue
@@ -38,12 +41,20 @@ conn = None
 interrupt_wanted = threading.Event()
 
 
+kernel_ready = threading.Event()
+
+
 def send(obj):
     line = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "replace") + b"\n"
     if len(line) > MAX_EVENT:
         return False
     with out_lock:
-        conn.sendall(line)
+        if conn is None:
+            return True  # nobody to tell: dropped, as the host expects
+        try:
+            conn.sendall(line)
+        except OSError:
+            pass
     return True
 
 
@@ -141,6 +152,7 @@ def env_code(env, saving):
 
 
 def execute(kernel, req):
+    rid = req.get("id")
     env = req.get("env") or {}
     if env:
         kernel.run_silent(env_code(env, True))
@@ -157,6 +169,7 @@ def execute(kernel, req):
             kernel.signal_interrupt()
 
     def emit(obj):
+        obj["id"] = rid
         if state["dropped"]:
             return
         size = len(json.dumps(obj))
@@ -166,7 +179,7 @@ def execute(kernel, req):
         if send(obj):
             state["sent"] += size
         else:
-            send({"ev": "stderr", "text": "[emberbox: an output of %d bytes was left out]\n" % size})
+            send({"ev": "stderr", "id": rid, "text": "[emberbox: an output of %d bytes was left out]\n" % size})
 
     def on_msg(kind, content):
         if kind == "stream":
@@ -183,7 +196,7 @@ def execute(kernel, req):
                   "traceback": "\n".join(content.get("traceback", []))})
 
     if not kernel.wait_idle(msg_id, on_msg, tick):
-        send({"ev": "error", "name": "KernelDied",
+        send({"ev": "error", "id": rid, "name": "KernelDied",
               "value": "The kernel died during the execution; it was started again with empty state.",
               "traceback": ""})
         try:
@@ -191,16 +204,16 @@ def execute(kernel, req):
         except Exception as e:  # noqa: BLE001
             send({"ev": "fatal", "message": "restarting the kernel: %s" % e})
             raise
-        send({"ev": "end", "status": "lost"})
+        send({"ev": "end", "id": rid, "status": "lost"})
         return
     status = kernel.reply_status(msg_id)
     if state["dropped"]:
-        send({"ev": "stderr", "text": "[emberbox: output past %d bytes was left out]\n" % MAX_OUTPUT})
+        send({"ev": "stderr", "id": rid, "text": "[emberbox: output past %d bytes was left out]\n" % MAX_OUTPUT})
     if env:
         kernel.run_silent(env_code(env, False))
     if status == "ok" and state["error"]:
         status = "error"
-    send({"ev": "end", "status": status})
+    send({"ev": "end", "id": rid, "status": status})
 
 
 def worker(kernel, jobs):
@@ -209,21 +222,69 @@ def worker(kernel, jobs):
     except Exception as e:  # noqa: BLE001
         send({"ev": "fatal", "message": "starting the kernel: %s" % e})
         return
+    kernel_ready.set()
     send({"ev": "ready"})
     while True:
         req = jobs.get()
-        if req is None:
-            return
         op = req.get("op")
         if op == "execute":
             execute(kernel, req)
         elif op == "restart":
             kernel.start(restart=True)
-            send({"ev": "restarted"})
+            send({"ev": "restarted", "id": req.get("id")})
 
 
-def serve(listener, token):
+def shutdown(kernel):
+    # The kernel leads its own process group (jupyter_client starts it in
+    # a new session): end it and whatever it started.
+    if kernel.pid is not None:
+        try:
+            os.killpg(kernel.pid, signal.SIGKILL)
+        except Exception:
+            pass
+    try:
+        kernel.km.cleanup_resources()
+    except Exception:
+        pass
+    os._exit(0)
+
+
+def read(c, kernel, jobs):
+    """Serves one host connection until it ends."""
     global conn
+    reader = c.makefile("rb")
+    try:
+        while True:
+            line = reader.readline(1 << 24)
+            if not line:
+                return
+            try:
+                req = json.loads(line)
+            except ValueError:
+                continue
+            op = req.get("op")
+            if op == "interrupt":
+                interrupt_wanted.set()
+            elif op == "shutdown":
+                shutdown(kernel)
+            elif op in ("execute", "restart"):
+                if op == "execute":
+                    interrupt_wanted.clear()  # one left from the cell before
+                jobs.put(req)
+    except OSError:
+        return
+    finally:
+        with out_lock:
+            if conn is c:
+                conn = None
+        try:
+            c.close()
+        except OSError:
+            pass
+
+
+def accept(listener, token):
+    """Returns the next connection that gives the token."""
     while True:
         c, _ = listener.accept()
         c.settimeout(10)
@@ -231,16 +292,14 @@ def serve(listener, token):
             first = c.makefile("rb").readline(256).strip().decode("ascii", "replace")
         except Exception:
             first = ""
-        if first != token:
-            c.close()
-            continue
-        c.settimeout(None)
-        conn = c
-        listener.close()
-        return c
+        if first == token:
+            c.settimeout(None)
+            return c
+        c.close()
 
 
 def main():
+    global conn
     token = sys.stdin.readline().strip()
     if not token:
         sys.exit("no token")
@@ -251,43 +310,24 @@ def main():
     listener.bind(("127.0.0.1", 0))
     listener.listen(4)
     print(json.dumps({"port": listener.getsockname()[1], "cwd": os.getcwd()}), flush=True)
-    c = serve(listener, token)
     kernel = Kernel()
     jobs = queue.Queue()
-    t = threading.Thread(target=worker, args=(kernel, jobs), daemon=True)
-    t.start()
-    reader = c.makefile("rb")
-    try:
-        while True:
-            line = reader.readline(1 << 24)
-            if not line:
-                break
+    started = False
+    while True:
+        c = accept(listener, token)
+        with out_lock:
+            old, conn = conn, c
+        if old is not None:
             try:
-                req = json.loads(line)
-            except ValueError:
-                continue
-            op = req.get("op")
-            if op == "interrupt":
-                interrupt_wanted.set()
-            elif op == "shutdown":
-                break
-            elif op in ("execute", "restart"):
-                if op == "execute":
-                    interrupt_wanted.clear()  # one left from the cell before
-                jobs.put(req)
-    finally:
-        # The kernel leads its own process group (jupyter_client starts it
-        # in a new session): end it and whatever it started.
-        if kernel.pid is not None:
-            try:
-                os.killpg(kernel.pid, signal.SIGKILL)
-            except Exception:
+                old.shutdown(socket.SHUT_RDWR)
+            except OSError:
                 pass
-        try:
-            kernel.km.cleanup_resources()
-        except Exception:
-            pass
-        os._exit(0)
+        threading.Thread(target=read, args=(c, kernel, jobs), daemon=True).start()
+        if not started:
+            started = True
+            threading.Thread(target=worker, args=(kernel, jobs), daemon=True).start()
+        elif kernel_ready.is_set():
+            send({"ev": "ready"})
 
 
 main()

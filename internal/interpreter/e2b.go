@@ -132,7 +132,7 @@ func (s *Service) e2bCreate(w http.ResponseWriter, r *http.Request, rt sandbox.R
 
 func (s *Service) e2bList(w http.ResponseWriter, r *http.Request, rt sandbox.Routed) {
 	out := []e2bContext{}
-	for _, c := range s.List(rt.Sandbox.ID) {
+	for _, c := range s.List(r.Context(), rt.Sandbox, rt.Guest) {
 		out = append(out, toE2BContext(c))
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -140,7 +140,7 @@ func (s *Service) e2bList(w http.ResponseWriter, r *http.Request, rt sandbox.Rou
 
 func (s *Service) e2bDelete(w http.ResponseWriter, r *http.Request, rt sandbox.Routed) {
 	id := r.PathValue("id")
-	if !s.Delete(rt.Sandbox.ID, id) {
+	if !s.Delete(r.Context(), rt.Sandbox, rt.Guest, id) {
 		e2bError(w, notFound(id))
 		return
 	}

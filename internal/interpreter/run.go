@@ -38,41 +38,71 @@ func (s *Service) Run(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Guest,
 	if id == "" {
 		id = DefaultContext
 	}
-	k, err := s.open(ctx, sb, g, id, nil)
-	if err != nil {
-		return nil, err
+	for attempt := 0; ; attempt++ {
+		k, err := s.open(ctx, sb, g, id, nil)
+		if err != nil {
+			return nil, err
+		}
+		ex, err := s.runIn(ctx, sb, g, k, req, emit)
+		if errors.Is(err, errProcessGone) {
+			// The sandbox restarted, or the bridge was killed: the
+			// context is gone. The default one starts again.
+			s.forget(sb.ID, k)
+			if id == DefaultContext && attempt == 0 {
+				continue
+			}
+			return nil, notFound(id)
+		}
+		return ex, err
 	}
+}
+
+// runIn runs req in k once it has k's slot and a connection to its bridge.
+func (s *Service) runIn(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Guest, k *kctx, req RunRequest, emit func(Event) error) (*Execution, error) {
 	select {
 	case k.slot <- struct{}{}:
 	case <-ctx.Done():
 		return nil, errdefs.New(errdefs.ErrConflict, "context_busy",
-			"interpreter context %q was running another cell until this request ended", id)
+			"interpreter context %q was running another cell until this request ended", k.id)
 	}
 	defer func() { <-k.slot }()
 	k.interrupted.Store(false)
 	k.running.Store(true)
 	defer k.running.Store(false)
-
 	start := time.Now()
-	ex, err := s.drive(ctx, k, req, emit)
-	if err != nil {
-		return nil, err
+	// A connection found cut at the first write (the sandbox was paused
+	// and woken since) is replaced once.
+	for attempt := 0; ; attempt++ {
+		b, err := k.bridge(ctx, g)
+		if err != nil {
+			return nil, err
+		}
+		ex := s.drive(ctx, g, k, b, req, emit)
+		if ex == nil && attempt == 0 {
+			b.close()
+			<-b.done
+			continue
+		}
+		if ex == nil {
+			ex = &Execution{Status: StatusLost}
+		}
+		ex.Context, ex.Duration = k.id, time.Since(start)
+		return ex, nil
 	}
-	ex.Context, ex.Duration = id, time.Since(start)
-	if ex.Status == StatusLost && !k.b.alive() {
-		s.forget(sb.ID, k)
-	}
-	return ex, nil
 }
 
 // drive sends one execution to k's bridge and collects its events.
-func (s *Service) drive(ctx context.Context, k *kctx, req RunRequest, emit func(Event) error) (*Execution, error) {
+// A connection that ends during the cell ends the run as lost; the
+// context stays (its kernel may well go on: a paused sandbox). It returns
+// nil if the cell could not be sent.
+func (s *Service) drive(ctx context.Context, g sandbox.Guest, k *kctx, b *bridge, req RunRequest, emit func(Event) error) *Execution {
 	env := req.Env
 	if env == nil {
 		env = map[string]string{}
 	}
-	if err := k.b.send(map[string]any{"op": "execute", "code": req.Code, "env": env}); err != nil {
-		return &Execution{Status: StatusLost}, nil
+	rid := nextID()
+	if err := b.send(map[string]any{"op": "execute", "id": rid, "code": req.Code, "env": env}); err != nil {
+		return nil
 	}
 	ex := &Execution{}
 	var stdout, stderr strings.Builder
@@ -91,7 +121,7 @@ func (s *Service) drive(ctx context.Context, k *kctx, req RunRequest, emit func(
 	interrupt := func() {
 		if !interrupted {
 			interrupted = true
-			_ = k.b.send(map[string]string{"op": "interrupt"})
+			_ = b.send(map[string]string{"op": "interrupt"})
 			grace = time.After(interruptGrace)
 		}
 	}
@@ -109,18 +139,21 @@ func (s *Service) drive(ctx context.Context, k *kctx, req RunRequest, emit func(
 	status := ""
 	for status == "" {
 		select {
-		case w, ok := <-k.b.events:
+		case w, ok := <-b.events:
 			if !ok {
 				status = StatusLost
-				break
-			}
-			if w.Ev == "end" {
-				status = w.Status
 				break
 			}
 			if w.Ev == "fatal" {
 				s.log.Warn("interpreter bridge failed", "context", k.id, "message", clip(w.Message, 512))
 				continue
+			}
+			if w.ID != rid {
+				continue // left from a request before
+			}
+			if w.Ev == "end" {
+				status = w.Status
+				break
 			}
 			kept += w.size
 			if kept > MaxOutput && w.Ev != "error" && w.Ev != "count" {
@@ -157,7 +190,8 @@ func (s *Service) drive(ctx context.Context, k *kctx, req RunRequest, emit func(
 		case <-grace:
 			// The cell would not stop: give up the context, kernel and all.
 			s.log.Warn("interpreter cell ignored its interrupt; ending the context", "context", k.id)
-			k.b.close()
+			b.close()
+			k.p.kill(context.WithoutCancel(ctx), g)
 			status = StatusLost
 		}
 	}
@@ -174,7 +208,7 @@ func (s *Service) drive(ctx context.Context, k *kctx, req RunRequest, emit func(
 	default:
 		ex.Status = StatusOK
 	}
-	return ex, nil
+	return ex
 }
 
 // toEvent checks a bridge event and turns it into an Event.

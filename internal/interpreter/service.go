@@ -23,11 +23,21 @@ const (
 	maxEnv      = 128
 	maxEnvBytes = 64 << 10
 	maxCwd      = 4096
+	// maxDetached is how long a context whose connection ended (a paused
+	// sandbox, or a stopped one nobody asked about since) is remembered.
+	maxDetached = 7 * 24 * time.Hour
+	// sweepEvery spaces the sweeps of contexts detached too long.
+	sweepEvery = time.Minute
 )
 
-// interruptGrace is how long an interrupted cell has to end before its
-// context is given up (the bridge and kernel killed).
-var interruptGrace = 15 * time.Second
+var (
+	// interruptGrace is how long an interrupted cell has to end before
+	// its context is given up (the bridge and kernel killed).
+	interruptGrace = 15 * time.Second
+	// reconnectWait bounds waiting for "ready" on a new connection to a
+	// running bridge (its kernel is up unless it is restarting).
+	reconnectWait = 60 * time.Second
+)
 
 // contextID is what a context may be called: Runtime's result paths
 // allow these names only.
@@ -36,12 +46,22 @@ var contextID = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
 // envName is a portable environment variable name.
 var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
-// Service keeps the interpreter contexts of every sandbox. It holds no
-// state that outlives the bridges' connections.
+// Service keeps the interpreter contexts of every sandbox, in memory: a
+// context is a bridge process in its guest that the Service started.
 type Service struct {
-	log   *slog.Logger
-	mu    sync.Mutex
-	boxes map[string]map[string]*kctx // sandbox id → context id → context
+	log       *slog.Logger
+	mu        sync.Mutex
+	boxes     map[string]*box // by sandbox id
+	lastSweep time.Time
+}
+
+// box holds one sandbox's contexts.
+type box struct {
+	contexts map[string]*kctx
+	// strays runs once, before the first bridge the Service starts in
+	// the sandbox: bridges running there are left from an earlier server
+	// process, which nobody will use again.
+	strays sync.Once
 }
 
 // New returns an empty Service.
@@ -49,19 +69,24 @@ func New(log *slog.Logger) *Service {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Service{log: log, boxes: map[string]map[string]*kctx{}}
+	return &Service{log: log, boxes: map[string]*box{}}
 }
 
-// kctx is one context: its kernel's bridge and the run in progress.
+// kctx is one context: its bridge process, the connection to it, and the
+// run in progress.
 type kctx struct {
 	id, cwd  string
 	envNames []string
 	created  time.Time
 	ready    chan struct{} // closed once the start ended
 	startErr error         // read after ready
-	b        *bridge       // set before ready closes, if the start worked
-	slot     chan struct{} // holds a token while a run or restart is under way
-	running  atomic.Bool
+	p        proc          // set before ready closes, if the start worked
+
+	cmu sync.Mutex // guards b; held while connecting
+	b   *bridge    // the last connection, which may have ended
+
+	slot    chan struct{} // holds a token while a run or restart is under way
+	running atomic.Bool
 	// interrupted is set by Interrupt during a run.
 	interrupted atomic.Bool
 }
@@ -71,14 +96,63 @@ func (k *kctx) info() ContextInfo {
 		Running: k.running.Load()}
 }
 
-// started reports whether k's start ended, and if so whether it is alive.
-func (k *kctx) state() (started, alive bool) {
+// failedStart reports whether k's start ended and failed.
+func (k *kctx) failedStart() bool {
 	select {
 	case <-k.ready:
-		return true, k.startErr == nil && k.b.alive()
+		return k.startErr != nil
 	default:
-		return false, false
+		return false
 	}
+}
+
+// current returns k's live connection, or nil.
+func (k *kctx) current() *bridge {
+	k.cmu.Lock()
+	defer k.cmu.Unlock()
+	if k.b != nil && k.b.alive() {
+		return k.b
+	}
+	return nil
+}
+
+// detachedSince returns when k's connection ended, or zero if it is
+// connected (or starting).
+func (k *kctx) detachedSince() time.Time {
+	k.cmu.Lock()
+	defer k.cmu.Unlock()
+	if k.b == nil || k.b.alive() {
+		return time.Time{}
+	}
+	return k.b.endedAt
+}
+
+// bridge returns k's connection, connecting again to its process if the
+// last one ended (a sandbox paused and woken keeps its processes, not its
+// connections); errProcessGone if the process is not there any more.
+func (k *kctx) bridge(ctx context.Context, g sandbox.Guest) (*bridge, error) {
+	k.cmu.Lock()
+	defer k.cmu.Unlock()
+	if k.b != nil && k.b.alive() {
+		return k.b, nil
+	}
+	if !k.p.alive(ctx, g) {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, errProcessGone
+	}
+	b, err := k.p.connect(ctx, g, reconnectWait)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		// A bridge that runs but does not answer cannot be used.
+		k.p.kill(ctx, g)
+		return nil, errProcessGone
+	}
+	k.b = b
+	return b, nil
 }
 
 // notFound is the error of an unknown context.
@@ -87,15 +161,16 @@ func notFound(id string) error {
 		WithHint("list them with GET …/interpreter/contexts; contexts end when the sandbox stops")
 }
 
-// lookup returns a live or starting context, forgetting a dead one.
+// lookup returns a context that started or is starting.
 func (s *Service) lookup(sandboxID, id string) *kctx {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	k := s.boxes[sandboxID][id]
-	if k == nil {
+	bx := s.boxes[sandboxID]
+	if bx == nil {
 		return nil
 	}
-	if started, alive := k.state(); started && !alive {
+	k := bx.contexts[id]
+	if k != nil && k.failedStart() {
 		s.forgetLocked(sandboxID, k)
 		return nil
 	}
@@ -110,26 +185,77 @@ func (s *Service) forget(sandboxID string, k *kctx) {
 }
 
 func (s *Service) forgetLocked(sandboxID string, k *kctx) {
-	box := s.boxes[sandboxID]
-	if box[k.id] == k {
-		delete(box, k.id)
+	if bx := s.boxes[sandboxID]; bx != nil && bx.contexts[k.id] == k {
+		delete(bx.contexts, k.id)
 	}
-	if len(box) == 0 {
-		delete(s.boxes, sandboxID)
+}
+
+// sweepLocked forgets contexts detached for longer than maxDetached and
+// boxes left empty, at most once per sweepEvery: a sandbox deleted while
+// no one used its contexts would otherwise be remembered forever.
+func (s *Service) sweepLocked(now time.Time) {
+	if now.Sub(s.lastSweep) < sweepEvery {
+		return
+	}
+	s.lastSweep = now
+	for id, bx := range s.boxes {
+		for cid, k := range bx.contexts {
+			if since := k.detachedSince(); !since.IsZero() && now.Sub(since) > maxDetached {
+				delete(bx.contexts, cid)
+			}
+		}
+		if len(bx.contexts) == 0 {
+			delete(s.boxes, id)
+		}
+	}
+}
+
+// boxFor returns sb's box once its strays are gone, with s.mu held.
+func (s *Service) boxFor(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Guest) *box {
+	for {
+		s.mu.Lock()
+		s.sweepLocked(time.Now())
+		bx := s.boxes[sb.ID]
+		if bx == nil {
+			bx = &box{contexts: map[string]*kctx{}}
+			s.boxes[sb.ID] = bx
+		}
+		s.mu.Unlock()
+		bx.strays.Do(func() { s.killStrays(ctx, sb, g) })
+		s.mu.Lock()
+		if s.boxes[sb.ID] == bx {
+			return bx
+		}
+		s.mu.Unlock() // swept meanwhile: take the new one
+	}
+}
+
+// killStrays ends the bridges running in sb that this Service did not
+// start; it runs before this Service starts any there.
+func (s *Service) killStrays(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Guest) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	procs, err := g.Processes(ctx)
+	if err != nil {
+		s.log.Warn("listing the sandbox's processes for old interpreters", "sandbox", sb.ID, "err", err)
+		return
+	}
+	for _, p := range procs {
+		if p.EndedAt == nil && isBridge(p) {
+			s.log.Info("ending an interpreter left by an earlier server", "sandbox", sb.ID, "process", p.ID)
+			_, _ = g.Signal(ctx, p.ID, "KILL")
+		}
 	}
 }
 
 // open returns the context id of sb, starting it if it is the default
 // one (or spec is given, to create it); it waits for a start under way.
 func (s *Service) open(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Guest, id string, spec *CreateRequest) (*kctx, error) {
-	s.mu.Lock()
-	box := s.boxes[sb.ID]
-	k := box[id]
-	if k != nil {
-		if started, alive := k.state(); started && !alive {
-			s.forgetLocked(sb.ID, k)
-			box, k = s.boxes[sb.ID], nil
-		}
+	bx := s.boxFor(ctx, sb, g) // s.mu held
+	k := bx.contexts[id]
+	if k != nil && k.failedStart() {
+		s.forgetLocked(sb.ID, k)
+		k = nil
 	}
 	if k != nil && spec != nil {
 		s.mu.Unlock()
@@ -141,7 +267,7 @@ func (s *Service) open(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Guest
 			s.mu.Unlock()
 			return nil, notFound(id)
 		}
-		if len(box) >= MaxContexts {
+		if len(bx.contexts) >= MaxContexts {
 			s.mu.Unlock()
 			return nil, errdefs.New(errdefs.ErrConflict, "too_many_contexts",
 				"the sandbox has %d interpreter contexts, the most it may have", MaxContexts).
@@ -155,30 +281,20 @@ func (s *Service) open(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Guest
 			k.envNames = append(k.envNames, name)
 		}
 		sort.Strings(k.envNames)
-		if box == nil {
-			box = map[string]*kctx{}
-			s.boxes[sb.ID] = box
-		}
-		box[id] = k
+		bx.contexts[id] = k
 		starter = true
 	}
 	s.mu.Unlock()
 	if starter {
 		// Waiters share this start, so one caller's cancel must not end it.
-		b, cwd, err := startBridge(context.WithoutCancel(ctx), g, spec.Cwd, spec.Env)
-		if err != nil {
+		if err := s.start(context.WithoutCancel(ctx), g, k, spec); err != nil {
 			k.startErr = err
 			s.forget(sb.ID, k)
 			close(k.ready)
 			s.log.Warn("interpreter context did not start", "sandbox", sb.ID, "context", id, "err", err)
 			return nil, err
 		}
-		k.b, k.cwd = b, cwd
 		close(k.ready)
-		go func() {
-			<-b.done
-			s.forget(sb.ID, k)
-		}()
 		s.log.Info("interpreter context started", "sandbox", sb.ID, "context", id)
 		return k, nil
 	}
@@ -191,6 +307,21 @@ func (s *Service) open(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Guest
 		return nil, k.startErr
 	}
 	return k, nil
+}
+
+// start starts k's bridge and connects to it.
+func (s *Service) start(ctx context.Context, g sandbox.Guest, k *kctx, spec *CreateRequest) error {
+	p, cwd, err := spawnBridge(ctx, g, spec.Cwd, spec.Env)
+	if err != nil {
+		return err
+	}
+	b, err := p.connect(ctx, g, readyWait)
+	if err != nil {
+		p.kill(ctx, g)
+		return err
+	}
+	k.p, k.cwd, k.b = p, cwd, b
+	return nil
 }
 
 // Create starts a new context in sb.
@@ -219,17 +350,30 @@ func (s *Service) Create(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Gue
 	return k.info(), nil
 }
 
-// List returns sb's contexts, oldest first.
-func (s *Service) List(sandboxID string) []ContextInfo {
+// List returns sb's contexts, oldest first. A context whose connection
+// ended is connected again first, and forgotten if its process is gone.
+func (s *Service) List(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Guest) []ContextInfo {
 	s.mu.Lock()
-	var out []ContextInfo
-	for _, k := range s.boxes[sandboxID] {
-		if started, alive := k.state(); started && !alive {
+	var ks []*kctx
+	if bx := s.boxes[sb.ID]; bx != nil {
+		for _, k := range bx.contexts {
+			ks = append(ks, k)
+		}
+	}
+	s.mu.Unlock()
+	out := []ContextInfo{}
+	for _, k := range ks {
+		if k.failedStart() {
 			continue
+		}
+		if !k.detachedSince().IsZero() && !k.running.Load() {
+			if _, err := k.bridge(ctx, g); errors.Is(err, errProcessGone) {
+				s.forget(sb.ID, k)
+				continue
+			}
 		}
 		out = append(out, k.info())
 	}
-	s.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool {
 		if !out[i].Created.Equal(out[j].Created) {
 			return out[i].Created.Before(out[j].Created)
@@ -258,11 +402,12 @@ func (s *Service) Interrupt(sandboxID, id string) (bool, error) {
 		}
 		return false, notFound(id)
 	}
-	if !k.running.Load() {
+	b := k.current()
+	if !k.running.Load() || b == nil {
 		return false, nil
 	}
 	k.interrupted.Store(true)
-	if err := k.b.send(map[string]string{"op": "interrupt"}); err != nil {
+	if err := b.send(map[string]string{"op": "interrupt"}); err != nil {
 		return false, nil
 	}
 	return true, nil
@@ -290,9 +435,9 @@ func (s *Service) Restart(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Gu
 	if k.startErr != nil {
 		return ContextInfo{}, k.startErr
 	}
-	if k.running.Load() {
+	if b := k.current(); b != nil && k.running.Load() {
 		k.interrupted.Store(true)
-		_ = k.b.send(map[string]string{"op": "interrupt"})
+		_ = b.send(map[string]string{"op": "interrupt"})
 	}
 	select {
 	case k.slot <- struct{}{}:
@@ -300,29 +445,39 @@ func (s *Service) Restart(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Gu
 		return ContextInfo{}, ctx.Err()
 	}
 	defer func() { <-k.slot }()
-	if err := k.b.send(map[string]string{"op": "restart"}); err != nil {
+	b, err := k.bridge(ctx, g)
+	if errors.Is(err, errProcessGone) {
 		s.forget(sb.ID, k)
-		return ContextInfo{}, notFound(id)
+		return s.Restart(ctx, sb, g, id) // the default one starts afresh; another is not found
+	}
+	if err != nil {
+		return ContextInfo{}, err
+	}
+	rid := nextID()
+	if err := b.send(map[string]any{"op": "restart", "id": rid}); err != nil {
+		return ContextInfo{}, failed("the interpreter's connection ended while restarting; retry")
 	}
 	wait, cancel := context.WithTimeout(context.WithoutCancel(ctx), readyWait)
 	defer cancel()
 	for {
-		ev, err := k.b.next(wait)
+		ev, err := b.next(wait)
 		if err != nil {
+			if errors.Is(err, errBridgeGone) {
+				return ContextInfo{}, failed("the interpreter's connection ended while restarting; retry")
+			}
 			// A kernel that does not come back leaves a context that
 			// cannot run: give it up.
-			k.b.close()
+			b.close()
+			k.p.kill(ctx, g)
 			s.forget(sb.ID, k)
-			if errors.Is(err, errBridgeGone) {
-				return ContextInfo{}, failed("the interpreter ended while restarting")
-			}
 			return ContextInfo{}, failed("the interpreter's kernel did not restart within %s", readyWait)
 		}
-		switch ev.Ev {
-		case "restarted":
+		switch {
+		case ev.Ev == "restarted" && ev.ID == rid:
 			return k.info(), nil
-		case "fatal":
-			k.b.close()
+		case ev.Ev == "fatal":
+			b.close()
+			k.p.kill(ctx, g)
 			s.forget(sb.ID, k)
 			return ContextInfo{}, failed("%s", clip(ev.Message, 2048))
 		}
@@ -330,25 +485,43 @@ func (s *Service) Restart(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Gu
 }
 
 // Delete ends a context and its kernel; false if there was none.
-func (s *Service) Delete(sandboxID, id string) bool {
+func (s *Service) Delete(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Guest, id string) bool {
 	s.mu.Lock()
-	k := s.boxes[sandboxID][id]
+	var k *kctx
+	if bx := s.boxes[sb.ID]; bx != nil {
+		k = bx.contexts[id]
+	}
 	if k != nil {
-		s.forgetLocked(sandboxID, k)
+		s.forgetLocked(sb.ID, k)
 	}
 	s.mu.Unlock()
-	if k == nil {
+	if k == nil || k.failedStart() {
 		return false
 	}
 	go func() {
 		<-k.ready
-		if k.b != nil {
-			_ = k.b.send(map[string]string{"op": "shutdown"})
-			k.b.close()
+		if k.startErr != nil {
+			return
+		}
+		if b := k.current(); b != nil {
+			_ = b.send(map[string]string{"op": "shutdown"})
+			b.close()
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if k.p.alive(ctx, g) {
+			k.p.kill(ctx, g)
 		}
 	}()
 	return true
 }
+
+// requestIDs numbers the requests sent to bridges, so events left from an
+// earlier request (on a connection that ended) are told apart.
+var requestIDs atomic.Int64
+
+func nextID() int64 { return requestIDs.Add(1) }
 
 func checkLanguage(lang string) error {
 	if lang == "" || lang == Language {

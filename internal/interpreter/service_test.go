@@ -52,7 +52,7 @@ func TestRunKeepsStateInTheDefaultContext(t *testing.T) {
 	if len(sp.Argv) != 4 || sp.Argv[0] != "python3" || sp.Argv[3] != bridgeSource || !sp.Detach || sp.User != "" {
 		t.Errorf("bridge spawned as %q detach=%v user=%q", sp.Argv[:3], sp.Detach, sp.User)
 	}
-	infos := s.List(sb.ID)
+	infos := s.List(context.Background(), sb, g)
 	if len(infos) != 1 || infos[0].ID != DefaultContext || infos[0].Cwd != "/workspace" || infos[0].Language != "python" {
 		t.Errorf("List = %+v", infos)
 	}
@@ -122,15 +122,20 @@ func TestContextsAreIsolated(t *testing.T) {
 	if ex.Error == nil || ex.Error.Name != "NameError" {
 		t.Errorf("default context sees another's variable: %+v", ex)
 	}
-	if got := s.List(sb.ID); len(got) != 2 || got[0].ID != "work" {
+	if got := s.List(context.Background(), sb, g); len(got) != 2 || got[0].ID != "work" {
 		t.Errorf("List = %+v", got)
 	}
-	other, _ := s.Create(context.Background(), &sandbox.Sandbox{ID: "sbx_2"}, g, CreateRequest{})
-	if !strings.HasPrefix(other.ID, "ctx-") || len(s.List("sbx_2")) != 1 || len(s.List(sb.ID)) != 2 {
+	sb2, g2 := &sandbox.Sandbox{ID: "sbx_2"}, &fakeGuest{t: t}
+	other, _ := s.Create(context.Background(), sb2, g2, CreateRequest{})
+	if !strings.HasPrefix(other.ID, "ctx-") || len(s.List(context.Background(), sb2, g2)) != 1 ||
+		len(s.List(context.Background(), sb, g)) != 2 {
 		t.Errorf("contexts leak across sandboxes: %+v", other)
 	}
-	if !s.Delete(sb.ID, "work") || s.Delete(sb.ID, "work") {
+	if !s.Delete(context.Background(), sb, g, "work") || s.Delete(context.Background(), sb, g, "work") {
 		t.Error("Delete: want true then false")
+	}
+	if !waitFor(func() bool { return g.alive() == 1 }) {
+		t.Errorf("%d bridges run after a delete, want 1", g.alive())
 	}
 	if _, err := s.Run(context.Background(), sb, g, RunRequest{Code: "get x", Context: "work"}, nil); !IsNotFound(err) {
 		t.Errorf("run in a deleted context: %v", err)
@@ -214,12 +219,10 @@ func TestHostileBridgeIsBounded(t *testing.T) {
 	if ex.Status != StatusLost {
 		t.Errorf("a line over the bound: %+v, want lost", ex.Status)
 	}
-	if len(s.List(sb.ID)) != 0 {
-		t.Error("a context whose bridge broke the bounds is kept")
-	}
+	// The connection that carried it is cut; the next run connects again.
 	ex, _ = run(t, s, sb, g, RunRequest{Code: "print again"})
-	if ex.Status != StatusOK || len(g.spawned) != 2 {
-		t.Errorf("the default context should start again: %+v, %d bridges", ex, len(g.spawned))
+	if ex.Status != StatusOK || ex.Stdout != "again\n" || len(g.spawned) != 1 {
+		t.Errorf("after the cut: %+v, %d bridges", ex, len(g.spawned))
 	}
 }
 
@@ -240,22 +243,54 @@ func TestStoppedSandboxForgetsContexts(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(t, s, sb, g, RunRequest{Code: "set x 1"})
-	g.cut()
-	deadline := time.Now().Add(10 * time.Second)
-	for len(s.List(sb.ID)) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("contexts still listed: %+v", s.List(sb.ID))
-		}
-		time.Sleep(5 * time.Millisecond)
+	g.stop()
+	// The host learns of the cut connections as it reads them.
+	if !waitFor(func() bool { return len(s.List(context.Background(), sb, g)) == 0 }) {
+		t.Fatalf("contexts still listed: %+v", s.List(context.Background(), sb, g))
 	}
 	if _, err := s.Run(context.Background(), sb, g, RunRequest{Code: "1", Context: "work"}, nil); !IsNotFound(err) {
 		t.Errorf("run in a forgotten context: %v", err)
 	}
-	s.mu.Lock()
-	n := len(s.boxes)
-	s.mu.Unlock()
-	if n != 0 {
-		t.Errorf("%d sandboxes still held", n)
+	ex, _ := run(t, s, sb, g, RunRequest{Code: "get x"})
+	if ex.Error == nil || len(g.spawned) != 3 {
+		t.Errorf("the default context should start afresh: %+v, %d bridges", ex, len(g.spawned))
+	}
+}
+
+func TestPausedSandboxKeepsContexts(t *testing.T) {
+	s, sb, g := newTestService(t)
+	if _, err := s.Create(context.Background(), sb, g, CreateRequest{ID: "work"}); err != nil {
+		t.Fatal(err)
+	}
+	run(t, s, sb, g, RunRequest{Code: "set x 1", Context: "work"})
+	run(t, s, sb, g, RunRequest{Code: "set y 2"})
+	g.detach() // a pause and a wake: connections end, processes stay
+	if !waitFor(func() bool { return s.lookup(sb.ID, "work").current() == nil }) {
+		t.Fatal("the cut connection was not noticed")
+	}
+	if got := s.List(context.Background(), sb, g); len(got) != 2 || s.lookup(sb.ID, "work").current() == nil {
+		t.Fatalf("after a wake, listed and connected again: %+v", got)
+	}
+	g.detach()
+	ex, _ := run(t, s, sb, g, RunRequest{Code: "get x", Context: "work"})
+	if ex.Status != StatusOK || string(ex.Results[0].Data["text/plain"]) != `"'1'"` {
+		t.Errorf("state after a wake: %+v", ex)
+	}
+	ex, _ = run(t, s, sb, g, RunRequest{Code: "get y"})
+	if ex.Status != StatusOK || len(g.spawned) != 2 {
+		t.Errorf("default context after a wake: %+v, %d bridges", ex, len(g.spawned))
+	}
+}
+
+func TestNewServiceEndsStrayBridges(t *testing.T) {
+	s, sb, g := newTestService(t)
+	run(t, s, sb, g, RunRequest{Code: "set x 1"})
+	g.detach()
+	// A restarted server knows nothing of the bridge it had started.
+	s2 := New(nil)
+	ex, _ := run(t, s2, sb, g, RunRequest{Code: "get x"})
+	if ex.Error == nil || len(g.spawned) != 2 || g.alive() != 1 {
+		t.Errorf("a new server's context: %+v, %d bridges, %d alive", ex, len(g.spawned), g.alive())
 	}
 }
 
@@ -272,4 +307,16 @@ func waitRunning(t *testing.T, s *Service, sandboxID, id string) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// waitFor polls cond for up to 10 s.
+func waitFor(cond func() bool) bool {
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return true
 }
