@@ -112,3 +112,25 @@ def test_contexts(box):
         box.interpreter.contexts.create(language="r")
     with pytest.raises(InvalidRequestError):
         box.interpreter.run("1", language="javascript")
+
+
+def test_withruntime_e2b_adapter(runtime_client):
+    """withruntime's E2B code-interpreter adapter runs on these routes too
+    (it runs cells with timeout_ms=0 and interrupt_on_disconnect=False)."""
+    from withruntime.e2b.code_interpreter import Sandbox as E2BSandbox
+
+    sbx = E2BSandbox.create(client=runtime_client, runtime_create={"memory_mib": 2048})
+    try:
+        ex = sbx.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()\nx = 3\nprint('hi')")
+        assert ex.error is None, ex.error
+        assert ex.logs.stdout == ["hi\n"], ex.logs
+        assert ex.results and ex.results[0].png and not ex.results[0].is_main_result, ex.results
+        assert sbx.run_code("x * 2").text == "6"
+        assert sbx.run_code("1/0").error.name == "ZeroDivisionError"
+        ctx = sbx.create_code_context(cwd="/tmp")
+        assert sbx.run_code("import os; os.getcwd()", context=ctx).text == "'/tmp'"
+        assert len(sbx.list_code_contexts()) == 2
+        sbx.remove_code_context(ctx)
+        assert len(sbx.list_code_contexts()) == 1
+    finally:
+        sbx.kill()
