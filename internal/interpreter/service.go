@@ -75,14 +75,15 @@ func New(log *slog.Logger) *Service {
 // kctx is one context: its bridge process, the connection to it, and the
 // run in progress.
 type kctx struct {
-	id, cwd  string
+	id       string
 	envNames []string
 	created  time.Time
 	ready    chan struct{} // closed once the start ended
 	startErr error         // read after ready
 	p        proc          // set before ready closes, if the start worked
 
-	cmu sync.Mutex // guards b; held while connecting
+	cmu sync.Mutex // guards cwd and b; held while connecting
+	cwd string     // what was asked, then what the kernel runs in
 	b   *bridge    // the last connection, which may have ended
 
 	slot    chan struct{} // holds a token while a run or restart is under way
@@ -92,7 +93,10 @@ type kctx struct {
 }
 
 func (k *kctx) info() ContextInfo {
-	return ContextInfo{ID: k.id, Language: Language, Cwd: k.cwd, EnvNames: k.envNames, Created: k.created,
+	k.cmu.Lock()
+	cwd := k.cwd
+	k.cmu.Unlock()
+	return ContextInfo{ID: k.id, Language: Language, Cwd: cwd, EnvNames: k.envNames, Created: k.created,
 		Running: k.running.Load()}
 }
 
@@ -320,7 +324,9 @@ func (s *Service) start(ctx context.Context, g sandbox.Guest, k *kctx, spec *Cre
 		p.kill(ctx, g)
 		return err
 	}
+	k.cmu.Lock()
 	k.p, k.cwd, k.b = p, cwd, b
+	k.cmu.Unlock()
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -319,4 +320,26 @@ func waitFor(cond func() bool) bool {
 		time.Sleep(5 * time.Millisecond)
 	}
 	return true
+}
+
+func TestConcurrentFirstUsesShareOneStart(t *testing.T) {
+	s, sb, g := newTestService(t)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			if _, err := s.Run(context.Background(), sb, g, RunRequest{Code: "print x"}, nil); err != nil {
+				t.Error(err)
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			s.List(context.Background(), sb, g)
+		}()
+	}
+	wg.Wait()
+	if len(g.spawned) != 1 {
+		t.Errorf("%d bridges started for one default context", len(g.spawned))
+	}
 }
