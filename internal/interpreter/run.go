@@ -107,6 +107,7 @@ func (s *Service) drive(ctx context.Context, g sandbox.Guest, k *kctx, b *bridge
 	ex := &Execution{}
 	var stdout, stderr strings.Builder
 	kept := 0
+	defer func() { s.held.Add(-int64(kept)) }()
 	clientGone := false
 	timedOut := false
 	interrupted := false // sent by us: timeout or a gone client
@@ -155,11 +156,13 @@ func (s *Service) drive(ctx context.Context, g sandbox.Guest, k *kctx, b *bridge
 				status = w.Status
 				break
 			}
-			kept += w.size
-			if kept > MaxOutput && w.Ev != "error" && w.Ev != "count" {
+			if w.Ev != "error" && w.Ev != "count" &&
+				(kept+w.size > MaxOutput || s.held.Load()+int64(w.size) > maxHeld) {
 				ex.Truncated = true
 				continue
 			}
+			kept += w.size
+			s.held.Add(int64(w.size))
 			ev, ok := toEvent(w)
 			if !ok {
 				continue

@@ -31,6 +31,9 @@ const (
 )
 
 var (
+	// maxHeld bounds the output all executions under way keep in memory
+	// together; past it, output is left out as past MaxOutput.
+	maxHeld int64 = 1 << 30
 	// interruptGrace is how long an interrupted cell has to end before
 	// its context is given up (the bridge and kernel killed).
 	interruptGrace = 15 * time.Second
@@ -53,6 +56,9 @@ type Service struct {
 	mu        sync.Mutex
 	boxes     map[string]*box // by sandbox id
 	lastSweep time.Time
+	// held counts the output bytes that executions under way keep, all
+	// sandboxes together (at most maxHeld).
+	held atomic.Int64
 }
 
 // box holds one sandbox's contexts.

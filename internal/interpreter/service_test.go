@@ -343,3 +343,17 @@ func TestConcurrentFirstUsesShareOneStart(t *testing.T) {
 		t.Errorf("%d bridges started for one default context", len(g.spawned))
 	}
 }
+
+func TestOutputHeldByAllRunsIsBounded(t *testing.T) {
+	old := maxHeld
+	maxHeld = 4 << 20
+	t.Cleanup(func() { maxHeld = old })
+	s, sb, g := newTestService(t)
+	ex, _ := run(t, s, sb, g, RunRequest{Code: "flood"})
+	if !ex.Truncated || len(ex.Stdout) > 4<<20 {
+		t.Errorf("kept %d bytes past the budget of every run", len(ex.Stdout))
+	}
+	if n := s.held.Load(); n != 0 {
+		t.Errorf("%d bytes still counted after the run", n)
+	}
+}
