@@ -6,10 +6,15 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/emberbox/emberbox/internal/interpreter"
+	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
 // executionJSON is an interpreter run's answer.
@@ -322,6 +327,87 @@ func TestInterpreter(t *testing.T) {
 		ex := runCode(t, c, sb.ID, map[string]any{"code": "'x' in dir()"})
 		if ex.Status != "ok" || mimeText(ex.Results[0].Data, "text/plain") != "False" {
 			t.Errorf("a fresh default context: %+v", ex)
+		}
+	})
+
+	t.Run("e2b handler", func(t *testing.T) {
+		// E2B's code-interpreter API, served in this process by its own
+		// Service, reaching the VM's guest through the Runtime API.
+		g := &httpGuest{base: s.URL, key: s.AdminKey, id: sb.ID, hc: c.hc}
+		h := interpreter.New(nil).E2BHandler()
+		routed := sandbox.Routed{Sandbox: &sandbox.Sandbox{ID: sb.ID}, Guest: g}
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			h.ServeHTTP(w, r.WithContext(sandbox.WithRouted(r.Context(), routed)))
+		}))
+		defer srv.Close()
+		execute := func(body string) []map[string]any {
+			t.Helper()
+			ctx, cancel := context.WithTimeout(context.Background(), interpreterTimeout)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/execute", strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != 200 {
+				b, _ := io.ReadAll(resp.Body)
+				t.Fatalf("/execute %s: %d %s", body, resp.StatusCode, b)
+			}
+			var lines []map[string]any
+			sc := bufio.NewScanner(resp.Body)
+			sc.Buffer(nil, 32<<20)
+			for sc.Scan() {
+				var m map[string]any
+				if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+					t.Fatalf("line %q: %v", sc.Text(), err)
+				}
+				lines = append(lines, m)
+			}
+			return lines
+		}
+		kinds := func(lines []map[string]any) string {
+			var out []string
+			for _, l := range lines {
+				out = append(out, l["type"].(string))
+			}
+			return strings.Join(out, ",")
+		}
+		code, _ := json.Marshal("import matplotlib.pyplot as plt\nimport pandas as pd\nplt.plot([1, 2])\nplt.show()\n" +
+			"print('out')\npd.DataFrame({'a': [1]})")
+		lines := execute(`{"code":` + string(code) + `,"context_id":null,"language":null,"env_vars":{"E2B_VAR":"v"}}`)
+		if got := kinds(lines); got != "number_of_executions,result,stdout,result,end_of_execution" {
+			t.Fatalf("lines %s: %v", got, lines)
+		}
+		fig, table := lines[1], lines[3]
+		if png, _ := fig["png"].(string); fig["is_main_result"] != false || !strings.HasPrefix(png, "iVBORw0KGgo") {
+			t.Errorf("figure line: %.200v", fig)
+		}
+		if html, _ := table["html"].(string); table["is_main_result"] != true || !strings.Contains(html, "<table") {
+			t.Errorf("table line: %.300v", table)
+		}
+		if lines[2]["text"] != "out\n" {
+			t.Errorf("stdout line: %v", lines[2])
+		}
+		lines = execute(`{"code":"import os\nprint(os.environ.get('E2B_VAR'))\n1/0"}`)
+		if got := kinds(lines); got != "number_of_executions,stdout,error,end_of_execution" || lines[1]["text"] != "None\n" ||
+			lines[2]["name"] != "ZeroDivisionError" {
+			t.Errorf("env_vars last one run; an error line: %v", lines)
+		}
+		resp, err := http.Post(srv.URL+"/contexts", "application/json", strings.NewReader(`{"language":"python","cwd":"/tmp"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var made map[string]string
+		_ = json.NewDecoder(resp.Body).Decode(&made)
+		resp.Body.Close()
+		if made["cwd"] != "/tmp" || made["language"] != "python" {
+			t.Fatalf("context: %v", made)
+		}
+		lines = execute(`{"code":"import os; os.getcwd()","context_id":"` + made["id"] + `"}`)
+		if len(lines) < 2 || lines[1]["text"] != "/tmp" {
+			t.Errorf("run in the context (E2B's text drops the quotes): %v", lines)
 		}
 	})
 }
