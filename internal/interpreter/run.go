@@ -43,7 +43,7 @@ func (s *Service) Run(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Guest,
 		if err != nil {
 			return nil, err
 		}
-		ex, err := s.runIn(ctx, sb, g, k, req, emit)
+		ex, err := s.runIn(ctx, g, k, req, emit)
 		if errors.Is(err, errProcessGone) {
 			// The sandbox restarted, or the bridge was killed: the
 			// context is gone. The default one starts again.
@@ -58,7 +58,7 @@ func (s *Service) Run(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Guest,
 }
 
 // runIn runs req in k once it has k's slot and a connection to its bridge.
-func (s *Service) runIn(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Guest, k *kctx, req RunRequest, emit func(Event) error) (*Execution, error) {
+func (s *Service) runIn(ctx context.Context, g sandbox.Guest, k *kctx, req RunRequest, emit func(Event) error) (*Execution, error) {
 	select {
 	case k.slot <- struct{}{}:
 	case <-ctx.Done():
