@@ -40,7 +40,7 @@ conn = None
 # cell has started, until the cell reports an error or ends.
 interrupt_wanted = threading.Event()
 
-
+# Set once the kernel is up: a new connection is told "ready" at once.
 kernel_ready = threading.Event()
 
 
@@ -274,6 +274,10 @@ def read(c, kernel, jobs):
     except OSError:
         return
     finally:
+        try:
+            c.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         with out_lock:
             if conn is c:
                 conn = None
@@ -315,13 +319,16 @@ def main():
     started = False
     while True:
         c = accept(listener, token)
-        with out_lock:
-            old, conn = conn, c
+        # Cut the connection before first: a send blocked on it (a host
+        # that went away without closing) then fails and lets go of the lock.
+        old = conn
         if old is not None:
             try:
                 old.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        with out_lock:
+            conn = c
         threading.Thread(target=read, args=(c, kernel, jobs), daemon=True).start()
         if not started:
             started = True
