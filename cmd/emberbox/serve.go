@@ -26,6 +26,7 @@ import (
 	"github.com/emberbox/emberbox/internal/envd"
 	"github.com/emberbox/emberbox/internal/faultpoint"
 	"github.com/emberbox/emberbox/internal/image"
+	"github.com/emberbox/emberbox/internal/interpreter"
 	"github.com/emberbox/emberbox/internal/links"
 	"github.com/emberbox/emberbox/internal/pricing"
 	"github.com/emberbox/emberbox/internal/sandbox"
@@ -239,12 +240,16 @@ func serve(ctx context.Context, o serveOptions) error {
 		return err
 	}
 
+	// One interpreter service for the Runtime routes and E2B's port 49999
+	// (interp.E2BHandler), so both see the same contexts.
+	interp := interpreter.New(log)
 	handler := api.New(api.Config{
 		Manager: mgr, Keys: keyStore{st}, Idempotency: idempotencyStore{st}, Events: eventStore{st},
 		Logger: log, Version: version, Accel: drv.Accel,
 		Confinement: func() any { return drv.Confinement() },
 		Uploads:     uploads, RateLimits: adm.rates, ObserveRequest: metrics.ObserveRequest,
 		Metrics: metrics.Handler(), PreviewURL: o.previewURL, Links: signer,
+		Interpreter: interp,
 	})
 	if o.metricsListen != "" {
 		mln, err := net.Listen("tcp", o.metricsListen)
@@ -282,7 +287,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 	front := e2b.New(e2b.Config{
 		Manager: mgr, Keys: keyStore{st}, Tokens: tokens, Idempotency: idempotencyStore{st}, Domain: o.e2bDomain,
-		EnvdVersion: envd.Version, Envd: envd.New(log), Next: root, Logger: log,
+		EnvdVersion: envd.Version, Envd: envd.New(log), Interpreter: interp.E2BHandler(), Next: root, Logger: log,
 	})
 	// HTTP/2 without TLS (prior knowledge) too, for gRPC and Connect
 	// clients of envd; HTTP/1.1 stays the common case.

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/interpreter"
 	"github.com/emberbox/emberbox/internal/links"
 )
 
@@ -124,6 +125,9 @@ type Config struct {
 	// PreviewURL is the base of preview URLs (https://emberbox.example.com);
 	// "" uses the scheme and host of the request that made the preview.
 	PreviewURL string
+	// Interpreter runs the code interpreter's routes; nil answers them
+	// 501 interpreter_unavailable.
+	Interpreter *interpreter.Service
 }
 
 // Limits of the waits a request may ask for.
@@ -145,6 +149,7 @@ type server struct {
 	confine func() any
 	uploads *Uploads // nil: chunked uploads refused
 	links   *links.Signer
+	interp  *interpreter.Service // nil: the interpreter routes answer 501
 	metrics http.Handler
 	limits  *rateLimiter
 	observe func(route string, status int, d time.Duration) // nil: none
@@ -183,7 +188,7 @@ func newServer(cfg Config) *server {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
-	s.uploads, s.metrics, s.links = cfg.Uploads, cfg.Metrics, cfg.Links
+	s.uploads, s.metrics, s.links, s.interp = cfg.Uploads, cfg.Metrics, cfg.Links, cfg.Interpreter
 	s.previewBase = cfg.PreviewURL
 	s.previewTransport = s.newPreviewTransport()
 	s.routes = s.routeTable()

@@ -45,6 +45,14 @@ var guestRouteRequests = map[string]struct {
 	"listWatches":        {},
 	"watchEvents":        {},
 	"stopWatch":          {},
+	// The test server has no interpreter: a running sandbox gets 501.
+	"interpreterRun":              {body: `{"code":"1"}`, running: http.StatusNotImplemented},
+	"listInterpreterContexts":     {running: http.StatusNotImplemented},
+	"createInterpreterContext":    {body: `{}`, running: http.StatusNotImplemented},
+	"restartInterpreterContext":   {running: http.StatusNotImplemented},
+	"interruptInterpreterContext": {running: http.StatusNotImplemented},
+	"deleteInterpreterContext":    {running: http.StatusNotImplemented},
+	"interpreterResult":           {running: http.StatusNotImplemented},
 }
 
 // TestGuestRoutesRefuseByStateTable checks that every route that needs a
@@ -76,7 +84,7 @@ func TestGuestRoutesRefuseByStateTable(t *testing.T) {
 			if pid == "" {
 				pid = "p1"
 			}
-			target := strings.NewReplacer("{id}", id, "{pid}", pid, "{watchId}", "wat_1").Replace(rt.Path) + req.query
+			target := strings.NewReplacer("{id}", id, "{pid}", pid, "{watchId}", "wat_1", "{ctx}", "python", "{name}", "r1.png").Replace(rt.Path) + req.query
 			w := e.do(rt.Method, target, req.body)
 			name := string(st.State) + "/" + rt.OpID
 			if st.Refusal == nil {

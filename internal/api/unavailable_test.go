@@ -11,7 +11,6 @@ import (
 // retried by the SDK), in the one error shape.
 var sdkUnavailable = []struct{ method, path string }{
 	{"POST", "/v1/sandboxes/sbx_r/sessions"},
-	{"POST", "/v1/sandboxes/sbx_r/interpreter:run"},
 	{"POST", "/v1/sandboxes/sbx_r/mounts"},
 	{"POST", "/v1/sandboxes/sbx_r/browser:start"},
 	{"POST", "/v1/sandboxes/sbx_r/desktop:act"},

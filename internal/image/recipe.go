@@ -26,8 +26,9 @@ var mirrors = []string{
 var packages = []string{
 	"bash", "ca-certificates", "curl", "e2fsprogs", "findutils", "g++", "gcc",
 	"git", "golang-go", "iproute2", "less", "make", "nftables", "nodejs", "npm", "passwd",
-	"procps", "python3", "python3-numpy", "python3-pil", "python3-pip",
-	"python3-venv", "sqlite3", "sudo",
+	"procps", "python3", "python3-ipykernel", "python3-matplotlib",
+	"python3-matplotlib-inline", "python3-numpy", "python3-pandas", "python3-pil",
+	"python3-pip", "python3-venv", "sqlite3", "sudo",
 }
 
 // mmdebstrapOptions shrink the image: no documentation, man pages or
