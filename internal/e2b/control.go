@@ -31,7 +31,10 @@ const (
 	clientID       = "emberbox"
 	maxBody        = 1 << 20
 	maxTimeout     = sandbox.MaxTimeoutSeconds
-	defaultTimeout = 15 // E2B's API default; the SDKs send 300
+	// E2B's defaults: 15 s for a v1 create, 300 s for a v2 create (which
+	// e2b 2.x sends without a timeout unless the caller gives one).
+	defaultTimeoutV1 = 15
+	defaultTimeoutV2 = 300
 	maxMetadata    = 32
 	maxMetaLen     = 256
 	maxEnvVars     = 32
@@ -161,7 +164,7 @@ func isSet(raw json.RawMessage) bool {
 	return s != "" && s != "null" && s != "{}" && s != "[]"
 }
 
-func (n *newSandbox) spec() (sandbox.CreateSpec, string, error) {
+func (n *newSandbox) spec(defaultTimeout int) (sandbox.CreateSpec, string, error) {
 	bad := func(msg string) (sandbox.CreateSpec, string, error) {
 		return sandbox.CreateSpec{}, "", newError(http.StatusBadRequest, msg)
 	}
@@ -352,7 +355,11 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string) {
 		writeError(w, err)
 		return
 	}
-	spec, _, err := req.spec()
+	def := defaultTimeoutV1
+	if strings.HasPrefix(r.URL.Path, "/v2/") {
+		def = defaultTimeoutV2
+	}
+	spec, _, err := req.spec(def)
 	if err != nil {
 		writeError(w, err)
 		return

@@ -203,6 +203,15 @@ func TestControlPlaneAndRouting(t *testing.T) {
 	}
 	var other struct{ SandboxID string }
 	_ = json.Unmarshal(b, &other)
+	if sb, err := f.mgr.Get(context.Background(), "key_a", other.SandboxID); err != nil || sb.TimeoutSeconds != 15 {
+		t.Errorf("a v1 create without a timeout: %+v, %v; want E2B's v1 default of 15 s", sb, err)
+	}
+	st, b, _ = f.do("POST", "/v2/sandboxes", "secret-a", map[string]any{"templateID": "base", "metadata": map[string]string{"team": "green"}}, nil)
+	var third struct{ SandboxID string }
+	_ = json.Unmarshal(b, &third)
+	if sb, err := f.mgr.Get(context.Background(), "key_a", third.SandboxID); st != 201 || err != nil || sb.TimeoutSeconds != 300 {
+		t.Errorf("a v2 create without a timeout: %d %+v, %v; want E2B's v2 default of 300 s", st, sb, err)
+	}
 	list := func(q string) (ids []string, next string) {
 		t.Helper()
 		st, b, hdr := f.do("GET", "/v2/sandboxes"+q, "secret-a", nil, nil)
@@ -225,7 +234,7 @@ func TestControlPlaneAndRouting(t *testing.T) {
 	if len(page1) != 1 || next == "" {
 		t.Errorf("first page: %v next %q", page1, next)
 	}
-	if page2, _ := list("?limit=1&nextToken=" + next); len(page2) != 1 || page2[0] == page1[0] {
+	if page2, _ := list("?limit=2&nextToken=" + next); len(page2) != 2 || page2[0] == page1[0] || page2[1] == page1[0] {
 		t.Errorf("second page: %v after %v", page2, page1)
 	}
 	st, b, _ = f.do("GET", "/v2/sandboxes?state=stopped", "secret-a", nil, nil)

@@ -224,7 +224,7 @@ def test_code_interpreter_state_chart_table_contexts(e2b_env):
 
         ctx = sbx.create_code_context()
         sbx.run_code("y = 'in context'", context=ctx)
-        assert sbx.run_code("y", context=ctx).text == "'in context'"
+        assert sbx.run_code("y", context=ctx).text == "in context"  # E2B unquotes text/plain
         ex = sbx.run_code("y")  # the default context has no y
         assert ex.error is not None and ex.error.name == "NameError"
         assert ctx.id in [c.id for c in sbx.list_code_contexts()]
