@@ -28,17 +28,17 @@ var templates = map[string]bool{"base": true, "code-interpreter-v1": true, "code
 const templateLabel = "e2b.template"
 
 const (
-	clientID       = "emberbox"
-	maxBody        = 1 << 20
-	maxTimeout     = sandbox.MaxTimeoutSeconds
+	clientID   = "emberbox"
+	maxBody    = 1 << 20
+	maxTimeout = sandbox.MaxTimeoutSeconds
 	// E2B's defaults: 15 s for a v1 create, 300 s for a v2 create (which
 	// e2b 2.x sends without a timeout unless the caller gives one).
 	defaultTimeoutV1 = 15
 	defaultTimeoutV2 = 300
-	maxMetadata    = 32
-	maxMetaLen     = 256
-	maxEnvVars     = 32
-	maxEnvBytes    = 32 << 10
+	maxMetadata      = 32
+	maxMetaLen       = 256
+	maxEnvVars       = 32
+	maxEnvBytes      = 32 << 10
 )
 
 var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
