@@ -163,8 +163,10 @@ def test_code_agent_chart_step_comes_back_as_a_pil_image(sbx):
     assert "Last output from code snippet:\n<PIL." in steps[0].observations
     table = steps[1].action_output
     assert isinstance(table, str) and "<table" in table and "sq" in table
-    assert isinstance(result.output, PIL.Image) and result.output.size == (3, 2)
-    assert result.output.convert("RGB").getpixel((0, 0)) == (10, 20, 30)
+    # smolagents wraps an image answer in an AgentImage, whose pixels are in to_raw().
+    answer = result.output.to_raw() if hasattr(result.output, "to_raw") else result.output
+    assert isinstance(answer, PIL.Image) and answer.size == (3, 2)
+    assert answer.convert("RGB").getpixel((0, 0)) == (10, 20, 30)
 
 
 def test_executor_tuple_set_and_variables_cross_as_safe_json(sbx):
