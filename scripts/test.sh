@@ -18,7 +18,7 @@ echo "== go test"
 go test -count=1 -timeout 45m ./...
 
 echo "== go test -race: the packages whose interleavings matter (no VMs)"
-go test -race -short -count=1 ./internal/sandbox/ ./internal/store/ ./internal/api/ ./internal/guest/ ./internal/upload/ ./internal/egress/
+go test -race -short -count=1 ./internal/sandbox/ ./internal/store/ ./internal/api/ ./internal/guest/ ./internal/upload/ ./internal/egress/ ./internal/e2b/ ./internal/envd/ ./internal/interpreter/
 
 echo "== fuzz: every fuzz target briefly (crashers found earlier run above as test cases)"
 ./scripts/fuzz.sh 5

@@ -19,6 +19,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/emberbox/emberbox/internal/egress"
+	"github.com/emberbox/emberbox/internal/interpreter"
 	"github.com/emberbox/emberbox/internal/links"
 	"github.com/emberbox/emberbox/internal/sandbox"
 	"github.com/emberbox/emberbox/internal/upload"
@@ -62,7 +63,7 @@ func newFuzzServer(tb testing.TB) *fuzzServer {
 		tb.Fatal(err)
 	}
 	fs.s = newServer(Config{Manager: fuzzManager{newFakeManager()}, Keys: fakeKeys{}, Version: "test",
-		Accel: func() string { return "tcg" }, Links: signer})
+		Accel: func() string { return "tcg" }, Links: signer, Interpreter: interpreter.New(nil)})
 	return fs
 }
 

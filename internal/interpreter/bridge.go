@@ -171,9 +171,12 @@ func (p proc) connect(ctx context.Context, g sandbox.Guest, wait time.Duration) 
 	}
 }
 
-// failed is the error of an interpreter that cannot run.
+// failed is the error of an interpreter that cannot run in the sandbox as
+// it is (an image without ipykernel, a kernel that dies at its start): a
+// conflict with the sandbox's state whose message the caller sees, not a
+// server fault hidden behind "internal error".
 func failed(format string, args ...any) error {
-	return errdefs.New(errdefs.ErrInternal, "interpreter_failed", format, args...).
+	return errdefs.New(errdefs.ErrConflict, "interpreter_failed", format, args...).
 		WithHint("the sandbox's image needs python3 with ipykernel and jupyter_client (Emberbox's default image has them)")
 }
 
