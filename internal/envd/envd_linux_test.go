@@ -2,12 +2,14 @@ package envd_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/user"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -128,5 +130,25 @@ func TestHealth(t *testing.T) {
 	res.Body.Close()
 	if res.StatusCode != http.StatusNoContent {
 		t.Errorf("GET /health: %d, want 204", res.StatusCode)
+	}
+}
+
+func TestUnservedPathsAnswerInEnvdsShape(t *testing.T) {
+	srv := httptest.NewServer(envd.New(nil))
+	defer srv.Close()
+	for _, p := range []string{"/metrics", "/envs", "/init", "/files/compose"} {
+		resp, err := http.Post(srv.URL+p, "application/json", strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&e)
+		resp.Body.Close()
+		if resp.StatusCode != 404 || err != nil || e.Code != 404 || !strings.Contains(e.Message, "not served") {
+			t.Errorf("%s: %d %+v %v", p, resp.StatusCode, e, err)
+		}
 	}
 }

@@ -50,6 +50,12 @@ func New(logger *slog.Logger) *Server {
 	})
 	s.mux.HandleFunc("GET /files", s.download)
 	s.mux.HandleFunc("POST /files", s.upload)
+	// Everything else envd has (/metrics, /envs, /files/compose, and the
+	// internal /init, /freeze, /upgrade… that E2B's own proxy refuses) is
+	// not served: a clear answer in envd's error shape, never a bare 404.
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		httpError(w, http.StatusNotFound, r.Method+" "+r.URL.Path+" is not served by Emberbox's envd (see docs/e2b.md)")
+	})
 	return s
 }
 
