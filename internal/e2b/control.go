@@ -181,12 +181,12 @@ func (n *newSandbox) spec(defaultTimeout int) (sandbox.CreateSpec, string, error
 	case isSet(n.IAM):
 		return bad("iam is not supported by Emberbox")
 	}
+	if err := checkTimeout(n.Timeout); err != nil {
+		return sandbox.CreateSpec{}, "", err
+	}
 	timeout := defaultTimeout
 	if n.Timeout != nil {
 		timeout = *n.Timeout
-	}
-	if timeout < 1 || timeout > maxTimeout {
-		return bad(fmt.Sprintf("timeout must be between 1 and %d seconds", maxTimeout))
 	}
 	if len(n.Metadata) > maxMetadata-1 {
 		return bad(fmt.Sprintf("metadata may have at most %d entries", maxMetadata-1))
@@ -631,6 +631,14 @@ func (h *Handler) kill(w http.ResponseWriter, r *http.Request, owner string) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// checkTimeout checks a timeout in seconds, if given.
+func checkTimeout(t *int) error {
+	if t != nil && (*t < 1 || *t > maxTimeout) {
+		return newError(http.StatusBadRequest, fmt.Sprintf("timeout must be between 1 and %d seconds", maxTimeout))
+	}
+	return nil
+}
+
 type timeoutBody struct {
 	Timeout *int `json:"timeout"`
 }
@@ -643,8 +651,12 @@ func (h *Handler) setTimeout(w http.ResponseWriter, r *http.Request, owner strin
 		writeError(w, err)
 		return
 	}
-	if b.Timeout == nil || *b.Timeout < 1 || *b.Timeout > maxTimeout {
-		writeError(w, newError(http.StatusBadRequest, fmt.Sprintf("timeout must be between 1 and %d seconds", maxTimeout)))
+	if b.Timeout == nil {
+		writeError(w, newError(http.StatusBadRequest, "timeout is required"))
+		return
+	}
+	if err := checkTimeout(b.Timeout); err != nil {
+		writeError(w, err)
 		return
 	}
 	if err := h.retime(r.Context(), owner, r.PathValue("id"), *b.Timeout); err != nil {
@@ -707,8 +719,8 @@ func (h *Handler) connect(w http.ResponseWriter, r *http.Request, owner string) 
 		writeError(w, err)
 		return
 	}
-	if b.Timeout != nil && (*b.Timeout < 1 || *b.Timeout > maxTimeout) {
-		writeError(w, newError(http.StatusBadRequest, fmt.Sprintf("timeout must be between 1 and %d seconds", maxTimeout)))
+	if err := checkTimeout(b.Timeout); err != nil {
+		writeError(w, err)
 		return
 	}
 	if b.Memory != nil && !*b.Memory {
@@ -729,9 +741,20 @@ func (h *Handler) resume(w http.ResponseWriter, r *http.Request, owner string) {
 		writeError(w, err)
 		return
 	}
-	if b.Timeout != nil && (*b.Timeout < 1 || *b.Timeout > maxTimeout) {
-		writeError(w, newError(http.StatusBadRequest, fmt.Sprintf("timeout must be between 1 and %d seconds", maxTimeout)))
+	if err := checkTimeout(b.Timeout); err != nil {
+		writeError(w, err)
 		return
+	}
+	if b.AutoPause {
+		// E2B's resume sets what the next timeout does.
+		pause := sandbox.LeaseEndPause
+		if _, st, err := h.lookup(r.Context(), owner, r.PathValue("id")); err == nil && st == "paused" {
+			if _, err := h.cfg.Manager.Update(r.Context(), owner, r.PathValue("id"), sandbox.UpdateSpec{OnLeaseEnd: &pause}); err != nil {
+				writeError(w, err)
+				return
+			}
+		} // else wakeOrAnswer gives the refusal
+
 	}
 	h.wakeOrAnswer(w, r, owner, b.Timeout, true)
 }

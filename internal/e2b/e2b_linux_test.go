@@ -316,6 +316,18 @@ func TestControlPlaneAndRouting(t *testing.T) {
 	if st, b, _ = f.do("POST", "/v2/sandboxes/"+id+"/connect", "secret-a", map[string]int{"timeout": 300}, nil); st != 201 {
 		t.Fatalf("connect to paused: %d %s", st, b)
 	}
+	// Pause again, and resume (v1) with autoPause: the next timeout pauses.
+	if st, b, _ = f.do("POST", "/sandboxes/"+id+"/pause", "secret-a", nil, nil); st != 204 {
+		t.Fatalf("second pause: %d %s", st, b)
+	}
+	if st, b, _ = f.do("POST", "/sandboxes/"+id+"/resume", "secret-a", map[string]any{"timeout": 300, "autoPause": true}, nil); st != 201 {
+		t.Fatalf("resume: %d %s", st, b)
+	}
+	if sb, _ := f.mgr.Get(context.Background(), "key_a", id); sb.OnLeaseEnd != sandbox.LeaseEndPause {
+		t.Errorf("after resume with autoPause: onLeaseEnd %q", sb.OnLeaseEnd)
+	}
+	st, b, _ = f.do("POST", "/sandboxes/"+id+"/resume", "secret-a", map[string]any{}, nil)
+	wantError(t, "resume of a running sandbox", st, b, 409)
 	if st, b, _ = f.do("POST", "/v2/sandboxes/"+id+"/connect", "secret-a", map[string]int{"timeout": 300}, nil); st != 200 {
 		t.Errorf("connect to running: %d %s", st, b)
 	}
