@@ -116,6 +116,20 @@ def test_refused_with_another_key_and_without_key(box, e2b_env, other_key):
                     {"E2b-Sandbox-Id": box.sandbox_id, "E2b-Sandbox-Port": "49983", "Content-Type": "application/json"},
                     b'{"path":"/"}')
     assert st == 401, body
+    st, body = _raw("POST", base + "/execute",
+                    {"E2b-Sandbox-Id": box.sandbox_id, "E2b-Sandbox-Port": "49999", "Content-Type": "application/json"},
+                    b'{"code":"1+1"}')
+    assert st == 401, body
+    # A token of another sandbox opens nothing here.
+    other = e2b.Sandbox.create(template="base", timeout=120)
+    try:
+        st, body = _raw("POST", base + "/execute",
+                        {"E2b-Sandbox-Id": box.sandbox_id, "E2b-Sandbox-Port": "49999", "Content-Type": "application/json",
+                         "E2B-Traffic-Access-Token": other.traffic_access_token or "", "X-Access-Token": other._envd_access_token or ""},
+                        b'{"code":"1+1"}')
+        assert st == 401, body
+    finally:
+        other.kill()
     assert box.is_running()
 
 
