@@ -164,13 +164,13 @@ func isSet(raw json.RawMessage) bool {
 	return s != "" && s != "null" && s != "{}" && s != "[]"
 }
 
-func (n *newSandbox) spec(defaultTimeout int) (sandbox.CreateSpec, string, error) {
-	bad := func(msg string) (sandbox.CreateSpec, string, error) {
-		return sandbox.CreateSpec{}, "", newError(http.StatusBadRequest, msg)
+func (n *newSandbox) spec(defaultTimeout int) (sandbox.CreateSpec, error) {
+	bad := func(msg string) (sandbox.CreateSpec, error) {
+		return sandbox.CreateSpec{}, newError(http.StatusBadRequest, msg)
 	}
 	tmpl := n.TemplateID
 	if !templates[tmpl] {
-		return sandbox.CreateSpec{}, "", newError(http.StatusNotFound,
+		return sandbox.CreateSpec{}, newError(http.StatusNotFound,
 			fmt.Sprintf("template %q not found: Emberbox serves the templates base and code-interpreter-v1 (its default image)", tmpl))
 	}
 	switch {
@@ -182,7 +182,7 @@ func (n *newSandbox) spec(defaultTimeout int) (sandbox.CreateSpec, string, error
 		return bad("iam is not supported by Emberbox")
 	}
 	if err := checkTimeout(n.Timeout); err != nil {
-		return sandbox.CreateSpec{}, "", err
+		return sandbox.CreateSpec{}, err
 	}
 	timeout := defaultTimeout
 	if n.Timeout != nil {
@@ -229,10 +229,10 @@ func (n *newSandbox) spec(defaultTimeout int) (sandbox.CreateSpec, string, error
 	}
 	pol, err := n.policy()
 	if err != nil {
-		return sandbox.CreateSpec{}, "", err
+		return sandbox.CreateSpec{}, err
 	}
 	spec.Network = pol
-	return spec, tmpl, nil
+	return spec, nil
 }
 
 // policy maps allow_internet_access and network to an egress policy; nil
@@ -359,7 +359,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string) {
 	if strings.HasPrefix(r.URL.Path, "/v2/") {
 		def = defaultTimeoutV2
 	}
-	spec, _, err := req.spec(def)
+	spec, err := req.spec(def)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -397,7 +397,8 @@ func (h *Handler) waitRunning(ctx context.Context, owner, id string) (*sandbox.S
 }
 
 // sandboxJSON is E2B's Sandbox: what a create, connect or resume answers.
-func (h *Handler) sandboxJSON(sb *sandbox.Sandbox, tmpl string) map[string]any {
+func (h *Handler) sandboxJSON(sb *sandbox.Sandbox) map[string]any {
+	tmpl := templateOf(sb)
 	m := map[string]any{
 		"sandboxID":          sb.ID,
 		"templateID":         tmpl,
@@ -791,7 +792,7 @@ func (h *Handler) wakeOrAnswer(w http.ResponseWriter, r *http.Request, owner str
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, status, h.sandboxJSON(sb, templateOf(sb)))
+	writeJSON(w, status, h.sandboxJSON(sb))
 }
 
 func (h *Handler) pause(w http.ResponseWriter, r *http.Request, owner string) {
