@@ -154,4 +154,3 @@ type LogSink interface {
 type Builder interface {
 	Build(ctx context.Context, job Job, log LogSink) (Result, error)
 }
-
