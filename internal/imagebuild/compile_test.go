@@ -290,3 +290,25 @@ func TestKeys(t *testing.T) {
 		t.Error("recipe files of other content give the same key")
 	}
 }
+
+func TestAsUser(t *testing.T) {
+	argv := []string{"sh", "-c", "id"}
+	for _, c := range []struct {
+		user, execUser string
+		prefix         []string
+	}{
+		{"", "root", nil},
+		{"root", "root", nil},
+		{"0:0", "root", nil},
+		{"user", "user", nil},
+		{"1000", "user", nil},
+		{"www-data", "root", []string{"runuser", "-u", "www-data", "--"}},
+		{"app:staff", "root", []string{"runuser", "-u", "app", "-g", "staff", "--"}},
+		{"33", "root", []string{"setpriv", "--reuid", "33", "--regid", "33", "--clear-groups", "--"}},
+	} {
+		got, u := asUser(c.user, argv)
+		if u != c.execUser || !slices.Equal(got, append(slices.Clone(c.prefix), argv...)) {
+			t.Errorf("USER %q: %q as %q", c.user, got, u)
+		}
+	}
+}

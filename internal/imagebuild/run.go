@@ -417,7 +417,9 @@ func (bd *build) capture(ctx context.Context, g sandbox.Guest, id, key string) (
 	if old != "" {
 		drop = append(drop, old)
 	}
-	if ev, err := c.EvictBuildCache(ctx, bd.b.cfg.CacheEntries); err == nil {
+	// Never below this build's own steps: a later stage may start from
+	// an earlier one's end.
+	if ev, err := c.EvictBuildCache(ctx, max(bd.b.cfg.CacheEntries, bd.total+len(bd.plan.stages))); err == nil {
 		drop = append(drop, ev...)
 	}
 	for _, s := range drop {
@@ -435,7 +437,8 @@ func (bd *build) runStep(ctx context.Context, g sandbox.Guest, s *step, baseEnv 
 		env := map[string]string{}
 		maps.Copy(env, baseEnv)
 		maps.Copy(env, s.run.env)
-		return bd.exec(ctx, g, asUser(s.run.user, s.run.argv), s.run.cwd, env)
+		argv, user := asUser(s.run.user, s.run.argv)
+		return bd.execAs(ctx, g, argv, s.run.cwd, env, user)
 	case s.mkdir != "":
 		return bd.exec(ctx, g, []string{"mkdir", "-p", "--", s.mkdir}, "/", nil)
 	case s.copy != nil:
@@ -444,33 +447,38 @@ func (bd *build) runStep(ctx context.Context, g sandbox.Guest, s *step, baseEnv 
 	return nil
 }
 
-// asUser runs argv as a Dockerfile USER: root and the sandbox user
-// directly, any other through runuser or setpriv (as root).
-func asUser(user string, argv []string) []string {
+// asUser runs argv as a Dockerfile USER: root and the sandbox user through
+// the agent, any other through runuser or setpriv (as root).
+func asUser(user string, argv []string) ([]string, string) {
 	name, group, _ := strings.Cut(user, ":")
-	switch name {
-	case "", "root", "0":
-		if group == "" || group == "root" || group == "0" {
-			return argv
-		}
+	switch {
+	case (name == "" || name == "root" || name == "0") && (group == "" || group == "root" || group == "0"):
+		return argv, "root"
+	case (name == "user" || name == "1000") && (group == "" || group == "user" || group == "1000"):
+		return argv, "user"
 	}
 	if _, err := strconv.Atoi(name); err == nil {
 		if group == "" {
 			group = name
 		}
-		return append([]string{"setpriv", "--reuid", name, "--regid", group, "--clear-groups", "--"}, argv...)
+		return append([]string{"setpriv", "--reuid", name, "--regid", group, "--clear-groups", "--"}, argv...), "root"
 	}
 	pre := []string{"runuser", "-u", name}
 	if group != "" {
 		pre = append(pre, "-g", group)
 	}
-	return append(append(pre, "--"), argv...)
+	return append(append(pre, "--"), argv...), "root"
 }
 
 // exec runs argv as root, its output streamed to the log line by line.
 func (bd *build) exec(ctx context.Context, g sandbox.Guest, argv []string, cwd string, env map[string]string) error {
+	return bd.execAs(ctx, g, argv, cwd, env, "root")
+}
+
+// execAs runs argv as user ("root" or "user").
+func (bd *build) execAs(ctx context.Context, g sandbox.Guest, argv []string, cwd string, env map[string]string, user string) error {
 	out := map[string]*lineBuf{sandbox.EventStdout: {stream: "stdout", log: bd.log}, sandbox.EventStderr: {stream: "stderr", log: bd.log}}
-	req := sandbox.ExecRequest{Argv: argv, Cwd: cwd, Env: env, User: "root", Stream: true}
+	req := sandbox.ExecRequest{Argv: argv, Cwd: cwd, Env: env, User: user, Stream: true}
 	if dl, ok := ctx.Deadline(); ok {
 		req.TimeoutMs = max(time.Until(dl).Milliseconds(), 1)
 	}
