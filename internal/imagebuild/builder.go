@@ -137,6 +137,9 @@ func (b *Builder) Build(ctx context.Context, job images.Job, log images.LogSink)
 }
 
 func (b *Builder) build(ctx context.Context, job images.Job, log images.LogSink) (images.Result, error) {
+	if job.WorkDir == "" {
+		return images.Result{}, errors.New("a build without a work directory")
+	}
 	var p *plan
 	var err error
 	switch job.Kind {

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/images"
@@ -270,6 +271,27 @@ func TestKeys(t *testing.T) {
 	}
 	if keyOf("one") == keyOf("two") {
 		t.Error("a copy of other content gives the same key")
+	}
+	// Times do not count: the same files uploaded again hit the cache.
+	touched := func(mtime int64) string {
+		d := t.TempDir()
+		var buf bytes.Buffer
+		zw := gzip.NewWriter(&buf)
+		tw := tar.NewWriter(zw)
+		tw.WriteHeader(&tar.Header{Name: "a.txt", Mode: 0o644, Size: 3, ModTime: time.Unix(mtime, 0), Typeflag: tar.TypeReg})
+		tw.Write([]byte("one"))
+		tw.Close()
+		zw.Close()
+		f := filepath.Join(d, "context.tar.gz")
+		os.WriteFile(f, buf.Bytes(), 0o600)
+		ops, err := contextOps(f, d, &copySpec{srcs: []string{"a.txt"}, dest: "/a.txt"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ops[0].digest
+	}
+	if touched(1) != touched(1700000000) {
+		t.Error("a file's time changes its copy's digest")
 	}
 	run := func(env string) *step {
 		return &step{text: "RUN x", run: &runSpec{argv: []string{"sh", "-c", "x"}, env: map[string]string{"V": env}}}

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"os"
 	"path"
@@ -214,23 +215,19 @@ type opWriter struct {
 
 type openOp struct {
 	f     *os.File
-	h     hashCounter
+	n     countWriter
 	tw    *tar.Writer
+	sum   hash.Hash // of what is copied: names, types, modes, links, bytes
 	names []string
 	seen  map[string]bool
 }
 
-type hashCounter struct {
-	sum interface {
-		io.Writer
-		Sum([]byte) []byte
-	}
-	n int64
-}
+// countWriter counts the bytes written through it.
+type countWriter struct{ n int64 }
 
-func (h *hashCounter) Write(p []byte) (int, error) {
-	h.n += int64(len(p))
-	return h.sum.Write(p)
+func (c *countWriter) Write(p []byte) (int, error) {
+	c.n += int64(len(p))
+	return len(p), nil
 }
 
 func newOpWriter(workDir string, spec *copySpec) *opWriter {
@@ -246,9 +243,8 @@ func (w *opWriter) add(p placement, h *tar.Header, r io.Reader) error {
 		if err != nil {
 			return fmt.Errorf("staging a copy: %w", err)
 		}
-		op = &openOp{f: f, seen: map[string]bool{}}
-		op.h.sum = sha256.New()
-		op.tw = tar.NewWriter(io.MultiWriter(f, &op.h))
+		op = &openOp{f: f, seen: map[string]bool{}, sum: sha256.New()}
+		op.tw = tar.NewWriter(io.MultiWriter(f, &op.n))
 		w.ops[p.dir] = op
 		w.order = append(w.order, p.dir)
 	}
@@ -273,8 +269,11 @@ func (w *opWriter) add(p placement, h *tar.Header, r io.Reader) error {
 	if err := op.tw.WriteHeader(nh); err != nil {
 		return fmt.Errorf("staging a copy: %w", err)
 	}
+	// The key follows what lands in the image, not the times the client's
+	// files happen to have.
+	fmt.Fprintf(op.sum, "%d:%s;%c;%o;%d:%s;%d;", len(nh.Name), nh.Name, nh.Typeflag, nh.Mode, len(nh.Linkname), nh.Linkname, nh.Size)
 	if nh.Typeflag == tar.TypeReg {
-		if _, err := io.CopyN(op.tw, r, h.Size); err != nil {
+		if _, err := io.CopyN(io.MultiWriter(op.tw, op.sum), r, h.Size); err != nil {
 			return invalid("build context: reading %.200q: %v", h.Name, err)
 		}
 	}
@@ -298,8 +297,8 @@ func (w *opWriter) close() ([]copyOp, error) {
 			w.abort()
 			return nil, fmt.Errorf("staging a copy: %w", err)
 		}
-		ops = append(ops, copyOp{dir: dir, tar: op.f.Name(), size: op.h.n,
-			digest: "sha256:" + hex.EncodeToString(op.h.sum.Sum(nil)), names: op.names})
+		ops = append(ops, copyOp{dir: dir, tar: op.f.Name(), size: op.n.n,
+			digest: "sha256:" + hex.EncodeToString(op.sum.Sum(nil)), names: op.names})
 	}
 	return ops, nil
 }

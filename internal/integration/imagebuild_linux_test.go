@@ -99,11 +99,17 @@ func TestImageBuild(t *testing.T) {
 	newJob := func(kind string) images.Job {
 		return images.Job{ImageID: "img-" + kind, Owner: "key_a", Kind: kind, Cache: true, WorkDir: publicDir(t)}
 	}
-	boot := func(t *testing.T, res images.Result) (string, sandbox.Guest) {
+	// boot creates a sandbox of the image (nil: the default image).
+	boot := func(t *testing.T, res *images.Result) (string, sandbox.Guest) {
 		t.Helper()
 		t0 := time.Now()
-		sb, err := m.Create(ctx, "key_a", sandbox.CreateSpec{VCPU: 1, MemoryMiB: 1024, DiskMiB: res.MinDiskMiB, TimeoutSeconds: 1800,
-			OnLeaseEnd: sandbox.LeaseEndDelete, Image: &sandbox.ImageRef{ID: "img", Rootfs: res.RootfsPath, MinDiskMiB: res.MinDiskMiB}})
+		spec := sandbox.CreateSpec{VCPU: 1, MemoryMiB: 1024, DiskMiB: 4096, TimeoutSeconds: 1800, OnLeaseEnd: sandbox.LeaseEndDelete}
+		what := "the default image"
+		if res != nil {
+			what = "the built image"
+			spec.DiskMiB, spec.Image = res.MinDiskMiB, &sandbox.ImageRef{ID: "img", Rootfs: res.RootfsPath, MinDiskMiB: res.MinDiskMiB}
+		}
+		sb, err := m.Create(ctx, "key_a", spec)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -114,7 +120,7 @@ func TestImageBuild(t *testing.T) {
 		if err != nil || got.State != sandbox.StateRunning {
 			t.Fatalf("a sandbox of the image: %v %+v", err, got)
 		}
-		t.Logf("create from the built image: running in %s", time.Since(t0).Round(time.Millisecond))
+		t.Logf("create from %s: running in %s", what, time.Since(t0).Round(time.Millisecond))
 		_, g, err := m.Guest(ctx, "key_a", sb.ID)
 		if err != nil {
 			t.Fatal(err)
@@ -154,7 +160,8 @@ func TestImageBuild(t *testing.T) {
 		if !log.has("stdout: tabulate 0.9.0") {
 			t.Error("the log lacks the command's output")
 		}
-		_, g := boot(t, res)
+		boot(t, nil) // for its time, beside the image's
+		_, g := boot(t, &res)
 		if got := run(t, g, `python3 -c "import tabulate; print(tabulate.__version__)"`); got != "0.9.0" {
 			t.Errorf("tabulate in the image: %q", got)
 		}
@@ -224,7 +231,7 @@ CMD ["python3", "-m", "http.server", "8000"]
 		if res.Start == nil || res.Start.Command != "python3 -m http.server 8000" || res.Workdir != "/opt/app" || res.Env["APP_HOME"] != "/opt/app" {
 			t.Errorf("result %+v", res)
 		}
-		_, g := boot(t, res)
+		_, g := boot(t, &res)
 		if got := run(t, g, "cat /opt/app/out.txt /opt/app/config.json /opt/app/flavor; ls /build 2>&1 || true"); !strings.HasPrefix(got, "made with spicy\n{\"ok\": true}flavor=spicy\n") || !strings.Contains(got, "No such file") {
 			t.Errorf("the image holds %q", got)
 		}
