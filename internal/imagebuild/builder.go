@@ -51,12 +51,15 @@ type Cache interface {
 	EvictBuildCache(ctx context.Context, keep int) ([]string, error)
 }
 
-// Importer turns an OCI image (a registry reference, or job.ArchivePath
-// when ref is "") into a root disk a build can start from or the catalog
-// can keep: helper C's internal/ociimage plugs in here. The Resolved's
-// Ref.Rootfs is a raw disk image under job.WorkDir.
+// Importer makes a root disk of an OCI image: a registry reference, or
+// job.ArchivePath (an uploaded OCI layout or docker save tarball) when ref
+// is "". Helper C's internal/ociimage plugs in here. A job of kind image
+// or archive returns its Result as is; a Dockerfile's FROM of a reference
+// no image of ours has builds on it, so its RootfsPath must outlive the
+// build (the step cache's snapshots are overlays of it) and be readable by
+// the VMs (mode 0644 in a 0755 directory chain).
 type Importer interface {
-	Import(ctx context.Context, job images.Job, ref string, log images.LogSink) (*images.Resolved, error)
+	Import(ctx context.Context, job images.Job, ref string, log images.LogSink) (images.Result, error)
 }
 
 // Config configures a Builder.
@@ -173,11 +176,7 @@ func (b *Builder) importImage(ctx context.Context, job images.Job, log images.Lo
 	if b.cfg.Import == nil {
 		return images.Result{}, invalid("%s: OCI images arrive with the import, which this server does not have yet", orArchive(ref))
 	}
-	r, err := b.cfg.Import.Import(ctx, job, ref, log)
-	if err != nil {
-		return images.Result{}, err
-	}
-	return resultOf(job, r.Ref.Rootfs, r.Digest, r.Env, r.Workdir, r.User, nil, nil)
+	return b.cfg.Import.Import(ctx, job, ref, log)
 }
 
 func orArchive(ref string) string {

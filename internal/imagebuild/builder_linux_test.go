@@ -263,3 +263,68 @@ CMD ["python3", "-m", "http.server", "8080"]
 		t.Errorf("refused builds started %d sandboxes", e.drv.Starts()-starts)
 	}
 }
+
+// stubImporter "imports" any reference as a file of its own.
+type stubImporter struct {
+	mu   sync.Mutex
+	refs []string
+	dir  string
+}
+
+func (s *stubImporter) Import(ctx context.Context, job images.Job, ref string, log images.LogSink) (images.Result, error) {
+	s.mu.Lock()
+	s.refs = append(s.refs, ref)
+	s.mu.Unlock()
+	p := filepath.Join(s.dir, "imported.img")
+	if err := os.WriteFile(p, []byte("disk of "+ref), 0o644); err != nil {
+		return images.Result{}, err
+	}
+	return images.Result{RootfsPath: p, Digest: "sha256:imported", MinDiskMiB: 1024, Env: map[string]string{"FROM_OCI": "1"},
+		Start: &images.StartSpec{Command: "python3"}}, nil
+}
+
+// OCI images go to the importer: as a build of their own, and as a
+// Dockerfile's base, whose sandbox boots the imported disk.
+func TestBuildImporter(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	j := job(t, images.SourceImage)
+	j.Reference = "python:3.12-slim"
+	if _, err := e.b.Build(ctx, j, &logLines{}); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "python:3.12-slim") {
+		t.Fatalf("import without an importer: %v", err)
+	}
+
+	imp := &stubImporter{dir: t.TempDir()}
+	b := imagebuild.New(imagebuild.Config{Manager: e.m, Cache: e.st, Import: imp, MemoryMiB: 512, DiskMiB: 1024})
+	res, err := b.Build(ctx, j, &logLines{})
+	if err != nil || res.Digest != "sha256:imported" || res.Start == nil {
+		t.Fatalf("import: %+v %v", res, err)
+	}
+
+	tmp := t.TempDir()
+	jd := job(t, images.SourceDockerfile)
+	jd.Dockerfile = "FROM python:3.12-slim\nRUN echo $FROM_OCI > " + tmp + "/env\n"
+	jd.Resolve = func(ctx context.Context, ref string) (*images.Resolved, error) {
+		return nil, errdefs.New(errdefs.ErrNotFound, "image_not_found", "no image %q", ref)
+	}
+	log := &logLines{}
+	res, err = b.Build(ctx, jd, log)
+	if err != nil {
+		t.Fatalf("FROM an OCI image: %v\n%s", err, log)
+	}
+	if got, _ := os.ReadFile(filepath.Join(tmp, "env")); string(got) != "1\n" || res.Env["FROM_OCI"] != "1" {
+		t.Errorf("the base's environment: step saw %q, result %v", got, res.Env)
+	}
+	if len(imp.refs) != 2 || imp.refs[1] != "python:3.12-slim" {
+		t.Errorf("importer calls %q", imp.refs)
+	}
+	var id string
+	for _, l := range strings.Split(log.String(), "\n") {
+		if rest, ok := strings.CutPrefix(l, "build: build sandbox "); ok {
+			id, _, _ = strings.Cut(rest, " ")
+		}
+	}
+	if m := e.drv.Machine(id); m == nil || m.Spec().Rootfs != filepath.Join(imp.dir, "imported.img") {
+		t.Errorf("the build sandbox %q did not boot the imported disk", id)
+	}
+}

@@ -175,7 +175,12 @@ func (bd *build) resolveBase(ctx context.Context, st *stage) (*images.Resolved, 
 		return nil, invalid("%s %s: no image of ours has that name, and OCI images arrive with the import, which this server does not have yet", where, ref)
 	}
 	bd.log.Line("build", "importing "+ref)
-	return bd.b.cfg.Import.Import(ctx, bd.job, ref, bd.log)
+	res, err := bd.b.cfg.Import.Import(ctx, bd.job, ref, bd.log)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", where, ref, err)
+	}
+	return &images.Resolved{Ref: sandbox.ImageRef{ID: "import:" + res.Digest, Rootfs: res.RootfsPath, MinDiskMiB: res.MinDiskMiB},
+		Digest: res.Digest, Env: res.Env, Workdir: res.Workdir, User: res.User}, nil
 }
 
 func (bd *build) runStage(ctx context.Context, i int) (stageEnd, error) {
