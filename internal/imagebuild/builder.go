@@ -49,6 +49,8 @@ type Cache interface {
 	// EvictBuildCache keeps the keep most recently used entries and
 	// returns the snapshots of those it dropped.
 	EvictBuildCache(ctx context.Context, keep int) ([]string, error)
+	// BuildCacheSnapshots lists every entry: key → snapshot.
+	BuildCacheSnapshots(ctx context.Context) (map[string]string, error)
 }
 
 // Importer makes a root disk of an OCI image: a registry reference, or
@@ -200,4 +202,34 @@ func (s *boundedSink) Line(stream, text string) {
 		text = text[:maxLogLine] + " [line cut]"
 	}
 	s.sink.Line(stream, text)
+}
+
+// ForgetImage drops the cached steps whose disks are overlays of image
+// imageID (built on it as a base), deleting their snapshots: the catalog
+// calls it before deleting an image, whose disk would otherwise be in use
+// by the cache (snapshots.image_id) — or gone from under it.
+func (b *Builder) ForgetImage(ctx context.Context, imageID string) error {
+	if b.cfg.Cache == nil || imageID == "" {
+		return nil
+	}
+	all, err := b.cfg.Cache.BuildCacheSnapshots(ctx)
+	if err != nil {
+		return err
+	}
+	for key, id := range all {
+		sn, err := b.cfg.Manager.GetSnapshot(ctx, Owner, id)
+		if err != nil && !errdefs.IsNotFound(err) {
+			return err
+		}
+		if err == nil && sn.ImageID != imageID {
+			continue
+		}
+		if err := b.cfg.Cache.DeleteBuildCache(ctx, key); err != nil {
+			return err
+		}
+		if err := b.cfg.Manager.DeleteSnapshot(ctx, Owner, id); err != nil && !errdefs.IsNotFound(err) {
+			return err
+		}
+	}
+	return nil
 }

@@ -328,3 +328,49 @@ func TestBuildImporter(t *testing.T) {
 		t.Errorf("the build sandbox %q did not boot the imported disk", id)
 	}
 }
+
+// A build on an image of ours records it on its cached steps, which
+// ForgetImage drops before the catalog deletes that image.
+func TestForgetImage(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	base := filepath.Join(t.TempDir(), "base.img")
+	os.WriteFile(base, []byte("base disk"), 0o644)
+	j := job(t, images.SourceRecipe)
+	j.Recipe = &images.Recipe{Base: "app:latest", Commands: []string{"true", "true # again"}}
+	j.Resolve = func(ctx context.Context, ref string) (*images.Resolved, error) {
+		if ref != "app:latest" {
+			return nil, errdefs.New(errdefs.ErrNotFound, "image_not_found", "no image %q", ref)
+		}
+		return &images.Resolved{Ref: sandbox.ImageRef{ID: "img-base", Rootfs: base, MinDiskMiB: 512}, Digest: "sha256:base"}, nil
+	}
+	if _, err := e.b.Build(ctx, j, &logLines{}); err != nil {
+		t.Fatal(err)
+	}
+	all, err := e.st.BuildCacheSnapshots(ctx)
+	if err != nil || len(all) != 2 {
+		t.Fatalf("cache %v %v, want the two steps", all, err)
+	}
+	for _, id := range all {
+		if sn, err := e.m.GetSnapshot(ctx, imagebuild.Owner, id); err != nil || sn.ImageID != "img-base" {
+			t.Fatalf("cached step %s: %+v %v", id, sn, err)
+		}
+	}
+	if err := e.b.ForgetImage(ctx, "img-other"); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := e.st.BuildCacheSnapshots(ctx); len(left) != 2 {
+		t.Errorf("forgetting another image dropped steps: %v", left)
+	}
+	if err := e.b.ForgetImage(ctx, "img-base"); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := e.st.BuildCacheSnapshots(ctx); len(left) != 0 {
+		t.Errorf("cache after forgetting: %v", left)
+	}
+	for _, id := range all {
+		if _, err := e.m.GetSnapshot(ctx, imagebuild.Owner, id); !errdefs.IsNotFound(err) {
+			t.Errorf("snapshot %s: %v, want deleted", id, err)
+		}
+	}
+}

@@ -179,7 +179,8 @@ func (bd *build) resolveBase(ctx context.Context, st *stage) (*images.Resolved, 
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: %w", where, ref, err)
 	}
-	return &images.Resolved{Ref: sandbox.ImageRef{ID: "import:" + res.Digest, Rootfs: res.RootfsPath, MinDiskMiB: res.MinDiskMiB},
+	// No catalog image: build sandboxes record the disk alone.
+	return &images.Resolved{Ref: sandbox.ImageRef{Rootfs: res.RootfsPath, MinDiskMiB: res.MinDiskMiB},
 		Digest: res.Digest, Env: res.Env, Workdir: res.Workdir, User: res.User}, nil
 }
 

@@ -89,3 +89,22 @@ func (s *Store) EvictBuildCache(ctx context.Context, keep int) ([]string, error)
 	}
 	return ids, nil
 }
+
+// BuildCacheSnapshots lists the whole cache: key → snapshot. It is small
+// (bounded by the builder's eviction).
+func (s *Store) BuildCacheSnapshots(ctx context.Context) (map[string]string, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT key, snapshot_id FROM build_cache`)
+	if err != nil {
+		return nil, fmt.Errorf("listing build steps: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]string{}
+	for rows.Next() {
+		var k, id string
+		if err := rows.Scan(&k, &id); err != nil {
+			return nil, fmt.Errorf("listing build steps: %w", err)
+		}
+		out[k] = id
+	}
+	return out, rows.Err()
+}

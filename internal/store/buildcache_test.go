@@ -41,4 +41,7 @@ func TestBuildCache(t *testing.T) {
 	if id, err := s.GetBuildCache(ctx, "k2", t0); err != nil || id != "snap-k2b" {
 		t.Fatalf("get k2: %q %v", id, err)
 	}
+	if all, err := s.BuildCacheSnapshots(ctx); err != nil || len(all) != 1 || all["k2"] != "snap-k2b" {
+		t.Fatalf("list: %v %v", all, err)
+	}
 }
