@@ -32,6 +32,8 @@ type Manager interface {
 	GetSnapshot(ctx context.Context, owner, id string) (*sandbox.Snapshot, error)
 	DeleteSnapshot(ctx context.Context, owner, id string) error
 	ExportDisk(ctx context.Context, owner, snapshotID, dst string) error
+	List(ctx context.Context, opts sandbox.ListOptions) ([]*sandbox.Sandbox, string, error)
+	ListSnapshots(ctx context.Context, opts sandbox.SnapshotListOptions) ([]*sandbox.Snapshot, string, error)
 }
 
 var _ Manager = (*sandbox.Manager)(nil)

@@ -374,3 +374,44 @@ func TestForgetImage(t *testing.T) {
 		}
 	}
 }
+
+// Recover removes a build's leftovers after a restart and keeps the cache.
+func TestRecover(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	j := job(t, images.SourceRecipe)
+	j.Recipe = &images.Recipe{Commands: []string{"true"}}
+	if _, err := e.b.Build(ctx, j, &logLines{}); err != nil {
+		t.Fatal(err)
+	}
+	cached, _ := e.st.BuildCacheSnapshots(ctx)
+	// What a crash mid-build leaves: a running build sandbox and a
+	// snapshot of it that no cache entry names.
+	sb, err := e.m.Create(ctx, imagebuild.Owner, sandbox.CreateSpec{VCPU: 1, MemoryMiB: 512, DiskMiB: 1024, TimeoutSeconds: 600, OnLeaseEnd: sandbox.LeaseEndDelete})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if _, err := e.m.WaitFor(wctx, imagebuild.Owner, sb.ID, sandbox.StateRunning); err != nil {
+		t.Fatal(err)
+	}
+	stray, err := e.m.Snapshot(ctx, imagebuild.Owner, sb.ID, sandbox.SnapshotSpec{Mode: sandbox.SnapshotModeDisk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.b.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := e.m.Get(ctx, imagebuild.Owner, sb.ID); err == nil && got.State != sandbox.StateDeleted && got.State != sandbox.StateDeleting {
+		t.Errorf("the stray build sandbox is %s", got.State)
+	}
+	if _, err := e.m.GetSnapshot(ctx, imagebuild.Owner, stray.ID); !errdefs.IsNotFound(err) {
+		t.Errorf("the stray snapshot: %v, want deleted", err)
+	}
+	for _, id := range cached {
+		if _, err := e.m.GetSnapshot(ctx, imagebuild.Owner, id); err != nil {
+			t.Errorf("cached step %s: %v", id, err)
+		}
+	}
+}

@@ -400,8 +400,14 @@ func (bd *build) capture(ctx context.Context, g sandbox.Guest, id, key string) (
 	if _, err := g.Exec(ctx, sandbox.ExecRequest{Argv: []string{"sync"}, User: "root"}, nil); err != nil {
 		return "", fmt.Errorf("syncing the disk: %w", err)
 	}
+	// A cached step lives until evicted; a build's own snapshot (cache
+	// off) only as long as the build, and a day if a crash forgets it.
+	days := 1
+	if bd.caching() {
+		days = sandbox.MaxSnapshotRetentionDays
+	}
 	sn, err := m.Snapshot(ctx, Owner, id, sandbox.SnapshotSpec{Name: "build-" + key[:16], Mode: sandbox.SnapshotModeDisk,
-		RetentionDays: sandbox.MaxSnapshotRetentionDays, Labels: map[string]string{"emberbox.build/key": key[:32]}})
+		RetentionDays: days, Labels: map[string]string{"emberbox.build/key": key[:32]}})
 	if err != nil {
 		return "", fmt.Errorf("capturing the disk: %w", err)
 	}
