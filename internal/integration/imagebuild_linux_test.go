@@ -211,6 +211,10 @@ ARG FLAVOR
 COPY --from=builder /build/out.txt /opt/app/out.txt
 COPY config.json /opt/app/
 RUN echo "flavor=$FLAVOR" > /opt/app/flavor && chmod 0644 /opt/app/flavor
+COPY --chown=user config.json /workspace/mine.json
+USER user
+RUN whoami > /workspace/who && touch /workspace/by-user
+USER root
 ENV APP_HOME=/opt/app
 WORKDIR /opt/app
 CMD ["python3", "-m", "http.server", "8000"]
@@ -234,6 +238,9 @@ CMD ["python3", "-m", "http.server", "8000"]
 		_, g := boot(t, &res)
 		if got := run(t, g, "cat /opt/app/out.txt /opt/app/config.json /opt/app/flavor; ls /build 2>&1 || true"); !strings.HasPrefix(got, "made with spicy\n{\"ok\": true}flavor=spicy\n") || !strings.Contains(got, "No such file") {
 			t.Errorf("the image holds %q", got)
+		}
+		if got := run(t, g, "stat -c %U:%G /workspace/mine.json /workspace/by-user /opt/app/config.json; cat /workspace/who"); got != "user:user\nuser:user\nroot:root\nuser" {
+			t.Errorf("owners and USER: %q", got)
 		}
 	})
 }
