@@ -363,6 +363,47 @@ CREATE TABLE link_generations (
 	generation INTEGER NOT NULL
 ) STRICT;
 `,
+	// 13 (issue 13's numbering; the lead orders it): volumes (volumes.go),
+	// their attachments, and backups (not served yet).
+	`
+CREATE TABLE volumes (
+	id            TEXT PRIMARY KEY,
+	owner_key_id  TEXT NOT NULL,
+	name          TEXT NOT NULL,
+	labels        TEXT NOT NULL,    -- JSON object
+	size_mib      INTEGER NOT NULL,
+	state         TEXT NOT NULL,    -- ready | attached | deleted
+	sandbox_id    TEXT,             -- the holder while attached
+	attachment_id TEXT,
+	created_at    TEXT NOT NULL,
+	updated_at    TEXT NOT NULL
+) STRICT;
+CREATE INDEX volumes_owner ON volumes (owner_key_id, id);
+CREATE TABLE volume_attachments (
+	id           TEXT PRIMARY KEY,
+	volume_id    TEXT NOT NULL REFERENCES volumes (id),
+	sandbox_id   TEXT NOT NULL,
+	owner_key_id TEXT NOT NULL,
+	path         TEXT NOT NULL,
+	mode         TEXT NOT NULL,
+	state        TEXT NOT NULL,     -- attaching | attached | detaching | detached
+	error        TEXT NOT NULL,
+	created_at   TEXT NOT NULL,
+	attached_at  TEXT,
+	detached_at  TEXT
+) STRICT;
+CREATE INDEX volume_attachments_sandbox ON volume_attachments (sandbox_id, state);
+CREATE TABLE volume_backups (
+	id           TEXT PRIMARY KEY,
+	volume_id    TEXT NOT NULL,
+	owner_key_id TEXT NOT NULL,
+	name         TEXT NOT NULL,
+	size_mib     INTEGER NOT NULL,
+	state        TEXT NOT NULL,
+	created_at   TEXT NOT NULL,
+	ready_at     TEXT
+) STRICT;
+`,
 }
 
 // migrate applies the pending migrations, each in its own transaction
