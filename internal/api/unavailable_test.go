@@ -21,7 +21,8 @@ var sdkUnavailable = []struct{ method, path string }{
 	{"POST", "/v1/sandboxes/sbx_r:retention"},
 	{"GET", "/v1/images"},
 	{"GET", "/v1/images/img_1/logs"},
-	{"GET", "/v1/volumes"},
+	{"POST", "/v1/volumes/vol_1:backup"},
+	{"GET", "/v1/volumes"}, // no volume service configured
 	{"POST", "/v1/volume-backups"},
 	{"GET", "/v1/secrets"},
 	{"GET", "/v1/egress-secrets"},

@@ -431,3 +431,8 @@ func checkPath(p string) string {
 	}
 	return ""
 }
+
+// Name implements sandbox.Preparer.
+func (s *Service) Name() string { return "volumes" }
+
+var _ sandbox.Preparer = (*Service)(nil)
