@@ -111,7 +111,7 @@ func (s *server) createVolume(w http.ResponseWriter, r *http.Request, c *call) e
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, toVolumeJSON(v))
+	writeJSON(w, http.StatusOK, toVolumeJSON(v))
 	return nil
 }
 
