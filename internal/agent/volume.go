@@ -238,19 +238,20 @@ func (v *volume) fromKernel() {
 		if err != nil {
 			return // disconnected (or the socket closed at detach)
 		}
+		if q.typ == nbdCmdDisc {
+			// The kernel's receiver ends (and NBD_DO_IT returns) when the
+			// "server" closes the connection. The host has nothing to do.
+			_ = unix.Shutdown(int(v.kern.Fd()), unix.SHUT_RDWR)
+			return
+		}
 		v.mu.Lock()
 		v.seq++
 		q.seq = v.seq
-		if q.typ != nbdCmdDisc {
-			v.pending[q.handle] = q
-		}
+		v.pending[q.handle] = q
 		st := v.st
 		v.mu.Unlock()
 		if st != nil {
 			v.send(st, q) // on failure fromHost sees the stream end and resends
-		}
-		if q.typ == nbdCmdDisc {
-			return
 		}
 	}
 }
@@ -359,6 +360,9 @@ func (v *volume) reopen() *yamux.Stream {
 }
 
 // mount mounts the device and grows its filesystem to the volume's size.
+// noinit_itable: the host made the filesystem on a new sparse file, whose
+// inode tables read as zeros already, so the kernel need not write them
+// over the stream.
 func (v *volume) mount(size int64) error {
 	if fi, err := os.Lstat(v.path); err == nil && !fi.IsDir() {
 		return &agentproto.Error{Code: agentproto.CodeNotADirectory, Message: v.path + " is not a directory"}
@@ -366,7 +370,7 @@ func (v *volume) mount(size int64) error {
 	if err := os.MkdirAll(v.path, 0o755); err != nil {
 		return fmt.Errorf("creating %s: %w", v.path, err)
 	}
-	if err := unix.Mount(v.dev.Name(), v.path, "ext4", unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+	if err := unix.Mount(v.dev.Name(), v.path, "ext4", unix.MS_NOSUID|unix.MS_NODEV, "noinit_itable"); err != nil {
 		return fmt.Errorf("mounting %s on %s: %w", v.dev.Name(), v.path, err)
 	}
 	var fs unix.Statfs_t
