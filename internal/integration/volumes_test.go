@@ -110,19 +110,27 @@ func TestVolumes(t *testing.T) {
 	}
 
 	// 3. A busy mount is not detached; then it is.
-	proc := a.spawn(t, sb1.ID, "cd /data && sleep 100000")
+	proc := a.spawn(t, sb1.ID, "cd /data && exec sleep 100000")
+	if !waitUntil(30*time.Second, 200*time.Millisecond, func() bool {
+		res, _ := a.exec(t, sb1.ID, execReq{Command: "for p in $(pgrep -x sleep); do readlink /proc/$p/cwd; done | grep -qx /data"})
+		return res.exit() == "0"
+	}) {
+		t.Fatalf("the process in /data never started")
+	}
 	r = a.raw(t, "POST", "/v1/volumes/"+v1.ID+"/attachments/"+att1.ID+":detach", map[string]any{}, nil, requestTimeout)
 	if r.Status != http.StatusConflict || errCode(r) != "volume_busy" {
 		t.Errorf("detach of a busy mount: %v", r)
 	}
 	a.raw(t, "POST", "/v1/sandboxes/"+sb1.ID+"/processes/"+proc.ID+":signal", map[string]any{"signal": "SIGKILL"}, nil, requestTimeout)
 	var det attachmentJSON
+	detachStart := time.Now()
 	if !waitUntil(30*time.Second, 200*time.Millisecond, func() bool {
 		r := a.raw(t, "POST", "/v1/volumes/"+v1.ID+"/attachments/"+att1.ID+":detach", map[string]any{}, nil, requestTimeout)
 		return r.Status == http.StatusOK && decodeInto(r, &det) && det.State == "detached"
 	}) {
 		t.Fatalf("detach did not succeed")
 	}
+	t.Logf("detached in %s", time.Since(detachStart).Round(time.Millisecond))
 	if res, _ := a.exec(t, sb1.ID, execReq{Command: "mountpoint -q /data"}); res.exit() == "0" {
 		t.Errorf("/data is still a mount point after the detach")
 	}
