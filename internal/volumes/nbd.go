@@ -96,7 +96,7 @@ func serveNBD(r *bufio.Reader, w io.Writer, f *os.File, size int64) error {
 			}
 			data = nil
 		case nbdCmdFlush:
-			if err := unix.Fdatasync(int(f.Fd())); err != nil {
+			if err := datasync(f); err != nil {
 				code = nbdEIO
 			}
 		case nbdCmdTrim:
@@ -105,7 +105,7 @@ func serveNBD(r *bufio.Reader, w io.Writer, f *os.File, size int64) error {
 			} else if length > 0 {
 				// A hole where the guest freed blocks; a failure to punch
 				// one loses nothing.
-				_ = unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(off), int64(length))
+				punchHole(f, int64(off), int64(length))
 			}
 		case nbdCmdDisc:
 			return nil
@@ -130,5 +130,3 @@ func grow(b []byte, n int) []byte {
 	}
 	return make([]byte, n)
 }
-
-func unixFdatasync(f *os.File) error { return unix.Fdatasync(int(f.Fd())) }

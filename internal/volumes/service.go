@@ -410,7 +410,7 @@ func (s *Service) ServeVolume(ctx context.Context, sandboxID, attachmentID strin
 	if err := serveNBD(br, c, f, int64(v.SizeMiB)<<20); err != nil && !errors.Is(err, net.ErrClosed) {
 		s.log.Info("volume stream ended", "sandbox_id", sandboxID, "attachment_id", attachmentID, "err", err)
 	}
-	_ = unixFdatasync(f)
+	_ = datasync(f)
 }
 
 // checkPath says why path cannot carry a volume, or "" (the agent checks
