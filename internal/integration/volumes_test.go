@@ -3,6 +3,8 @@ package integration
 import (
 	"encoding/json"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -159,10 +161,13 @@ func TestVolumes(t *testing.T) {
 	a.sh(t, sb3.ID, "echo before > /data/before && sync")
 	// A write made while the server is down waits in the guest and lands
 	// once the restarted server serves the volume again.
-	a.spawn(t, sb3.ID, "sleep 3; head -c 4194304 /dev/urandom > /data/during; md5sum /data/during > /data/during.md5; sync; touch /data/done")
+	spawned := time.Now()
+	a.spawn(t, sb3.ID, "sleep 1; head -c 4194304 /dev/urandom > /data/during; md5sum /data/during > /data/during.md5; sync; touch /data/done")
 
-	// 6. kill -9 and restart.
+	// 6. kill -9 and restart. The server stays down until 4 s after the
+	// spawn, an outage the guest's write and sync fall into.
 	s1.kill9(t)
+	time.Sleep(time.Until(spawned.Add(4 * time.Second)))
 	s2 := startServer(t, dataDir)
 	a, b = s2.client(keyA), s2.client(keyB)
 	waitAgent(t, a, sb3.ID)
@@ -171,6 +176,13 @@ func TestVolumes(t *testing.T) {
 		return res.exit() == "0"
 	}) {
 		t.Fatalf("the write made across the restart never finished")
+	}
+	if b, err := os.ReadFile(filepath.Join(dataDir, "sandboxes", sb3.ID, "console.log")); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.Contains(l, "volume stream reopened") {
+				t.Logf("guest: %s", l)
+			}
+		}
 	}
 	if out := a.sh(t, sb3.ID, "cat /data/before && md5sum -c /data/during.md5 >/dev/null && echo ok"); out != "before\nok\n" {
 		t.Errorf("volume after the restart: %q", out)
