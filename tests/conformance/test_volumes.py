@@ -45,7 +45,7 @@ def test_volume_moves_between_sandboxes(runtime_client, volume):
         _ok(r, "the mount")
         assert r.stdout.split() == ["user", "ext4"], r.stdout
         first.files.write("/data/token.txt", token)
-        _ok(first.exec("head -c 3000000 /dev/urandom > /data/blob && md5sum /data/blob > /data/blob.md5 && sync"), "write")
+        _ok(first.exec("cd /data && head -c 3000000 /dev/urandom > blob && md5sum blob > blob.md5 && sync"), "write")
         held = vols.get(volume["id"])
         assert held["state"] == "attached" and held["sandboxId"] == first.id, held
 
