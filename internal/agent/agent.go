@@ -303,6 +303,11 @@ func (a *Agent) dispatch(ctx context.Context, c *agentproto.Conn, req *agentprot
 			return err
 		}
 		return c.WriteJSON(agentproto.Reply{OK: true})
+	case agentproto.MethodVolumeFreeze, agentproto.MethodVolumeThaw:
+		if err := a.volumeFreeze(req.Volume, req.Method == agentproto.MethodVolumeFreeze); err != nil {
+			return err
+		}
+		return c.WriteJSON(agentproto.Reply{OK: true})
 	case agentproto.MethodVolumeDetach:
 		if err := a.volumeDetach(req.Volume); err != nil {
 			return err

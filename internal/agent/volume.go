@@ -76,6 +76,7 @@ type volume struct {
 	st      *yamux.Stream // the current host stream; nil while reconnecting
 	wmu     sync.Mutex    // one writer on st at a time
 	kmu     sync.Mutex    // one writer on kern at a time
+	thaw    *time.Timer   // set while frozen: thaws when no thaw comes
 }
 
 func (a *Agent) volumeAttach(req *agentproto.VolumeRequest) error {
@@ -402,6 +403,11 @@ func (a *Agent) volumeDetach(req *agentproto.VolumeRequest) error {
 	if !ok {
 		return nil // detached already
 	}
+	if v.thaw != nil {
+		v.thaw.Stop()
+		v.thaw = nil
+		_ = fsIoctl(v.path, fsThaw)
+	}
 	if err := unix.Unmount(v.path, 0); err != nil && !errors.Is(err, unix.EINVAL) {
 		if errors.Is(err, unix.EBUSY) {
 			return &agentproto.Error{Code: agentproto.CodeBusy, Message: v.path + " is in use (a process has a file or its working directory there)"}
@@ -446,4 +452,54 @@ func (v *volume) teardown() {
 			f.Close()
 		}
 	}
+}
+
+// fsFreeze and fsThaw are FIFREEZE and FITHAW (_IOWR('X', 119/120, int)).
+const (
+	fsFreeze = 0xc0045877
+	fsThaw   = 0xc0045878
+)
+
+// volumeFreeze freezes (or thaws) an attachment's filesystem, for a
+// consistent copy on the host. A freeze thaws by itself after
+// agentproto.FreezeTimeout, so a host that dies mid-copy cannot leave the
+// guest's writes held.
+func (a *Agent) volumeFreeze(req *agentproto.VolumeRequest, freeze bool) error {
+	if req == nil || req.AttachmentID == "" {
+		return invalid("volume.freeze: missing attachment")
+	}
+	a.volMu.Lock()
+	defer a.volMu.Unlock()
+	v, ok := a.vols[req.AttachmentID]
+	if !ok {
+		return &agentproto.Error{Code: agentproto.CodeFileNotFound, Message: "no such attachment"}
+	}
+	if freeze == (v.thaw != nil) {
+		return nil // frozen already, or not frozen
+	}
+	if freeze {
+		if err := fsIoctl(v.path, fsFreeze); err != nil {
+			return fmt.Errorf("freezing %s: %w", v.path, err)
+		}
+		v.thaw = time.AfterFunc(agentproto.FreezeTimeout*time.Second, func() {
+			a.log.Warn("volume: thawing after no thaw came", "attachment", v.id)
+			_ = a.volumeFreeze(&agentproto.VolumeRequest{AttachmentID: v.id}, false)
+		})
+		return nil
+	}
+	v.thaw.Stop()
+	v.thaw = nil
+	if err := fsIoctl(v.path, fsThaw); err != nil && !errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("thawing %s: %w", v.path, err)
+	}
+	return nil
+}
+
+func fsIoctl(path string, req uint) error {
+	d, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return unix.IoctlSetPointerInt(int(d.Fd()), req, 0)
 }

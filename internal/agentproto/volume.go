@@ -15,7 +15,15 @@ const (
 	MethodVolumeAttach = "volume.attach"
 	MethodVolumeDetach = "volume.detach"
 	MethodVolumeNBD    = "volume.nbd"
+	// volume.freeze flushes an attachment's filesystem and holds its writes
+	// (FIFREEZE) while the host copies the volume; volume.thaw lets them go.
+	// The agent thaws by itself after FreezeTimeout if no thaw comes.
+	MethodVolumeFreeze = "volume.freeze"
+	MethodVolumeThaw   = "volume.thaw"
 )
+
+// FreezeTimeout bounds how long a volume stays frozen without a thaw.
+const FreezeTimeout = 120 // seconds
 
 // VolumeRequest names an attachment and where it is mounted.
 type VolumeRequest struct {

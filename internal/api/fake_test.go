@@ -25,6 +25,7 @@ type fakeManager struct {
 	// id + "\x00" + path; volumeBusy refuses detaches.
 	mounts     map[string]string
 	volumeBusy bool
+	freezes    int // FreezeVolume calls
 
 	creates    int
 	createErr  error

@@ -29,6 +29,16 @@ func (g fakeGuest) DetachVolume(ctx context.Context, attachmentID string) error 
 	return nil
 }
 
+func (g fakeGuest) FreezeVolume(ctx context.Context, attachmentID string, freeze bool) error {
+	g.m.mu.Lock()
+	defer g.m.mu.Unlock()
+	if _, ok := g.m.mounts[attachmentID]; !ok {
+		return &errdefs.CodedError{Class: errdefs.ErrNotFound, Code: "file_not_found", Message: "no such attachment"}
+	}
+	g.m.freezes++
+	return nil
+}
+
 var _ sandbox.VolumeGuest = fakeGuest{}
 
 // newVolumeEnv is newEnv with a volume service on an in-memory store

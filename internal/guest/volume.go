@@ -32,6 +32,16 @@ func (c *Client) DetachVolume(ctx context.Context, attachmentID string) error {
 	return err
 }
 
+// FreezeVolume freezes (freeze) or thaws an attached volume's filesystem.
+func (c *Client) FreezeVolume(ctx context.Context, attachmentID string, freeze bool) error {
+	m := agentproto.MethodVolumeThaw
+	if freeze {
+		m = agentproto.MethodVolumeFreeze
+	}
+	_, err := c.roundTrip(ctx, &agentproto.Request{Method: m, Volume: &agentproto.VolumeRequest{AttachmentID: attachmentID}}, ordinaryReply)
+	return err
+}
+
 // serveVolume hands a volume.nbd stream to h, if it serves volumes; false
 // for a request that names no attachment.
 func serveVolume(ctx context.Context, h EgressHandler, fc *agentproto.Conn, st net.Conn, req *agentproto.Request) bool {

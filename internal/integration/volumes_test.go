@@ -224,3 +224,32 @@ func atoiOr(s string) int {
 	}
 	return n
 }
+
+// TestVolumesPauseWake: a volume stays attached across a pause and a wake;
+// the guest's relay reopens its stream and the data is read back from the
+// host.
+func TestVolumesPauseWake(t *testing.T) {
+	needVMs(t)
+	s := startServer(t, t.TempDir())
+	c := s.client(s.AdminKey)
+	v := c.newVolume(t, 128)
+	sb := c.createRunning(t, map[string]any{"vcpu": 1, "memoryMiB": 512,
+		"volumes": []map[string]any{{"volumeId": v.ID, "path": "/data"}}})
+	sum := c.sh(t, sb.ID, "cd /data && head -c 2097152 /dev/urandom > blob && md5sum blob | tee blob.md5 | cut -d' ' -f1")
+	if r := c.raw(t, "POST", "/v1/sandboxes/"+sb.ID+":pause", map[string]any{}, http.Header{"Prefer": {"wait=120"}}, requestTimeout); r.Status != http.StatusOK {
+		t.Fatalf("pause: %v", r)
+	}
+	c.waitState(t, sb.ID, "paused")
+	if r := c.raw(t, "POST", "/v1/sandboxes/"+sb.ID+":wake", map[string]any{}, http.Header{"Prefer": {"wait=120"}}, requestTimeout); r.Status != http.StatusOK {
+		t.Fatalf("wake: %v", r)
+	}
+	c.waitState(t, sb.ID, "running")
+	c.raw(t, "POST", "/v1/sandboxes/"+sb.ID+":exec", execReq{Command: "sync; echo 3 > /proc/sys/vm/drop_caches", User: "root"}, nil, requestTimeout)
+	if got := c.sh(t, sb.ID, "cd /data && md5sum -c blob.md5 >/dev/null && echo after > after && sync && cat after && md5sum blob | cut -d' ' -f1"); got != "after\n"+sum {
+		t.Errorf("after the wake: %q, want %q", got, "after\n"+sum)
+	}
+	if got, _ := call[volumeJSON](t, c, "GET", "/v1/volumes/"+v.ID, nil, nil); got.State != "attached" {
+		t.Errorf("volume after the wake: %+v", got)
+	}
+	c.delete(t, sb.ID)
+}

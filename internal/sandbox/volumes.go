@@ -35,6 +35,8 @@ const CodeVolumeBusy = agentproto.CodeBusy
 type VolumeGuest interface {
 	AttachVolume(ctx context.Context, req VolumeRequest) error
 	DetachVolume(ctx context.Context, attachmentID string) error
+	// FreezeVolume freezes (or thaws) its filesystem for a copy.
+	FreezeVolume(ctx context.Context, attachmentID string, freeze bool) error
 }
 
 // Volumes is what the manager needs from the volume service
