@@ -201,7 +201,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	metrics := telemetry.New()
 	// Volumes serve the manager (streams, create-time attaches) and use it
 	// (guests): made first, told of the manager after.
-	vols := volumes.New(volumes.Config{Store: st, DataDir: o.dataDir, Logger: log})
+	vols := volumes.New(volumes.Config{Store: st, Backups: st, DataDir: o.dataDir, Logger: log})
 	mgr := sandbox.New(sandbox.Config{
 		Volumes: vols, Preparers: []sandbox.Preparer{vols},
 		Store: st, Driver: drv, Boot: boot.BootFiles, DataDir: o.dataDir, Logger: log, BootTimeout: o.bootTimeout,
@@ -227,6 +227,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	bg.Go(func() { pruneIdempotency(bctx, st, log) })
 	bg.Go(func() { mgr.RunDiskRetention(bctx) })
 	bg.Go(func() { mgr.RunMeter(bctx) })
+	bg.Go(func() { vols.Run(bctx) })
 	metrics.SetSources(telemetrySources(st, mgr))
 	// Staging files a crash left behind are removed here, and expired
 	// uploads by the sweep.

@@ -9,8 +9,9 @@ import (
 	"github.com/emberbox/emberbox/internal/volumes"
 )
 
-// Volumes: disks that outlive sandboxes (internal/volumes). Backups and
-// backup policies are not built: those paths answer 501 (unavailable.go).
+// Volumes: disks that outlive sandboxes (internal/volumes), and their
+// backups. Backup policies (schedules) are not built: that path answers 501
+// (unavailable.go).
 
 type volumeJSON struct {
 	ID           string            `json:"id"`
@@ -97,8 +98,8 @@ func (s *server) createVolume(w http.ResponseWriter, r *http.Request, c *call) e
 	if req.Region != "" && req.Region != "local" {
 		issues = append(issues, issue{Path: "region", Message: `must be "local" (the only region of this server)`})
 	}
-	if req.FromBackup != "" {
-		issues = append(issues, issue{Path: "fromBackup", Message: "volume backups are not available on this server"})
+	if req.FromBackup != "" && req.SizeMiB != nil {
+		issues = append(issues, issue{Path: "sizeMiB", Message: "a restore has its backup's size; leave it out"})
 	}
 	if req.Shared != nil && *req.Shared {
 		issues = append(issues, issue{Path: "shared", Message: "shared volumes are not available on this server"})
@@ -107,7 +108,7 @@ func (s *server) createVolume(w http.ResponseWriter, r *http.Request, c *call) e
 		return invalid(sortIssues(issues))
 	}
 	v, err := s.vols.Create(r.Context(), c.owner, volumes.CreateSpec{Name: req.Name, Labels: req.Labels,
-		SizeMiB: orDefault(req.SizeMiB, 0)})
+		SizeMiB: orDefault(req.SizeMiB, 0), FromBackup: req.FromBackup})
 	if err != nil {
 		return err
 	}
@@ -298,4 +299,106 @@ func prefixDot(p string) string {
 		return p
 	}
 	return "." + p
+}
+
+type backupJSON struct {
+	ID         string            `json:"id"`
+	Kind       string            `json:"kind"`
+	VolumeID   string            `json:"volumeId"`
+	Name       *string           `json:"name"`
+	SizeMiB    int               `json:"sizeMiB"`
+	State      string            `json:"state"`
+	Method     string            `json:"method"`
+	Consistent string            `json:"consistent"`
+	Region     string            `json:"region"`
+	Error      *string           `json:"error"`
+	CreatedAt  *jsonTime         `json:"createdAt"`
+	ReadyAt    *jsonTime         `json:"readyAt"`
+	ExpiresAt  *jsonTime         `json:"expiresAt"`
+	Labels     map[string]string `json:"labels"`
+}
+
+func toBackupJSON(b *volumes.Backup) backupJSON {
+	return backupJSON{ID: b.ID, Kind: "volume_backup", VolumeID: b.VolumeID, Name: optString(b.Name), SizeMiB: b.SizeMiB,
+		State: b.State, Method: b.Method, Consistent: b.Consistent, Region: "local", Error: optString(b.Error),
+		CreatedAt: optTime(&b.CreatedAt), ReadyAt: optTime(b.ReadyAt), ExpiresAt: optTime(&b.ExpiresAt),
+		Labels: map[string]string{}}
+}
+
+type backupVolumeRequest struct {
+	RetentionDays *int   `json:"retentionDays"`
+	Name          string `json:"name"`
+}
+
+func (s *server) backupVolume(w http.ResponseWriter, r *http.Request, c *call) error {
+	if err := s.volumesOff(); err != nil {
+		return err
+	}
+	var req backupVolumeRequest
+	if err := decode(c, &req); err != nil {
+		return err
+	}
+	issues := nameIssues(req.Name)
+	issues = intIn(issues, "retentionDays", req.RetentionDays, 1, volumes.MaxBackupRetentionDays)
+	if len(issues) > 0 {
+		return invalid(sortIssues(issues))
+	}
+	b, err := s.vols.Backup(r.Context(), c.owner, r.PathValue("id"), req.Name, orDefault(req.RetentionDays, 0))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, toBackupJSON(b))
+	return nil
+}
+
+func (s *server) listBackups(w http.ResponseWriter, r *http.Request, c *call) error {
+	if err := s.volumesOff(); err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	opts := volumes.BackupListOptions{OwnerKeyID: c.owner, VolumeID: q.Get("volumeId"), State: q.Get("state"), Cursor: q.Get("cursor")}
+	var issues []issue
+	switch opts.State {
+	case "", volumes.BackupCreating, volumes.BackupReady, volumes.BackupFailed, volumes.BackupDeleted:
+	default:
+		issues = append(issues, issue{Path: "state", Message: "must be creating, ready, failed or deleted"})
+	}
+	opts.Limit = limitParam(q.Get("limit"), 50, &issues)
+	if len(issues) > 0 {
+		return invalid(issues)
+	}
+	list, next, err := s.vols.ListBackups(r.Context(), opts)
+	if err != nil {
+		return err
+	}
+	out := listJSON[backupJSON]{Data: make([]backupJSON, 0, len(list)), NextCursor: optString(next)}
+	for _, b := range list {
+		out.Data = append(out.Data, toBackupJSON(b))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *server) getBackup(w http.ResponseWriter, r *http.Request, c *call) error {
+	if err := s.volumesOff(); err != nil {
+		return err
+	}
+	b, err := s.vols.GetBackup(r.Context(), c.owner, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, toBackupJSON(b))
+	return nil
+}
+
+func (s *server) deleteBackup(w http.ResponseWriter, r *http.Request, c *call) error {
+	if err := s.volumesOff(); err != nil {
+		return err
+	}
+	b, err := s.vols.DeleteBackup(r.Context(), c.owner, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, toBackupJSON(b))
+	return nil
 }

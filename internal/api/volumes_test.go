@@ -46,7 +46,7 @@ var _ sandbox.VolumeGuest = fakeGuest{}
 func newVolumeEnv(t *testing.T) (*testEnv, *volumes.Service) {
 	t.Helper()
 	m, idem := newFakeManager(), newFakeIdem()
-	vols := volumes.New(volumes.Config{Store: volumestest.New(), DataDir: t.TempDir(), Mkfs: "true"})
+	vols := volumes.New(volumes.Config{Store: volumestest.New(), Backups: volumestest.NewBackups(), DataDir: t.TempDir(), Mkfs: "true"})
 	vols.SetGuests(m)
 	s := newServer(Config{Manager: m, Keys: fakeKeys{}, Idempotency: idem, Version: "test",
 		Accel: func() string { return "tcg" }, Uploads: newTestUploads(t), Volumes: vols})
@@ -82,12 +82,12 @@ func TestVolumeRoutes(t *testing.T) {
 	}
 	// Bounds and fields not offered.
 	for body, path := range map[string]string{
-		`{"sizeMiB": 1}`:                  "sizeMiB",
-		`{"sizeMiB": 99999999}`:           "sizeMiB",
-		`{"fromBackup": "bk_1"}`:          "fromBackup",
-		`{"shared": true}`:                "shared",
-		`{"region": "mars"}`:              "region",
-		`{"sizeMiB": 128, "bogus": true}`: "bogus",
+		`{"sizeMiB": 1}`:                          "sizeMiB",
+		`{"sizeMiB": 99999999}`:                   "sizeMiB",
+		`{"fromBackup": "vbk_1", "sizeMiB": 128}`: "sizeMiB",
+		`{"shared": true}`:                        "shared",
+		`{"region": "mars"}`:                      "region",
+		`{"sizeMiB": 128, "bogus": true}`:         "bogus",
 	} {
 		w := e.do("POST", "/v1/volumes", body)
 		if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), `"`+path+`"`) {
@@ -165,9 +165,9 @@ func TestVolumeRoutes(t *testing.T) {
 	if w := e.do("POST", "/v1/volumes/"+v.ID+":resize", `{"sizeMiB": 256}`); w.Code != http.StatusOK || decodeBody[volumeT](t, w).SizeMiB != 256 {
 		t.Errorf("grow: %d %s", w.Code, w.Body)
 	}
-	// Backups are not built: 501.
-	if w := e.do("POST", "/v1/volumes/"+v.ID+":backup", `{}`); w.Code != http.StatusNotImplemented {
-		t.Errorf("backup: %d %s", w.Code, w.Body)
+	// Backup policies are not built: 501.
+	if w := e.do("POST", "/v1/volumes/"+v.ID+":backup-policy", `{}`); w.Code != http.StatusNotImplemented {
+		t.Errorf("backup policy: %d %s", w.Code, w.Body)
 	}
 	if w := e.do("POST", "/v1/volumes/"+v.ID+":delete", `{}`); w.Code != http.StatusOK || decodeBody[volumeT](t, w).State != "deleted" {
 		t.Errorf("delete: %d %s", w.Code, w.Body)
@@ -199,5 +199,52 @@ func TestCreateVolumesField(t *testing.T) {
 		if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), want) {
 			t.Errorf("create %s: %d %s", body, w.Code, w.Body)
 		}
+	}
+}
+
+type backupT struct {
+	ID, VolumeID, State, Method, Consistent string
+	SizeMiB                                 int
+}
+
+func TestVolumeBackupRoutes(t *testing.T) {
+	e, _ := newVolumeEnv(t)
+	e.m.add("key_a", "sbx_1", "running", 0)
+	v := decodeBody[volumeT](t, e.do("POST", "/v1/volumes", `{"sizeMiB": 64}`))
+	// Detached: copied as it is.
+	w := e.do("POST", "/v1/volumes/"+v.ID+":backup", `{"name": "first", "retentionDays": 3}`)
+	b := decodeBody[backupT](t, w)
+	if w.Code != http.StatusOK || !strings.HasPrefix(b.ID, "vbk_") || b.State != "ready" || b.Consistent != "detached" || b.SizeMiB != 64 || b.Method == "" {
+		t.Fatalf("backup: %d %s", w.Code, w.Body)
+	}
+	if w := e.do("POST", "/v1/volumes/"+v.ID+":backup", `{"retentionDays": 9999}`); w.Code != http.StatusBadRequest {
+		t.Errorf("retention out of bounds: %d %s", w.Code, w.Body)
+	}
+	// Attached: frozen in the guest for the copy.
+	decodeBody[attachmentT](t, e.do("POST", "/v1/volumes/"+v.ID+":attach", `{"sandboxId": "sbx_1", "path": "/data"}`))
+	w = e.do("POST", "/v1/volumes/"+v.ID+":backup", `{}`)
+	if b2 := decodeBody[backupT](t, w); w.Code != http.StatusOK || b2.Consistent != "frozen" || e.m.freezes != 2 {
+		t.Errorf("backup of an attached volume: %d %s (freezes %d, want a freeze and a thaw)", w.Code, w.Body, e.m.freezes)
+	}
+	if w := e.do("GET", "/v1/volume-backups?volumeId="+v.ID, ""); w.Code != http.StatusOK || strings.Count(w.Body.String(), `"vbk_`) != 2 {
+		t.Errorf("list: %d %s", w.Code, w.Body)
+	}
+	// Key B sees none of it.
+	if w := e.do("GET", "/v1/volume-backups/"+b.ID, "", "Authorization", "Bearer secret-b"); w.Code != http.StatusNotFound {
+		t.Errorf("key B get: %d %s", w.Code, w.Body)
+	}
+	if w := e.do("POST", "/v1/volumes", `{"fromBackup": "`+b.ID+`"}`, "Authorization", "Bearer secret-b"); w.Code != http.StatusNotFound {
+		t.Errorf("key B restore: %d %s", w.Code, w.Body)
+	}
+	// Restore: a new volume of the backup's size.
+	w = e.do("POST", "/v1/volumes", `{"fromBackup": "`+b.ID+`", "name": "restored"}`)
+	if r := decodeBody[volumeT](t, w); w.Code != http.StatusOK || r.SizeMiB != 64 || r.ID == v.ID || r.State != "ready" {
+		t.Errorf("restore: %d %s", w.Code, w.Body)
+	}
+	if w := e.do("POST", "/v1/volume-backups/"+b.ID+":delete", `{}`); w.Code != http.StatusOK || decodeBody[backupT](t, w).State != "deleted" {
+		t.Errorf("delete: %d %s", w.Code, w.Body)
+	}
+	if w := e.do("POST", "/v1/volumes", `{"fromBackup": "`+b.ID+`"}`); w.Code != http.StatusConflict {
+		t.Errorf("restore of a deleted backup: %d %s", w.Code, w.Body)
 	}
 }

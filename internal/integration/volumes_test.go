@@ -251,5 +251,23 @@ func TestVolumesPauseWake(t *testing.T) {
 	if got, _ := call[volumeJSON](t, c, "GET", "/v1/volumes/"+v.ID, nil, nil); got.State != "attached" {
 		t.Errorf("volume after the wake: %+v", got)
 	}
+
+	// A backup of the attached volume (frozen for the copy), then a
+	// change, then the backup restored as a new volume: it has what was
+	// there at the backup and not the change.
+	var bk struct{ ID, State, Consistent, Method string }
+	if bk, _ = call[struct{ ID, State, Consistent, Method string }](t, c, "POST", "/v1/volumes/"+v.ID+":backup", map[string]any{"name": "it"}, nil); bk.State != "ready" || bk.Consistent != "frozen" {
+		t.Fatalf("backup: %+v", bk)
+	}
+	t.Logf("backup %s by %s", bk.ID, bk.Method)
+	c.sh(t, sb.ID, "echo later > /data/later && sync")
+	rv, _ := call[volumeJSON](t, c, "POST", "/v1/volumes", map[string]any{"fromBackup": bk.ID}, nil)
+	if rv.SizeMiB != 128 || rv.State != "ready" {
+		t.Fatalf("restored volume: %+v", rv)
+	}
+	c.attach(t, rv.ID, sb.ID, "/restored")
+	if got := c.sh(t, sb.ID, "cd /restored && md5sum -c blob.md5 >/dev/null && cat after && ls"); got != "after\nafter\nblob\nblob.md5\nlost+found\n" {
+		t.Errorf("restored volume: %q", got)
+	}
 	c.delete(t, sb.ID)
 }

@@ -375,7 +375,7 @@ CREATE INDEX sandboxes_image ON sandboxes (image_id) WHERE image_id != '';
 CREATE INDEX snapshots_image ON snapshots (image_id) WHERE image_id != '';
 `,
 	// 13 (issue 13's numbering; the lead orders it): volumes (volumes.go),
-	// their attachments, and backups (not served yet).
+	// their attachments, and their backups.
 	`
 CREATE TABLE volumes (
 	id            TEXT PRIMARY KEY,
@@ -410,10 +410,15 @@ CREATE TABLE volume_backups (
 	owner_key_id TEXT NOT NULL,
 	name         TEXT NOT NULL,
 	size_mib     INTEGER NOT NULL,
-	state        TEXT NOT NULL,
+	state        TEXT NOT NULL,     -- creating | ready | failed | deleted
+	method       TEXT NOT NULL,     -- clone | sparse-copy
+	consistent   TEXT NOT NULL,     -- detached | frozen | crash (attached, freeze failed)
+	error        TEXT NOT NULL,
 	created_at   TEXT NOT NULL,
-	ready_at     TEXT
+	ready_at     TEXT,
+	expires_at   TEXT NOT NULL
 ) STRICT;
+CREATE INDEX volume_backups_owner ON volume_backups (owner_key_id, id);
 `,
 }
 

@@ -45,6 +45,8 @@ type Config struct {
 	Logger  *slog.Logger
 	// Mkfs is the mkfs.ext4 binary; "" finds it on PATH.
 	Mkfs string
+	// Backups keeps backups; nil refuses them (volume_backups_unavailable).
+	Backups BackupStore
 }
 
 // Service manages volumes. It is the manager's sandbox.Volumes and a
@@ -53,7 +55,7 @@ type Service struct {
 	cfg    Config
 	log    *slog.Logger
 	guests Guests
-	mu     sync.Mutex // one change of attachments at a time per service
+	locks  sync.Map // volume id → *sync.Mutex (lock)
 }
 
 // New returns a Service. SetGuests must be called before attaches.
@@ -88,6 +90,8 @@ type CreateSpec struct {
 	Name    string
 	Labels  map[string]string
 	SizeMiB int
+	// FromBackup makes the volume a copy of that backup (its size).
+	FromBackup string
 }
 
 // Create makes a volume: a sparse file formatted ext4, its root owned by
@@ -95,6 +99,12 @@ type CreateSpec struct {
 func (s *Service) Create(ctx context.Context, owner string, spec CreateSpec) (*Volume, error) {
 	if spec.SizeMiB == 0 {
 		spec.SizeMiB = DefaultSizeMiB
+	}
+	if spec.FromBackup != "" {
+		if _, err := s.GetBackup(ctx, owner, spec.FromBackup); err != nil {
+			return nil, err
+		}
+		spec.SizeMiB = MinSizeMiB // the backup's, set by restore
 	}
 	if spec.SizeMiB < MinSizeMiB || spec.SizeMiB > MaxSizeMiB {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "sizeMiB must be from %d to %d", MinSizeMiB, MaxSizeMiB)
@@ -110,7 +120,11 @@ func (s *Service) Create(ctx context.Context, owner string, spec CreateSpec) (*V
 	if err := os.MkdirAll(s.dir(v.ID), 0o700); err != nil {
 		return nil, fmt.Errorf("volume directory: %w", err)
 	}
-	if err := s.format(ctx, v); err != nil {
+	fill := s.format
+	if spec.FromBackup != "" {
+		fill = func(ctx context.Context, v *Volume) error { return s.restore(ctx, owner, spec.FromBackup, v) }
+	}
+	if err := fill(ctx, v); err != nil {
 		_ = os.RemoveAll(s.dir(v.ID))
 		return nil, err
 	}
@@ -183,6 +197,7 @@ func (s *Service) Delete(ctx context.Context, owner, id string) (*Volume, error)
 	if v.State == StateDeleted {
 		return v, nil
 	}
+	defer s.lock(id)()
 	v, err = s.cfg.Store.UpdateVolume(ctx, id, StateReady, v.SizeMiB, StateDeleted)
 	if err != nil {
 		return nil, err
@@ -206,6 +221,10 @@ func (s *Service) Resize(ctx context.Context, owner, id string, sizeMiB int) (*V
 	if sizeMiB < v.SizeMiB {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "volumes only grow: sizeMiB must be at least %d", v.SizeMiB)
 	}
+	defer s.lock(id)()
+	if v, err = s.Get(ctx, owner, id); err != nil {
+		return nil, err
+	}
 	if v.State != StateReady {
 		return nil, errdefs.New(errdefs.ErrConflict, "volume_attached", "volume %s is attached to sandbox %s; detach it to resize", id, v.SandboxID)
 	}
@@ -226,6 +245,7 @@ func (s *Service) Attach(ctx context.Context, owner, id, sandboxID, path string)
 	if _, err := s.Get(ctx, owner, id); err != nil {
 		return nil, err
 	}
+	defer s.lock(id)()
 	sb, g, err := s.guests.Guest(ctx, owner, sandboxID)
 	if err != nil {
 		return nil, err
@@ -286,6 +306,7 @@ func (s *Service) Detach(ctx context.Context, owner, volumeID, attachmentID stri
 	if a.State == AttachDetached {
 		return a, nil
 	}
+	defer s.lock(volumeID)()
 	if s.guests == nil {
 		return nil, errdefs.New(errdefs.ErrUnavailable, "volumes_unavailable", "volumes are not set up")
 	}

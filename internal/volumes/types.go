@@ -87,3 +87,49 @@ type Store interface {
 	// HeldAttachments lists a sandbox's attachments not yet detached.
 	HeldAttachments(ctx context.Context, sandboxID string) ([]*Attachment, error)
 }
+
+// States of a backup.
+const (
+	BackupCreating = "creating"
+	BackupReady    = "ready"
+	BackupFailed   = "failed"
+	BackupDeleted  = "deleted"
+)
+
+// Backup is a copy of a volume at one moment, kept on this server.
+type Backup struct {
+	ID         string
+	VolumeID   string
+	OwnerKeyID string
+	Name       string
+	SizeMiB    int
+	State      string
+	// Method is how the bytes were copied: "clone" (FICLONE, copy on
+	// write) or "sparse-copy" (the data extents, SEEK_DATA/SEEK_HOLE).
+	Method string
+	// Consistent says how: "detached" (nothing wrote it), "frozen" (the
+	// guest's filesystem was frozen for the copy).
+	Consistent string
+	Error      string
+	CreatedAt  time.Time
+	ReadyAt    *time.Time
+	ExpiresAt  time.Time
+}
+
+// BackupListOptions select backups of one owner, newest first.
+type BackupListOptions struct {
+	OwnerKeyID string
+	VolumeID   string
+	State      string
+	Limit      int
+	Cursor     string
+}
+
+// BackupStore keeps backups; store.Store implements it.
+type BackupStore interface {
+	PutBackup(ctx context.Context, b *Backup) error // insert or replace
+	GetBackup(ctx context.Context, id string) (*Backup, error)
+	ListBackups(ctx context.Context, opts BackupListOptions) ([]*Backup, string, error)
+	// ExpiredBackups lists backups (not deleted) whose expiry is before t.
+	ExpiredBackups(ctx context.Context, t time.Time) ([]*Backup, error)
+}

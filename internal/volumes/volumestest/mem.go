@@ -151,3 +151,62 @@ func (s *Store) HeldAttachments(_ context.Context, sandboxID string) ([]*volumes
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out, nil
 }
+
+// Backups is an in-memory volumes.BackupStore.
+type Backups struct {
+	mu sync.Mutex
+	m  map[string]*volumes.Backup
+}
+
+// NewBackups returns an empty Backups.
+func NewBackups() *Backups { return &Backups{m: map[string]*volumes.Backup{}} }
+
+var _ volumes.BackupStore = (*Backups)(nil)
+
+func (s *Backups) PutBackup(_ context.Context, b *volumes.Backup) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := *b
+	s.m[b.ID] = &c
+	return nil
+}
+
+func (s *Backups) GetBackup(_ context.Context, id string) (*volumes.Backup, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, ok := s.m[id]
+	if !ok {
+		return nil, errdefs.New(errdefs.ErrNotFound, "backup_not_found", "no backup %s", id)
+	}
+	c := *b
+	return &c, nil
+}
+
+func (s *Backups) ListBackups(_ context.Context, o volumes.BackupListOptions) ([]*volumes.Backup, string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*volumes.Backup
+	for _, b := range s.m {
+		if b.OwnerKeyID != o.OwnerKeyID || (o.State == "" && b.State == volumes.BackupDeleted) ||
+			(o.State != "" && b.State != o.State) || (o.VolumeID != "" && b.VolumeID != o.VolumeID) {
+			continue
+		}
+		c := *b
+		out = append(out, &c)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID > out[j].ID })
+	return out, "", nil
+}
+
+func (s *Backups) ExpiredBackups(_ context.Context, t time.Time) ([]*volumes.Backup, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*volumes.Backup
+	for _, b := range s.m {
+		if b.State != volumes.BackupDeleted && b.ExpiresAt.Before(t) {
+			c := *b
+			out = append(out, &c)
+		}
+	}
+	return out, nil
+}
