@@ -92,3 +92,29 @@ def test_volume_grows_and_refuses_what_is_not_offered(runtime_client, volume):
         _delete(box)
     # The sandbox's delete let go of the volume.
     assert vols.get(volume["id"])["state"] == "ready"
+
+
+def test_volume_backup_and_restore(runtime_client, volume):
+    vols = runtime_client.volumes
+    box = Sandbox.create(client=runtime_client, volumes=[{"volume_id": volume["id"], "path": "/data"}])
+    restored = None
+    try:
+        box.files.write("/data/kept.txt", "before the backup")
+        backup = vols.backup(volume["id"], name="conformance", retention_days=2)
+        assert backup["id"].startswith("vbk_") and backup["state"] == "ready", backup
+        assert backup["consistent"] == "frozen" and backup["sizeMiB"] == 256, backup
+        assert backup["id"] in [b["id"] for b in vols.backups(volume["id"])]
+        assert vols.get_backup(backup["id"])["volumeId"] == volume["id"]
+        box.files.write("/data/kept.txt", "after the backup")
+        restored = vols.restore(backup["id"], name="restored")
+        assert restored["id"] != volume["id"] and restored["sizeMiB"] == 256 and restored["state"] == "ready", restored
+        vols.attach(restored["id"], box.id, "/restored")
+        assert box.files.read("/restored/kept.txt").decode() == "before the backup"
+        assert box.files.read("/data/kept.txt").decode() == "after the backup"
+        vols.delete_backup(backup["id"])
+        with pytest.raises(ConflictError):
+            vols.restore(backup["id"])
+    finally:
+        _delete(box)
+        if restored is not None:
+            vols.delete(restored["id"])
