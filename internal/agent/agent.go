@@ -308,6 +308,9 @@ func (a *Agent) dispatch(ctx context.Context, c *agentproto.Conn, req *agentprot
 			return err
 		}
 		return c.WriteJSON(agentproto.Reply{OK: true})
+	case agentproto.MethodVolumeSync:
+		a.volumeSyncAll()
+		return c.WriteJSON(agentproto.Reply{OK: true})
 	case agentproto.MethodVolumeDetach:
 		if err := a.volumeDetach(req.Volume); err != nil {
 			return err

@@ -503,3 +503,19 @@ func fsIoctl(path string, req uint) error {
 	defer d.Close()
 	return unix.IoctlSetPointerInt(int(d.Fd()), req, 0)
 }
+
+// volumeSyncAll flushes every attached volume's filesystem.
+func (a *Agent) volumeSyncAll() {
+	a.volMu.Lock()
+	defer a.volMu.Unlock()
+	for _, v := range a.vols {
+		d, err := os.Open(v.path)
+		if err != nil {
+			continue
+		}
+		if err := unix.Syncfs(int(d.Fd())); err != nil {
+			a.log.Warn("volume: syncfs", "attachment", v.id, "err", err)
+		}
+		d.Close()
+	}
+}

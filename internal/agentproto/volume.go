@@ -20,6 +20,9 @@ const (
 	// The agent thaws by itself after FreezeTimeout if no thaw comes.
 	MethodVolumeFreeze = "volume.freeze"
 	MethodVolumeThaw   = "volume.thaw"
+	// volume.sync flushes every attached volume (syncfs): the host asks
+	// before it ends a VM, so a stop loses nothing written to a volume.
+	MethodVolumeSync = "volume.sync"
 )
 
 // FreezeTimeout bounds how long a volume stays frozen without a thaw.

@@ -42,6 +42,12 @@ func (c *Client) FreezeVolume(ctx context.Context, attachmentID string, freeze b
 	return err
 }
 
+// SyncVolumes flushes every volume attached in the guest.
+func (c *Client) SyncVolumes(ctx context.Context) error {
+	_, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodVolumeSync}, ordinaryReply)
+	return err
+}
+
 // serveVolume hands a volume.nbd stream to h, if it serves volumes; false
 // for a request that names no attachment.
 func serveVolume(ctx context.Context, h EgressHandler, fc *agentproto.Conn, st net.Conn, req *agentproto.Request) bool {

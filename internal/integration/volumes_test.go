@@ -199,11 +199,18 @@ func TestVolumes(t *testing.T) {
 		t.Errorf("key B after restart: %v", r)
 	}
 
-	// 7. Deleting the sandbox frees its volume; then the volume goes.
+	// 7. Deleting the sandbox frees its volume, with what it had written
+	// and not yet flushed; then the volume goes.
+	a.sh(t, sb3.ID, "echo unflushed > /data/unflushed")
 	a.delete(t, sb3.ID)
 	if v, _ := call[volumeJSON](t, a, "GET", "/v1/volumes/"+v2.ID, nil, nil); v.State != "ready" {
 		t.Errorf("volume of a deleted sandbox: %+v", v)
 	}
+	att2 := a.attach(t, v2.ID, sb2.ID, "/again")
+	if got := a.sh(t, sb2.ID, "cat /again/unflushed /again/before"); got != "unflushed\nbefore\n" {
+		t.Errorf("the volume after its sandbox was deleted: %q", got)
+	}
+	a.raw(t, "POST", "/v1/volumes/"+v2.ID+"/attachments/"+att2.ID+":detach", map[string]any{}, nil, requestTimeout)
 	if v, _ := call[volumeJSON](t, a, "POST", "/v1/volumes/"+v2.ID+":delete", map[string]any{}, nil); v.State != "deleted" {
 		t.Errorf("deleted volume: %+v", v)
 	}

@@ -880,6 +880,7 @@ func (m *Manager) endVM(id string) {
 	in.mu.Unlock()
 	if c != nil {
 		m.refreshGuestCPU(in) // the guest's last word on its busy time
+		m.syncVolumes(id, c)
 		c.Close()
 	}
 	m.closeGate(in)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"net"
+	"time"
 
 	"github.com/emberbox/emberbox/internal/agentproto"
 	"github.com/emberbox/emberbox/internal/errdefs"
@@ -82,5 +83,22 @@ func (m *Manager) refuseWithVolumes(ctx context.Context, id string) error {
 func (m *Manager) releaseVolumes(id string) {
 	if m.cfg.Volumes != nil {
 		m.cfg.Volumes.Release(context.Background(), id)
+	}
+}
+
+// volumeSyncTimeout bounds the flush of a sandbox's volumes before its VM
+// ends.
+const volumeSyncTimeout = 20 * time.Second
+
+// syncVolumes asks the guest to flush its volumes before its VM ends: a
+// guest's page cache holds writes for up to 30 s, which a stop would lose.
+func (m *Manager) syncVolumes(id string, c *guest.Client) {
+	if m.cfg.Volumes == nil || !m.cfg.Volumes.Holds(context.Background(), id) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), volumeSyncTimeout)
+	defer cancel()
+	if err := c.SyncVolumes(ctx); err != nil {
+		m.log.Warn("flushing volumes before the VM ends", "sandbox_id", id, "err", err)
 	}
 }
