@@ -26,7 +26,7 @@ const (
 
 	// maxNBDLength bounds one request's length. The kernel's requests are
 	// far smaller (max_sectors_kb), so a larger one is a broken stream.
-	maxNBDLength = 32 << 20
+	maxNBDLength = 4 << 20 // as the host's volumes.MaxRequest
 )
 
 // ioctls of /dev/nbdN (linux/nbd.h) and its flags.

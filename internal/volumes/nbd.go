@@ -27,9 +27,11 @@ const (
 	nbdCmdFlush = 3
 	nbdCmdTrim  = 4
 
-	// MaxRequest bounds one request's length; the guest kernel's are
-	// far smaller, so a larger read or write ends the stream.
-	MaxRequest = 32 << 20
+	// MaxRequest bounds one request's length: the guest kernel's are at
+	// most max_sectors_kb (1280 KiB by default), so a larger read or write
+	// ends the stream. With one stream served per attachment, a guest
+	// holds at most MaxRequest of the host's memory per volume.
+	MaxRequest = 4 << 20
 
 	nbdEIO    = 5
 	nbdEINVAL = 22
@@ -74,12 +76,14 @@ func serveNBD(r *bufio.Reader, w io.Writer, f *os.File, size int64) error {
 				code = nbdEINVAL
 				break
 			}
-			data = grow(buf, int(length))
+			buf = grow(buf, int(length))
+			data = buf
 			if _, err := f.ReadAt(data, int64(off)); err != nil && !errors.Is(err, io.EOF) {
 				code, data = nbdEIO, nil
 			}
 		case nbdCmdWrite:
-			data = grow(buf, int(length))
+			buf = grow(buf, int(length))
+			data = buf
 			if _, err := io.ReadFull(r, data); err != nil {
 				return err
 			}

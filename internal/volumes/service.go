@@ -56,6 +56,10 @@ type Service struct {
 	log    *slog.Logger
 	guests Guests
 	locks  sync.Map // volume id → *sync.Mutex (lock)
+	// streams holds the one served stream per attachment: a new one (the
+	// guest reconnected) ends the one before.
+	streamsMu sync.Mutex
+	streams   map[string]net.Conn
 }
 
 // New returns a Service. SetGuests must be called before attaches.
@@ -427,6 +431,22 @@ func (s *Service) ServeVolume(ctx context.Context, sandboxID, attachmentID strin
 	if err := accept(nil); err != nil {
 		return
 	}
+	s.streamsMu.Lock()
+	if s.streams == nil {
+		s.streams = map[string]net.Conn{}
+	}
+	if old := s.streams[attachmentID]; old != nil {
+		old.Close()
+	}
+	s.streams[attachmentID] = c
+	s.streamsMu.Unlock()
+	defer func() {
+		s.streamsMu.Lock()
+		if s.streams[attachmentID] == c {
+			delete(s.streams, attachmentID)
+		}
+		s.streamsMu.Unlock()
+	}()
 	// The session's end closes c, which ends the loop.
 	if err := serveNBD(br, c, f, int64(v.SizeMiB)<<20); err != nil && !errors.Is(err, net.ErrClosed) {
 		s.log.Info("volume stream ended", "sandbox_id", sandboxID, "attachment_id", attachmentID, "err", err)
