@@ -35,6 +35,7 @@ import (
 	"github.com/emberbox/emberbox/internal/tsc"
 	"github.com/emberbox/emberbox/internal/upload"
 	"github.com/emberbox/emberbox/internal/vmm/qemu"
+	"github.com/emberbox/emberbox/internal/volumes"
 )
 
 const (
@@ -198,7 +199,11 @@ func serve(ctx context.Context, o serveOptions) error {
 		return fmt.Errorf("--meter-interval must be at least 1s")
 	}
 	metrics := telemetry.New()
+	// Volumes serve the manager (streams, create-time attaches) and use it
+	// (guests): made first, told of the manager after.
+	vols := volumes.New(volumes.Config{Store: st, Backups: st, DataDir: o.dataDir, Logger: log})
 	mgr := sandbox.New(sandbox.Config{
+		Volumes: vols, Preparers: []sandbox.Preparer{vols},
 		Store: st, Driver: drv, Boot: boot.BootFiles, DataDir: o.dataDir, Logger: log, BootTimeout: o.bootTimeout,
 		Egress: ecfg.op, EgressDefault: ecfg.def, ExtraCAs: ecfg.cas, StoppedDiskRetention: o.diskRetention,
 		Templates: o.templates, MemoryFloorMiB: o.limits.memoryFloorMiB,
@@ -209,6 +214,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	// then the manager lets go of its sandboxes (they keep running), and
 	// only then is the store closed (deferred above).
 	defer mgr.Close()
+	vols.SetGuests(mgr)
 	if err := mgr.Recover(ctx); err != nil {
 		return err
 	}
@@ -221,6 +227,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	bg.Go(func() { pruneIdempotency(bctx, st, log) })
 	bg.Go(func() { mgr.RunDiskRetention(bctx) })
 	bg.Go(func() { mgr.RunMeter(bctx) })
+	bg.Go(func() { vols.Run(bctx) })
 	metrics.SetSources(telemetrySources(st, mgr))
 	// Staging files a crash left behind are removed here, and expired
 	// uploads by the sweep.
@@ -249,7 +256,7 @@ func serve(ctx context.Context, o serveOptions) error {
 		Confinement: func() any { return drv.Confinement() },
 		Uploads:     uploads, RateLimits: adm.rates, ObserveRequest: metrics.ObserveRequest,
 		Metrics: metrics.Handler(), PreviewURL: o.previewURL, Links: signer,
-		Interpreter: interp,
+		Interpreter: interp, Volumes: vols,
 	})
 	if o.metricsListen != "" {
 		mln, err := net.Listen("tcp", o.metricsListen)

@@ -59,6 +59,9 @@ type Agent struct {
 	relay  bool              // the egress relay runs: commands get proxy env
 	sessMu sync.Mutex
 	sess   *yamux.Session // the host session egress streams are opened on
+
+	volMu sync.Mutex
+	vols  map[string]*volume // attached volumes by attachment id
 }
 
 // New returns an Agent. It must be the only code in the process that waits
@@ -295,6 +298,24 @@ func (a *Agent) dispatch(ctx context.Context, c *agentproto.Conn, req *agentprot
 			_ = sess.Close()
 		}
 		return nil
+	case agentproto.MethodVolumeAttach:
+		if err := a.volumeAttach(req.Volume); err != nil {
+			return err
+		}
+		return c.WriteJSON(agentproto.Reply{OK: true})
+	case agentproto.MethodVolumeFreeze, agentproto.MethodVolumeThaw:
+		if err := a.volumeFreeze(req.Volume, req.Method == agentproto.MethodVolumeFreeze); err != nil {
+			return err
+		}
+		return c.WriteJSON(agentproto.Reply{OK: true})
+	case agentproto.MethodVolumeSync:
+		a.volumeSyncAll()
+		return c.WriteJSON(agentproto.Reply{OK: true})
+	case agentproto.MethodVolumeDetach:
+		if err := a.volumeDetach(req.Volume); err != nil {
+			return err
+		}
+		return c.WriteJSON(agentproto.Reply{OK: true})
 	case agentproto.MethodRenew:
 		if req.Renew == nil {
 			return invalid("renew: missing body")

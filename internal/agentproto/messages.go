@@ -125,6 +125,7 @@ type Request struct {
 	Watch     *WatchRequest     `json:"watch,omitempty"`
 	Egress    *EgressRequest    `json:"egress,omitempty"`
 	Port      *PortRequest      `json:"port,omitempty"`
+	Volume    *VolumeRequest    `json:"volume,omitempty"`
 }
 
 // Error codes carried on the wire. The host maps them to errdefs classes.

@@ -21,6 +21,7 @@ import (
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/interpreter"
 	"github.com/emberbox/emberbox/internal/links"
+	"github.com/emberbox/emberbox/internal/volumes"
 )
 
 // Keys authenticates API keys.
@@ -128,6 +129,9 @@ type Config struct {
 	// Interpreter runs the code interpreter's routes; nil answers them
 	// 501 interpreter_unavailable.
 	Interpreter *interpreter.Service
+	// Volumes serves /v1/volumes; nil answers them 501
+	// volumes_unavailable.
+	Volumes *volumes.Service
 }
 
 // Limits of the waits a request may ask for.
@@ -150,6 +154,7 @@ type server struct {
 	uploads *Uploads // nil: chunked uploads refused
 	links   *links.Signer
 	interp  *interpreter.Service // nil: the interpreter routes answer 501
+	vols    *volumes.Service     // nil: the volume routes answer 501
 	metrics http.Handler
 	limits  *rateLimiter
 	observe func(route string, status int, d time.Duration) // nil: none
@@ -189,6 +194,7 @@ func newServer(cfg Config) *server {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.uploads, s.metrics, s.links, s.interp = cfg.Uploads, cfg.Metrics, cfg.Links, cfg.Interpreter
+	s.vols = cfg.Volumes
 	s.previewBase = cfg.PreviewURL
 	s.previewTransport = s.newPreviewTransport()
 	s.routes = s.routeTable()

@@ -21,6 +21,11 @@ type fakeManager struct {
 	sandboxes map[string]*sandbox.Sandbox
 	files     map[string][]byte // id + "\x00" + path
 	n         int
+	// mounts are the fake guests' attached volumes: attachment id → sandbox
+	// id + "\x00" + path; volumeBusy refuses detaches.
+	mounts     map[string]string
+	volumeBusy bool
+	freezes    int // FreezeVolume calls
 
 	creates    int
 	createErr  error
@@ -58,7 +63,8 @@ type waitCall struct {
 }
 
 func newFakeManager() *fakeManager {
-	return &fakeManager{sandboxes: map[string]*sandbox.Sandbox{}, files: map[string][]byte{}, snaps: map[string]*sandbox.Snapshot{}}
+	return &fakeManager{sandboxes: map[string]*sandbox.Sandbox{}, files: map[string][]byte{}, snaps: map[string]*sandbox.Snapshot{},
+		mounts: map[string]string{}}
 }
 
 func notFound(id string) error {

@@ -178,7 +178,7 @@ func (req *createRequest) unsupportedIssues() []issue {
 		path string
 		raw  json.RawMessage
 	}{{"image", req.Image}, {"secrets", req.Secrets},
-		{"spreadFrom", req.SpreadFrom}, {"tailscale", req.Tailscale}, {"volumes", req.Volumes}} {
+		{"spreadFrom", req.SpreadFrom}, {"tailscale", req.Tailscale}} {
 		if len(f.raw) > 0 {
 			no(f.path, "is not available on this server")
 		}
@@ -252,6 +252,8 @@ func (req *createRequest) spec() (sandbox.CreateSpec, error) {
 	issues = append(issues, req.unsupportedIssues()...)
 	network, netIssues := parseNetwork(req.Network)
 	issues = append(issues, netIssues...)
+	mounts, volIssues := parseVolumeMounts(req.Volumes)
+	issues = append(issues, volIssues...)
 	issues = intIn(issues, "vcpu", req.VCPU, 1, maxVCPU)
 	issues = intIn(issues, "memoryMiB", req.MemoryMiB, minMemoryMiB, maxMemoryMiB)
 	issues = intIn(issues, "diskMiB", req.DiskMiB, minDiskMiB, maxDiskMiB)
@@ -293,6 +295,7 @@ func (req *createRequest) spec() (sandbox.CreateSpec, error) {
 		Persistent:       persistent,
 		SnapshotID:       req.Snapshot,
 		Network:          network,
+		Volumes:          mounts,
 	}, nil
 }
 

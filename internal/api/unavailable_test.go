@@ -21,8 +21,9 @@ var sdkUnavailable = []struct{ method, path string }{
 	{"POST", "/v1/sandboxes/sbx_r:retention"},
 	{"GET", "/v1/images"},
 	{"GET", "/v1/images/img_1/logs"},
-	{"GET", "/v1/volumes"},
-	{"POST", "/v1/volume-backups"},
+	{"POST", "/v1/volumes/vol_1:backup-policy"},
+	{"GET", "/v1/volumes"},        // no volume service configured
+	{"GET", "/v1/volume-backups"}, // no volume service configured
 	{"GET", "/v1/secrets"},
 	{"GET", "/v1/egress-secrets"},
 	{"POST", "/v1/apps"},

@@ -201,7 +201,8 @@ func wireError(e *agentproto.Error) error {
 		class = errdefs.ErrNotFound
 	case agentproto.CodeIsADirectory, agentproto.CodeNotADirectory, agentproto.CodeExists,
 		agentproto.CodeNotEmpty, agentproto.CodeNoSpace, agentproto.CodeCrossDevice,
-		agentproto.CodeStdinClosed, agentproto.CodeStdinGap, agentproto.CodeNotATerminal, agentproto.CodeStdinFull:
+		agentproto.CodeStdinClosed, agentproto.CodeStdinGap, agentproto.CodeNotATerminal, agentproto.CodeStdinFull,
+		agentproto.CodeBusy:
 		class = errdefs.ErrConflict
 	case agentproto.CodePermission:
 		class = errdefs.ErrPermission

@@ -200,6 +200,10 @@ func (c *Client) serveGuestStream(ctx context.Context, h EgressHandler, st *yamu
 		h.ServeTCP(ctx, dst, st, fc.Reader(), func(err error) error {
 			return fc.WriteJSON(acceptReply(err))
 		})
+	case agentproto.MethodVolumeNBD:
+		if !serveVolume(ctx, h, fc, st, &req) {
+			c.violation(req.Method, "no attachment named")
+		}
 	default:
 		c.violation("guest stream", "unknown method")
 		_ = fc.WriteJSON(agentproto.Reply{Error: &agentproto.Error{Code: agentproto.CodeUnknownMethod, Message: "unknown stream method"}})

@@ -86,7 +86,8 @@ var wantedModules = []string{
 	"virtio_mmio",                // the transport for every microvm device
 	"virtio_blk",                 // root disk
 	"virtio_console",             // virtio-serial: the host-guest stream under QEMU
-	"ext4",                       // root filesystem
+	"ext4",                       // root filesystem, and volumes
+	"nbd",                        // volumes: /dev/nbdN fed over the host stream (internal/volumes)
 	"virtio_rng",                 // entropy early in boot
 	"vmw_vsock_virtio_transport", // the host-guest stream under Firecracker
 	// Egress capture (internal/agent/egress.go): a dummy interface for a

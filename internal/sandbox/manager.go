@@ -82,6 +82,9 @@ type Config struct {
 	Templates bool
 	// Meter keeps usage (meter.go); store.Store implements it.
 	Meter MeterStore
+	// Volumes attaches volumes (internal/volumes); nil refuses creates
+	// that ask for them.
+	Volumes Volumes
 	// MeterInterval is how often running sandboxes are read; 0 means
 	// DefaultMeterInterval.
 	MeterInterval time.Duration
@@ -436,8 +439,19 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ 
 	if err := m.cfg.Admission.Reserve(claim(sb)); err != nil {
 		return nil, err
 	}
+	if len(spec.Volumes) > 0 {
+		if m.cfg.Volumes == nil {
+			m.cfg.Admission.Release(sb.ID)
+			return nil, errdefs.New(errdefs.ErrUnavailable, "volumes_unavailable", "this server does not offer volumes")
+		}
+		if err := m.cfg.Volumes.Claim(ctx, sb, spec.Volumes); err != nil {
+			m.cfg.Admission.Release(sb.ID)
+			return nil, err
+		}
+	}
 	if err := m.cfg.Store.InsertSandbox(ctx, sb, spec.IdempotencyKey); err != nil {
 		m.cfg.Admission.Release(sb.ID)
+		m.releaseVolumes(sb.ID)
 		return nil, err
 	}
 	if err := m.cfg.Store.PutNetwork(ctx, sb.ID, &Network{Policy: compiled.Policy, Version: 1, UpdatedAt: sb.CreatedAt}); err != nil {
@@ -735,6 +749,7 @@ func (m *Manager) markStopped(id, reason string) {
 		m.log.Error("recording stopped sandbox", "sandbox_id", id, "err", err)
 	}
 	if changed {
+		m.releaseVolumes(id)
 		m.event(id, "stopped", "sandbox stopped", map[string]any{"reason": reason})
 	}
 }
@@ -865,6 +880,7 @@ func (m *Manager) endVM(id string) {
 	in.mu.Unlock()
 	if c != nil {
 		m.refreshGuestCPU(in) // the guest's last word on its busy time
+		m.syncVolumes(id, c)
 		c.Close()
 	}
 	m.closeGate(in)
@@ -935,6 +951,7 @@ func (m *Manager) finishDelete(ctx context.Context, id string) (*Sandbox, error)
 	}
 	faultpoint.Hit("delete.files_removed")
 	m.rememberEnv(id, nil)
+	m.releaseVolumes(id)
 	if ps, ok := m.cfg.Store.(PreviewStore); ok {
 		// Its URLs are refused already (OpenPreview); this drops the rows.
 		if err := ps.DeletePreviews(ctx, id, 0); err != nil {

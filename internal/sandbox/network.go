@@ -119,9 +119,14 @@ func (m *Manager) closeGate(in *instance) {
 
 // egressHandler serves the streams a sandbox's guest opens with the
 // sandbox's gate, looked up per stream: there is none once it stops.
-func (m *Manager) egressHandler(in *instance) guest.EgressHandler { return gateHandler{in} }
+func (m *Manager) egressHandler(in *instance) guest.EgressHandler {
+	return gateHandler{in: in, vols: m.cfg.Volumes}
+}
 
-type gateHandler struct{ in *instance }
+type gateHandler struct {
+	in   *instance
+	vols Volumes // serves volume streams; nil: none
+}
 
 func (h gateHandler) ServeProxy(ctx context.Context, c net.Conn, br *bufio.Reader) {
 	if g := h.in.egressGate(); g != nil {

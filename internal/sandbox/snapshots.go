@@ -129,6 +129,9 @@ func (m *Manager) Snapshot(ctx context.Context, owner, id string, spec SnapshotS
 	if err != nil {
 		return nil, err
 	}
+	if err := m.refuseWithVolumes(ctx, sb.ID); err != nil {
+		return nil, err
+	}
 	repause := sb.State == StatePaused
 	if repause {
 		if _, err := m.Wake(ctx, owner, id, nil); err != nil {

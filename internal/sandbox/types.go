@@ -153,6 +153,9 @@ type CreateSpec struct {
 	// store keeps the new sandbox's id with it, in the same transaction as
 	// the record, so a retry after a crash answers with this sandbox.
 	IdempotencyKey string
+	// Volumes are attached before the sandbox runs (at most
+	// MaxCreateVolumes); see Config.Volumes.
+	Volumes []VolumeMount
 }
 
 // Network is a sandbox's stored egress policy.

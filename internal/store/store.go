@@ -374,7 +374,7 @@ ALTER TABLE snapshots ADD COLUMN rootfs TEXT NOT NULL DEFAULT '';
 CREATE INDEX sandboxes_image ON sandboxes (image_id) WHERE image_id != '';
 CREATE INDEX snapshots_image ON snapshots (image_id) WHERE image_id != '';
 `,
-	// 14: the image builder's step cache (buildcache.go): a disk snapshot
+	// 12: the image builder's step cache (buildcache.go): a disk snapshot
 	// of a build sandbox after each step, by the step's content key.
 	`
 CREATE TABLE build_cache (
@@ -384,6 +384,51 @@ CREATE TABLE build_cache (
 	used_at     TEXT NOT NULL
 ) STRICT;
 CREATE INDEX build_cache_used ON build_cache (used_at);
+`,
+	// 13: volumes (volumes.go), their attachments, and their backups.
+	`
+CREATE TABLE volumes (
+	id            TEXT PRIMARY KEY,
+	owner_key_id  TEXT NOT NULL,
+	name          TEXT NOT NULL,
+	labels        TEXT NOT NULL,    -- JSON object
+	size_mib      INTEGER NOT NULL,
+	state         TEXT NOT NULL,    -- ready | attached | deleted
+	sandbox_id    TEXT,             -- the holder while attached
+	attachment_id TEXT,
+	created_at    TEXT NOT NULL,
+	updated_at    TEXT NOT NULL
+) STRICT;
+CREATE INDEX volumes_owner ON volumes (owner_key_id, id);
+CREATE TABLE volume_attachments (
+	id           TEXT PRIMARY KEY,
+	volume_id    TEXT NOT NULL REFERENCES volumes (id),
+	sandbox_id   TEXT NOT NULL,
+	owner_key_id TEXT NOT NULL,
+	path         TEXT NOT NULL,
+	mode         TEXT NOT NULL,
+	state        TEXT NOT NULL,     -- attaching | attached | detaching | detached
+	error        TEXT NOT NULL,
+	created_at   TEXT NOT NULL,
+	attached_at  TEXT,
+	detached_at  TEXT
+) STRICT;
+CREATE INDEX volume_attachments_sandbox ON volume_attachments (sandbox_id, state);
+CREATE TABLE volume_backups (
+	id           TEXT PRIMARY KEY,
+	volume_id    TEXT NOT NULL,
+	owner_key_id TEXT NOT NULL,
+	name         TEXT NOT NULL,
+	size_mib     INTEGER NOT NULL,
+	state        TEXT NOT NULL,     -- creating | ready | failed | deleted
+	method       TEXT NOT NULL,     -- clone | sparse-copy
+	consistent   TEXT NOT NULL,     -- detached | frozen | crash (attached, freeze failed)
+	error        TEXT NOT NULL,
+	created_at   TEXT NOT NULL,
+	ready_at     TEXT,
+	expires_at   TEXT NOT NULL
+) STRICT;
+CREATE INDEX volume_backups_owner ON volume_backups (owner_key_id, id);
 `,
 }
 

@@ -1,0 +1,114 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/volumes"
+)
+
+var _ volumes.BackupStore = (*Store)(nil)
+
+const backupColumns = `id, volume_id, owner_key_id, name, size_mib, state, method, consistent, error, created_at, ready_at, expires_at`
+
+// PutBackup inserts or replaces a backup.
+func (s *Store) PutBackup(ctx context.Context, b *volumes.Backup) error {
+	_, err := s.db.ExecContext(ctx, `INSERT OR REPLACE INTO volume_backups (`+backupColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		b.ID, b.VolumeID, b.OwnerKeyID, b.Name, b.SizeMiB, b.State, b.Method, b.Consistent, b.Error,
+		formatTime(b.CreatedAt), formatTimePtr(b.ReadyAt), formatTime(b.ExpiresAt))
+	if err != nil {
+		return fmt.Errorf("storing backup %s: %w", b.ID, err)
+	}
+	return nil
+}
+
+// GetBackup returns a backup of any owner.
+func (s *Store) GetBackup(ctx context.Context, id string) (*volumes.Backup, error) {
+	b, err := scanBackup(s.db.QueryRowContext(ctx, `SELECT `+backupColumns+` FROM volume_backups WHERE id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, errdefs.New(errdefs.ErrNotFound, "backup_not_found", "no backup %s", id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading backup %s: %w", id, err)
+	}
+	return b, nil
+}
+
+// ListBackups returns a page of an owner's backups (not deleted unless
+// asked for), newest first.
+func (s *Store) ListBackups(ctx context.Context, o volumes.BackupListOptions) ([]*volumes.Backup, string, error) {
+	where, args := []string{"owner_key_id = ?"}, []any{o.OwnerKeyID}
+	if o.State != "" {
+		where, args = append(where, "state = ?"), append(args, o.State)
+	} else {
+		where = append(where, "state != 'deleted'")
+	}
+	if o.VolumeID != "" {
+		where, args = append(where, "volume_id = ?"), append(args, o.VolumeID)
+	}
+	if o.Cursor != "" {
+		where, args = append(where, "id < ?"), append(args, o.Cursor)
+	}
+	limit := o.Limit
+	if limit <= 0 || limit > 100 {
+		limit = 50
+	}
+	out, err := s.backups(ctx, `WHERE `+strings.Join(where, " AND ")+` ORDER BY id DESC LIMIT ?`, append(args, limit+1)...)
+	if err != nil {
+		return nil, "", err
+	}
+	next := ""
+	if len(out) > limit {
+		out = out[:limit]
+		next = out[limit-1].ID
+	}
+	return out, next, nil
+}
+
+// ExpiredBackups lists backups not deleted whose expiry is before t.
+func (s *Store) ExpiredBackups(ctx context.Context, t time.Time) ([]*volumes.Backup, error) {
+	return s.backups(ctx, `WHERE state != 'deleted' AND expires_at < ? ORDER BY id LIMIT 1000`, formatTime(t))
+}
+
+func (s *Store) backups(ctx context.Context, rest string, args ...any) ([]*volumes.Backup, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+backupColumns+` FROM volume_backups `+rest, args...)
+	if err != nil {
+		return nil, fmt.Errorf("listing backups: %w", err)
+	}
+	defer rows.Close()
+	var out []*volumes.Backup
+	for rows.Next() {
+		b, err := scanBackup(rows)
+		if err != nil {
+			return nil, fmt.Errorf("listing backups: %w", err)
+		}
+		out = append(out, b)
+	}
+	return out, rows.Err()
+}
+
+func scanBackup(row interface{ Scan(...any) error }) (*volumes.Backup, error) {
+	var b volumes.Backup
+	var created, expires string
+	var ready sql.NullString
+	if err := row.Scan(&b.ID, &b.VolumeID, &b.OwnerKeyID, &b.Name, &b.SizeMiB, &b.State, &b.Method, &b.Consistent, &b.Error,
+		&created, &ready, &expires); err != nil {
+		return nil, err
+	}
+	var err error
+	if b.CreatedAt, err = parseTime(created); err != nil {
+		return nil, err
+	}
+	if b.ReadyAt, err = parseTimePtr(ready); err != nil {
+		return nil, err
+	}
+	if b.ExpiresAt, err = parseTime(expires); err != nil {
+		return nil, err
+	}
+	return &b, nil
+}

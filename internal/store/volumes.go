@@ -1,0 +1,291 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/volumes"
+)
+
+var _ volumes.Store = (*Store)(nil)
+
+const volumeColumns = `id, owner_key_id, name, labels, size_mib, state, sandbox_id, attachment_id, created_at, updated_at`
+
+const attachmentColumns = `id, volume_id, sandbox_id, owner_key_id, path, mode, state, error, created_at, attached_at, detached_at`
+
+// InsertVolume records a new volume.
+func (s *Store) InsertVolume(ctx context.Context, v *volumes.Volume) error {
+	labels, err := json.Marshal(orEmpty(v.Labels))
+	if err != nil {
+		return fmt.Errorf("encoding labels: %w", err)
+	}
+	_, err = s.db.ExecContext(ctx, `INSERT INTO volumes (`+volumeColumns+`) VALUES (?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?)`,
+		v.ID, v.OwnerKeyID, v.Name, string(labels), v.SizeMiB, v.State, formatTime(v.CreatedAt), formatTime(v.UpdatedAt))
+	if err != nil {
+		return fmt.Errorf("storing volume %s: %w", v.ID, err)
+	}
+	return nil
+}
+
+func orEmpty(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return m
+}
+
+// GetVolume returns a volume of any owner.
+func (s *Store) GetVolume(ctx context.Context, id string) (*volumes.Volume, error) {
+	return getVolume(ctx, s.db, id)
+}
+
+type queryer interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+func getVolume(ctx context.Context, q queryer, id string) (*volumes.Volume, error) {
+	v, err := scanVolume(q.QueryRowContext(ctx, `SELECT `+volumeColumns+` FROM volumes WHERE id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, volumeNotFound(id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading volume %s: %w", id, err)
+	}
+	return v, nil
+}
+
+func volumeNotFound(id string) error {
+	return errdefs.New(errdefs.ErrNotFound, "volume_not_found", "no volume %s", id)
+}
+
+// ListVolumes returns a page of an owner's volumes (deleted ones only when
+// asked for by state), newest first.
+func (s *Store) ListVolumes(ctx context.Context, o volumes.ListOptions) ([]*volumes.Volume, string, error) {
+	where := []string{"owner_key_id = ?"}
+	args := []any{o.OwnerKeyID}
+	if o.State != "" {
+		where, args = append(where, "state = ?"), append(args, o.State)
+	} else {
+		where = append(where, "state != 'deleted'")
+	}
+	if o.Name != "" {
+		where, args = append(where, "name = ?"), append(args, o.Name)
+	}
+	if o.Cursor != "" {
+		where, args = append(where, "id < ?"), append(args, o.Cursor)
+	}
+	limit := o.Limit
+	if limit <= 0 || limit > 100 {
+		limit = 50
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT `+volumeColumns+` FROM volumes WHERE `+strings.Join(where, " AND ")+
+		` ORDER BY id DESC LIMIT ?`, append(args, limit+1)...)
+	if err != nil {
+		return nil, "", fmt.Errorf("listing volumes: %w", err)
+	}
+	defer rows.Close()
+	var out []*volumes.Volume
+	for rows.Next() {
+		v, err := scanVolume(rows)
+		if err != nil {
+			return nil, "", fmt.Errorf("listing volumes: %w", err)
+		}
+		out = append(out, v)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, "", fmt.Errorf("listing volumes: %w", err)
+	}
+	next := ""
+	if len(out) > limit {
+		out = out[:limit]
+		next = out[limit-1].ID
+	}
+	return out, next, nil
+}
+
+// UpdateVolume sets the size and state of a volume in state from.
+func (s *Store) UpdateVolume(ctx context.Context, id, from string, sizeMiB int, state string) (*volumes.Volume, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback()
+	v, err := getVolume(ctx, tx, id)
+	if err != nil {
+		return nil, err
+	}
+	if v.State != from {
+		return nil, volumeStateConflict(v)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE volumes SET size_mib = ?, state = ?, updated_at = ? WHERE id = ?`,
+		sizeMiB, state, formatTime(s.now()), id); err != nil {
+		return nil, fmt.Errorf("updating volume %s: %w", id, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, err
+	}
+	v.SizeMiB, v.State = sizeMiB, state
+	return v, nil
+}
+
+func volumeStateConflict(v *volumes.Volume) error {
+	switch v.State {
+	case volumes.StateAttached:
+		return errdefs.New(errdefs.ErrConflict, "volume_attached", "volume %s is attached to sandbox %s", v.ID, v.SandboxID).
+			WithHint("detach it first; one sandbox holds a volume at a time")
+	case volumes.StateDeleted:
+		return volumeNotFound(v.ID)
+	}
+	return errdefs.New(errdefs.ErrConflict, "volume_busy", "volume %s is %s", v.ID, v.State)
+}
+
+// BeginAttach makes a ready volume held by a.SandboxID and records a.
+func (s *Store) BeginAttach(ctx context.Context, a *volumes.Attachment) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	v, err := getVolume(ctx, tx, a.VolumeID)
+	if err != nil {
+		return err
+	}
+	if v.OwnerKeyID != a.OwnerKeyID {
+		return volumeNotFound(a.VolumeID)
+	}
+	if v.State != volumes.StateReady {
+		return volumeStateConflict(v)
+	}
+	now := formatTime(s.now())
+	if _, err := tx.ExecContext(ctx, `UPDATE volumes SET state = ?, sandbox_id = ?, attachment_id = ?, updated_at = ? WHERE id = ?`,
+		volumes.StateAttached, a.SandboxID, a.ID, now, v.ID); err != nil {
+		return fmt.Errorf("attaching volume %s: %w", v.ID, err)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO volume_attachments (`+attachmentColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL)`,
+		a.ID, a.VolumeID, a.SandboxID, a.OwnerKeyID, a.Path, a.Mode, a.State, a.Error, formatTime(a.CreatedAt)); err != nil {
+		return fmt.Errorf("recording attachment of %s: %w", v.ID, err)
+	}
+	return tx.Commit()
+}
+
+// SetAttachment moves an attachment to state; at detached its volume is
+// ready again.
+func (s *Store) SetAttachment(ctx context.Context, id, state, errText string) (*volumes.Attachment, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback()
+	a, err := getAttachment(ctx, tx, id)
+	if err != nil {
+		return nil, err
+	}
+	if a.State == volumes.AttachDetached {
+		return a, nil // final
+	}
+	now := s.now()
+	set, args := `state = ?, error = ?`, []any{state, errText}
+	switch state {
+	case volumes.AttachAttached:
+		set, args = set+`, attached_at = ?`, append(args, formatTime(now))
+		a.AttachedAt = &now
+	case volumes.AttachDetached:
+		set, args = set+`, detached_at = ?`, append(args, formatTime(now))
+		a.DetachedAt = &now
+		if _, err := tx.ExecContext(ctx, `UPDATE volumes SET state = ?, sandbox_id = NULL, attachment_id = NULL, updated_at = ?
+			WHERE id = ? AND attachment_id = ?`, volumes.StateReady, formatTime(now), a.VolumeID, a.ID); err != nil {
+			return nil, fmt.Errorf("freeing volume %s: %w", a.VolumeID, err)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE volume_attachments SET `+set+` WHERE id = ?`, append(args, id)...); err != nil {
+		return nil, fmt.Errorf("updating attachment %s: %w", id, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, err
+	}
+	a.State, a.Error = state, errText
+	return a, nil
+}
+
+// GetAttachment returns an attachment.
+func (s *Store) GetAttachment(ctx context.Context, id string) (*volumes.Attachment, error) {
+	return getAttachment(ctx, s.db, id)
+}
+
+func getAttachment(ctx context.Context, q queryer, id string) (*volumes.Attachment, error) {
+	a, err := scanAttachment(q.QueryRowContext(ctx, `SELECT `+attachmentColumns+` FROM volume_attachments WHERE id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, errdefs.New(errdefs.ErrNotFound, "attachment_not_found", "no attachment %s", id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading attachment %s: %w", id, err)
+	}
+	return a, nil
+}
+
+// HeldAttachments lists a sandbox's attachments not yet detached, oldest
+// first.
+func (s *Store) HeldAttachments(ctx context.Context, sandboxID string) ([]*volumes.Attachment, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+attachmentColumns+` FROM volume_attachments
+		WHERE sandbox_id = ? AND state != ? ORDER BY created_at, id`, sandboxID, volumes.AttachDetached)
+	if err != nil {
+		return nil, fmt.Errorf("listing attachments of %s: %w", sandboxID, err)
+	}
+	defer rows.Close()
+	var out []*volumes.Attachment
+	for rows.Next() {
+		a, err := scanAttachment(rows)
+		if err != nil {
+			return nil, fmt.Errorf("listing attachments of %s: %w", sandboxID, err)
+		}
+		out = append(out, a)
+	}
+	return out, rows.Err()
+}
+
+func scanVolume(row interface{ Scan(...any) error }) (*volumes.Volume, error) {
+	var v volumes.Volume
+	var labels, created, updated string
+	var sb, att sql.NullString
+	if err := row.Scan(&v.ID, &v.OwnerKeyID, &v.Name, &labels, &v.SizeMiB, &v.State, &sb, &att, &created, &updated); err != nil {
+		return nil, err
+	}
+	v.SandboxID, v.AttachmentID = sb.String, att.String
+	if err := json.Unmarshal([]byte(labels), &v.Labels); err != nil {
+		return nil, fmt.Errorf("decoding labels of volume %s: %w", v.ID, err)
+	}
+	var err error
+	if v.CreatedAt, err = parseTime(created); err != nil {
+		return nil, err
+	}
+	if v.UpdatedAt, err = parseTime(updated); err != nil {
+		return nil, err
+	}
+	return &v, nil
+}
+
+func scanAttachment(row interface{ Scan(...any) error }) (*volumes.Attachment, error) {
+	var a volumes.Attachment
+	var created string
+	var attached, detached sql.NullString
+	if err := row.Scan(&a.ID, &a.VolumeID, &a.SandboxID, &a.OwnerKeyID, &a.Path, &a.Mode, &a.State, &a.Error,
+		&created, &attached, &detached); err != nil {
+		return nil, err
+	}
+	var err error
+	if a.CreatedAt, err = parseTime(created); err != nil {
+		return nil, err
+	}
+	if a.AttachedAt, err = parseTimePtr(attached); err != nil {
+		return nil, err
+	}
+	if a.DetachedAt, err = parseTimePtr(detached); err != nil {
+		return nil, err
+	}
+	return &a, nil
+}
