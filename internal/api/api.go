@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/images"
 	"github.com/emberbox/emberbox/internal/interpreter"
 	"github.com/emberbox/emberbox/internal/links"
 )
@@ -128,6 +129,9 @@ type Config struct {
 	// Interpreter runs the code interpreter's routes; nil answers them
 	// 501 interpreter_unavailable.
 	Interpreter *interpreter.Service
+	// Images is the image catalog (/v1/images, a create's image and the
+	// start report of a sandbox); nil answers its routes 501.
+	Images *images.Service
 }
 
 // Limits of the waits a request may ask for.
@@ -150,6 +154,7 @@ type server struct {
 	uploads *Uploads // nil: chunked uploads refused
 	links   *links.Signer
 	interp  *interpreter.Service // nil: the interpreter routes answer 501
+	images  *images.Service      // nil: the image routes answer 501
 	metrics http.Handler
 	limits  *rateLimiter
 	observe func(route string, status int, d time.Duration) // nil: none
@@ -189,6 +194,7 @@ func newServer(cfg Config) *server {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.uploads, s.metrics, s.links, s.interp = cfg.Uploads, cfg.Metrics, cfg.Links, cfg.Interpreter
+	s.images = cfg.Images
 	s.previewBase = cfg.PreviewURL
 	s.previewTransport = s.newPreviewTransport()
 	s.routes = s.routeTable()

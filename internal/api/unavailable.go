@@ -15,7 +15,7 @@ import (
 var unavailableTop = map[string]bool{
 	"account": true, "agents": true, "apps": true, "audit": true, "billing": true, "builds": true,
 	"ci": true, "containers": true, "domains": true, "egress-secrets": true, "events": true,
-	"feedback": true, "functions": true, "images": true, "ips": true, "job-runs": true, "jobs": true,
+	"feedback": true, "functions": true, "ips": true, "job-runs": true, "jobs": true,
 	"mcp": true, "networks": true, "otel-exports": true, "plans": true,
 	"ports": true, "referrals": true, "repositories": true, "reservations": true, "secrets": true,
 	"sso": true, "support": true, "switching": true, "usage": true, "volume-backups": true,
@@ -44,6 +44,12 @@ func unavailableCode(path string) string {
 		return ""
 	}
 	first, tail, _ := strings.Cut(rest, "/")
+	if first == "images" {
+		if reg, _, _ := strings.Cut(tail, ":"); reg == "registries" {
+			return "image_registries_unavailable"
+		}
+		return ""
+	}
 	if first != "sandboxes" {
 		name, _, _ := strings.Cut(first, ":")
 		if unavailableTop[name] {
