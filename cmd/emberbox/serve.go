@@ -26,6 +26,7 @@ import (
 	"github.com/emberbox/emberbox/internal/envd"
 	"github.com/emberbox/emberbox/internal/faultpoint"
 	"github.com/emberbox/emberbox/internal/image"
+	"github.com/emberbox/emberbox/internal/images"
 	"github.com/emberbox/emberbox/internal/interpreter"
 	"github.com/emberbox/emberbox/internal/links"
 	"github.com/emberbox/emberbox/internal/pricing"
@@ -62,6 +63,7 @@ type serveOptions struct {
 	egressResolve []string
 	diskRetention time.Duration
 	templates     bool
+	imageBuilds   int
 	egressMax     []string
 	egressDeny    []string
 	extraCAFile   string
@@ -94,6 +96,7 @@ func newServeCommand() *cobra.Command {
 	f.StringVar(&o.dataDir, "data-dir", defaultDataDir(), "where the database, keys and sandbox disks live")
 	f.StringVar(&o.cacheDir, "cache-dir", "", "image cache directory (default ~/.cache/emberbox)")
 	f.StringVar(&o.agentBinary, "agent-binary", "", "emberbox-agent binary to boot (default: beside this binary)")
+	f.IntVar(&o.imageBuilds, "image-builds", 1, "image builds run at once (each in a sandbox VM)")
 	f.BoolVar(&o.templates, "templates", true, "create sandboxes by restoring a template of their shape (made once, from a booted guest) instead of booting each")
 	f.DurationVar(&o.bootTimeout, "boot-timeout", 90*time.Second, "bound on one boot attempt; a create makes at most two")
 	f.BoolVar(&o.noKVM, "no-kvm", false, "use software emulation even where /dev/kvm works")
@@ -198,12 +201,23 @@ func serve(ctx context.Context, o serveOptions) error {
 		return fmt.Errorf("--meter-interval must be at least 1s")
 	}
 	metrics := telemetry.New()
+	if o.imageBuilds < 1 || o.imageBuilds > 16 {
+		return fmt.Errorf("--image-builds must be from 1 to 16")
+	}
+	// The image catalog: its start commands run before a sandbox of an
+	// image is running (a Preparer of the manager).
+	imgs, err := images.New(images.Config{Store: st, DataDir: o.dataDir, Builds: o.imageBuilds, Logger: log,
+		DefaultRootfs: boot.Rootfs, DefaultDigest: boot.RecipeHash})
+	if err != nil {
+		return err
+	}
 	mgr := sandbox.New(sandbox.Config{
 		Store: st, Driver: drv, Boot: boot.BootFiles, DataDir: o.dataDir, Logger: log, BootTimeout: o.bootTimeout,
 		Egress: ecfg.op, EgressDefault: ecfg.def, ExtraCAs: ecfg.cas, StoppedDiskRetention: o.diskRetention,
 		Templates: o.templates, MemoryFloorMiB: o.limits.memoryFloorMiB,
 		Admission: adm.ledger, Limits: adm.limits,
 		Rates: o.rates, MeterInterval: o.meterInterval, Observer: metrics,
+		Preparers: []sandbox.Preparer{imgs.Preparer()},
 	})
 	// On any way out: the background loops are stopped and waited for,
 	// then the manager lets go of its sandboxes (they keep running), and
@@ -217,6 +231,14 @@ func serve(ctx context.Context, o serveOptions) error {
 	defer bg.Wait()
 	defer stopBackground()
 	mgr.PrepareTemplate()
+	// The builder runs builds in sandbox VMs of mgr; without one every
+	// build fails with builder_unavailable.
+	var builder images.Builder // imagebuild.New(…) plugs in here
+	imgs.SetBuilder(builder)
+	if err := imgs.Recover(ctx); err != nil {
+		return err
+	}
+	bg.Go(func() { imgs.Run(bctx) })
 	bg.Go(func() { _ = mgr.Run(bctx) })
 	bg.Go(func() { pruneIdempotency(bctx, st, log) })
 	bg.Go(func() { mgr.RunDiskRetention(bctx) })
@@ -249,7 +271,7 @@ func serve(ctx context.Context, o serveOptions) error {
 		Confinement: func() any { return drv.Confinement() },
 		Uploads:     uploads, RateLimits: adm.rates, ObserveRequest: metrics.ObserveRequest,
 		Metrics: metrics.Handler(), PreviewURL: o.previewURL, Links: signer,
-		Interpreter: interp,
+		Interpreter: interp, Images: imgs,
 	})
 	if o.metricsListen != "" {
 		mln, err := net.Listen("tcp", o.metricsListen)
@@ -484,6 +506,7 @@ func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
 type bootConfig struct {
 	sandbox.BootFiles
 	ProbeCache string // where the KVM probe's verdict is remembered
+	RecipeHash string // the guest image's, the default image's digest
 }
 
 func bootFiles(ctx context.Context, o serveOptions, log *slog.Logger) (bootConfig, error) {
@@ -510,6 +533,7 @@ func bootFiles(ctx context.Context, o serveOptions, log *slog.Logger) (bootConfi
 	return bootConfig{
 		BootFiles:  sandbox.BootFiles{Kernel: img.Kernel, Initrd: initrd, Rootfs: img.Rootfs},
 		ProbeCache: filepath.Join(filepath.Dir(img.Dir), "kvm-probe"),
+		RecipeHash: img.RecipeHash,
 	}, nil
 }
 

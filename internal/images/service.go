@@ -114,6 +114,10 @@ func New(cfg Config) (*Service, error) {
 	return s, nil
 }
 
+// SetBuilder sets the builder (before Run): it is made after the
+// sandbox manager it builds in, which needs the catalog's Preparer.
+func (s *Service) SetBuilder(b Builder) { s.cfg.Builder = b }
+
 func (s *Service) workRoot() string { return filepath.Join(s.cfg.DataDir, "images", "work") }
 
 // Recover settles what a previous run left: a build it was running failed
