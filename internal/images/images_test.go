@@ -498,3 +498,40 @@ func TestContextChunks(t *testing.T) {
 		t.Errorf("job %+v", job)
 	}
 }
+
+// An imported file is a ready image; the same bytes share one blob.
+func TestImport(t *testing.T) {
+	e := newEnv(t, "")
+	ctx := context.Background()
+	file := filepath.Join(e.dir, "disk.img")
+	if err := os.WriteFile(file, []byte("ext4 bytes"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a, err := e.svc.Import(ctx, images.ImportRequest{File: file, Owner: "key_a", Name: "imp",
+		Start: &images.StartSpec{Command: "serve", ReadyPort: 80}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.State != images.StateReady || a.Kind != images.SourceArchive || a.Public || a.Start == nil || len(a.Tags) != 1 {
+		t.Fatalf("imported %+v", a)
+	}
+	b, err := e.svc.Import(ctx, images.ImportRequest{File: file, Public: true, Name: "imp2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Rootfs != a.Rootfs || !b.Public {
+		t.Errorf("second import %+v, want the same blob, public", b)
+	}
+	if got, err := e.svc.Resolve(ctx, "key_b", "imp2"); err != nil || got.ID != b.ID {
+		t.Errorf("key_b resolves the public import: %v %v", got, err)
+	}
+	if _, err := e.svc.Resolve(ctx, "key_b", "imp"); errdefs.Code(err) != "image_not_found" {
+		t.Errorf("key_b resolves key_a's import: %v", err)
+	}
+	if _, err := e.svc.Publish(ctx, a.ID, true); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := e.svc.Resolve(ctx, "key_b", "imp"); err != nil || got.ID != a.ID {
+		t.Errorf("published: %v %v", got, err)
+	}
+}
