@@ -63,6 +63,9 @@ func (s *Service) Import(ctx context.Context, req ImportRequest) (*Image, error)
 	if err := s.st.CreateImage(ctx, img); err != nil {
 		return nil, err
 	}
+	// The log names the file, not its host directory.
+	s.logLines(ctx, id, []LogLine{{At: now, Stream: "build",
+		Text: fmt.Sprintf("imported by the operator from %s (%s)", filepath.Base(req.File), digest)}})
 	res := Result{RootfsPath: dst, Digest: digest, Env: req.Env, Workdir: req.Workdir, User: req.User}
 	if err := s.finish(ctx, img, work, res, now); err != nil {
 		s.fail(ctx, img, err.Error(), nil)
