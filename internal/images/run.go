@@ -57,10 +57,7 @@ func (s *Service) build(ctx context.Context, id string) {
 		err = s.finish(ctx, img, work, res, start)
 	}
 	if cur, gerr := s.st.GetImage(ctx, id); gerr == nil && (cur.State == StateDeleted || cur.State == StateDeleting) {
-		// Deleted while it built: whatever it made goes too.
-		if err == nil {
-			_ = s.releaseBlob(ctx, img.Digest)
-		}
+		// Deleted while it built (finish recorded nothing).
 		s.notes.notify(id)
 		return
 	}
@@ -223,10 +220,14 @@ func (s *Service) finish(ctx context.Context, img *Image, work string, res Resul
 
 	s.blobMu.Lock()
 	defer s.blobMu.Unlock()
+	if cur, err := s.st.GetImage(ctx, img.ID); err != nil || cur.State == StateDeleted || cur.State == StateDeleting {
+		return errors.New("the image was deleted while it built")
+	}
 	if img.Rootfs, err = s.blobs.put(digest, res.RootfsPath); err != nil {
 		return err
 	}
 	if err := s.st.UpdateImage(ctx, img); err != nil {
+		_ = s.releaseBlobLocked(ctx, digest)
 		return err
 	}
 	if img.Name != "" {

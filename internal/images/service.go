@@ -527,6 +527,9 @@ func (s *Service) Tag(ctx context.Context, owner, id, tag string) (*Image, error
 	if img.Name == "" {
 		return nil, invalidField("tag", "an unnamed image has no tags; build it with a name")
 	}
+	if img.State != StateReady {
+		return nil, errdefs.New(errdefs.ErrConflict, "image_not_ready", "Image %s is %s; only a ready image is tagged.", id, img.State)
+	}
 	if err := s.st.SetTag(ctx, owner, img.Name, tag, img.ID); err != nil {
 		return nil, err
 	}
@@ -571,11 +574,22 @@ func (s *Service) Delete(ctx context.Context, owner, id string) (*Image, error) 
 	if cancel != nil {
 		cancel()
 	}
-	img.State = StateDeleting
-	if err := s.st.UpdateImage(ctx, img); err != nil {
-		return nil, err
+	// Under blobMu, from a fresh read: a build finishing now either
+	// recorded its blob before (and it goes with the image) or finds the
+	// image deleted and records nothing.
+	s.blobMu.Lock()
+	img, err = s.st.GetImage(ctx, id)
+	if err == nil && (img.State == StateDeleted || img.State == StateDeleting) {
+		err = imageNotFound(id)
 	}
-	if err := s.finishDelete(ctx, img); err != nil {
+	if err == nil {
+		img.State = StateDeleting
+		if err = s.st.UpdateImage(ctx, img); err == nil {
+			err = s.finishDeleteLocked(ctx, img)
+		}
+	}
+	s.blobMu.Unlock()
+	if err != nil {
 		return nil, err
 	}
 	s.notes.notify(id)
@@ -583,6 +597,12 @@ func (s *Service) Delete(ctx context.Context, owner, id string) (*Image, error) 
 }
 
 func (s *Service) finishDelete(ctx context.Context, img *Image) error {
+	s.blobMu.Lock()
+	defer s.blobMu.Unlock()
+	return s.finishDeleteLocked(ctx, img)
+}
+
+func (s *Service) finishDeleteLocked(ctx context.Context, img *Image) error {
 	if err := s.st.RemoveTags(ctx, img.ID); err != nil {
 		return err
 	}
@@ -590,16 +610,15 @@ func (s *Service) finishDelete(ctx context.Context, img *Image) error {
 	if err := s.st.UpdateImage(ctx, img); err != nil {
 		return err
 	}
-	return s.releaseBlob(ctx, img.Digest)
+	return s.releaseBlobLocked(ctx, img.Digest)
 }
 
-// releaseBlob removes a digest's blob once no image uses it.
-func (s *Service) releaseBlob(ctx context.Context, digest string) error {
+// releaseBlobLocked removes a digest's blob once no image uses it; the
+// caller holds blobMu.
+func (s *Service) releaseBlobLocked(ctx context.Context, digest string) error {
 	if digest == "" {
 		return nil
 	}
-	s.blobMu.Lock()
-	defer s.blobMu.Unlock()
 	n, err := s.st.DigestUsers(ctx, digest)
 	if err != nil || n > 0 {
 		return err

@@ -70,7 +70,8 @@ func imageArgs(img *images.Image) ([]any, error) {
 		formatTimePtr(img.ReadyAt), img.BuildSeconds}, nil
 }
 
-// UpdateImage implements images.Store.
+// UpdateImage implements images.Store. An image being deleted or deleted
+// is not found, unless the update deletes it.
 func (s *Store) UpdateImage(ctx context.Context, img *images.Image) error {
 	a, err := imageArgs(img)
 	if err != nil {
@@ -78,9 +79,12 @@ func (s *Store) UpdateImage(ctx context.Context, img *images.Image) error {
 	}
 	// a: id 0, state 4, error 7, digest 8, rootfs 9, size 10, disk 11, env 12,
 	// workdir 13, user 14, start 15, labels 16, public 17, ready 19, secs 20.
+	// A delete is final: only another delete step writes over it, so a
+	// build that ends as its image is deleted cannot bring it back.
 	res, err := s.db.ExecContext(ctx, `UPDATE images SET state = ?, error = ?, digest = ?, rootfs = ?, size_bytes = ?,
 		disk_mib = ?, env = ?, workdir = ?, user = ?, start = ?, labels = ?, public = ?, ready_at = ?, build_seconds = ?
-		WHERE id = ?`, a[4], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[19], a[20], a[0])
+		WHERE id = ? AND (state NOT IN ('deleting', 'deleted') OR ?1 IN ('deleting', 'deleted'))`,
+		a[4], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[19], a[20], a[0])
 	if err != nil {
 		return fmt.Errorf("updating image %s: %w", img.ID, err)
 	}
