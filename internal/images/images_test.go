@@ -535,3 +535,44 @@ func TestImport(t *testing.T) {
 		t.Errorf("published: %v %v", got, err)
 	}
 }
+
+// A build whose image is deleted meanwhile is cancelled and leaves
+// nothing: the image stays deleted, no blob is kept.
+func TestDeleteWhileBuilding(t *testing.T) {
+	e := newEnv(t, "")
+	ctx := context.Background()
+	img, err := e.svc.Create(ctx, "key_a", recipe("block"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		cur, _ := e.svc.Get(ctx, "key_a", img.ID)
+		if cur.State == images.StateBuilding {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("never building")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	del, err := e.svc.Delete(ctx, "key_a", img.ID)
+	if err != nil || del.State != images.StateDeleted {
+		t.Fatalf("delete while building: %+v %v", del, err)
+	}
+	// The next build runs once the cancelled one let go of the worker.
+	next, err := e.svc.Create(ctx, "key_a", recipe("after"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := e.wait("key_a", next.ID); got.State != images.StateReady {
+		t.Fatalf("next build: %s %q", got.State, got.Error)
+	}
+	if cur, _ := e.svc.Get(ctx, "key_a", img.ID); cur.State != images.StateDeleted || cur.Digest != "" {
+		t.Errorf("deleted image came back: %+v", cur)
+	}
+	blobs, _ := filepath.Glob(filepath.Join(e.dir, "images", "blobs", "*"))
+	if len(blobs) != 1 {
+		t.Errorf("blobs %v, want only the next build's", blobs)
+	}
+}
