@@ -497,6 +497,18 @@ func TestContextChunks(t *testing.T) {
 	if job.ContextDir == "" || job.Context == nil || job.Dockerfile != "FROM default" {
 		t.Errorf("job %+v", job)
 	}
+	// A base: the default image is an empty ref (booted as the server's
+	// own); another owner's image is not found; this owner's is.
+	def, err := job.Resolve(ctx, "default")
+	if err != nil || def.Ref != (sandbox.ImageRef{}) || def.Digest != "sha256:"+strings.Repeat("d", 64) {
+		t.Errorf("resolve default: %+v %v", def, err)
+	}
+	if _, err := job.Resolve(ctx, img.ID); err != nil {
+		t.Errorf("resolve its own image: %v", err)
+	}
+	if _, err := job.Resolve(ctx, "nope"); errdefs.Code(err) != "image_not_found" {
+		t.Errorf("resolve nope: %v", err)
+	}
 }
 
 // An imported file is a ready image; the same bytes share one blob.

@@ -165,9 +165,7 @@ func (s *Service) resolveBase(ctx context.Context, owner, ref string) (*Resolved
 	r := &Resolved{Digest: img.Digest, Env: img.Env, Workdir: img.Workdir, User: img.User}
 	if ir != nil {
 		r.Ref = *ir
-	} else {
-		r.Ref.ID, r.Ref.Rootfs, r.Ref.MinDiskMiB = img.ID, img.Rootfs, img.DiskMiB
-	}
+	} // else the default image: an empty Ref, booted as a create without an image is
 	return r, nil
 }
 

@@ -77,7 +77,9 @@ func (startPreparer) Name() string { return "image_start" }
 // restart (and for a copy of a memory snapshot), so a start command
 // already running is not started twice.
 func (p startPreparer) Prepare(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Guest) error {
-	if sb.ImageID == "" {
+	// Internal owners ("system:build": build sandboxes) build on an
+	// image; they do not serve it.
+	if sb.ImageID == "" || strings.HasPrefix(sb.OwnerKeyID, "system:") {
 		return nil
 	}
 	img, err := p.s.st.GetImage(ctx, sb.ImageID)

@@ -99,6 +99,11 @@ func TestStartCommand(t *testing.T) {
 	if rep, _ := e.svc.StartReport("sbx_3"); rep.Ready || rep.Error != "the command exited with code 3 before it was ready" || time.Since(begin) > 3*time.Second {
 		t.Errorf("exited: %+v after %s", rep, time.Since(begin))
 	}
+	// A build sandbox (an internal owner) builds on the image: no start.
+	build := &fakeGuest{}
+	if err := p.Prepare(ctx, &sandbox.Sandbox{ID: "sbx_5", OwnerKeyID: "system:build", ImageID: img.ID}, build); err != nil || len(build.spawned) != 0 {
+		t.Errorf("a build sandbox ran the start command: %v %d", err, len(build.spawned))
+	}
 	// A sandbox of the default image has no start command.
 	if err := p.Prepare(ctx, &sandbox.Sandbox{ID: "sbx_4"}, g); err != nil {
 		t.Fatal(err)
