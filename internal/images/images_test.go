@@ -494,6 +494,9 @@ func TestContextChunks(t *testing.T) {
 	e.b.mu.Lock()
 	job := e.b.jobs[len(e.b.jobs)-1]
 	e.b.mu.Unlock()
+	if job.DiskMiB != images.DefaultBuildDiskMiB || job.Timeout != images.DefaultBuildTimeout || !job.Cache {
+		t.Errorf("job limits %+v cache %v", job.Limits, job.Cache)
+	}
 	if job.ContextDir == "" || job.Context == nil || job.Dockerfile != "FROM default" {
 		t.Errorf("job %+v", job)
 	}

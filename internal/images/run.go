@@ -130,6 +130,7 @@ func (s *Service) runBuilder(ctx context.Context, img *Image, work string, log *
 
 func (s *Service) job(img *Image, src Source, work string) Job {
 	lim := s.cfg.Limits
+	lim.DiskMiB = min(DefaultBuildDiskMiB, lim.DiskMiB)
 	b := src.Build
 	if b.TimeoutSeconds > 0 {
 		lim.Timeout = time.Duration(b.TimeoutSeconds) * time.Second

@@ -31,7 +31,9 @@ type Config struct {
 	// DefaultRootfs and DefaultDigest are the server's own guest image,
 	// registered as the public image "default".
 	DefaultRootfs, DefaultDigest string
-	// Limits are a build's defaults; a request may lower them.
+	// Limits are the most a build may ask for, and its defaults, but for
+	// the build disk, which is DefaultBuildDiskMiB unless asked (the
+	// image's disk is the build's: every sandbox of it needs as much).
 	Limits Limits
 }
 
@@ -39,7 +41,8 @@ type Config struct {
 const (
 	DefaultBuildTimeout = 30 * time.Minute
 	DefaultMaxImageMiB  = 16384
-	DefaultBuildDiskMiB = 16384
+	DefaultBuildDiskMiB = 4096
+	MaxBuildDiskMiB     = 16384
 	DefaultBuildMemMiB  = 2048
 	DefaultBuildVCPU    = 2
 )
@@ -84,7 +87,7 @@ func New(cfg Config) (*Service, error) {
 		l.MaxImageMiB = DefaultMaxImageMiB
 	}
 	if l.DiskMiB <= 0 {
-		l.DiskMiB = DefaultBuildDiskMiB
+		l.DiskMiB = MaxBuildDiskMiB
 	}
 	if l.MemoryMiB <= 0 {
 		l.MemoryMiB = DefaultBuildMemMiB
