@@ -133,8 +133,9 @@ type Store interface {
 	// RemoveTags removes every tag of an image.
 	RemoveTags(ctx context.Context, id string) error
 	// ImageUsers counts the sandboxes and snapshots (not deleted) made
-	// from image id.
-	ImageUsers(ctx context.Context, id string) (sandboxes, snapshots int, err error)
+	// from image id; internal counts the snapshots among them of internal
+	// owners ("system:…": the builder's step cache).
+	ImageUsers(ctx context.Context, id string) (sandboxes, snapshots, internal int, err error)
 	// DigestUsers counts the images not deleted whose digest is digest.
 	DigestUsers(ctx context.Context, digest string) (int, error)
 	// AppendImageLog appends lines (Seq is assigned) and returns the last seq.

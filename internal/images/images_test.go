@@ -24,6 +24,14 @@ type fakeBuilder struct {
 	mu      sync.Mutex
 	jobs    []images.Job
 	release chan struct{}
+	forget  func(id string) error // ForgetImage
+}
+
+func (b *fakeBuilder) ForgetImage(ctx context.Context, id string) error {
+	if b.forget == nil {
+		return nil
+	}
+	return b.forget(id)
 }
 
 func (b *fakeBuilder) Build(ctx context.Context, job images.Job, log images.LogSink) (images.Result, error) {
@@ -389,8 +397,32 @@ func TestDeleteInUse(t *testing.T) {
 	if _, err := e.st.UpdateSandbox(ctx, "sbx_1", func(s *sandbox.Sandbox) bool { s.State = sandbox.StateDeleted; return true }); err != nil {
 		t.Fatal(err)
 	}
+	// A tenant's snapshot of it holds it too.
+	snap := func(id, owner string) {
+		if err := e.st.InsertSnapshot(ctx, &sandbox.Snapshot{ID: id, OwnerKeyID: owner, SourceSandboxID: "sbx_1",
+			Mode: sandbox.SnapshotModeDisk, State: sandbox.SnapshotReady, CreatedAt: time.Now(), ImageID: img.ID}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gone := func(id string) {
+		if _, err := e.st.UpdateSnapshot(ctx, id, func(sn *sandbox.Snapshot) bool { sn.State = sandbox.SnapshotDeleted; return true }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snap("snp_1", "key_a")
+	if _, err := e.svc.Delete(ctx, "key_a", img.ID); errdefs.Code(err) != "image_in_use" {
+		t.Fatalf("delete with a snapshot: %v", err)
+	}
+	gone("snp_1")
+	// The builder's cached steps on it are dropped, asked by the catalog.
+	snap("snp_cache", "system:build")
+	var forgot []string
+	e.b.forget = func(id string) error { forgot = append(forgot, id); gone("snp_cache"); return nil }
 	if _, err := e.svc.Delete(ctx, "key_a", img.ID); err != nil {
 		t.Fatalf("delete after its sandbox went: %v", err)
+	}
+	if len(forgot) != 1 || forgot[0] != img.ID {
+		t.Errorf("ForgetImage calls %v", forgot)
 	}
 }
 

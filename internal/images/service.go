@@ -562,14 +562,8 @@ func (s *Service) Delete(ctx context.Context, owner, id string) (*Image, error) 
 	if err != nil {
 		return nil, err
 	}
-	sbs, snaps, err := s.st.ImageUsers(ctx, id)
-	if err != nil {
+	if err := s.checkUnused(ctx, id); err != nil {
 		return nil, err
-	}
-	if sbs+snaps > 0 {
-		return nil, errdefs.New(errdefs.ErrConflict, "image_in_use",
-			"Image %s is used by %d sandboxes and %d snapshots.", id, sbs, snaps).
-			WithHint("Delete those sandboxes and snapshots first.")
 	}
 	s.mu.Lock()
 	cancel := s.cancels[id]
@@ -597,6 +591,47 @@ func (s *Service) Delete(ctx context.Context, owner, id string) (*Image, error) 
 	}
 	s.notes.notify(id)
 	return s.st.GetImage(ctx, id)
+}
+
+// Forgetter is what a Builder with a step cache implements: it drops the
+// cached steps built on an image (snapshots that are overlays of its
+// disk), which the catalog asks before it deletes the image.
+type Forgetter interface {
+	ForgetImage(ctx context.Context, imageID string) error
+}
+
+// checkUnused refuses the delete of an image a sandbox (any, builds'
+// too) or a tenant's snapshot uses; the builder's cached steps on it are
+// dropped first.
+func (s *Service) checkUnused(ctx context.Context, id string) error {
+	sbs, snaps, internal, err := s.st.ImageUsers(ctx, id)
+	if err != nil {
+		return err
+	}
+	if sbs+snaps-internal > 0 {
+		return inUse(id, sbs, snaps-internal)
+	}
+	if internal == 0 {
+		return nil
+	}
+	if f, ok := s.cfg.Builder.(Forgetter); ok {
+		if err := f.ForgetImage(ctx, id); err != nil {
+			return fmt.Errorf("dropping the build cache of image %s: %w", id, err)
+		}
+	}
+	if sbs, snaps, _, err = s.st.ImageUsers(ctx, id); err != nil {
+		return err
+	}
+	if sbs+snaps > 0 {
+		return inUse(id, sbs, snaps)
+	}
+	return nil
+}
+
+func inUse(id string, sandboxes, snapshots int) error {
+	return errdefs.New(errdefs.ErrConflict, "image_in_use",
+		"Image %s is used by %d sandboxes and %d snapshots.", id, sandboxes, snapshots).
+		WithHint("Delete those sandboxes and snapshots first.")
 }
 
 func (s *Service) finishDelete(ctx context.Context, img *Image) error {

@@ -247,14 +247,16 @@ func (s *Store) RemoveTags(ctx context.Context, id string) error {
 }
 
 // ImageUsers implements images.Store.
-func (s *Store) ImageUsers(ctx context.Context, id string) (sandboxes, snapshots int, err error) {
+func (s *Store) ImageUsers(ctx context.Context, id string) (sandboxes, snapshots, internal int, err error) {
 	err = s.db.QueryRowContext(ctx, `SELECT
-		(SELECT count(*) FROM sandboxes WHERE image_id = ? AND state <> 'deleted'),
-		(SELECT count(*) FROM snapshots WHERE image_id = ? AND state <> 'deleted')`, id, id).Scan(&sandboxes, &snapshots)
+		(SELECT count(*) FROM sandboxes WHERE image_id = ?1 AND state <> 'deleted'),
+		(SELECT count(*) FROM snapshots WHERE image_id = ?1 AND state <> 'deleted'),
+		(SELECT count(*) FROM snapshots WHERE image_id = ?1 AND state <> 'deleted' AND owner_key_id LIKE 'system:%')`,
+		id).Scan(&sandboxes, &snapshots, &internal)
 	if err != nil {
-		return 0, 0, fmt.Errorf("counting users of image %s: %w", id, err)
+		return 0, 0, 0, fmt.Errorf("counting users of image %s: %w", id, err)
 	}
-	return sandboxes, snapshots, nil
+	return sandboxes, snapshots, internal, nil
 }
 
 // DigestUsers implements images.Store.

@@ -118,13 +118,13 @@ func TestImageRefcounts(t *testing.T) {
 	if err := s.InsertSandbox(ctx, sb, ""); err != nil {
 		t.Fatal(err)
 	}
-	if n, m, err := s.ImageUsers(ctx, "i2"); err != nil || n != 1 || m != 0 {
+	if n, m, _, err := s.ImageUsers(ctx, "i2"); err != nil || n != 1 || m != 0 {
 		t.Errorf("image users %d %d %v", n, m, err)
 	}
 	if _, err := s.UpdateSandbox(ctx, "sbx_1", func(sb *sandbox.Sandbox) bool { sb.State = sandbox.StateDeleted; return true }); err != nil {
 		t.Fatal(err)
 	}
-	if n, _, _ := s.ImageUsers(ctx, "i2"); n != 0 {
+	if n, _, _, _ := s.ImageUsers(ctx, "i2"); n != 0 {
 		t.Errorf("a deleted sandbox still uses the image")
 	}
 	// Logs: appended in order, read after a seq.
