@@ -206,7 +206,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 	// The image catalog: its start commands run before a sandbox of an
 	// image is running (a Preparer of the manager).
-	imgs, err := images.New(images.Config{Store: st, DataDir: o.dataDir, Builds: o.imageBuilds, Logger: log,
+	imgs, err := images.New(images.Config{Store: st, Events: st, DataDir: o.dataDir, Builds: o.imageBuilds, Logger: log,
 		DefaultRootfs: boot.Rootfs, DefaultDigest: boot.RecipeHash})
 	if err != nil {
 		return err

@@ -67,7 +67,21 @@ func (b *fakeBuilder) Build(ctx context.Context, job images.Job, log images.LogS
 		Env: map[string]string{"FROM_BUILD": "1"}, Workdir: "/srv", User: "user"}, nil
 }
 
+// events records sandbox events.
+type events struct {
+	mu  sync.Mutex
+	got []string // sandbox:type
+}
+
+func (r *events) AppendEvent(ctx context.Context, sandboxID, typ, message string, data map[string]any) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.got = append(r.got, sandboxID+":"+typ)
+	return nil
+}
+
 type env struct {
+	ev   *events
 	t    *testing.T
 	st   *store.Store
 	svc  *images.Service
@@ -90,7 +104,9 @@ func newEnv(t *testing.T, dir string) *env {
 		t.Fatal(err)
 	}
 	b := &fakeBuilder{release: make(chan struct{})}
-	svc, err := images.New(images.Config{Store: st, Builder: b, DataDir: dir, DefaultRootfs: def, DefaultDigest: strings.Repeat("d", 64)})
+	ev := &events{}
+	svc, err := images.New(images.Config{Store: st, Builder: b, DataDir: dir, DefaultRootfs: def, DefaultDigest: strings.Repeat("d", 64),
+		Events: ev})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +116,7 @@ func newEnv(t *testing.T, dir string) *env {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { svc.Run(ctx); close(done) }()
-	e := &env{t: t, st: st, svc: svc, dir: dir, b: b}
+	e := &env{t: t, st: st, svc: svc, dir: dir, b: b, ev: ev}
 	e.stop = func() { cancel(); <-done; st.Close() }
 	t.Cleanup(func() { e.stop() })
 	return e

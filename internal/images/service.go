@@ -31,10 +31,18 @@ type Config struct {
 	// DefaultRootfs and DefaultDigest are the server's own guest image,
 	// registered as the public image "default".
 	DefaultRootfs, DefaultDigest string
+	// Events records sandbox events (the start command's outcome); nil
+	// records none. *store.Store implements it.
+	Events EventRecorder
 	// Limits are the most a build may ask for, and its defaults, but for
 	// the build disk, which is DefaultBuildDiskMiB unless asked (the
 	// image's disk is the build's: every sandbox of it needs as much).
 	Limits Limits
+}
+
+// EventRecorder appends an event to a sandbox's events.
+type EventRecorder interface {
+	AppendEvent(ctx context.Context, sandboxID, typ, message string, data map[string]any) error
 }
 
 // Defaults of a build's limits.

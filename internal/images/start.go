@@ -94,8 +94,16 @@ func (p startPreparer) Prepare(ctx context.Context, sb *sandbox.Sandbox, g sandb
 		return ctx.Err()
 	}
 	p.s.starts.put(sb.ID, rep)
-	if rep.Error != "" {
+	typ, msg := "start_ready", fmt.Sprintf("the image's start command is ready after %d ms", rep.ReadyMs)
+	if !rep.Ready {
+		typ, msg = "start_not_ready", "the image's start command is not ready: "+rep.Error
 		p.s.log.Warn("an image's start command is not ready", "sandbox_id", sb.ID, "image_id", img.ID, "err", rep.Error)
+	}
+	if p.s.cfg.Events != nil {
+		data := map[string]any{"imageId": img.ID, "command": rep.Command, "ready": rep.Ready, "readyMs": rep.ReadyMs}
+		if err := p.s.cfg.Events.AppendEvent(context.WithoutCancel(ctx), sb.ID, typ, msg, data); err != nil {
+			p.s.log.Warn("recording a start event", "sandbox_id", sb.ID, "err", err)
+		}
 	}
 	return nil
 }

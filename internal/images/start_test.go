@@ -3,6 +3,7 @@ package images_test
 import (
 	"context"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -110,5 +111,9 @@ func TestStartCommand(t *testing.T) {
 	}
 	if _, ok := e.svc.StartReport("sbx_4"); ok {
 		t.Error("a report for a sandbox without an image")
+	}
+	want := []string{"sbx_1:start_ready", "sbx_1:start_ready", "sbx_2:start_not_ready", "sbx_3:start_not_ready"}
+	if strings.Join(e.ev.got, " ") != strings.Join(want, " ") {
+		t.Errorf("events %v, want %v", e.ev.got, want)
 	}
 }

@@ -140,6 +140,11 @@ func TestImageCatalog(t *testing.T) {
 	if !strings.Contains(res.Stdout, "user") || !strings.Contains(res.Stdout, "/tmp") {
 		t.Errorf("the start command's process: %q %q", res.Stdout, res.Stderr)
 	}
+	// Its events say so.
+	if r := a.raw(t, "GET", "/v1/sandboxes/"+custom.ID+"/events", nil, nil, requestTimeout); r.Status != 200 ||
+		!strings.Contains(string(r.Body), `"start_ready"`) {
+		t.Errorf("events of the sandbox: %v", r)
+	}
 	// A read of the sandbox still carries the report.
 	got, _ := call[created](t, a, "GET", "/v1/sandboxes/"+custom.ID, nil, nil)
 	if got.Start == nil || !got.Start.Ready {
