@@ -533,6 +533,10 @@ func TestContextChunks(t *testing.T) {
 	if missing, _ := e.svc.Missing([]string{d}); len(missing) != 0 {
 		t.Errorf("still missing %v", missing)
 	}
+	// The sweep keeps what was asked about since the cutoff.
+	if n, err := e.svc.SweepChunks(time.Now().Add(-time.Hour)); err != nil || n != 0 {
+		t.Errorf("sweep of a fresh chunk: %d %v", n, err)
+	}
 	img, err := e.svc.Create(ctx, "k", images.CreateRequest{Source: images.Source{Dockerfile: "FROM default",
 		Context: &images.Context{Archive: images.ContextArchive{SHA256: d, Size: int64(len(data)), Chunks: []string{d}}}}})
 	if err != nil {
@@ -542,6 +546,12 @@ func TestContextChunks(t *testing.T) {
 	e.b.mu.Lock()
 	job := e.b.jobs[len(e.b.jobs)-1]
 	e.b.mu.Unlock()
+	if n, err := e.svc.SweepChunks(time.Now().Add(time.Hour)); err != nil || n != 1 {
+		t.Errorf("sweep of an old chunk: %d %v", n, err)
+	}
+	if missing, _ := e.svc.Missing([]string{d}); len(missing) != 1 {
+		t.Errorf("a swept chunk is not missing: %v", missing)
+	}
 	if job.DiskMiB != images.DefaultBuildDiskMiB || job.Timeout != images.DefaultBuildTimeout || !job.Cache {
 		t.Errorf("job limits %+v cache %v", job.Limits, job.Cache)
 	}

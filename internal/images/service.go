@@ -201,9 +201,26 @@ func (s *Service) registerDefault(ctx context.Context) error {
 
 func mibCeil(n int64) int { return int((n + 1<<20 - 1) >> 20) }
 
-// Run runs queued builds, cfg.Builds at once, until ctx ends.
+// Run runs queued builds, cfg.Builds at once, and sweeps old context
+// chunks hourly, until ctx ends.
 func (s *Service) Run(ctx context.Context) {
 	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(time.Hour)
+		defer t.Stop()
+		for {
+			if n, err := s.chunks.sweep(s.now().Add(-ChunkTTL)); err != nil {
+				s.log.Warn("sweeping image context chunks", "err", err)
+			} else if n > 0 {
+				s.log.Info("swept image context chunks", "count", n)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	})
 	for range s.cfg.Builds {
 		wg.Go(func() {
 			for {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
 )
@@ -94,7 +95,9 @@ func (s *Service) Missing(digests []string) ([]string, error) {
 		if !hexRE.MatchString(d) {
 			return nil, invalidField(fmt.Sprintf("digests[%d]", i), "must be 64 lowercase hex digits")
 		}
-		if _, err := os.Stat(filepath.Join(s.chunks.dir, d)); err != nil {
+		// A chunk the client will not send again is kept a while longer.
+		now := time.Now()
+		if err := os.Chtimes(filepath.Join(s.chunks.dir, d), now, now); err != nil {
 			missing = append(missing, d)
 		}
 	}
@@ -130,7 +133,32 @@ func (s *Service) PutChunk(digest string, r io.Reader) error {
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("storing a context chunk: %w", err)
 	}
+	// A chunk uploaded again replaces itself: its time is renewed.
 	return os.Rename(tmp.Name(), filepath.Join(s.chunks.dir, digest))
+}
+
+// ChunkTTL is how long an uploaded context chunk is kept after its last
+// upload: long enough for the build that names it to start.
+const ChunkTTL = 24 * time.Hour
+
+// sweep removes chunks last written before cutoff, and what an upload cut
+// short left.
+func (c chunkStore) sweep(cutoff time.Time) (int, error) {
+	entries, err := os.ReadDir(c.dir)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, e := range entries {
+		fi, err := e.Info()
+		if err != nil || !fi.Mode().IsRegular() || !fi.ModTime().Before(cutoff) {
+			continue
+		}
+		if os.Remove(filepath.Join(c.dir, e.Name())) == nil {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // check says whether an archive's chunks are all here and within bounds.
