@@ -320,3 +320,44 @@ func TestImagesOff(t *testing.T) {
 		t.Errorf("create: %d %s", w.Code, w.Body)
 	}
 }
+
+// A follow of a build in progress streams its lines as they come and ends
+// with done and the ready image.
+func TestImageLogFollowWhileBuilding(t *testing.T) {
+	e, b := newImagesEnv(t)
+	w := e.do("POST", "/v1/images", `{"recipe":{"commands":["wait"]},"name":"slow"}`)
+	id := decodeImage(t, w).ID
+	srv := httptest.NewServer(e.s)
+	defer srv.Close()
+	req, _ := http.NewRequest("GET", srv.URL+"/v1/images/"+id+"/logs?follow=true", nil)
+	req.Header.Set("Authorization", "Bearer secret-a")
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	var types []string
+	released := false
+	for sc.Scan() {
+		var ev map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			t.Fatalf("line %q: %v", sc.Text(), err)
+		}
+		types = append(types, ev["type"].(string))
+		// The build waits until a line of it was streamed.
+		if !released && ev["type"] == "line" && strings.HasPrefix(ev["text"].(string), "step 1/1") {
+			released = true
+			close(b.release)
+		}
+		if ev["type"] == "done" {
+			img := ev["image"].(map[string]any)
+			if img["state"] != "ready" || img["id"] != id {
+				t.Errorf("done with %v", img)
+			}
+		}
+	}
+	if !released || len(types) < 3 || types[len(types)-1] != "done" {
+		t.Errorf("events %v (released %v)", types, released)
+	}
+}

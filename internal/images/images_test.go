@@ -649,3 +649,23 @@ func TestDeleteWhileBuilding(t *testing.T) {
 		t.Errorf("blobs %v, want only the next build's", blobs)
 	}
 }
+
+type pathBuilder struct{}
+
+func (pathBuilder) Build(ctx context.Context, job images.Job, log images.LogSink) (images.Result, error) {
+	return images.Result{}, errors.New("open " + filepath.Join(job.WorkDir, "x") + ": no such file")
+}
+
+// A build's error reaches the image's owner without host paths.
+func TestBuildErrorHidesHostPaths(t *testing.T) {
+	e := newEnv(t, "")
+	e.svc.SetBuilder(pathBuilder{})
+	img, err := e.svc.Create(context.Background(), "k", recipe("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	img = e.wait("k", img.ID)
+	if img.State != images.StateFailed || strings.Contains(img.Error, e.dir) || img.Error != "open <build>/x: no such file" {
+		t.Errorf("error %q", img.Error)
+	}
+}

@@ -62,7 +62,9 @@ func (s *Service) build(ctx context.Context, id string) {
 		return
 	}
 	if err != nil {
-		s.fail(ctx, img, errorText(err), log)
+		// The builder's words reach the image's owner: no host paths.
+		msg := strings.ReplaceAll(errorText(err), work, "<build>")
+		s.fail(ctx, img, strings.ReplaceAll(msg, s.cfg.DataDir, "<data>"), log)
 		return
 	}
 	log.Line("build", fmt.Sprintf("ready in %.1fs: %s (%d MiB)", img.BuildSeconds, img.Digest, mibCeil(img.SizeBytes)))
