@@ -26,6 +26,8 @@ import (
 	"github.com/emberbox/emberbox/internal/envd"
 	"github.com/emberbox/emberbox/internal/faultpoint"
 	"github.com/emberbox/emberbox/internal/image"
+	"github.com/emberbox/emberbox/internal/imagebuild"
+	"github.com/emberbox/emberbox/internal/images"
 	"github.com/emberbox/emberbox/internal/interpreter"
 	"github.com/emberbox/emberbox/internal/links"
 	"github.com/emberbox/emberbox/internal/pricing"
@@ -63,6 +65,7 @@ type serveOptions struct {
 	egressResolve []string
 	diskRetention time.Duration
 	templates     bool
+	imageBuilds   int
 	egressMax     []string
 	egressDeny    []string
 	extraCAFile   string
@@ -95,6 +98,7 @@ func newServeCommand() *cobra.Command {
 	f.StringVar(&o.dataDir, "data-dir", defaultDataDir(), "where the database, keys and sandbox disks live")
 	f.StringVar(&o.cacheDir, "cache-dir", "", "image cache directory (default ~/.cache/emberbox)")
 	f.StringVar(&o.agentBinary, "agent-binary", "", "emberbox-agent binary to boot (default: beside this binary)")
+	f.IntVar(&o.imageBuilds, "image-builds", 1, "image builds run at once (each in a sandbox VM)")
 	f.BoolVar(&o.templates, "templates", true, "create sandboxes by restoring a template of their shape (made once, from a booted guest) instead of booting each")
 	f.DurationVar(&o.bootTimeout, "boot-timeout", 90*time.Second, "bound on one boot attempt; a create makes at most two")
 	f.BoolVar(&o.noKVM, "no-kvm", false, "use software emulation even where /dev/kvm works")
@@ -202,8 +206,20 @@ func serve(ctx context.Context, o serveOptions) error {
 	// Volumes serve the manager (streams, create-time attaches) and use it
 	// (guests): made first, told of the manager after.
 	vols := volumes.New(volumes.Config{Store: st, Backups: st, DataDir: o.dataDir, Logger: log})
+	if o.imageBuilds < 1 || o.imageBuilds > 16 {
+		return fmt.Errorf("--image-builds must be from 1 to 16")
+	}
+	// The image catalog: its start commands run before a sandbox of an
+	// image is running (a Preparer of the manager).
+	imgs, err := images.New(images.Config{Store: st, Events: st, DataDir: o.dataDir, Builds: o.imageBuilds, Logger: log,
+		DefaultRootfs: boot.Rootfs, DefaultDigest: boot.RecipeHash})
+	if err != nil {
+		return err
+	}
 	mgr := sandbox.New(sandbox.Config{
-		Volumes: vols, Preparers: []sandbox.Preparer{vols},
+		// Volumes attach before an image's start command runs, which may
+		// use them.
+		Volumes: vols, Preparers: []sandbox.Preparer{vols, imgs.Preparer()},
 		Store: st, Driver: drv, Boot: boot.BootFiles, DataDir: o.dataDir, Logger: log, BootTimeout: o.bootTimeout,
 		Egress: ecfg.op, EgressDefault: ecfg.def, ExtraCAs: ecfg.cas, StoppedDiskRetention: o.diskRetention,
 		Templates: o.templates, MemoryFloorMiB: o.limits.memoryFloorMiB,
@@ -223,6 +239,18 @@ func serve(ctx context.Context, o serveOptions) error {
 	defer bg.Wait()
 	defer stopBackground()
 	mgr.PrepareTemplate()
+	// The builder runs builds in sandbox VMs of mgr. Its Recover clears
+	// what a build cut short by a crash left (sandboxes, snapshots) before
+	// the catalog queues builds again.
+	builder := imagebuild.New(imagebuild.Config{Manager: mgr, Cache: st, Logger: log, DefaultDigest: boot.RecipeHash})
+	if err := builder.Recover(ctx); err != nil {
+		return fmt.Errorf("image builder: %w", err)
+	}
+	imgs.SetBuilder(builder)
+	if err := imgs.Recover(ctx); err != nil {
+		return err
+	}
+	bg.Go(func() { imgs.Run(bctx) })
 	bg.Go(func() { _ = mgr.Run(bctx) })
 	bg.Go(func() { pruneIdempotency(bctx, st, log) })
 	bg.Go(func() { mgr.RunDiskRetention(bctx) })
@@ -256,7 +284,7 @@ func serve(ctx context.Context, o serveOptions) error {
 		Confinement: func() any { return drv.Confinement() },
 		Uploads:     uploads, RateLimits: adm.rates, ObserveRequest: metrics.ObserveRequest,
 		Metrics: metrics.Handler(), PreviewURL: o.previewURL, Links: signer,
-		Interpreter: interp, Volumes: vols,
+		Interpreter: interp, Volumes: vols, Images: imgs,
 	})
 	if o.metricsListen != "" {
 		mln, err := net.Listen("tcp", o.metricsListen)
@@ -491,6 +519,7 @@ func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
 type bootConfig struct {
 	sandbox.BootFiles
 	ProbeCache string // where the KVM probe's verdict is remembered
+	RecipeHash string // the guest image's, the default image's digest
 }
 
 func bootFiles(ctx context.Context, o serveOptions, log *slog.Logger) (bootConfig, error) {
@@ -517,6 +546,7 @@ func bootFiles(ctx context.Context, o serveOptions, log *slog.Logger) (bootConfi
 	return bootConfig{
 		BootFiles:  sandbox.BootFiles{Kernel: img.Kernel, Initrd: initrd, Rootfs: img.Rootfs},
 		ProbeCache: filepath.Join(filepath.Dir(img.Dir), "kvm-probe"),
+		RecipeHash: img.RecipeHash,
 	}, nil
 }
 

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/images"
 	"github.com/emberbox/emberbox/internal/interpreter"
 	"github.com/emberbox/emberbox/internal/links"
 	"github.com/emberbox/emberbox/internal/volumes"
@@ -132,6 +133,9 @@ type Config struct {
 	// Volumes serves /v1/volumes; nil answers them 501
 	// volumes_unavailable.
 	Volumes *volumes.Service
+	// Images is the image catalog (/v1/images, a create's image and the
+	// start report of a sandbox); nil answers its routes 501.
+	Images *images.Service
 }
 
 // Limits of the waits a request may ask for.
@@ -155,6 +159,7 @@ type server struct {
 	links   *links.Signer
 	interp  *interpreter.Service // nil: the interpreter routes answer 501
 	vols    *volumes.Service     // nil: the volume routes answer 501
+	images  *images.Service      // nil: the image routes answer 501
 	metrics http.Handler
 	limits  *rateLimiter
 	observe func(route string, status int, d time.Duration) // nil: none
@@ -195,6 +200,7 @@ func newServer(cfg Config) *server {
 	}
 	s.uploads, s.metrics, s.links, s.interp = cfg.Uploads, cfg.Metrics, cfg.Links, cfg.Interpreter
 	s.vols = cfg.Volumes
+	s.images = cfg.Images
 	s.previewBase = cfg.PreviewURL
 	s.previewTransport = s.newPreviewTransport()
 	s.routes = s.routeTable()

@@ -63,7 +63,8 @@ func newFuzzServer(tb testing.TB) *fuzzServer {
 		tb.Fatal(err)
 	}
 	fs.s = newServer(Config{Manager: fuzzManager{newFakeManager()}, Keys: fakeKeys{}, Version: "test",
-		Accel: func() string { return "tcg" }, Links: signer, Interpreter: interpreter.New(nil)})
+		Accel: func() string { return "tcg" }, Links: signer, Interpreter: interpreter.New(nil),
+		Images: newTestImages(tb, nil)})
 	return fs
 }
 

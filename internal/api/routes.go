@@ -27,7 +27,11 @@ type route struct {
 	// is no idempotency for it.
 	StreamBody bool
 	Answers    []string // content types of a 200 answer; default application/json
-	handle     handlerFunc
+	// MethodPattern registers the route's path with the mux for its
+	// method only, where two paths overlap (PUT /v1/images/context/{digest}
+	// and GET /v1/images/{id}/logs); its path must have no other route.
+	MethodPattern bool
+	handle        handlerFunc
 }
 
 // param is a query parameter.
@@ -111,6 +115,34 @@ func (s *server) routeTable() []route {
 			Body: extendRequest{}, handle: s.extendSandbox},
 		{Method: "POST", Path: "/v1/sandboxes/{id}:exec", OpID: "exec", Guest: true, Summary: "Run a command; stream:true answers NDJSON",
 			Body: execRequest{}, Answers: []string{"application/json", "application/x-ndjson"}, handle: s.exec},
+
+		{Method: "POST", Path: "/v1/images", OpID: "createImage",
+			Summary: "Queue a build of an image (recipe, dockerfile with a context, or image reference); answers at once, state queued",
+			Body:    imageCreateRequest{}, MaxBody: maxImageBody, handle: s.createImage},
+		{Method: "GET", Path: "/v1/images", OpID: "listImages", Summary: "This key's images and the public ones, newest first",
+			Query: []param{q("state", "string", "queued|building|ready|failed|deleted"), q("name", "string", "exact name"),
+				q("limit", "integer", "1..100, default 50"), q("cursor", "string", "nextCursor of the previous page")},
+			handle: s.listImages},
+		{Method: "GET", Path: "/v1/images/resolve", OpID: "resolveImage", Summary: "An image by name, name:tag or name@version",
+			Query:  []param{{Name: "ref", Type: "string", Required: true, Doc: "name (its latest tag), name:tag or name@version"}},
+			handle: s.resolveImage},
+		{Method: "GET", Path: "/v1/images/{id}", OpID: "getImage", Summary: "Read an image", handle: s.getImage},
+		{Method: "GET", Path: "/v1/images/{id}/logs", OpID: "imageLogs",
+			Summary: "Its build log after a seq; follow=true streams NDJSON lines, then done with the image",
+			Query:   []param{q("after", "integer", "the last seq read, default 0"), q("follow", "boolean", "stream until the build ends")},
+			Answers: []string{"application/json", "application/x-ndjson"}, MethodPattern: true, handle: s.imageLogs},
+		{Method: "POST", Path: "/v1/images/{id}:tag", OpID: "tagImage", Summary: "Point a tag of its name at this version",
+			Body: tagRequest{}, handle: s.tagImage},
+		{Method: "POST", Path: "/v1/images/{id}:untag", OpID: "untagImage", Summary: "Remove a tag from it",
+			Body: tagRequest{}, handle: s.untagImage},
+		{Method: "POST", Path: "/v1/images/{id}:delete", OpID: "deleteImage",
+			Summary: "Delete this version and its tags; refused (409 image_in_use) while a sandbox or snapshot uses it",
+			Body:    struct{}{}, handle: s.deleteImage},
+		{Method: "POST", Path: "/v1/images/context/missing", OpID: "missingContextChunks",
+			Summary: "Which of these context chunks (sha256 hex) the server does not have", Body: missingRequest{}, MethodPattern: true,
+			handle: s.missingChunks},
+		{Method: "PUT", Path: "/v1/images/context/{digest}", OpID: "putContextChunk",
+			Summary: "Upload a context chunk (at most 1 MiB) named by its sha256", RawBody: true, MethodPattern: true, handle: s.putChunk},
 
 		{Method: "GET", Path: "/v1/snapshots", OpID: "listSnapshots", Summary: "Snapshots of this key, newest first",
 			Query: []param{q("sandboxId", "string", "the sandbox they were taken of"), q("name", "string", "exact name"),
@@ -345,7 +377,15 @@ func (s *server) buildMux() *http.ServeMux {
 	}
 	mux := http.NewServeMux()
 	for _, p := range order {
-		mux.Handle(p, groups[p])
+		pattern := p
+		for _, methods := range groups[p].ops {
+			for m, rt := range methods {
+				if rt.MethodPattern {
+					pattern = m + " " + p
+				}
+			}
+		}
+		mux.Handle(pattern, groups[p])
 	}
 	// Preview URLs are the sandboxes' own servers, not API routes: any
 	// method, any path, authorized per preview (preview_proxy.go).
@@ -384,6 +424,10 @@ func (g *group) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rt := methods[r.Method]
 	if rt == nil && r.Method == http.MethodHead {
 		rt = methods[http.MethodGet]
+	}
+	if rt == nil && unavailableCode(r.URL.Path) != "" {
+		g.s.writeError(w, r, notServed(r))
+		return
 	}
 	if rt == nil {
 		allow := make([]string, 0, len(methods))

@@ -74,6 +74,9 @@ type sandboxJSON struct {
 	// read or a listing (not in the answers of changes).
 	ChargedMicros *string    `json:"chargedMicros,omitempty"`
 	Usage         *usageJSON `json:"usage,omitempty"`
+	// Start reports its image's start command, while the server
+	// remembers it (not across restarts).
+	Start *startJSON `json:"start,omitempty"`
 }
 
 func (s *server) sandboxJSON(sb *sandbox.Sandbox) sandboxJSON {
@@ -106,7 +109,7 @@ func (s *server) sandboxJSON(sb *sandbox.Sandbox) sandboxJSON {
 		ExpiresAt: optTime(sb.ExpiresAt), EndsAt: optTime(sb.ExpiresAt), EndedAt: optTime(sb.EndedAt),
 		StopReason: optString(sb.StopReason), EnvNames: env,
 		Accel: optString(accel), Driver: optString(sb.Driver),
-		ChargedMicros: charged, Usage: usage,
+		ChargedMicros: charged, Usage: usage, Start: s.startReport(sb.ID),
 	}
 }
 
@@ -141,13 +144,16 @@ type createRequest struct {
 	MaxTotalCostMicros *int64 `json:"maxTotalCostMicros"`
 	MaxCostMicros      *int64 `json:"maxCostMicros"`
 
+	Network json.RawMessage `json:"network"` // {internet, allow, deny}
+	Image   json.RawMessage `json:"image"`   // an image id, name, name:tag or name@version
+
 	// Known to the wire format, not available on this server.
-	Network    json.RawMessage `json:"network"` // {internet, allow, deny}
-	Image      json.RawMessage `json:"image"`
 	SpreadFrom json.RawMessage `json:"spreadFrom"`
 	Volumes    json.RawMessage `json:"volumes"`
 	Tailscale  json.RawMessage `json:"tailscale"`
 	Secrets    json.RawMessage `json:"secrets"`
+
+	noImages bool // the server has no image catalog
 }
 
 // unsupportedIssues lists fields set to something this server cannot do.
@@ -177,11 +183,14 @@ func (req *createRequest) unsupportedIssues() []issue {
 	for _, f := range []struct {
 		path string
 		raw  json.RawMessage
-	}{{"image", req.Image}, {"secrets", req.Secrets},
+	}{{"secrets", req.Secrets},
 		{"spreadFrom", req.SpreadFrom}, {"tailscale", req.Tailscale}} {
 		if len(f.raw) > 0 {
 			no(f.path, "is not available on this server")
 		}
+	}
+	if req.noImages && len(req.Image) > 0 && string(req.Image) != "null" {
+		no("image", "is not available on this server")
 	}
 	if req.GetOrCreate && req.Name == "" {
 		no("getOrCreate", "needs a name")
@@ -380,9 +389,15 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request, c *call) 
 	if err := decode(c, &req); err != nil {
 		return err
 	}
+	req.noImages = s.images == nil
 	spec, err := req.spec()
 	if err != nil {
 		return err
+	}
+	if len(req.Image) > 0 && string(req.Image) != "null" {
+		if err := s.createImageSpec(r, c.owner, req.Image, &req, &spec); err != nil {
+			return err
+		}
 	}
 	if s.idem != nil {
 		// Validated by idempotent, which runs this handler for a key.

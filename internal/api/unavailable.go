@@ -15,7 +15,7 @@ import (
 var unavailableTop = map[string]bool{
 	"account": true, "agents": true, "apps": true, "audit": true, "billing": true, "builds": true,
 	"ci": true, "containers": true, "domains": true, "egress-secrets": true, "events": true,
-	"feedback": true, "functions": true, "images": true, "ips": true, "job-runs": true, "jobs": true,
+	"feedback": true, "functions": true, "ips": true, "job-runs": true, "jobs": true,
 	"mcp": true, "networks": true, "otel-exports": true, "plans": true,
 	"ports": true, "referrals": true, "repositories": true, "reservations": true, "secrets": true,
 	"sso": true, "support": true, "switching": true, "usage": true, "volume-backups": true,
@@ -44,6 +44,12 @@ func unavailableCode(path string) string {
 		return ""
 	}
 	first, tail, _ := strings.Cut(rest, "/")
+	if first == "images" {
+		if reg, _, _ := strings.Cut(tail, ":"); reg == "registries" {
+			return "image_registries_unavailable"
+		}
+		return ""
+	}
 	if first != "sandboxes" {
 		name, _, _ := strings.Cut(first, ":")
 		if unavailableTop[name] {
@@ -68,7 +74,7 @@ func unavailableCode(path string) string {
 func notServed(r *http.Request) *apiError {
 	if code := unavailableCode(r.URL.Path); code != "" {
 		return newError(http.StatusNotImplemented, code, "This server does not offer "+r.Method+" "+r.URL.Path+".").
-			withHint("Emberbox serves sandboxes, their commands, files, processes, terminals, code interpreter, network, pause, wake, snapshots, tunnel, previews, volumes and their backups; GET /v1/openapi.json lists every route.")
+			withHint("Emberbox serves sandboxes, their commands, files, processes, terminals, code interpreter, network, pause, wake, snapshots, images, volumes and their backups, tunnel and previews; GET /v1/openapi.json lists every route.")
 	}
 	return routeNotFound(r)
 }

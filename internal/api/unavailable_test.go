@@ -19,8 +19,9 @@ var sdkUnavailable = []struct{ method, path string }{
 	{"POST", "/v1/sandboxes/sbx_r:resize"},
 	{"POST", "/v1/sandboxes/sbx_r:switch-image"},
 	{"POST", "/v1/sandboxes/sbx_r:retention"},
-	{"GET", "/v1/images"},
-	{"GET", "/v1/images/img_1/logs"},
+	{"GET", "/v1/images/registries"},
+	{"POST", "/v1/images/registries"},
+	{"POST", "/v1/images/registries:delete"},
 	{"POST", "/v1/volumes/vol_1:backup-policy"},
 	{"GET", "/v1/volumes"},        // no volume service configured
 	{"GET", "/v1/volume-backups"}, // no volume service configured

@@ -430,6 +430,53 @@ CREATE TABLE volume_backups (
 ) STRICT;
 CREATE INDEX volume_backups_owner ON volume_backups (owner_key_id, id);
 `,
+	// 14: the image catalog (internal/images): images, their moving tags
+	// and their build logs.
+	`
+CREATE TABLE images (
+	id            TEXT PRIMARY KEY,   -- a UUID
+	owner_key_id  TEXT NOT NULL,      -- or 'system' for the default image
+	name          TEXT NOT NULL,      -- '' unnamed
+	version       INTEGER NOT NULL,   -- 1, 2, 3… per owner and name; 0 unnamed
+	state         TEXT NOT NULL,      -- queued|building|ready|failed|deleting|deleted
+	kind          TEXT NOT NULL,      -- recipe|dockerfile|image|archive|default
+	source        TEXT NOT NULL,      -- the build request, JSON
+	error         TEXT NOT NULL,
+	digest        TEXT NOT NULL,
+	rootfs        TEXT NOT NULL,
+	size_bytes    INTEGER NOT NULL,
+	disk_mib      INTEGER NOT NULL,
+	env           TEXT,               -- JSON object
+	workdir       TEXT NOT NULL,
+	user          TEXT NOT NULL,
+	start         TEXT,               -- JSON StartSpec
+	labels        TEXT,               -- JSON object
+	public        INTEGER NOT NULL,
+	created_at    TEXT NOT NULL,
+	ready_at      TEXT,
+	build_seconds REAL NOT NULL
+) STRICT;
+CREATE INDEX images_owner_created ON images (owner_key_id, created_at DESC, id DESC);
+CREATE UNIQUE INDEX images_version ON images (owner_key_id, name, version) WHERE name <> '';
+CREATE INDEX images_digest ON images (digest) WHERE digest <> '';
+CREATE INDEX images_public ON images (name) WHERE public = 1;
+CREATE TABLE image_tags (
+	owner_key_id TEXT NOT NULL,
+	name         TEXT NOT NULL,
+	tag          TEXT NOT NULL,
+	image_id     TEXT NOT NULL REFERENCES images (id) ON DELETE CASCADE,
+	PRIMARY KEY (owner_key_id, name, tag)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX image_tags_image ON image_tags (image_id);
+CREATE TABLE image_logs (
+	image_id TEXT NOT NULL REFERENCES images (id) ON DELETE CASCADE,
+	seq      INTEGER NOT NULL,
+	at       TEXT NOT NULL,
+	stream   TEXT NOT NULL,
+	text     TEXT NOT NULL,
+	PRIMARY KEY (image_id, seq)
+) STRICT, WITHOUT ROWID;
+`,
 }
 
 // migrate applies the pending migrations, each in its own transaction
