@@ -122,6 +122,8 @@ def test_delete_refused_while_in_use_then_allowed(runtime_client, recipe_image):
     finally:
         box.delete()
     runtime_client.images.delete(image["id"])
+    # The record stays, deleted; the name no longer resolves.
+    assert runtime_client.images.get(image["id"])["state"] == "deleted"
     with pytest.raises(RuntimeAPIError) as err:
-        runtime_client.images.get(image["id"])
+        runtime_client.images.resolve(image["name"])
     assert err.value.code == "image_not_found"
