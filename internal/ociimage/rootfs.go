@@ -1,0 +1,216 @@
+package ociimage
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// VM is a build sandbox BuildRootfs works in: a throwaway VM of ours whose
+// root disk has room for the image about three times over (its tar, the
+// unpacked tree and the ext4 image), with tar and mkfs.ext4 (e2fsprogs ≥
+// 1.43) installed, as the default image has.
+type VM interface {
+	// Run runs a /bin/sh script as root, streaming its output to log; a
+	// non-zero exit is an error carrying the end of the output.
+	Run(ctx context.Context, script string, log io.Writer) error
+	// WriteFile writes exactly size bytes from r to path, as root.
+	WriteFile(ctx context.Context, path string, r io.Reader, size int64) error
+	// ReadFile copies the file at path to w, as root, and returns its size.
+	ReadFile(ctx context.Context, path string, w io.Writer) (int64, error)
+}
+
+// vmWorkDir is where a build VM keeps the import: on its root disk, not a
+// tmpfs.
+const vmWorkDir = "/var/tmp/emberbox-import"
+
+// RootfsName is the file BuildRootfs writes in its directory.
+const RootfsName = "rootfs.img"
+
+// BuildRootfs makes a sandbox root file system of img in vm and copies it
+// to dir/rootfs.img on the host; it returns that path and its size. The
+// flattened tar is staged in dir first (the VM interface takes a sized
+// stream), then unpacked as root in the VM with owners, modes, device
+// nodes and file capabilities kept; the sandbox user is added there, and
+// mkfs.ext4 -d makes the image. Nothing of the image is unpacked on the
+// host. Progress lines and the VM's output go to log.
+func BuildRootfs(ctx context.Context, vm VM, img *Image, dir string, log io.Writer) (string, int64, error) {
+	step := func(format string, args ...any) {
+		fmt.Fprintf(log, "import: "+format+"\n", args...)
+	}
+	start := time.Now()
+	tarPath := filepath.Join(dir, "fs.tar")
+	defer os.Remove(tarPath)
+	step("flattening %d layers of %s", img.Layers(), img.Digest())
+	size, err := stage(ctx, img, tarPath)
+	if err != nil {
+		return "", 0, err
+	}
+	step("flattened to %d MiB in %.1fs; copying into the build VM", size>>20, time.Since(start).Seconds())
+
+	if err := vm.Run(ctx, "set -eu\nrm -rf "+vmWorkDir+"\nmkdir -p "+vmWorkDir+"\n", log); err != nil {
+		return "", 0, fmt.Errorf("preparing the build VM: %w", err)
+	}
+	f, err := os.Open(tarPath)
+	if err != nil {
+		return "", 0, err
+	}
+	err = vm.WriteFile(ctx, vmWorkDir+"/fs.tar", f, size)
+	f.Close()
+	if err != nil {
+		return "", 0, fmt.Errorf("copying the image into the build VM: %w", err)
+	}
+	os.Remove(tarPath)
+
+	step("unpacking and making the ext4 image in the build VM")
+	if err := vm.Run(ctx, rootfsScript, log); err != nil {
+		return "", 0, fmt.Errorf("making the root file system: %w", err)
+	}
+
+	out := filepath.Join(dir, RootfsName)
+	n, err := readOut(ctx, vm, vmWorkDir+"/"+RootfsName, out)
+	if err != nil {
+		return "", 0, fmt.Errorf("copying the root file system out of the build VM: %w", err)
+	}
+	// Best effort: the build VM is thrown away anyway.
+	_ = vm.Run(ctx, "rm -rf "+vmWorkDir+"\n", io.Discard)
+	step("root file system of %d MiB made in %.1fs", n>>20, time.Since(start).Seconds())
+	return out, n, nil
+}
+
+// stage writes the flattened image to path and returns its size.
+func stage(ctx context.Context, img *Image, path string) (int64, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return 0, fmt.Errorf("staging the image: %w", err)
+	}
+	rc := img.Flatten(ctx)
+	n, err := io.Copy(f, rc)
+	rc.Close()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, fmt.Errorf("flattening the image: %w", err)
+	}
+	return n, nil
+}
+
+func readOut(ctx context.Context, vm VM, from, to string) (int64, error) {
+	f, err := os.OpenFile(to, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return 0, err
+	}
+	n, err := vm.ReadFile(ctx, from, f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(to)
+		return 0, err
+	}
+	return n, nil
+}
+
+// rootfsScript runs as root in the build VM. The tree is the image's, so
+// it is hostile: every path the setup writes is made a real directory or
+// file first (an image could plant /etc as a symlink to the build VM's
+// own /etc), and accounts are edited as text rather than with the image's
+// own tools, which it may not have or may have replaced.
+const rootfsScript = `set -eu
+W=` + vmWorkDir + `
+R=$W/root
+command -v tar >/dev/null && command -v mkfs.ext4 >/dev/null || {
+	echo "the build VM lacks tar or mkfs.ext4" >&2; exit 1; }
+rm -rf "$R" "$W/` + RootfsName + `"
+mkdir -p "$R"
+tar -xpf "$W/fs.tar" -C "$R" --numeric-owner --same-owner --xattrs --xattrs-include='*'
+rm -f "$W/fs.tar"
+
+# realdir makes $R/$1 a directory, replacing whatever else the image put
+# there; callers go from the top down so no parent is a symlink.
+realdir() {
+	if [ -L "$R/$1" ] || { [ -e "$R/$1" ] && [ ! -d "$R/$1" ]; }; then rm -rf "$R/$1"; fi
+	mkdir -p "$R/$1"
+}
+# put replaces the file $R/$1 with stdin, mode $2.
+put() {
+	rm -rf "$R/$1"
+	cat >"$R/$1"
+	chmod "$2" "$R/$1"
+}
+has() { [ -e "$R/$1" ] || [ -L "$R/$1" ]; }
+
+realdir etc
+for f in passwd group shadow gshadow; do
+	if [ -L "$R/etc/$f" ] || { [ -e "$R/etc/$f" ] && [ ! -f "$R/etc/$f" ]; }; then rm -rf "$R/etc/$f"; fi
+done
+touch "$R/etc/passwd" "$R/etc/group"
+grep -q '^root:' "$R/etc/passwd" || echo 'root:x:0:0:root:/root:/bin/sh' >>"$R/etc/passwd"
+grep -q '^root:' "$R/etc/group" || echo 'root:x:0:' >>"$R/etc/group"
+
+shell=/bin/sh
+if has bin/bash || has usr/bin/bash; then shell=/bin/bash; fi
+# uid and gid 1000 are the sandbox user's: an account the image has there
+# (node, ubuntu, …) gives way, and its files become the user's.
+awk -F: '$1 != "user" && $3 != "1000"' "$R/etc/passwd" >"$W/passwd"
+echo "user:x:1000:1000:user:/workspace:$shell" >>"$W/passwd"
+awk -F: '$1 != "user" && $3 != "1000"' "$R/etc/group" >"$W/group"
+echo "user:x:1000:" >>"$W/group"
+put etc/passwd 0644 <"$W/passwd"
+put etc/group 0644 <"$W/group"
+if [ -f "$R/etc/shadow" ]; then
+	awk -F: '$1 != "user"' "$R/etc/shadow" >"$W/shadow"
+	echo 'user:*:19000:0:99999:7:::' >>"$W/shadow"
+	put etc/shadow 0640 <"$W/shadow"
+fi
+if [ -f "$R/etc/gshadow" ]; then
+	awk -F: '$1 != "user"' "$R/etc/gshadow" >"$W/gshadow"
+	echo 'user:!::' >>"$W/gshadow"
+	put etc/gshadow 0640 <"$W/gshadow"
+fi
+rm -f "$W/passwd" "$W/group" "$W/shadow" "$W/gshadow"
+
+if has usr/bin/sudo || has bin/sudo; then
+	realdir etc/sudoers.d
+	printf 'user ALL=(ALL) NOPASSWD:ALL\n' | put etc/sudoers.d/user 0440
+fi
+
+realdir workspace
+if [ -d "$R/etc/skel" ] && [ ! -L "$R/etc/skel" ]; then cp -a "$R/etc/skel/." "$R/workspace/"; fi
+chown -R 1000:1000 "$R/workspace"
+chmod 0755 "$R/workspace"
+
+printf 'emberbox\n' | put etc/hostname 0644
+printf '127.0.0.1\tlocalhost\n127.0.1.1\temberbox\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' | put etc/hosts 0644
+: | put etc/machine-id 0444
+# The guest writes its own resolver config; an image's (often a symlink
+# into /run) would be stale or dangling.
+rm -rf "$R/etc/resolv.conf"
+for d in proc sys dev run tmp var var/tmp root; do realdir "$d"; done
+chmod 1777 "$R/tmp" "$R/var/tmp"
+chmod 0700 "$R/root"
+
+# Size like internal/image makeExt4: the content plus a quarter, inode
+# tables for twice the entries, and the journal; grow and retry if short.
+used=$(du -sxB1 "$R" | cut -f1)
+inodes=$(find "$R" -xdev | wc -l)
+mib=1048576
+size=$((used + used / 4 + 2 * inodes * 256 + 64 * mib))
+img="$W/` + RootfsName + `"
+ok=
+for attempt in 1 2 3; do
+	size=$(((size + 64 * mib - 1) / (64 * mib) * (64 * mib)))
+	rm -f "$img"
+	truncate -s "$size" "$img"
+	if mkfs.ext4 -F -q -L emberbox-root -m 0 -N $((2 * inodes + 16384)) -d "$R" "$img"; then ok=1; break; fi
+	size=$((size + size / 2))
+done
+[ -n "$ok" ] || { echo "mkfs.ext4 failed" >&2; exit 1; }
+rm -rf "$R"
+chmod 0644 "$img"
+echo "rootfs: $((size / mib)) MiB, $inodes entries"
+`
