@@ -90,6 +90,9 @@ type Config struct {
 	Observer Observer
 	// Rates price the usage; the zero value means pricing.DefaultRates.
 	Rates pricing.Rates
+	// Preparers run, in order, on every sandbox whose agent first answers
+	// (prepare.go), before it is running.
+	Preparers []Preparer
 	// StoppedDiskRetention is how long a stopped sandbox keeps its disk
 	// (RunDiskRetention); 0 means DefaultStoppedDiskRetention, < 0 forever.
 	StoppedDiskRetention time.Duration
@@ -404,6 +407,20 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ 
 		CreatedAt: m.now(), AutoWake: spec.AutoWake == nil || *spec.AutoWake,
 		IdlePauseSeconds: spec.IdlePauseSeconds, Persistent: spec.Persistent, SnapshotID: spec.SnapshotID,
 	}
+	switch {
+	case source != nil:
+		sb.ImageID, sb.Rootfs = source.ImageID, source.Rootfs
+	case spec.Image != nil:
+		if spec.Image.Rootfs == "" {
+			return nil, fmt.Errorf("create: image %s has no root disk", spec.Image.ID)
+		}
+		if spec.DiskMiB < spec.Image.MinDiskMiB {
+			return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request",
+				"diskMiB: image %s needs a disk of at least %d MiB", spec.Image.ID, spec.Image.MinDiskMiB).
+				WithHint("ask for a larger diskMiB, or leave it out")
+		}
+		sb.ImageID, sb.Rootfs = spec.Image.ID, spec.Image.Rootfs
+	}
 	pol := m.cfg.EgressDefault
 	if spec.Network != nil {
 		pol = *spec.Network
@@ -439,7 +456,7 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ 
 	start := func() { m.boot(in.ctx, in, sb, spec.Env, false) }
 	if source != nil {
 		start = func() { m.bootCopy(in.ctx, in, sb, source, spec.Env) }
-	} else if dir, ok := m.template(shapeOf(sb)); ok {
+	} else if dir, ok := m.template(shapeOf(sb)); ok && sb.Rootfs == "" {
 		start = func() { m.bootTemplate(in.ctx, in, sb, dir, spec.Env) }
 	}
 	if !m.spawn(start) {
@@ -453,8 +470,16 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ 
 func (m *Manager) vmSpec(sb *Sandbox) vmm.Spec {
 	return vmm.Spec{
 		ID: sb.ID, Dir: m.dir(sb.ID), VCPU: sb.VCPU, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB,
-		Kernel: m.cfg.Boot.Kernel, Initrd: m.cfg.Boot.Initrd, Rootfs: m.cfg.Boot.Rootfs,
+		Kernel: m.cfg.Boot.Kernel, Initrd: m.cfg.Boot.Initrd, Rootfs: m.rootfs(sb),
 	}
+}
+
+// rootfs is the base disk sb boots: its image's, or the default one.
+func (m *Manager) rootfs(sb *Sandbox) string {
+	if sb.Rootfs != "" {
+		return sb.Rootfs
+	}
+	return m.cfg.Boot.Rootfs
 }
 
 // boot starts the VM and waits for its agent, retrying once: a TCG guest can
@@ -469,7 +494,7 @@ func (m *Manager) boot(ctx context.Context, in *instance, sb *Sandbox, env map[s
 		err := m.bootOnce(ctx, in, sb, env, keepDisk)
 		if err == nil {
 			log.Info("sandbox ready", "attempt", attempt, "took", time.Since(start).Round(time.Millisecond))
-			m.ready(in, map[string]any{"attempt": attempt, "bootMs": time.Since(start).Milliseconds()})
+			m.prepareReady(ctx, in, sb, map[string]any{"attempt": attempt, "bootMs": time.Since(start).Milliseconds()})
 			return
 		}
 		lastErr = err

@@ -181,7 +181,7 @@ func (m *Manager) resumeBoot(ctx context.Context, in *instance, sb *Sandbox) {
 	in.mu.Lock()
 	in.client = c
 	in.mu.Unlock()
-	m.ready(in, map[string]any{"resumedAfterRestart": true})
+	m.prepareReady(in.ctx, in, sb, map[string]any{"resumedAfterRestart": true})
 }
 
 // continueWake goes on with a wake a crash of the server cut short after

@@ -46,6 +46,10 @@ type Snapshot struct {
 	// FilesRemovedAt is set once its directory is gone: a deleted
 	// snapshot keeps its files while a sandbox made from it exists.
 	FilesRemovedAt *time.Time
+	// ImageID and Rootfs are the source's image (Sandbox.ImageID): the
+	// snapshot's disk is an overlay of Rootfs.
+	ImageID string
+	Rootfs  string
 }
 
 // SnapshotListOptions filters a listing of snapshots. Zero values mean no

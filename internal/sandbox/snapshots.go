@@ -151,7 +151,8 @@ func (m *Manager) Snapshot(ctx context.Context, owner, id string, spec SnapshotS
 	expires := now.Add(time.Duration(spec.RetentionDays) * 24 * time.Hour)
 	sn := &Snapshot{ID: "snap_" + randomHex(10), OwnerKeyID: owner, Name: spec.Name, Labels: spec.Labels,
 		SourceSandboxID: id, Mode: spec.Mode, State: SnapshotCapturing, VCPU: sb.VCPU, MemoryMiB: sb.MemoryMiB,
-		DiskMiB: sb.DiskMiB, RetentionDays: spec.RetentionDays, CreatedAt: now, ExpiresAt: &expires}
+		DiskMiB: sb.DiskMiB, RetentionDays: spec.RetentionDays, CreatedAt: now, ExpiresAt: &expires,
+		ImageID: sb.ImageID, Rootfs: sb.Rootfs}
 	if err := ss.InsertSnapshot(ctx, sn); err != nil {
 		return nil, err
 	}
@@ -435,7 +436,7 @@ func (m *Manager) bootCopy(ctx context.Context, in *instance, sb *Sandbox, sn *S
 	start := time.Now()
 	err = m.resumeCopy(ctx, in, sb, env)
 	if err == nil {
-		m.ready(in, map[string]any{"snapshotId": sn.ID, "resumeMs": time.Since(start).Milliseconds()})
+		m.prepareReady(ctx, in, sb, map[string]any{"snapshotId": sn.ID, "resumeMs": time.Since(start).Milliseconds()})
 		return
 	}
 	m.log.Warn("resuming a copy failed", "sandbox_id", sb.ID, "err", err)

@@ -264,8 +264,8 @@ func (m *Manager) bootTemplate(ctx context.Context, in *instance, sb *Sandbox, d
 	cancel()
 	if err == nil {
 		if err = m.resumeCopy(ctx, in, sb, env); err == nil {
+			m.prepareReady(ctx, in, sb, map[string]any{"template": true, "resumeMs": time.Since(start).Milliseconds()})
 			close(in.bootDone)
-			m.ready(in, map[string]any{"template": true, "resumeMs": time.Since(start).Milliseconds()})
 			return
 		}
 	}

@@ -108,6 +108,22 @@ type Sandbox struct {
 	// DiskRemovedAt is when the retention removed a stopped sandbox's
 	// files (read only: set by DiskStore.MarkDiskRemoved).
 	DiskRemovedAt *time.Time
+	// ImageID is the catalog id of the image it boots, and Rootfs that
+	// image's read-only base disk; both empty for the server's default
+	// image. Fixed at create (a copy of a snapshot takes the snapshot's).
+	ImageID string
+	Rootfs  string
+}
+
+// ImageRef is an image a create asks for, resolved by the image catalog:
+// the manager boots Rootfs (a raw disk image, read only, shared by every
+// sandbox of it) with the server's kernel and initramfs.
+type ImageRef struct {
+	ID     string
+	Rootfs string
+	// MinDiskMiB is the smallest disk a sandbox of it may have: the size
+	// of Rootfs.
+	MinDiskMiB int
 }
 
 // CreateSpec is a validated create request with defaults filled in.
@@ -128,6 +144,9 @@ type CreateSpec struct {
 	// SnapshotID, if set, makes the sandbox a copy of that snapshot (of
 	// the same owner), with its shape.
 	SnapshotID string
+	// Image is the image to boot; nil means the server's default image.
+	// Ignored for a copy of a snapshot, which boots the snapshot's.
+	Image *ImageRef
 	// Network is the egress policy; nil means the operator's default.
 	Network *egress.Policy
 	// IdempotencyKey is the create request's Idempotency-Key, if any: the

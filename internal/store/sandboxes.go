@@ -24,7 +24,8 @@ const (
 const sandboxColumns = `id, owner_key_id, name, labels, env_names, vcpu, memory_mib, disk_mib,
 	timeout_seconds, on_lease_end, state, stop_reason, accel, driver,
 	created_at, ready_at, expires_at, ended_at, deleted_at, vm,
-	paused_at, auto_wake, idle_pause_seconds, persistent, snapshot_id, disk_removed_at`
+	paused_at, auto_wake, idle_pause_seconds, persistent, snapshot_id, disk_removed_at,
+	image_id, rootfs`
 
 // InsertSandbox records a new sandbox. If sb.CreatedAt is zero it is set to
 // the current time. A non-empty idempotencyKey names the pending
@@ -56,13 +57,13 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *sandbox.Sandbox, idempote
 	// The partial unique index sandboxes_live_name makes the name check and
 	// the insert one atomic step.
 	_, err = tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sb.ID, sb.OwnerKeyID, sb.Name, labels, envNames, sb.VCPU, sb.MemoryMiB, sb.DiskMiB,
 		sb.TimeoutSeconds, sb.OnLeaseEnd, string(sb.State), sb.StopReason, sb.Accel, sb.Driver,
 		formatTime(sb.CreatedAt), formatTimePtr(sb.ReadyAt), formatTimePtr(sb.ExpiresAt),
 		formatTimePtr(sb.EndedAt), formatTimePtr(sb.DeletedAt), sb.VM,
 		formatTimePtr(sb.PausedAt), sb.AutoWake, sb.IdlePauseSeconds, sb.Persistent, sb.SnapshotID,
-		formatTimePtr(sb.DiskRemovedAt))
+		formatTimePtr(sb.DiskRemovedAt), sb.ImageID, sb.Rootfs)
 	switch {
 	case isUniqueViolation(err):
 		return fmt.Errorf("inserting sandbox %s: %w", sb.ID, nameTaken(sb.Name))
@@ -293,7 +294,8 @@ func scanSandbox(row interface{ Scan(...any) error }) (*sandbox.Sandbox, error) 
 	err := row.Scan(&sb.ID, &sb.OwnerKeyID, &sb.Name, &labels, &envNames, &sb.VCPU, &sb.MemoryMiB, &sb.DiskMiB,
 		&sb.TimeoutSeconds, &sb.OnLeaseEnd, &state, &sb.StopReason, &sb.Accel, &sb.Driver,
 		&created, &ready, &expires, &ended, &deleted, &sb.VM,
-		&paused, &sb.AutoWake, &sb.IdlePauseSeconds, &sb.Persistent, &sb.SnapshotID, &diskRemoved)
+		&paused, &sb.AutoWake, &sb.IdlePauseSeconds, &sb.Persistent, &sb.SnapshotID, &diskRemoved,
+		&sb.ImageID, &sb.Rootfs)
 	if err != nil {
 		return nil, err
 	}

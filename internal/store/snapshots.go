@@ -14,7 +14,7 @@ import (
 
 const snapshotColumns = `id, owner_key_id, name, labels, source_sandbox_id, mode, state, error,
 	size_bytes, vcpu, memory_mib, disk_mib, retention_days,
-	created_at, ready_at, expires_at, deleted_at, files_removed_at`
+	created_at, ready_at, expires_at, deleted_at, files_removed_at, image_id, rootfs`
 
 func snapshotNotFound(id string) error {
 	return errdefs.New(errdefs.ErrNotFound, "snapshot_not_found", "snapshot %s not found", id)
@@ -30,11 +30,11 @@ func (s *Store) InsertSnapshot(ctx context.Context, sn *sandbox.Snapshot) error 
 		return fmt.Errorf("inserting snapshot %s: encoding labels: %w", sn.ID, err)
 	}
 	_, err = s.db.ExecContext(ctx, `INSERT INTO snapshots (`+snapshotColumns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sn.ID, sn.OwnerKeyID, sn.Name, labels, sn.SourceSandboxID, sn.Mode, sn.State, sn.Error,
 		sn.SizeBytes, sn.VCPU, sn.MemoryMiB, sn.DiskMiB, sn.RetentionDays,
 		formatTime(sn.CreatedAt), formatTimePtr(sn.ReadyAt), formatTimePtr(sn.ExpiresAt),
-		formatTimePtr(sn.DeletedAt), formatTimePtr(sn.FilesRemovedAt))
+		formatTimePtr(sn.DeletedAt), formatTimePtr(sn.FilesRemovedAt), sn.ImageID, sn.Rootfs)
 	if err != nil {
 		return fmt.Errorf("inserting snapshot %s: %w", sn.ID, err)
 	}
@@ -203,7 +203,7 @@ func scanSnapshot(row interface{ Scan(...any) error }) (*sandbox.Snapshot, error
 	)
 	err := row.Scan(&sn.ID, &sn.OwnerKeyID, &sn.Name, &labels, &sn.SourceSandboxID, &sn.Mode, &sn.State, &sn.Error,
 		&sn.SizeBytes, &sn.VCPU, &sn.MemoryMiB, &sn.DiskMiB, &sn.RetentionDays,
-		&created, &ready, &expires, &deleted, &filesGone)
+		&created, &ready, &expires, &deleted, &filesGone, &sn.ImageID, &sn.Rootfs)
 	if err != nil {
 		return nil, err
 	}

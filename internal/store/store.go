@@ -363,6 +363,17 @@ CREATE TABLE link_generations (
 	generation INTEGER NOT NULL
 ) STRICT;
 `,
+	// 11: the image a sandbox or snapshot boots from: its catalog id and
+	// the read-only base disk its own disk is an overlay of ('' for the
+	// server's default image).
+	`
+ALTER TABLE sandboxes ADD COLUMN image_id TEXT NOT NULL DEFAULT '';
+ALTER TABLE sandboxes ADD COLUMN rootfs TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN image_id TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN rootfs TEXT NOT NULL DEFAULT '';
+CREATE INDEX sandboxes_image ON sandboxes (image_id) WHERE image_id != '';
+CREATE INDEX snapshots_image ON snapshots (image_id) WHERE image_id != '';
+`,
 }
 
 // migrate applies the pending migrations, each in its own transaction

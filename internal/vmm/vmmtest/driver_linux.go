@@ -156,7 +156,7 @@ func (d *Driver) start(spec vmm.Spec) *Machine {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.serial++
-	m := &Machine{d: d, id: spec.ID, dir: spec.Dir, serial: d.serial, done: make(chan struct{})}
+	m := &Machine{d: d, id: spec.ID, dir: spec.Dir, serial: d.serial, spec: spec, done: make(chan struct{})}
 	m.AddCPU(BootCPU) // a booting VM burns CPU before its guest is ready
 	if d.hang > 0 {
 		d.hang--
@@ -165,6 +165,9 @@ func (d *Driver) start(spec vmm.Spec) *Machine {
 	d.machines[spec.ID] = m
 	return m
 }
+
+// Spec is the spec the machine was started with.
+func (m *Machine) Spec() vmm.Spec { return m.spec }
 
 // record is what Machine.Record returns.
 type record struct {
@@ -210,6 +213,7 @@ type Machine struct {
 	dir    string
 	serial int
 	hung   bool
+	spec   vmm.Spec
 	once   sync.Once
 	done   chan struct{}
 
