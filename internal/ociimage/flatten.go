@@ -51,10 +51,29 @@ func (im *Image) flatten(ctx context.Context, w io.Writer) error {
 	defer stop()
 	f := newFilter(tar.NewWriter(w), im.limits)
 	err := f.run(tar.NewReader(src))
+	if err == nil {
+		// mutate.Extract ends its tar before it reports a failure (a bad
+		// layer digest, an unsafe name) on the stream: read to the end.
+		if _, err = io.Copy(io.Discard, src); err != nil {
+			err = readError(err)
+		}
+	}
+	if err == nil {
+		err = f.tw.Close()
+	}
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
 	return err
+}
+
+// readError classifies a failure reading the layers.
+func readError(err error) error {
+	if strings.Contains(err.Error(), "unsafe tar path") {
+		// mutate.Extract refused a name that climbs out.
+		return tooUnsafe("a layer entry leaves the root: %v", err)
+	}
+	return fmt.Errorf("flattening the image: %w", err)
 }
 
 type kind uint8
@@ -86,7 +105,7 @@ func (f *filter) run(tr *tar.Reader) error {
 			break
 		}
 		if err != nil {
-			return fmt.Errorf("flattening the image: %w", err)
+			return readError(err)
 		}
 		out, err := f.admit(h)
 		if err != nil {
@@ -116,7 +135,7 @@ func (f *filter) run(tr *tar.Reader) error {
 			return err
 		}
 	}
-	return f.tw.Close()
+	return nil
 }
 
 // admit returns the header to write for h, nil to drop it, or an error for
