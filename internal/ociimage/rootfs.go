@@ -38,18 +38,22 @@ const RootfsName = "rootfs.img"
 // mkfs.ext4 -d makes the image. Nothing of the image is unpacked on the
 // host. Progress lines and the VM's output go to log.
 func BuildRootfs(ctx context.Context, vm VM, img *Image, dir string, log io.Writer) (string, int64, error) {
-	step := func(format string, args ...any) {
-		fmt.Fprintf(log, "import: "+format+"\n", args...)
-	}
 	start := time.Now()
+	lap := start
+	// step logs a line with the time the previous step took.
+	step := func(format string, args ...any) {
+		now := time.Now()
+		fmt.Fprintf(log, "import: %s (%.1fs)\n", fmt.Sprintf(format, args...), now.Sub(lap).Seconds())
+		lap = now
+	}
 	tarPath := filepath.Join(dir, "fs.tar")
 	defer os.Remove(tarPath)
-	step("flattening %d layers of %s", img.Layers(), img.Digest())
+	fmt.Fprintf(log, "import: flattening %d layers of %s\n", img.Layers(), img.Digest())
 	size, err := stage(ctx, img, tarPath)
 	if err != nil {
 		return "", 0, err
 	}
-	step("flattened to %d MiB in %.1fs; copying into the build VM", size>>20, time.Since(start).Seconds())
+	step("flattened to a tar of %d MiB", size>>20)
 
 	if err := vm.Run(ctx, "set -eu\nrm -rf "+vmWorkDir+"\nmkdir -p "+vmWorkDir+"\n", log); err != nil {
 		return "", 0, fmt.Errorf("preparing the build VM: %w", err)
@@ -64,20 +68,22 @@ func BuildRootfs(ctx context.Context, vm VM, img *Image, dir string, log io.Writ
 		return "", 0, fmt.Errorf("copying the image into the build VM: %w", err)
 	}
 	os.Remove(tarPath)
+	step("copied into the build VM")
 
-	step("unpacking and making the ext4 image in the build VM")
 	if err := vm.Run(ctx, rootfsScript, log); err != nil {
 		return "", 0, fmt.Errorf("making the root file system: %w", err)
 	}
+	step("unpacked, set up and made the ext4 image in the build VM")
 
 	out := filepath.Join(dir, RootfsName)
 	n, err := readOut(ctx, vm, vmWorkDir+"/"+RootfsName, out)
 	if err != nil {
 		return "", 0, fmt.Errorf("copying the root file system out of the build VM: %w", err)
 	}
+	step("copied the root file system of %d MiB out", n>>20)
 	// Best effort: the build VM is thrown away anyway.
 	_ = vm.Run(ctx, "rm -rf "+vmWorkDir+"\n", io.Discard)
-	step("root file system of %d MiB made in %.1fs", n>>20, time.Since(start).Seconds())
+	fmt.Fprintf(log, "import: done in %.1fs\n", time.Since(start).Seconds())
 	return out, n, nil
 }
 
@@ -100,11 +106,16 @@ func stage(ctx context.Context, img *Image, path string) (int64, error) {
 }
 
 func readOut(ctx context.Context, vm VM, from, to string) (int64, error) {
-	f, err := os.OpenFile(to, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	// VMs run under their own uids and read the image.
+	f, err := os.OpenFile(to, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
 	if err != nil {
 		return 0, err
 	}
-	n, err := vm.ReadFile(ctx, from, f)
+	sw := &sparseWriter{f: f}
+	n, err := vm.ReadFile(ctx, from, sw)
+	if err == nil {
+		err = sw.finish()
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -113,6 +124,46 @@ func readOut(ctx context.Context, vm VM, from, to string) (int64, error) {
 		return 0, err
 	}
 	return n, nil
+}
+
+// sparseWriter writes to f, leaving holes where whole blocks are zero: an
+// ext4 image is mostly unused blocks, which then take no room on the host.
+type sparseWriter struct {
+	f   *os.File
+	off int64
+}
+
+const sparseBlock = 4096
+
+func (s *sparseWriter) Write(p []byte) (int, error) {
+	n := 0
+	for len(p) > 0 {
+		k := min(len(p), sparseBlock)
+		if s.off%sparseBlock != 0 {
+			k = min(k, int(sparseBlock-s.off%sparseBlock))
+		}
+		if !allZero(p[:k]) {
+			if w, err := s.f.WriteAt(p[:k], s.off); err != nil {
+				return n + w, err
+			}
+		}
+		s.off += int64(k)
+		n += k
+		p = p[k:]
+	}
+	return n, nil
+}
+
+// finish sets the file's size, so a trailing hole counts.
+func (s *sparseWriter) finish() error { return s.f.Truncate(s.off) }
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // rootfsScript runs as root in the build VM. The tree is the image's, so
