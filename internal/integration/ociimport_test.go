@@ -80,6 +80,7 @@ func TestOCIImport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer im.Close()
 	if got := im.Config(); got.WorkingDir != "/workspace" || len(got.Env) != 1 {
 		t.Errorf("config %+v", got)
 	}

@@ -101,50 +101,67 @@ func indexTar(f *os.File) (*tarStore, error) {
 	return ts, nil
 }
 
-func openLayoutDir(dir string) (v1.Image, v1.Hash, error) {
+// openLayoutDir opens a layout directory; the image reads it until
+// closed.
+func openLayoutDir(dir string) (v1.Image, v1.Hash, io.Closer, error) {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
-		return nil, v1.Hash{}, invalid("opening the layout directory: %v", err)
+		return nil, v1.Hash{}, nil, invalid("opening the layout directory: %v", err)
 	}
-	// The store keeps root open as long as the image is used: an Image
-	// has no Close, and a layout directory is a handful of descriptors.
-	return openLayout(dirStore{root: root})
+	img, d, err := openLayout(dirStore{root: root})
+	if err != nil {
+		root.Close()
+		return nil, v1.Hash{}, nil, err
+	}
+	return img, d, root, nil
 }
 
 // openArchive opens a tar file holding an OCI layout or a docker save
-// image.
-func openArchive(file string) (v1.Image, v1.Hash, error) {
+// image, of at most max bytes; the image reads it until closed.
+func openArchive(file string, max int64) (v1.Image, v1.Hash, io.Closer, error) {
 	f, err := os.Open(file)
 	if err != nil {
-		return nil, v1.Hash{}, invalid("opening the archive: %v", err)
+		return nil, v1.Hash{}, nil, invalid("opening the archive: %v", err)
+	}
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		f.Close()
+		return nil, v1.Hash{}, nil, invalid("the archive is not a regular file")
+	} else if st.Size() > max {
+		f.Close()
+		return nil, v1.Hash{}, nil, tooLarge("the archive is %d MiB, over %d MiB", st.Size()>>20, max>>20)
 	}
 	ts, err := indexTar(f)
 	if err != nil {
 		f.Close()
-		return nil, v1.Hash{}, err
+		return nil, v1.Hash{}, nil, err
 	}
 	_, layout := ts.files["oci-layout"]
 	_, index := ts.files["index.json"]
 	if layout && index {
-		// The file stays open while the image is used (see openLayoutDir).
-		return openLayout(ts)
+		img, d, err := openLayout(ts)
+		if err != nil {
+			f.Close()
+			return nil, v1.Hash{}, nil, err
+		}
+		return img, d, f, nil
 	}
 	f.Close()
 	if _, ok := ts.files["manifest.json"]; !ok {
-		return nil, v1.Hash{}, invalid("the archive is neither an OCI layout (oci-layout, index.json) nor docker save output (manifest.json)")
+		return nil, v1.Hash{}, nil, invalid("the archive is neither an OCI layout (oci-layout, index.json) nor docker save output (manifest.json)")
 	}
+	// The library opens the file again for each read.
 	img, err := tarball.ImageFromPath(file, nil)
 	if err != nil {
-		return nil, v1.Hash{}, invalid("reading the docker save archive: %v", err)
+		return nil, v1.Hash{}, nil, invalid("reading the docker save archive: %v", err)
 	}
 	// A docker save image's manifest digest would mean gzipping every
 	// layer; its config digest names the same content (the config lists
 	// the layers' diff ids).
 	d, err := img.ConfigName()
 	if err != nil {
-		return nil, v1.Hash{}, invalid("reading the docker save archive: %v", err)
+		return nil, v1.Hash{}, nil, invalid("reading the docker save archive: %v", err)
 	}
-	return img, d, nil
+	return img, d, io.NopCloser(nil), nil
 }
 
 func openLayout(bs blobStore) (v1.Image, v1.Hash, error) {

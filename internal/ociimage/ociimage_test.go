@@ -319,6 +319,7 @@ func TestSources(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			defer im.Close()
 			if im.Digest() != tc.digest.String() {
 				t.Errorf("digest %s, want %s", im.Digest(), tc.digest)
 			}
@@ -388,6 +389,9 @@ func TestBadArchives(t *testing.T) {
 	os.WriteFile(junk, bytes.Repeat([]byte("junk"), 1000), 0o644)
 	if _, err := ociimage.Open(ctx, ociimage.Source{Archive: junk}); errdefs.Code(err) != ociimage.CodeInvalid {
 		t.Errorf("junk archive: %v", err)
+	}
+	if _, err := ociimage.Open(ctx, ociimage.Source{Archive: junk, Limits: ociimage.Limits{MaxCompressedBytes: 1000}}); errdefs.Code(err) != ociimage.CodeTooLarge {
+		t.Errorf("archive over the limit: %v", err)
 	}
 	if _, err := ociimage.Open(ctx, ociimage.Source{}); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("no source: %v", err)
@@ -499,6 +503,7 @@ func openImage(t *testing.T, img v1.Image, lim ociimage.Limits) *ociimage.Image 
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { im.Close() })
 	return im
 }
 

@@ -11,6 +11,7 @@ package ociimage
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"slices"
 	"strings"
@@ -98,6 +99,7 @@ type Image struct {
 	limits Limits
 	layers int
 	size   int64 // compressed bytes of the layers, as the manifest says
+	closer io.Closer
 }
 
 // Config is what of the image's config a sandbox image keeps.
@@ -125,24 +127,35 @@ func Open(ctx context.Context, src Source) (*Image, error) {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, CodeInvalid,
 			"an image source is exactly one of a reference, a layout directory or an archive")
 	}
+	lim := src.Limits.withDefaults()
 	var (
 		img    v1.Image
 		digest v1.Hash
+		closer io.Closer = io.NopCloser(nil)
 		err    error
 	)
 	switch {
 	case src.Ref != "":
 		img, digest, err = openRemote(ctx, src)
 	case src.Layout != "":
-		img, digest, err = openLayoutDir(src.Layout)
+		img, digest, closer, err = openLayoutDir(src.Layout)
 	default:
-		img, digest, err = openArchive(src.Archive)
+		img, digest, closer, err = openArchive(src.Archive, lim.MaxCompressedBytes)
 	}
 	if err != nil {
 		return nil, err
 	}
-	return newImage(img, digest, src.Limits.withDefaults())
+	im, err := newImage(img, digest, lim)
+	if err != nil {
+		closer.Close()
+		return nil, err
+	}
+	im.closer = closer
+	return im, nil
 }
+
+// Close releases the layout directory or archive the image reads.
+func (im *Image) Close() error { return im.closer.Close() }
 
 func newImage(img v1.Image, digest v1.Hash, lim Limits) (*Image, error) {
 	cf, err := img.ConfigFile()
