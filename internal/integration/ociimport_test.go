@@ -99,6 +99,7 @@ func TestOCIImport(t *testing.T) {
 	}
 	t.Logf("imported %s (%d layers) into a %d MiB rootfs in %.1fs\n%s",
 		im.Digest(), im.Layers(), size>>20, importTime.Seconds(), tail(log.String(), 1500))
+	checkHostileImport(t, ctx, build)
 	boot.stop(t, "build")
 
 	// A VM of the imported image.
@@ -307,4 +308,110 @@ func tail(s string, n int) string {
 		return "…" + s[len(s)-n:]
 	}
 	return s
+}
+
+// checkHostileImport imports a small image whose tree tries to lead the
+// setup's writes into the build VM's own files, with owners, a setuid
+// file and a device node, in the build VM; the VM's files stay as they
+// were, and the rootfs (read back into the VM with debugfs) holds what
+// the image and the setup meant.
+func checkHostileImport(t *testing.T, ctx context.Context, vm *guest.Client) {
+	t.Helper()
+	before := guestSh(t, vm, "root", "cat /etc/hostname; stat -c %F /etc /root; grep -c . /etc/passwd")
+	accounts := tarLayerEntries(t,
+		&tar.Header{Name: "etc/", Typeflag: tar.TypeDir, Mode: 0o755},
+		&tar.Header{Name: "etc/passwd", Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(hostilePasswd))},
+		&tar.Header{Name: "suid", Typeflag: tar.TypeReg, Mode: 0o4755, Uid: 4242, Gid: 4343, Size: 2},
+		&tar.Header{Name: "dev/", Typeflag: tar.TypeDir, Mode: 0o755},
+		&tar.Header{Name: "dev/kmsg", Typeflag: tar.TypeChar, Mode: 0o644, Devmajor: 1, Devminor: 11},
+	)
+	traps := tarLayerEntries(t,
+		&tar.Header{Name: "workspace", Typeflag: tar.TypeSymlink, Linkname: "/etc"},
+		&tar.Header{Name: "root", Typeflag: tar.TypeSymlink, Linkname: "/root"},
+		&tar.Header{Name: "etc/hostname", Typeflag: tar.TypeSymlink, Linkname: "/etc/passwd"},
+		&tar.Header{Name: "etc/sudoers.d", Typeflag: tar.TypeSymlink, Linkname: "/etc"},
+		&tar.Header{Name: "usr/bin/sudo", Typeflag: tar.TypeReg, Mode: 0o4755},
+	)
+	img, err := mutate.AppendLayers(empty.Image, accounts, traps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, _ := img.ConfigFile()
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", "amd64"
+	img, _ = mutate.ConfigFile(img, cf)
+	dir := t.TempDir()
+	if _, err := layout.Write(dir, mutate.AppendManifests(empty.Index, mutate.IndexAddendum{Add: img})); err != nil {
+		t.Fatal(err)
+	}
+	im, err := ociimage.Open(ctx, ociimage.Source{Layout: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer im.Close()
+	var log bytes.Buffer
+	rootfs, size, err := ociimage.BuildRootfs(ctx, ociimage.GuestVM{G: vm}, im, t.TempDir(), &log)
+	if err != nil {
+		t.Fatalf("hostile import: %v\n%s", err, log.String())
+	}
+	if after := guestSh(t, vm, "root", "cat /etc/hostname; stat -c %F /etc /root; grep -c . /etc/passwd"); after != before {
+		t.Errorf("the build VM changed: before %q, after %q", before, after)
+	}
+	f, err := os.Open(rootfs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	vmvm := ociimage.GuestVM{G: vm}
+	if err := vmvm.WriteFile(ctx, "/var/tmp/hostile.img", f, size); err != nil {
+		t.Fatal(err)
+	}
+	got := guestSh(t, vm, "root", `set -e
+img=/var/tmp/hostile.img
+d() { debugfs -R "$1" "$img" 2>/dev/null; }
+d 'cat /etc/passwd' | grep -E '^(user|node):'
+d 'stat /workspace' | grep -oE 'Type: [a-z]+|User: +[0-9]+' | tr -s ' ' | tr '\n' ' '; echo
+d 'stat /root' | grep -oE 'Type: [a-z]+' ; d 'stat /etc/hostname' | grep -oE 'Type: [a-z]+'
+d 'cat /etc/hostname'; d 'cat /etc/sudoers.d/user'
+d 'stat /suid' | grep -oE 'Mode: +[0-7]+|User: +[0-9]+|Group: +[0-9]+' | tr -s ' ' | tr '\n' ' '; echo
+d 'stat /dev/kmsg' | grep -oE 'Type: [a-z]+|number: [0-9:]+' | tr '\n' ' '; echo
+rm -f "$img"`)
+	for _, want := range []string{
+		"user:x:1000:1000:user:/workspace:/bin/sh\n", "Type: directory User: 1000 \n", "Type: directory\nType: regular\nemberbox\n",
+		"user ALL=(ALL) NOPASSWD:ALL\n", "Mode: 04755 User: 4242 Group: 4343 \n", "Type: character number: 01:11",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the hostile image's rootfs lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "node:") {
+		t.Errorf("the image's uid 1000 account stayed:\n%s", got)
+	}
+}
+
+const hostilePasswd = "root:x:0:0:root:/root:/bin/sh\nnode:x:1000:1000::/home/node:/bin/sh\n"
+
+// tarLayerEntries makes a layer of headers; a regular file's content is
+// hostilePasswd for etc/passwd, else its Size bytes of 'x'.
+func tarLayerEntries(t *testing.T, hs ...*tar.Header) v1.Layer {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, h := range hs {
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if h.Name == "etc/passwd" {
+			io.WriteString(tw, hostilePasswd)
+		} else if h.Size > 0 {
+			io.WriteString(tw, strings.Repeat("x", int(h.Size)))
+		}
+	}
+	tw.Close()
+	data := buf.Bytes()
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }

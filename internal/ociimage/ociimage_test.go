@@ -430,6 +430,7 @@ func TestBadArchives(t *testing.T) {
 type fakeVM struct {
 	scripts []string
 	written map[string][]byte
+	answer  []byte // the tar ReadFile answers
 }
 
 func (f *fakeVM) Run(ctx context.Context, script string, log io.Writer) error {
@@ -447,11 +448,10 @@ func (f *fakeVM) WriteFile(ctx context.Context, path string, r io.Reader, size i
 }
 
 func (f *fakeVM) ReadFile(ctx context.Context, path string, w io.Writer) (int64, error) {
-	if path != "/var/tmp/emberbox-import/rootfs.img" {
+	if path != "/var/tmp/emberbox-import/rootfs.tar" {
 		return 0, fs.ErrNotExist
 	}
-	n, err := io.Copy(w, bytes.NewReader(fakeRootfs))
-	return n, err
+	return io.Copy(w, bytes.NewReader(f.answer))
 }
 
 // fakeRootfs is mostly zeros, with data across block boundaries.
@@ -460,7 +460,7 @@ var fakeRootfs = append(append(append([]byte("ext4 image"), make([]byte, 2<<20).
 func TestBuildRootfsSteps(t *testing.T) {
 	img, _ := testImage(t)
 	im := openImage(t, img, ociimage.Limits{})
-	vm := &fakeVM{written: map[string][]byte{}}
+	vm := &fakeVM{written: map[string][]byte{}, answer: tarOf(t, map[string][]byte{"rootfs.img": fakeRootfs})}
 	dir := t.TempDir()
 	var log bytes.Buffer
 	path, size, err := ociimage.BuildRootfs(context.Background(), vm, im, dir, &log)
@@ -566,4 +566,43 @@ func tarNames(t *testing.T, b []byte) []string {
 	}
 	sort.Strings(names)
 	return names
+}
+
+// A build VM's answer that is not exactly the image is refused.
+func TestBuildRootfsRefusesOtherTars(t *testing.T) {
+	img, _ := testImage(t)
+	im := openImage(t, img, ociimage.Limits{})
+	for name, answer := range map[string][]byte{
+		"two entries": tarOf(t, map[string][]byte{"rootfs.img": fakeRootfs, "zz": []byte("x")}),
+		"other name":  tarOf(t, map[string][]byte{"../rootfs.img": fakeRootfs}),
+		"not a tar":   []byte("garbage"),
+	} {
+		vm := &fakeVM{written: map[string][]byte{}, answer: answer}
+		dir := t.TempDir()
+		if _, _, err := ociimage.BuildRootfs(context.Background(), vm, im, dir, io.Discard); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+		if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+			t.Errorf("%s: left %d files", name, len(entries))
+		}
+	}
+}
+
+func tarOf(t *testing.T, files map[string][]byte) []byte {
+	t.Helper()
+	names := make([]string, 0, len(files))
+	for n := range files {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, n := range names {
+		if err := tw.WriteHeader(&tar.Header{Name: n, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(files[n]))}); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write(files[n])
+	}
+	tw.Close()
+	return buf.Bytes()
 }

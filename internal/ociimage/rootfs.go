@@ -1,7 +1,9 @@
 package ociimage
 
 import (
+	"archive/tar"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -29,6 +31,9 @@ const vmWorkDir = "/var/tmp/emberbox-import"
 
 // RootfsName is the file BuildRootfs writes in its directory.
 const RootfsName = "rootfs.img"
+
+// vmImageTar is the sparse tar of the image the build VM hands back.
+const vmImageTar = "rootfs.tar"
 
 // BuildRootfs makes a sandbox root file system of img in vm and copies it
 // to dir/rootfs.img on the host; it returns that path and its size. The
@@ -76,7 +81,7 @@ func BuildRootfs(ctx context.Context, vm VM, img *Image, dir string, log io.Writ
 	step("unpacked, set up and made the ext4 image in the build VM")
 
 	out := filepath.Join(dir, RootfsName)
-	n, err := readOut(ctx, vm, vmWorkDir+"/"+RootfsName, out)
+	n, err := readOut(ctx, vm, vmWorkDir+"/"+vmImageTar, out)
 	if err != nil {
 		return "", 0, fmt.Errorf("copying the root file system out of the build VM: %w", err)
 	}
@@ -111,17 +116,61 @@ func readOut(ctx context.Context, vm VM, from, to string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	sw := &sparseWriter{f: f}
-	n, err := vm.ReadFile(ctx, from, sw)
-	if err == nil {
-		err = sw.finish()
-	}
+	n, err := untarImage(ctx, vm, from, &sparseWriter{f: f})
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
 		os.Remove(to)
 		return 0, err
+	}
+	return n, nil
+}
+
+// maxRootfsBytes bounds the image a build VM hands back.
+const maxRootfsBytes = int64(256 << 30)
+
+// untarImage reads the VM's sparse tar of the image (its unused blocks
+// are holes there, so they never cross the guest stream) and writes the
+// image to sw, holes again. The tar comes from the VM: exactly one
+// regular entry, the image, of bounded size.
+func untarImage(ctx context.Context, vm VM, from string, sw *sparseWriter) (int64, error) {
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		_, err := vm.ReadFile(ctx, from, pw)
+		pw.CloseWithError(err)
+		done <- err
+	}()
+	n, err := copyImage(tar.NewReader(pr), sw)
+	pr.CloseWithError(errors.New("image read"))
+	if rerr := <-done; err == nil && rerr != nil {
+		err = rerr
+	}
+	if err != nil {
+		return 0, err
+	}
+	return n, sw.finish()
+}
+
+func copyImage(tr *tar.Reader, sw *sparseWriter) (int64, error) {
+	h, err := tr.Next()
+	if err != nil {
+		return 0, fmt.Errorf("reading the image's tar: %w", err)
+	}
+	if h.Name != RootfsName || (h.Typeflag != tar.TypeReg && h.Typeflag != tar.TypeGNUSparse) ||
+		h.Size <= 0 || h.Size > maxRootfsBytes {
+		return 0, fmt.Errorf("the build VM's tar holds %q (type %c, %d bytes), not the image", h.Name, h.Typeflag, h.Size)
+	}
+	n, err := io.Copy(sw, tr)
+	if err != nil {
+		return 0, fmt.Errorf("reading the image's tar: %w", err)
+	}
+	if n != h.Size {
+		return 0, fmt.Errorf("the image's tar ended after %d of %d bytes", n, h.Size)
+	}
+	if _, err := tr.Next(); !errors.Is(err, io.EOF) {
+		return 0, fmt.Errorf("the build VM's tar holds more than the image (%v)", err)
 	}
 	return n, nil
 }
@@ -176,7 +225,7 @@ W=` + vmWorkDir + `
 R=$W/root
 command -v tar >/dev/null && command -v mkfs.ext4 >/dev/null || {
 	echo "the build VM lacks tar or mkfs.ext4" >&2; exit 1; }
-rm -rf "$R" "$W/` + RootfsName + `"
+rm -rf "$R" "$W/` + RootfsName + `" "$W/` + vmImageTar + `"
 mkdir -p "$R"
 tar -xpf "$W/fs.tar" -C "$R" --numeric-owner --same-owner --xattrs --xattrs-include='*'
 rm -f "$W/fs.tar"
@@ -262,6 +311,9 @@ for attempt in 1 2 3; do
 done
 [ -n "$ok" ] || { echo "mkfs.ext4 failed" >&2; exit 1; }
 rm -rf "$R"
-chmod 0644 "$img"
+# A sparse tar carries only the blocks mkfs wrote.
+tar -C "$W" --sparse --format=posix -cf "$W/` + vmImageTar + `" ` + RootfsName + `
+rm -f "$img"
+chmod 0644 "$W/` + vmImageTar + `"
 echo "rootfs: $((size / mib)) MiB, $inodes entries"
 `
