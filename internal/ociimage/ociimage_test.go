@@ -460,7 +460,10 @@ var fakeRootfs = append(append(append([]byte("ext4 image"), make([]byte, 2<<20).
 func TestBuildRootfsSteps(t *testing.T) {
 	img, _ := testImage(t)
 	im := openImage(t, img, ociimage.Limits{})
-	vm := &fakeVM{written: map[string][]byte{}, answer: tarOf(t, map[string][]byte{"rootfs.img": fakeRootfs})}
+	// As GNU tar does, the answer is padded to whole records.
+	answer := tarOf(t, map[string][]byte{"rootfs.img": fakeRootfs})
+	answer = append(answer, make([]byte, 10240-len(answer)%10240)...)
+	vm := &fakeVM{written: map[string][]byte{}, answer: answer}
 	dir := t.TempDir()
 	var log bytes.Buffer
 	path, size, err := ociimage.BuildRootfs(context.Background(), vm, im, dir, &log)
@@ -478,8 +481,15 @@ func TestBuildRootfsSteps(t *testing.T) {
 	if err := syscall.Stat(path, &st); err != nil || st.Blocks*512 >= 1<<20 {
 		t.Errorf("the rootfs takes %d bytes on disk for %d: %v", st.Blocks*512, size, err)
 	}
-	tarball := vm.written["/var/tmp/emberbox-import/fs.tar"]
-	names := tarNames(t, tarball)
+	zr, err := gzip.NewReader(bytes.NewReader(vm.written["/var/tmp/emberbox-import/fs.tar.gz"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	flat, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := tarNames(t, flat)
 	if len(names) != len(wantTree()) {
 		t.Errorf("the VM got %d entries: %v", len(names), names)
 	}

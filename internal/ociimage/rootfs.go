@@ -2,6 +2,7 @@ package ociimage
 
 import (
 	"archive/tar"
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -32,8 +33,12 @@ const vmWorkDir = "/var/tmp/emberbox-import"
 // RootfsName is the file BuildRootfs writes in its directory.
 const RootfsName = "rootfs.img"
 
-// vmImageTar is the sparse tar of the image the build VM hands back.
-const vmImageTar = "rootfs.tar"
+// vmFlatTar is the flattened image, gzipped, as the VM gets it;
+// vmImageTar the sparse tar of the ext4 image it hands back.
+const (
+	vmFlatTar  = "fs.tar.gz"
+	vmImageTar = "rootfs.tar"
+)
 
 // BuildRootfs makes a sandbox root file system of img in vm and copies it
 // to dir/rootfs.img on the host; it returns that path and its size. The
@@ -51,14 +56,14 @@ func BuildRootfs(ctx context.Context, vm VM, img *Image, dir string, log io.Writ
 		fmt.Fprintf(log, "import: %s (%.1fs)\n", fmt.Sprintf(format, args...), now.Sub(lap).Seconds())
 		lap = now
 	}
-	tarPath := filepath.Join(dir, "fs.tar")
+	tarPath := filepath.Join(dir, vmFlatTar)
 	defer os.Remove(tarPath)
 	fmt.Fprintf(log, "import: flattening %d layers of %s\n", img.Layers(), img.Digest())
-	size, err := stage(ctx, img, tarPath)
+	raw, size, err := stage(ctx, img, tarPath)
 	if err != nil {
 		return "", 0, err
 	}
-	step("flattened to a tar of %d MiB", size>>20)
+	step("flattened to a tar of %d MiB, %d MiB gzipped", raw>>20, size>>20)
 
 	if err := vm.Run(ctx, "set -eu\nrm -rf "+vmWorkDir+"\nmkdir -p "+vmWorkDir+"\n", log); err != nil {
 		return "", 0, fmt.Errorf("preparing the build VM: %w", err)
@@ -67,7 +72,7 @@ func BuildRootfs(ctx context.Context, vm VM, img *Image, dir string, log io.Writ
 	if err != nil {
 		return "", 0, err
 	}
-	err = vm.WriteFile(ctx, vmWorkDir+"/fs.tar", f, size)
+	err = vm.WriteFile(ctx, vmWorkDir+"/"+vmFlatTar, f, size)
 	f.Close()
 	if err != nil {
 		return "", 0, fmt.Errorf("copying the image into the build VM: %w", err)
@@ -92,22 +97,33 @@ func BuildRootfs(ctx context.Context, vm VM, img *Image, dir string, log io.Writ
 	return out, n, nil
 }
 
-// stage writes the flattened image to path and returns its size.
-func stage(ctx context.Context, img *Image, path string) (int64, error) {
+// stage writes the flattened image to path, gzipped at the fastest level
+// (the guest stream, not the CPU, is what an import waits for), and
+// returns the tar's size and the file's.
+func stage(ctx context.Context, img *Image, path string) (raw, size int64, err error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
-		return 0, fmt.Errorf("staging the image: %w", err)
+		return 0, 0, fmt.Errorf("staging the image: %w", err)
 	}
+	defer f.Close()
+	zw, _ := gzip.NewWriterLevel(f, gzip.BestSpeed) // a valid level: no error
 	rc := img.Flatten(ctx)
-	n, err := io.Copy(f, rc)
+	raw, err = io.Copy(zw, rc)
 	rc.Close()
-	if cerr := f.Close(); err == nil {
-		err = cerr
+	if err == nil {
+		err = zw.Close()
+	}
+	if err == nil {
+		err = f.Close()
 	}
 	if err != nil {
-		return 0, fmt.Errorf("flattening the image: %w", err)
+		return 0, 0, fmt.Errorf("flattening the image: %w", err)
 	}
-	return n, nil
+	st, err := os.Stat(path)
+	if err != nil {
+		return 0, 0, err
+	}
+	return raw, st.Size(), nil
 }
 
 func readOut(ctx context.Context, vm VM, from, to string) (int64, error) {
@@ -143,6 +159,12 @@ func untarImage(ctx context.Context, vm VM, from string, sw *sparseWriter) (int6
 		done <- err
 	}()
 	n, err := copyImage(tar.NewReader(pr), sw)
+	if err == nil {
+		// tar pads its output to whole records (10 KiB) after the end.
+		if k, _ := io.Copy(io.Discard, io.LimitReader(pr, 1<<20)); k == 1<<20 {
+			err = errors.New("the build VM's tar goes on after its end")
+		}
+	}
 	pr.CloseWithError(errors.New("image read"))
 	if rerr := <-done; err == nil && rerr != nil {
 		err = rerr
@@ -227,8 +249,11 @@ command -v tar >/dev/null && command -v mkfs.ext4 >/dev/null || {
 	echo "the build VM lacks tar or mkfs.ext4" >&2; exit 1; }
 rm -rf "$R" "$W/` + RootfsName + `" "$W/` + vmImageTar + `"
 mkdir -p "$R"
-tar -xpf "$W/fs.tar" -C "$R" --numeric-owner --same-owner --xattrs --xattrs-include='*'
-rm -f "$W/fs.tar"
+t0=$(date +%s)
+lap() { echo "rootfs: $1 ($(($(date +%s) - t0))s)"; t0=$(date +%s); }
+tar -xzpf "$W/` + vmFlatTar + `" -C "$R" --numeric-owner --same-owner --xattrs --xattrs-include='*'
+rm -f "$W/` + vmFlatTar + `"
+lap unpacked
 
 # realdir makes $R/$1 a directory, replacing whatever else the image put
 # there; callers go from the top down so no parent is a symlink.
@@ -294,6 +319,8 @@ for d in proc sys dev run tmp var var/tmp root; do realdir "$d"; done
 chmod 1777 "$R/tmp" "$R/var/tmp"
 chmod 0700 "$R/root"
 
+lap "set up"
+
 # Size like internal/image makeExt4: the content plus a quarter, inode
 # tables for twice the entries, and the journal; grow and retry if short.
 used=$(du -sxB1 "$R" | cut -f1)
@@ -311,6 +338,7 @@ for attempt in 1 2 3; do
 done
 [ -n "$ok" ] || { echo "mkfs.ext4 failed" >&2; exit 1; }
 rm -rf "$R"
+lap "made the ext4 image"
 # A sparse tar carries only the blocks mkfs wrote.
 tar -C "$W" --sparse --format=posix -cf "$W/` + vmImageTar + `" ` + RootfsName + `
 rm -f "$img"
