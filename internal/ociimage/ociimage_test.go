@@ -616,3 +616,25 @@ func tarOf(t *testing.T, files map[string][]byte) []byte {
 	tw.Close()
 	return buf.Bytes()
 }
+
+func TestConfigHelpers(t *testing.T) {
+	c := ociimage.Config{
+		Env:        []string{"A=1", "B=x=y", "A=2", "EMPTY="},
+		Entrypoint: []string{"/bin/app", "--flag"}, Cmd: []string{"it's", "a b", ""},
+	}
+	if diff := cmp.Diff(map[string]string{"A": "2", "B": "x=y", "EMPTY": ""}, c.EnvMap()); diff != "" {
+		t.Errorf("EnvMap (-want +got):\n%s", diff)
+	}
+	if got, want := c.Command(), `/bin/app --flag 'it'\''s' 'a b' ''`; got != want {
+		t.Errorf("Command() = %s, want %s", got, want)
+	}
+	if got := (ociimage.Config{}).Command(); got != "" {
+		t.Errorf("no command: %q", got)
+	}
+	img, _ := testImage(t)
+	a, b := openImage(t, img, ociimage.Limits{}), openImage(t, img, ociimage.Limits{})
+	other := openImage(t, image(t, layer(t, file("x", "y"))), ociimage.Limits{})
+	if a.RootfsKey() != b.RootfsKey() || a.RootfsKey() == other.RootfsKey() || !strings.HasPrefix(a.RootfsKey(), "sha256:") {
+		t.Errorf("rootfs keys: %s %s %s", a.RootfsKey(), b.RootfsKey(), other.RootfsKey())
+	}
+}

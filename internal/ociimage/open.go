@@ -10,7 +10,10 @@ package ociimage
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -278,4 +281,43 @@ func tooLarge(format string, args ...any) error {
 
 func wrongPlatform(format string, args ...any) error {
 	return errdefs.New(errdefs.ErrInvalidArgument, CodePlatform, format, args...)
+}
+
+// EnvMap returns Env as a map; a later KEY wins, as in a shell.
+func (c Config) EnvMap() map[string]string {
+	m := make(map[string]string, len(c.Env))
+	for _, kv := range c.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		if k != "" {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// Command returns Entrypoint then Cmd as one shell command line, each word
+// quoted, or "" if the image names none: a start command for the image.
+func (c Config) Command() string {
+	words := append(append([]string(nil), c.Entrypoint...), c.Cmd...)
+	quoted := make([]string, len(words))
+	for i, w := range words {
+		quoted[i] = shellQuote(w)
+	}
+	return strings.Join(quoted, " ")
+}
+
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:,@%+") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// RootfsKey addresses the root file system BuildRootfs makes of the image:
+// "sha256:" over the image's digest and the setup BuildRootfs applies, so
+// a change to that setup makes a new key.
+func (im *Image) RootfsKey() string {
+	h := sha256.New()
+	fmt.Fprintf(h, "ociimage rootfs\n%s\n%d:%s", im.digest, len(rootfsScript), rootfsScript)
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
 }
