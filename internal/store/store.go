@@ -374,6 +374,17 @@ ALTER TABLE snapshots ADD COLUMN rootfs TEXT NOT NULL DEFAULT '';
 CREATE INDEX sandboxes_image ON sandboxes (image_id) WHERE image_id != '';
 CREATE INDEX snapshots_image ON snapshots (image_id) WHERE image_id != '';
 `,
+	// 14: the image builder's step cache (buildcache.go): a disk snapshot
+	// of a build sandbox after each step, by the step's content key.
+	`
+CREATE TABLE build_cache (
+	key         TEXT PRIMARY KEY, -- sha256 of the steps up to this one
+	snapshot_id TEXT NOT NULL,    -- a disk snapshot owned by system:build
+	created_at  TEXT NOT NULL,
+	used_at     TEXT NOT NULL
+) STRICT;
+CREATE INDEX build_cache_used ON build_cache (used_at);
+`,
 }
 
 // migrate applies the pending migrations, each in its own transaction

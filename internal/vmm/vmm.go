@@ -131,3 +131,14 @@ type StrayKiller interface {
 	// KillStray ends every VM of spec.ID and reports how many it ended.
 	KillStray(ctx context.Context, spec Spec) (int, error)
 }
+
+// DiskExporter is implemented by drivers that can write a snapshot's disk
+// (made by Machine.Snapshot in snapDir) out as a raw disk image: the
+// image builder turns a build's last snapshot into a root disk. The
+// driver owns its disk formats, so the conversion is its job.
+type DiskExporter interface {
+	// ExportDisk writes the whole disk of the snapshot in snapDir, its
+	// base image included, to dst as a raw image (sparse where it reads
+	// zeros), mode 0644.
+	ExportDisk(ctx context.Context, snapDir, dst string) error
+}
