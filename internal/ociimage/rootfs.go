@@ -247,6 +247,10 @@ W=` + vmWorkDir + `
 R=$W/root
 command -v tar >/dev/null && command -v mkfs.ext4 >/dev/null || {
 	echo "the build VM lacks tar or mkfs.ext4" >&2; exit 1; }
+# The agent grows the root file system to the disk at boot; the room is
+# what this needs, so let it finish.
+i=0
+while [ $i -lt 300 ] && pgrep -x resize2fs >/dev/null 2>&1; do sleep 1; i=$((i + 1)); done
 rm -rf "$R" "$W/` + RootfsName + `" "$W/` + vmImageTar + `"
 mkdir -p "$R"
 t0=$(date +%s)
