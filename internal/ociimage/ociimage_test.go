@@ -638,3 +638,19 @@ func TestConfigHelpers(t *testing.T) {
 		t.Errorf("rootfs keys: %s %s %s", a.RootfsKey(), b.RootfsKey(), other.RootfsKey())
 	}
 }
+
+// A cancelled flatten ends with the context's error.
+func TestFlattenCancel(t *testing.T) {
+	img, _ := testImage(t)
+	im := openImage(t, img, ociimage.Limits{})
+	ctx, cancel := context.WithCancel(context.Background())
+	rc := im.Flatten(ctx)
+	defer rc.Close()
+	if _, err := io.ReadFull(rc, make([]byte, 1024)); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if _, err := io.Copy(io.Discard, rc); !errors.Is(err, context.Canceled) {
+		t.Errorf("after cancel: %v", err)
+	}
+}
