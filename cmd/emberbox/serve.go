@@ -30,6 +30,7 @@ import (
 	"github.com/emberbox/emberbox/internal/images"
 	"github.com/emberbox/emberbox/internal/interpreter"
 	"github.com/emberbox/emberbox/internal/links"
+	"github.com/emberbox/emberbox/internal/ociimage"
 	"github.com/emberbox/emberbox/internal/pricing"
 	"github.com/emberbox/emberbox/internal/sandbox"
 	"github.com/emberbox/emberbox/internal/store"
@@ -60,15 +61,16 @@ type serveOptions struct {
 	uidCount     int
 	cgroupParent string
 
-	egressDefault string
-	egressOpen    []string
-	egressResolve []string
-	diskRetention time.Duration
-	templates     bool
-	imageBuilds   int
-	egressMax     []string
-	egressDeny    []string
-	extraCAFile   string
+	egressDefault        string
+	egressOpen           []string
+	egressResolve        []string
+	diskRetention        time.Duration
+	templates            bool
+	imageBuilds          int
+	registryAllowPrivate bool
+	egressMax            []string
+	egressDeny           []string
+	extraCAFile          string
 
 	limits limitOptions
 
@@ -99,6 +101,8 @@ func newServeCommand() *cobra.Command {
 	f.StringVar(&o.cacheDir, "cache-dir", "", "image cache directory (default ~/.cache/emberbox)")
 	f.StringVar(&o.agentBinary, "agent-binary", "", "emberbox-agent binary to boot (default: beside this binary)")
 	f.IntVar(&o.imageBuilds, "image-builds", 1, "image builds run at once (each in a sandbox VM)")
+	f.BoolVar(&o.registryAllowPrivate, "registry-allow-private", false,
+		"let image imports pull from registries on loopback, private and link-local addresses (refused by default: tenants name the registry)")
 	f.BoolVar(&o.templates, "templates", true, "create sandboxes by restoring a template of their shape (made once, from a booted guest) instead of booting each")
 	f.DurationVar(&o.bootTimeout, "boot-timeout", 90*time.Second, "bound on one boot attempt; a create makes at most two")
 	f.BoolVar(&o.noKVM, "no-kvm", false, "use software emulation even where /dev/kvm works")
@@ -242,7 +246,15 @@ func serve(ctx context.Context, o serveOptions) error {
 	// The builder runs builds in sandbox VMs of mgr. Its Recover clears
 	// what a build cut short by a crash left (sandboxes, snapshots) before
 	// the catalog queues builds again.
-	builder := imagebuild.New(imagebuild.Config{Manager: mgr, Cache: st, Logger: log, DefaultDigest: boot.RecipeHash})
+	// OCI images (a registry reference, an uploaded archive, a Dockerfile's
+	// FROM) are unpacked in build VMs too; bases FROM names are kept in
+	// images/imports for later builds.
+	// Tenants name the registry, so pulls obey the egress rules' refusal
+	// of private addresses unless the operator allows them.
+	registryAllowed := func(a netip.Addr) bool { return o.registryAllowPrivate || !ecfg.op.Forbidden(a) }
+	importer := &ociimage.Importer{Manager: mgr, Owner: imagebuild.Owner, BaseDir: filepath.Join(o.dataDir, "images", "imports"),
+		Transport: ociimage.GuardedTransport(registryAllowed)}
+	builder := imagebuild.New(imagebuild.Config{Manager: mgr, Cache: st, Import: importer, Logger: log, DefaultDigest: boot.RecipeHash})
 	if err := builder.Recover(ctx); err != nil {
 		return fmt.Errorf("image builder: %w", err)
 	}

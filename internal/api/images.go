@@ -62,22 +62,25 @@ func toImageJSON(img *images.Image) imageJSON {
 
 // imageCreateRequest is POST /v1/images, as withruntime sends it.
 type imageCreateRequest struct {
-	Image        string            `json:"image"`
-	Dockerfile   string            `json:"dockerfile"`
-	Recipe       *recipeJSON       `json:"recipe"`
-	Files        []images.File     `json:"files"`
-	Context      *images.Context   `json:"context"`
-	Dockerignore string            `json:"dockerignore"` // applied by the client when it packed the context
-	Target       string            `json:"target"`
-	BuildArgs    map[string]string `json:"buildArgs"`
-	Name         string            `json:"name"`
-	Tags         []string          `json:"tags"`
-	Labels       map[string]string `json:"labels"`
-	Region       string            `json:"region"`
-	Build        *buildJSON        `json:"build"`
-	Env          map[string]string `json:"env"`
-	Start        *images.StartSpec `json:"start"`
-	Cache        *bool             `json:"cache"`
+	Image      string          `json:"image"`
+	Dockerfile string          `json:"dockerfile"`
+	Recipe     *recipeJSON     `json:"recipe"`
+	Files      []images.File   `json:"files"`
+	Context    *images.Context `json:"context"`
+	// Archive: an uploaded OCI layout or docker save tarball to import
+	// (Emberbox's own field; its chunks go up as a context's do).
+	Archive      *images.ContextArchive `json:"archive"`
+	Dockerignore string                 `json:"dockerignore"` // applied by the client when it packed the context
+	Target       string                 `json:"target"`
+	BuildArgs    map[string]string      `json:"buildArgs"`
+	Name         string                 `json:"name"`
+	Tags         []string               `json:"tags"`
+	Labels       map[string]string      `json:"labels"`
+	Region       string                 `json:"region"`
+	Build        *buildJSON             `json:"build"`
+	Env          map[string]string      `json:"env"`
+	Start        *images.StartSpec      `json:"start"`
+	Cache        *bool                  `json:"cache"`
 }
 
 type recipeJSON struct {
@@ -129,7 +132,7 @@ func (s *server) createImage(w http.ResponseWriter, r *http.Request, c *call) er
 	cr := images.CreateRequest{Name: req.Name, Tags: req.Tags, Labels: req.Labels}
 	cr.Source = images.Source{
 		Dockerfile: req.Dockerfile, Files: req.Files, Context: req.Context, BuildArgs: req.BuildArgs, Target: req.Target,
-		Reference: req.Image, Env: req.Env, Start: req.Start, Cache: req.Cache,
+		Reference: req.Image, Archive: req.Archive, Env: req.Env, Start: req.Start, Cache: req.Cache,
 		// "start": null is the SDK's no_start.
 		NoStart: nullField(c.body, "start"),
 	}

@@ -70,11 +70,14 @@ type Source struct {
 	Target     string            `json:"target,omitempty"`
 	NoStart    bool              `json:"noStart,omitempty"`
 	Reference  string            `json:"image,omitempty"`
-	Env        map[string]string `json:"env,omitempty"`
-	Start      *StartSpec        `json:"start,omitempty"`
-	Cache      *bool             `json:"cache,omitempty"`
-	Build      BuildLimits       `json:"build"`
-	Tags       []string          `json:"tags,omitempty"` // moved to it when ready
+	// Archive is an uploaded OCI layout or docker save tarball (plain
+	// tar), in chunks as a context is uploaded.
+	Archive *ContextArchive   `json:"archive,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	Start   *StartSpec        `json:"start,omitempty"`
+	Cache   *bool             `json:"cache,omitempty"`
+	Build   BuildLimits       `json:"build"`
+	Tags    []string          `json:"tags,omitempty"` // moved to it when ready
 }
 
 // BuildLimits are the limits a build request asks for (0: the default).

@@ -306,6 +306,8 @@ func (r *CreateRequest) kind() string {
 		return SourceRecipe
 	case r.Dockerfile != "":
 		return SourceDockerfile
+	case r.Archive != nil:
+		return SourceArchive
 	}
 	return SourceImage
 }
@@ -324,13 +326,13 @@ func invalidField(field, format string, args ...any) error {
 
 func (s *Service) checkCreate(ctx context.Context, r *CreateRequest) error {
 	n := 0
-	for _, set := range []bool{r.Recipe != nil, r.Dockerfile != "", r.Reference != ""} {
+	for _, set := range []bool{r.Recipe != nil, r.Dockerfile != "", r.Reference != "", r.Archive != nil} {
 		if set {
 			n++
 		}
 	}
 	if n != 1 {
-		return invalidField("image", "give exactly one source: image, dockerfile or recipe")
+		return invalidField("image", "give exactly one source: image, archive, dockerfile or recipe")
 	}
 	if r.Name != "" && !nameRE.MatchString(r.Name) {
 		return invalidField("name", "must be 1 to 128 characters of a-z 0-9 . _ - /, starting with a letter or digit")
@@ -356,7 +358,12 @@ func (s *Service) checkCreate(ctx context.Context, r *CreateRequest) error {
 		return invalidField("files", "give a context or inline files, not both")
 	}
 	if r.Context != nil {
-		if err := s.chunks.check(r.Context.Archive); err != nil {
+		if err := s.chunks.check(r.Context.Archive, contextBounds); err != nil {
+			return err
+		}
+	}
+	if r.Archive != nil {
+		if err := s.chunks.check(*r.Archive, imageBounds); err != nil {
 			return err
 		}
 	}

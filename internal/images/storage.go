@@ -3,7 +3,6 @@ package images
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -82,13 +81,33 @@ const (
 	maxChunks       = MaxContextBytes/MaxChunkBytes + 1
 )
 
+// Bounds of an uploaded image archive (an OCI layout or docker save
+// tarball, uploaded in chunks like a context): uncompressed layers, so
+// larger than a context.
+const (
+	MaxArchiveBytes  = 8 << 30
+	maxArchiveChunks = MaxArchiveBytes/MaxChunkBytes + 1
+)
+
+// archiveBounds names what a chunked archive is checked against.
+type archiveBounds struct {
+	field     string // the request field, for errors
+	maxBytes  int64
+	maxChunks int
+}
+
+var (
+	contextBounds = archiveBounds{"context.archive", MaxContextBytes, maxChunks}
+	imageBounds   = archiveBounds{"archive", MaxArchiveBytes, maxArchiveChunks}
+)
+
 // chunkStore keeps uploaded context chunks by their sha256: <dir>/<hex>.
 type chunkStore struct{ dir string }
 
 // Missing returns the digests among these that are not stored.
 func (s *Service) Missing(digests []string) ([]string, error) {
-	if len(digests) > maxChunks*4 {
-		return nil, invalidField("digests", "at most %d", maxChunks*4)
+	if len(digests) > maxArchiveChunks {
+		return nil, invalidField("digests", "at most %d", maxArchiveChunks)
 	}
 	missing := []string{}
 	for i, d := range digests {
@@ -162,19 +181,19 @@ func (c chunkStore) sweep(cutoff time.Time) (int, error) {
 }
 
 // check says whether an archive's chunks are all here and within bounds.
-func (c chunkStore) check(a ContextArchive) error {
+func (c chunkStore) check(a ContextArchive, b archiveBounds) error {
 	if !hexRE.MatchString(a.SHA256) {
-		return invalidField("context.archive.sha256", "must be 64 lowercase hex digits")
+		return invalidField(b.field+".sha256", "must be 64 lowercase hex digits")
 	}
-	if a.Size <= 0 || a.Size > MaxContextBytes {
-		return invalidField("context.archive.size", "must be from 1 to %d bytes", MaxContextBytes)
+	if a.Size <= 0 || a.Size > b.maxBytes {
+		return invalidField(b.field+".size", "must be from 1 to %d bytes", b.maxBytes)
 	}
-	if len(a.Chunks) == 0 || len(a.Chunks) > maxChunks {
-		return invalidField("context.archive.chunks", "must list 1 to %d chunks", maxChunks)
+	if len(a.Chunks) == 0 || len(a.Chunks) > b.maxChunks {
+		return invalidField(b.field+".chunks", "must list 1 to %d chunks", b.maxChunks)
 	}
 	for i, d := range a.Chunks {
 		if !hexRE.MatchString(d) {
-			return invalidField(fmt.Sprintf("context.archive.chunks[%d]", i), "must be 64 lowercase hex digits")
+			return invalidField(fmt.Sprintf("%s.chunks[%d]", b.field, i), "must be 64 lowercase hex digits")
 		}
 		if _, err := os.Stat(filepath.Join(c.dir, d)); err != nil {
 			return errdefs.New(errdefs.ErrInvalidArgument, "context_missing", "Chunk %s of the context was not uploaded.", d).
@@ -186,8 +205,8 @@ func (c chunkStore) check(a ContextArchive) error {
 
 // assemble writes an archive's chunks, in order, to dst and checks its
 // size and sha256.
-func (c chunkStore) assemble(a ContextArchive, dst string) error {
-	if err := c.check(a); err != nil {
+func (c chunkStore) assemble(a ContextArchive, b archiveBounds, dst string) error {
+	if err := c.check(a, b); err != nil {
 		return err
 	}
 	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
@@ -207,8 +226,8 @@ func (c chunkStore) assemble(a ContextArchive, dst string) error {
 		if err != nil {
 			return err
 		}
-		if total += n; total > MaxContextBytes {
-			return errors.New("the context is larger than 100 MiB")
+		if total += n; total > b.maxBytes {
+			return fmt.Errorf("%s is larger than %d MiB", b.field, b.maxBytes>>20)
 		}
 	}
 	if total != a.Size || hex.EncodeToString(h.Sum(nil)) != a.SHA256 {

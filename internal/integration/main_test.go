@@ -182,10 +182,16 @@ func startServer(t testing.TB, dataDir string) *server {
 // ("NAME=value") for the server.
 func startServerEnv(t testing.TB, dataDir string, env ...string) *server {
 	t.Helper()
+	return startServerArgs(t, dataDir, nil, env...)
+}
+
+// startServerArgs is startServerEnv with extra flags for emberbox serve.
+func startServerArgs(t testing.TB, dataDir string, args []string, env ...string) *server {
+	t.Helper()
 	needVMs(t)
 	var lastErr error
 	for attempt := 1; attempt <= 3; attempt++ {
-		s, err := launch(t, dataDir, env)
+		s, err := launch(t, dataDir, args, env)
 		if err == nil {
 			return s
 		}
@@ -201,7 +207,7 @@ func startServerEnv(t testing.TB, dataDir string, env ...string) *server {
 
 var errPortTaken = errors.New("address already in use")
 
-func launch(t testing.TB, dataDir string, env []string) (*server, error) {
+func launch(t testing.TB, dataDir string, args, env []string) (*server, error) {
 	serverSeq.Lock()
 	serverSeq.n++
 	n := serverSeq.n
@@ -220,8 +226,8 @@ func launch(t testing.TB, dataDir string, env []string) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.cmd = exec.Command(filepath.Join(binDir, "emberbox"), "serve",
-		"--listen", fmt.Sprintf("127.0.0.1:%d", port), "--data-dir", dataDir)
+	s.cmd = exec.Command(filepath.Join(binDir, "emberbox"), append([]string{"serve",
+		"--listen", fmt.Sprintf("127.0.0.1:%d", port), "--data-dir", dataDir}, args...)...)
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	if len(env) > 0 {
 		s.cmd.Env = append(os.Environ(), env...)

@@ -121,7 +121,7 @@ func TestOCIImport(t *testing.T) {
 
 // debianFixture returns a cached mmdebstrap minbase tarball of bookworm,
 // building it on first use (needs mmdebstrap, root and the network).
-func debianFixture(t *testing.T) string {
+func debianFixture(t testing.TB) string {
 	t.Helper()
 	cache, err := os.UserCacheDir()
 	if err != nil {
@@ -157,7 +157,7 @@ func debianFixture(t *testing.T) string {
 
 // tarLayer makes an uncompressed layer of regular files (mode 0755 for
 // scripts, else 0644); directories are implied.
-func tarLayer(t *testing.T, files map[string]string) v1.Layer {
+func tarLayer(t testing.TB, files map[string]string) v1.Layer {
 	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
