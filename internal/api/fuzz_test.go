@@ -6,6 +6,8 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"github.com/emberbox/emberbox/internal/volumes"
+	"github.com/emberbox/emberbox/internal/volumes/volumestest"
 	"mime"
 	"net/http"
 	"net/http/httptest"
@@ -62,9 +64,13 @@ func newFuzzServer(tb testing.TB) *fuzzServer {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	// Volumes as on a real server (an in-memory store; mkfs replaced by
+	// true, so files are not formatted), told of a manager of their own.
+	vols := volumes.New(volumes.Config{Store: volumestest.New(), Backups: volumestest.NewBackups(), DataDir: tb.TempDir(), Mkfs: "true"})
+	vols.SetGuests(newFakeManager())
 	fs.s = newServer(Config{Manager: fuzzManager{newFakeManager()}, Keys: fakeKeys{}, Version: "test",
 		Accel: func() string { return "tcg" }, Links: signer, Interpreter: interpreter.New(nil),
-		Images: newTestImages(tb, nil)})
+		Images: newTestImages(tb, nil), Volumes: vols})
 	return fs
 }
 

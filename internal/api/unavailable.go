@@ -18,8 +18,7 @@ var unavailableTop = map[string]bool{
 	"feedback": true, "functions": true, "ips": true, "job-runs": true, "jobs": true,
 	"mcp": true, "networks": true, "otel-exports": true, "plans": true,
 	"ports": true, "referrals": true, "repositories": true, "reservations": true, "secrets": true,
-	"sso": true, "support": true, "switching": true, "usage": true, "volume-backups": true,
-	"volumes": true, "webhooks": true,
+	"sso": true, "support": true, "switching": true, "usage": true, "webhooks": true,
 }
 
 // unavailableSandboxSub are the segments after /v1/sandboxes/{id}/ (with
@@ -44,6 +43,10 @@ func unavailableCode(path string) string {
 		return ""
 	}
 	first, tail, _ := strings.Cut(rest, "/")
+	if id, ok := strings.CutSuffix(tail, ":backup-policy"); first == "volumes" && ok && id != "" && !strings.ContainsAny(id, "/:") {
+		// Volumes are served (volumes.go) but for their backup schedules.
+		return "volume_backup_policy_unavailable"
+	}
 	if first == "images" {
 		if reg, _, _ := strings.Cut(tail, ":"); reg == "registries" {
 			return "image_registries_unavailable"

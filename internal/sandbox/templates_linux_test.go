@@ -2,6 +2,7 @@ package sandbox_test
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -17,7 +18,12 @@ func TestTemplateCreate(t *testing.T) {
 	e := newEnv(t)
 	// The env's boot timeout is short for its tests of failing boots; a
 	// machine loaded by other tests needs more for the template's boot.
-	m := e.managerWith(func(c *sandbox.Config) { c.Templates, c.BootTimeout = true, 30*time.Second })
+	// The manager's log goes to the test's, so a failed template build
+	// says why (a build is not retried for templateRetry).
+	m := e.managerWith(func(c *sandbox.Config) {
+		c.Templates, c.BootTimeout = true, 30*time.Second
+		c.Logger = slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	})
 	ctx := context.Background()
 	m.PrepareTemplate()
 	deadline := time.Now().Add(60 * time.Second)
@@ -52,4 +58,13 @@ func TestTemplateCreate(t *testing.T) {
 	if e.drv.Starts() < starts+1 {
 		t.Errorf("a shape without a template did not boot")
 	}
+}
+
+// testLog writes a logger's lines to the test's log.
+type testLog struct{ t *testing.T }
+
+func (w testLog) Write(p []byte) (int, error) {
+	w.t.Helper()
+	w.t.Logf("%s", p)
+	return len(p), nil
 }
