@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/emberbox/emberbox/internal/agentproto"
+	"github.com/emberbox/emberbox/internal/nbd"
 )
 
 // A volume reaches the guest as /dev/nbdN: the kernel's NBD client talks
@@ -239,7 +240,7 @@ func (v *volume) fromKernel() {
 		if err != nil {
 			return // disconnected (or the socket closed at detach)
 		}
-		if q.typ == nbdCmdDisc {
+		if q.typ == nbd.CmdDisc {
 			// The kernel's receiver ends (and NBD_DO_IT returns) when the
 			// "server" closes the connection. The host has nothing to do.
 			_ = unix.Shutdown(int(v.kern.Fd()), unix.SHUT_RDWR)
@@ -289,12 +290,12 @@ func (v *volume) fromHost(st *yamux.Stream) {
 }
 
 func (v *volume) relayReplies(st *yamux.Stream) {
-	var hdr [nbdReplyLen]byte
+	var hdr [nbd.ReplyLen]byte
 	for {
 		if _, err := io.ReadFull(st, hdr[:]); err != nil {
 			return
 		}
-		if binary.BigEndian.Uint32(hdr[0:4]) != nbdReplyMagic {
+		if binary.BigEndian.Uint32(hdr[0:4]) != nbd.ReplyMagic {
 			v.a.log.Warn("volume: bad reply magic from host", "attachment", v.id)
 			return
 		}
@@ -307,7 +308,7 @@ func (v *volume) relayReplies(st *yamux.Stream) {
 			return
 		}
 		var data []byte
-		if q.typ == nbdCmdRead && binary.BigEndian.Uint32(hdr[4:8]) == 0 {
+		if q.typ == nbd.CmdRead && binary.BigEndian.Uint32(hdr[4:8]) == 0 {
 			data = make([]byte, q.length)
 			if _, err := io.ReadFull(st, data); err != nil {
 				return

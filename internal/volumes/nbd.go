@@ -2,53 +2,27 @@ package volumes
 
 import (
 	"bufio"
-	"encoding/binary"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/emberbox/emberbox/internal/nbd"
 )
 
-// The host's side of the NBD transmission phase: the agent relays the
-// guest kernel's requests (already past the handshake: the agent sets the
-// device up with ioctls) and this answers them from the volume's file. No
-// Go NBD module is on the proxy, and this phase is small: READ, WRITE,
-// FLUSH, TRIM and DISC with simple replies.
-
-const (
-	nbdRequestMagic = 0x25609513
-	nbdReplyMagic   = 0x67446698
-
-	nbdCmdRead  = 0
-	nbdCmdWrite = 1
-	nbdCmdDisc  = 2
-	nbdCmdFlush = 3
-	nbdCmdTrim  = 4
-
-	// MaxRequest bounds one request's length: the guest kernel's are at
-	// most max_sectors_kb (1280 KiB by default), so a larger read or write
-	// ends the stream. With one stream served per attachment, a guest
-	// holds at most MaxRequest of the host's memory per volume.
-	MaxRequest = 4 << 20
-
-	nbdEIO    = 5
-	nbdEINVAL = 22
-	nbdENOSPC = 28
-)
-
-// errProtocol is a request that breaks the protocol: the stream ends.
-var errProtocol = errors.New("nbd: protocol violation")
+// The host's side of the NBD transmission phase (internal/nbd): the agent
+// relays the guest kernel's requests and this answers them from the
+// volume's file. A guest holds at most nbd.MaxLength of the host's memory
+// per volume: one stream is served per attachment.
 
 // serveNBD answers the requests read from r with replies on w, from f of
 // size bytes, until DISC, the end of r, or a request that breaks the
-// protocol (errProtocol). Every offset and length is checked against size
+// protocol (nbd.ErrProtocol). Every offset and length is checked against size
 // before the file is touched.
 func serveNBD(r *bufio.Reader, w io.Writer, f *os.File, size int64) error {
-	var hdr [28]byte
-	var reply [16]byte
-	binary.BigEndian.PutUint32(reply[0:4], nbdReplyMagic)
+	var hdr [nbd.RequestLen]byte
+	var reply [nbd.ReplyLen]byte
 	buf := make([]byte, 0, 1<<20)
 	for {
 		if _, err := io.ReadFull(r, hdr[:]); err != nil {
@@ -57,31 +31,26 @@ func serveNBD(r *bufio.Reader, w io.Writer, f *os.File, size int64) error {
 			}
 			return err
 		}
-		if binary.BigEndian.Uint32(hdr[0:4]) != nbdRequestMagic {
-			return fmt.Errorf("%w: bad magic", errProtocol)
+		q, err := nbd.ParseRequest(&hdr)
+		if err != nil {
+			return err
 		}
-		typ := binary.BigEndian.Uint16(hdr[6:8])
-		copy(reply[8:16], hdr[8:16]) // the handle
-		off := binary.BigEndian.Uint64(hdr[16:24])
-		length := binary.BigEndian.Uint32(hdr[24:28])
-		if length > MaxRequest {
-			return fmt.Errorf("%w: %d bytes in one request", errProtocol, length)
-		}
+		typ, off, length := q.Type, q.Offset, q.Length
 		inBounds := off <= uint64(size) && uint64(length) <= uint64(size)-off
 		var code uint32
 		var data []byte
 		switch typ {
-		case nbdCmdRead:
+		case nbd.CmdRead:
 			if !inBounds {
-				code = nbdEINVAL
+				code = nbd.EINVAL
 				break
 			}
 			buf = grow(buf, int(length))
 			data = buf
 			if _, err := f.ReadAt(data, int64(off)); err != nil && !errors.Is(err, io.EOF) {
-				code, data = nbdEIO, nil
+				code, data = nbd.EIO, nil
 			}
-		case nbdCmdWrite:
+		case nbd.CmdWrite:
 			buf = grow(buf, int(length))
 			data = buf
 			if _, err := io.ReadFull(r, data); err != nil {
@@ -89,38 +58,38 @@ func serveNBD(r *bufio.Reader, w io.Writer, f *os.File, size int64) error {
 			}
 			switch {
 			case !inBounds:
-				code = nbdEINVAL
+				code = nbd.EINVAL
 			default:
 				if _, err := f.WriteAt(data, int64(off)); err != nil {
-					code = nbdEIO
+					code = nbd.EIO
 					if errors.Is(err, unix.ENOSPC) {
-						code = nbdENOSPC
+						code = nbd.ENOSPC
 					}
 				}
 			}
 			data = nil
-		case nbdCmdFlush:
+		case nbd.CmdFlush:
 			if err := datasync(f); err != nil {
-				code = nbdEIO
+				code = nbd.EIO
 			}
-		case nbdCmdTrim:
+		case nbd.CmdTrim:
 			if !inBounds {
-				code = nbdEINVAL
+				code = nbd.EINVAL
 			} else if length > 0 {
 				// A hole where the guest freed blocks; a failure to punch
 				// one loses nothing.
 				punchHole(f, int64(off), int64(length))
 			}
-		case nbdCmdDisc:
+		case nbd.CmdDisc:
 			return nil
 		default:
-			code = nbdEINVAL
+			code = nbd.EINVAL
 		}
-		binary.BigEndian.PutUint32(reply[4:8], code)
+		nbd.PutReply(&reply, q.Handle, code)
 		if _, err := w.Write(reply[:]); err != nil {
 			return err
 		}
-		if code == 0 && typ == nbdCmdRead {
+		if code == 0 && typ == nbd.CmdRead {
 			if _, err := w.Write(data); err != nil {
 				return err
 			}

@@ -9,11 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/emberbox/emberbox/internal/nbd"
 )
 
 func nbdReq(typ uint16, handle, off uint64, length uint32, data []byte) []byte {
 	var h [28]byte
-	binary.BigEndian.PutUint32(h[0:4], nbdRequestMagic)
+	binary.BigEndian.PutUint32(h[0:4], nbd.RequestMagic)
 	binary.BigEndian.PutUint16(h[6:8], typ)
 	binary.BigEndian.PutUint64(h[8:16], handle)
 	binary.BigEndian.PutUint64(h[16:24], off)
@@ -32,7 +34,7 @@ func readReplies(t *testing.T, b []byte, readLens map[uint64]int) []nbdReply {
 	t.Helper()
 	var out []nbdReply
 	for len(b) > 0 {
-		if len(b) < 16 || binary.BigEndian.Uint32(b[0:4]) != nbdReplyMagic {
+		if len(b) < 16 || binary.BigEndian.Uint32(b[0:4]) != nbd.ReplyMagic {
 			t.Fatalf("bad reply %x", b)
 		}
 		r := nbdReply{code: binary.BigEndian.Uint32(b[4:8]), handle: binary.BigEndian.Uint64(b[8:16])}
@@ -62,23 +64,23 @@ func TestServeNBDReadsWritesAndBounds(t *testing.T) {
 	f := volumeFile(t, size)
 	data := bytes.Repeat([]byte("ab"), 2048)
 	var in bytes.Buffer
-	in.Write(nbdReq(nbdCmdWrite, 1, 4096, uint32(len(data)), data))
-	in.Write(nbdReq(nbdCmdRead, 2, 4096, uint32(len(data)), nil))
-	in.Write(nbdReq(nbdCmdRead, 3, size-512, 1024, nil))           // past the end
-	in.Write(nbdReq(nbdCmdWrite, 4, size, 512, make([]byte, 512))) // at the end
-	in.Write(nbdReq(nbdCmdRead, 5, ^uint64(0)-10, 4096, nil))      // offset+length overflows
-	in.Write(nbdReq(nbdCmdTrim, 6, 0, 8192, nil))                  // punches a hole
-	in.Write(nbdReq(nbdCmdFlush, 7, 0, 0, nil))                    //
-	in.Write(nbdReq(nbdCmdRead, 8, 4096, 4096, nil))               // zero after the trim
-	in.Write(nbdReq(99, 9, 0, 0, nil))                             // unknown command
-	in.Write(nbdReq(nbdCmdDisc, 10, 0, 0, nil))                    // ends the loop
-	in.Write(nbdReq(nbdCmdRead, 11, 0, 4096, nil))                 // never read
+	in.Write(nbdReq(nbd.CmdWrite, 1, 4096, uint32(len(data)), data))
+	in.Write(nbdReq(nbd.CmdRead, 2, 4096, uint32(len(data)), nil))
+	in.Write(nbdReq(nbd.CmdRead, 3, size-512, 1024, nil))           // past the end
+	in.Write(nbdReq(nbd.CmdWrite, 4, size, 512, make([]byte, 512))) // at the end
+	in.Write(nbdReq(nbd.CmdRead, 5, ^uint64(0)-10, 4096, nil))      // offset+length overflows
+	in.Write(nbdReq(nbd.CmdTrim, 6, 0, 8192, nil))                  // punches a hole
+	in.Write(nbdReq(nbd.CmdFlush, 7, 0, 0, nil))                    //
+	in.Write(nbdReq(nbd.CmdRead, 8, 4096, 4096, nil))               // zero after the trim
+	in.Write(nbdReq(99, 9, 0, 0, nil))                              // unknown command
+	in.Write(nbdReq(nbd.CmdDisc, 10, 0, 0, nil))                    // ends the loop
+	in.Write(nbdReq(nbd.CmdRead, 11, 0, 4096, nil))                 // never read
 	var out bytes.Buffer
 	if err := serveNBD(bufio.NewReader(&in), &out, f, size); err != nil {
 		t.Fatalf("serveNBD: %v", err)
 	}
 	reps := readReplies(t, out.Bytes(), map[uint64]int{2: len(data), 3: 1024, 5: 4096, 8: 4096})
-	want := map[uint64]uint32{1: 0, 2: 0, 3: nbdEINVAL, 4: nbdEINVAL, 5: nbdEINVAL, 6: 0, 7: 0, 8: 0, 9: nbdEINVAL}
+	want := map[uint64]uint32{1: 0, 2: 0, 3: nbd.EINVAL, 4: nbd.EINVAL, 5: nbd.EINVAL, 6: 0, 7: 0, 8: 0, 9: nbd.EINVAL}
 	if len(reps) != len(want) {
 		t.Fatalf("%d replies, want %d: %+v", len(reps), len(want), reps)
 	}
@@ -102,15 +104,15 @@ func TestServeNBDRefusesBrokenStreams(t *testing.T) {
 	f := volumeFile(t, 1<<20)
 	for name, in := range map[string][]byte{
 		"bad magic":     append([]byte{1, 2, 3, 4}, make([]byte, 24)...),
-		"huge write":    nbdReq(nbdCmdWrite, 1, 0, MaxRequest+1, nil),
-		"huge read":     nbdReq(nbdCmdRead, 1, 0, MaxRequest+1, nil),
-		"short payload": nbdReq(nbdCmdWrite, 1, 0, 4096, make([]byte, 100)),
+		"huge write":    nbdReq(nbd.CmdWrite, 1, 0, nbd.MaxLength+1, nil),
+		"huge read":     nbdReq(nbd.CmdRead, 1, 0, nbd.MaxLength+1, nil),
+		"short payload": nbdReq(nbd.CmdWrite, 1, 0, 4096, make([]byte, 100)),
 	} {
 		err := serveNBD(bufio.NewReader(bytes.NewReader(in)), io.Discard, f, 1<<20)
 		if err == nil {
 			t.Errorf("%s: served", name)
 		}
-		if name != "short payload" && !errors.Is(err, errProtocol) {
+		if name != "short payload" && !errors.Is(err, nbd.ErrProtocol) {
 			t.Errorf("%s: %v, want a protocol violation", name, err)
 		}
 	}
