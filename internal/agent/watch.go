@@ -288,15 +288,19 @@ func (w *watch) walk(dir string, report bool) {
 			}
 			return nil
 		}
+		// As in handle: a directory is watched before its create is
+		// told, so a reader who saw it may rely on changes in it being
+		// seen.
+		var skip error
+		if d.IsDir() {
+			if err := w.addOne(p); err != nil {
+				skip = filepath.SkipDir
+			}
+		}
 		if report {
 			w.emit(agentproto.WatchCreate, p, d.IsDir())
 		}
-		if d.IsDir() {
-			if err := w.addOne(p); err != nil {
-				return filepath.SkipDir
-			}
-		}
-		return nil
+		return skip
 	})
 }
 

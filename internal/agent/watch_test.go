@@ -68,8 +68,9 @@ func TestWatchRecursiveEvents(t *testing.T) {
 	must(t, os.WriteFile(filepath.Join(home, "a.txt"), []byte("1"), 0o644))
 	must(t, os.MkdirAll(filepath.Join(home, "sub/deeper"), 0o755))
 	must(t, os.WriteFile(filepath.Join(home, "node_modules/junk"), []byte("x"), 0o644))
-	collectEvents(t, a, id, home, &cursor, "create a.txt", "create sub")
-	// A new directory is watched, and what is made in it is seen.
+	collectEvents(t, a, id, home, &cursor, "create a.txt", "create sub", "create sub/deeper")
+	// A new directory is watched once its create is told, and what is
+	// made in it from then on is seen.
 	must(t, os.WriteFile(filepath.Join(home, "sub/deeper/b.txt"), []byte("2"), 0o644))
 	f, err := os.OpenFile(filepath.Join(home, "a.txt"), os.O_WRONLY|os.O_APPEND, 0)
 	must(t, err)
