@@ -190,22 +190,22 @@ func (s *server) listImages(w http.ResponseWriter, r *http.Request, c *call) err
 	return nil
 }
 
-// imageID is the {id} of an image route; the registries routes share its
-// shape and are not built here.
-func imageID(r *http.Request) (string, error) {
+// imageOf returns the catalog and the {id} of an image route; the
+// registries routes share its shape and are not built here.
+func (s *server) imageOf(r *http.Request) (*images.Service, string, error) {
+	svc, err := s.imagesOn()
+	if err != nil {
+		return nil, "", err
+	}
 	id := r.PathValue("id")
 	if id == "registries" {
-		return "", notServed(r)
+		return nil, "", notServed(r)
 	}
-	return id, nil
+	return svc, id, nil
 }
 
 func (s *server) getImage(w http.ResponseWriter, r *http.Request, c *call) error {
-	svc, err := s.imagesOn()
-	if err != nil {
-		return err
-	}
-	id, err := imageID(r)
+	svc, id, err := s.imageOf(r)
 	if err != nil {
 		return err
 	}
@@ -247,11 +247,7 @@ func (s *server) untagImage(w http.ResponseWriter, r *http.Request, c *call) err
 }
 
 func (s *server) changeTag(w http.ResponseWriter, r *http.Request, c *call, add bool) error {
-	svc, err := s.imagesOn()
-	if err != nil {
-		return err
-	}
-	id, err := imageID(r)
+	svc, id, err := s.imageOf(r)
 	if err != nil {
 		return err
 	}
@@ -276,11 +272,7 @@ func (s *server) changeTag(w http.ResponseWriter, r *http.Request, c *call, add 
 }
 
 func (s *server) deleteImage(w http.ResponseWriter, r *http.Request, c *call) error {
-	svc, err := s.imagesOn()
-	if err != nil {
-		return err
-	}
-	id, err := imageID(r)
+	svc, id, err := s.imageOf(r)
 	if err != nil {
 		return err
 	}
@@ -314,11 +306,7 @@ const logFollowMax = 5 * time.Minute
 const logPageLines = 1000
 
 func (s *server) imageLogs(w http.ResponseWriter, r *http.Request, c *call) error {
-	svc, err := s.imagesOn()
-	if err != nil {
-		return err
-	}
-	id, err := imageID(r)
+	svc, id, err := s.imageOf(r)
 	if err != nil {
 		return err
 	}
