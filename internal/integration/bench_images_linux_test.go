@@ -6,10 +6,6 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
 // BenchmarkImages times the three ways to build an image through the API
@@ -35,25 +31,7 @@ func BenchmarkImages(b *testing.B) {
 		_, docker := timed(map[string]any{"name": "bench-docker", "dockerfile": fmt.Sprintf(
 			"ARG N=%d\nFROM default AS one\nARG N\nRUN echo $N > /tmp/n\nFROM default\nCOPY --from=one /tmp/n /opt/n\nRUN cat /opt/n\n", i)})
 
-		fixture := debianFixture(b)
-		base, err := tarball.LayerFromFile(fixture)
-		if err != nil {
-			b.Fatal(err)
-		}
-		img, err := mutate.AppendLayers(empty.Image, base)
-		if err != nil {
-			b.Fatal(err)
-		}
-		cf, _ := img.ConfigFile()
-		cf = cf.DeepCopy()
-		cf.OS, cf.Architecture, cf.Config = "linux", "amd64", v1.Config{Cmd: []string{"bash"}}
-		if img, err = mutate.ConfigFile(img, cf); err != nil {
-			b.Fatal(err)
-		}
-		dir := b.TempDir()
-		if _, err := layout.Write(dir, mutate.AppendManifests(empty.Index, mutate.IndexAddendum{Add: img})); err != nil {
-			b.Fatal(err)
-		}
+		dir := writeLayout(b, debianImage(b, debianFixture(b), v1.Config{Cmd: []string{"bash"}}))
 		start := time.Now()
 		ref := uploadChunks(b, c, tarDir(b, dir))
 		upload := time.Since(start).Seconds()

@@ -20,11 +20,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
 // TestImageImportAPI imports OCI images through the API, the two ways a
@@ -39,31 +35,14 @@ func TestImageImportAPI(t *testing.T) {
 	s := startServerArgs(t, t.TempDir(), []string{"--registry-allow-private"})
 	c := s.client(s.AdminKey)
 
-	base, err := tarball.LayerFromFile(fixture)
-	if err != nil {
-		t.Fatal(err)
-	}
 	top := tarLayer(t, map[string]string{
 		"etc/.wh.issue.net":   "",
 		"etc/emberbox-import": "imported\n",
 	})
-	img, err := mutate.AppendLayers(empty.Image, base, top)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf, _ := img.ConfigFile()
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", "amd64"
-	cf.Config = v1.Config{Env: []string{"GREETING=oci"}, Cmd: []string{"bash"}}
-	if img, err = mutate.ConfigFile(img, cf); err != nil {
-		t.Fatal(err)
-	}
+	img := debianImage(t, fixture, v1.Config{Env: []string{"GREETING=oci"}, Cmd: []string{"bash"}}, top)
 
 	// 1. An OCI layout, packed as a plain tar and uploaded in 1 MiB chunks.
-	layoutDir := t.TempDir()
-	if _, err := layout.Write(layoutDir, mutate.AppendManifests(empty.Index, mutate.IndexAddendum{Add: img})); err != nil {
-		t.Fatal(err)
-	}
+	layoutDir := writeLayout(t, img)
 	archive := tarDir(t, layoutDir)
 	begin := time.Now()
 	ref := uploadChunks(t, c, archive)

@@ -48,10 +48,6 @@ func TestOCIImport(t *testing.T) {
 	// The image: the Debian tree, then a layer with a whiteout, an opaque
 	// directory and a file.
 	start := time.Now()
-	base, err := tarball.LayerFromFile(fixture)
-	if err != nil {
-		t.Fatal(err)
-	}
 	top := tarLayer(t, map[string]string{
 		"etc/.wh.issue.net":      "",
 		"var/log/.wh..wh..opq":   "",
@@ -59,21 +55,8 @@ func TestOCIImport(t *testing.T) {
 		"etc/emberbox-import":    "imported\n",
 		"usr/local/bin/greet.sh": "#!/bin/sh\necho \"hello $GREETING\"\n",
 	})
-	img, err := mutate.AppendLayers(empty.Image, base, top)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf, _ := img.ConfigFile()
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", "amd64"
-	cf.Config = v1.Config{Env: []string{"GREETING=oci"}, WorkingDir: "/workspace", Cmd: []string{"bash"}}
-	if img, err = mutate.ConfigFile(img, cf); err != nil {
-		t.Fatal(err)
-	}
-	layoutDir := t.TempDir()
-	if _, err := layout.Write(layoutDir, mutate.AppendManifests(empty.Index, mutate.IndexAddendum{Add: img})); err != nil {
-		t.Fatal(err)
-	}
+	img := debianImage(t, fixture, v1.Config{Env: []string{"GREETING=oci"}, WorkingDir: "/workspace", Cmd: []string{"bash"}}, top)
+	layoutDir := writeLayout(t, img)
 	t.Logf("OCI layout of the fixture written in %.1fs", time.Since(start).Seconds())
 
 	im, err := ociimage.Open(ctx, ociimage.Source{Layout: layoutDir})
@@ -153,6 +136,40 @@ func debianFixture(t testing.TB) string {
 	}
 	t.Logf("built the Debian fixture in %.1fs", time.Since(start).Seconds())
 	return path
+}
+
+// debianImage is an OCI image of the Debian fixture tarball with the layers
+// top on it and config as its runtime configuration (linux/amd64).
+func debianImage(t testing.TB, fixture string, config v1.Config, top ...v1.Layer) v1.Image {
+	t.Helper()
+	base, err := tarball.LayerFromFile(fixture)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, append([]v1.Layer{base}, top...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture, cf.Config = "linux", "amd64", config
+	if img, err = mutate.ConfigFile(img, cf); err != nil {
+		t.Fatal(err)
+	}
+	return img
+}
+
+// writeLayout writes img as an OCI layout in a new directory.
+func writeLayout(t testing.TB, img v1.Image) string {
+	t.Helper()
+	dir := t.TempDir()
+	if _, err := layout.Write(dir, mutate.AppendManifests(empty.Index, mutate.IndexAddendum{Add: img})); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
 
 // tarLayer makes an uncompressed layer of regular files (mode 0755 for
