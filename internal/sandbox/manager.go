@@ -470,8 +470,10 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ 
 	start := func() { m.boot(in.ctx, in, sb, spec.Env, false) }
 	if source != nil {
 		start = func() { m.bootCopy(in.ctx, in, sb, source, spec.Env) }
-	} else if dir, ok := m.template(shapeOf(sb)); ok && sb.Rootfs == "" {
-		start = func() { m.bootTemplate(in.ctx, in, sb, dir, spec.Env) }
+	} else if sb.Rootfs == "" { // templates serve the default image only
+		if dir, ok := m.template(shapeOf(sb)); ok {
+			start = func() { m.bootTemplate(in.ctx, in, sb, dir, spec.Env) }
+		}
 	}
 	if !m.spawn(start) {
 		// Shutting down: the record stays starting with no VM, and the
