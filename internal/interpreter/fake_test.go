@@ -247,7 +247,8 @@ func (p *fakeProc) work() {
 }
 
 // execute plays a cell: "set k v", "get k", "print s", "raise", "plot",
-// "sleep" (until interrupted), "stubborn" (ignores interrupts), "huge"
+// "sleep" (until interrupted), "abort" (ends aborted, with no traceback,
+// when interrupted), "stubborn" (ignores interrupts), "huge"
 // (a line over MaxEventLine), "flood" (output past MaxOutput).
 func (p *fakeProc) execute(id any, code string) {
 	ev := func(m map[string]any) { m["id"] = id; p.send(m) }
@@ -282,6 +283,9 @@ func (p *fakeProc) execute(id any, code string) {
 		<-p.interrupt
 		ev(map[string]any{"ev": "error", "name": "KeyboardInterrupt", "value": "", "traceback": ""})
 		status = "error"
+	case "abort": // an interrupt that lands before the kernel runs the cell
+		<-p.interrupt
+		status = "aborted"
 	case "stubborn":
 		for p.isAlive() {
 			time.Sleep(5 * time.Millisecond)

@@ -206,6 +206,14 @@ func (s *Service) drive(ctx context.Context, g sandbox.Guest, k *kctx, b *bridge
 		ex.Status = StatusTimeout
 	case interrupted || k.interrupted.Load():
 		ex.Status = StatusInterrupted
+	}
+	if (ex.Status == StatusTimeout || ex.Status == StatusInterrupted) && ex.Error == nil {
+		// An interrupt that lands before the kernel starts the cell aborts
+		// it without a traceback; the caller still learns why it ended.
+		ex.Error = &ExecError{Name: "KeyboardInterrupt", Value: "the cell was interrupted before it ran"}
+	}
+	switch {
+	case ex.Status != "":
 	case ex.Error != nil || status != StatusOK:
 		ex.Status = StatusError
 	default:

@@ -189,6 +189,25 @@ func TestInterruptCall(t *testing.T) {
 	}
 }
 
+// An interrupt the kernel takes before the cell starts aborts it with no
+// traceback; the execution still says what ended it.
+func TestInterruptBeforeTheCellRuns(t *testing.T) {
+	s, sb, g := newTestService(t)
+	done := make(chan *Execution)
+	go func() {
+		ex, _ := s.Run(context.Background(), sb, g, RunRequest{Code: "abort"}, nil)
+		done <- ex
+	}()
+	waitRunning(t, s, sb.ID, DefaultContext)
+	if ok, err := s.Interrupt(sb.ID, DefaultContext); !ok || err != nil {
+		t.Fatalf("interrupt: %v %v", ok, err)
+	}
+	ex := <-done
+	if ex.Status != StatusInterrupted || ex.Error == nil || ex.Error.Name != "KeyboardInterrupt" {
+		t.Errorf("aborted run: status %q error %+v", ex.Status, ex.Error)
+	}
+}
+
 func TestDisconnectInterruptsUnlessKept(t *testing.T) {
 	s, sb, g := newTestService(t)
 	run(t, s, sb, g, RunRequest{Code: "set warm 1"}) // start the context
