@@ -176,6 +176,9 @@ func TestIdempotencyBounds(t *testing.T) {
 	if err := s.Compact(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if s.Engine() != "sqlite" {
+		return // PostgreSQL's autovacuum gives space back on its own time
+	}
 	after := fileSize(t, path)
 	t.Logf("file: %d bytes full, %d after prune and compact", grown, after)
 	if after > 4<<20 {

@@ -17,8 +17,18 @@ import (
 // at now; errdefs.ErrNotFound when there is none.
 func (s *Store) GetBuildCache(ctx context.Context, key string, now time.Time) (string, error) {
 	var id string
-	err := s.db.QueryRowContext(ctx, `UPDATE build_cache SET used_at = ? WHERE key = ? RETURNING snapshot_id`,
+	// A write that returns a row runs in a transaction, which holds the
+	// write lock on either engine (see dbHandle.ExecContext).
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return "", fmt.Errorf("reading the build cache: %w", err)
+	}
+	defer tx.Rollback()
+	err = tx.QueryRowContext(ctx, `UPDATE build_cache SET used_at = ? WHERE key = ? RETURNING snapshot_id`,
 		formatTime(now), key).Scan(&id)
+	if err == nil {
+		err = tx.Commit()
+	}
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", errdefs.New(errdefs.ErrNotFound, "not_found", "no cached build step %s", key)
 	}
@@ -70,8 +80,13 @@ func (s *Store) EvictBuildCache(ctx context.Context, keep int) ([]string, error)
 	if keep < 0 {
 		keep = 0
 	}
-	rows, err := s.db.QueryContext(ctx, `DELETE FROM build_cache WHERE key IN
-		(SELECT key FROM build_cache ORDER BY used_at DESC, key LIMIT -1 OFFSET ?) RETURNING snapshot_id`, keep)
+	tx, err := s.db.BeginTx(ctx, nil) // see GetBuildCache
+	if err != nil {
+		return nil, fmt.Errorf("evicting build steps: %w", err)
+	}
+	defer tx.Rollback()
+	rows, err := tx.QueryContext(ctx, `DELETE FROM build_cache WHERE key NOT IN
+		(SELECT key FROM build_cache ORDER BY used_at DESC, key LIMIT ?) RETURNING snapshot_id`, keep)
 	if err != nil {
 		return nil, fmt.Errorf("evicting build steps: %w", err)
 	}
@@ -85,6 +100,10 @@ func (s *Store) EvictBuildCache(ctx context.Context, keep int) ([]string, error)
 		ids = append(ids, id)
 	}
 	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("evicting build steps: %w", err)
+	}
+	rows.Close()
+	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("evicting build steps: %w", err)
 	}
 	return ids, nil

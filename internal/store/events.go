@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"math"
 	"time"
 	"unicode/utf8"
 )
@@ -140,14 +141,14 @@ func (s *Store) ListEvents(ctx context.Context, sandboxID string, limit int) ([]
 // all of them. It is one page of a listing that goes back in time.
 func (s *Store) ListEventsBefore(ctx context.Context, sandboxID string, before int64, limit int) ([]Event, error) {
 	if limit <= 0 {
-		limit = -1 // SQLite: no limit
+		limit = math.MaxInt64 // no limit, on either engine
 	}
 	if before <= 0 {
 		before = 1<<63 - 1
 	}
 	rows, err := s.db.QueryContext(ctx, `SELECT id, type, message, data, at FROM (
 			SELECT * FROM sandbox_events WHERE sandbox_id = ? AND id < ? ORDER BY id DESC LIMIT ?
-		) ORDER BY id`, sandboxID, before, limit)
+		) AS e ORDER BY id`, sandboxID, before, limit)
 	if err != nil {
 		return nil, fmt.Errorf("listing events of sandbox %s: %w", sandboxID, err)
 	}

@@ -151,7 +151,7 @@ func (s *Store) CompleteIdempotency(ctx context.Context, keyID, key string, stat
 // MaxIdempotencyBytesPerKey bytes of answers. Pending records count but
 // stay: their requests are running. The usage row, kept by triggers, makes
 // the common case (within bounds) one read.
-func pruneIdempotencyKey(ctx context.Context, tx *sql.Tx, keyID string) error {
+func pruneIdempotencyKey(ctx context.Context, tx *txHandle, keyID string) error {
 	for { // each round deletes at least one record or returns
 		var records, bytes int64
 		err := tx.QueryRowContext(ctx, `SELECT records, bytes FROM idempotency_usage WHERE key_id = ?`, keyID).

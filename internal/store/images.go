@@ -13,8 +13,10 @@ import (
 
 var _ images.Store = (*Store)(nil)
 
+// "user" is quoted: a reserved word in PostgreSQL (a bare user is the
+// session's user name).
 const imageColumns = `id, owner_key_id, name, version, state, kind, source, error, digest, rootfs, size_bytes,
-	disk_mib, env, workdir, user, start, labels, public, created_at, ready_at, build_seconds`
+	disk_mib, env, workdir, "user", start, labels, public, created_at, ready_at, build_seconds`
 
 func imageNotFound() error {
 	return errdefs.New(errdefs.ErrNotFound, "image_not_found", "no such image")
@@ -82,7 +84,7 @@ func (s *Store) UpdateImage(ctx context.Context, img *images.Image) error {
 	// A delete is final: only another delete step writes over it, so a
 	// build that ends as its image is deleted cannot bring it back.
 	res, err := s.db.ExecContext(ctx, `UPDATE images SET state = ?, error = ?, digest = ?, rootfs = ?, size_bytes = ?,
-		disk_mib = ?, env = ?, workdir = ?, user = ?, start = ?, labels = ?, public = ?, ready_at = ?, build_seconds = ?
+		disk_mib = ?, env = ?, workdir = ?, "user" = ?, start = ?, labels = ?, public = ?, ready_at = ?, build_seconds = ?
 		WHERE id = ? AND (state NOT IN ('deleting', 'deleted') OR ?1 IN ('deleting', 'deleted'))`,
 		a[4], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[19], a[20], a[0])
 	if err != nil {

@@ -25,8 +25,18 @@ func (s *Store) LinkGeneration(ctx context.Context, sandboxID string) (int64, er
 // before, and returns the new one.
 func (s *Store) RevokeLinks(ctx context.Context, sandboxID string) (int64, error) {
 	var g int64
-	err := s.db.QueryRowContext(ctx, `INSERT INTO link_generations (sandbox_id, generation) VALUES (?, 1)
-		ON CONFLICT (sandbox_id) DO UPDATE SET generation = generation + 1 RETURNING generation`, sandboxID).Scan(&g)
+	// A write that returns a row runs in a transaction, which holds the
+	// write lock on either engine (see dbHandle.ExecContext).
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("revoking the links of %s: %w", sandboxID, err)
+	}
+	defer tx.Rollback()
+	err = tx.QueryRowContext(ctx, `INSERT INTO link_generations AS g (sandbox_id, generation) VALUES (?, 1)
+		ON CONFLICT (sandbox_id) DO UPDATE SET generation = g.generation + 1 RETURNING generation`, sandboxID).Scan(&g)
+	if err == nil {
+		err = tx.Commit()
+	}
 	if err != nil {
 		return 0, fmt.Errorf("revoking the links of %s: %w", sandboxID, err)
 	}

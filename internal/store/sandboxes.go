@@ -223,7 +223,7 @@ func (s *Store) ListSandboxes(ctx context.Context, opts sandbox.ListOptions) ([]
 	// Labels are matched in SQL so that LIMIT and the cursor see exactly the
 	// matching rows. Sorted for a stable statement text.
 	for _, k := range slices.Sorted(maps.Keys(opts.Labels)) {
-		where = append(where, "EXISTS (SELECT 1 FROM json_each(sandboxes.labels) AS l WHERE l.key = ? AND l.value = ?)")
+		where = append(where, s.labelMatch())
 		args = append(args, k, opts.Labels[k])
 	}
 	if opts.Cursor != "" {
@@ -250,6 +250,15 @@ func (s *Store) ListSandboxes(ctx context.Context, opts sandbox.ListOptions) ([]
 		next = encodeCursor(formatTime(last.CreatedAt), last.ID)
 	}
 	return list, next, nil
+}
+
+// labelMatch is the condition that a sandbox's labels (a JSON object of
+// strings) hold the key and value of the next two arguments.
+func (s *Store) labelMatch() string {
+	if s.db.engine == postgresEngine {
+		return "EXISTS (SELECT 1 FROM jsonb_each_text(sandboxes.labels::jsonb) AS l WHERE l.key = ? AND l.value = ?)"
+	}
+	return "EXISTS (SELECT 1 FROM json_each(sandboxes.labels) AS l WHERE l.key = ? AND l.value = ?)"
 }
 
 // ListLive returns every sandbox not in a terminal state, oldest first, of

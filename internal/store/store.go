@@ -1,37 +1,47 @@
 // Package store keeps the server's durable state — API keys, sandbox records,
-// idempotency records and sandbox events — in one embedded SQLite database.
+// idempotency records and sandbox events — in one embedded SQLite database,
+// or in a PostgreSQL database that the servers of a cluster share.
 //
-// The server may be killed at any moment, so every write is a single SQLite
-// transaction and the database runs in WAL mode: after a crash the file holds
-// exactly the writes that committed. Errors are classified with the
-// internal/errdefs classes.
+// The server may be killed at any moment, so every write is a single
+// transaction, and on SQLite the database runs in WAL mode: after a crash it
+// holds exactly the writes that committed. Queries are written once, in the
+// SQL both engines take, with ? placeholders (engine.go); the schema is one
+// list of SQLite migrations that PostgreSQL's is translated from
+// (pgschema.go). Errors are classified with the internal/errdefs classes.
 package store
 
 import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/url"
 	"path/filepath"
 	"strings"
 	"time"
 
-	"modernc.org/sqlite"
-	sqlite3 "modernc.org/sqlite/lib"
+	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
 )
 
 // Store is the server's durable state. It is safe for concurrent use.
 type Store struct {
-	db *sql.DB
+	db *dbHandle
 	// now is the clock; tests replace it to move time forward.
 	now func() time.Time
 }
 
-// Open opens or creates the database at path and brings its schema up to
-// date. It fails if the database was written by a newer version of the server.
-func Open(ctx context.Context, path string) (*Store, error) {
+// Open opens or creates the store named by dsn and brings its schema up to
+// date: a postgres:// or postgresql:// URL is a PostgreSQL database, shared
+// by every server given it; anything else is the path of a SQLite file. It
+// fails if the schema was written by a newer version of the server.
+func Open(ctx context.Context, dsn string) (*Store, error) {
+	if isPostgresDSN(dsn) {
+		return openPostgres(ctx, dsn)
+	}
+	return openSQLite(ctx, dsn)
+}
+
+func openSQLite(ctx context.Context, path string) (*Store, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, fmt.Errorf("opening store %s: %w", path, err)
@@ -56,13 +66,16 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening store %s: %w", path, err)
 	}
-	s := &Store{db: db, now: time.Now}
+	s := &Store{db: &dbHandle{DB: db, engine: sqliteEngine}, now: time.Now}
 	if err := s.init(ctx); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("opening store %s: %w", path, err)
 	}
 	return s, nil
 }
+
+// Engine names the database behind the store: "sqlite" or "postgres".
+func (s *Store) Engine() string { return s.db.engine.String() }
 
 // Close closes the database.
 func (s *Store) Close() error {
@@ -114,7 +127,11 @@ func (s *Store) incrementalVacuum(ctx context.Context) error {
 
 // Compact gives the pages that deletes freed back to the file system and
 // truncates the write-ahead log. The server runs it after the hourly prune.
+// On PostgreSQL it does nothing: autovacuum does that work.
 func (s *Store) Compact(ctx context.Context) error {
+	if s.db.engine == postgresEngine {
+		return nil
+	}
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
 		return fmt.Errorf("compacting the store: %w", err)
@@ -479,48 +496,6 @@ CREATE TABLE image_logs (
 `,
 }
 
-// migrate applies the pending migrations, each in its own transaction
-// together with its user_version bump, so a crash leaves the schema at a
-// version the code knows.
-func (s *Store) migrate(ctx context.Context) error {
-	for {
-		done, err := s.migrateOne(ctx)
-		if err != nil || done {
-			return err
-		}
-	}
-}
-
-func (s *Store) migrateOne(ctx context.Context) (done bool, err error) {
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return false, err
-	}
-	defer tx.Rollback()
-	// Read the version inside the (immediate) transaction so two processes
-	// opening the same file cannot both apply a migration.
-	var v int
-	if err := tx.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
-		return false, fmt.Errorf("reading schema version: %w", err)
-	}
-	switch {
-	case v > len(migrations):
-		return false, fmt.Errorf("schema version %d is newer than this server supports (%d)", v, len(migrations))
-	case v == len(migrations):
-		return true, nil
-	}
-	if _, err := tx.ExecContext(ctx, migrations[v]); err != nil {
-		return false, fmt.Errorf("applying migration %d: %w", v+1, err)
-	}
-	if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", v+1)); err != nil {
-		return false, fmt.Errorf("applying migration %d: %w", v+1, err)
-	}
-	if err := tx.Commit(); err != nil {
-		return false, fmt.Errorf("applying migration %d: %w", v+1, err)
-	}
-	return v+1 == len(migrations), nil
-}
-
 // timeLayout is fixed-width UTC with nanoseconds, so times round-trip exactly
 // and compare correctly as text in SQL (ordering, cursors, pruning).
 const timeLayout = "2006-01-02T15:04:05.000000000Z"
@@ -575,23 +550,3 @@ func unmarshalNullable(ns sql.NullString, v any) error {
 	return json.Unmarshal([]byte(ns.String), v)
 }
 
-// sqliteCode returns the extended SQLite result code of err, or 0.
-func sqliteCode(err error) int {
-	var se *sqlite.Error
-	if errors.As(err, &se) {
-		return se.Code()
-	}
-	return 0
-}
-
-func isUniqueViolation(err error) bool {
-	return sqliteCode(err) == sqlite3.SQLITE_CONSTRAINT_UNIQUE
-}
-
-func isPrimaryKeyViolation(err error) bool {
-	return sqliteCode(err) == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY
-}
-
-func isForeignKeyViolation(err error) bool {
-	return sqliteCode(err) == sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY
-}

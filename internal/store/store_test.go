@@ -18,9 +18,11 @@ import (
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
+// openTest opens a fresh store on the engine under test and returns its
+// DSN, for a test to open again.
 func openTest(t *testing.T) (*Store, string) {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "emberbox.db")
+	path := newDSN(t)
 	s, err := Open(t.Context(), path)
 	if err != nil {
 		t.Fatal(err)
@@ -60,6 +62,13 @@ func mustInsert(t *testing.T, s *Store, sbs ...*sandbox.Sandbox) {
 func TestOpenSettings(t *testing.T) {
 	s, _ := openTest(t)
 	ctx := t.Context()
+	if got := s.Engine(); got != testEngine.String() {
+		t.Errorf("Engine() = %q, want %q", got, testEngine)
+	}
+	if v, err := s.schemaVersion(ctx); err != nil || v != len(migrations) {
+		t.Errorf("schema version %d, %v; want %d", v, err, len(migrations))
+	}
+	sqliteOnly(t, "pragmas")
 	for _, tc := range []struct {
 		pragma string
 		want   string
@@ -81,12 +90,16 @@ func TestOpenSettings(t *testing.T) {
 }
 
 func TestOpenNewerSchema(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "emberbox.db")
+	path := newDSN(t)
 	s, err := Open(t.Context(), path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.db.Exec(fmt.Sprintf("PRAGMA user_version = %d", len(migrations)+1)); err != nil {
+	bump := fmt.Sprintf("PRAGMA user_version = %d", len(migrations)+1)
+	if s.db.engine == postgresEngine {
+		bump = fmt.Sprintf("UPDATE schema_version SET version = %d", len(migrations)+1)
+	}
+	if _, err := s.db.Exec(bump); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
@@ -97,6 +110,7 @@ func TestOpenNewerSchema(t *testing.T) {
 }
 
 func TestOpenPathNeedsEscaping(t *testing.T) {
+	sqliteOnly(t, "a file path")
 	path := filepath.Join(t.TempDir(), "a dir?#%", "x.db")
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		t.Fatal(err)
@@ -503,9 +517,18 @@ func TestKeys(t *testing.T) {
 	}
 
 	// Neither the secrets nor their random part appear anywhere on disk,
-	// in the main file or the WAL; their hashes do.
+	// in the main file or the WAL; their hashes do. PostgreSQL's files are
+	// the server's: there, every stored row is read as text instead.
 	var disk []byte
 	for _, p := range []string{path, path + "-wal"} {
+		if s.Engine() == "postgres" {
+			var rows string
+			if err := s.db.QueryRowContext(ctx, `SELECT string_agg(k::text, ' ') FROM api_keys AS k`).Scan(&rows); err != nil {
+				t.Fatal(err)
+			}
+			disk = []byte(rows)
+			break
+		}
 		b, err := os.ReadFile(p)
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			t.Fatal(err)
@@ -664,7 +687,7 @@ func TestEvents(t *testing.T) {
 
 func TestReopen(t *testing.T) {
 	ctx := t.Context()
-	path := filepath.Join(t.TempDir(), "emberbox.db")
+	path := newDSN(t)
 	s, err := Open(ctx, path)
 	if err != nil {
 		t.Fatal(err)

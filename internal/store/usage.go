@@ -29,8 +29,10 @@ func (s *Store) BeginMeter(ctx context.Context, id, owner string, r metering.Rea
 	case err != nil && !errors.Is(err, sql.ErrNoRows):
 		return fmt.Errorf("opening the meter of %s: %w", id, err)
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO meters (sandbox_id, vm, at_ms, cpu_ns, guest_cpu_ns, egress_bytes, ingress_bytes)
-		VALUES (?, ?, ?, ?, ?, ?, ?)`, id, r.VM, r.At.UnixMilli(), r.CPUNs, r.GuestCPUNs, r.EgressBytes, r.IngressBytes); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO meters (sandbox_id, vm, at_ms, cpu_ns, guest_cpu_ns, egress_bytes, ingress_bytes)
+		VALUES (?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (sandbox_id) DO UPDATE SET vm = excluded.vm, at_ms = excluded.at_ms, cpu_ns = excluded.cpu_ns,
+			guest_cpu_ns = excluded.guest_cpu_ns, egress_bytes = excluded.egress_bytes, ingress_bytes = excluded.ingress_bytes`, id, r.VM, r.At.UnixMilli(), r.CPUNs, r.GuestCPUNs, r.EgressBytes, r.IngressBytes); err != nil {
 		return fmt.Errorf("opening the meter of %s: %w", id, err)
 	}
 	run := metering.Bucket{Hour: r.At.UTC().Truncate(time.Hour), Runs: 1}
@@ -85,8 +87,10 @@ func (s *Store) SettleMeter(ctx context.Context, id, owner string, shape meterin
 			cpu += b.CPUNs
 			guest += b.GuestCPUNs
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO meter_points (sandbox_id, at_ms, span_ms, cpu_ns, guest_cpu_ns, rss_bytes)
-			VALUES (?, ?, ?, ?, ?, ?)`, id, r.At.UnixMilli(), r.At.Sub(c.At).Milliseconds(), cpu, guest, r.RSSBytes); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO meter_points (sandbox_id, at_ms, span_ms, cpu_ns, guest_cpu_ns, rss_bytes)
+			VALUES (?, ?, ?, ?, ?, ?)
+			ON CONFLICT (sandbox_id, at_ms) DO UPDATE SET span_ms = excluded.span_ms, cpu_ns = excluded.cpu_ns,
+				guest_cpu_ns = excluded.guest_cpu_ns, rss_bytes = excluded.rss_bytes`, id, r.At.UnixMilli(), r.At.Sub(c.At).Milliseconds(), cpu, guest, r.RSSBytes); err != nil {
 			return false, fmt.Errorf("settling the meter of %s: %w", id, err)
 		}
 	}
@@ -170,24 +174,29 @@ func (s *Store) AccrueStorage(ctx context.Context, id, kind, owner string, bytes
 			return fmt.Errorf("charging the storage of %s: %w", id, err)
 		}
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO storage_meters (resource_id, at_ms) VALUES (?, ?)`, id, now.UnixMilli()); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO storage_meters (resource_id, at_ms) VALUES (?, ?)
+		ON CONFLICT (resource_id) DO UPDATE SET at_ms = excluded.at_ms`, id, now.UnixMilli()); err != nil {
 		return fmt.Errorf("charging the storage of %s: %w", id, err)
 	}
 	return tx.Commit()
 }
 
 // addUsage adds b to resource id's row of b's hour.
-func (s *Store) addUsage(ctx context.Context, tx *sql.Tx, id, kind, owner string, at time.Time, b metering.Bucket) error {
-	_, err := tx.ExecContext(ctx, `INSERT INTO usage (resource_id, kind, owner_key_id, hour, running_ms, vcpu_ms, memory_mib_ms, cpu_ns,
+func (s *Store) addUsage(ctx context.Context, tx *txHandle, id, kind, owner string, at time.Time, b metering.Bucket) error {
+	// The target's columns are qualified (u.): PostgreSQL finds a bare
+	// name in the SET clause ambiguous with excluded's, and has no
+	// two-argument max().
+	_, err := tx.ExecContext(ctx, `INSERT INTO usage AS u (resource_id, kind, owner_key_id, hour, running_ms, vcpu_ms, memory_mib_ms, cpu_ns,
 			guest_cpu_ns, egress_bytes, ingress_bytes, rss_max_bytes, runs, storage_byte_ms, settled_ms)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (resource_id, hour) DO UPDATE SET
-			running_ms = running_ms + excluded.running_ms, vcpu_ms = vcpu_ms + excluded.vcpu_ms,
-			memory_mib_ms = memory_mib_ms + excluded.memory_mib_ms, cpu_ns = cpu_ns + excluded.cpu_ns,
-			guest_cpu_ns = guest_cpu_ns + excluded.guest_cpu_ns, egress_bytes = egress_bytes + excluded.egress_bytes,
-			ingress_bytes = ingress_bytes + excluded.ingress_bytes, rss_max_bytes = MAX(rss_max_bytes, excluded.rss_max_bytes),
-			runs = runs + excluded.runs, storage_byte_ms = storage_byte_ms + excluded.storage_byte_ms,
-			settled_ms = MAX(settled_ms, excluded.settled_ms)`,
+			running_ms = u.running_ms + excluded.running_ms, vcpu_ms = u.vcpu_ms + excluded.vcpu_ms,
+			memory_mib_ms = u.memory_mib_ms + excluded.memory_mib_ms, cpu_ns = u.cpu_ns + excluded.cpu_ns,
+			guest_cpu_ns = u.guest_cpu_ns + excluded.guest_cpu_ns, egress_bytes = u.egress_bytes + excluded.egress_bytes,
+			ingress_bytes = u.ingress_bytes + excluded.ingress_bytes,
+			rss_max_bytes = CASE WHEN excluded.rss_max_bytes > u.rss_max_bytes THEN excluded.rss_max_bytes ELSE u.rss_max_bytes END,
+			runs = u.runs + excluded.runs, storage_byte_ms = u.storage_byte_ms + excluded.storage_byte_ms,
+			settled_ms = CASE WHEN excluded.settled_ms > u.settled_ms THEN excluded.settled_ms ELSE u.settled_ms END`,
 		id, kind, owner, b.Hour.Unix(), b.RunningMs, b.VCPUMs, b.MemoryMiBMs, b.CPUNs, b.GuestCPUNs, b.EgressBytes, b.IngressBytes,
 		b.RSSMaxBytes, b.Runs, b.StorageByteMs, at.UnixMilli())
 	return err
@@ -229,7 +238,7 @@ func (s *Store) EachUsageRow(ctx context.Context, q metering.Query, fn func(mete
 	}
 	query := `SELECT u.resource_id, u.kind, u.owner_key_id, u.hour, u.running_ms, u.vcpu_ms, u.memory_mib_ms, u.cpu_ns, u.guest_cpu_ns,
 			u.egress_bytes, u.ingress_bytes, u.rss_max_bytes, u.runs, u.storage_byte_ms, u.settled_ms,
-			COALESCE(sb.state = 'deleted', sn.state = 'deleted', 0)
+			CASE WHEN coalesce(sb.state, sn.state) = 'deleted' THEN 1 ELSE 0 END
 		FROM usage u
 		LEFT JOIN sandboxes sb ON u.kind = 'sandbox' AND sb.id = u.resource_id
 		LEFT JOIN snapshots sn ON u.kind = 'snapshot' AND sn.id = u.resource_id`

@@ -18,7 +18,11 @@ const backupColumns = `id, volume_id, owner_key_id, name, size_mib, state, metho
 
 // PutBackup inserts or replaces a backup.
 func (s *Store) PutBackup(ctx context.Context, b *volumes.Backup) error {
-	_, err := s.db.ExecContext(ctx, `INSERT OR REPLACE INTO volume_backups (`+backupColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+	_, err := s.db.ExecContext(ctx, `INSERT INTO volume_backups (`+backupColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (id) DO UPDATE SET volume_id = excluded.volume_id, owner_key_id = excluded.owner_key_id,
+			name = excluded.name, size_mib = excluded.size_mib, state = excluded.state, method = excluded.method,
+			consistent = excluded.consistent, error = excluded.error, created_at = excluded.created_at,
+			ready_at = excluded.ready_at, expires_at = excluded.expires_at`,
 		b.ID, b.VolumeID, b.OwnerKeyID, b.Name, b.SizeMiB, b.State, b.Method, b.Consistent, b.Error,
 		formatTime(b.CreatedAt), formatTimePtr(b.ReadyAt), formatTime(b.ExpiresAt))
 	if err != nil {

@@ -1,0 +1,263 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// engine is the database behind a Store.
+type engine int
+
+const (
+	sqliteEngine engine = iota
+	postgresEngine
+)
+
+func (e engine) String() string {
+	if e == postgresEngine {
+		return "postgres"
+	}
+	return "sqlite"
+}
+
+// writeLockKey names the PostgreSQL advisory lock every write transaction
+// holds ("emberbox" in ASCII): the one writer at a time SQLite's IMMEDIATE
+// transactions give, across every node that shares the database.
+const writeLockKey int64 = 0x656d626572626f78
+
+// dbHandle is the store's *sql.DB seen through its engine: queries are
+// written once, for SQLite, with ? placeholders, and rebound for
+// PostgreSQL. The methods mirror *sql.DB's, so that call sites read the
+// same on either engine.
+type dbHandle struct {
+	*sql.DB
+	engine engine
+}
+
+// txHandle is a transaction of a dbHandle.
+type txHandle struct {
+	*sql.Tx
+	engine engine
+}
+
+// BeginTx starts a transaction. On SQLite it is IMMEDIATE (the DSN's
+// _txlock): it holds the database's write lock from the start. On
+// PostgreSQL it takes the advisory write lock first, so it is just as
+// atomic: nothing else writes between its reads and its writes. The cost
+// is that writers on every node queue behind one another, as they do on
+// SQLite; readers outside transactions never wait. A read-only
+// transaction (opts.ReadOnly) takes no lock.
+func (d *dbHandle) BeginTx(ctx context.Context, opts *sql.TxOptions) (*txHandle, error) {
+	tx, err := d.DB.BeginTx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	if d.engine == postgresEngine && (opts == nil || !opts.ReadOnly) {
+		if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", writeLockKey); err != nil {
+			tx.Rollback()
+			return nil, fmt.Errorf("taking the write lock: %w", err)
+		}
+	}
+	return &txHandle{Tx: tx, engine: d.engine}, nil
+}
+
+// ExecContext runs a statement on its own. On PostgreSQL a write runs in
+// a transaction that holds the write lock, so that it cannot land between
+// the read and the write of a transaction (SQLite's lock covers single
+// statements too). Statements that write and return rows (RETURNING) are
+// run in an explicit transaction by their callers for the same reason.
+func (d *dbHandle) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if d.engine != postgresEngine || !isWrite(query) {
+		return d.DB.ExecContext(ctx, d.engine.rebind(query), d.engine.args(args)...)
+	}
+	tx, err := d.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback()
+	res, err := tx.ExecContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// QueryContext runs a query outside any transaction.
+func (d *dbHandle) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	return d.DB.QueryContext(ctx, d.engine.rebind(query), d.engine.args(args)...)
+}
+
+// QueryRowContext runs a query that returns at most one row.
+func (d *dbHandle) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	return d.DB.QueryRowContext(ctx, d.engine.rebind(query), d.engine.args(args)...)
+}
+
+// ExecContext runs a statement in the transaction.
+func (t *txHandle) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	return t.Tx.ExecContext(ctx, t.engine.rebind(query), t.engine.args(args)...)
+}
+
+// QueryContext runs a query in the transaction.
+func (t *txHandle) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	return t.Tx.QueryContext(ctx, t.engine.rebind(query), t.engine.args(args)...)
+}
+
+// QueryRowContext runs a query that returns at most one row in the
+// transaction.
+func (t *txHandle) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	return t.Tx.QueryRowContext(ctx, t.engine.rebind(query), t.engine.args(args)...)
+}
+
+// isWrite reports whether a statement changes data, by its first word.
+func isWrite(query string) bool {
+	q := strings.TrimSpace(query)
+	word, _, _ := strings.Cut(q, " ")
+	switch strings.ToUpper(strings.TrimSpace(word)) {
+	case "INSERT", "UPDATE", "DELETE", "REPLACE", "WITH":
+		return true
+	}
+	return false
+}
+
+// args converts query arguments for the engine. The schema has no boolean
+// columns (SQLite has none): flags are INTEGER 0 or 1, which the SQLite
+// driver writes for a Go bool but pgx refuses to, so PostgreSQL gets the
+// integer.
+func (e engine) args(args []any) []any {
+	if e != postgresEngine {
+		return args
+	}
+	var out []any
+	for i, a := range args {
+		b, ok := a.(bool)
+		if !ok {
+			continue
+		}
+		if out == nil {
+			out = append([]any(nil), args...)
+		}
+		out[i] = int64(0)
+		if b {
+			out[i] = int64(1)
+		}
+	}
+	if out == nil {
+		return args
+	}
+	return out
+}
+
+// rebind turns the ? and ?NNN placeholders of query into PostgreSQL's $n,
+// numbering as SQLite does (a bare ? is one more than the largest number
+// before it), and leaves string literals, quoted identifiers and comments
+// alone. SQLite takes the query as it is.
+func (e engine) rebind(query string) string {
+	if e != postgresEngine || !strings.Contains(query, "?") {
+		return query
+	}
+	var b strings.Builder
+	b.Grow(len(query) + 16)
+	n := 0
+	for _, seg := range scanSQL(query) {
+		if seg.kind != segCode {
+			b.WriteString(seg.text)
+			continue
+		}
+		s := seg.text
+		for i := 0; i < len(s); i++ {
+			if s[i] != '?' {
+				b.WriteByte(s[i])
+				continue
+			}
+			j := i + 1
+			for j < len(s) && s[j] >= '0' && s[j] <= '9' {
+				j++
+			}
+			if j > i+1 {
+				k, _ := strconv.Atoi(s[i+1 : j])
+				n = max(n, k)
+				b.WriteString("$" + s[i+1:j])
+				i = j - 1
+				continue
+			}
+			n++
+			b.WriteString("$" + strconv.Itoa(n))
+		}
+	}
+	return b.String()
+}
+
+// segment is a piece of SQL text: code, or something whose text must not
+// be rewritten.
+type segment struct {
+	kind segKind
+	text string
+}
+
+type segKind int
+
+const (
+	segCode    segKind = iota
+	segString          // '…'
+	segIdent           // "…"
+	segComment         // -- … or /* … */
+)
+
+// scanSQL splits SQL text into segments. Quotes are escaped by doubling,
+// which scans as two adjacent quoted segments.
+func scanSQL(q string) []segment {
+	var out []segment
+	start := 0
+	flush := func(end int) {
+		if end > start {
+			out = append(out, segment{segCode, q[start:end]})
+		}
+	}
+	for i := 0; i < len(q); {
+		var kind segKind
+		var end int
+		switch {
+		case q[i] == '\'' || q[i] == '"':
+			kind = segString
+			if q[i] == '"' {
+				kind = segIdent
+			}
+			end = strings.IndexByte(q[i+1:], q[i])
+			if end < 0 {
+				end = len(q)
+			} else {
+				end += i + 2
+			}
+		case strings.HasPrefix(q[i:], "--"):
+			kind = segComment
+			end = strings.IndexByte(q[i:], '\n')
+			if end < 0 {
+				end = len(q)
+			} else {
+				end += i
+			}
+		case strings.HasPrefix(q[i:], "/*"):
+			kind = segComment
+			end = strings.Index(q[i+2:], "*/")
+			if end < 0 {
+				end = len(q)
+			} else {
+				end += i + 4
+			}
+		default:
+			i++
+			continue
+		}
+		flush(i)
+		out = append(out, segment{kind, q[i:end]})
+		i, start = end, end
+	}
+	flush(len(q))
+	return out
+}
