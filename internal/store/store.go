@@ -549,4 +549,3 @@ func unmarshalNullable(ns sql.NullString, v any) error {
 	}
 	return json.Unmarshal([]byte(ns.String), v)
 }
-

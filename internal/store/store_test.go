@@ -238,8 +238,8 @@ func TestSandboxErrors(t *testing.T) {
 	}
 	sb := newSandbox("sbx_1", "key_1", base)
 	mustInsert(t, s, sb)
-	if err := s.InsertSandbox(ctx, sb, ""); !errdefs.IsConflict(err) {
-		t.Errorf("InsertSandbox(duplicate id) = %v, want conflict", err)
+	if err := s.InsertSandbox(ctx, sb, ""); !errdefs.IsConflict(err) || errdefs.Code(err) == "name_taken" {
+		t.Errorf("InsertSandbox(duplicate id) = %v, want conflict, not name_taken", err)
 	}
 	if err := s.InsertSandbox(ctx, newSandbox("", "key_1", base), ""); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("InsertSandbox(no id) = %v, want invalid argument", err)
