@@ -42,14 +42,14 @@ func defaultDataDir() string {
 }
 
 func newKeysCommand() *cobra.Command {
-	var dataDir, name, role, expires string
+	var dataDir, storeURL, name, role, expires string
 	var grace time.Duration
 	keys := &cobra.Command{Use: "keys", Short: "Manage API keys"}
 	create := &cobra.Command{
 		Use:   "create",
 		Short: "Create an API key and print it (it is stored only as a hash)",
 		Args:  cobra.NoArgs,
-		RunE: withStore(&dataDir, func(cmd *cobra.Command, st *store.Store) error {
+		RunE: withStore(&dataDir, &storeURL, func(cmd *cobra.Command, st *store.Store) error {
 			k, secret, err := st.NewKey(name)
 			if err != nil {
 				return err
@@ -73,7 +73,7 @@ func newKeysCommand() *cobra.Command {
 		Use:   "list",
 		Short: "List API keys: id, name, role, created, expires, state (secrets are not kept)",
 		Args:  cobra.NoArgs,
-		RunE: withStore(&dataDir, func(cmd *cobra.Command, st *store.Store) error {
+		RunE: withStore(&dataDir, &storeURL, func(cmd *cobra.Command, st *store.Store) error {
 			ks, err := st.ListKeys(cmd.Context())
 			if err != nil {
 				return err
@@ -100,7 +100,7 @@ func newKeysCommand() *cobra.Command {
 		Use:   "revoke KEY_ID",
 		Short: "Revoke a key at once; its sandboxes stay until they end or an admin deletes them",
 		Args:  cobra.ExactArgs(1),
-		RunE: withStoreArgs(&dataDir, func(cmd *cobra.Command, st *store.Store, args []string) error {
+		RunE: withStoreArgs(&dataDir, &storeURL, func(cmd *cobra.Command, st *store.Store, args []string) error {
 			k, err := st.RevokeKey(cmd.Context(), args[0])
 			if err != nil {
 				return err
@@ -114,7 +114,7 @@ func newKeysCommand() *cobra.Command {
 		Use:   "rotate KEY_ID",
 		Short: "Give a key a new secret and print it; the key keeps its id and sandboxes",
 		Args:  cobra.ExactArgs(1),
-		RunE: withStoreArgs(&dataDir, func(cmd *cobra.Command, st *store.Store, args []string) error {
+		RunE: withStoreArgs(&dataDir, &storeURL, func(cmd *cobra.Command, st *store.Store, args []string) error {
 			ctx := cmd.Context()
 			if rotateExpires != "" {
 				exp, err := parseExpiry(rotateExpires, time.Now())
@@ -141,6 +141,7 @@ func newKeysCommand() *cobra.Command {
 	rotate.Flags().DurationVar(&grace, "grace", 0, "how long the old secret keeps working")
 	rotate.Flags().StringVar(&rotateExpires, "expires", "", `a new expiry: a duration, an RFC 3339 time, or "never"`)
 	keys.PersistentFlags().StringVar(&dataDir, "data-dir", defaultDataDir(), "server data directory")
+	keys.PersistentFlags().StringVar(&storeURL, "store", "", storeUsage)
 	keys.AddCommand(create, list, revoke, rotate)
 	return keys
 }
@@ -182,16 +183,17 @@ func expiryNote(t *time.Time) string {
 }
 
 // withStoreArgs is withStore for commands with arguments.
-func withStoreArgs(dataDir *string, fn func(*cobra.Command, *store.Store, []string) error) func(*cobra.Command, []string) error {
+func withStoreArgs(dataDir, storeURL *string, fn func(*cobra.Command, *store.Store, []string) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
-		return withStore(dataDir, func(cmd *cobra.Command, st *store.Store) error { return fn(cmd, st, args) })(cmd, args)
+		return withStore(dataDir, storeURL, func(cmd *cobra.Command, st *store.Store) error { return fn(cmd, st, args) })(cmd, args)
 	}
 }
 
-// withStore runs fn with the store of the data dir *dataDir, closing it after.
-func withStore(dataDir *string, fn func(*cobra.Command, *store.Store) error) func(*cobra.Command, []string) error {
+// withStore runs fn with the store *storeURL names (see storeDSN), else
+// that of the data dir *dataDir, closing it after.
+func withStore(dataDir, storeURL *string, fn func(*cobra.Command, *store.Store) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, _ []string) error {
-		st, err := store.Open(cmd.Context(), filepath.Join(*dataDir, dbName))
+		st, err := store.Open(cmd.Context(), storeDSN(*storeURL, *dataDir))
 		if err != nil {
 			return err
 		}

@@ -12,7 +12,7 @@ import (
 // newImagesCommand is the operator's side of the image catalog: import a
 // disk built elsewhere, publish an image to every key.
 func newImagesCommand() *cobra.Command {
-	var dataDir string
+	var dataDir, storeURL string
 	cmd := &cobra.Command{Use: "images", Short: "Manage the image catalog (the API builds images; these are the operator's tools)"}
 	var req images.ImportRequest
 	var startCmd string
@@ -21,7 +21,7 @@ func newImagesCommand() *cobra.Command {
 		Use:   "import FILE",
 		Short: "Register a raw ext4 disk image (with the guest's user setup) as a ready image; prints its id",
 		Args:  cobra.ExactArgs(1),
-		RunE: withStoreArgs(&dataDir, func(cmd *cobra.Command, st *store.Store, args []string) error {
+		RunE: withStoreArgs(&dataDir, &storeURL, func(cmd *cobra.Command, st *store.Store, args []string) error {
 			svc, err := images.New(images.Config{Store: st, DataDir: dataDir})
 			if err != nil {
 				return err
@@ -57,7 +57,7 @@ func newImagesCommand() *cobra.Command {
 		Use:   "publish ID",
 		Short: "Make an image visible to every key (--undo: its owner's again)",
 		Args:  cobra.ExactArgs(1),
-		RunE: withStoreArgs(&dataDir, func(cmd *cobra.Command, st *store.Store, args []string) error {
+		RunE: withStoreArgs(&dataDir, &storeURL, func(cmd *cobra.Command, st *store.Store, args []string) error {
 			svc, err := images.New(images.Config{Store: st, DataDir: dataDir})
 			if err != nil {
 				return err
@@ -73,6 +73,7 @@ func newImagesCommand() *cobra.Command {
 	pub.Flags().BoolVar(&unpublish, "undo", false, "make it private again")
 	for _, c := range []*cobra.Command{imp, pub} {
 		c.Flags().StringVar(&dataDir, "data-dir", defaultDataDir(), "the server's data directory")
+		c.Flags().StringVar(&storeURL, "store", "", storeUsage)
 		cmd.AddCommand(c)
 	}
 	return cmd

@@ -49,6 +49,7 @@ const (
 type serveOptions struct {
 	listen      string
 	dataDir     string
+	store       string
 	cacheDir    string
 	agentBinary string
 	bootTimeout time.Duration
@@ -98,6 +99,7 @@ func newServeCommand() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve the API on")
 	f.StringVar(&o.dataDir, "data-dir", defaultDataDir(), "where the database, keys and sandbox disks live")
+	f.StringVar(&o.store, "store", "", storeUsage)
 	f.StringVar(&o.cacheDir, "cache-dir", "", "image cache directory (default ~/.cache/emberbox)")
 	f.StringVar(&o.agentBinary, "agent-binary", "", "emberbox-agent binary to boot (default: beside this binary)")
 	f.IntVar(&o.imageBuilds, "image-builds", 1, "image builds run at once (each in a sandbox VM)")
@@ -153,7 +155,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err := os.MkdirAll(o.dataDir, 0o700); err != nil {
 		return fmt.Errorf("creating data dir: %w", err)
 	}
-	st, err := store.Open(ctx, filepath.Join(o.dataDir, dbName))
+	st, err := store.Open(ctx, storeDSN(o.store, o.dataDir))
 	if err != nil {
 		return err
 	}
