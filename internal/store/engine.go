@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // engine is the database behind a Store.
@@ -125,26 +126,33 @@ func isWrite(query string) bool {
 	return false
 }
 
-// args converts query arguments for the engine. The schema has no boolean
-// columns (SQLite has none): flags are INTEGER 0 or 1, which the SQLite
-// driver writes for a Go bool but pgx refuses to, so PostgreSQL gets the
-// integer.
+// args converts query arguments for the engine. On PostgreSQL:
+//   - The schema has no boolean columns (SQLite has none): flags are
+//     INTEGER 0 or 1, which the SQLite driver writes for a Go bool but pgx
+//     refuses to, so a bool becomes the integer.
+//   - Text must be UTF-8 without NUL bytes, while guests and builds write
+//     what they like (SQLite keeps it as given): each invalid byte and
+//     each NUL becomes U+FFFD, so such text is stored, and looking it up
+//     finds nothing rather than fails.
 func (e engine) args(args []any) []any {
 	if e != postgresEngine {
 		return args
 	}
 	var out []any
-	for i, a := range args {
-		b, ok := a.(bool)
-		if !ok {
-			continue
-		}
+	set := func(i int, v any) {
 		if out == nil {
 			out = append([]any(nil), args...)
 		}
-		out[i] = int64(0)
-		if b {
-			out[i] = int64(1)
+		out[i] = v
+	}
+	for i, a := range args {
+		switch a := a.(type) {
+		case bool:
+			set(i, map[bool]int64{false: 0, true: 1}[a])
+		case string:
+			if !utf8.ValidString(a) || strings.IndexByte(a, 0) >= 0 {
+				set(i, strings.ReplaceAll(strings.ToValidUTF8(a, "\uFFFD"), "\x00", "\uFFFD"))
+			}
 		}
 	}
 	if out == nil {

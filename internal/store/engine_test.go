@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -30,13 +31,13 @@ func TestRebind(t *testing.T) {
 	}
 }
 
-func TestArgsBools(t *testing.T) {
-	in := []any{true, "x", false, 3}
+func TestArgs(t *testing.T) {
+	in := []any{true, "x", false, 3, "a\x00b\xff"}
 	got := postgresEngine.args(in)
-	if fmt.Sprint(got) != "[1 x 0 3]" {
+	if fmt.Sprint(got) != "[1 x 0 3 a\uFFFDb\uFFFD]" {
 		t.Errorf("PostgreSQL args = %v, want bools as 1 and 0", got)
 	}
-	if fmt.Sprint(in) != "[true x false 3]" {
+	if fmt.Sprint(in) != "[true x false 3 a\x00b\xff]" {
 		t.Errorf("args changed its input: %v", in)
 	}
 	if got := sqliteEngine.args(in); fmt.Sprint(got) != fmt.Sprint(in) {
@@ -165,5 +166,72 @@ func TestTwoStoresShareOneDatabase(t *testing.T) {
 	}
 	if want := newSandbox("sbx_1", "key_1", base).TimeoutSeconds + 2*each; got.TimeoutSeconds != want {
 		t.Errorf("TimeoutSeconds = %d, want %d: an update was lost", got.TimeoutSeconds, want)
+	}
+}
+
+// Text from guests and builds may hold NUL bytes and invalid UTF-8, which
+// SQLite stores as given and PostgreSQL's text refuses: there it is stored
+// with each bad byte replaced, and lookups with such text find nothing
+// rather than fail.
+func TestTextThatIsNotUTF8(t *testing.T) {
+	s, _ := openTest(t)
+	ctx := t.Context()
+	mustInsert(t, s, newSandbox("sbx_1", "key_1", base))
+	const msg = "a\x00b\xffc"
+	if err := s.AppendEvent(ctx, "sbx_1", "exec", msg, map[string]any{"out": msg}); err != nil {
+		t.Fatal(err)
+	}
+	evs, err := s.ListEvents(ctx, "sbx_1", 0)
+	if err != nil || len(evs) != 1 {
+		t.Fatalf("ListEvents = %v, %v", evs, err)
+	}
+	want := msg
+	if s.Engine() == "postgres" {
+		want = "a\uFFFDb\uFFFDc"
+	}
+	if evs[0].Message != want {
+		t.Errorf("message %q, want %q", evs[0].Message, want)
+	}
+	if _, err := s.GetSandbox(ctx, "sbx_1\x00"); !errdefs.IsNotFound(err) {
+		t.Errorf("GetSandbox(id with NUL) = %v, want not found", err)
+	}
+}
+
+// Labels are matched exactly, whatever they hold, on either engine.
+func TestLabelMatchIsExact(t *testing.T) {
+	s, _ := openTest(t)
+	ctx := t.Context()
+	labelled := map[string]map[string]string{
+		"sbx_nul":    {"a": "x\x00"},
+		"sbx_quote":  {"a": `x","b":"y`},
+		"sbx_b":      {"b": "y", "c": "<&>"},
+		"sbx_prefix": {"ab": "y"},
+	}
+	for id, l := range labelled {
+		sb := newSandbox(id, "key_1", base)
+		sb.Labels = l
+		mustInsert(t, s, sb)
+	}
+	for _, tc := range []struct {
+		labels map[string]string
+		want   string
+	}{
+		{map[string]string{"a": "x\x00"}, "sbx_nul"},
+		{map[string]string{"a": `x","b":"y`}, "sbx_quote"},
+		{map[string]string{"b": "y"}, "sbx_b"},
+		{map[string]string{"b": "y", "c": "<&>"}, "sbx_b"},
+		{map[string]string{"c": "<&>"}, "sbx_b"},
+		{map[string]string{"ab": "y"}, "sbx_prefix"},
+		{map[string]string{"a": "x"}, ""},
+		{map[string]string{"b": "y", "c": "nope"}, ""},
+	} {
+		list, _, err := s.ListSandboxes(ctx, sandbox.ListOptions{Labels: tc.labels})
+		if err != nil {
+			t.Fatalf("labels %q: %v", tc.labels, err)
+		}
+		got := strings.Join(ids(list), ",")
+		if got != tc.want {
+			t.Errorf("labels %q matched %q, want %q", tc.labels, got, tc.want)
+		}
 	}
 }

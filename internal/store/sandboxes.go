@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -223,8 +224,11 @@ func (s *Store) ListSandboxes(ctx context.Context, opts sandbox.ListOptions) ([]
 	// Labels are matched in SQL so that LIMIT and the cursor see exactly the
 	// matching rows. Sorted for a stable statement text.
 	for _, k := range slices.Sorted(maps.Keys(opts.Labels)) {
-		where = append(where, s.labelMatch())
-		args = append(args, k, opts.Labels[k])
+		cond, condArgs, err := s.labelMatch(k, opts.Labels[k])
+		if err != nil {
+			return nil, "", fmt.Errorf("listing sandboxes: %w", err)
+		}
+		where, args = append(where, cond), append(args, condArgs...)
 	}
 	if opts.Cursor != "" {
 		created, id, err := decodeCursor(opts.Cursor)
@@ -253,12 +257,34 @@ func (s *Store) ListSandboxes(ctx context.Context, opts sandbox.ListOptions) ([]
 }
 
 // labelMatch is the condition that a sandbox's labels (a JSON object of
-// strings) hold the key and value of the next two arguments.
-func (s *Store) labelMatch() string {
-	if s.db.engine == postgresEngine {
-		return "EXISTS (SELECT 1 FROM jsonb_each_text(sandboxes.labels::jsonb) AS l WHERE l.key = ? AND l.value = ?)"
+// strings) hold key k with value v, and its arguments.
+func (s *Store) labelMatch(k, v string) (string, []any, error) {
+	if s.db.engine != postgresEngine {
+		return "EXISTS (SELECT 1 FROM json_each(sandboxes.labels) AS l WHERE l.key = ? AND l.value = ?)", []any{k, v}, nil
 	}
-	return "EXISTS (SELECT 1 FROM json_each(sandboxes.labels) AS l WHERE l.key = ? AND l.value = ?)"
+	// PostgreSQL's jsonb refuses a label holding \u0000, and one such row
+	// would fail every listing that parses it. The labels are
+	// json.Marshal's text, so the pair is found as text instead: "k":"v"
+	// encoded the same way, between the delimiters a member has ({ or ,
+	// before, , or } after). Within a JSON string every " is escaped, so
+	// {" and ," only ever start a member.
+	kb, err := json.Marshal(k)
+	if err != nil {
+		return "", nil, err
+	}
+	vb, err := json.Marshal(v)
+	if err != nil {
+		return "", nil, err
+	}
+	pair := string(kb) + ":" + string(vb)
+	var args []any
+	for _, pre := range []string{"{", ","} {
+		for _, post := range []string{",", "}"} {
+			args = append(args, pre+pair+post)
+		}
+	}
+	return "(strpos(sandboxes.labels, ?) > 0 OR strpos(sandboxes.labels, ?) > 0 OR " +
+		"strpos(sandboxes.labels, ?) > 0 OR strpos(sandboxes.labels, ?) > 0)", args, nil
 }
 
 // ListLive returns every sandbox not in a terminal state, oldest first, of
