@@ -2,7 +2,8 @@
 # deps.sh installs what an emberbox host needs (Debian/Ubuntu, as root):
 # QEMU, qemu-img, mmdebstrap, mkfs.ext4, cpio, CA certificates, Chromium (for
 # the web console's browser test, run headless; nothing downloads a browser
-# build), and Go if it is missing. On a machine that already has everything it only checks, and
+# build), PostgreSQL (the store's tests run a throwaway server from its
+# binaries; internal/pgtest), and Go if it is missing. On a machine that already has everything it only checks, and
 # never touches the network.
 set -eu
 
@@ -21,6 +22,7 @@ e2fsprogs:mkfs.ext4
 cpio:cpio
 ca-certificates:/etc/ssl/certs/ca-certificates.crt
 chromium:chromium
+postgresql:/usr/lib/postgresql
 "
 
 missing=""
