@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -209,16 +210,26 @@ func start(ctx context.Context, bin, dir string, cred *syscall.Credential) (*Ser
 		"-c", "max_connections=200", "-c", "shared_buffers=32MB")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Its own process group, so a terminal's ^C reaches the test binary
-	// only, which stops the server in order.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("pgtest: starting postgres: %w", err)
-	}
+	// only, which stops the server in order. A test binary that dies
+	// (a timeout's panic) takes the server with it: Pdeathsig fires when
+	// the thread that started it ends, so that thread is kept, locked to
+	// the goroutine that waits for the server, until the server exits.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	s := &Server{dir: dir, port: port, cmd: cmd, done: make(chan struct{})}
+	started := make(chan error, 1)
 	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
 		s.werr = cmd.Wait()
 		close(s.done)
 	}()
+	if err := <-started; err != nil {
+		return nil, fmt.Errorf("pgtest: starting postgres: %w", err)
+	}
 	if err := s.waitReady(ctx); err != nil {
 		s.kill()
 		log, _ := os.ReadFile(logPath)
