@@ -153,7 +153,21 @@ type createRequest struct {
 	Tailscale  json.RawMessage `json:"tailscale"`
 	Secrets    json.RawMessage `json:"secrets"`
 
-	noImages bool // the server has no image catalog
+	noImages  bool // the server has no image catalog
+	clustered bool // the server is a node of a cluster (spreadFrom)
+}
+
+// spreadIDs reads spreadFrom: an id or a list of them.
+func spreadIDs(raw json.RawMessage) ([]string, bool) {
+	var ids []string
+	if json.Unmarshal(raw, &ids) == nil {
+		return ids, true
+	}
+	var one string
+	if json.Unmarshal(raw, &one) == nil && one != "" {
+		return []string{one}, true
+	}
+	return nil, false
 }
 
 // unsupportedIssues lists fields set to something this server cannot do.
@@ -183,10 +197,16 @@ func (req *createRequest) unsupportedIssues() []issue {
 	for _, f := range []struct {
 		path string
 		raw  json.RawMessage
-	}{{"secrets", req.Secrets},
-		{"spreadFrom", req.SpreadFrom}, {"tailscale", req.Tailscale}} {
+	}{{"secrets", req.Secrets}, {"tailscale", req.Tailscale}} {
 		if len(f.raw) > 0 {
 			no(f.path, "is not available on this server")
+		}
+	}
+	if len(req.SpreadFrom) > 0 && string(req.SpreadFrom) != "null" {
+		if !req.clustered {
+			no("spreadFrom", "is not available on this server (a cluster of nodes spreads; this server is one)")
+		} else if ids, ok := spreadIDs(req.SpreadFrom); !ok || len(ids) < 1 || len(ids) > 16 {
+			no("spreadFrom", "must be one to 16 ids of your own sandboxes or snapshots")
 		}
 	}
 	if req.noImages && len(req.Image) > 0 && string(req.Image) != "null" {
@@ -390,9 +410,15 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request, c *call) 
 		return err
 	}
 	req.noImages = s.images == nil
+	req.clustered = s.nodes != nil
 	spec, err := req.spec()
 	if err != nil {
 		return err
+	}
+	if req.clustered {
+		if err := s.checkSpreadFrom(r, c.owner, req.SpreadFrom); err != nil {
+			return err
+		}
 	}
 	if len(req.Image) > 0 && string(req.Image) != "null" {
 		if err := s.createImageSpec(r, c.owner, req.Image, &req, &spec); err != nil {

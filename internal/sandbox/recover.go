@@ -130,7 +130,7 @@ func (m *Manager) logErr(_ *Sandbox, err error) {
 // state left half done: a sandbox stopped on its way to deletion still has
 // its disk.
 func (m *Manager) finishDeletes(ctx context.Context) error {
-	opts := ListOptions{States: []State{StateStopped}, IncludeStopped: true, Limit: 100}
+	opts := ListOptions{States: []State{StateStopped}, IncludeStopped: true, Limit: 100, Local: true}
 	for {
 		page, next, err := m.cfg.Store.ListSandboxes(ctx, opts)
 		if err != nil {

@@ -442,4 +442,3 @@ func (s *Store) ClusterSetting(ctx context.Context, name string, put func() (str
 	}
 	return v, nil
 }
-
