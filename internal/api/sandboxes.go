@@ -77,6 +77,8 @@ type sandboxJSON struct {
 	// Start reports its image's start command, while the server
 	// remembers it (not across restarts).
 	Start *startJSON `json:"start,omitempty"`
+	// Node is the node of a cluster that runs it (absent off a cluster).
+	Node string `json:"node,omitempty"`
 }
 
 func (s *server) sandboxJSON(sb *sandbox.Sandbox) sandboxJSON {
@@ -109,7 +111,7 @@ func (s *server) sandboxJSON(sb *sandbox.Sandbox) sandboxJSON {
 		ExpiresAt: optTime(sb.ExpiresAt), EndsAt: optTime(sb.ExpiresAt), EndedAt: optTime(sb.EndedAt),
 		StopReason: optString(sb.StopReason), EnvNames: env,
 		Accel: optString(accel), Driver: optString(sb.Driver),
-		ChargedMicros: charged, Usage: usage, Start: s.startReport(sb.ID),
+		ChargedMicros: charged, Usage: usage, Start: s.startReport(sb.ID), Node: sb.NodeID,
 	}
 }
 

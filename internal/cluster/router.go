@@ -203,10 +203,12 @@ func copyRecorded(w http.ResponseWriter, rec *httptest.ResponseRecorder) {
 func writeError(w http.ResponseWriter, status int, code, msg, hint string) {
 	var rid [8]byte
 	_, _ = rand.Read(rid[:])
+	id := "req_" + hex.EncodeToString(rid[:])
 	b, _ := json.Marshal(map[string]any{"error": map[string]any{
-		"code": code, "status": status, "message": msg, "hint": hint, "requestId": "req_" + hex.EncodeToString(rid[:]),
+		"code": code, "status": status, "message": msg, "hint": hint, "requestId": id,
 	}})
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Request-Id", id)
 	w.WriteHeader(status)
 	_, _ = w.Write(b)
 }

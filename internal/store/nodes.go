@@ -383,19 +383,23 @@ func (s *Store) MoveSandbox(ctx context.Context, id, from, to string) error {
 	return nil
 }
 
-// OwnerNode returns the node of sandbox or snapshot id, by the id's prefix
-// ("" if it is on no node or unknown: the caller serves it itself).
+// OwnerNode returns the node of the sandbox or snapshot id (table
+// "sandboxes" or "snapshots"): "" if it is on no node, unknown or deleted,
+// which any node answers for from the store.
 func (s *Store) OwnerNode(ctx context.Context, table, id string) (string, error) {
 	if !slices.Contains([]string{"sandboxes", "snapshots"}, table) {
 		return "", fmt.Errorf("owner node: unknown table %q", table)
 	}
-	var node string
-	err := s.db.QueryRowContext(ctx, `SELECT node_id FROM `+table+` WHERE id = ?`, id).Scan(&node)
+	var node, state string
+	err := s.db.QueryRowContext(ctx, `SELECT node_id, state FROM `+table+` WHERE id = ?`, id).Scan(&node, &state)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", nil
 	}
 	if err != nil {
 		return "", fmt.Errorf("finding the node of %s: %w", id, err)
+	}
+	if state == "deleted" {
+		return "", nil // nothing of it is left on a node: any node answers
 	}
 	return node, nil
 }
