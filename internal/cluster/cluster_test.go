@@ -54,6 +54,10 @@ func TestChooseBestFit(t *testing.T) {
 	if got := ids(Choose(list, Placement{MemoryMiB: 800, Alive: alive, Image: "img"})); got != "tight,big" {
 		t.Errorf("image: %s", got)
 	}
+	list[0].VCPUs, list[0].CommittedVCPUs = 4, 3
+	if got := ids(Choose(list, Placement{MemoryMiB: 800, VCPU: 2, Alive: alive})); got != "tie,tight" {
+		t.Errorf("vCPUs: %s; want big left out (3 of 4 vCPUs held)", got)
+	}
 	if got := Choose(list, Placement{MemoryMiB: 9000, Alive: alive}); len(got) != 0 {
 		t.Errorf("nothing fits 9000 MiB, got %s", ids(got))
 	}

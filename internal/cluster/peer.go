@@ -244,7 +244,8 @@ func (c *Cluster) drainStep(ctx context.Context) {
 			return
 		}
 		// It must be able to wake where it goes.
-		cands, err := c.cfg.Store.Place(ctx, Placement{MemoryMiB: int64(sb.MemoryMiB), Alive: c.alive(), Exclude: []string{c.ID()}})
+		cands, err := c.cfg.Store.Place(ctx, Placement{MemoryMiB: int64(sb.MemoryMiB), VCPU: sb.VCPU, Alive: c.alive(),
+			Exclude: []string{c.ID()}})
 		if err != nil || len(cands) == 0 {
 			c.log.Warn("draining: no node can take a paused sandbox", "sandbox_id", sb.ID, "err", err)
 			continue

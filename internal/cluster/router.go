@@ -95,6 +95,7 @@ func (c *Cluster) proxy(n *Node) http.Handler {
 // createFields are what placement reads of a create.
 type createFields struct {
 	MemoryMiB  *int            `json:"memoryMiB"`
+	VCPU       *int            `json:"vcpu"`
 	Snapshot   string          `json:"snapshot"`
 	SpreadFrom json.RawMessage `json:"spreadFrom"`
 }
@@ -113,9 +114,12 @@ func (c *Cluster) place(w http.ResponseWriter, r *http.Request, next http.Handle
 		next.ServeHTTP(w, withBody(r, body))
 		return
 	}
-	p := Placement{MemoryMiB: sandbox.DefaultMemoryMiB, Alive: c.alive()}
+	p := Placement{MemoryMiB: sandbox.DefaultMemoryMiB, VCPU: sandbox.DefaultVCPU, Alive: c.alive()}
 	if f.MemoryMiB != nil {
 		p.MemoryMiB = int64(*f.MemoryMiB)
+	}
+	if f.VCPU != nil {
+		p.VCPU = *f.VCPU
 	}
 	if f.Snapshot != "" {
 		// A copy of a snapshot runs where the snapshot's files are.

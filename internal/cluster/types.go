@@ -52,6 +52,7 @@ func (n *Node) FreeMiB() int64 { return n.MemoryMiB - n.CommittedMiB }
 // Placement is what a create asks of the node it runs on.
 type Placement struct {
 	MemoryMiB int64 // the sandbox's memory; each node adds its overhead
+	VCPU      int   // the sandbox's vCPUs
 	// Alive: only nodes whose last heartbeat is after it.
 	Alive time.Time
 	// Exclude: nodes it must not run on (spreadFrom).
@@ -64,7 +65,7 @@ type Placement struct {
 }
 
 // Choose returns the nodes of list that can take p, best first: up (not
-// draining or down), alive, allowed, with the memory free; the one left
+// draining or down), alive, allowed, with the memory and vCPUs free; the one left
 // with the least free memory first (best fit), then by id.
 func Choose(list []*Node, p Placement) []*Node {
 	var out []*Node
@@ -73,7 +74,8 @@ func Choose(list []*Node, p Placement) []*Node {
 		case n.State != StateUp, n.HeartbeatAt.Before(p.Alive),
 			slices.Contains(p.Exclude, n.ID), p.Require != "" && n.ID != p.Require,
 			p.Image != "" && !slices.Contains(n.Images, p.Image),
-			n.FreeMiB() < p.MemoryMiB+n.OverheadMiB:
+			n.FreeMiB() < p.MemoryMiB+n.OverheadMiB,
+			n.VCPUs > 0 && n.CommittedVCPUs+p.VCPU > n.VCPUs:
 			continue
 		}
 		out = append(out, n)
