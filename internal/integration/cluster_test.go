@@ -68,13 +68,15 @@ func TestCluster(t *testing.T) {
 	needVMs(t)
 	dsn := pgtest.Start(t).NewDatabase(t)
 	nodes := []*clusterNode{{id: "a", host: "127.0.0.1", slots: 3}, {id: "b", host: "127.0.0.2", slots: 2}, {id: "c", host: "127.0.0.3", slots: 1}}
-	for _, n := range nodes {
+	for i, n := range nodes {
 		n.dataDir = t.TempDir()
 		n.channel = fmt.Sprintf("%s:%d", n.host, freePort(t))
 		n.args = []string{"--store", dsn, "--node-id", n.id, "--cluster-listen", n.channel,
 			"--node-heartbeat", clusterHeartbeat.String(), "--node-timeout", clusterTimeout.String(),
 			"--max-memory-mib", fmt.Sprint(n.slots * clusterSlotMiB), "--vm-overhead-mib", fmt.Sprint(clusterOverheadMiB),
-			"--quota-sandboxes", "0", "--templates=false", "--memory-floor-mib", "0"}
+			"--quota-sandboxes", "0", "--templates=false", "--memory-floor-mib", "0",
+			// Nodes on one host take their VMs' uids from ranges of their own.
+			"--vm-uid-base", fmt.Sprint(1_500_000 + i*10_000), "--vm-uid-count", "10000"}
 	}
 	for _, n := range nodes {
 		n.start(t)
@@ -267,7 +269,7 @@ func TestCluster(t *testing.T) {
 		t.Logf("VMs of b still running while b was down: %d of %d", stillRunning, len(pids))
 		b.start(t)
 		for id, pid := range pids {
-			if pid > 0 && processAlive(pid) {
+			if pid > 0 && !waitUntil(30*time.Second, 100*time.Millisecond, func() bool { return !processAlive(pid) }) {
 				t.Errorf("VM of lost sandbox %s (pid %d) still runs after b came back", id, pid)
 			}
 			if sb := via(b).get(t, id); sb.State != "stopped" || sb.stopReason() != "node_lost" {
