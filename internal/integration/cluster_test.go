@@ -2,11 +2,13 @@ package integration
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +17,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/coder/websocket"
 
 	"github.com/emberbox/emberbox/internal/pgtest"
 )
@@ -166,6 +170,16 @@ func TestCluster(t *testing.T) {
 		if !found {
 			t.Fatalf("process %s not listed running through c", p.ID)
 		}
+		// A terminal (a WebSocket upgrade) through c.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		term := dialTerminal(t, ctx, cc, onB, url.Values{"command": {"bash"}, "cols": {"80"}, "rows": {"24"}})
+		terminalReady(t, ctx, term)
+		if err := term.Write(ctx, websocket.MessageBinary, []byte("echo term-$((6*7))\n")); err != nil {
+			t.Fatal(err)
+		}
+		terminalUntil(t, ctx, term, "term-42")
+		term.Close(websocket.StatusNormalClosure, "")
 		// A stream is proxied as it comes, not when the command ends.
 		first, end := streamTimes(t, cc, onB, "echo first; sleep 4; echo second")
 		if end.Sub(first) < 2*time.Second {
