@@ -50,8 +50,8 @@ func (m *Manager) MoveOut(ctx context.Context, id string, send func(ctx context.
 	m.mu.Lock()
 	_, live := m.live[id]
 	m.mu.Unlock()
-	if live || !m.cfg.Driver.Saved(spec) {
-		return errdefs.New(errdefs.ErrConflict, "not_on_node", "sandbox %s is not paused on this node", id)
+	if live || !m.cfg.Driver.Saved(spec) || !m.cfg.Admission.Held(id) {
+		return errNotOnNode(id)
 	}
 	if m.cfg.Volumes != nil && m.cfg.Volumes.Holds(ctx, id) {
 		return errdefs.New(errdefs.ErrConflict, "volumes_attached",
@@ -180,6 +180,12 @@ func (m *Manager) mover() (vmm.Mover, error) {
 	}
 	return nil, errdefs.New(errdefs.ErrUnavailable, "move_unsupported",
 		"the %s driver cannot move a paused sandbox to another node", m.cfg.Driver.Name())
+}
+
+// errNotOnNode refuses to act on a paused sandbox whose files are on
+// another node.
+func errNotOnNode(id string) error {
+	return errdefs.New(errdefs.ErrConflict, "not_on_node", "sandbox %s is paused on another node", id)
 }
 
 func notPausedForMove(sb *Sandbox) error {

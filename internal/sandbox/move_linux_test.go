@@ -119,6 +119,14 @@ func TestMovePausedSandbox(t *testing.T) {
 		t.Errorf("staging left behind: %v", left)
 	}
 
+	// The old node refuses to wake it (its state is not there any more):
+	// nothing records it stopped.
+	if _, err := a.m.Wake(ctx, "k", sb.ID, nil); errdefs.Code(err) != "not_on_node" {
+		t.Errorf("wake on the old node: %v, want not_on_node", err)
+	}
+	if got, err := a.m.Get(ctx, "k", sb.ID); err != nil || got.State != sandbox.StatePaused {
+		t.Fatalf("after a wake on the old node: %+v, %v; want paused", got, err)
+	}
 	w := wake(t, b.m, sb.ID)
 	if w.PausedAt != nil || w.ExpiresAt == nil {
 		t.Errorf("woken on the new node: %+v", w)
