@@ -152,8 +152,9 @@ func (m *Manager) MoveIn(ctx context.Context, sb *Sandbox, receive func(ctx cont
 	if err := commit(ctx); err != nil {
 		return fmt.Errorf("moving in sandbox %s: %w", sb.ID, err)
 	}
+	// The commit records the move's event, with both nodes, in its
+	// transaction.
 	m.log.Info("paused sandbox moved to this node", "sandbox_id", sb.ID)
-	m.event(sb.ID, "moved", "paused sandbox moved to another node", nil)
 	m.notify(sb.ID)
 	return nil
 }
