@@ -180,6 +180,23 @@ func TestHelm(t *testing.T) {
 		}
 	})
 
+	t.Run("values are checked", func(t *testing.T) {
+		// values.schema.json refuses a misspelt or mistyped value rather
+		// than let it fall back to a default.
+		for _, set := range []string{
+			"postgres.existingsecret=mine", // a typo: the default Secret would be read
+			"node.kvm=no",                  // a string, which templates take as true
+			"service.type=Headless",
+			"postgres.external.url=mysql://db/emberbox",
+			"node.dataDir=var/lib/emberbox",
+		} {
+			_, err := run(t, nil, helm, "template", "emberbox", "chart/emberbox", "--set", set)
+			if err == nil || !strings.Contains(err.Error(), "schema") {
+				t.Errorf("--set %s: %v, want it refused by the values schema", set, err)
+			}
+		}
+	})
+
 	t.Run("without KVM and metrics", func(t *testing.T) {
 		objs := template(t, helm, "--set", "node.kvm=false,metrics.enabled=false,node.timeout=30s,node.extraArgs={--log-level,debug}")
 		ds, err := only[*appsv1.DaemonSet](objs)
