@@ -1,6 +1,7 @@
 package kubernetes
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -14,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // Where a node keeps its files, inside the pod and on the host.
@@ -110,6 +112,7 @@ type wiring struct {
 // with the chart's default node values, and returns the node's wiring.
 func checkRelease(t *testing.T, objs []object) wiring {
 	t.Helper()
+	checkNames(t, objs)
 	ds, err := only[*appsv1.DaemonSet](objs)
 	if err != nil {
 		t.Fatal(err)
@@ -271,6 +274,76 @@ func checkRelease(t *testing.T, objs []object) wiring {
 		t.Errorf("Service ports %+v, want 80 to the API's %d", svc.Spec.Ports, apiPort)
 	}
 	return w
+}
+
+// checkNames checks the names, labels and annotations the API server
+// validates beyond decoding: object names, label keys and values,
+// annotation keys, and the names of containers, ports, volumes and
+// environment variables.
+func checkNames(t *testing.T, objs []object) {
+	t.Helper()
+	check := func(what, v string, errs []string) {
+		t.Helper()
+		if len(errs) > 0 {
+			t.Errorf("%s %q: %s", what, v, strings.Join(errs, "; "))
+		}
+	}
+	meta := func(where string, m metav1.ObjectMeta) {
+		t.Helper()
+		for k, v := range m.Labels {
+			check(where+" label key", k, validation.IsQualifiedName(k))
+			check(where+" label value", v, validation.IsValidLabelValue(v))
+		}
+		for k := range m.Annotations {
+			check(where+" annotation key", k, validation.IsQualifiedName(k))
+		}
+	}
+	for _, o := range objs {
+		where := fmt.Sprintf("document %d (%s)", o.index, o.kind)
+		switch v := o.value.(type) {
+		case *corev1.Service:
+			// A Service's name is a DNS label that starts with a letter.
+			check(where+" name", o.name, validation.IsDNS1035Label(o.name))
+			meta(where, v.ObjectMeta)
+			for _, p := range v.Spec.Ports {
+				check(where+" port name", p.Name, validation.IsValidPortName(p.Name))
+			}
+		case *appsv1.DaemonSet:
+			check(where+" name", o.name, validation.IsDNS1123Subdomain(o.name))
+			meta(where, v.ObjectMeta)
+			meta(where+" pod", v.Spec.Template.ObjectMeta)
+			for _, vol := range v.Spec.Template.Spec.Volumes {
+				check(where+" volume name", vol.Name, validation.IsDNS1123Label(vol.Name))
+			}
+			for _, c := range v.Spec.Template.Spec.Containers {
+				check(where+" container name", c.Name, validation.IsDNS1123Label(c.Name))
+				for _, p := range c.Ports {
+					check(where+" port name", p.Name, validation.IsValidPortName(p.Name))
+				}
+				for _, e := range c.Env {
+					check(where+" env name", e.Name, validation.IsEnvVarName(e.Name))
+				}
+			}
+		case *corev1.Secret:
+			check(where+" name", o.name, validation.IsDNS1123Subdomain(o.name))
+			meta(where, v.ObjectMeta)
+			for k := range v.Data {
+				check(where+" key", k, validation.IsConfigMapKey(k))
+			}
+			for k := range v.StringData {
+				check(where+" key", k, validation.IsConfigMapKey(k))
+			}
+		case *corev1.ServiceAccount:
+			check(where+" name", o.name, validation.IsDNS1123Subdomain(o.name))
+			meta(where, v.ObjectMeta)
+		case *cnpgCluster:
+			// The operator names pods and Services after the cluster.
+			check(where+" name", o.name, validation.IsDNS1035Label(o.name))
+			meta(where, v.ObjectMeta)
+		default:
+			t.Errorf("%s: no name checks for %T", where, v)
+		}
+	}
 }
 
 // checkCNPG checks the CloudNativePG Cluster and that the node reads the
