@@ -32,12 +32,14 @@ common="--set cluster.ca.existingSecret=emberbox-cluster-ca"
 external="$common"
 cnpg="$common --set postgres.cnpg.enabled=true"
 
-# shellcheck disable=SC2086 # the flags are meant to split
-{
-	"$helm" lint --strict --quiet "$chart"
-	"$helm" lint --strict --quiet "$chart" $external
-	"$helm" lint --strict --quiet "$chart" $cnpg
-} >/dev/null
+# The chart's defaults, then each rendering's values; quiet unless it fails.
+for flags in "" "$external" "$cnpg"; do
+	# shellcheck disable=SC2086 # the flags are meant to split
+	if ! lint=$("$helm" lint --strict "$chart" $flags 2>&1); then
+		printf 'render.sh: helm lint --strict %s\n%s\n' "$flags" "$lint" >&2
+		exit 1
+	fi
+done
 
 mkdir -p "$out"
 render() { # render FILE FLAGS...
