@@ -130,6 +130,9 @@ func checkRelease(t *testing.T, objs []object) wiring {
 	if v := spec.NodeSelector["emberbox.dev/node"]; v != "true" {
 		t.Errorf("nodeSelector %v, want emberbox.dev/node=true", spec.NodeSelector)
 	}
+	if spec.EnableServiceLinks == nil || *spec.EnableServiceLinks {
+		t.Error("service links enabled: Kubernetes would add EMBERBOX_* variables of the Service to the node's environment")
+	}
 	if g := spec.TerminationGracePeriodSeconds; g == nil || *g < 30 {
 		t.Errorf("terminationGracePeriodSeconds %v, want at least 30", g)
 	}
