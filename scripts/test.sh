@@ -11,6 +11,19 @@ cd "$(dirname "$0")/.."
 make build
 make vet
 
+# Helm, for deploy/kubernetes's test (helm lint, helm template, and the
+# committed manifests against a fresh render): built from the Go module
+# proxy once, into a cache outside the clone.
+helm_version=v3.22.0
+tools=${XDG_CACHE_HOME:-$HOME/.cache}/emberbox-tools
+if ! go version -m "$tools/helm" 2>/dev/null | grep -q "mod[[:space:]]*helm.sh/helm/v3[[:space:]]*$helm_version[[:space:]]"; then
+	echo "== building helm $helm_version from the Go module proxy into $tools (once)"
+	start=$(date +%s)
+	GOBIN=$tools go install "helm.sh/helm/v3/cmd/helm@$helm_version"
+	echo "helm built in $(($(date +%s) - start))s"
+fi
+export EMBERBOX_HELM="$tools/helm"
+
 echo "== building the guest image (cached after the first build)"
 ./bin/emberbox image build
 
