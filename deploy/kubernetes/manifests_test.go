@@ -26,9 +26,10 @@ const (
 )
 
 // nodeFlags are the `emberbox serve` flags of cluster mode with the values
-// every rendering must give them.
+// every rendering must give them. The store URL is not among them: serve
+// reads $EMBERBOX_STORE itself, so the password stays out of the process
+// list.
 var nodeFlags = map[string]string{
-	"--store":             "$(EMBERBOX_STORE)",
 	"--node-id":           "$(NODE_NAME)",
 	"--listen":            "0.0.0.0:8080",
 	"--cluster-listen":    "0.0.0.0:7443",
@@ -174,6 +175,9 @@ func checkRelease(t *testing.T, objs []object) wiring {
 		if got, ok := flags[f]; !ok || got != want {
 			t.Errorf("flag %s = %q (given: %v), want %q", f, got, ok, want)
 		}
+	}
+	if v, ok := flags["--store"]; ok {
+		t.Errorf("--store %q on the command line puts the database password in the process list; serve reads $EMBERBOX_STORE", v)
 	}
 	env := map[string]corev1.EnvVar{}
 	for _, e := range c.Env {
