@@ -1,12 +1,13 @@
 # Emberbox: `make build` builds both binaries into bin/; `make test` runs every
 # test (VM-booting integration tests included); `make bench` measures; `make
+# manifests` re-renders deploy/kubernetes/manifests from the chart; `make
 # vet` runs go vet, the house rules (internal/housekeeping: package docs,
 # dependency fences, go vet for darwin) and gofmt.
 GO      ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: build test test-short bench vet deps clean
+.PHONY: build test test-short bench vet deps manifests clean
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/emberbox ./cmd/emberbox
@@ -14,6 +15,10 @@ build:
 
 deps:
 	./scripts/deps.sh
+
+# The plain Kubernetes manifests, rendered from the Helm chart (needs helm).
+manifests:
+	./deploy/kubernetes/render.sh
 
 vet:
 	$(GO) vet ./...

@@ -25,7 +25,7 @@ func newRootCommand() *cobra.Command {
 		SilenceErrors: true,
 		Version:       version,
 	}
-	root.AddCommand(newServeCommand(), newKeysCommand(), newImageCommand(), newImagesCommand(), newDoctorCommand(), newCostCommand(), newUsageCommand(),
+	root.AddCommand(newServeCommand(), newKeysCommand(), newImageCommand(), newImagesCommand(), newDoctorCommand(), newCostCommand(), newUsageCommand(), newNodeCommand(),
 		newSandboxCommand())
 	return root
 }

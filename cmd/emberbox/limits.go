@@ -72,8 +72,11 @@ func addLimitFlags(cmd *cobra.Command, o *limitOptions) {
 // admissionSettings is what the limit flags configure.
 type admissionSettings struct {
 	ledger *admission.Ledger
-	limits sandbox.Limits
-	rates  api.RateLimits
+	// capacity and overhead are what a node of a cluster registers.
+	capacity admission.Capacity
+	overhead int64
+	limits   sandbox.Limits
+	rates    api.RateLimits
 }
 
 // build reads the host's size and turns the flags into the ledger, the
@@ -106,6 +109,7 @@ func (o limitOptions) build(dataDir string, log *slog.Logger) (admissionSettings
 		DiskFreeMiB: func() (int64, error) { return admission.DiskFreeMiB(dataDir) }, DiskReserveMiB: o.diskReserveMiB, DiskOvercommit: o.diskOvercommit,
 		MemAvailableMiB: admission.MemAvailableMiB, MemReserveMiB: o.hostReserveMiB,
 	})
+	as.capacity, as.overhead = capa, o.vmOverheadMiB
 	as.limits = sandbox.Limits{
 		MaxVCPU: o.maxSandboxVCPUs, MaxMemoryMiB: o.maxSandboxMemoryMiB, MaxDiskMiB: o.maxSandboxDiskMiB,
 		MaxLifetime: o.maxLifetime,

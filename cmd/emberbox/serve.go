@@ -14,12 +14,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/emberbox/emberbox/internal/api"
+	"github.com/emberbox/emberbox/internal/cluster"
 	"github.com/emberbox/emberbox/internal/console"
 	"github.com/emberbox/emberbox/internal/e2b"
 	"github.com/emberbox/emberbox/internal/egress"
@@ -49,7 +51,8 @@ const (
 type serveOptions struct {
 	listen      string
 	dataDir     string
-	store       string
+	storeURL    string
+	cluster     clusterOptions
 	cacheDir    string
 	agentBinary string
 	bootTimeout time.Duration
@@ -99,7 +102,8 @@ func newServeCommand() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve the API on")
 	f.StringVar(&o.dataDir, "data-dir", defaultDataDir(), "where the database, keys and sandbox disks live")
-	f.StringVar(&o.store, "store", "", storeUsage)
+	f.StringVar(&o.storeURL, "store", os.Getenv("EMBERBOX_STORE"), `the store: "" for SQLite in --data-dir, or postgres://… to be a node of a cluster sharing it (default $EMBERBOX_STORE; docs/cluster.md)`)
+	addClusterFlags(f, &o.cluster)
 	f.StringVar(&o.cacheDir, "cache-dir", "", "image cache directory (default ~/.cache/emberbox)")
 	f.StringVar(&o.agentBinary, "agent-binary", "", "emberbox-agent binary to boot (default: beside this binary)")
 	f.IntVar(&o.imageBuilds, "image-builds", 1, "image builds run at once (each in a sandbox VM)")
@@ -155,11 +159,20 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err := os.MkdirAll(o.dataDir, 0o700); err != nil {
 		return fmt.Errorf("creating data dir: %w", err)
 	}
-	st, err := store.Open(ctx, storeDSN(o.store, o.dataDir))
+	dsn := filepath.Join(o.dataDir, dbName)
+	if o.storeURL != "" {
+		dsn = o.storeURL
+	}
+	isNode := clustered(o.storeURL)
+	st, err := store.Open(ctx, dsn)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
+	// A node the others declare lost stands down: its VMs end and serve
+	// returns the cause.
+	ctx, standDown := context.WithCancelCause(ctx)
+	defer standDown(nil)
 	if err := ensureAdminKey(ctx, st, o.dataDir, log); err != nil {
 		return err
 	}
@@ -167,7 +180,10 @@ func serve(ctx context.Context, o serveOptions) error {
 	// mid-request (no request of this one has started): a create that had
 	// recorded its sandbox answers its retry with that sandbox, any other
 	// key is freed for the retry to run.
-	if resolved, released, err := st.ResolvePendingIdempotency(ctx); err != nil {
+	// In a cluster other nodes' requests are pending too: their records
+	// are left to the hourly prune.
+	if isNode {
+	} else if resolved, released, err := st.ResolvePendingIdempotency(ctx); err != nil {
 		return err
 	} else if resolved+released > 0 {
 		log.Info("settled idempotency keys left pending by the previous run", "creates_resolved", resolved, "released", released)
@@ -222,7 +238,20 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		return err
 	}
-	mgr := sandbox.New(sandbox.Config{
+	var cl *cluster.Cluster
+	var fencedMgr atomic.Pointer[sandbox.Manager]
+	fenced := func(err error) {
+		if m := fencedMgr.Load(); m != nil {
+			m.StandDown(context.WithoutCancel(ctx))
+		}
+		standDown(fmt.Errorf("this node was declared lost by the cluster and stood down: %w", err))
+	}
+	if isNode {
+		if cl, err = joinCluster(ctx, o, st, adm, drv.Accel(), boot.RecipeHash, fenced, log); err != nil {
+			return err
+		}
+	}
+	mcfg := sandbox.Config{
 		// Volumes attach before an image's start command runs, which may
 		// use them.
 		Volumes: vols, Preparers: []sandbox.Preparer{vols, imgs.Preparer()},
@@ -231,12 +260,31 @@ func serve(ctx context.Context, o serveOptions) error {
 		Templates: o.templates, MemoryFloorMiB: o.limits.memoryFloorMiB,
 		Admission: adm.ledger, Limits: adm.limits,
 		Rates: o.rates, MeterInterval: o.meterInterval, Observer: metrics,
-	})
+	}
+	if isNode {
+		// Built images and volumes keep their files on the node that made
+		// them, and the cluster places no sandbox by them yet: a node
+		// offers neither (docs/cluster.md).
+		mcfg.Volumes, mcfg.Preparers = nil, nil
+	}
+	mgr := sandbox.New(mcfg)
+	fencedMgr.Store(mgr)
 	// On any way out: the background loops are stopped and waited for,
 	// then the manager lets go of its sandboxes (they keep running), and
 	// only then is the store closed (deferred above).
 	defer mgr.Close()
 	vols.SetGuests(mgr)
+	if cl != nil {
+		// VMs of sandboxes the other nodes declared lost while this node
+		// was away end before anything else: none runs twice.
+		lost, err := st.LostSandboxes(ctx)
+		if err != nil {
+			return err
+		}
+		if n := mgr.EndVMs(ctx, lost); n > 0 {
+			log.Warn("ended vms of sandboxes the cluster declared lost", "count", n)
+		}
+	}
 	if err := mgr.Recover(ctx); err != nil {
 		return err
 	}
@@ -257,19 +305,21 @@ func serve(ctx context.Context, o serveOptions) error {
 	importer := &ociimage.Importer{Manager: mgr, Owner: imagebuild.Owner, BaseDir: filepath.Join(o.dataDir, "images", "imports"),
 		Transport: ociimage.GuardedTransport(registryAllowed)}
 	builder := imagebuild.New(imagebuild.Config{Manager: mgr, Cache: st, Import: importer, Logger: log, DefaultDigest: boot.RecipeHash})
-	if err := builder.Recover(ctx); err != nil {
-		return fmt.Errorf("image builder: %w", err)
+	if !isNode {
+		if err := builder.Recover(ctx); err != nil {
+			return fmt.Errorf("image builder: %w", err)
+		}
+		imgs.SetBuilder(builder)
+		if err := imgs.Recover(ctx); err != nil {
+			return err
+		}
+		bg.Go(func() { imgs.Run(bctx) })
+		bg.Go(func() { vols.Run(bctx) })
 	}
-	imgs.SetBuilder(builder)
-	if err := imgs.Recover(ctx); err != nil {
-		return err
-	}
-	bg.Go(func() { imgs.Run(bctx) })
 	bg.Go(func() { _ = mgr.Run(bctx) })
 	bg.Go(func() { pruneIdempotency(bctx, st, log) })
 	bg.Go(func() { mgr.RunDiskRetention(bctx) })
 	bg.Go(func() { mgr.RunMeter(bctx) })
-	bg.Go(func() { vols.Run(bctx) })
 	metrics.SetSources(telemetrySources(st, mgr))
 	// Staging files a crash left behind are removed here, and expired
 	// uploads by the sweep.
@@ -292,14 +342,38 @@ func serve(ctx context.Context, o serveOptions) error {
 	// One interpreter service for the Runtime routes and E2B's port 49999
 	// (interp.E2BHandler), so both see the same contexts.
 	interp := interpreter.New(log)
-	handler := api.New(api.Config{
+	acfg := api.Config{
 		Manager: mgr, Keys: keyStore{st}, Idempotency: idempotencyStore{st}, Events: eventStore{st},
 		Logger: log, Version: version, Accel: drv.Accel,
 		Confinement: func() any { return drv.Confinement() },
 		Uploads:     uploads, RateLimits: adm.rates, ObserveRequest: metrics.ObserveRequest,
 		Metrics: metrics.Handler(), PreviewURL: o.previewURL, Links: signer,
 		Interpreter: interp, Volumes: vols, Images: imgs,
-	})
+	}
+	if isNode {
+		acfg.Volumes, acfg.Images, acfg.Nodes = nil, nil, st
+	}
+	handler := api.New(acfg)
+	routed := handler
+	if cl != nil {
+		// Any node answers any call: creates are placed, calls for another
+		// node's sandbox go there over the channel, which serves the API
+		// itself (never routed again).
+		routed = cl.Handler(handler)
+		cln, err := net.Listen("tcp", o.cluster.listen)
+		if err != nil {
+			return fmt.Errorf("--cluster-listen: %w", err)
+		}
+		bg.Go(func() {
+			if err := cl.Serve(bctx, cln, handler); err != nil {
+				log.Error("node-to-node channel", "err", err)
+			}
+		})
+		bg.Go(func() {
+			cl.Run(bctx)
+		})
+		bg.Go(func() { cl.RunDrain(bctx, mgr) })
+	}
 	if o.metricsListen != "" {
 		mln, err := net.Listen("tcp", o.metricsListen)
 		if err != nil {
@@ -322,7 +396,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	// everything else stay the API's, with its one error shape.
 	root := http.NewServeMux()
 	root.Handle(console.Prefix, console.Handler())
-	root.Handle("/", handler)
+	root.Handle("/", routed)
 	// E2B's protocol shares the listener: its sandbox traffic is told by
 	// headers (or host names under --e2b-domain), its control plane by paths
 	// that are not the Runtime API's.
@@ -353,6 +427,10 @@ func serve(ctx context.Context, o serveOptions) error {
 	case err := <-errc:
 		return err
 	case <-ctx.Done():
+	}
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		_ = srv.Close()
+		return cause
 	}
 	// Sandboxes keep running: the next start reattaches to them.
 	log.Info("shutting down; sandboxes keep running and are reattached on the next start")

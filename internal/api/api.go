@@ -136,6 +136,9 @@ type Config struct {
 	// Images is the image catalog (/v1/images, a create's image and the
 	// start report of a sandbox); nil answers its routes 501.
 	Images *images.Service
+	// Nodes serves /v1/nodes on a node of a cluster; nil (a server of
+	// its own) answers them 409 not_clustered.
+	Nodes Nodes
 }
 
 // Limits of the waits a request may ask for.
@@ -160,6 +163,7 @@ type server struct {
 	interp  *interpreter.Service // nil: the interpreter routes answer 501
 	vols    *volumes.Service     // nil: the volume routes answer 501
 	images  *images.Service      // nil: the image routes answer 501
+	nodes   Nodes                // nil: not a node of a cluster
 	metrics http.Handler
 	limits  *rateLimiter
 	observe func(route string, status int, d time.Duration) // nil: none
@@ -200,6 +204,7 @@ func newServer(cfg Config) *server {
 	}
 	s.uploads, s.metrics, s.links, s.interp = cfg.Uploads, cfg.Metrics, cfg.Links, cfg.Interpreter
 	s.vols = cfg.Volumes
+	s.nodes = cfg.Nodes
 	s.images = cfg.Images
 	s.previewBase = cfg.PreviewURL
 	s.previewTransport = s.newPreviewTransport()

@@ -77,6 +77,8 @@ type sandboxJSON struct {
 	// Start reports its image's start command, while the server
 	// remembers it (not across restarts).
 	Start *startJSON `json:"start,omitempty"`
+	// Node is the node of a cluster that runs it (absent off a cluster).
+	Node string `json:"node,omitempty"`
 }
 
 func (s *server) sandboxJSON(sb *sandbox.Sandbox) sandboxJSON {
@@ -109,7 +111,7 @@ func (s *server) sandboxJSON(sb *sandbox.Sandbox) sandboxJSON {
 		ExpiresAt: optTime(sb.ExpiresAt), EndsAt: optTime(sb.ExpiresAt), EndedAt: optTime(sb.EndedAt),
 		StopReason: optString(sb.StopReason), EnvNames: env,
 		Accel: optString(accel), Driver: optString(sb.Driver),
-		ChargedMicros: charged, Usage: usage, Start: s.startReport(sb.ID),
+		ChargedMicros: charged, Usage: usage, Start: s.startReport(sb.ID), Node: sb.NodeID,
 	}
 }
 
@@ -153,7 +155,21 @@ type createRequest struct {
 	Tailscale  json.RawMessage `json:"tailscale"`
 	Secrets    json.RawMessage `json:"secrets"`
 
-	noImages bool // the server has no image catalog
+	noImages  bool // the server has no image catalog
+	clustered bool // the server is a node of a cluster (spreadFrom)
+}
+
+// spreadIDs reads spreadFrom: an id or a list of them.
+func spreadIDs(raw json.RawMessage) ([]string, bool) {
+	var ids []string
+	if json.Unmarshal(raw, &ids) == nil {
+		return ids, true
+	}
+	var one string
+	if json.Unmarshal(raw, &one) == nil && one != "" {
+		return []string{one}, true
+	}
+	return nil, false
 }
 
 // unsupportedIssues lists fields set to something this server cannot do.
@@ -183,10 +199,16 @@ func (req *createRequest) unsupportedIssues() []issue {
 	for _, f := range []struct {
 		path string
 		raw  json.RawMessage
-	}{{"secrets", req.Secrets},
-		{"spreadFrom", req.SpreadFrom}, {"tailscale", req.Tailscale}} {
+	}{{"secrets", req.Secrets}, {"tailscale", req.Tailscale}} {
 		if len(f.raw) > 0 {
 			no(f.path, "is not available on this server")
+		}
+	}
+	if len(req.SpreadFrom) > 0 && string(req.SpreadFrom) != "null" {
+		if !req.clustered {
+			no("spreadFrom", "is not available on this server (a cluster of nodes spreads; this server is one)")
+		} else if ids, ok := spreadIDs(req.SpreadFrom); !ok || len(ids) < 1 || len(ids) > 16 {
+			no("spreadFrom", "must be one to 16 ids of your own sandboxes or snapshots")
 		}
 	}
 	if req.noImages && len(req.Image) > 0 && string(req.Image) != "null" {
@@ -390,9 +412,15 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request, c *call) 
 		return err
 	}
 	req.noImages = s.images == nil
+	req.clustered = s.nodes != nil
 	spec, err := req.spec()
 	if err != nil {
 		return err
+	}
+	if req.clustered {
+		if err := s.checkSpreadFrom(r, c.owner, req.SpreadFrom); err != nil {
+			return err
+		}
 	}
 	if len(req.Image) > 0 && string(req.Image) != "null" {
 		if err := s.createImageSpec(r, c.owner, req.Image, &req, &spec); err != nil {

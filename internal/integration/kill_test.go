@@ -155,7 +155,7 @@ func TestKillDuringDelete(t *testing.T) {
 func TestKillWhileCreatingAdminKey(t *testing.T) {
 	needVMs(t)
 	dataDir := t.TempDir()
-	s, err := launch(t, dataDir, nil, []string{"EMBERBOX_FAULTPOINT=admin_key.written"})
+	s, err := launch(t, "127.0.0.1", dataDir, nil, []string{"EMBERBOX_FAULTPOINT=admin_key.written"})
 	if err == nil {
 		t.Fatalf("the server started although its fault point is on the way: %s", s.URL)
 	}

@@ -191,7 +191,7 @@ func startServerArgs(t testing.TB, dataDir string, args []string, env ...string)
 	needVMs(t)
 	var lastErr error
 	for attempt := 1; attempt <= 3; attempt++ {
-		s, err := launch(t, dataDir, args, env)
+		s, err := launch(t, "127.0.0.1", dataDir, args, env)
 		if err == nil {
 			return s
 		}
@@ -207,7 +207,7 @@ func startServerArgs(t testing.TB, dataDir string, args []string, env ...string)
 
 var errPortTaken = errors.New("address already in use")
 
-func launch(t testing.TB, dataDir string, args, env []string) (*server, error) {
+func launch(t testing.TB, host, dataDir string, args, env []string) (*server, error) {
 	serverSeq.Lock()
 	serverSeq.n++
 	n := serverSeq.n
@@ -216,7 +216,7 @@ func launch(t testing.TB, dataDir string, args, env []string) (*server, error) {
 	logDir := t.TempDir()
 	port := freePort(t)
 	s := &server{
-		URL:     fmt.Sprintf("http://127.0.0.1:%d", port),
+		URL:     fmt.Sprintf("http://%s:%d", host, port),
 		DataDir: dataDir,
 		LogPath: filepath.Join(logDir, fmt.Sprintf("server-%d.log", n)),
 		exited:  make(chan struct{}),
@@ -227,7 +227,7 @@ func launch(t testing.TB, dataDir string, args, env []string) (*server, error) {
 		return nil, err
 	}
 	s.cmd = exec.Command(filepath.Join(binDir, "emberbox"), append([]string{"serve",
-		"--listen", fmt.Sprintf("127.0.0.1:%d", port), "--data-dir", dataDir}, args...)...)
+		"--listen", fmt.Sprintf("%s:%d", host, port), "--data-dir", dataDir}, args...)...)
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	if len(env) > 0 {
 		s.cmd.Env = append(os.Environ(), env...)
@@ -719,6 +719,7 @@ type sandboxJSON struct {
 	StopReason       *string           `json:"stopReason"`
 	Accel            *string           `json:"accel"`
 	Replayed         bool              `json:"replayed"`
+	Node             string            `json:"node"`
 }
 
 func (sb sandboxJSON) stopReason() string {

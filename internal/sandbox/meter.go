@@ -194,7 +194,7 @@ func (m *Manager) meterRunning() {
 // the snapshots', from when they were kept until now.
 func (m *Manager) meterStorage(ctx context.Context) {
 	now := m.now()
-	opts := ListOptions{AllOwners: true, States: []State{StatePaused, StateStopped}, IncludeStopped: true, Limit: 100}
+	opts := ListOptions{AllOwners: true, States: []State{StatePaused, StateStopped}, IncludeStopped: true, Limit: 100, Local: true}
 	for {
 		page, next, err := m.cfg.Store.ListSandboxes(ctx, opts)
 		if err != nil {

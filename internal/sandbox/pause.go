@@ -278,6 +278,12 @@ func (m *Manager) wake(ctx context.Context, id string, timeout *int) (*Sandbox, 
 	if err != nil || sb.State != StatePaused {
 		return sb, err
 	}
+	if !m.cfg.Admission.Held(id) {
+		// Every sandbox paused here holds its disk in the ledger; one that
+		// does not is another node's (moved there, move.go), and a resume
+		// here would find no state and record it stopped.
+		return nil, errNotOnNode(id)
+	}
 	m.accrueKept(ctx, sb, m.now())
 	whole := *sb
 	whole.State = StateResuming

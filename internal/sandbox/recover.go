@@ -17,6 +17,7 @@ import (
 // that was being deleted is deleted. Leases that ended meanwhile are
 // enforced by the next tick of Run.
 func (m *Manager) Recover(ctx context.Context) error {
+	m.removeIncoming() // moves cut short: their old node still has them
 	live, err := m.cfg.Store.ListLive(ctx)
 	if err != nil {
 		return fmt.Errorf("listing live sandboxes: %w", err)
@@ -130,7 +131,7 @@ func (m *Manager) logErr(_ *Sandbox, err error) {
 // state left half done: a sandbox stopped on its way to deletion still has
 // its disk.
 func (m *Manager) finishDeletes(ctx context.Context) error {
-	opts := ListOptions{States: []State{StateStopped}, IncludeStopped: true, Limit: 100}
+	opts := ListOptions{States: []State{StateStopped}, IncludeStopped: true, Limit: 100, Local: true}
 	for {
 		page, next, err := m.cfg.Store.ListSandboxes(ctx, opts)
 		if err != nil {

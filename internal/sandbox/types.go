@@ -32,6 +32,9 @@ const (
 	ReasonPauseFailed = "pause_failed"
 	// ReasonWakeFailed: a wake failed after the saved state was used up.
 	ReasonWakeFailed = "wake_failed"
+	// ReasonNodeLost: the node of a cluster that ran it stopped answering
+	// (internal/cluster); the other nodes stopped it.
+	ReasonNodeLost = "node_lost"
 )
 
 // Defaults and limits for create requests.
@@ -113,6 +116,9 @@ type Sandbox struct {
 	// image. Fixed at create (a copy of a snapshot takes the snapshot's).
 	ImageID string
 	Rootfs  string
+	// NodeID is the node of a cluster that runs it ("" on a server of
+	// its own); set by the store at insert, changed only by a move.
+	NodeID string
 }
 
 // ImageRef is an image a create asks for, resolved by the image catalog:
@@ -187,4 +193,7 @@ type ListOptions struct {
 	IncludeStopped bool              // stopped sandboxes are listed only if set or States names them
 	Limit          int               // 1..100, default 50
 	Cursor         string            // opaque, from a previous page
+	// Local lists only this server's sandboxes: in a cluster, those of
+	// its own node (the manager's housekeeping); the API lists all.
+	Local bool
 }

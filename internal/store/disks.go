@@ -9,8 +9,10 @@ import (
 // StoppedWithDisks returns the ids of the stopped sandboxes that ended
 // before endedBefore and whose files are still on disk, oldest first.
 func (s *Store) StoppedWithDisks(ctx context.Context, endedBefore time.Time) ([]string, error) {
+	cond, args := s.localOnly()
 	rows, err := s.db.QueryContext(ctx, `SELECT id FROM sandboxes
-		WHERE state = 'stopped' AND disk_removed_at IS NULL AND ended_at < ? ORDER BY ended_at`, formatTime(endedBefore))
+		WHERE state = 'stopped' AND disk_removed_at IS NULL AND ended_at < ?`+cond+` ORDER BY ended_at`,
+		append([]any{formatTime(endedBefore)}, args...)...)
 	if err != nil {
 		return nil, fmt.Errorf("listing stopped sandboxes' disks: %w", err)
 	}

@@ -26,7 +26,7 @@ const sandboxColumns = `id, owner_key_id, name, labels, env_names, vcpu, memory_
 	timeout_seconds, on_lease_end, state, stop_reason, accel, driver,
 	created_at, ready_at, expires_at, ended_at, deleted_at, vm,
 	paused_at, auto_wake, idle_pause_seconds, persistent, snapshot_id, disk_removed_at,
-	image_id, rootfs`
+	image_id, rootfs, node_id`
 
 // InsertSandbox records a new sandbox. If sb.CreatedAt is zero it is set to
 // the current time. A non-empty idempotencyKey names the pending
@@ -42,6 +42,9 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *sandbox.Sandbox, idempote
 	if sb.CreatedAt.IsZero() {
 		sb.CreatedAt = s.now()
 	}
+	if n := s.node.Load(); n != nil {
+		sb.NodeID = n.id
+	}
 	labels, err := jsonOrNull(sb.Labels, sb.Labels == nil)
 	if err != nil {
 		return fmt.Errorf("inserting sandbox %s: encoding labels: %w", sb.ID, err)
@@ -55,16 +58,19 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *sandbox.Sandbox, idempote
 		return fmt.Errorf("inserting sandbox %s: %w", sb.ID, err)
 	}
 	defer tx.Rollback()
+	if err := s.checkFence(ctx, tx); err != nil {
+		return fmt.Errorf("inserting sandbox %s: %w", sb.ID, err)
+	}
 	// The partial unique index sandboxes_live_name makes the name check and
 	// the insert one atomic step.
 	_, err = tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sb.ID, sb.OwnerKeyID, sb.Name, labels, envNames, sb.VCPU, sb.MemoryMiB, sb.DiskMiB,
 		sb.TimeoutSeconds, sb.OnLeaseEnd, string(sb.State), sb.StopReason, sb.Accel, sb.Driver,
 		formatTime(sb.CreatedAt), formatTimePtr(sb.ReadyAt), formatTimePtr(sb.ExpiresAt),
 		formatTimePtr(sb.EndedAt), formatTimePtr(sb.DeletedAt), sb.VM,
 		formatTimePtr(sb.PausedAt), sb.AutoWake, sb.IdlePauseSeconds, sb.Persistent, sb.SnapshotID,
-		formatTimePtr(sb.DiskRemovedAt), sb.ImageID, sb.Rootfs)
+		formatTimePtr(sb.DiskRemovedAt), sb.ImageID, sb.Rootfs, sb.NodeID)
 	switch {
 	case isUniqueViolation(err):
 		return fmt.Errorf("inserting sandbox %s: %w", sb.ID, nameTaken(sb.Name))
@@ -129,6 +135,9 @@ func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(sb *sandbo
 		return nil, fmt.Errorf("updating sandbox: %w", sandboxNotFound(id))
 	}
 	if err != nil {
+		return nil, fmt.Errorf("updating sandbox %s: %w", id, err)
+	}
+	if err := s.checkOwner(ctx, tx, sb.NodeID); err != nil {
 		return nil, fmt.Errorf("updating sandbox %s: %w", id, err)
 	}
 	if !fn(sb) {
@@ -221,6 +230,10 @@ func (s *Store) ListSandboxes(ctx context.Context, opts sandbox.ListOptions) ([]
 		where = append(where, "name = ?")
 		args = append(args, opts.Name)
 	}
+	if n := s.node.Load(); n != nil && opts.Local {
+		where = append(where, "node_id = ?")
+		args = append(args, n.id)
+	}
 	// Labels are matched in SQL so that LIMIT and the cursor see exactly the
 	// matching rows. Sorted for a stable statement text.
 	for _, k := range slices.Sorted(maps.Keys(opts.Labels)) {
@@ -289,9 +302,11 @@ func (s *Store) labelMatch(k, v string) (string, []any, error) {
 
 // ListLive returns every sandbox not in a terminal state, oldest first, of
 // all owners: the ones to reattach after a restart and to watch the leases of.
+// On a node of a cluster (SetNode) it returns that node's alone.
 func (s *Store) ListLive(ctx context.Context) ([]*sandbox.Sandbox, error) {
+	cond, args := s.localOnly()
 	list, err := s.querySandboxes(ctx, `SELECT `+sandboxColumns+` FROM sandboxes
-		WHERE state NOT IN ('stopped', 'deleted') ORDER BY created_at, id`)
+		WHERE state NOT IN ('stopped', 'deleted')`+cond+` ORDER BY created_at, id`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("listing live sandboxes: %w", err)
 	}
@@ -330,7 +345,7 @@ func scanSandbox(row interface{ Scan(...any) error }) (*sandbox.Sandbox, error) 
 		&sb.TimeoutSeconds, &sb.OnLeaseEnd, &state, &sb.StopReason, &sb.Accel, &sb.Driver,
 		&created, &ready, &expires, &ended, &deleted, &sb.VM,
 		&paused, &sb.AutoWake, &sb.IdlePauseSeconds, &sb.Persistent, &sb.SnapshotID, &diskRemoved,
-		&sb.ImageID, &sb.Rootfs)
+		&sb.ImageID, &sb.Rootfs, &sb.NodeID)
 	if err != nil {
 		return nil, err
 	}

@@ -29,12 +29,16 @@ func (s *Store) InsertSnapshot(ctx context.Context, sn *sandbox.Snapshot) error 
 	if err != nil {
 		return fmt.Errorf("inserting snapshot %s: encoding labels: %w", sn.ID, err)
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO snapshots (`+snapshotColumns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+	node := ""
+	if n := s.node.Load(); n != nil {
+		node = n.id // its files are on this node
+	}
+	_, err = s.db.ExecContext(ctx, `INSERT INTO snapshots (`+snapshotColumns+`, node_id)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sn.ID, sn.OwnerKeyID, sn.Name, labels, sn.SourceSandboxID, sn.Mode, sn.State, sn.Error,
 		sn.SizeBytes, sn.VCPU, sn.MemoryMiB, sn.DiskMiB, sn.RetentionDays,
 		formatTime(sn.CreatedAt), formatTimePtr(sn.ReadyAt), formatTimePtr(sn.ExpiresAt),
-		formatTimePtr(sn.DeletedAt), formatTimePtr(sn.FilesRemovedAt), sn.ImageID, sn.Rootfs)
+		formatTimePtr(sn.DeletedAt), formatTimePtr(sn.FilesRemovedAt), sn.ImageID, sn.Rootfs, node)
 	if err != nil {
 		return fmt.Errorf("inserting snapshot %s: %w", sn.ID, err)
 	}
@@ -144,8 +148,10 @@ func (s *Store) ListSnapshots(ctx context.Context, opts sandbox.SnapshotListOpti
 // ExpiredSnapshots returns the snapshots, not deleted, whose retention
 // ended before now.
 func (s *Store) ExpiredSnapshots(ctx context.Context, now time.Time) ([]*sandbox.Snapshot, error) {
+	cond, args := s.localOnly()
 	list, err := s.querySnapshots(ctx, `SELECT `+snapshotColumns+` FROM snapshots
-		WHERE state <> 'deleted' AND expires_at IS NOT NULL AND expires_at <= ? ORDER BY expires_at`, formatTime(now))
+		WHERE state <> 'deleted' AND expires_at IS NOT NULL AND expires_at <= ?`+cond+` ORDER BY expires_at`,
+		append([]any{formatTime(now)}, args...)...)
 	if err != nil {
 		return nil, fmt.Errorf("listing expired snapshots: %w", err)
 	}
@@ -157,11 +163,12 @@ func (s *Store) ExpiredSnapshots(ctx context.Context, now time.Time) ([]*sandbox
 // stopped with its files removed, a copy needs them no longer): their
 // files can go.
 func (s *Store) UnusedDeletedSnapshots(ctx context.Context) ([]string, error) {
+	cond, args := s.localOnly()
 	rows, err := s.db.QueryContext(ctx, `SELECT id FROM snapshots AS sn
 		WHERE state = 'deleted' AND files_removed_at IS NULL
 		AND NOT EXISTS (SELECT 1 FROM sandboxes
-			WHERE snapshot_id = sn.id AND state <> 'deleted' AND disk_removed_at IS NULL)
-		ORDER BY deleted_at`)
+			WHERE snapshot_id = sn.id AND state <> 'deleted' AND disk_removed_at IS NULL)`+cond+`
+		ORDER BY deleted_at`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("listing unused deleted snapshots: %w", err)
 	}

@@ -18,6 +18,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
@@ -26,6 +27,10 @@ import (
 // Store is the server's durable state. It is safe for concurrent use.
 type Store struct {
 	db *dbHandle
+	// node scopes the store to one node of a cluster (SetNode): what it
+	// inserts is that node's, its housekeeping lists see that node's
+	// alone, and its writes to sandboxes are fenced (nodes.go).
+	node atomic.Pointer[nodeScope]
 	// now is the clock; tests replace it to move time forward.
 	now func() time.Time
 }
@@ -493,6 +498,34 @@ CREATE TABLE image_logs (
 	text     TEXT NOT NULL,
 	PRIMARY KEY (image_id, seq)
 ) STRICT, WITHOUT ROWID;
+`,
+	// 15: the nodes of a cluster (nodes.go), the node each sandbox and
+	// snapshot lives on ('' on a server of its own), and the cluster's
+	// shared settings (its CA).
+	`
+CREATE TABLE nodes (
+	id           TEXT PRIMARY KEY,
+	address      TEXT NOT NULL,    -- host:port of its node-to-node listener
+	api_url      TEXT NOT NULL,
+	state        TEXT NOT NULL,    -- up | draining | down
+	epoch        INTEGER NOT NULL, -- the fencing token: +1 at each start and when declared down
+	memory_mib   INTEGER NOT NULL, -- what it may promise in all
+	overhead_mib INTEGER NOT NULL, -- what it charges each sandbox besides its memory
+	vcpus        INTEGER NOT NULL,
+	accel        TEXT NOT NULL,
+	images       TEXT NOT NULL,    -- JSON array of the image digests it boots
+	version      TEXT NOT NULL,
+	started_at   TEXT NOT NULL,
+	heartbeat_at TEXT NOT NULL,
+	down_at      TEXT
+) STRICT;
+ALTER TABLE sandboxes ADD COLUMN node_id TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN node_id TEXT NOT NULL DEFAULT '';
+CREATE INDEX sandboxes_node_live ON sandboxes (node_id, state) WHERE state NOT IN ('stopped', 'deleted');
+CREATE TABLE cluster_settings (
+	name  TEXT PRIMARY KEY,
+	value TEXT NOT NULL
+) STRICT;
 `,
 }
 

@@ -142,3 +142,22 @@ type DiskExporter interface {
 	// zeros), mode 0644.
 	ExportDisk(ctx context.Context, snapDir, dst string) error
 }
+
+// Mover is implemented by drivers whose paused VMs can move to another
+// host's data dir (a node of a cluster being drained).
+type Mover interface {
+	// MoveFiles names the files that hold the paused VM saved in spec.Dir,
+	// by the name each takes in the directory it moves to (plain names, no
+	// slashes), each mapped to its host path now. The VM's base image
+	// (spec.Rootfs) is not among them: every node has it at the same path.
+	// The disk a copy of a snapshot or template is over (a node-local
+	// snapshot's disk) is among them, so the moved VM depends on nothing
+	// of the old node's.
+	MoveFiles(spec Spec) (map[string]string, error)
+	// Moved makes the files MoveFiles named, now in spec.Dir, resumable
+	// there: it checks them and repoints the disk chain at the moved
+	// copies and spec.Rootfs, so that Saved(spec) is true and Resume
+	// starts the VM. The files came from another host: nothing in them
+	// may name a host path that Moved does not set itself.
+	Moved(ctx context.Context, spec Spec) error
+}

@@ -34,6 +34,7 @@ type Driver struct {
 	machines map[string]*Machine // by sandbox id: the newest one started
 
 	failResumes, failPauses int // FailResumes, FailPauses
+	failMoved               int // FailMoved
 	resumes, continues      int
 }
 

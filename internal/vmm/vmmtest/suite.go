@@ -3,6 +3,9 @@ package vmmtest
 import (
 	"context"
 	"errors"
+	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -111,6 +114,107 @@ func testPause(t *testing.T, d vmm.Driver, newSpec func(t *testing.T) vmm.Spec) 
 	if got := run(t, c, "cat /tmp/file"); got != "parent" {
 		t.Errorf("parent's file after the copy wrote its own: %q", got)
 	}
+	if mv, ok := d.(vmm.Mover); ok {
+		detach(t, cc)
+		testMove(t, d, mv, cm, cspec, snap, pid)
+	}
+}
+
+// testMove pauses the copy m of the snapshot in snap, moves it into a new
+// directory as a drain moves it to another node, removes its old directory
+// and the snapshot, and resumes it there: its file and its process are
+// there, and it needs nothing it left behind.
+func testMove(t *testing.T, d vmm.Driver, mv vmm.Mover, m vmm.Machine, spec vmm.Spec, snap, pid string) {
+	ctx, cancel := context.WithTimeout(t.Context(), stepTimeout)
+	defer cancel()
+	if err := m.Pause(ctx); err != nil {
+		t.Fatalf("Pause before the move: %v", err)
+	}
+	waitClosed(t, m.Done(), "Done after Pause")
+	files, err := mv.MoveFiles(spec)
+	if err != nil {
+		t.Fatalf("MoveFiles: %v", err)
+	}
+	moved := spec
+	moved.Dir = t.TempDir()
+	for name, src := range files {
+		if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
+			t.Fatalf("MoveFiles names %q", name)
+		}
+		if err := copyHoles(src, filepath.Join(moved.Dir, name)); err != nil {
+			t.Fatalf("copying %s: %v", name, err)
+		}
+	}
+	for _, dir := range []string{spec.Dir, snap} {
+		if err := os.RemoveAll(dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := mv.Moved(ctx, moved); err != nil {
+		t.Fatalf("Moved: %v", err)
+	}
+	if !d.Saved(moved) {
+		t.Fatal("Saved is false after Moved")
+	}
+	mm := resume(t, d, moved)
+	c := connectGuest(t, mm, bootTimeout, reconnectTry)
+	defer c.Close()
+	if got := run(t, c, "cat /tmp/file; cat /tmp/pid; kill -0 $(cat /tmp/pid) && echo alive"); got != "copy\n"+pid+"\nalive" {
+		t.Fatalf("moved: %q, want the copy's file and process", got)
+	}
+	// Its disk is whole: what the snapshot's disk held reads back, and a
+	// write goes to its own.
+	run(t, c, "cat /etc/os-release >/dev/null && echo moved > /root/moved && sync")
+	if got := run(t, c, "cat /root/moved"); got != "moved" {
+		t.Errorf("a file written after the move: %q", got)
+	}
+}
+
+// copyHoles copies src to dst (mode 0600) as a transfer between nodes
+// does, leaving a hole where src reads zeros.
+func copyHoles(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 1<<20)
+	var off int64
+	for {
+		n, err := io.ReadFull(in, buf)
+		if n > 0 && !allZero(buf[:n]) {
+			if _, werr := out.WriteAt(buf[:n], off); werr != nil {
+				out.Close()
+				return werr
+			}
+		}
+		off += int64(n)
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			break
+		}
+		if err != nil {
+			out.Close()
+			return err
+		}
+	}
+	if err := out.Truncate(off); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // detach ends c's session as the manager does before a pause or snapshot.

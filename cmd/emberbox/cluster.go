@@ -1,0 +1,128 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/emberbox/emberbox/internal/cluster"
+	"github.com/emberbox/emberbox/internal/store"
+)
+
+// clusterOptions are the flags of a node of a cluster (--store
+// postgres://…); docs/cluster.md.
+type clusterOptions struct {
+	nodeID    string
+	listen    string
+	advertise string
+	heartbeat time.Duration
+	timeout   time.Duration
+	caCert    string
+	caKey     string
+}
+
+func addClusterFlags(f *pflag.FlagSet, o *clusterOptions) {
+	host, _ := os.Hostname()
+	f.StringVar(&o.nodeID, "node-id", host, "this node's id in a cluster (default: the host name)")
+	f.StringVar(&o.listen, "cluster-listen", ":7443", "address of the node-to-node channel (mutual TLS) in a cluster")
+	f.StringVar(&o.advertise, "cluster-advertise", "", "host:port other nodes dial this node's channel at (default: the --cluster-listen address; its port with the host name's first address when it names no host)")
+	f.DurationVar(&o.heartbeat, "node-heartbeat", 2*time.Second, "how often a node of a cluster says it is alive")
+	f.DurationVar(&o.timeout, "node-timeout", 15*time.Second, "how long a node may be silent before the others declare it lost and stop its sandboxes (node_lost)")
+	f.StringVar(&o.caCert, "cluster-ca-cert", "", "PEM certificate of the cluster's CA (with --cluster-ca-key; default: the first node makes one and keeps it in the store)")
+	f.StringVar(&o.caKey, "cluster-ca-key", "", "PEM EC private key of the cluster's CA")
+}
+
+// clustered reports whether the store URL makes this server a node of a
+// cluster: a store shared with other servers.
+func clustered(storeURL string) bool {
+	return strings.HasPrefix(storeURL, "postgres://") || strings.HasPrefix(storeURL, "postgresql://")
+}
+
+var nodeIDChars = func(r rune) bool {
+	return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.')
+}
+
+// advertised is the address other nodes dial.
+func (o clusterOptions) advertised() (string, error) {
+	addr := o.advertise
+	if addr == "" {
+		addr = o.listen
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("--cluster-advertise %q: %w", addr, err)
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		name, err := os.Hostname()
+		if err != nil {
+			return "", fmt.Errorf("--cluster-advertise: %w", err)
+		}
+		addrs, err := net.LookupHost(name)
+		if err != nil || len(addrs) == 0 {
+			return "", fmt.Errorf("--cluster-advertise: the host name %s has no address; give one", name)
+		}
+		host = addrs[0]
+	}
+	return net.JoinHostPort(host, port), nil
+}
+
+// clusterCA is the CA from the flags, else the one the store keeps (made
+// by the first node that asks).
+func clusterCA(ctx context.Context, o clusterOptions, st *store.Store) (*cluster.CA, error) {
+	if (o.caCert == "") != (o.caKey == "") {
+		return nil, errors.New("--cluster-ca-cert and --cluster-ca-key go together")
+	}
+	if o.caCert != "" {
+		cert, err := os.ReadFile(o.caCert)
+		if err != nil {
+			return nil, fmt.Errorf("--cluster-ca-cert: %w", err)
+		}
+		key, err := os.ReadFile(o.caKey)
+		if err != nil {
+			return nil, fmt.Errorf("--cluster-ca-key: %w", err)
+		}
+		return cluster.ParseCA(append(append(cert, '\n'), key...))
+	}
+	pem, err := st.ClusterSetting(ctx, "ca", func() (string, error) {
+		ca, err := cluster.NewCA()
+		if err != nil {
+			return "", err
+		}
+		return ca.PEM, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return cluster.ParseCA([]byte(pem))
+}
+
+// joinCluster registers this server as a node (before its manager
+// recovers: what it recovers is this node's).
+func joinCluster(ctx context.Context, o serveOptions, st *store.Store, adm admissionSettings, accel, digest string,
+	fenced func(error), log *slog.Logger) (*cluster.Cluster, error) {
+	co := o.cluster
+	if co.nodeID == "" || len(co.nodeID) > 63 || strings.IndexFunc(co.nodeID, nodeIDChars) >= 0 {
+		return nil, fmt.Errorf("--node-id %q: want 1 to 63 of a-z A-Z 0-9 - _ .", co.nodeID)
+	}
+	addr, err := co.advertised()
+	if err != nil {
+		return nil, err
+	}
+	ca, err := clusterCA(ctx, co, st)
+	if err != nil {
+		return nil, err
+	}
+	return cluster.Join(ctx, cluster.Config{
+		Store: st, CA: ca, Heartbeat: co.heartbeat, Timeout: co.timeout, Logger: log, Fenced: fenced,
+		Self: cluster.Node{ID: co.nodeID, Address: addr, APIURL: "http://" + o.listen,
+			MemoryMiB: adm.capacity.MemoryMiB, OverheadMiB: adm.overhead, VCPUs: adm.capacity.VCPU,
+			Accel: accel, Images: []string{digest}, Version: version},
+	})
+}

@@ -1,0 +1,370 @@
+package cluster
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/sandbox"
+)
+
+func TestChooseBestFit(t *testing.T) {
+	now := time.Now()
+	n := func(id, state string, mem, used int64, beat time.Time, images ...string) *Node {
+		return &Node{ID: id, State: state, MemoryMiB: mem, CommittedMiB: used, OverheadMiB: 100, HeartbeatAt: beat, Images: images}
+	}
+	list := []*Node{
+		n("big", StateUp, 8000, 0, now, "img"),
+		n("tight", StateUp, 2000, 1000, now, "img"),
+		n("tie", StateUp, 2000, 1000, now),
+		n("full", StateUp, 1000, 500, now, "img"),
+		n("draining", StateDraining, 9000, 0, now, "img"),
+		n("down", StateDown, 9000, 0, now, "img"),
+		n("silent", StateUp, 9000, 0, now.Add(-time.Minute), "img"),
+	}
+	ids := func(ns []*Node) string {
+		var s []string
+		for _, n := range ns {
+			s = append(s, n.ID)
+		}
+		return strings.Join(s, ",")
+	}
+	alive := now.Add(-10 * time.Second)
+	if got := ids(Choose(list, Placement{MemoryMiB: 800, Alive: alive})); got != "tie,tight,big" {
+		t.Errorf("best fit: %s; want the tightest first (by id on a tie), never draining, down, silent or full", got)
+	}
+	if got := ids(Choose(list, Placement{MemoryMiB: 800, Alive: alive, Exclude: []string{"tight", "tie"}})); got != "big" {
+		t.Errorf("spread: %s", got)
+	}
+	if got := ids(Choose(list, Placement{MemoryMiB: 800, Alive: alive, Require: "tight"})); got != "tight" {
+		t.Errorf("require: %s", got)
+	}
+	if got := ids(Choose(list, Placement{MemoryMiB: 800, Alive: alive, Image: "img"})); got != "tight,big" {
+		t.Errorf("image: %s", got)
+	}
+	list[0].VCPUs, list[0].CommittedVCPUs = 4, 3
+	if got := ids(Choose(list, Placement{MemoryMiB: 800, VCPU: 2, Alive: alive})); got != "tie,tight" {
+		t.Errorf("vCPUs: %s; want big left out (3 of 4 vCPUs held)", got)
+	}
+	if got := Choose(list, Placement{MemoryMiB: 9000, Alive: alive}); len(got) != 0 {
+		t.Errorf("nothing fits 9000 MiB, got %s", ids(got))
+	}
+}
+
+// fakeStore is an in-memory Store.
+type fakeStore struct {
+	mu        sync.Mutex
+	nodes     map[string]*Node
+	owners    map[string]string
+	sandboxes map[string]*sandbox.Sandbox
+	setting   map[string]string
+}
+
+func newFakeStore() *fakeStore {
+	return &fakeStore{nodes: map[string]*Node{}, owners: map[string]string{}, sandboxes: map[string]*sandbox.Sandbox{}, setting: map[string]string{}}
+}
+
+func (f *fakeStore) RegisterNode(_ context.Context, n *Node) (int64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := *n
+	if old := f.nodes[n.ID]; old != nil {
+		c.Epoch = old.Epoch + 1
+	} else {
+		c.Epoch = 1
+	}
+	c.State, c.HeartbeatAt = StateUp, time.Now()
+	f.nodes[n.ID] = &c
+	return c.Epoch, nil
+}
+func (f *fakeStore) SetNode(string, int64) {}
+func (f *fakeStore) Heartbeat(_ context.Context, id string, epoch int64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := f.nodes[id]
+	if n == nil || n.Epoch != epoch || n.State == StateDown {
+		return errdefs.New(errdefs.ErrConflict, "node_fenced", "fenced")
+	}
+	n.HeartbeatAt = time.Now()
+	return nil
+}
+func (f *fakeStore) ListNodes(context.Context) ([]*Node, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []*Node
+	for _, n := range f.nodes {
+		c := *n
+		out = append(out, &c)
+	}
+	return out, nil
+}
+func (f *fakeStore) GetNode(_ context.Context, id string) (*Node, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if n := f.nodes[id]; n != nil {
+		c := *n
+		return &c, nil
+	}
+	return nil, errdefs.ErrNotFound
+}
+func (f *fakeStore) Place(ctx context.Context, p Placement) ([]*Node, error) {
+	list, _ := f.ListNodes(ctx)
+	return Choose(list, p), nil
+}
+func (f *fakeStore) StaleNodes(_ context.Context, cutoff time.Time) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var ids []string
+	for _, n := range f.nodes {
+		if n.State != StateDown && n.HeartbeatAt.Before(cutoff) {
+			ids = append(ids, n.ID)
+		}
+	}
+	return ids, nil
+}
+func (f *fakeStore) DeclareLost(_ context.Context, id string, cutoff time.Time, _ string) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := f.nodes[id]
+	if n == nil || n.State == StateDown || !n.HeartbeatAt.Before(cutoff) {
+		return nil, nil
+	}
+	n.State, n.Epoch = StateDown, n.Epoch+1
+	return nil, nil
+}
+func (f *fakeStore) SetNodeDraining(ctx context.Context, id string, d bool) (*Node, error) {
+	f.mu.Lock()
+	if d {
+		f.nodes[id].State = StateDraining
+	} else {
+		f.nodes[id].State = StateUp
+	}
+	f.mu.Unlock()
+	return f.GetNode(ctx, id)
+}
+func (f *fakeStore) MoveSandbox(_ context.Context, id, from, to string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb := f.sandboxes[id]
+	if sb == nil || sb.NodeID != from || sb.State != sandbox.StatePaused {
+		return errdefs.New(errdefs.ErrConflict, "not_movable", "no")
+	}
+	sb.NodeID, f.owners[id] = to, to
+	return nil
+}
+func (f *fakeStore) OwnerNode(_ context.Context, _, id string) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.owners[id], nil
+}
+func (f *fakeStore) ClusterSetting(_ context.Context, name string, put func() (string, error)) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if v, ok := f.setting[name]; ok {
+		return v, nil
+	}
+	v, err := put()
+	f.setting[name] = v
+	return v, err
+}
+func (f *fakeStore) GetSandbox(_ context.Context, id string) (*sandbox.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if sb := f.sandboxes[id]; sb != nil {
+		c := *sb
+		return &c, nil
+	}
+	return nil, errdefs.ErrNotFound
+}
+func (f *fakeStore) ListSandboxes(context.Context, sandbox.ListOptions) ([]*sandbox.Sandbox, string, error) {
+	return nil, "", nil
+}
+
+// testNode joins st as id with a channel on a loopback listener serving
+// local, and returns it with its channel address.
+func testNode(t *testing.T, st *fakeStore, ca *CA, id string, memMiB int64, local http.Handler) *Cluster {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := Join(context.Background(), Config{Store: st, CA: ca, Heartbeat: time.Second, Timeout: 5 * time.Second,
+		Self: Node{ID: id, Address: ln.Addr().String(), MemoryMiB: memMiB}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = c.Serve(ctx, ln, local); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return c
+}
+
+func says(who string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("X-Served-By", who)
+		w.Header().Set("X-Forwarded-By-Seen", r.Header.Get(HeaderForwardedBy))
+		_, _ = w.Write(append([]byte(who+":"), body...))
+	})
+}
+
+func TestRouterProxiesToTheOwner(t *testing.T) {
+	ca, err := NewCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newFakeStore()
+	a := testNode(t, st, ca, "a", 4096, says("a-channel"))
+	testNode(t, st, ca, "b", 4096, says("b"))
+	st.owners["sbx_on_b"], st.owners["sbx_on_a"] = "b", "a"
+	front := a.Handler(says("a"))
+
+	get := func(path string) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		front.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+		return rec
+	}
+	if rec := get("/v1/sandboxes/sbx_on_b:exec"); rec.Header().Get("X-Served-By") != "b" || rec.Header().Get("X-Forwarded-By-Seen") != "a" {
+		t.Errorf("b's sandbox: served by %q (forwarded by %q), want b, forwarded by a", rec.Header().Get("X-Served-By"), rec.Header().Get("X-Forwarded-By-Seen"))
+	}
+	for _, p := range []string{"/v1/sandboxes/sbx_on_a/files?path=/x", "/v1/sandboxes/sbx_unknown", "/v1/keys"} {
+		if rec := get(p); rec.Header().Get("X-Served-By") != "a" {
+			t.Errorf("%s: served by %q, want a (here)", p, rec.Header().Get("X-Served-By"))
+		}
+	}
+	// A down node's sandboxes are answered here, from the store.
+	st.mu.Lock()
+	st.nodes["b"].State = StateDown
+	st.mu.Unlock()
+	if rec := get("/v1/sandboxes/sbx_on_b"); rec.Header().Get("X-Served-By") != "a" {
+		t.Errorf("down node's sandbox served by %q, want a", rec.Header().Get("X-Served-By"))
+	}
+}
+
+func TestPlaceTriesTheNextNodeAndSaysNoCapacity(t *testing.T) {
+	ca, err := NewCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newFakeStore()
+	full := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusConflict, "no_capacity", "full", "")
+	})
+	a := testNode(t, st, ca, "a", 8192, says("a-channel"))
+	testNode(t, st, ca, "b", 2048, full) // the tightest fit, but its ledger says no
+	create := func(front http.Handler, body string) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		front.ServeHTTP(rec, httptest.NewRequest("POST", "/v1/sandboxes", strings.NewReader(body)))
+		return rec
+	}
+	rec := create(a.Handler(says("a")), `{"memoryMiB": 1024}`)
+	if rec.Code != 200 || rec.Body.String() != `a:{"memoryMiB": 1024}` {
+		t.Errorf("create: %d %q; want a's answer, the body passed on whole", rec.Code, rec.Body.String())
+	}
+	rec = create(a.Handler(full), `{"memoryMiB": 1024}`)
+	if rec.Code != http.StatusConflict || errorCode(rec.Body.Bytes()) != "no_capacity" || rec.Header().Get("X-Request-Id") == "" {
+		t.Errorf("all full: %d %s", rec.Code, rec.Body.String())
+	}
+	rec = create(a.Handler(says("a")), `{"memoryMiB": 65536}`)
+	if rec.Code != http.StatusConflict || errorCode(rec.Body.Bytes()) != "no_capacity" {
+		t.Errorf("too big for any node: %d %s", rec.Code, rec.Body.String())
+	}
+}
+
+func TestChannelRefusesStrangers(t *testing.T) {
+	ca, err := NewCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := NewCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newFakeStore()
+	b := testNode(t, st, ca, "b", 4096, says("b"))
+	n, _ := st.GetNode(context.Background(), "b")
+	dial := func(cfg *tls.Config) error {
+		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}, Timeout: 10 * time.Second}
+		resp, err := hc.Get(peerURL(n) + "/v1/keys")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
+	}
+	peer, err := ca.Issue("peer", "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dial(peer.Client); err != nil {
+		t.Fatalf("a peer with the cluster's certificate: %v", err)
+	}
+	stranger, err := other.Issue("stranger", "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	noCert := peer.Client.Clone()
+	noCert.Certificates = nil
+	strangerTrusting := stranger.Client.Clone()
+	strangerTrusting.RootCAs = peer.Client.RootCAs // trusts b, but b does not trust it
+	for name, cfg := range map[string]*tls.Config{"no certificate": noCert, "another CA's certificate": strangerTrusting} {
+		if err := dial(cfg); err == nil {
+			t.Errorf("%s: the channel answered", name)
+		}
+	}
+	_ = b
+}
+
+func TestParseCARejectsMismatch(t *testing.T) {
+	a, _ := NewCA()
+	b, _ := NewCA()
+	certA := a.PEM[:strings.Index(a.PEM, "-----BEGIN EC PRIVATE KEY")]
+	keyB := b.PEM[strings.Index(b.PEM, "-----BEGIN EC PRIVATE KEY"):]
+	if _, err := ParseCA([]byte(certA + keyB)); err == nil {
+		t.Error("a CA whose key is another's was accepted")
+	}
+	if _, err := ParseCA([]byte(a.PEM)); err != nil {
+		t.Errorf("round trip: %v", err)
+	}
+}
+
+func TestUntarRefusesHostileNames(t *testing.T) {
+	for _, name := range []string{"../escape", "sub/dir", ".hidden", "/abs"} {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		_ = tw.WriteHeader(&tar.Header{Name: name, Size: 1, Mode: 0o600, Typeflag: tar.TypeReg})
+		_, _ = tw.Write([]byte("x"))
+		_ = tw.Close()
+		dir := t.TempDir()
+		if err := untarFiles(&buf, dir); err == nil {
+			t.Errorf("%q accepted", name)
+		}
+	}
+	// A plain file keeps its content and its zero runs read back as zeros.
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	data := append(append([]byte("head"), make([]byte, 200<<10)...), "tail"...)
+	_ = tw.WriteHeader(&tar.Header{Name: "mem", Size: int64(len(data)), Mode: 0o600, Typeflag: tar.TypeReg})
+	_, _ = tw.Write(data)
+	_ = tw.Close()
+	dir := t.TempDir()
+	if err := untarFiles(&buf, dir); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(filepath.Join(dir, "mem"))
+	if err != nil || !bytes.Equal(got, data) {
+		t.Errorf("moved file differs (%v)", err)
+	}
+}

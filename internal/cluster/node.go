@@ -1,0 +1,177 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/sandbox"
+)
+
+// Store is what the cluster needs of the shared store (store.Store).
+type Store interface {
+	RegisterNode(ctx context.Context, n *Node) (int64, error)
+	SetNode(id string, epoch int64)
+	Heartbeat(ctx context.Context, id string, epoch int64) error
+	ListNodes(ctx context.Context) ([]*Node, error)
+	GetNode(ctx context.Context, id string) (*Node, error)
+	Place(ctx context.Context, p Placement) ([]*Node, error)
+	StaleNodes(ctx context.Context, cutoff time.Time) ([]string, error)
+	DeclareLost(ctx context.Context, id string, cutoff time.Time, by string) ([]string, error)
+	SetNodeDraining(ctx context.Context, id string, draining bool) (*Node, error)
+	MoveSandbox(ctx context.Context, id, from, to string) error
+	OwnerNode(ctx context.Context, table, id string) (string, error)
+	ClusterSetting(ctx context.Context, name string, put func() (string, error)) (string, error)
+	GetSandbox(ctx context.Context, id string) (*sandbox.Sandbox, error)
+	ListSandboxes(ctx context.Context, opts sandbox.ListOptions) ([]*sandbox.Sandbox, string, error)
+}
+
+// Mover is what the cluster needs of the manager to hand paused sandboxes
+// between nodes (sandbox.Manager).
+type Mover interface {
+	MoveOut(ctx context.Context, id string, send func(ctx context.Context, sb *sandbox.Sandbox, files map[string]string) error) error
+	MoveIn(ctx context.Context, sb *sandbox.Sandbox, receive func(ctx context.Context, dir string) error, commit func(ctx context.Context) error) error
+}
+
+// Config configures this node of a cluster.
+type Config struct {
+	Store Store
+	// Self describes this node; ID, Address and the capacity are required.
+	Self Node
+	// CA signs the node-to-node channel's certificates.
+	CA *CA
+	// Heartbeat is how often this node says it is alive and looks for
+	// silent nodes; Timeout how long a node may be silent before it is
+	// declared lost.
+	Heartbeat, Timeout time.Duration
+	// Fenced is called once if the store refuses this node's heartbeat:
+	// the cluster declared it lost, and its sandboxes were stopped; the
+	// server must end its VMs and stop serving.
+	Fenced func(error)
+	Logger *slog.Logger
+}
+
+// Cluster is this node's membership of a cluster.
+type Cluster struct {
+	cfg    Config
+	log    *slog.Logger
+	epoch  int64
+	tls    *NodeTLS
+	client *http.Client
+	fenced sync.Once
+	mover  atomic.Pointer[Mover] // set by RunDrain
+}
+
+// Join registers this node (its epoch one more than before), scopes the
+// store to it, and makes its TLS identity. Call it before the manager
+// recovers its sandboxes: what it recovers is this node's.
+func Join(ctx context.Context, cfg Config) (*Cluster, error) {
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = 2 * time.Second
+	}
+	if cfg.Timeout < 3*cfg.Heartbeat {
+		return nil, fmt.Errorf("the node timeout (%s) must be at least three heartbeats (%s)", cfg.Timeout, 3*cfg.Heartbeat)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	host, _, err := net.SplitHostPort(cfg.Self.Address)
+	if err != nil {
+		return nil, fmt.Errorf("node address %q: %w", cfg.Self.Address, err)
+	}
+	nt, err := cfg.CA.Issue(cfg.Self.ID, host)
+	if err != nil {
+		return nil, err
+	}
+	epoch, err := cfg.Store.RegisterNode(ctx, &cfg.Self)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Store.SetNode(cfg.Self.ID, epoch)
+	c := &Cluster{cfg: cfg, log: cfg.Logger.With("node", cfg.Self.ID), epoch: epoch, tls: nt}
+	c.client = &http.Client{Transport: c.transport()}
+	c.log.Info("joined the cluster", "epoch", epoch, "address", cfg.Self.Address)
+	return c, nil
+}
+
+// transport dials peers over the mutual-TLS channel, HTTP/1.1 (so that
+// upgrades to WebSocket pass through the proxy).
+func (c *Cluster) transport() *http.Transport {
+	return &http.Transport{
+		TLSClientConfig:     c.tls.Client.Clone(),
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		TLSHandshakeTimeout: 5 * time.Second,
+		MaxIdleConnsPerHost: 32,
+		IdleConnTimeout:     90 * time.Second,
+	}
+}
+
+// ID is this node's id; Epoch the fencing token it registered with.
+func (c *Cluster) ID() string             { return c.cfg.Self.ID }
+func (c *Cluster) Epoch() int64           { return c.epoch }
+func (c *Cluster) Store() Store           { return c.cfg.Store }
+func (c *Cluster) Timeout() time.Duration { return c.cfg.Timeout }
+
+// Run beats the heart and declares silent nodes lost, until ctx ends or
+// the store fences this node.
+func (c *Cluster) Run(ctx context.Context) {
+	t := time.NewTicker(c.cfg.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := c.cfg.Store.Heartbeat(ctx, c.ID(), c.epoch); err != nil {
+			if errdefs.IsConflict(err) {
+				c.fenced.Do(func() {
+					c.log.Error("this node was declared lost by the cluster; standing down", "err", err)
+					if c.cfg.Fenced != nil {
+						c.cfg.Fenced(err)
+					}
+				})
+				return
+			}
+			c.log.Warn("heartbeat", "err", err)
+			continue
+		}
+		c.declareSilent(ctx)
+	}
+}
+
+// declareSilent declares lost every node silent for longer than the
+// timeout. Every node does this; the store's conditional update makes one
+// of them win.
+func (c *Cluster) declareSilent(ctx context.Context) {
+	cutoff := time.Now().Add(-c.cfg.Timeout)
+	ids, err := c.cfg.Store.StaleNodes(ctx, cutoff)
+	if err != nil {
+		c.log.Warn("looking for silent nodes", "err", err)
+		return
+	}
+	for _, id := range ids {
+		if id == c.ID() {
+			continue // a node never declares itself; its heartbeat failing says enough
+		}
+		stopped, err := c.cfg.Store.DeclareLost(ctx, id, cutoff, c.ID())
+		if err != nil {
+			c.log.Warn("declaring a silent node lost", "lost", id, "err", err)
+			continue
+		}
+		c.log.Warn("declared a silent node lost", "lost", id, "silent_for_more_than", c.cfg.Timeout,
+			"sandboxes_stopped", len(stopped))
+	}
+}
+
+// alive is the heartbeat a node must have given to count as alive.
+func (c *Cluster) alive() time.Time { return time.Now().Add(-c.cfg.Timeout) }
+
+// peerURL is the base URL of node n's channel.
+func peerURL(n *Node) string { return "https://" + n.Address }

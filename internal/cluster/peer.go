@@ -1,0 +1,264 @@
+package cluster
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/emberbox/emberbox/internal/sandbox"
+)
+
+// Bounds of a move: a paused sandbox is a few files (memory, device
+// state, disk overlay and its chain), none larger than a disk may be.
+const (
+	maxMoveFiles    = 16
+	maxMoveFileSize = 128 << 30
+)
+
+// Serve answers the node-to-node channel on ln until ctx ends: peers'
+// forwarded API requests (served by local, this node's API without the
+// cluster's routing, so never routed again)
+// and the cluster's own calls under /cluster/v1/. Only peers with a
+// certificate of the cluster's CA get through the handshake.
+func (c *Cluster) Serve(ctx context.Context, ln net.Listener, local http.Handler) error {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /cluster/v1/sandboxes/{id}/move-in", c.moveIn)
+	mux.Handle("/", local)
+	srv := &http.Server{
+		Handler:           mux,
+		TLSConfig:         c.tls.Server.Clone(),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+	}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	err := srv.Serve(tls.NewListener(ln, srv.TLSConfig))
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// peerID is the node id of the peer that made r (its certificate's name).
+func peerID(r *http.Request) string {
+	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
+		return ""
+	}
+	return r.TLS.PeerCertificates[0].Subject.CommonName
+}
+
+// moveIn takes in a paused sandbox a draining peer hands over: the body is
+// a tar of its files. The store's owner switches only once every file is
+// in place, in MoveIn's commit.
+func (c *Cluster) moveIn(w http.ResponseWriter, r *http.Request) {
+	from := peerID(r)
+	id := r.PathValue("id")
+	sb, err := c.cfg.Store.GetSandbox(r.Context(), id)
+	switch {
+	case err != nil:
+		http.Error(w, "unknown sandbox", http.StatusNotFound)
+		return
+	case sb.NodeID != from || sb.State != sandbox.StatePaused:
+		http.Error(w, fmt.Sprintf("sandbox %s is not paused on node %s", id, from), http.StatusConflict)
+		return
+	}
+	receive := func(ctx context.Context, dir string) error { return untarFiles(r.Body, dir) }
+	commit := func(ctx context.Context) error { return c.cfg.Store.MoveSandbox(ctx, id, from, c.ID()) }
+	mover := c.mover.Load()
+	if mover == nil {
+		http.Error(w, "this node takes in no sandboxes yet", http.StatusServiceUnavailable)
+		return
+	}
+	if err := (*mover).MoveIn(r.Context(), sb, receive, commit); err != nil {
+		c.log.Warn("taking in a moved sandbox", "sandbox_id", id, "from", from, "err", err)
+		http.Error(w, "move failed: "+err.Error(), http.StatusConflict)
+		return
+	}
+	c.log.Info("took in a paused sandbox", "sandbox_id", id, "from", from)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// untarFiles writes the plain files of a move tar into dir, keeping runs
+// of zeros as holes (guest memory is mostly holes).
+func untarFiles(r io.Reader, dir string) error {
+	tr := tar.NewReader(r)
+	for n := 0; ; n++ {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("reading the moved files: %w", err)
+		}
+		if n >= maxMoveFiles {
+			return errors.New("too many files in a move")
+		}
+		if h.Typeflag != tar.TypeReg || h.Name == "" || h.Name != filepath.Base(h.Name) ||
+			strings.HasPrefix(h.Name, ".") || h.Size < 0 || h.Size > maxMoveFileSize {
+			return fmt.Errorf("moved file %q refused: want a plain file name and a bounded size", h.Name)
+		}
+		if err := writeSparse(filepath.Join(dir, h.Name), tr, h.Size); err != nil {
+			return fmt.Errorf("writing moved file %s: %w", h.Name, err)
+		}
+	}
+}
+
+func writeSparse(name string, r io.Reader, size int64) error {
+	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	zero := make([]byte, 64<<10)
+	var off int64
+	for off < size {
+		k, err := io.ReadFull(r, buf[:min(int64(len(buf)), size-off)])
+		if err != nil {
+			return err
+		}
+		for b := buf[:k]; len(b) > 0; {
+			chunk := b[:min(len(b), len(zero))]
+			if !bytes.Equal(chunk, zero[:len(chunk)]) {
+				if _, err := f.WriteAt(chunk, off); err != nil {
+					return err
+				}
+			}
+			off += int64(len(chunk))
+			b = b[len(chunk):]
+		}
+	}
+	if err := f.Truncate(size); err != nil {
+		return err
+	}
+	return f.Sync()
+}
+
+// sendFiles streams files (name → host path) as a tar to node n's move-in.
+func (c *Cluster) sendFiles(ctx context.Context, n *Node, id string, files map[string]string) error {
+	if len(files) > maxMoveFiles {
+		return fmt.Errorf("moving %s: %d files", id, len(files))
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		pw.CloseWithError(writeTar(pw, files))
+	}()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, peerURL(n)+"/cluster/v1/sandboxes/"+id+"/move-in", pr)
+	if err != nil {
+		pr.Close()
+		return err
+	}
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("moving %s to node %s: %w", id, n.ID, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("moving %s to node %s: %s: %s", id, n.ID, resp.Status, strings.TrimSpace(string(msg)))
+	}
+	return nil
+}
+
+func writeTar(w io.Writer, files map[string]string) error {
+	tw := tar.NewWriter(w)
+	names := make([]string, 0, len(files))
+	for name := range files {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if err := addFile(tw, name, files[name]); err != nil {
+			return err
+		}
+	}
+	return tw.Close()
+}
+
+func addFile(tw *tar.Writer, name, path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if !st.Mode().IsRegular() {
+		return fmt.Errorf("%s is not a regular file", name)
+	}
+	if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o600, Size: st.Size(), Typeflag: tar.TypeReg,
+		ModTime: st.ModTime()}); err != nil {
+		return err
+	}
+	_, err = io.CopyN(tw, f, st.Size())
+	return err
+}
+
+// RunDrain moves this node's paused sandboxes to other nodes with mover
+// while the node is draining, one at a time, until ctx ends; and takes in
+// those other nodes move here. It runs beside Run, so a long move never
+// delays a heartbeat.
+func (c *Cluster) RunDrain(ctx context.Context, mover Mover) {
+	c.mover.Store(&mover)
+	t := time.NewTicker(c.cfg.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		c.drainStep(ctx)
+	}
+}
+
+func (c *Cluster) drainStep(ctx context.Context) {
+	self, err := c.cfg.Store.GetNode(ctx, c.ID())
+	if err != nil || self.State != StateDraining {
+		return
+	}
+	paused, _, err := c.cfg.Store.ListSandboxes(ctx, sandbox.ListOptions{AllOwners: true, Local: true,
+		States: []sandbox.State{sandbox.StatePaused}, Limit: 100})
+	if err != nil {
+		c.log.Warn("draining: listing paused sandboxes", "err", err)
+		return
+	}
+	for _, sb := range paused {
+		if ctx.Err() != nil {
+			return
+		}
+		// It must be able to wake where it goes.
+		cands, err := c.cfg.Store.Place(ctx, Placement{MemoryMiB: int64(sb.MemoryMiB), VCPU: sb.VCPU, Alive: c.alive(),
+			Exclude: []string{c.ID()}})
+		if err != nil || len(cands) == 0 {
+			c.log.Warn("draining: no node can take a paused sandbox", "sandbox_id", sb.ID, "err", err)
+			continue
+		}
+		to := cands[0]
+		started := time.Now()
+		err = (*c.mover.Load()).MoveOut(ctx, sb.ID, func(ctx context.Context, sb *sandbox.Sandbox, files map[string]string) error {
+			return c.sendFiles(ctx, to, sb.ID, files)
+		})
+		if err != nil {
+			c.log.Warn("draining: moving a paused sandbox", "sandbox_id", sb.ID, "to", to.ID, "err", err)
+			continue
+		}
+		c.log.Info("draining: moved a paused sandbox", "sandbox_id", sb.ID, "to", to.ID, "took", time.Since(started))
+	}
+}

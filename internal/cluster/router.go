@@ -1,0 +1,218 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+
+	"github.com/emberbox/emberbox/internal/sandbox"
+)
+
+// HeaderForwardedBy marks a request a peer forwarded; it is honoured only
+// on the node-to-node channel (a tenant sending it gets the normal
+// routing).
+const HeaderForwardedBy = "X-Emberbox-Forwarded-By"
+
+// maxCreateBody bounds the create body the router reads to place it.
+const maxCreateBody = 1 << 20
+
+// Handler routes the API in front of next (this node's API): a create is
+// placed on a node and sent there; a call for a sandbox or snapshot of
+// another node that is not down is proxied to it; everything else is
+// next's.
+func (c *Cluster) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == http.MethodPost && strings.TrimSuffix(r.URL.Path, "/") == "/v1/sandboxes":
+			c.place(w, r, next)
+			return
+		case strings.HasPrefix(r.URL.Path, "/v1/sandboxes/"):
+			c.routeOwned(w, r, next, "sandboxes", resourceID(r.URL.Path, "/v1/sandboxes/"))
+			return
+		case strings.HasPrefix(r.URL.Path, "/v1/snapshots/"):
+			c.routeOwned(w, r, next, "snapshots", resourceID(r.URL.Path, "/v1/snapshots/"))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// resourceID is the id after prefix, up to a '/' or a ':verb'.
+func resourceID(path, prefix string) string {
+	id := strings.TrimPrefix(path, prefix)
+	if i := strings.IndexAny(id, "/:"); i >= 0 {
+		id = id[:i]
+	}
+	return id
+}
+
+// routeOwned serves a call for resource id of table: here if it is this
+// node's, unknown, or its node is down (the store answers for it);
+// otherwise on its node.
+func (c *Cluster) routeOwned(w http.ResponseWriter, r *http.Request, next http.Handler, table, id string) {
+	owner, err := c.cfg.Store.OwnerNode(r.Context(), table, id)
+	if err != nil || owner == "" || owner == c.ID() {
+		next.ServeHTTP(w, r)
+		return
+	}
+	n, err := c.cfg.Store.GetNode(r.Context(), owner)
+	if err != nil || n.State == StateDown {
+		next.ServeHTTP(w, r)
+		return
+	}
+	c.proxy(n).ServeHTTP(w, r)
+}
+
+// proxy forwards requests to node n over the channel, streaming both ways
+// (NDJSON is flushed as it comes; upgrades pass through).
+func (c *Cluster) proxy(n *Node) http.Handler {
+	target, _ := url.Parse(peerURL(n))
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			pr.Out.Host = pr.In.Host // previews and links are made from it
+			pr.SetXForwarded()
+			pr.Out.Header.Set(HeaderForwardedBy, c.ID())
+		},
+		Transport:     c.client.Transport,
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			c.log.Warn("proxying to a node", "to", n.ID, "path", r.URL.Path, "err", err)
+			writeError(w, http.StatusServiceUnavailable, "node_unreachable",
+				"the node that runs this sandbox ("+n.ID+") does not answer", "retry; if the node is lost, the sandbox is stopped within the node timeout")
+		},
+	}
+}
+
+// createFields are what placement reads of a create.
+type createFields struct {
+	MemoryMiB  *int            `json:"memoryMiB"`
+	VCPU       *int            `json:"vcpu"`
+	Snapshot   string          `json:"snapshot"`
+	SpreadFrom json.RawMessage `json:"spreadFrom"`
+}
+
+// place sends a create to the best node that takes it: candidates from
+// the store, best fit first; one that answers no_capacity (its ledger had
+// less room than the store showed: a race) passes it to the next.
+func (c *Cluster) place(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxCreateBody+1))
+	if err != nil || len(body) > maxCreateBody {
+		next.ServeHTTP(w, withBody(r, body)) // the API answers what is wrong
+		return
+	}
+	var f createFields
+	if json.Unmarshal(body, &f) != nil {
+		next.ServeHTTP(w, withBody(r, body))
+		return
+	}
+	p := Placement{MemoryMiB: sandbox.DefaultMemoryMiB, VCPU: sandbox.DefaultVCPU, Alive: c.alive()}
+	if f.MemoryMiB != nil {
+		p.MemoryMiB = int64(*f.MemoryMiB)
+	}
+	if f.VCPU != nil {
+		p.VCPU = *f.VCPU
+	}
+	if f.Snapshot != "" {
+		// A copy of a snapshot runs where the snapshot's files are.
+		if node, err := c.cfg.Store.OwnerNode(r.Context(), "snapshots", f.Snapshot); err == nil && node != "" {
+			p.Require = node
+		}
+	}
+	var spread []string
+	if len(f.SpreadFrom) > 0 && json.Unmarshal(f.SpreadFrom, &spread) != nil {
+		var one string
+		if json.Unmarshal(f.SpreadFrom, &one) == nil {
+			spread = []string{one}
+		}
+	}
+	if len(spread) > 16 {
+		next.ServeHTTP(w, withBody(r, body)) // the API refuses it
+		return
+	}
+	for _, id := range spread {
+		p.Exclude = append(p.Exclude, c.nodeOf(r.Context(), id))
+	}
+	cands, err := c.cfg.Store.Place(r.Context(), p)
+	if err != nil {
+		c.log.Warn("placing a create", "err", err)
+		writeError(w, http.StatusServiceUnavailable, "unavailable", "The service is unavailable right now.", "")
+		return
+	}
+	for _, n := range cands {
+		rec := httptest.NewRecorder()
+		if n.ID == c.ID() {
+			next.ServeHTTP(rec, withBody(r, body))
+		} else {
+			c.proxy(n).ServeHTTP(rec, withBody(r, body))
+		}
+		if rec.Code == http.StatusConflict && errorCode(rec.Body.Bytes()) == "no_capacity" {
+			c.log.Info("a node had no room after all; trying the next", "node", n.ID)
+			continue
+		}
+		if rec.Code == http.StatusServiceUnavailable && errorCode(rec.Body.Bytes()) == "node_unreachable" {
+			continue
+		}
+		copyRecorded(w, rec)
+		return
+	}
+	writeError(w, http.StatusConflict, "no_capacity",
+		"no node of the cluster has room for this sandbox", "wait for sandboxes to end, or ask for less memory")
+}
+
+// nodeOf is the node of a sandbox or snapshot by id ("" unknown).
+func (c *Cluster) nodeOf(ctx context.Context, id string) string {
+	table := "sandboxes"
+	if strings.HasPrefix(id, "snap") {
+		table = "snapshots"
+	}
+	node, _ := c.cfg.Store.OwnerNode(ctx, table, id)
+	return node
+}
+
+func withBody(r *http.Request, body []byte) *http.Request {
+	r2 := r.Clone(r.Context())
+	r2.Body = io.NopCloser(bytes.NewReader(body))
+	r2.ContentLength = int64(len(body))
+	return r2
+}
+
+func errorCode(body []byte) string {
+	var e struct {
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	_ = json.Unmarshal(body, &e)
+	return e.Error.Code
+}
+
+func copyRecorded(w http.ResponseWriter, rec *httptest.ResponseRecorder) {
+	for k, v := range rec.Header() {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(rec.Code)
+	_, _ = w.Write(rec.Body.Bytes())
+}
+
+// writeError answers in the API's one error shape.
+func writeError(w http.ResponseWriter, status int, code, msg, hint string) {
+	var rid [8]byte
+	_, _ = rand.Read(rid[:])
+	id := "req_" + hex.EncodeToString(rid[:])
+	b, _ := json.Marshal(map[string]any{"error": map[string]any{
+		"code": code, "status": status, "message": msg, "hint": hint, "requestId": id,
+	}})
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Request-Id", id)
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}

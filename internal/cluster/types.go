@@ -1,0 +1,87 @@
+// Package cluster makes several emberbox servers on one PostgreSQL store one
+// service: each registers as a node with a heartbeat, any node answers any
+// API call, a create is placed on a node by the store's view of what each
+// holds, a call for a sandbox of another node is proxied to it over a
+// mutual-TLS channel of the nodes' own, a node that stops answering is
+// declared lost by the others, and a drained node hands its paused
+// sandboxes to the others. See docs/cluster.md.
+package cluster
+
+import (
+	"cmp"
+	"slices"
+	"time"
+)
+
+// Node states.
+const (
+	StateUp       = "up"
+	StateDraining = "draining" // takes no new sandboxes; moves its paused ones away
+	StateDown     = "down"     // declared lost; its epoch moved on
+)
+
+// Node is one server of a cluster, as the store keeps it.
+type Node struct {
+	ID      string
+	Address string // host:port of its node-to-node listener
+	APIURL  string
+	State   string
+	// Epoch is the fencing token: one more at each start of the node and
+	// when it is declared down. A process whose epoch is not the stored
+	// one may not write.
+	Epoch       int64
+	MemoryMiB   int64 // what it may promise in all
+	OverheadMiB int64 // what it charges each sandbox besides its memory
+	VCPUs       int
+	Accel       string
+	Images      []string // digests of the images it boots
+	Version     string
+	StartedAt   time.Time
+	HeartbeatAt time.Time
+	DownAt      *time.Time
+
+	// Filled in by listings: what its sandboxes with a VM hold.
+	Running        int
+	CommittedMiB   int64
+	CommittedVCPUs int
+}
+
+// FreeMiB is the memory the node may still promise.
+func (n *Node) FreeMiB() int64 { return n.MemoryMiB - n.CommittedMiB }
+
+// Placement is what a create asks of the node it runs on.
+type Placement struct {
+	MemoryMiB int64 // the sandbox's memory; each node adds its overhead
+	VCPU      int   // the sandbox's vCPUs
+	// Alive: only nodes whose last heartbeat is after it.
+	Alive time.Time
+	// Exclude: nodes it must not run on (spreadFrom).
+	Exclude []string
+	// Require: the one node it must run on ("" any), e.g. the node that
+	// holds the snapshot it is a copy of.
+	Require string
+	// Image: a digest every candidate must boot ("" any).
+	Image string
+}
+
+// Choose returns the nodes of list that can take p, best first: up (not
+// draining or down), alive, allowed, with the memory and vCPUs free; the one left
+// with the least free memory first (best fit), then by id.
+func Choose(list []*Node, p Placement) []*Node {
+	var out []*Node
+	for _, n := range list {
+		switch {
+		case n.State != StateUp, n.HeartbeatAt.Before(p.Alive),
+			slices.Contains(p.Exclude, n.ID), p.Require != "" && n.ID != p.Require,
+			p.Image != "" && !slices.Contains(n.Images, p.Image),
+			n.FreeMiB() < p.MemoryMiB+n.OverheadMiB,
+			n.VCPUs > 0 && n.CommittedVCPUs+p.VCPU > n.VCPUs:
+			continue
+		}
+		out = append(out, n)
+	}
+	slices.SortFunc(out, func(a, b *Node) int {
+		return cmp.Or(cmp.Compare(a.FreeMiB()-a.OverheadMiB, b.FreeMiB()-b.OverheadMiB), cmp.Compare(a.ID, b.ID))
+	})
+	return out
+}

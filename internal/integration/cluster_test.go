@@ -1,0 +1,483 @@
+package integration
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/emberbox/emberbox/internal/pgtest"
+)
+
+// The cluster under test: three nodes on three loopback addresses sharing
+// one PostgreSQL database. Their memory is set so that six sandboxes of
+// clusterMemMiB fill the cluster exactly (a: 3, b: 2, c: 1) and a
+// default-size sandbox fits on an empty node a.
+const (
+	clusterMemMiB      = 1536
+	clusterOverheadMiB = 256
+	clusterSlotMiB     = clusterMemMiB + clusterOverheadMiB
+	clusterHeartbeat   = time.Second
+	clusterTimeout     = 6 * time.Second
+)
+
+type clusterNode struct {
+	id, host, dataDir, channel string
+	slots                      int
+	s                          *server
+	args                       []string
+}
+
+func (n *clusterNode) start(t *testing.T) {
+	t.Helper()
+	n.s = startServerArgs2(t, n.host, n.dataDir, n.args)
+}
+
+// startServerArgs2 is startServerArgs on another loopback address.
+func startServerArgs2(t *testing.T, host, dataDir string, args []string) *server {
+	t.Helper()
+	needVMs(t)
+	var lastErr error
+	for range 3 {
+		s, err := launch(t, host, dataDir, args, nil)
+		if err == nil {
+			return s
+		}
+		lastErr = err
+	}
+	t.Fatalf("starting node on %s: %v", host, lastErr)
+	return nil
+}
+
+// TestCluster runs PostgreSQL and three `emberbox serve` nodes on it, each
+// booting real VMs, and checks placement, proxying (plain, files,
+// processes, streams), capacity across the cluster, drain moving a paused
+// sandbox, node loss and a lost node's return, and the withruntime SDK's
+// flow through a round-robin front like a Kubernetes Service.
+func TestCluster(t *testing.T) {
+	needVMs(t)
+	dsn := pgtest.Start(t).NewDatabase(t)
+	nodes := []*clusterNode{{id: "a", host: "127.0.0.1", slots: 3}, {id: "b", host: "127.0.0.2", slots: 2}, {id: "c", host: "127.0.0.3", slots: 1}}
+	for i, n := range nodes {
+		n.dataDir = t.TempDir()
+		n.channel = fmt.Sprintf("%s:%d", n.host, freePort(t))
+		n.args = []string{"--store", dsn, "--node-id", n.id, "--cluster-listen", n.channel,
+			"--node-heartbeat", clusterHeartbeat.String(), "--node-timeout", clusterTimeout.String(),
+			"--max-memory-mib", fmt.Sprint(n.slots * clusterSlotMiB), "--vm-overhead-mib", fmt.Sprint(clusterOverheadMiB),
+			"--quota-sandboxes", "0", "--templates=false", "--memory-floor-mib", "0",
+			// Nodes on one host take their VMs' uids from ranges of their own.
+			"--vm-uid-base", fmt.Sprint(1_500_000 + i*10_000), "--vm-uid-count", "10000"}
+	}
+	for _, n := range nodes {
+		n.start(t)
+	}
+	a, b, c := nodes[0], nodes[1], nodes[2]
+	key := a.s.AdminKey // keys live in the shared store: any node's works everywhere
+	via := func(n *clusterNode) *client { return n.s.client(key) }
+
+	waitNodes := func(want map[string]string) []nodeRowJSON {
+		t.Helper()
+		var got []nodeRowJSON
+		ok := waitUntil(2*time.Minute, 200*time.Millisecond, func() bool {
+			got = listClusterNodes(t, via(a))
+			seen := map[string]string{}
+			for _, n := range got {
+				seen[n.ID] = n.State
+			}
+			for id, st := range want {
+				if seen[id] != st {
+					return false
+				}
+			}
+			return true
+		})
+		if !ok {
+			t.Fatalf("nodes never became %v: %+v", want, got)
+		}
+		return got
+	}
+	waitNodes(map[string]string{"a": "up", "b": "up", "c": "up"})
+
+	// Six creates through a: best fit by memory fills c, then b, then a.
+	var boxes []sandboxJSON
+	for i := range 6 {
+		sb := via(a).createRunning(t, map[string]any{"memoryMiB": clusterMemMiB, "vcpu": 1, "name": fmt.Sprintf("spread-%d", i)})
+		boxes = append(boxes, sb)
+	}
+	perNode := map[string][]string{}
+	for _, sb := range boxes {
+		got := via(a).get(t, sb.ID)
+		perNode[got.Node] = append(perNode[got.Node], sb.ID)
+	}
+	for _, n := range nodes {
+		if len(perNode[n.id]) != n.slots {
+			t.Fatalf("sandboxes per node %v; want a: 3, b: 2, c: 1 (best fit by memory)", perNode)
+		}
+		// Each runs where the store says: its VM is under that node's data dir.
+		for _, id := range perNode[n.id] {
+			if !vmUnder(n.dataDir, id) {
+				t.Errorf("sandbox %s of node %s has no VM under %s", id, n.id, n.dataDir)
+			}
+		}
+	}
+	t.Logf("placement: %v", perNode)
+
+	t.Run("NoCapacityOnlyWhenFull", func(t *testing.T) {
+		r := via(c).raw(t, "POST", "/v1/sandboxes", map[string]any{"memoryMiB": clusterMemMiB, "vcpu": 1}, nil, requestTimeout)
+		if r.Status != http.StatusConflict || r.errorCode() != "no_capacity" {
+			t.Fatalf("7th create: %v; want 409 no_capacity", r)
+		}
+		// spreadFrom a sandbox of each node leaves nowhere either; of
+		// none but a's, still nowhere (all full).
+		r = via(b).raw(t, "POST", "/v1/sandboxes", map[string]any{"memoryMiB": 128, "vcpu": 1, "spreadFrom": []string{perNode["a"][0], perNode["b"][0], perNode["c"][0]}}, nil, requestTimeout)
+		if r.Status != http.StatusConflict || r.errorCode() != "no_capacity" {
+			t.Fatalf("create spread from every node: %v; want 409 no_capacity", r)
+		}
+	})
+
+	onB := perNode["b"][0]
+	t.Run("ProxiedThroughAnotherNode", func(t *testing.T) {
+		cc := via(c)
+		if out := cc.sh(t, onB, "echo hello from $(hostname)"); !strings.HasPrefix(out, "hello from") {
+			t.Fatalf("exec through c: %q", out)
+		}
+		cc.writeFile(t, onB, "/workspace/via-c.txt", []byte("written through node c\n"))
+		if got, r := via(a).readFile(t, onB, "/workspace/via-c.txt"); string(got) != "written through node c\n" {
+			t.Fatalf("read through a: %q %v", got, r)
+		}
+		if got := via(b).sh(t, onB, "cat /workspace/via-c.txt"); got != "written through node c\n" {
+			t.Fatalf("read on the owner: %q", got)
+		}
+		p := cc.spawn(t, onB, "sleep 300")
+		found := false
+		for _, q := range cc.processes(t, onB) {
+			found = found || q.ID == p.ID && q.State == "running"
+		}
+		if !found {
+			t.Fatalf("process %s not listed running through c", p.ID)
+		}
+		// A terminal (a WebSocket upgrade) through c.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		term := dialTerminal(t, ctx, cc, onB, url.Values{"command": {"bash"}, "cols": {"80"}, "rows": {"24"}})
+		terminalReady(t, ctx, term)
+		if err := term.Write(ctx, websocket.MessageBinary, []byte("echo term-$((6*7))\n")); err != nil {
+			t.Fatal(err)
+		}
+		terminalUntil(t, ctx, term, "term-42")
+		term.Close(websocket.StatusNormalClosure, "")
+		// A stream is proxied as it comes, not when the command ends.
+		first, end := streamTimes(t, cc, onB, "echo first; sleep 4; echo second")
+		if end.Sub(first) < 2*time.Second {
+			t.Fatalf("first line read %s before the end; want the stream passed through as it came", end.Sub(first))
+		}
+	})
+
+	t.Run("ExecLatency", func(t *testing.T) {
+		direct := execMillis(t, via(b), onB, 20)
+		proxied := execMillis(t, via(c), onB, 20)
+		t.Logf("exec of `true` on b's sandbox: through b (owner) p50 %.1f ms, through c (proxied) p50 %.1f ms",
+			percentile(direct, 50), percentile(proxied, 50))
+	})
+
+	t.Run("DrainMovesPausedSandbox", func(t *testing.T) {
+		onC := perNode["c"][0]
+		via(a).writeFile(t, onC, "/workspace/keep.txt", []byte("kept across the move\n"))
+		via(b).sh(t, onC, "sudo mkdir -p /opt/state && echo 42 | sudo tee /opt/state/answer >/dev/null")
+		r := via(a).raw(t, "POST", "/v1/sandboxes/"+onC+":pause", map[string]any{}, http.Header{"Prefer": {"wait=120"}}, requestTimeout)
+		if r.Status != http.StatusOK {
+			t.Fatalf("pause: %v", r)
+		}
+		via(a).waitState(t, onC, "paused")
+		// Room for it to wake: one of a's sandboxes goes.
+		via(a).delete(t, perNode["a"][2])
+		r = via(b).raw(t, "POST", "/v1/nodes/c:drain", map[string]any{}, nil, requestTimeout)
+		if r.Status != http.StatusOK {
+			t.Fatalf("drain c: %v", r)
+		}
+		var moved sandboxJSON
+		if !waitUntil(3*time.Minute, 500*time.Millisecond, func() bool {
+			moved = via(b).get(t, onC)
+			return moved.Node == "a"
+		}) {
+			t.Fatalf("paused sandbox never moved to a: %+v\nc's log:\n%s", moved, c.s.logTail(30))
+		}
+		if moved.State != "paused" {
+			t.Fatalf("moved sandbox is %s, want paused", moved.State)
+		}
+		if vmUnder(c.dataDir, onC) || dirExists(filepath.Join(c.dataDir, "sandboxes", onC)) {
+			t.Errorf("c kept files or a VM of the moved sandbox")
+		}
+		// No new sandbox goes to the draining node (it has room now).
+		r = via(c).raw(t, "POST", "/v1/sandboxes", map[string]any{"memoryMiB": clusterMemMiB, "vcpu": 1, "spreadFrom": []string{perNode["a"][0]}}, nil, requestTimeout)
+		if r.Status != http.StatusConflict || r.errorCode() != "no_capacity" {
+			t.Fatalf("create with only draining c free: %v; want no_capacity", r)
+		}
+		r = via(c).raw(t, "POST", "/v1/sandboxes/"+onC+":wake", map[string]any{}, http.Header{"Prefer": {"wait=120"}}, requestTimeout)
+		if r.Status != http.StatusOK {
+			t.Fatalf("wake after the move: %v", r)
+		}
+		via(c).waitState(t, onC, "running")
+		if got := via(c).sh(t, onC, "cat /workspace/keep.txt /opt/state/answer"); got != "kept across the move\n42\n" {
+			t.Fatalf("files after the move: %q", got)
+		}
+		if !vmUnder(a.dataDir, onC) {
+			t.Errorf("woken sandbox has no VM on a")
+		}
+		if r := via(a).raw(t, "POST", "/v1/nodes/c:undrain", map[string]any{}, nil, requestTimeout); r.Status != http.StatusOK {
+			t.Fatalf("undrain: %v", r)
+		}
+	})
+
+	t.Run("NodeLostAndBack", func(t *testing.T) {
+		lost := perNode["b"]
+		pids := map[string]int{}
+		for _, id := range lost {
+			pids[id] = vmPID(id)
+		}
+		killed := time.Now()
+		b.s.kill9(t)
+		var detected time.Duration
+		if !waitUntil(clusterTimeout+time.Minute, 200*time.Millisecond, func() bool {
+			for _, id := range lost {
+				sb := via(a).get(t, id)
+				if sb.State != "stopped" || sb.stopReason() != "node_lost" {
+					return false
+				}
+			}
+			detected = time.Since(killed)
+			return true
+		}) {
+			t.Fatalf("b's sandboxes not reported node_lost within %s", clusterTimeout+time.Minute)
+		}
+		t.Logf("node loss detected: b's sandboxes stopped node_lost %s after kill -9 (timeout %s, heartbeat %s)",
+			detected.Round(10*time.Millisecond), clusterTimeout, clusterHeartbeat)
+		// a and c keep serving, their sandboxes too.
+		if out := via(c).sh(t, perNode["a"][0], "echo still"); out != "still\n" {
+			t.Fatalf("a's sandbox through c while b is down: %q", out)
+		}
+		waitNodes(map[string]string{"b": "down"})
+
+		// b comes back: the VMs its last process left are ended before it
+		// serves, and nothing of it runs twice.
+		stillRunning := 0
+		for _, pid := range pids {
+			if pid > 0 && processAlive(pid) {
+				stillRunning++
+			}
+		}
+		t.Logf("VMs of b still running while b was down: %d of %d", stillRunning, len(pids))
+		b.start(t)
+		for id, pid := range pids {
+			if pid > 0 && !waitUntil(30*time.Second, 100*time.Millisecond, func() bool { return !processAlive(pid) }) {
+				t.Errorf("VM of lost sandbox %s (pid %d) still runs after b came back", id, pid)
+			}
+			if sb := via(b).get(t, id); sb.State != "stopped" || sb.stopReason() != "node_lost" {
+				t.Errorf("lost sandbox %s after b's return: %s %s", id, sb.State, sb.stopReason())
+			}
+		}
+		got := waitNodes(map[string]string{"b": "up"})
+		for _, n := range got {
+			if n.ID == "b" && n.Epoch < 3 {
+				t.Errorf("b's epoch %d after a start, a loss and a start; want 3", n.Epoch)
+			}
+		}
+		// b takes sandboxes again.
+		sb := via(c).createRunning(t, map[string]any{"memoryMiB": clusterMemMiB, "vcpu": 1, "spreadFrom": []string{perNode["a"][0]}})
+		if got := via(a).get(t, sb.ID); got.Node != "b" {
+			t.Errorf("create spread from a's sandbox with only b free went to %q", got.Node)
+		}
+		via(a).delete(t, sb.ID)
+		// The lost sandboxes' disks are still on b: deleting them (through
+		// another node) removes them there.
+		for _, id := range lost {
+			via(c).delete(t, id)
+			if dirExists(filepath.Join(b.dataDir, "sandboxes", id)) {
+				t.Errorf("lost sandbox %s deleted, its directory still on b", id)
+			}
+		}
+	})
+
+	t.Run("WithruntimeThroughService", func(t *testing.T) {
+		// Room for one default-size sandbox on a.
+		for _, id := range perNode["a"][:2] {
+			via(a).delete(t, id)
+		}
+		via(a).delete(t, perNode["c"][0])
+		front := roundRobin(t, a.s.URL, b.s.URL, c.s.URL)
+		root, err := filepath.Abs("../..")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command("python3", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/conformance/test_withruntime.py",
+			"-k", "test_01 or test_03_file or test_05 or test_08 or test_09c or test_10 or test_11")
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "EMBERBOX_TEST_URL="+front.url, "EMBERBOX_TEST_KEY="+key)
+		out, err := cmd.CombinedOutput()
+		t.Logf("withruntime seed flow through the round-robin front (%d connections spread over a, b, c):\n%s",
+			front.conns.Load(), tail(string(out), 15))
+		if err != nil {
+			t.Fatalf("pytest: %v", err)
+		}
+	})
+}
+
+type nodeRowJSON struct {
+	ID    string `json:"id"`
+	State string `json:"state"`
+	Epoch int64  `json:"epoch"`
+}
+
+func listClusterNodes(t *testing.T, c *client) []nodeRowJSON {
+	t.Helper()
+	out, r := call[struct {
+		Data []nodeRowJSON `json:"data"`
+	}](t, c, "GET", "/v1/nodes", nil, nil)
+	if r.Status != http.StatusOK {
+		t.Fatalf("GET /v1/nodes: %v", r)
+	}
+	return out.Data
+}
+
+// vmUnder reports whether sandbox id's VM runs under dataDir.
+func vmUnder(dataDir, id string) bool {
+	for _, p := range vmProcesses(dataDir) {
+		if p.Name == "emberbox-"+id {
+			return true
+		}
+	}
+	return false
+}
+
+func dirExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.IsDir()
+}
+
+// streamTimes runs command as a streamed exec and returns when its first
+// stdout line and its exit event were read.
+func streamTimes(t *testing.T, c *client, id, command string) (first, end time.Time) {
+	t.Helper()
+	body, _ := json.Marshal(execReq{Command: command, Stream: true})
+	req, _ := http.NewRequest("POST", c.s.URL+"/v1/sandboxes/"+id+":exec", strings.NewReader(string(body)))
+	req.Header.Set("Authorization", "Bearer "+c.key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		t.Fatalf("streamed exec: %v", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("streamed exec: HTTP %d", resp.StatusCode)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		var ev streamEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			t.Fatalf("stream line %q: %v", sc.Text(), err)
+		}
+		switch ev.Type {
+		case "stdout":
+			if first.IsZero() {
+				first = time.Now()
+			}
+		case "exit":
+			end = time.Now()
+			if ev.ExitCode == nil || *ev.ExitCode != 0 {
+				t.Fatalf("streamed exec exit %v", ev.ExitCode)
+			}
+			return first, end
+		case "error":
+			t.Fatalf("streamed exec error: %+v", ev.Error)
+		}
+	}
+	t.Fatalf("stream ended without exit: %v", sc.Err())
+	return
+}
+
+// execMillis runs `true` n times on id and returns each exec's time.
+func execMillis(t *testing.T, c *client, id string, n int) []float64 {
+	t.Helper()
+	var ms []float64
+	for range n {
+		start := time.Now()
+		res, r := c.exec(t, id, execReq{Command: "true"})
+		if r.Status != http.StatusOK || res.exit() != "0" {
+			t.Fatalf("exec: %v %v", r, res.exit())
+		}
+		ms = append(ms, float64(time.Since(start).Microseconds())/1000)
+	}
+	sort.Float64s(ms)
+	return ms
+}
+
+// front is a TCP round-robin in front of the nodes, as a Kubernetes
+// Service is: each connection goes to the next node.
+type front struct {
+	url   string
+	conns atomic.Int64
+}
+
+func roundRobin(t *testing.T, urls ...string) *front {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	f := &front{url: "http://" + ln.Addr().String()}
+	var hosts []string
+	for _, u := range urls {
+		hosts = append(hosts, strings.TrimPrefix(u, "http://"))
+	}
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			to := hosts[int(f.conns.Add(1))%len(hosts)]
+			go func() {
+				defer in.Close()
+				out, err := net.Dial("tcp", to)
+				if err != nil {
+					return
+				}
+				defer out.Close()
+				go func() { _, _ = io.Copy(out, in); _ = out.(*net.TCPConn).CloseWrite() }()
+				_, _ = io.Copy(in, out)
+			}()
+		}
+	}()
+	return f
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// errorCode is the code of an error answer ("" for none).
+func (r *response) errorCode() string {
+	if r.Err == nil {
+		return ""
+	}
+	return r.Err.Code
+}

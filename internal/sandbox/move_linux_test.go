@@ -1,0 +1,296 @@
+package sandbox_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/emberbox/emberbox/internal/admission"
+	"github.com/emberbox/emberbox/internal/agentproto"
+	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/sandbox"
+	"github.com/emberbox/emberbox/internal/vmm"
+)
+
+// node is one of two "nodes" of a move test: a manager on a data dir of
+// its own with its own ledger, beside the other on the same store and the
+// same fake driver (whose guest world is one, as a real guest's memory
+// moves with it).
+type node struct {
+	m      *sandbox.Manager
+	dir    string
+	ledger *admission.Ledger
+}
+
+func (e *env) node(edit func(*sandbox.Config)) node {
+	n := node{dir: e.t.TempDir(), ledger: admission.New(admission.Config{})}
+	n.m = e.managerWith(func(cfg *sandbox.Config) {
+		cfg.DataDir, cfg.Admission = n.dir, n.ledger
+		if edit != nil {
+			edit(cfg)
+		}
+	})
+	return n
+}
+
+func (n node) sandboxDir(id string) string { return filepath.Join(n.dir, "sandboxes", id) }
+
+// copyFiles is a receive that copies the files a MoveOut named into the
+// staging directory, as the cluster's transfer does.
+func copyFiles(files map[string]string) func(ctx context.Context, dir string) error {
+	return func(ctx context.Context, dir string) error {
+		for name, src := range files {
+			b, err := os.ReadFile(src)
+			if err != nil {
+				return err
+			}
+			if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// moveTo is a send that moves the sandbox into dst; commit, if not nil,
+// is MoveIn's commit.
+func moveTo(dst node, commit func(ctx context.Context) error) func(ctx context.Context, sb *sandbox.Sandbox, files map[string]string) error {
+	return func(ctx context.Context, sb *sandbox.Sandbox, files map[string]string) error {
+		if commit == nil {
+			commit = func(context.Context) error { return nil }
+		}
+		return dst.m.MoveIn(ctx, sb, copyFiles(files), commit)
+	}
+}
+
+func cat(t *testing.T, m *sandbox.Manager, id, file string) string {
+	t.Helper()
+	res, err := exec(context.Background(), m, "k", id, agentproto.ExecRequest{Command: "cat " + file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(res.Stdout)
+}
+
+func TestMovePausedSandbox(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	a, b := e.node(nil), e.node(nil)
+	sb := running(t, a.m, spec())
+	file := filepath.Join(t.TempDir(), "kept")
+	if _, err := exec(ctx, a.m, "k", sb.ID, agentproto.ExecRequest{Command: "echo kept > " + file}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.m.MoveOut(ctx, sb.ID, moveTo(b, nil)); errdefs.Code(err) != "not_paused" || !errdefs.IsConflict(err) {
+		t.Fatalf("moving a running sandbox: %v, want conflict not_paused", err)
+	}
+	pause(t, a.m, sb.ID)
+
+	committed := false
+	commit := func(ctx context.Context) error {
+		// Everything is in place when the owner switches.
+		if !e.drv.Saved(vmm.Spec{ID: sb.ID, Dir: b.sandboxDir(sb.ID)}) || !b.ledger.Held(sb.ID) {
+			t.Error("commit ran before the sandbox was in place on the new node")
+		}
+		committed = true
+		return nil
+	}
+	if err := a.m.MoveOut(ctx, sb.ID, moveTo(b, commit)); err != nil {
+		t.Fatal(err)
+	}
+	if !committed {
+		t.Error("MoveIn did not commit")
+	}
+	if _, err := os.Stat(a.sandboxDir(sb.ID)); !os.IsNotExist(err) {
+		t.Errorf("the old node kept the moved sandbox's files: %v", err)
+	}
+	if a.ledger.Held(sb.ID) {
+		t.Error("the old node's ledger still holds the moved sandbox")
+	}
+	if got := b.ledger.Owner("k"); got.DiskMiB != int64(sb.DiskMiB) || got.MemoryMiB != 0 || got.VCPU != 0 {
+		t.Errorf("the new node holds %+v for the moved sandbox, want its disk alone", got)
+	}
+	if left, _ := os.ReadDir(filepath.Join(b.dir, "incoming")); len(left) != 0 {
+		t.Errorf("staging left behind: %v", left)
+	}
+
+	// The old node refuses to wake it (its state is not there any more):
+	// nothing records it stopped.
+	if _, err := a.m.Wake(ctx, "k", sb.ID, nil); errdefs.Code(err) != "not_on_node" {
+		t.Errorf("wake on the old node: %v, want not_on_node", err)
+	}
+	if got, err := a.m.Get(ctx, "k", sb.ID); err != nil || got.State != sandbox.StatePaused {
+		t.Fatalf("after a wake on the old node: %+v, %v; want paused", got, err)
+	}
+	w := wake(t, b.m, sb.ID)
+	if w.PausedAt != nil || w.ExpiresAt == nil {
+		t.Errorf("woken on the new node: %+v", w)
+	}
+	if got := cat(t, b.m, sb.ID, file); got != "kept\n" {
+		t.Errorf("the file after the move: %q", got)
+	}
+	if got := b.ledger.Owner("k"); got.VCPU != sb.VCPU || got.MemoryMiB != int64(sb.MemoryMiB) {
+		t.Errorf("the new node's ledger holds %+v for the woken sandbox, want all of it", got)
+	}
+
+	// And back again: a sandbox moved once moves like any other.
+	pause(t, b.m, sb.ID)
+	if err := b.m.MoveOut(ctx, sb.ID, moveTo(a, nil)); err != nil {
+		t.Fatal(err)
+	}
+	wake(t, a.m, sb.ID)
+	if got := cat(t, a.m, sb.ID, file); got != "kept\n" {
+		t.Errorf("the file after moving back: %q", got)
+	}
+	if e.drv.Resumes() != 2 || e.drv.Starts() != 1 {
+		t.Errorf("%d resumes and %d starts, want 2 and 1", e.drv.Resumes(), e.drv.Starts())
+	}
+}
+
+func TestMoveFailureKeepsSandbox(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	a, b := e.node(nil), e.node(nil)
+	sb := running(t, a.m, spec())
+	pause(t, a.m, sb.ID)
+
+	refused := errors.New("the other node is gone")
+	commitFails := func(context.Context) error { return refused }
+	for name, send := range map[string]func(ctx context.Context, sb *sandbox.Sandbox, files map[string]string) error{
+		"send fails": func(context.Context, *sandbox.Sandbox, map[string]string) error { return refused },
+		"receive fails": func(ctx context.Context, sb *sandbox.Sandbox, files map[string]string) error {
+			return b.m.MoveIn(ctx, sb, func(ctx context.Context, dir string) error {
+				if err := copyFiles(files)(ctx, dir); err != nil {
+					return err
+				}
+				return refused // part-way
+			}, func(context.Context) error { return nil })
+		},
+		"moved fails": func(ctx context.Context, sb *sandbox.Sandbox, files map[string]string) error {
+			e.drv.FailMoved(1)
+			return moveTo(b, nil)(ctx, sb, files)
+		},
+		"commit fails": moveTo(b, commitFails),
+	} {
+		err := a.m.MoveOut(ctx, sb.ID, send)
+		if err == nil {
+			t.Fatalf("%s: MoveOut succeeded", name)
+		}
+		if name != "moved fails" && !errors.Is(err, refused) {
+			t.Errorf("%s: MoveOut: %v, want the sender's error", name, err)
+		}
+		if !e.drv.Saved(vmm.Spec{ID: sb.ID, Dir: a.sandboxDir(sb.ID)}) || !a.ledger.Held(sb.ID) {
+			t.Errorf("%s: the old node lost the sandbox", name)
+		}
+		if _, err := os.Stat(b.sandboxDir(sb.ID)); !os.IsNotExist(err) {
+			t.Errorf("%s: the new node kept files of a failed move: %v", name, err)
+		}
+		if left, _ := os.ReadDir(filepath.Join(b.dir, "incoming")); len(left) != 0 {
+			t.Errorf("%s: staging left behind: %v", name, left)
+		}
+		if b.ledger.Held(sb.ID) {
+			t.Errorf("%s: the new node's ledger holds the sandbox", name)
+		}
+	}
+	got, err := a.m.Get(ctx, "k", sb.ID)
+	if err != nil || got.State != sandbox.StatePaused {
+		t.Fatalf("after the failed moves: %+v, %v; want paused", got, err)
+	}
+	wake(t, a.m, sb.ID)
+	if _, err := exec(ctx, a.m, "k", sb.ID, agentproto.ExecRequest{Argv: []string{"true"}}); err != nil {
+		t.Errorf("exec after waking where it stayed: %v", err)
+	}
+}
+
+func TestMoveRefusals(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	vols := &holdingVolumes{}
+	a, b := e.node(func(cfg *sandbox.Config) { cfg.Volumes = vols }), e.node(nil)
+	sb := running(t, a.m, spec())
+	pause(t, a.m, sb.ID)
+	noSend := func(context.Context, *sandbox.Sandbox, map[string]string) error {
+		t.Error("send called for a move that is refused")
+		return nil
+	}
+
+	vols.set(sb.ID)
+	if err := a.m.MoveOut(ctx, sb.ID, noSend); errdefs.Code(err) != "volumes_attached" || !errdefs.IsConflict(err) {
+		t.Errorf("moving a sandbox with volumes: %v, want conflict volumes_attached", err)
+	}
+	vols.set("")
+	if err := b.m.MoveOut(ctx, sb.ID, noSend); errdefs.Code(err) != "not_on_node" {
+		t.Errorf("moving out a sandbox of another node: %v, want not_on_node", err)
+	}
+	rec, err := e.st.GetSandbox(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	receive := func(context.Context, string) error {
+		t.Error("receive called for a move that is refused")
+		return nil
+	}
+	commit := func(context.Context) error { return nil }
+	if err := a.m.MoveIn(ctx, rec, receive, commit); errdefs.Code(err) != "already_on_node" {
+		t.Errorf("moving in a sandbox already here: %v, want already_on_node", err)
+	}
+	bad := *rec
+	bad.ID = "../" + rec.ID
+	if err := b.m.MoveIn(ctx, &bad, receive, commit); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("moving in a sandbox named %q: %v, want invalid", bad.ID, err)
+	}
+	live := *rec
+	live.State = sandbox.StateRunning
+	if err := b.m.MoveIn(ctx, &live, receive, commit); errdefs.Code(err) != "not_paused" {
+		t.Errorf("moving in a running sandbox: %v, want not_paused", err)
+	}
+	full := e.node(func(cfg *sandbox.Config) {
+		cfg.Admission = admission.New(admission.Config{DiskFreeMiB: func() (int64, error) { return 1024, nil }})
+	})
+	if err := full.m.MoveIn(ctx, rec, receive, commit); errdefs.Code(err) != admission.CodeNoCapacity {
+		t.Errorf("moving into a node without room: %v, want no_capacity", err)
+	}
+
+	plain := e.node(func(cfg *sandbox.Config) { cfg.Driver = noMover{e.drv} })
+	if err := plain.m.MoveOut(ctx, sb.ID, noSend); errdefs.Code(err) != "move_unsupported" {
+		t.Errorf("MoveOut with a driver that cannot move: %v, want move_unsupported", err)
+	}
+	if err := plain.m.MoveIn(ctx, rec, receive, commit); errdefs.Code(err) != "move_unsupported" {
+		t.Errorf("MoveIn with a driver that cannot move: %v, want move_unsupported", err)
+	}
+	wake(t, a.m, sb.ID) // still a's, and whole
+}
+
+// noMover is a driver without vmm.Mover.
+type noMover struct{ vmm.Driver }
+
+// holdingVolumes is a volume service by which one sandbox holds volumes.
+type holdingVolumes struct {
+	mu    sync.Mutex
+	holds string
+}
+
+func (v *holdingVolumes) set(id string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.holds = id
+}
+
+func (v *holdingVolumes) Claim(context.Context, *sandbox.Sandbox, []sandbox.VolumeMount) error {
+	return nil
+}
+func (v *holdingVolumes) Release(context.Context, string) {}
+func (v *holdingVolumes) Holds(_ context.Context, id string) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return id == v.holds
+}
+func (v *holdingVolumes) ServeVolume(_ context.Context, _, _ string, c net.Conn, _ *bufio.Reader, accept func(error) error) {
+	_ = accept(errors.New("no volumes"))
+	c.Close()
+}

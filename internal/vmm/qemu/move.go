@@ -1,0 +1,170 @@
+package qemu
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/emberbox/emberbox/internal/vmm"
+)
+
+// Moving a paused VM to another node (a drain). The saved state is three
+// files, the RAM file, "state" and the overlay disk, and for a copy of a
+// snapshot or template a fourth: the snapshot's flattened disk its overlay
+// is over, which lives on the old node only and so moves too, under
+// movedSnapFile. The base image stays: every node has it at the same path.
+// On the new node the disk chain is rebuilt from what is there, never from
+// what the files say: the qcow2 headers are rewritten (qemu-img rebase -u,
+// which changes only the header) and the chain file written afresh.
+
+var _ vmm.Mover = (*Driver)(nil)
+
+// movedSnapFile is a moved copy's snapshot disk in the sandbox's directory
+// (disk.qcow2 there is the sandbox's own overlay).
+const movedSnapFile = "backing.qcow2"
+
+// MoveFiles implements vmm.Mover.MoveFiles.
+func (d *Driver) MoveFiles(spec vmm.Spec) (map[string]string, error) {
+	if !d.Saved(spec) {
+		return nil, fmt.Errorf("move: %s holds no saved state", spec.Dir)
+	}
+	files := map[string]string{}
+	for _, name := range []string{memFile, stateFile, diskFile} {
+		p := filepath.Join(spec.Dir, name)
+		if err := regular(p); err != nil {
+			return nil, fmt.Errorf("move: %w", err)
+		}
+		files[name] = p
+	}
+	if snap := hostFiles(spec).SnapDisk; snap != "" {
+		if err := regular(snap); err != nil {
+			return nil, fmt.Errorf("move: the snapshot disk of the copy: %w", err)
+		}
+		files[movedSnapFile] = snap
+	}
+	return files, nil
+}
+
+// Moved implements vmm.Mover.Moved.
+func (d *Driver) Moved(ctx context.Context, spec vmm.Spec) error {
+	if spec.Rootfs == "" {
+		return errors.New("moved: the spec names no base image")
+	}
+	for _, name := range []string{memFile, stateFile, diskFile} {
+		if err := regular(filepath.Join(spec.Dir, name)); err != nil {
+			return fmt.Errorf("moved: %w", err)
+		}
+	}
+	if st, err := os.Stat(filepath.Join(spec.Dir, memFile)); err != nil || st.Size() != int64(spec.MemoryMiB)<<20 {
+		return fmt.Errorf("moved: the guest memory file is not %d MiB", spec.MemoryMiB)
+	}
+	disk, snap := filepath.Join(spec.Dir, diskFile), filepath.Join(spec.Dir, movedSnapFile)
+	chain := filepath.Join(spec.Dir, chainFile)
+	hasSnap := false
+	switch err := regular(snap); {
+	case err == nil:
+		hasSnap = true
+	case !errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("moved: %w", err)
+	}
+	if err := d.checkQcow2(ctx, disk); err != nil {
+		return fmt.Errorf("moved: %w", err)
+	}
+	if !hasSnap {
+		// Whatever chain file came along names a path of another host.
+		if err := os.Remove(chain); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("moved: %w", err)
+		}
+		if err := d.rebase(ctx, disk, spec.Rootfs, "raw"); err != nil {
+			return fmt.Errorf("moved: %w", err)
+		}
+	} else {
+		if err := d.checkQcow2(ctx, snap); err != nil {
+			return fmt.Errorf("moved: the snapshot disk: %w", err)
+		}
+		if err := d.rebase(ctx, snap, spec.Rootfs, "raw"); err != nil {
+			return fmt.Errorf("moved: %w", err)
+		}
+		// The VM opens it as its own uid, as it does a snapshot's disk.
+		if err := os.Chmod(snap, 0o644); err != nil {
+			return fmt.Errorf("moved: %w", err)
+		}
+		if err := d.rebase(ctx, disk, snap, "qcow2"); err != nil {
+			return fmt.Errorf("moved: %w", err)
+		}
+		tmp := chain + ".tmp"
+		if err := os.WriteFile(tmp, []byte(snap+"\n"), 0o600); err != nil {
+			return fmt.Errorf("moved: %w", err)
+		}
+		if err := os.Rename(tmp, chain); err != nil {
+			return fmt.Errorf("moved: %w", err)
+		}
+	}
+	for _, name := range []string{memFile, stateFile, diskFile} {
+		if err := os.Chmod(filepath.Join(spec.Dir, name), 0o600); err != nil {
+			return fmt.Errorf("moved: %w", err)
+		}
+	}
+	// Whatever a resume cut short on the old node left is not the state.
+	for _, name := range []string{stateTmp, stateUsed} {
+		_ = os.Remove(filepath.Join(spec.Dir, name))
+	}
+	if err := syncDir(spec.Dir); err != nil {
+		return fmt.Errorf("moved: %w", err)
+	}
+	return nil
+}
+
+// regular checks that name is a regular file itself, not a link to one.
+func regular(name string) error {
+	st, err := os.Lstat(name)
+	if err != nil {
+		return err
+	}
+	if !st.Mode().IsRegular() {
+		return fmt.Errorf("%s is not a regular file", name)
+	}
+	return nil
+}
+
+// checkQcow2 checks that name, which came from another host, is a qcow2
+// image that keeps its data in itself: an external data file would be a
+// path on this host that the header, not the driver, chose.
+func (d *Driver) checkQcow2(ctx context.Context, name string) error {
+	out, err := exec.CommandContext(ctx, d.cfg.QEMUImg, "info", "--output=json", "-f", "qcow2", name).Output()
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", filepath.Base(name), err)
+	}
+	var info struct {
+		Format         string `json:"format"`
+		FormatSpecific struct {
+			Data struct {
+				DataFile string `json:"data-file"`
+			} `json:"data"`
+		} `json:"format-specific"`
+	}
+	if err := json.Unmarshal(out, &info); err != nil {
+		return fmt.Errorf("reading %s: %w", filepath.Base(name), err)
+	}
+	if info.Format != "qcow2" || info.FormatSpecific.Data.DataFile != "" {
+		return fmt.Errorf("%s is not a self-contained qcow2 image", filepath.Base(name))
+	}
+	return nil
+}
+
+// rebase points the header of the qcow2 image name at backing (of format
+// fmt) without touching its data: the backing image has the same contents,
+// only at another path.
+func (d *Driver) rebase(ctx context.Context, name, backing, format string) error {
+	out, err := exec.CommandContext(ctx, d.cfg.QEMUImg, "rebase", "-u", "-f", "qcow2",
+		"-F", format, "-b", backing, name).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("repointing %s at %s: %v: %s", filepath.Base(name), backing, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
