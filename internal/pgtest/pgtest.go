@@ -211,10 +211,12 @@ func start(ctx context.Context, bin, dir string, cred *syscall.Credential) (*Ser
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Its own process group, so a terminal's ^C reaches the test binary
 	// only, which stops the server in order. A test binary that dies
-	// (a timeout's panic) takes the server with it: Pdeathsig fires when
-	// the thread that started it ends, so that thread is kept, locked to
-	// the goroutine that waits for the server, until the server exits.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// (a timeout's panic) takes the server with it where the kernel can
+	// (dieWithParent): Linux's parent-death signal fires when the thread
+	// that started it ends, so that thread is kept, locked to the
+	// goroutine that waits for the server, until the server exits.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true}
+	dieWithParent(cmd.SysProcAttr)
 	s := &Server{dir: dir, port: port, cmd: cmd, done: make(chan struct{})}
 	started := make(chan error, 1)
 	go func() {
