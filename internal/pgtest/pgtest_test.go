@@ -51,3 +51,28 @@ func TestServer(t *testing.T) {
 		t.Errorf("second Stop: %v", err)
 	}
 }
+
+func TestShared(t *testing.T) {
+	if err := Available(); err != nil && os.Getenv("CI") == "" {
+		t.Skip(err)
+	}
+	a, err := Shared()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Shared()
+	if err != nil || a != b {
+		t.Fatalf("second Shared = %p, %v; want the first server %p", b, err, a)
+	}
+	dsn := a.NewDatabase(t)
+	c, err := pgconn.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close(context.Background())
+	t.Cleanup(func() {
+		if err := StopShared(); err != nil {
+			t.Error(err)
+		}
+	})
+}
