@@ -235,3 +235,27 @@ func TestLabelMatchIsExact(t *testing.T) {
 		}
 	}
 }
+
+// A write that waits for the write lock longer than lock_timeout fails
+// rather than hangs (a transaction that, say, wrote on its own while
+// holding the lock would wait forever); SQLite's busy_timeout does the
+// same. PostgreSQL only: the timeout is set through the DSN here.
+func TestWriteLockWaitIsBounded(t *testing.T) {
+	if testEngine != postgresEngine {
+		t.Skip("PostgreSQL only: lock_timeout in the DSN")
+	}
+	s, err := Open(t.Context(), newDSN(t)+"&lock_timeout=100ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	tx, err := s.db.BeginTx(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	err = s.InsertKey(t.Context(), Key{ID: "k", Name: "n", Role: RoleTenant, CreatedAt: base}, "secret")
+	if pe := pgError(err); pe == nil || pe.Code != "55P03" { // lock_not_available
+		t.Errorf("a write waiting on the lock: %v, want lock_not_available", err)
+	}
+}

@@ -2,15 +2,15 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"net/url"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
+	"github.com/jackc/pgx/v5/stdlib"
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 )
@@ -32,10 +32,17 @@ func redactDSN(dsn string) string {
 
 func openPostgres(ctx context.Context, dsn string) (*Store, error) {
 	name := redactDSN(dsn)
-	db, err := sql.Open("pgx", dsn)
+	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("opening store %s: %w", name, err)
 	}
+	// A wait for a lock (the write lock above all) fails after a while
+	// instead of hanging, as SQLite's busy_timeout does; generous, as the
+	// writers of every node queue for it. The DSN may set its own.
+	if _, ok := cfg.RuntimeParams["lock_timeout"]; !ok {
+		cfg.RuntimeParams["lock_timeout"] = "30s"
+	}
+	db := stdlib.OpenDB(*cfg)
 	// Idle connections are kept for the bursts of a busy server and let go
 	// of after a while, so that many nodes do not pin the server's
 	// connections. Open connections are not capped: a transaction that

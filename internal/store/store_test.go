@@ -68,6 +68,12 @@ func TestOpenSettings(t *testing.T) {
 	if v, err := s.schemaVersion(ctx); err != nil || v != len(migrations) {
 		t.Errorf("schema version %d, %v; want %d", v, err, len(migrations))
 	}
+	if s.Engine() == "postgres" {
+		var lt string
+		if err := s.db.QueryRowContext(ctx, "SHOW lock_timeout").Scan(&lt); err != nil || lt != "30s" {
+			t.Errorf("lock_timeout = %q, %v; want 30s", lt, err)
+		}
+	}
 	sqliteOnly(t, "pragmas")
 	for _, tc := range []struct {
 		pragma string
