@@ -329,7 +329,7 @@ func TestCluster(t *testing.T) {
 		cmd.Env = append(os.Environ(), "EMBERBOX_TEST_URL="+front.url, "EMBERBOX_TEST_KEY="+key)
 		out, err := cmd.CombinedOutput()
 		t.Logf("withruntime seed flow through the round-robin front (%d connections spread over a, b, c):\n%s",
-			front.conns.Load(), tail(string(out), 15))
+			front.conns.Load(), lastLines(string(out), 15))
 		if err != nil {
 			t.Fatalf("pytest: %v", err)
 		}
@@ -466,7 +466,7 @@ func roundRobin(t *testing.T, urls ...string) *front {
 	return f
 }
 
-func tail(s string, n int) string {
+func lastLines(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
