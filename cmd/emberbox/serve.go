@@ -102,7 +102,7 @@ func newServeCommand() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve the API on")
 	f.StringVar(&o.dataDir, "data-dir", defaultDataDir(), "where the database, keys and sandbox disks live")
-	f.StringVar(&o.storeURL, "store", os.Getenv("EMBERBOX_STORE"), `the store: "" for SQLite in --data-dir, or postgres://… to be a node of a cluster sharing it (default $EMBERBOX_STORE; docs/cluster.md)`)
+	f.StringVar(&o.storeURL, "store", "", storeUsage+"; a node of a cluster when it is PostgreSQL (docs/cluster.md)")
 	addClusterFlags(f, &o.cluster)
 	f.StringVar(&o.cacheDir, "cache-dir", "", "image cache directory (default ~/.cache/emberbox)")
 	f.StringVar(&o.agentBinary, "agent-binary", "", "emberbox-agent binary to boot (default: beside this binary)")
@@ -159,11 +159,8 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err := os.MkdirAll(o.dataDir, 0o700); err != nil {
 		return fmt.Errorf("creating data dir: %w", err)
 	}
-	dsn := filepath.Join(o.dataDir, dbName)
-	if o.storeURL != "" {
-		dsn = o.storeURL
-	}
-	isNode := clustered(o.storeURL)
+	dsn := storeDSN(o.storeURL, o.dataDir)
+	isNode := clustered(dsn)
 	st, err := store.Open(ctx, dsn)
 	if err != nil {
 		return err

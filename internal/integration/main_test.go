@@ -24,6 +24,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -277,10 +278,15 @@ func launch(t testing.TB, host, dataDir string, args, env []string) (*server, er
 		}
 	}
 	key, err := os.ReadFile(filepath.Join(dataDir, "admin.key"))
-	if err != nil {
+	switch {
+	case err == nil:
+		s.AdminKey = strings.TrimSpace(string(key))
+	case errors.Is(err, os.ErrNotExist) && slices.Contains(args, "--store"):
+		// A node of a cluster whose store had keys already: the first
+		// node's admin key is the cluster's.
+	default:
 		return nil, fmt.Errorf("reading admin key: %w", err)
 	}
-	s.AdminKey = strings.TrimSpace(string(key))
 	t.Logf("emberbox serve %s (data dir %s, pid %d) ready in %s", s.URL, dataDir, s.cmd.Process.Pid, time.Since(start).Round(time.Millisecond))
 	return s, nil
 }
