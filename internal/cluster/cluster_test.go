@@ -245,6 +245,18 @@ func TestRouterProxiesToTheOwner(t *testing.T) {
 			t.Errorf("%s: served by %q, want a (here)", p, rec.Header().Get("X-Served-By"))
 		}
 	}
+	// A node that does not answer: a record read is answered here, from
+	// the store; anything else is node_unreachable.
+	st.mu.Lock()
+	st.nodes["gone"] = &Node{ID: "gone", State: StateUp, Address: "127.0.0.1:1", HeartbeatAt: time.Now()}
+	st.owners["sbx_on_gone"] = "gone"
+	st.mu.Unlock()
+	if rec := get("/v1/sandboxes/sbx_on_gone"); rec.Header().Get("X-Served-By") != "a" {
+		t.Errorf("read of an unreachable node's sandbox: %d served by %q, want a", rec.Code, rec.Header().Get("X-Served-By"))
+	}
+	if rec := get("/v1/sandboxes/sbx_on_gone/files?path=/x"); rec.Code != http.StatusServiceUnavailable || errorCode(rec.Body.Bytes()) != "node_unreachable" {
+		t.Errorf("files of an unreachable node's sandbox: %d %s", rec.Code, rec.Body.String())
+	}
 	// A down node's sandboxes are answered here, from the store.
 	st.mu.Lock()
 	st.nodes["b"].State = StateDown

@@ -68,12 +68,33 @@ func (c *Cluster) routeOwned(w http.ResponseWriter, r *http.Request, next http.H
 		next.ServeHTTP(w, r)
 		return
 	}
-	c.proxy(n).ServeHTTP(w, r)
+	// The proxy's error handler sees the outgoing request; a fallback
+	// serves the incoming one.
+	c.proxy(n, next).ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), incomingKey{}, r)))
+}
+
+type incomingKey struct{}
+
+// isRecordRead reports whether r only reads the record of a sandbox or
+// snapshot (GET /v1/sandboxes/{id} without a wait): the store answers it
+// as well as the owner, if not as fresh.
+func isRecordRead(r *http.Request) bool {
+	if r.Method != http.MethodGet || r.URL.Query().Has("waitFor") {
+		return false
+	}
+	for _, prefix := range []string{"/v1/sandboxes/", "/v1/snapshots/"} {
+		if rest, ok := strings.CutPrefix(r.URL.Path, prefix); ok && rest != "" && !strings.ContainsAny(rest, "/:") {
+			return true
+		}
+	}
+	return false
 }
 
 // proxy forwards requests to node n over the channel, streaming both ways
-// (NDJSON is flushed as it comes; upgrades pass through).
-func (c *Cluster) proxy(n *Node) http.Handler {
+// (NDJSON is flushed as it comes; upgrades pass through). If n does not
+// answer, a read of a record is answered by local (from the store: a node
+// that just died is not yet declared lost), anything else 503.
+func (c *Cluster) proxy(n *Node, local http.Handler) http.Handler {
 	target, _ := url.Parse(peerURL(n))
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -86,6 +107,10 @@ func (c *Cluster) proxy(n *Node) http.Handler {
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			c.log.Warn("proxying to a node", "to", n.ID, "path", r.URL.Path, "err", err)
+			if in, ok := r.Context().Value(incomingKey{}).(*http.Request); ok && local != nil && isRecordRead(in) && r.Context().Err() == nil {
+				local.ServeHTTP(w, in)
+				return
+			}
 			writeError(w, http.StatusServiceUnavailable, "node_unreachable",
 				"the node that runs this sandbox ("+n.ID+") does not answer", "retry; if the node is lost, the sandbox is stopped within the node timeout")
 		},
@@ -152,7 +177,7 @@ func (c *Cluster) place(w http.ResponseWriter, r *http.Request, next http.Handle
 		if n.ID == c.ID() {
 			next.ServeHTTP(rec, withBody(r, body))
 		} else {
-			c.proxy(n).ServeHTTP(rec, withBody(r, body))
+			c.proxy(n, nil).ServeHTTP(rec, withBody(r, body))
 		}
 		if rec.Code == http.StatusConflict && errorCode(rec.Body.Bytes()) == "no_capacity" {
 			c.log.Info("a node had no room after all; trying the next", "node", n.ID)
