@@ -219,7 +219,10 @@ func TestCluster(t *testing.T) {
 		if moved.State != "paused" {
 			t.Fatalf("moved sandbox is %s, want paused", moved.State)
 		}
-		if vmUnder(c.dataDir, onC) || dirExists(filepath.Join(c.dataDir, "sandboxes", onC)) {
+		// c lets go of it once a has it (the owner switches first).
+		if !waitUntil(time.Minute, 100*time.Millisecond, func() bool {
+			return !vmUnder(c.dataDir, onC) && !dirExists(filepath.Join(c.dataDir, "sandboxes", onC))
+		}) {
 			t.Errorf("c kept files or a VM of the moved sandbox")
 		}
 		// No new sandbox goes to the draining node (it has room now).
@@ -296,10 +299,10 @@ func TestCluster(t *testing.T) {
 				t.Errorf("b's epoch %d after a start, a loss and a start; want 3", n.Epoch)
 			}
 		}
-		// b takes sandboxes again.
-		sb := via(c).createRunning(t, map[string]any{"memoryMiB": clusterMemMiB, "vcpu": 1, "spreadFrom": []string{perNode["a"][0]}})
+		// b takes sandboxes again: one too big for c's room, away from a.
+		sb := via(c).createRunning(t, map[string]any{"memoryMiB": clusterSlotMiB, "vcpu": 1, "spreadFrom": []string{perNode["a"][0]}})
 		if got := via(a).get(t, sb.ID); got.Node != "b" {
-			t.Errorf("create spread from a's sandbox with only b free went to %q", got.Node)
+			t.Errorf("create spread from a's sandbox, too big for c, went to %q; want b", got.Node)
 		}
 		via(a).delete(t, sb.ID)
 		// The lost sandboxes' disks are still on b: deleting them (through
