@@ -2,6 +2,7 @@ package envd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -133,7 +134,15 @@ func startStreamed(ctx context.Context, g sandbox.Guest, er sandbox.ExecRequest,
 		return rpcError(err)
 	}
 	if !ended {
-		return emit.send(endEvent(res))
+		if err := emit.send(endEvent(res)); err != nil {
+			return err
+		}
+	}
+	// The guest ends the process at the request's deadline; the request
+	// itself ends as envd's does then, deadline_exceeded, whichever of
+	// the two timers fired first.
+	if res != nil && res.TimedOut && er.TimeoutMs > 0 {
+		return connect.NewError(connect.CodeDeadlineExceeded, errors.New("the request's deadline passed; the process was ended"))
 	}
 	return nil
 }

@@ -42,13 +42,13 @@ type clusterNode struct {
 	args                       []string
 }
 
-func (n *clusterNode) start(t *testing.T) {
+func (n *clusterNode) start(t testing.TB) {
 	t.Helper()
 	n.s = startServerArgs2(t, n.host, n.dataDir, n.args)
 }
 
 // startServerArgs2 is startServerArgs on another loopback address.
-func startServerArgs2(t *testing.T, host, dataDir string, args []string) *server {
+func startServerArgs2(t testing.TB, host, dataDir string, args []string) *server {
 	t.Helper()
 	needVMs(t)
 	var lastErr error
@@ -345,7 +345,7 @@ type nodeRowJSON struct {
 	Epoch int64  `json:"epoch"`
 }
 
-func listClusterNodes(t *testing.T, c *client) []nodeRowJSON {
+func listClusterNodes(t testing.TB, c *client) []nodeRowJSON {
 	t.Helper()
 	out, r := call[struct {
 		Data []nodeRowJSON `json:"data"`
@@ -413,7 +413,7 @@ func streamTimes(t *testing.T, c *client, id, command string) (first, end time.T
 }
 
 // execMillis runs `true` n times on id and returns each exec's time.
-func execMillis(t *testing.T, c *client, id string, n int) []float64 {
+func execMillis(t testing.TB, c *client, id string, n int) []float64 {
 	t.Helper()
 	var ms []float64
 	for range n {
