@@ -30,7 +30,7 @@ func BenchmarkCluster(b *testing.B) {
 		}
 		n.args = []string{"--store", dsn, "--node-id", id, "--cluster-listen", n.channel,
 			"--max-memory-mib", fmt.Sprint(mem), "--vm-overhead-mib", fmt.Sprint(clusterOverheadMiB),
-			"--quota-sandboxes", "0", "--memory-floor-mib", "0",
+			"--quota-sandboxes", "0", "--memory-floor-mib", "0", "--rate-read", "0", "--rate-write", "0",
 			"--vm-uid-base", fmt.Sprint(1_600_000 + i*10_000), "--vm-uid-count", "10000"}
 		n.start(b)
 		nodes = append(nodes, n)
