@@ -79,6 +79,13 @@ func nodeCall(ctx context.Context, sf serverFlags, method, path string) ([]byte,
 	if err != nil {
 		return nil, err
 	}
+	return apiCall(ctx, server, key, method, path)
+}
+
+// apiCall makes one API call for a client command and returns the body of
+// its 200 answer; an answer in the error shape becomes "code: message".
+// A POST sends an empty JSON object.
+func apiCall(ctx context.Context, server, key, method, path string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	var body io.Reader
@@ -98,7 +105,7 @@ func nodeCall(ctx context.Context, sf serverFlags, method, path string) ([]byte,
 		return nil, err
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
 		return nil, err
 	}

@@ -93,30 +93,9 @@ func fetchUsage(ctx context.Context, o usageOptions) ([]byte, error) {
 	if o.owner != "" {
 		q.Set("owner", o.owner)
 	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, "GET", strings.TrimRight(server, "/")+"/v1/usage?"+q.Encode(), nil)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+key)
-	resp, err := http.DefaultClient.Do(req)
+	body, err := apiCall(ctx, server, key, http.MethodGet, "/v1/usage?"+q.Encode())
 	if err != nil {
 		return nil, fmt.Errorf("reading usage: %w", err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return nil, fmt.Errorf("reading usage: %w", err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		var e struct {
-			Error struct{ Code, Message string } `json:"error"`
-		}
-		if json.Unmarshal(body, &e) == nil && e.Error.Code != "" {
-			return nil, fmt.Errorf("%s: %s", e.Error.Code, e.Error.Message)
-		}
-		return nil, fmt.Errorf("reading usage: HTTP %d", resp.StatusCode)
 	}
 	return body, nil
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -111,6 +112,16 @@ func TestCluster(t *testing.T) {
 		return got
 	}
 	waitNodes(map[string]string{"a": "up", "b": "up", "c": "up"})
+	// The operator's view: emberbox node list, through any node.
+	out, err := exec.Command(filepath.Join(binDir, "emberbox"), "node", "list", "--server", c.s.URL, "--key", key).CombinedOutput()
+	if err != nil {
+		t.Fatalf("emberbox node list: %v\n%s", err, out)
+	}
+	for _, id := range []string{"a", "b", "c"} {
+		if !regexp.MustCompile(`(?m)^` + id + `\s+up\s`).Match(out) {
+			t.Fatalf("emberbox node list shows no node %s up:\n%s", id, out)
+		}
+	}
 
 	// Six creates through a: best fit by memory fills c, then b, then a.
 	var boxes []sandboxJSON

@@ -35,16 +35,8 @@ func (m *Manager) EndVMs(ctx context.Context, list []*Sandbox) int {
 // and closes the manager: in a cluster, a node fenced by the others (they
 // declared it lost and stopped its sandboxes) must not go on running them.
 func (m *Manager) StandDown(ctx context.Context) {
-	m.mu.Lock()
-	live := make([]*instance, 0, len(m.live))
-	for _, in := range m.live {
-		live = append(live, in)
-	}
-	m.mu.Unlock()
-	for _, in := range live {
-		in.mu.Lock()
-		mach := in.machine
-		in.mu.Unlock()
+	for _, in := range m.instances() {
+		mach := in.vm()
 		if mach == nil {
 			continue
 		}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -179,6 +180,20 @@ type instance struct {
 func (m *Manager) newInstance(id string) *instance {
 	ctx, cancel := context.WithCancel(m.ctx)
 	return &instance{id: id, ctx: ctx, cancel: cancel, bootDone: make(chan struct{})}
+}
+
+// vm is the instance's machine; nil while it boots.
+func (in *instance) vm() vmm.Machine {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.machine
+}
+
+// instances is a copy of the live instances, to range over without m.mu.
+func (m *Manager) instances() []*instance {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Collect(maps.Values(m.live))
 }
 
 func (in *instance) guest() *guest.Client {

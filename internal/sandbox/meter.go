@@ -172,16 +172,8 @@ func (m *Manager) MeterNow(ctx context.Context) {
 
 // meterRunning settles every running sandbox's usage so far.
 func (m *Manager) meterRunning() {
-	m.mu.Lock()
-	live := make([]*instance, 0, len(m.live))
-	for _, in := range m.live {
-		live = append(live, in)
-	}
-	m.mu.Unlock()
-	for _, in := range live {
-		in.mu.Lock()
-		mach := in.machine
-		in.mu.Unlock()
+	for _, in := range m.instances() {
+		mach := in.vm()
 		if mach == nil || in.ctx.Err() != nil {
 			continue // booting, or being stopped or paused: that path settles
 		}

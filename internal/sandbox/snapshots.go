@@ -222,9 +222,7 @@ func (m *Manager) capture(id string, sn *Snapshot) (vmm.SnapshotInfo, error) {
 	if in == nil {
 		return vmm.SnapshotInfo{}, fmt.Errorf("sandbox %s has no vm", id)
 	}
-	in.mu.Lock()
-	mach := in.machine
-	in.mu.Unlock()
+	mach := in.vm()
 	if mach == nil {
 		return vmm.SnapshotInfo{}, fmt.Errorf("sandbox %s has no vm", id)
 	}

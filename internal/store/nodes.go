@@ -157,22 +157,30 @@ func (s *Store) Heartbeat(ctx context.Context, id string, epoch int64) error {
 // memory of those with a VM (not paused, stopped or deleted) plus the
 // node's overhead for each, as its admission ledger counts them.
 func (s *Store) ListNodes(ctx context.Context) ([]*cluster.Node, error) {
-	return listNodes(ctx, s.db)
+	return listNodes(ctx, s.db, "")
 }
 
 type querier interface {
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }
 
-func listNodes(ctx context.Context, db querier) ([]*cluster.Node, error) {
+// listNodes reads every node, or node id alone when id is not "" (the
+// router reads one per proxied call: the join then scans that node's
+// sandboxes only).
+func listNodes(ctx context.Context, db querier, id string) ([]*cluster.Node, error) {
+	where, args := "", []any(nil)
+	if id != "" {
+		where, args = "WHERE n.id = ?", []any{id}
+	}
 	rows, err := db.QueryContext(ctx, `SELECT n.id, n.address, n.api_url, n.state, n.epoch, n.memory_mib,
 		n.overhead_mib, n.vcpus, n.accel, n.images, n.version, n.started_at, n.heartbeat_at, n.down_at,
 		coalesce(sum(s.memory_mib), 0), count(s.id), coalesce(sum(s.vcpu), 0)
 		FROM nodes AS n LEFT JOIN sandboxes AS s
 			ON s.node_id = n.id AND s.state NOT IN ('paused', 'stopped', 'deleted')
+		`+where+`
 		GROUP BY n.id, n.address, n.api_url, n.state, n.epoch, n.memory_mib, n.overhead_mib, n.vcpus,
 			n.accel, n.images, n.version, n.started_at, n.heartbeat_at, n.down_at
-		ORDER BY n.id`)
+		ORDER BY n.id`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("listing nodes: %w", err)
 	}
@@ -212,16 +220,14 @@ func listNodes(ctx context.Context, db querier) ([]*cluster.Node, error) {
 
 // GetNode returns node id; a missing one is errdefs.ErrNotFound.
 func (s *Store) GetNode(ctx context.Context, id string) (*cluster.Node, error) {
-	list, err := s.ListNodes(ctx)
+	list, err := listNodes(ctx, s.db, id)
 	if err != nil {
 		return nil, err
 	}
-	for _, n := range list {
-		if n.ID == id {
-			return n, nil
-		}
+	if len(list) == 0 {
+		return nil, errdefs.New(errdefs.ErrNotFound, "node_not_found", "node %s not found", id)
 	}
-	return nil, errdefs.New(errdefs.ErrNotFound, "node_not_found", "node %s not found", id)
+	return list[0], nil
 }
 
 // Place returns the nodes that can take a sandbox as p asks, best first,
@@ -237,7 +243,7 @@ func (s *Store) Place(ctx context.Context, p cluster.Placement) ([]*cluster.Node
 		return nil, fmt.Errorf("placing a sandbox: %w", err)
 	}
 	defer tx.Rollback()
-	nodes, err := listNodes(ctx, tx)
+	nodes, err := listNodes(ctx, tx, "")
 	if err != nil {
 		return nil, fmt.Errorf("placing a sandbox: %w", err)
 	}
