@@ -112,11 +112,8 @@ func (c *Cluster) transport() *http.Transport {
 	}
 }
 
-// ID is this node's id; Epoch the fencing token it registered with.
-func (c *Cluster) ID() string             { return c.cfg.Self.ID }
-func (c *Cluster) Epoch() int64           { return c.epoch }
-func (c *Cluster) Store() Store           { return c.cfg.Store }
-func (c *Cluster) Timeout() time.Duration { return c.cfg.Timeout }
+// ID is this node's id.
+func (c *Cluster) ID() string { return c.cfg.Self.ID }
 
 // Run beats the heart and declares silent nodes lost, until ctx ends or
 // the store fences this node.
