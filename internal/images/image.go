@@ -118,6 +118,9 @@ type Store interface {
 	// digest, rootfs, size, disk, env, workdir, user, start, labels,
 	// public, readyAt and buildSeconds.
 	UpdateImage(ctx context.Context, img *Image) error
+	// FinishImage saves a build's outcome as UpdateImage does and points
+	// img's owner's name:tag at it for each of tags, in one transaction.
+	FinishImage(ctx context.Context, img *Image, tags []string) error
 	// ListImages lists images newest first.
 	ListImages(ctx context.Context, opt ListOptions) ([]*Image, error)
 	// ImagesInStates lists every image in one of states, oldest first.

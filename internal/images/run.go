@@ -232,20 +232,15 @@ func (s *Service) finish(ctx context.Context, img *Image, work string, res Resul
 	if img.Rootfs, err = s.blobs.put(digest, res.RootfsPath); err != nil {
 		return err
 	}
-	if err := s.st.UpdateImage(ctx, img); err != nil {
-		_ = s.releaseBlobLocked(ctx, digest)
-		return err
-	}
+	var tags []string
 	if img.Name != "" {
-		tags := src.Tags
-		if len(tags) == 0 {
+		if tags = src.Tags; len(tags) == 0 {
 			tags = []string{"latest"}
 		}
-		for _, t := range tags {
-			if err := s.st.SetTag(ctx, img.Owner, img.Name, t, img.ID); err != nil {
-				return err
-			}
-		}
+	}
+	if err := s.st.FinishImage(ctx, img, tags); err != nil {
+		_ = s.releaseBlobLocked(ctx, digest)
+		return err
 	}
 	return nil
 }

@@ -75,6 +75,33 @@ func imageArgs(img *images.Image) ([]any, error) {
 // UpdateImage implements images.Store. An image being deleted or deleted
 // is not found, unless the update deletes it.
 func (s *Store) UpdateImage(ctx context.Context, img *images.Image) error {
+	return updateImage(ctx, s.db, img)
+}
+
+// FinishImage implements images.Store: the outcome and the tags in one
+// transaction, so no reader sees the image ready and its name not yet
+// resolving to it, and a crash between the two cannot leave it so.
+func (s *Store) FinishImage(ctx context.Context, img *images.Image, tags []string) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("finishing image %s: %w", img.ID, err)
+	}
+	defer tx.Rollback()
+	if err := updateImage(ctx, tx, img); err != nil {
+		return err
+	}
+	for _, t := range tags {
+		if err := setTag(ctx, tx, img.Owner, img.Name, t, img.ID); err != nil {
+			return err
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("finishing image %s: %w", img.ID, err)
+	}
+	return nil
+}
+
+func updateImage(ctx context.Context, db execer, img *images.Image) error {
 	a, err := imageArgs(img)
 	if err != nil {
 		return err
@@ -83,7 +110,7 @@ func (s *Store) UpdateImage(ctx context.Context, img *images.Image) error {
 	// workdir 13, user 14, start 15, labels 16, public 17, ready 19, secs 20.
 	// A delete is final: only another delete step writes over it, so a
 	// build that ends as its image is deleted cannot bring it back.
-	res, err := s.db.ExecContext(ctx, `UPDATE images SET state = ?, error = ?, digest = ?, rootfs = ?, size_bytes = ?,
+	res, err := db.ExecContext(ctx, `UPDATE images SET state = ?, error = ?, digest = ?, rootfs = ?, size_bytes = ?,
 		disk_mib = ?, env = ?, workdir = ?, "user" = ?, start = ?, labels = ?, public = ?, ready_at = ?, build_seconds = ?
 		WHERE id = ? AND (state NOT IN ('deleting', 'deleted') OR ?1 IN ('deleting', 'deleted'))`,
 		a[4], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[19], a[20], a[0])
@@ -218,7 +245,11 @@ func (s *Store) imageList(ctx context.Context, where string, args ...any) ([]*im
 
 // SetTag implements images.Store.
 func (s *Store) SetTag(ctx context.Context, owner, name, tag, id string) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO image_tags (owner_key_id, name, tag, image_id) VALUES (?, ?, ?, ?)
+	return setTag(ctx, s.db, owner, name, tag, id)
+}
+
+func setTag(ctx context.Context, db execer, owner, name, tag, id string) error {
+	_, err := db.ExecContext(ctx, `INSERT INTO image_tags (owner_key_id, name, tag, image_id) VALUES (?, ?, ?, ?)
 		ON CONFLICT (owner_key_id, name, tag) DO UPDATE SET image_id = excluded.image_id`, owner, name, tag, id)
 	if isForeignKeyViolation(err) {
 		return imageNotFound()

@@ -140,3 +140,37 @@ func TestImageRefcounts(t *testing.T) {
 		t.Errorf("log of no image: %v", err)
 	}
 }
+
+// FinishImage makes a build's outcome and its tags visible together, or
+// neither: an image deleted while it built gets no tag.
+func TestFinishImageTagsAtomically(t *testing.T) {
+	s, _ := openTest(t)
+	ctx := t.Context()
+	img := newImage("i1", "key_a", "app", base)
+	img.State, img.ReadyAt = images.StateBuilding, nil
+	if err := s.CreateImage(ctx, img); err != nil {
+		t.Fatal(err)
+	}
+	img.State, img.ReadyAt = images.StateReady, &base
+	if err := s.FinishImage(ctx, img, []string{"latest", "v1"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tag := range []string{"latest", "v1"} {
+		if got, err := s.ImageByTag(ctx, "key_a", "app", tag); err != nil || got.ID != "i1" || got.State != images.StateReady {
+			t.Errorf("app:%s = %v %v, want i1 ready", tag, got, err)
+		}
+	}
+
+	gone := newImage("i2", "key_a", "app", base.Add(time.Second))
+	gone.State = images.StateDeleted
+	if err := s.CreateImage(ctx, gone); err != nil {
+		t.Fatal(err)
+	}
+	gone.State = images.StateReady
+	if err := s.FinishImage(ctx, gone, []string{"latest"}); errdefs.Code(err) != "image_not_found" {
+		t.Fatalf("finishing a deleted image: %v, want image_not_found", err)
+	}
+	if got, err := s.ImageByTag(ctx, "key_a", "app", "latest"); err != nil || got.ID != "i1" {
+		t.Errorf("app:latest moved to a deleted image: %v %v", got, err)
+	}
+}
