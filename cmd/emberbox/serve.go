@@ -281,6 +281,11 @@ func serve(ctx context.Context, o serveOptions) error {
 		if n := mgr.EndVMs(ctx, lost); n > 0 {
 			log.Warn("ended vms of sandboxes the cluster declared lost", "count", n)
 		}
+		// Files of paused sandboxes a drain moved away just before this
+		// node died.
+		if _, err := mgr.RemoveMovedAway(ctx, st.MovedAway); err != nil {
+			return err
+		}
 	}
 	if err := mgr.Recover(ctx); err != nil {
 		return err

@@ -2,6 +2,9 @@ package sandbox
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"strings"
 
 	"github.com/emberbox/emberbox/internal/vmm"
 )
@@ -45,4 +48,43 @@ func (m *Manager) StandDown(ctx context.Context) {
 		}
 	}
 	m.Close()
+}
+
+// RemoveMovedAway removes the directories of sandboxes that another node
+// now holds, asking movedAway which of the sandbox directories here those
+// are. A drain's sender removes a sandbox's files once the receiver has
+// committed the move; a sender that died between the two keeps them, and
+// removes them at its next start with this, before Recover. It returns
+// how many it removed.
+func (m *Manager) RemoveMovedAway(ctx context.Context, movedAway func(ctx context.Context, ids []string) ([]string, error)) (int, error) {
+	entries, err := os.ReadDir(m.dirRoot())
+	if os.IsNotExist(err) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("listing sandbox directories: %w", err)
+	}
+	var ids []string
+	for _, e := range entries {
+		if e.IsDir() && strings.HasPrefix(e.Name(), "sbx_") {
+			ids = append(ids, e.Name())
+		}
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	away, err := movedAway(ctx, ids)
+	if err != nil {
+		return 0, err
+	}
+	removed := 0
+	for _, id := range away {
+		if err := removeAll(m.dir(id)); err != nil {
+			m.log.Warn("removing the files of a sandbox moved to another node", "sandbox_id", id, "err", err)
+			continue
+		}
+		m.log.Info("removed the files of a sandbox another node holds", "sandbox_id", id)
+		removed++
+	}
+	return removed, nil
 }

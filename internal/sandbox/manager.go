@@ -280,7 +280,10 @@ func (m *Manager) changes(id string) <-chan struct{} {
 	return ch
 }
 
-func (m *Manager) dir(id string) string { return filepath.Join(m.cfg.DataDir, "sandboxes", id) }
+func (m *Manager) dir(id string) string { return filepath.Join(m.dirRoot(), id) }
+
+// dirRoot holds one directory per sandbox with files on this server.
+func (m *Manager) dirRoot() string { return filepath.Join(m.cfg.DataDir, "sandboxes") }
 
 func newID() string {
 	var b [10]byte

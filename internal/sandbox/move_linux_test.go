@@ -294,3 +294,38 @@ func (v *holdingVolumes) ServeVolume(_ context.Context, _, _ string, c net.Conn,
 	_ = accept(errors.New("no volumes"))
 	c.Close()
 }
+
+// TestRemoveMovedAway: at start, a node removes the directories of the
+// sandboxes the store gives to another node (a drain committed the move
+// and the sender died before removing them), and nothing else.
+func TestRemoveMovedAway(t *testing.T) {
+	e := newEnv(t)
+	n := e.node(nil)
+	for _, id := range []string{"sbx_gone", "sbx_mine"} {
+		if err := os.MkdirAll(filepath.Join(n.sandboxDir(id), "sub"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var asked []string
+	removed, err := n.m.RemoveMovedAway(context.Background(), func(_ context.Context, ids []string) ([]string, error) {
+		asked = ids
+		return []string{"sbx_gone"}, nil
+	})
+	if err != nil || removed != 1 {
+		t.Fatalf("RemoveMovedAway = %d, %v; want 1", removed, err)
+	}
+	if len(asked) != 2 {
+		t.Errorf("asked about %v, want both directories", asked)
+	}
+	if _, err := os.Stat(n.sandboxDir("sbx_gone")); !os.IsNotExist(err) {
+		t.Errorf("the moved sandbox's directory is still there: %v", err)
+	}
+	if _, err := os.Stat(n.sandboxDir("sbx_mine")); err != nil {
+		t.Errorf("the node's own sandbox's directory: %v", err)
+	}
+	if _, err := n.m.RemoveMovedAway(context.Background(), func(context.Context, []string) ([]string, error) {
+		return nil, errors.New("store down")
+	}); err == nil {
+		t.Error("an error of the store was not returned")
+	}
+}

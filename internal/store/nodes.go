@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/emberbox/emberbox/internal/cluster"
@@ -408,6 +409,44 @@ func (s *Store) OwnerNode(ctx context.Context, table, id string) (string, error)
 		return "", nil // nothing of it is left on a node: any node answers
 	}
 	return node, nil
+}
+
+// MovedAway returns those of ids whose sandbox the store gives to another
+// node (not deleted): a node that died after a drain moved one of its
+// paused sandboxes, but before it removed the files, finds them at its
+// next start and removes them. Off a cluster it returns none.
+func (s *Store) MovedAway(ctx context.Context, ids []string) ([]string, error) {
+	n := s.node.Load()
+	if n == nil {
+		return nil, nil
+	}
+	var away []string
+	for chunk := range slices.Chunk(ids, 500) {
+		args := []any{n.id}
+		for _, id := range chunk {
+			args = append(args, id)
+		}
+		rows, err := s.db.QueryContext(ctx, `SELECT id FROM sandboxes
+			WHERE node_id <> ? AND node_id <> '' AND state <> 'deleted'
+			AND id IN (?`+strings.Repeat(", ?", len(chunk)-1)+`) ORDER BY id`, args...)
+		if err != nil {
+			return nil, fmt.Errorf("finding sandboxes moved away: %w", err)
+		}
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("finding sandboxes moved away: %w", err)
+			}
+			away = append(away, id)
+		}
+		err = rows.Err()
+		rows.Close()
+		if err != nil {
+			return nil, fmt.Errorf("finding sandboxes moved away: %w", err)
+		}
+	}
+	return away, nil
 }
 
 // LostSandboxes returns this node's sandboxes that the cluster stopped

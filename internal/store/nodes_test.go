@@ -115,6 +115,14 @@ func TestNodesShareOneStore(t *testing.T) {
 	if node, err := a.OwnerNode(ctx, "sandboxes", "sbx_a"); err != nil || node != "node-b" {
 		t.Errorf("OwnerNode = %q, %v; want node-b", node, err)
 	}
+	// node-a, started again with sbx_a's files still there, finds it moved
+	// away; node-b's own sandboxes and unknown ids are not.
+	if away, err := a.MovedAway(ctx, []string{"sbx_a", "sbx_unknown"}); err != nil || len(away) != 1 || away[0] != "sbx_a" {
+		t.Errorf("node-a's MovedAway = %v, %v; want sbx_a", away, err)
+	}
+	if away, err := b.MovedAway(ctx, []string{"sbx_a", "sbx_b"}); err != nil || len(away) != 0 {
+		t.Errorf("node-b's MovedAway = %v, %v; want none (both are its own)", away, err)
+	}
 
 	// Both ask for the CA at once: one decides, both get it.
 	var wg sync.WaitGroup
