@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -13,6 +16,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/emberbox/emberbox/internal/cluster"
+	"github.com/emberbox/emberbox/internal/links"
 	"github.com/emberbox/emberbox/internal/store"
 )
 
@@ -125,4 +129,64 @@ func joinCluster(ctx context.Context, o serveOptions, st *store.Store, adm admis
 			MemoryMiB: adm.capacity.MemoryMiB, OverheadMiB: adm.overhead, VCPUs: adm.capacity.VCPU,
 			Accel: accel, Images: []string{digest}, Version: version},
 	})
+}
+
+// signingKey is the key of signed links or E2B's tokens: kept at path on
+// a server of its own, and shared through the store (setting name) by a
+// cluster's nodes, so that what one node signs any node opens.
+func signingKey(ctx context.Context, cl *cluster.Cluster, st *store.Store, path, name string) ([]byte, error) {
+	if cl == nil {
+		return links.LoadKey(path)
+	}
+	v, err := st.ClusterSetting(ctx, name, func() (string, error) {
+		key := make([]byte, links.KeyBytes)
+		if _, err := rand.Read(key); err != nil {
+			return "", err
+		}
+		return hex.EncodeToString(key), nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("the cluster's %s: %w", name, err)
+	}
+	key, err := hex.DecodeString(v)
+	if err != nil || len(key) < links.KeyBytes {
+		return nil, fmt.Errorf("the cluster's %s is not %d hex-encoded bytes", name, links.KeyBytes)
+	}
+	return key, nil
+}
+
+// previewTarget names the sandbox of a preview's URL, /preview/{id}/…
+// (the API's preview route), from the preview's record.
+func previewTarget(st *store.Store) cluster.Target {
+	return func(r *http.Request) (string, bool) {
+		rest, ok := strings.CutPrefix(r.URL.Path, "/preview/")
+		if !ok {
+			return "", false
+		}
+		id, _, _ := strings.Cut(rest, "/")
+		if id == "" {
+			return "", false
+		}
+		p, err := st.PreviewByID(r.Context(), id)
+		if err != nil {
+			return "", false // the API answers it
+		}
+		return p.SandboxID, false
+	}
+}
+
+// linkTarget names the sandbox of a signed link, /v1/links/{token}, from
+// its checked claims.
+func linkTarget(signer *links.Signer) cluster.Target {
+	return func(r *http.Request) (string, bool) {
+		token, ok := strings.CutPrefix(r.URL.Path, "/v1/links/")
+		if !ok || token == "" {
+			return "", false
+		}
+		c, err := signer.Open(r.Context(), token)
+		if err != nil {
+			return "", false // the API answers it
+		}
+		return c.SandboxID, false
+	}
 }

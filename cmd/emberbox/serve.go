@@ -331,8 +331,9 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 	bg.Go(func() { uploads.Run(bctx) })
 	// The key of signed file links is made once and kept: links stay
-	// valid across restarts until they expire or are revoked.
-	linkKey, err := links.LoadKey(filepath.Join(o.dataDir, "link.key"))
+	// valid across restarts until they expire or are revoked. A cluster's
+	// nodes share one, kept in the store, so any node opens any link.
+	linkKey, err := signingKey(ctx, cl, st, filepath.Join(o.dataDir, "link.key"), "link-key")
 	if err != nil {
 		return err
 	}
@@ -356,26 +357,6 @@ func serve(ctx context.Context, o serveOptions) error {
 		acfg.Volumes, acfg.Images, acfg.Nodes = nil, nil, st
 	}
 	handler := api.New(acfg)
-	routed := handler
-	if cl != nil {
-		// Any node answers any call: creates are placed, calls for another
-		// node's sandbox go there over the channel, which serves the API
-		// itself (never routed again).
-		routed = cl.Handler(handler)
-		cln, err := net.Listen("tcp", o.cluster.listen)
-		if err != nil {
-			return fmt.Errorf("--cluster-listen: %w", err)
-		}
-		bg.Go(func() {
-			if err := cl.Serve(bctx, cln, handler); err != nil {
-				log.Error("node-to-node channel", "err", err)
-			}
-		})
-		bg.Go(func() {
-			cl.Run(bctx)
-		})
-		bg.Go(func() { cl.RunDrain(bctx, mgr) })
-	}
 	if o.metricsListen != "" {
 		mln, err := net.Listen("tcp", o.metricsListen)
 		if err != nil {
@@ -398,11 +379,12 @@ func serve(ctx context.Context, o serveOptions) error {
 	// everything else stay the API's, with its one error shape.
 	root := http.NewServeMux()
 	root.Handle(console.Prefix, console.Handler())
-	root.Handle("/", routed)
+	root.Handle("/", handler)
 	// E2B's protocol shares the listener: its sandbox traffic is told by
 	// headers (or host names under --e2b-domain), its control plane by paths
-	// that are not the Runtime API's.
-	e2bKey, err := links.LoadKey(filepath.Join(o.dataDir, "e2b.key"))
+	// that are not the Runtime API's. Its tokens' key, like the links',
+	// is the cluster's in a cluster.
+	e2bKey, err := signingKey(ctx, cl, st, filepath.Join(o.dataDir, "e2b.key"), "e2b-key")
 	if err != nil {
 		return err
 	}
@@ -414,12 +396,34 @@ func serve(ctx context.Context, o serveOptions) error {
 		Manager: mgr, Keys: keyStore{st}, Tokens: tokens, Idempotency: idempotencyStore{st}, Domain: o.e2bDomain,
 		EnvdVersion: envd.Version, Envd: envd.New(log), Interpreter: interp.E2BHandler(), Next: root, Logger: log,
 	})
+	var served http.Handler = front
+	if cl != nil {
+		// Any node answers any call: creates (the Runtime API's and
+		// E2B's) are placed, calls for another node's sandbox (its
+		// routes, E2B's traffic and control plane, its previews and
+		// signed links) go there over the channel, which serves the
+		// server itself (never routed again).
+		served = cl.Handler(front, front.Target, previewTarget(st), linkTarget(signer))
+		cln, err := net.Listen("tcp", o.cluster.listen)
+		if err != nil {
+			return fmt.Errorf("--cluster-listen: %w", err)
+		}
+		bg.Go(func() {
+			if err := cl.Serve(bctx, cln, front); err != nil {
+				log.Error("node-to-node channel", "err", err)
+			}
+		})
+		bg.Go(func() {
+			cl.Run(bctx)
+		})
+		bg.Go(func() { cl.RunDrain(bctx, mgr) })
+	}
 	// HTTP/2 without TLS (prior knowledge) too, for gRPC and Connect
 	// clients of envd; HTTP/1.1 stays the common case.
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
 	protocols.SetUnencryptedHTTP2(true)
-	srv := &http.Server{Handler: front, Protocols: protocols, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+	srv := &http.Server{Handler: served, Protocols: protocols, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	log.Info("emberbox serving", "addr", "http://"+ln.Addr().String(), "console", "http://"+ln.Addr().String()+console.Prefix,
 		"data_dir", o.dataDir, "version", version)

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -378,5 +379,67 @@ func TestUntarRefusesHostileNames(t *testing.T) {
 	got, err := os.ReadFile(filepath.Join(dir, "mem"))
 	if err != nil || !bytes.Equal(got, data) {
 		t.Errorf("moved file differs (%v)", err)
+	}
+}
+
+// Targets route what the Runtime API's paths do not name (E2B's traffic
+// and control plane, previews, links): a sandbox of another node goes
+// there, a create is placed, and a refusal of E2B's create keeps E2B's
+// error shape.
+func TestTargetsRouteOtherProtocols(t *testing.T) {
+	ca, err := NewCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newFakeStore()
+	a := testNode(t, st, ca, "a", 8192, says("a-channel"))
+	e2bFull := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusTooManyRequests)
+		_, _ = w.Write([]byte(`{"code":429,"message":"full","error_code":"no_capacity"}`))
+	})
+	testNode(t, st, ca, "b", 6144, says("b")) // fits the default 4 GiB, tighter than a
+	st.owners["sbx_on_b"] = "b"
+	target := func(r *http.Request) (string, bool) {
+		if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
+			return id, false
+		}
+		return "", r.Method == "POST" && r.URL.Path == "/sandboxes"
+	}
+	front := a.Handler(says("a"), func(*http.Request) (string, bool) { return "", false }, target)
+	serve := func(h http.Handler, r *http.Request) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		return rec
+	}
+	r := httptest.NewRequest("POST", "/process.Process/Start", nil)
+	r.Header.Set("E2b-Sandbox-Id", "sbx_on_b")
+	if rec := serve(front, r); rec.Header().Get("X-Served-By") != "b" {
+		t.Errorf("E2B traffic for b's sandbox served by %q, want b", rec.Header().Get("X-Served-By"))
+	}
+	if rec := serve(front, httptest.NewRequest("GET", "/v1/keys", nil)); rec.Header().Get("X-Served-By") != "a" {
+		t.Errorf("an untargeted call served by %q, want a", rec.Header().Get("X-Served-By"))
+	}
+	// An E2B create is placed (b is the tightest fit).
+	if rec := serve(front, httptest.NewRequest("POST", "/sandboxes", strings.NewReader(`{"templateID":"base"}`))); rec.Header().Get("X-Served-By") != "b" {
+		t.Errorf("E2B create served by %q, want b (best fit)", rec.Header().Get("X-Served-By"))
+	}
+	// Every node full: the last refusal, in E2B's shape, is the answer.
+	full := a.Handler(e2bFull, target)
+	st.mu.Lock()
+	st.nodes["b"].State = StateDraining
+	st.mu.Unlock()
+	rec := serve(full, httptest.NewRequest("POST", "/sandboxes", strings.NewReader(`{}`)))
+	if rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), `"error_code":"no_capacity"`) {
+		t.Errorf("E2B create with no room: %d %s", rec.Code, rec.Body.String())
+	}
+	// No node fits at all: E2B's shape too.
+	rec = serve(full, httptest.NewRequest("POST", "/sandboxes", strings.NewReader(`{"memoryMiB": 65536}`)))
+	var e struct {
+		Code      int    `json:"code"`
+		Message   string `json:"message"`
+		ErrorCode string `json:"error_code"`
+	}
+	if rec.Code != http.StatusTooManyRequests || json.Unmarshal(rec.Body.Bytes(), &e) != nil || e.Code != 429 || e.ErrorCode != "no_capacity" || e.Message == "" {
+		t.Errorf("E2B create too big for any node: %d %s", rec.Code, rec.Body.String())
 	}
 }

@@ -24,11 +24,19 @@ const HeaderForwardedBy = "X-Emberbox-Forwarded-By"
 // maxCreateBody bounds the create body the router reads to place it.
 const maxCreateBody = 1 << 20
 
-// Handler routes the API in front of next (this node's API): a create is
-// placed on a node and sent there; a call for a sandbox or snapshot of
-// another node that is not down is proxied to it; everything else is
-// next's.
-func (c *Cluster) Handler(next http.Handler) http.Handler {
+// Target names the sandbox a request outside the Runtime API's sandbox
+// and snapshot routes is for (E2B's traffic and control plane, a
+// preview, a signed link), or says it creates one; "" and false route it
+// nowhere.
+type Target func(r *http.Request) (sandboxID string, create bool)
+
+// Handler routes the server in front of next (this node's API, and
+// whatever next serves beside it): a create is placed on a node and sent
+// there; a call for a sandbox or snapshot of another node that is not
+// down is proxied to it; everything else is next's. targets name the
+// sandboxes of the calls the Runtime API's paths do not (tried in order,
+// the first that names one wins).
+func (c *Cluster) Handler(next http.Handler, targets ...Target) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case r.Method == http.MethodPost && strings.TrimSuffix(r.URL.Path, "/") == "/v1/sandboxes":
@@ -40,6 +48,17 @@ func (c *Cluster) Handler(next http.Handler) http.Handler {
 		case strings.HasPrefix(r.URL.Path, "/v1/snapshots/"):
 			c.routeOwned(w, r, next, "snapshots", resourceID(r.URL.Path, "/v1/snapshots/"))
 			return
+		}
+		for _, t := range targets {
+			id, create := t(r)
+			if create {
+				c.place(w, r, next)
+				return
+			}
+			if id != "" {
+				c.routeOwned(w, r, next, "sandboxes", id)
+				return
+			}
 		}
 		next.ServeHTTP(w, r)
 	})
@@ -172,6 +191,7 @@ func (c *Cluster) place(w http.ResponseWriter, r *http.Request, next http.Handle
 		writeError(w, http.StatusServiceUnavailable, "unavailable", "The service is unavailable right now.", "")
 		return
 	}
+	var refused *httptest.ResponseRecorder
 	for _, n := range cands {
 		rec := httptest.NewRecorder()
 		if n.ID == c.ID() {
@@ -179,8 +199,9 @@ func (c *Cluster) place(w http.ResponseWriter, r *http.Request, next http.Handle
 		} else {
 			c.proxy(n, nil).ServeHTTP(rec, withBody(r, body))
 		}
-		if rec.Code == http.StatusConflict && errorCode(rec.Body.Bytes()) == "no_capacity" {
+		if (rec.Code == http.StatusConflict || rec.Code == http.StatusTooManyRequests) && errorCode(rec.Body.Bytes()) == "no_capacity" {
 			c.log.Info("a node had no room after all; trying the next", "node", n.ID)
+			refused = rec
 			continue
 		}
 		if rec.Code == http.StatusServiceUnavailable && errorCode(rec.Body.Bytes()) == "node_unreachable" {
@@ -189,8 +210,20 @@ func (c *Cluster) place(w http.ResponseWriter, r *http.Request, next http.Handle
 		copyRecorded(w, rec)
 		return
 	}
-	writeError(w, http.StatusConflict, "no_capacity",
-		"no node of the cluster has room for this sandbox", "wait for sandboxes to end, or ask for less memory")
+	if refused != nil {
+		copyRecorded(w, refused) // in the shape of the protocol asked
+		return
+	}
+	const msg = "no node of the cluster has room for this sandbox"
+	if !strings.HasPrefix(r.URL.Path, "/v1/") {
+		// Another protocol's create (E2B's): its error shape,
+		// {code, message, error_code}, and its status for no room.
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusTooManyRequests)
+		_ = json.NewEncoder(w).Encode(map[string]any{"code": http.StatusTooManyRequests, "message": msg, "error_code": "no_capacity"})
+		return
+	}
+	writeError(w, http.StatusConflict, "no_capacity", msg, "wait for sandboxes to end, or ask for less memory")
 }
 
 // nodeOf is the node of a sandbox or snapshot by id ("" unknown).
@@ -210,14 +243,20 @@ func withBody(r *http.Request, body []byte) *http.Request {
 	return r2
 }
 
+// errorCode is the code of an error answer: the Runtime API's
+// {"error": {"code"}} or E2B's {"error_code"}.
 func errorCode(body []byte) string {
 	var e struct {
 		Error struct {
 			Code string `json:"code"`
 		} `json:"error"`
+		ErrorCode string `json:"error_code"`
 	}
 	_ = json.Unmarshal(body, &e)
-	return e.Error.Code
+	if e.Error.Code != "" {
+		return e.Error.Code
+	}
+	return e.ErrorCode
 }
 
 func copyRecorded(w http.ResponseWriter, rec *httptest.ResponseRecorder) {

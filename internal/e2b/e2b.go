@@ -108,6 +108,35 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.cfg.Next.ServeHTTP(w, r)
 }
 
+// Target names the sandbox r is for, as a cluster routes it to the node
+// that runs it: the sandbox of E2B sandbox traffic (headers or host name)
+// or of a control-plane path (/sandboxes/{id}…, /v2/sandboxes/{id}…).
+// create says r makes a sandbox (POST /sandboxes or /v2/sandboxes), which
+// a cluster places. Nothing here is checked: the handler that serves r
+// does that.
+func (h *Handler) Target(r *http.Request) (id string, create bool) {
+	if id := r.Header.Get(headerSandboxID); id != "" {
+		return id, false
+	}
+	if id, _, ok := h.hostTarget(r.Host); ok {
+		return id, false
+	}
+	for _, prefix := range []string{"/sandboxes", "/v2/sandboxes"} {
+		rest, ok := strings.CutPrefix(r.URL.Path, prefix)
+		if !ok {
+			continue
+		}
+		if rest == "" || rest == "/" {
+			return "", r.Method == http.MethodPost
+		}
+		if id, ok := strings.CutPrefix(rest, "/"); ok {
+			id, _, _ = strings.Cut(id, "/")
+			return id, false
+		}
+	}
+	return "", false
+}
+
 // hostTarget parses {port}-{id}.{domain}.
 func (h *Handler) hostTarget(host string) (id string, port int, ok bool) {
 	if h.cfg.Domain == "" {

@@ -173,6 +173,46 @@ func TestCluster(t *testing.T) {
 		if got := via(b).sh(t, onB, "cat /workspace/via-c.txt"); got != "written through node c\n" {
 			t.Fatalf("read on the owner: %q", got)
 		}
+		// A signed link made through c opens through a: the nodes share
+		// the link key.
+		l, _ := call[struct{ URL string }](t, cc, "POST", "/v1/sandboxes/"+onB+"/files:link",
+			map[string]any{"path": "/workspace/via-c.txt", "method": "GET", "expiresInSeconds": 600}, nil)
+		lu, err := url.Parse(l.URL)
+		if err != nil || !strings.HasPrefix(lu.Path, "/v1/links/") {
+			t.Fatalf("link: %q %v", l.URL, err)
+		}
+		if r := a.s.client("").raw(t, "GET", lu.Path, nil, nil, requestTimeout); r.Status != http.StatusOK || string(r.Body) != "written through node c\n" {
+			t.Fatalf("link made through c, opened through a: %v", r)
+		}
+		// E2B's protocol: a connect through a answers envd's token (b
+		// signs it), and envd through c takes it.
+		var conn struct{ SandboxID, EnvdAccessToken string }
+		r := a.s.client("").raw(t, "POST", "/sandboxes/"+onB+"/connect", map[string]any{"timeout": 900},
+			http.Header{"X-API-KEY": {key}}, requestTimeout)
+		if r.Status/100 != 2 || json.Unmarshal(r.Body, &conn) != nil || conn.SandboxID != onB || conn.EnvdAccessToken == "" {
+			t.Fatalf("E2B connect through a: %v", r)
+		}
+		envd := http.Header{"E2b-Sandbox-Id": {onB}, "X-Access-Token": {conn.EnvdAccessToken}}
+		if r := c.s.client("").raw(t, "POST", "/filesystem.Filesystem/Stat", map[string]any{"path": "/workspace/via-c.txt"},
+			envd, requestTimeout); r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"name":"via-c.txt"`) {
+			t.Fatalf("envd Stat through c: %v", r)
+		}
+		// A preview made through c serves through a.
+		cc.spawn(t, onB, "cd /workspace && exec python3 -m http.server 8000")
+		pv, _ := call[struct{ URL string }](t, cc, "POST", "/v1/sandboxes/"+onB+"/previews",
+			map[string]any{"port": 8000, "visibility": "public"}, nil)
+		pu, err := url.Parse(pv.URL)
+		if err != nil || !strings.HasPrefix(pu.Path, "/preview/") {
+			t.Fatalf("preview: %q %v", pv.URL, err)
+		}
+		var last *response
+		if !waitUntil(time.Minute, 500*time.Millisecond, func() bool {
+			last = a.s.client("").raw(t, "GET", pu.Path+"via-c.txt", nil, nil, requestTimeout)
+			return last.Status == http.StatusOK && string(last.Body) == "written through node c\n"
+		}) {
+			t.Fatalf("preview made through c, fetched through a: %v", last)
+		}
+
 		p := cc.spawn(t, onB, "sleep 300")
 		found := false
 		for _, q := range cc.processes(t, onB) {
