@@ -37,8 +37,9 @@ import (
 // real agent, as the image builder does), and boots a VM from the rootfs it
 // made, where a command runs as the sandbox user.
 //
-// The VMs are started with the qemu driver directly: the image catalog
-// that lets a create name an imported image is not in this tree yet.
+// The VMs are started with the qemu driver directly, below the image
+// catalog; TestImageImportAPI imports through the API and creates
+// sandboxes of the imported images.
 func TestOCIImport(t *testing.T) {
 	needVMs(t)
 	fixture := debianFixture(t)
