@@ -201,3 +201,54 @@ func TestSwitchImage(t *testing.T) {
 		t.Errorf("switch files left: %v", left)
 	}
 }
+
+// TestKillDuringSwitch: a server killed once the new image's VM has booted
+// (the old VM paused, its files aside) leaves, at the next start, the
+// sandbox paused on its old image with its memory: a wake finds its
+// process and files, no VM or switch files are left over, and a switch
+// then goes through.
+func TestKillDuringSwitch(t *testing.T) {
+	needVMs(t)
+	dataDir := t.TempDir()
+	var id, sleeper string
+	killedAt(t, dataDir, "switch.booted", func(s *server) {
+		c := s.client(s.AdminKey)
+		sb := c.createRunning(t, map[string]any{"vcpu": 1, "memoryMiB": 1024})
+		id = sb.ID
+		c.sh(t, id, "echo hello > /workspace/keep.txt && sudo sh -c 'echo m > /etc/marker'")
+		sleeper = c.spawn(t, id, "sleep 100000").ID
+		r := c.raw(t, "POST", "/v1/sandboxes/"+id+":switch-image", map[string]any{"image": "default"}, nil, 10*time.Minute)
+		if r.err == nil {
+			t.Fatalf("switch answered %d before the fault point: %s", r.Status, r.Body)
+		}
+	})
+	s := startServer(t, dataDir)
+	c := s.client(s.AdminKey)
+	if got := c.get(t, id); got.State != "paused" {
+		t.Fatalf("after the restart the sandbox is %s (%s), want paused", got.State, got.stopReason())
+	}
+	if left, _ := filepath.Glob(filepath.Join(dataDir, "sandboxes", "*.switch")); len(left) != 0 {
+		t.Errorf("switch files left: %v", left)
+	}
+	if vms := vmProcesses(dataDir); len(vms) != 0 {
+		t.Errorf("VMs running for a paused sandbox: %+v", vms)
+	}
+	if r := c.raw(t, "POST", "/v1/sandboxes/"+id+":wake", map[string]any{}, http.Header{"Prefer": {"wait=120"}}, requestTimeout); r.Status != 200 {
+		t.Fatalf("wake: %v", r)
+	}
+	c.waitState(t, id, "running")
+	if out := c.sh(t, id, "cat /workspace/keep.txt /etc/marker"); out != "hello\nm\n" {
+		t.Errorf("after the undone switch: %q", out)
+	}
+	if p, _ := call[processJSON](t, c, "GET", "/v1/sandboxes/"+id+"/processes/"+sleeper, nil, nil); p.State != "running" {
+		t.Errorf("the process from before the switch: %+v", p)
+	}
+	r := c.raw(t, "POST", "/v1/sandboxes/"+id+":switch-image", map[string]any{"image": "default"}, nil, 10*time.Minute)
+	if r.err != nil || r.Status != 200 {
+		t.Fatalf("switch after the restart: %v", r)
+	}
+	if out := c.sh(t, id, "cat /workspace/keep.txt; test -e /etc/marker || echo nomarker"); out != "hello\nnomarker\n" {
+		t.Errorf("after the switch: %q", out)
+	}
+	c.delete(t, id)
+}

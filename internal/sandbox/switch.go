@@ -130,12 +130,13 @@ func (m *Manager) upForSwitch(ctx context.Context, owner, id string) error {
 	}
 	wctx, cancel := context.WithTimeout(ctx, pauseTimeout+2*m.cfg.BootTimeout)
 	defer cancel()
-	sb, err = m.WaitFor(wctx, owner, id, StateRunning)
+	sb, err = m.WaitFor(wctx, owner, id, StateRunning, StatePaused)
 	if err != nil {
 		return err
 	}
 	if sb.State == StatePaused {
-		// A pause under way finished; the next round wakes it.
+		// A pause under way finished, or the wake failed: the next round
+		// wakes it (again).
 		return nil
 	}
 	if sb.State != StateRunning {
