@@ -118,7 +118,7 @@ def test_switch_image_keeps_the_workspace(runtime_client, recipe_image):
     image, _ = recipe_image
     box = Sandbox.create(client=runtime_client, name=_name("conf-switch"))
     try:
-        box.files.write_text("/workspace/keep.txt", "kept across the switch\n")
+        box.files.write("/workspace/keep.txt", "kept across the switch\n")
         _ok(box.exec("sudo sh -c 'echo m > /etc/switch-marker'"), "sudo install")
         before = box.id
         box.switch_image(image["name"])
