@@ -525,6 +525,21 @@ func (m *fakeManager) Wake(ctx context.Context, owner, id string, timeout *int) 
 	return clone(sb), nil
 }
 
+func (m *fakeManager) SwitchImage(ctx context.Context, owner, id string, img *sandbox.ImageRef) (*sandbox.Sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, err := m.getLocked(owner, id)
+	if err != nil {
+		return nil, err
+	}
+	sb.ImageID, sb.Rootfs = "", ""
+	if img != nil {
+		sb.ImageID, sb.Rootfs = img.ID, img.Rootfs
+	}
+	sb.State = sandbox.StateRunning
+	return clone(sb), nil
+}
+
 func (m *fakeManager) Restart(ctx context.Context, owner, id string) (*sandbox.Sandbox, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

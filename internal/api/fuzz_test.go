@@ -209,6 +209,8 @@ func FuzzAPIRequest(f *testing.F) {
 	add("GET", "/v1/sandboxes", "limit=0&includeStopped=maybe&state=nope", "")
 	add("GET", "/v1/sandboxes/{id}", "waitFor=running&timeoutSeconds=1", "")
 	add("POST", "/v1/sandboxes/{id}:extend", "", `{"seconds":600}`)
+	add("POST", "/v1/sandboxes/{id}:switch-image", "", `{"image":"web:latest","keep":"workspace"}`)
+	add("POST", "/v1/sandboxes/{id}:switch-image", "", `{"image":"default","keep":"disk"}`)
 	add("POST", "/v1/sandboxes/{id}:exec", "", `{"command":"echo hi","env":{"A":"b"},"cwd":"/tmp","stdin":"x","timeoutMs":5000,"user":"root"}`)
 	add("POST", "/v1/sandboxes/{id}:exec", "", `{"argv":["ls","-l"],"stdinBase64":"AAE=","stream":true}`)
 	add("POST", "/v1/sandboxes/{id}:exec", "", `{"command":"x","argv":["y"],"stdinBase64":"!!","timeoutMs":-1,"user":"nobody"}`)

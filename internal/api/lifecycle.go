@@ -2,6 +2,7 @@ package api
 
 import (
 	"net/http"
+	"strings"
 
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
@@ -154,4 +155,49 @@ func idlePause(path string, v *int) (*int, []issue) {
 		n = sandbox.MinIdlePauseSeconds
 	}
 	return &n, nil
+}
+
+// switchImageRequest is the body of POST /v1/sandboxes/{id}:switch-image,
+// as withruntime's Sandbox.switch_image sends it.
+type switchImageRequest struct {
+	Image string  `json:"image"`
+	Keep  *string `json:"keep"`
+}
+
+// switchImage answers POST /v1/sandboxes/{id}:switch-image once the
+// sandbox runs on the new image, or with switch_undone once it runs on its
+// old one again. Images are off in a cluster, and so is this.
+func (s *server) switchImage(w http.ResponseWriter, r *http.Request, c *call) error {
+	var req switchImageRequest
+	if err := decode(c, &req); err != nil {
+		return err
+	}
+	var issues []issue
+	if strings.TrimSpace(req.Image) == "" {
+		issues = append(issues, issue{Path: "image", Message: "must be an image id, name, name:tag or name@version"})
+	}
+	if req.Keep != nil && *req.Keep != sandbox.SwitchKeepWorkspace {
+		issues = append(issues, issue{Path: "keep", Message: `must be "workspace", the only thing a switch keeps besides volumes, env, name and previews`})
+	}
+	if len(issues) > 0 {
+		return invalid(issues)
+	}
+	id := r.PathValue("id")
+	if _, err := s.mgr.Get(r.Context(), c.owner, id); err != nil {
+		return err
+	}
+	svc, err := s.imagesOn()
+	if err != nil {
+		return err
+	}
+	ref, _, err := svc.ForCreate(r.Context(), c.owner, req.Image)
+	if err != nil {
+		return err
+	}
+	sb, err := s.mgr.SwitchImage(r.Context(), c.owner, id, ref)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
+	return nil
 }

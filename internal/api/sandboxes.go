@@ -59,6 +59,7 @@ type sandboxJSON struct {
 	IdlePause      int               `json:"idlePauseSeconds"`
 	PausedAt       *jsonTime         `json:"pausedAt"`
 	SnapshotID     *string           `json:"snapshotId,omitempty"` // the snapshot it was made from
+	ImageID        *string           `json:"imageId,omitempty"`    // its image; absent for the default image
 	CreatedAt      *jsonTime         `json:"createdAt"`
 	ReadyAt        *jsonTime         `json:"readyAt"`
 	ExpiresAt      *jsonTime         `json:"expiresAt"`
@@ -106,7 +107,7 @@ func (s *server) sandboxJSON(sb *sandbox.Sandbox) sandboxJSON {
 		VCPU: sb.VCPU, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB, CPU: "shared",
 		TimeoutSeconds: sb.TimeoutSeconds, OnLeaseEnd: sb.OnLeaseEnd,
 		Pausable: true, Persistent: sb.Persistent, AutoWake: sb.AutoWake, IdlePause: sb.IdlePauseSeconds,
-		PausedAt: optTime(sb.PausedAt), SnapshotID: optString(sb.SnapshotID),
+		PausedAt: optTime(sb.PausedAt), SnapshotID: optString(sb.SnapshotID), ImageID: optString(sb.ImageID),
 		CreatedAt: optTime(&sb.CreatedAt), ReadyAt: optTime(sb.ReadyAt),
 		ExpiresAt: optTime(sb.ExpiresAt), EndsAt: optTime(sb.ExpiresAt), EndedAt: optTime(sb.EndedAt),
 		StopReason: optString(sb.StopReason), EnvNames: env,

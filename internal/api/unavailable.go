@@ -31,8 +31,7 @@ var unavailableSandboxSub = map[string]string{
 
 // unavailableVerbs are the colon verbs of /v1/sandboxes/{id}.
 var unavailableVerbs = map[string]string{
-	"resize": "resize_unavailable", "switch-image": "switch_image_unavailable",
-	"retention": "retention_unavailable",
+	"resize": "resize_unavailable", "retention": "retention_unavailable",
 }
 
 // unavailableCode returns the code of a path the SDK calls that this
@@ -77,7 +76,7 @@ func unavailableCode(path string) string {
 func notServed(r *http.Request) *apiError {
 	if code := unavailableCode(r.URL.Path); code != "" {
 		return newError(http.StatusNotImplemented, code, "This server does not offer "+r.Method+" "+r.URL.Path+".").
-			withHint("Emberbox serves sandboxes, their commands, files, processes, terminals, code interpreter, network, pause, wake, snapshots, images, volumes and their backups, tunnel and previews; GET /v1/openapi.json lists every route.")
+			withHint("Emberbox serves sandboxes, their commands, files, processes, terminals, code interpreter, network, pause, wake, snapshots, images and switching them, volumes and their backups, tunnel and previews; GET /v1/openapi.json lists every route.")
 	}
 	return routeNotFound(r)
 }

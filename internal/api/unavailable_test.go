@@ -17,7 +17,6 @@ var sdkUnavailable = []struct{ method, path string }{
 	{"GET", "/v1/sandboxes/sbx_r/mcp"},
 	{"POST", "/v1/sandboxes/sbx_r/tailscale"},
 	{"POST", "/v1/sandboxes/sbx_r:resize"},
-	{"POST", "/v1/sandboxes/sbx_r:switch-image"},
 	{"POST", "/v1/sandboxes/sbx_r:retention"},
 	{"GET", "/v1/images/registries"},
 	{"POST", "/v1/images/registries"},
@@ -54,6 +53,32 @@ func TestSDKRoutesNotBuiltAnswerUnavailable(t *testing.T) {
 		w := e.do("GET", p, "")
 		if w.Code != http.StatusNotFound || errorOf(t, w).Code != "route_not_found" {
 			t.Errorf("GET %s: %d %s, want 404 route_not_found", p, w.Code, w.Body)
+		}
+	}
+}
+
+// TestSwitchImageRefusals: a switch of image checks its body, then the
+// sandbox, then needs the image catalog, which a server without images
+// (a cluster) answers as images do.
+func TestSwitchImageRefusals(t *testing.T) {
+	e := newEnv(t)
+	e.m.add("key_a", "sbx_r", "running", 0)
+	for _, tc := range []struct {
+		path, body string
+		status     int
+		code       string
+	}{
+		{"/v1/sandboxes/sbx_r:switch-image", `{}`, 400, "invalid_request"},
+		{"/v1/sandboxes/sbx_r:switch-image", `{"image": "  "}`, 400, "invalid_request"},
+		{"/v1/sandboxes/sbx_r:switch-image", `{"image": "web", "keep": "everything"}`, 400, "invalid_request"},
+		{"/v1/sandboxes/sbx_r:switch-image", `{"image": "web", "extra": 1}`, 400, "invalid_request"},
+		{"/v1/sandboxes/sbx_none:switch-image", `{"image": "web", "keep": "workspace"}`, 404, "not_found"},
+		{"/v1/sandboxes/sbx_r:switch-image", `{"image": "web", "keep": "workspace"}`, 501, "images_unavailable"},
+	} {
+		w := e.do("POST", tc.path, tc.body)
+		got := errorOf(t, w)
+		if w.Code != tc.status || got.Code != tc.code {
+			t.Errorf("POST %s %s: %d %s, want %d %s", tc.path, tc.body, w.Code, w.Body, tc.status, tc.code)
 		}
 	}
 }

@@ -118,10 +118,17 @@ func (m *Manager) pause(ctx context.Context, id, why string) (*Sandbox, error) {
 func (m *Manager) finishPause(id, why string) {
 	unlock := m.lockOp(id)
 	defer unlock()
+	m.pauseLocked(id, why, true)
+}
+
+// pauseLocked is finishPause under the sandbox's VM lock. It reports
+// whether the VM's state is saved and its instance gone; with record it
+// also records the sandbox paused (a switch of image keeps it pausing).
+func (m *Manager) pauseLocked(id, why string, record bool) bool {
 	log := m.log.With("sandbox_id", id)
 	sb, err := m.cfg.Store.GetSandbox(m.ctx, id)
 	if err != nil || sb.State != StatePausing {
-		return // stopped or deleted meanwhile: that path ends the VM
+		return false // stopped or deleted meanwhile: that path ends the VM
 	}
 	m.mu.Lock()
 	in := m.live[id]
@@ -149,7 +156,7 @@ func (m *Manager) finishPause(id, why string) {
 		m.event(id, "pause_failed", "pause failed", nil)
 		if mach != nil && !isDone(mach.Done()) {
 			m.carryOn(in, mach)
-			return
+			return false
 		}
 	}
 	faultpoint.Hit("pause.saved")
@@ -159,12 +166,16 @@ func (m *Manager) finishPause(id, why string) {
 	}
 	if err != nil && !m.cfg.Driver.Saved(m.vmSpec(sb)) {
 		m.markStopped(id, ReasonPauseFailed)
-		return
+		return false
+	}
+	if !record {
+		return true
 	}
 	if m.recordPaused(id) {
 		log.Info("sandbox paused", "why", why, "took", time.Since(start).Round(time.Millisecond))
 		m.event(id, "paused", "sandbox paused", map[string]any{"reason": why, "pauseMs": time.Since(start).Milliseconds()})
 	}
+	return true
 }
 
 // recordPaused records a pausing or resuming sandbox paused, with no VM;

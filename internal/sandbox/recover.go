@@ -35,6 +35,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 
 func (m *Manager) recoverOne(ctx context.Context, sb *Sandbox) {
 	log := m.log.With("sandbox_id", sb.ID)
+	sb = m.recoverSwitch(ctx, sb)
 	if sb.State == StatePaused {
 		return // no VM; its saved state and disk are in its dir
 	}

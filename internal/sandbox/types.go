@@ -113,7 +113,8 @@ type Sandbox struct {
 	DiskRemovedAt *time.Time
 	// ImageID is the catalog id of the image it boots, and Rootfs that
 	// image's read-only base disk; both empty for the server's default
-	// image. Fixed at create (a copy of a snapshot takes the snapshot's).
+	// image. Set at create (a copy of a snapshot takes the snapshot's) and
+	// changed only by a switch of image (switch.go).
 	ImageID string
 	Rootfs  string
 	// NodeID is the node of a cluster that runs it ("" on a server of

@@ -57,6 +57,14 @@ type Volumes interface {
 	ServeVolume(ctx context.Context, sandboxID, attachmentID string, c net.Conn, br *bufio.Reader, accept func(error) error)
 }
 
+// VolumeReattacher is the capability of a Volumes to mount the volumes a
+// sandbox holds in a new VM of it (a switch of image), as they were.
+type VolumeReattacher interface {
+	// Mounts are the guest paths of the volumes the sandbox holds.
+	Mounts(ctx context.Context, sandboxID string) ([]string, error)
+	Reattach(ctx context.Context, sandboxID string, g Guest) error
+}
+
 // ServeVolume implements guest.VolumeHandler for a sandbox's streams.
 func (h gateHandler) ServeVolume(ctx context.Context, attachmentID string, c net.Conn, br *bufio.Reader, accept func(error) error) {
 	if h.vols == nil {

@@ -118,7 +118,8 @@ func (s *Store) GetSandbox(ctx context.Context, id string) (*sandbox.Sandbox, er
 // UpdateSandbox changes the record of sandbox id in one transaction: it
 // reads the committed record, lets fn change it, and writes the mutable
 // fields (everything but ID, OwnerKeyID, VCPU, MemoryMiB, DiskMiB,
-// CreatedAt and SnapshotID) back, so that no other change can come between the read
+// CreatedAt and SnapshotID; ImageID and Rootfs change by a switch of
+// image) back, so that no other change can come between the read
 // and the write. If fn returns false nothing is written. It returns the
 // record as it is afterwards. A missing sandbox is an error of class
 // errdefs.ErrNotFound; a name clash as in InsertSandbox fails with code
@@ -172,12 +173,14 @@ func updateSandbox(ctx context.Context, db execer, sb *sandbox.Sandbox) error {
 		name = ?, labels = ?, env_names = ?, timeout_seconds = ?, on_lease_end = ?, state = ?,
 		stop_reason = ?, accel = ?, driver = ?, ready_at = ?, expires_at = ?,
 		ended_at = ?, deleted_at = ?, vm = ?,
-		paused_at = ?, auto_wake = ?, idle_pause_seconds = ?, persistent = ?
+		paused_at = ?, auto_wake = ?, idle_pause_seconds = ?, persistent = ?,
+		image_id = ?, rootfs = ?
 		WHERE id = ?`,
 		sb.Name, labels, envNames, sb.TimeoutSeconds, sb.OnLeaseEnd, string(sb.State),
 		sb.StopReason, sb.Accel, sb.Driver, formatTimePtr(sb.ReadyAt), formatTimePtr(sb.ExpiresAt),
 		formatTimePtr(sb.EndedAt), formatTimePtr(sb.DeletedAt), sb.VM,
 		formatTimePtr(sb.PausedAt), sb.AutoWake, sb.IdlePauseSeconds, sb.Persistent,
+		sb.ImageID, sb.Rootfs,
 		sb.ID)
 	if isUniqueViolation(err) {
 		return fmt.Errorf("updating sandbox %s: %w", sb.ID, nameTaken(sb.Name))

@@ -838,3 +838,28 @@ func TestUpdateSandboxIsAtomic(t *testing.T) {
 		t.Errorf("UpdateSandbox(missing) = %v, want not found", err)
 	}
 }
+
+// TestUpdateSandboxImage: a switch of image rewrites the record's image
+// and base disk, and the image's users follow it.
+func TestUpdateSandboxImage(t *testing.T) {
+	s, _ := openTest(t)
+	ctx := t.Context()
+	sb := newSandbox("sbx_1", "key_1", base)
+	sb.ImageID, sb.Rootfs = "img_old", "/blobs/old/rootfs.img"
+	mustInsert(t, s, sb)
+	if _, err := s.UpdateSandbox(ctx, "sbx_1", func(r *sandbox.Sandbox) bool {
+		r.ImageID, r.Rootfs = "img_new", "/blobs/new/rootfs.img"
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.GetSandbox(ctx, "sbx_1")
+	if err != nil || got.ImageID != "img_new" || got.Rootfs != "/blobs/new/rootfs.img" {
+		t.Fatalf("after the update: %+v, %v", got, err)
+	}
+	for id, want := range map[string]int{"img_old": 0, "img_new": 1} {
+		if n, _, _, err := s.ImageUsers(ctx, id); err != nil || n != want {
+			t.Errorf("ImageUsers(%s) = %d, %v; want %d", id, n, err, want)
+		}
+	}
+}

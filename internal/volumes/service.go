@@ -386,6 +386,52 @@ func (s *Service) Prepare(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Gu
 	return nil
 }
 
+// Reattach implements sandbox.VolumeReattacher: a new VM of the sandbox (a
+// switch of image) mounts every volume it holds at the same paths. A
+// failure is returned and changes no attachment: the switch is undone and
+// the old VM, resumed, still has them mounted.
+func (s *Service) Reattach(ctx context.Context, sandboxID string, g sandbox.Guest) error {
+	held, err := s.cfg.Store.HeldAttachments(ctx, sandboxID)
+	if err != nil {
+		return err
+	}
+	vg, ok := g.(sandbox.VolumeGuest)
+	for _, a := range held {
+		if a.State != AttachAttached {
+			continue // attaching: Prepare attaches it; detaching: on its way out
+		}
+		if !ok {
+			return errdefs.New(errdefs.ErrUnavailable, "volumes_unavailable", "this sandbox's agent cannot attach volumes")
+		}
+		v, err := s.cfg.Store.GetVolume(ctx, a.VolumeID)
+		if err != nil {
+			return err
+		}
+		actx, cancel := context.WithTimeout(ctx, attachTimeout)
+		err = vg.AttachVolume(actx, sandbox.VolumeRequest{AttachmentID: a.ID, Path: a.Path, SizeBytes: int64(v.SizeMiB) << 20})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("attaching volume %s at %s: %w", a.VolumeID, a.Path, err)
+		}
+	}
+	return nil
+}
+
+// Mounts implements sandbox.VolumeReattacher.
+func (s *Service) Mounts(ctx context.Context, sandboxID string) ([]string, error) {
+	held, err := s.cfg.Store.HeldAttachments(ctx, sandboxID)
+	if err != nil {
+		return nil, err
+	}
+	paths := make([]string, 0, len(held))
+	for _, a := range held {
+		paths = append(paths, a.Path)
+	}
+	return paths, nil
+}
+
+var _ sandbox.VolumeReattacher = (*Service)(nil)
+
 // Release implements sandbox.Volumes: the sandbox's VM is gone, so its
 // attachments end and its volumes are free.
 func (s *Service) Release(ctx context.Context, sandboxID string) {

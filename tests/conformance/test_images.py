@@ -112,6 +112,36 @@ def test_unknown_image_is_refused(runtime_client):
     assert err.value.code == "image_not_found"
 
 
+def test_switch_image_keeps_the_workspace(runtime_client, recipe_image):
+    """`Sandbox.switch_image`: the new image's files, /workspace kept,
+    the old disk's sudo install gone, the same sandbox."""
+    image, _ = recipe_image
+    box = Sandbox.create(client=runtime_client, name=_name("conf-switch"))
+    try:
+        box.files.write("/workspace/keep.txt", "kept across the switch\n")
+        _ok(box.exec("sudo sh -c 'echo m > /etc/switch-marker'"), "sudo install")
+        before = box.id
+        box.switch_image(image["name"])
+        assert box.id == before
+        assert box.info["state"] == "running", box.info
+        assert box.info.get("imageId") == image["id"], box.info
+        assert box.files.read_text("/workspace/keep.txt") == "kept across the switch\n"
+        assert box.files.read_text("/opt/emberbox/hello.txt") == "hello from a recipe\n"
+        r = box.exec("stat -c %U /workspace/keep.txt; test -e /etc/switch-marker || echo gone")
+        _ok(r, "owner and the old disk's file")
+        assert r.stdout.split() == ["user", "gone"]
+        # keep names only the workspace; an unknown image is refused as a
+        # create's is.
+        with pytest.raises(RuntimeAPIError) as err:
+            box.switch_image(image["name"], keep="disk")
+        assert err.value.code == "invalid_request"
+        with pytest.raises(RuntimeAPIError) as err:
+            box.switch_image(_name("no-such-image"))
+        assert err.value.code == "image_not_found"
+    finally:
+        box.delete()
+
+
 def test_delete_refused_while_in_use_then_allowed(runtime_client, recipe_image):
     image, _ = recipe_image
     box = Sandbox.create(client=runtime_client, image=image["id"])
