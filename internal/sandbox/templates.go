@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -36,9 +37,9 @@ import (
 // the image's disk size if larger than the default) is made at the first
 // create of the image, which boots: lazily, since each build is a boot
 // and a few hundred MiB of disk, and many images (bases, intermediate
-// versions) never serve a sandbox. One template is built at a time; a
-// create of another shape boots, as does one that comes before its
-// template is ready.
+// versions) never serve a sandbox. One template is built at a time (a
+// create that asks for another meanwhile queues it); a create of another
+// shape boots, as does one that comes before its template is ready.
 //
 // Templates live under DataDir/templates, keyed by the boot files and the
 // CA bundle, so a new guest image or CA gets new templates: the default
@@ -81,7 +82,20 @@ type templateSet struct {
 	pins     map[string]int       // template directories creates are copying now
 	gen      map[string]int       // per custom disk, bumped when its templates are removed
 	fullAt   time.Time            // when the cap last stopped a build
+	pending  []pendingTemplate    // asked for while another was built; built in turn
 }
+
+// pendingTemplate is a template a create asked for while another was
+// being built.
+type pendingTemplate struct {
+	rootfs string
+	s      shape
+	dir    string
+}
+
+// maxPendingTemplates bounds the templates waiting for their build; a
+// create that finds the queue full boots, and a later one asks again.
+const maxPendingTemplates = 8
 
 // templateRetry is how long a template that failed to build is not tried
 // again: its creates boot cold meanwhile.
@@ -245,7 +259,11 @@ func (m *Manager) buildTemplateLocked(rootfs string, s shape, dir string) {
 		return
 	}
 	if len(t.building) > 0 {
-		return // one build at a time: each is a boot
+		// One build at a time, as each is a boot: this one comes after.
+		if len(t.pending) < maxPendingTemplates && !slices.ContainsFunc(t.pending, func(p pendingTemplate) bool { return p.dir == dir }) {
+			t.pending = append(t.pending, pendingTemplate{rootfs, s, dir})
+		}
+		return
 	}
 	if rootfs != "" && !m.makeRoomLocked() {
 		return
@@ -260,6 +278,7 @@ func (m *Manager) buildTemplateLocked(rootfs string, s shape, dir string) {
 		if err != nil {
 			t.failed[dir] = time.Now()
 		}
+		m.nextTemplateLocked()
 		t.mu.Unlock()
 		log := m.log.With("shape", s)
 		if rootfs != "" {
@@ -274,6 +293,21 @@ func (m *Manager) buildTemplateLocked(rootfs string, s shape, dir string) {
 		log.Info("template ready", "took", time.Since(start).Round(time.Millisecond))
 	}) {
 		delete(t.building, dir)
+	}
+}
+
+// nextTemplateLocked starts the build of the next template asked for
+// while another was built, if any is still missing. The caller holds
+// templates.mu.
+func (m *Manager) nextTemplateLocked() {
+	t := &m.templates
+	for len(t.pending) > 0 && len(t.building) == 0 {
+		p := t.pending[0]
+		t.pending = t.pending[1:]
+		if _, err := os.Stat(filepath.Join(p.dir, templateMarker)); err == nil {
+			continue
+		}
+		m.buildTemplateLocked(p.rootfs, p.s, p.dir)
 	}
 }
 
@@ -522,6 +556,7 @@ func (m *Manager) RemoveTemplates(rootfs string) error {
 	}
 	t.gen[rootfs]++
 	delete(t.roots, rootfs) // a disk stored again at the path gets its templates anew
+	t.pending = slices.DeleteFunc(t.pending, func(p pendingTemplate) bool { return p.rootfs == rootfs })
 	dir := m.imageTemplates(rootfs)
 	// A build under way keeps its work directory (its VM's files) and
 	// removes it itself.

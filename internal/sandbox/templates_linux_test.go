@@ -181,3 +181,38 @@ func TestImageTemplates(t *testing.T) {
 		t.Errorf("the image's templates are still there: %v", err)
 	}
 }
+
+// TestImageTemplateQueued: an image's first create while another template
+// is being built queues the image's template, which is built once that
+// build ends (here: fails, its guest never answering).
+func TestImageTemplateQueued(t *testing.T) {
+	e := newEnv(t)
+	m := e.managerWith(func(c *sandbox.Config) {
+		c.Templates, c.BootTimeout = true, 3*time.Second
+		c.Logger = slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	})
+	ctx := context.Background()
+	e.drv.HangStarts(1)
+	m.PrepareTemplate() // the default template's build, whose guest hangs
+	for e.drv.Starts() < 1 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	app := &sandbox.ImageRef{ID: "img-app", Rootfs: "/images/app.img", MinDiskMiB: 3000}
+	s := spec()
+	s.Image = app
+	sb, err := m.Create(ctx, "k", s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, m, "k", sb.ID, sandbox.StateRunning)
+	if m.TemplateReady(2, 4096, 4096) {
+		t.Fatal("the default template was built by a hung guest")
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for !m.ImageTemplateReady(app.Rootfs, 2, 4096, 4096) {
+		if time.Now().After(deadline) {
+			t.Fatal("the image's template, asked for during another build, was never built")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
