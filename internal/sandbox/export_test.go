@@ -69,3 +69,11 @@ func (m *Manager) RetryFullTemplates() {
 	m.templates.fullAt = time.Time{}
 	m.templates.mu.Unlock()
 }
+
+// TemplatesFull reports whether the cap of image templates last stopped a
+// build (every template kept in use).
+func (m *Manager) TemplatesFull() bool {
+	m.templates.mu.Lock()
+	defer m.templates.mu.Unlock()
+	return !m.templates.fullAt.IsZero()
+}

@@ -496,6 +496,12 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ 
 		}
 		if dir, ok := m.template(sb.Rootfs, shapeOf(sb), minDisk); ok {
 			start = func() { m.bootTemplate(in.ctx, in, sb, dir, spec.Env) }
+		} else {
+			// The template is built once this boot is done, not beside it.
+			start = func() {
+				m.boot(in.ctx, in, sb, spec.Env, false)
+				m.wantTemplate(sb.Rootfs, shapeOf(sb), minDisk)
+			}
 		}
 	}
 	if !m.spawn(start) {

@@ -34,8 +34,9 @@ import (
 //
 // The default image's template (the default shape) is made at start. A
 // custom image's (its default shape: the default vCPUs and memory, and
-// the image's disk size if larger than the default) is made at the first
-// create of the image, which boots: lazily, since each build is a boot
+// the image's disk size if larger than the default) is made after the
+// first create of the image has booted (not beside it: on a small host
+// the two boots would slow each other): lazily, since each build is a boot
 // and a few hundred MiB of disk, and many images (bases, intermediate
 // versions) never serve a sandbox. One template is built at a time (a
 // create that asks for another meanwhile queues it); a create of another
@@ -202,12 +203,18 @@ func (m *Manager) imageTemplateCap() int {
 	return max(m.cfg.ImageTemplates, 0)
 }
 
+// templated reports whether a create of root disk rootfs ("": the
+// default image's, whose sandboxes need minDiskMiB) and shape s is served
+// by a template.
+func (m *Manager) templated(rootfs string, s shape, minDiskMiB int) bool {
+	return m.cfg.Templates && s == templateShape(rootfs, minDiskMiB) && (rootfs == "" || m.imageTemplateCap() > 0)
+}
+
 // template returns the directory of the template of root disk rootfs
 // ("": the default image's) and shape s if it is built, pinned until
-// unpinTemplate, and otherwise starts building it (unless templates are
-// off or s has none) and reports false. minDiskMiB is the image's disk.
+// unpinTemplate; minDiskMiB is the image's disk.
 func (m *Manager) template(rootfs string, s shape, minDiskMiB int) (string, bool) {
-	if !m.cfg.Templates || s != templateShape(rootfs, minDiskMiB) || (rootfs != "" && m.imageTemplateCap() == 0) {
+	if !m.templated(rootfs, s, minDiskMiB) {
 		return "", false
 	}
 	dir := m.templateDir(rootfs, s)
@@ -225,8 +232,22 @@ func (m *Manager) template(rootfs string, s shape, minDiskMiB int) (string, bool
 		}
 		return dir, true
 	}
-	m.buildTemplateLocked(rootfs, s, dir)
 	return "", false
+}
+
+// wantTemplate starts building (or queues) the template of rootfs and s
+// if a create of them would use one and it is not built.
+func (m *Manager) wantTemplate(rootfs string, s shape, minDiskMiB int) {
+	if !m.templated(rootfs, s, minDiskMiB) {
+		return
+	}
+	dir := m.templateDir(rootfs, s)
+	t := &m.templates
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, err := os.Stat(filepath.Join(dir, templateMarker)); err != nil {
+		m.buildTemplateLocked(rootfs, s, dir)
+	}
 }
 
 func (m *Manager) unpinTemplate(dir string) {
@@ -247,7 +268,7 @@ func (m *Manager) PrepareTemplate() {
 		return
 	}
 	m.sweepImageTemplates()
-	m.template("", defaultShape, 0)
+	m.wantTemplate("", defaultShape, 0)
 }
 
 func (m *Manager) buildTemplateLocked(rootfs string, s shape, dir string) {

@@ -72,8 +72,8 @@ func (w testLog) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// TestImageTemplates: a custom image's first create boots and starts its
-// template's build; later creates of it are copies of that template (the
+// TestImageTemplates: a custom image's first create boots and then starts
+// its template's build; later creates of it are copies of that template (the
 // image's disk under them), each with its own env. The cap keeps a
 // template a sandbox uses and gives the least recently used unused one up
 // for a new image's; RemoveTemplates removes a disk's templates.
@@ -154,6 +154,7 @@ func TestImageTemplates(t *testing.T) {
 	// has no room, as the only template kept is in use, so the create
 	// boots and nothing is removed.
 	create(web, "web")
+	eventually(t, "the cap to stop the build", m.TemplatesFull)
 	if !m.ImageTemplateReady(app.Rootfs, 2, 4096, 4096) {
 		t.Fatal("the cap removed a template that sandboxes use")
 	}
@@ -163,10 +164,8 @@ func TestImageTemplates(t *testing.T) {
 		}
 	}
 	m.RetryFullTemplates()
-	create(web, "") // boots, and now app's template gives way
-	if m.ImageTemplateReady(app.Rootfs, 2, 4096, 4096) {
-		t.Error("the least recently used unused template was kept over the cap")
-	}
+	create(web, "") // boots, and then app's template gives way
+	eventually(t, "the least recently used unused template to go", func() bool { return !m.ImageTemplateReady(app.Rootfs, 2, 4096, 4096) })
 	waitReady(web, 5000)
 	resumes = e.drv.Resumes()
 	create(web, "web3")
@@ -212,6 +211,18 @@ func TestImageTemplateQueued(t *testing.T) {
 	for !m.ImageTemplateReady(app.Rootfs, 2, 4096, 4096) {
 		if time.Now().After(deadline) {
 			t.Fatal("the image's template, asked for during another build, was never built")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// eventually waits up to a minute for cond, failing t if it never holds.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited a minute for %s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
