@@ -70,6 +70,7 @@ type serveOptions struct {
 	egressResolve        []string
 	diskRetention        time.Duration
 	templates            bool
+	imageTemplates       int
 	imageBuilds          int
 	registryAllowPrivate bool
 	egressMax            []string
@@ -110,6 +111,8 @@ func newServeCommand() *cobra.Command {
 	f.BoolVar(&o.registryAllowPrivate, "registry-allow-private", false,
 		"let image imports pull from registries on loopback, private and link-local addresses (refused by default: tenants name the registry)")
 	f.BoolVar(&o.templates, "templates", true, "create sandboxes by restoring a template of their shape (made once, from a booted guest) instead of booting each")
+	f.IntVar(&o.imageTemplates, "image-templates", sandbox.DefaultImageTemplates,
+		"custom images' templates kept (each made at the image's first create, a few hundred MiB; the least recently used unused one goes first); 0: custom images' creates boot")
 	f.DurationVar(&o.bootTimeout, "boot-timeout", 90*time.Second, "bound on one boot attempt; a create makes at most two")
 	f.BoolVar(&o.noKVM, "no-kvm", false, "use software emulation even where /dev/kvm works")
 	addConfineFlags(f, &o)
@@ -254,7 +257,7 @@ func serve(ctx context.Context, o serveOptions) error {
 		Volumes: vols, Preparers: []sandbox.Preparer{vols, imgs.Preparer()},
 		Store: st, Driver: drv, Boot: boot.BootFiles, DataDir: o.dataDir, Logger: log, BootTimeout: o.bootTimeout,
 		Egress: ecfg.op, EgressDefault: ecfg.def, ExtraCAs: ecfg.cas, StoppedDiskRetention: o.diskRetention,
-		Templates: o.templates, MemoryFloorMiB: o.limits.memoryFloorMiB,
+		Templates: o.templates, ImageTemplates: imageTemplates(o.imageTemplates), MemoryFloorMiB: o.limits.memoryFloorMiB,
 		Admission: adm.ledger, Limits: adm.limits,
 		Rates: o.rates, MeterInterval: o.meterInterval, Observer: metrics,
 	}
@@ -265,6 +268,7 @@ func serve(ctx context.Context, o serveOptions) error {
 		mcfg.Volumes, mcfg.Preparers = nil, nil
 	}
 	mgr := sandbox.New(mcfg)
+	imgs.SetTemplates(mgr)
 	fencedMgr.Store(mgr)
 	// On any way out: the background loops are stopped and waited for,
 	// then the manager lets go of its sandboxes (they keep running), and
@@ -743,4 +747,13 @@ func telemetrySources(st *store.Store, mgr *sandbox.Manager) telemetry.Sources {
 			return out, nil
 		},
 	}
+}
+
+// imageTemplates is --image-templates as sandbox.Config.ImageTemplates,
+// where 0 means the default and none is negative.
+func imageTemplates(n int) int {
+	if n <= 0 {
+		return -1
+	}
+	return n
 }

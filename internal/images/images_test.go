@@ -219,17 +219,32 @@ func TestBuildToReadyAndTags(t *testing.T) {
 	if img.Digest != img2.Digest || img.Rootfs != img2.Rootfs {
 		t.Fatalf("same inputs, different blobs: %s %s", img.Rootfs, img2.Rootfs)
 	}
+	// The manager's templates of a disk go with the disk, not before.
+	var removed []string
+	e.svc.SetTemplates(templateRemover(func(rootfs string) error {
+		if _, err := os.Stat(rootfs); err != nil {
+			t.Errorf("templates removed after their disk: %v", err)
+		}
+		removed = append(removed, rootfs)
+		return nil
+	}))
 	if _, err := e.svc.Delete(ctx, "key_a", img.ID); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(img2.Rootfs); err != nil {
 		t.Errorf("the shared blob went with the first image: %v", err)
 	}
+	if len(removed) != 0 {
+		t.Errorf("templates of a disk still used were removed: %v", removed)
+	}
 	if _, err := e.svc.Delete(ctx, "key_a", img2.ID); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(img2.Rootfs); !os.IsNotExist(err) {
 		t.Errorf("the blob stayed after its last image: %v", err)
+	}
+	if len(removed) != 1 || removed[0] != img2.Rootfs {
+		t.Errorf("templates removed for %v, want once for %s", removed, img2.Rootfs)
 	}
 	if _, err := e.svc.Resolve(ctx, "key_a", "app"); errdefs.Code(err) != "image_not_found" {
 		t.Errorf("deleted image resolves: %v", err)
@@ -669,3 +684,7 @@ func TestBuildErrorHidesHostPaths(t *testing.T) {
 		t.Errorf("error %q", img.Error)
 	}
 }
+
+type templateRemover func(rootfs string) error
+
+func (f templateRemover) RemoveTemplates(rootfs string) error { return f(rootfs) }

@@ -65,6 +65,8 @@ type Service struct {
 	notes  notifier
 	starts startReports
 
+	templates TemplateRemover // nil: no templates to remove
+
 	// blobMu orders a blob's removal (no image uses it) against a
 	// build that is about to use it.
 	blobMu sync.Mutex
@@ -693,5 +695,24 @@ func (s *Service) releaseBlobLocked(ctx context.Context, digest string) error {
 	if err != nil || n > 0 {
 		return err
 	}
+	if s.templates != nil && digestRE.MatchString(digest) {
+		// No image of the digest is left, so no sandbox or snapshot of
+		// one is: nothing is over its templates' disks.
+		if err := s.templates.RemoveTemplates(s.blobs.path(digest)); err != nil {
+			s.log.Warn("removing the templates of a released image disk", "digest", digest, "err", err)
+		}
+	}
 	return s.blobs.remove(digest)
 }
+
+// TemplateRemover removes what was made from an image's disk to create
+// its sandboxes fast: the sandbox manager's templates (sandbox.Manager
+// implements it).
+type TemplateRemover interface {
+	RemoveTemplates(rootfs string) error
+}
+
+// SetTemplates sets what removes a released disk's templates (before
+// Recover): the manager is made after the catalog, which it needs for its
+// Preparer.
+func (s *Service) SetTemplates(t TemplateRemover) { s.templates = t }

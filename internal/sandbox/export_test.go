@@ -3,6 +3,7 @@ package sandbox
 import (
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/emberbox/emberbox/internal/guest"
 )
@@ -40,8 +41,39 @@ const MaxGuestViolations = maxViolations
 // Hostname is hostname, for its tests.
 func Hostname(sb *Sandbox) string { return hostname(sb) }
 
-// TemplateReady reports whether the template of a shape is built.
+// TemplateReady reports whether the default image's template of a shape
+// is built.
 func (m *Manager) TemplateReady(vcpu, memoryMiB, diskMiB int) bool {
-	_, err := os.Stat(filepath.Join(m.templateDir(shape{vcpu, memoryMiB, diskMiB}), templateMarker))
+	return m.ImageTemplateReady("", vcpu, memoryMiB, diskMiB)
+}
+
+// ImageTemplateReady reports whether the template of root disk rootfs
+// ("": the default image's) and a shape is built.
+func (m *Manager) ImageTemplateReady(rootfs string, vcpu, memoryMiB, diskMiB int) bool {
+	_, err := os.Stat(filepath.Join(m.TemplateDir(rootfs, vcpu, memoryMiB, diskMiB), templateMarker))
 	return err == nil
+}
+
+// TemplateDir is the directory of the template of rootfs and a shape.
+func (m *Manager) TemplateDir(rootfs string, vcpu, memoryMiB, diskMiB int) string {
+	return m.templateDir(rootfs, shape{vcpu, memoryMiB, diskMiB})
+}
+
+// ImageTemplatesDir is the directory of every template of rootfs.
+func (m *Manager) ImageTemplatesDir(rootfs string) string { return m.imageTemplates(rootfs) }
+
+// RetryFullTemplates lets the next create look again for room under the
+// cap of image templates at once.
+func (m *Manager) RetryFullTemplates() {
+	m.templates.mu.Lock()
+	m.templates.fullAt = time.Time{}
+	m.templates.mu.Unlock()
+}
+
+// TemplatesFull reports whether the cap of image templates last stopped a
+// build (every template kept in use).
+func (m *Manager) TemplatesFull() bool {
+	m.templates.mu.Lock()
+	defer m.templates.mu.Unlock()
+	return !m.templates.fullAt.IsZero()
 }

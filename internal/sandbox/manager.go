@@ -78,9 +78,13 @@ type Config struct {
 	// (pressure.go). MemAvailable reads it; nil reads /proc/meminfo.
 	MemoryFloorMiB int64
 	MemAvailable   func() (int64, error)
-	// Templates turns on fast creates from per-shape templates
-	// (templates.go).
+	// Templates turns on fast creates from templates (templates.go): the
+	// default image's, and custom images' made at their first create.
 	Templates bool
+	// ImageTemplates caps how many custom images' templates are kept (the
+	// least recently used one no sandbox uses goes first); 0 means
+	// DefaultImageTemplates, < 0 none (custom images' creates boot).
+	ImageTemplates int
 	// Meter keeps usage (meter.go); store.Store implements it.
 	Meter MeterStore
 	// Volumes attaches volumes (internal/volumes); nil refuses creates
@@ -488,9 +492,19 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ 
 	start := func() { m.boot(in.ctx, in, sb, spec.Env, false) }
 	if source != nil {
 		start = func() { m.bootCopy(in.ctx, in, sb, source, spec.Env) }
-	} else if sb.Rootfs == "" { // templates serve the default image only
-		if dir, ok := m.template(shapeOf(sb)); ok {
+	} else {
+		minDisk := 0
+		if spec.Image != nil {
+			minDisk = spec.Image.MinDiskMiB
+		}
+		if dir, ok := m.template(sb.Rootfs, shapeOf(sb), minDisk); ok {
 			start = func() { m.bootTemplate(in.ctx, in, sb, dir, spec.Env) }
+		} else {
+			// The template is built once this boot is done, not beside it.
+			start = func() {
+				m.boot(in.ctx, in, sb, spec.Env, false)
+				m.wantTemplate(sb.Rootfs, shapeOf(sb), minDisk)
+			}
 		}
 	}
 	if !m.spawn(start) {

@@ -5,9 +5,13 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,20 +23,40 @@ import (
 
 // Templates make a plain create cost a restore instead of a boot. A
 // template is a memory snapshot of a VM of one shape (vCPUs, memory, disk
-// size: a restored guest keeps the devices it booted with), taken once its
-// agent is up and the operator's CA installed, and before anything of a
-// user ran in it. A create of that shape copies it (Driver.Clone: its own
-// memory file and a disk over the template's) and resumes the copy, which
-// then gets its own randomness, clock, hostname, machine-id and boot id
-// (Renew) and its env (Configure). Templates are made for the default
-// shape, at start; a create of another shape boots, as does one that
-// comes before the template is ready.
+// size: a restored guest keeps the devices it booted with) and one root
+// disk, taken once its agent is up and the operator's CA installed, and
+// before anything of a user or of an image's configuration ran in it
+// (env, start command, workdir and user all apply per sandbox, after the
+// restore, as after a boot). A create of that shape and disk copies it
+// (Driver.Clone: its own memory file and a disk over the template's) and
+// resumes the copy, which then gets its own randomness, clock, hostname,
+// machine-id and boot id (Renew) and its env (Configure).
+//
+// The default image's template (the default shape) is made at start. A
+// custom image's (its default shape: the default vCPUs and memory, and
+// the image's disk size if larger than the default) is made after the
+// first create of the image has booted (not beside it: on a small host
+// the two boots would slow each other): lazily, since each build is a boot
+// and a few hundred MiB of disk, and many images (bases, intermediate
+// versions) never serve a sandbox. One template is built at a time (a
+// create that asks for another meanwhile queues it); a create of another
+// shape boots, as does one that comes before its template is ready.
 //
 // Templates live under DataDir/templates, keyed by the boot files and the
-// CA bundle, so a new image or CA gets new templates. Copies' disks are
-// overlays of a template's disk, so templates are never removed by the
-// server (each takes a few hundred MiB); removing the templates of an old
-// image is left to the operator.
+// CA bundle, so a new guest image or CA gets new templates: the default
+// image's in templates/<boot key>/<shape>, a custom image's in
+// templates/images/<disk key>/<boot key>/<shape>. A sandbox made from a
+// template has its disk over the template's disk (snapshots are flattened
+// onto the root disk, and moves take the template's disk along), so the
+// manager writes the template's path into the sandbox's directory
+// (templateUse) and never removes a template that a sandbox's directory
+// names or a create is copying. Custom images' templates are capped
+// (Config.ImageTemplates): to make room for a new one, the least recently
+// used one that no sandbox uses goes. When the catalog releases an image's
+// disk (no image, sandbox or snapshot uses it any longer) it removes the
+// disk's templates (RemoveTemplates). The default image's templates are
+// never removed by the server; removing those of an old guest image is
+// left to the operator.
 
 // shape is what a template is made for.
 type shape struct{ VCPU, MemoryMiB, DiskMiB int }
@@ -43,117 +67,281 @@ func (s shape) String() string {
 
 func shapeOf(sb *Sandbox) shape { return shape{sb.VCPU, sb.MemoryMiB, sb.DiskMiB} }
 
+// DefaultImageTemplates is how many custom images' templates are kept
+// when Config.ImageTemplates is zero.
+const DefaultImageTemplates = 8
+
 // templateSet tracks the templates of this server.
 type templateSet struct {
 	rootOnce sync.Once
-	root     string // templateRoot
+	root     string // templateRoot of the default image
 
 	mu       sync.Mutex
-	building map[shape]bool
-	failed   map[shape]time.Time // a failed build is not retried for a while
+	roots    map[string]string    // a custom image's disk: its templateRoot
+	building map[string]bool      // template directories being built (one at a time)
+	failed   map[string]time.Time // a failed build is not retried for a while
+	pins     map[string]int       // template directories creates are copying now
+	gen      map[string]int       // per custom disk, bumped when its templates are removed
+	fullAt   time.Time            // when the cap last stopped a build
+	pending  []pendingTemplate    // asked for while another was built; built in turn
 }
 
-// templateRetry is how long a shape whose template failed to build boots
-// cold before another build is tried.
+// pendingTemplate is a template a create asked for while another was
+// being built.
+type pendingTemplate struct {
+	rootfs string
+	s      shape
+	dir    string
+}
+
+// maxPendingTemplates bounds the templates waiting for their build; a
+// create that finds the queue full boots, and a later one asks again.
+const maxPendingTemplates = 8
+
+// templateRetry is how long a template that failed to build is not tried
+// again: its creates boot cold meanwhile.
 const templateRetry = 10 * time.Minute
+
+// templateFullRetry is how long after the cap stopped a build (every kept
+// template in use) the next create looks again for one to remove.
+const templateFullRetry = time.Minute
 
 // templateWork bounds a template's making once its guest has booted:
 // configuring, warming up, detaching and saving it.
 const templateWork = 2 * time.Minute
 
-// templateMarker is written into a template's directory last.
+// templateMarker is written into a template's directory last. Its
+// modification time is the template's last use (custom images').
 const templateMarker = "template.ok"
 
-// templateRoot is the directory of this server's templates for its current
-// boot files and CA bundle. Those do not change while the server runs, so
-// it is worked out once, not at every create.
-func (m *Manager) templateRoot() string {
-	m.templates.rootOnce.Do(func() { m.templates.root = m.hashTemplateRoot() })
-	return m.templates.root
+// templateUse, in a sandbox's directory, names the template directory its
+// disk was copied from: that template must stay while the file does.
+const templateUse = "template.use"
+
+// imageRootfsFile, in a custom image's templates directory, names the
+// image's disk, so that templates of a disk gone are found.
+const imageRootfsFile = "rootfs"
+
+func (m *Manager) imageTemplatesBase() string {
+	return filepath.Join(m.cfg.DataDir, "templates", "images")
 }
 
-func (m *Manager) hashTemplateRoot() string {
+// imageTemplates is the directory of every template of a custom image's
+// disk, whatever the boot files.
+func (m *Manager) imageTemplates(rootfs string) string {
+	h := sha256.Sum256([]byte(rootfs))
+	return filepath.Join(m.imageTemplatesBase(), hex.EncodeToString(h[:])[:16])
+}
+
+// templateRoot is the directory of the templates of a root disk ("": the
+// default image's) for this server's boot files and CA bundle. Those do
+// not change while the server runs, nor does a custom image's disk (its
+// path names its content), so it is worked out once per disk, not at
+// every create.
+func (m *Manager) templateRoot(rootfs string) string {
+	if rootfs == "" {
+		m.templates.rootOnce.Do(func() {
+			m.templates.root = filepath.Join(m.cfg.DataDir, "templates", m.hashTemplateRoot(m.cfg.Boot.Rootfs))
+		})
+		return m.templates.root
+	}
+	t := &m.templates
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return m.templateRootLocked(rootfs)
+}
+
+func (m *Manager) templateRootLocked(rootfs string) string {
+	t := &m.templates
+	if r, ok := t.roots[rootfs]; ok {
+		return r
+	}
+	if t.roots == nil {
+		t.roots = map[string]string{}
+	}
+	r := filepath.Join(m.imageTemplates(rootfs), m.hashTemplateRoot(rootfs))
+	t.roots[rootfs] = r
+	return r
+}
+
+func (m *Manager) hashTemplateRoot(rootfs string) string {
 	h := sha256.New()
-	for _, f := range []string{m.cfg.Boot.Kernel, m.cfg.Boot.Initrd, m.cfg.Boot.Rootfs} {
+	for _, f := range []string{m.cfg.Boot.Kernel, m.cfg.Boot.Initrd, rootfs} {
 		st, err := os.Stat(f)
 		if err == nil {
 			fmt.Fprintf(h, "%s:%d:%d\n", f, st.Size(), st.ModTime().UnixNano())
 		}
 	}
 	fmt.Fprintf(h, "%s\n%s\n", m.cfg.Driver.Name(), m.cfg.ExtraCAs)
-	return filepath.Join(m.cfg.DataDir, "templates", hex.EncodeToString(h.Sum(nil))[:16])
+	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
-func (m *Manager) templateDir(s shape) string { return filepath.Join(m.templateRoot(), s.String()) }
+func (m *Manager) templateDir(rootfs string, s shape) string {
+	return filepath.Join(m.templateRoot(rootfs), s.String())
+}
 
 // defaultShape is the shape templates are made for: a create of another
 // shape boots. Building one for every shape asked for would spend a boot
 // and a few hundred MiB of disk on shapes that may never come again.
 var defaultShape = shape{DefaultVCPU, DefaultMemoryMiB, DefaultDiskMiB}
 
-// template returns the directory of the template of s if it is built, and
-// otherwise starts building it (unless templates are off or s has none)
-// and reports false.
-func (m *Manager) template(s shape) (string, bool) {
-	if !m.cfg.Templates || s != defaultShape {
+// templateShape is the shape of the template of a root disk ("": the
+// default image's) whose sandboxes need at least minDiskMiB: what a create
+// of that image that asks for nothing gets.
+func templateShape(rootfs string, minDiskMiB int) shape {
+	s := defaultShape
+	if rootfs != "" {
+		s.DiskMiB = max(s.DiskMiB, minDiskMiB)
+	}
+	return s
+}
+
+func (m *Manager) imageTemplateCap() int {
+	if m.cfg.ImageTemplates == 0 {
+		return DefaultImageTemplates
+	}
+	return max(m.cfg.ImageTemplates, 0)
+}
+
+// templated reports whether a create of root disk rootfs ("": the
+// default image's, whose sandboxes need minDiskMiB) and shape s is served
+// by a template.
+func (m *Manager) templated(rootfs string, s shape, minDiskMiB int) bool {
+	return m.cfg.Templates && s == templateShape(rootfs, minDiskMiB) && (rootfs == "" || m.imageTemplateCap() > 0)
+}
+
+// template returns the directory of the template of root disk rootfs
+// ("": the default image's) and shape s if it is built, pinned until
+// unpinTemplate; minDiskMiB is the image's disk.
+func (m *Manager) template(rootfs string, s shape, minDiskMiB int) (string, bool) {
+	if !m.templated(rootfs, s, minDiskMiB) {
 		return "", false
 	}
-	dir := m.templateDir(s)
-	if _, err := os.Stat(filepath.Join(dir, templateMarker)); err == nil {
-		return dir, true
-	}
-	m.buildTemplateAsync(s)
-	return "", false
-}
-
-// PrepareTemplate builds the template of the default shape in the
-// background, so that the first creates need not boot.
-func (m *Manager) PrepareTemplate() {
-	if m.cfg.Templates {
-		m.template(defaultShape)
-	}
-}
-
-func (m *Manager) buildTemplateAsync(s shape) {
+	dir := m.templateDir(rootfs, s)
 	t := &m.templates
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.building == nil {
-		t.building, t.failed = map[shape]bool{}, map[shape]time.Time{}
+	if _, err := os.Stat(filepath.Join(dir, templateMarker)); err == nil {
+		if t.pins == nil {
+			t.pins = map[string]int{}
+		}
+		t.pins[dir]++
+		if rootfs != "" {
+			now := time.Now()
+			_ = os.Chtimes(filepath.Join(dir, templateMarker), now, now) // its last use, for the cap
+		}
+		return dir, true
 	}
-	if t.building[s] || time.Since(t.failed[s]) < templateRetry {
+	return "", false
+}
+
+// wantTemplate starts building (or queues) the template of rootfs and s
+// if a create of them would use one and it is not built.
+func (m *Manager) wantTemplate(rootfs string, s shape, minDiskMiB int) {
+	if !m.templated(rootfs, s, minDiskMiB) {
 		return
 	}
-	if len(t.building) > 0 {
-		return // one build at a time: each is a boot
-	}
-	t.building[s] = true
-	if !m.spawn(func() {
-		start := time.Now()
-		err := m.buildTemplate(m.ctx, s)
-		t.mu.Lock()
-		delete(t.building, s)
-		if err != nil {
-			t.failed[s] = time.Now()
-		}
-		t.mu.Unlock()
-		if err != nil {
-			if m.ctx.Err() == nil {
-				m.log.Warn("building a template failed; creates of its shape boot", "shape", s, "err", err)
-			}
-			return
-		}
-		m.log.Info("template ready", "shape", s, "took", time.Since(start).Round(time.Millisecond))
-	}) {
-		delete(t.building, s)
+	dir := m.templateDir(rootfs, s)
+	t := &m.templates
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, err := os.Stat(filepath.Join(dir, templateMarker)); err != nil {
+		m.buildTemplateLocked(rootfs, s, dir)
 	}
 }
 
-// buildTemplate boots a VM of shape s, waits for its agent, installs the
-// CA bundle, detaches, snapshots its memory and disk into the template's
-// directory and ends the VM.
-func (m *Manager) buildTemplate(ctx context.Context, s shape) error {
-	final := m.templateDir(s)
+func (m *Manager) unpinTemplate(dir string) {
+	t := &m.templates
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.pins[dir]--; t.pins[dir] <= 0 {
+		delete(t.pins, dir)
+	}
+}
+
+// PrepareTemplate builds the template of the default image and shape in
+// the background, so that the first creates need not boot, and removes
+// the templates of custom images' disks that are gone (a crash between
+// the catalog's removal of a disk and of its templates).
+func (m *Manager) PrepareTemplate() {
+	if !m.cfg.Templates {
+		return
+	}
+	m.sweepImageTemplates()
+	m.wantTemplate("", defaultShape, 0)
+}
+
+func (m *Manager) buildTemplateLocked(rootfs string, s shape, dir string) {
+	t := &m.templates
+	if t.building == nil {
+		t.building, t.failed = map[string]bool{}, map[string]time.Time{}
+	}
+	if t.building[dir] || time.Since(t.failed[dir]) < templateRetry {
+		return
+	}
+	if len(t.building) > 0 {
+		// One build at a time, as each is a boot: this one comes after.
+		if len(t.pending) < maxPendingTemplates && !slices.ContainsFunc(t.pending, func(p pendingTemplate) bool { return p.dir == dir }) {
+			t.pending = append(t.pending, pendingTemplate{rootfs, s, dir})
+		}
+		return
+	}
+	if rootfs != "" && !m.makeRoomLocked() {
+		return
+	}
+	t.building[dir] = true
+	gen := t.gen[rootfs]
+	if !m.spawn(func() {
+		start := time.Now()
+		err := m.buildTemplate(m.ctx, rootfs, s, dir, gen)
+		t.mu.Lock()
+		delete(t.building, dir)
+		if err != nil {
+			t.failed[dir] = time.Now()
+		}
+		m.nextTemplateLocked()
+		t.mu.Unlock()
+		log := m.log.With("shape", s)
+		if rootfs != "" {
+			log = log.With("image_rootfs", rootfs)
+		}
+		if err != nil {
+			if m.ctx.Err() == nil {
+				log.Warn("building a template failed; creates of its image and shape boot", "err", err)
+			}
+			return
+		}
+		log.Info("template ready", "took", time.Since(start).Round(time.Millisecond))
+	}) {
+		delete(t.building, dir)
+	}
+}
+
+// nextTemplateLocked starts the build of the next template asked for
+// while another was built, if any is still missing. The caller holds
+// templates.mu.
+func (m *Manager) nextTemplateLocked() {
+	t := &m.templates
+	for len(t.pending) > 0 && len(t.building) == 0 {
+		p := t.pending[0]
+		t.pending = t.pending[1:]
+		if _, err := os.Stat(filepath.Join(p.dir, templateMarker)); err == nil {
+			continue
+		}
+		m.buildTemplateLocked(p.rootfs, p.s, p.dir)
+	}
+}
+
+// errTemplateDropped is a build whose disk's templates were removed
+// while it ran (the image was deleted): its result is dropped.
+var errTemplateDropped = errors.New("the image's templates were removed while it was built")
+
+// buildTemplate boots a VM of shape s from root disk rootfs ("": the
+// default), waits for its agent, installs the CA bundle, detaches,
+// snapshots its memory and disk into the template's directory final and
+// ends the VM. gen is the disk's removal count when the build began: if
+// its templates were removed since, the result is dropped.
+func (m *Manager) buildTemplate(ctx context.Context, rootfs string, s shape, final string, gen int) error {
 	work := final + ".build"
 	// A build a crash of the server cut short may have left its VM.
 	m.killTemplateStrays(ctx)
@@ -162,12 +350,20 @@ func (m *Manager) buildTemplate(ctx context.Context, s shape) error {
 		return err
 	}
 	defer os.RemoveAll(work)
+	base := m.cfg.Boot.Rootfs
+	if rootfs != "" {
+		base = rootfs
+		// Names the disk, for the sweep of templates of disks gone.
+		if err := os.WriteFile(filepath.Join(m.imageTemplates(rootfs), imageRootfsFile), []byte(rootfs+"\n"), 0o644); err != nil {
+			return err
+		}
+	}
 	var id [6]byte
 	_, _ = rand.Read(id[:])
 	spec := vmm.Spec{
 		ID: "tpl_" + hex.EncodeToString(id[:]), Dir: filepath.Join(work, "vm"),
 		VCPU: s.VCPU, MemoryMiB: s.MemoryMiB, DiskMiB: s.DiskMiB,
-		Kernel: m.cfg.Boot.Kernel, Initrd: m.cfg.Boot.Initrd, Rootfs: m.cfg.Boot.Rootfs,
+		Kernel: m.cfg.Boot.Kernel, Initrd: m.cfg.Boot.Initrd, Rootfs: base,
 	}
 	if err := os.WriteFile(filepath.Join(work, "id"), []byte(spec.ID), 0o600); err != nil {
 		return err
@@ -226,6 +422,12 @@ func (m *Manager) buildTemplate(ctx context.Context, s shape) error {
 	if err := os.WriteFile(filepath.Join(snap, templateMarker), nil, 0o644); err != nil {
 		return err
 	}
+	t := &m.templates
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.gen[rootfs] != gen {
+		return errTemplateDropped
+	}
 	_ = os.RemoveAll(final)
 	if err := os.MkdirAll(filepath.Dir(final), 0o755); err != nil {
 		return err
@@ -243,7 +445,8 @@ func (m *Manager) killTemplateStrays(ctx context.Context) {
 	}
 	root := filepath.Join(m.cfg.DataDir, "templates")
 	builds, _ := filepath.Glob(filepath.Join(root, "*", "*.build"))
-	for _, b := range builds {
+	images, _ := filepath.Glob(filepath.Join(m.imageTemplatesBase(), "*", "*", "*.build"))
+	for _, b := range append(builds, images...) {
 		if id, err := os.ReadFile(filepath.Join(b, "id")); err == nil {
 			if n, err := k.KillStray(ctx, vmm.Spec{ID: string(id), Dir: filepath.Join(b, "vm")}); err == nil && n > 0 {
 				m.log.Info("ended a template build's vm left by a crash", "count", n)
@@ -256,12 +459,23 @@ func (m *Manager) killTemplateStrays(ctx context.Context) {
 // bootTemplate starts a sandbox as a copy of the template in dir, and
 // boots it if that fails: a template is an optimisation, never a reason
 // for a create to fail.
+//
+// template pinned dir for this create; the pin goes once the sandbox's
+// directory names the template (templateUse) or the copy was given up.
 func (m *Manager) bootTemplate(ctx context.Context, in *instance, sb *Sandbox, dir string, env map[string]string) {
 	start := time.Now()
 	spec := m.vmSpec(sb)
-	cctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
-	err := m.cfg.Driver.Clone(cctx, dir, spec)
-	cancel()
+	use := filepath.Join(spec.Dir, templateUse)
+	err := os.MkdirAll(spec.Dir, 0o700)
+	if err == nil {
+		err = os.WriteFile(use, []byte(dir+"\n"), 0o600)
+	}
+	m.unpinTemplate(dir)
+	if err == nil {
+		cctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
+		err = m.cfg.Driver.Clone(cctx, dir, spec)
+		cancel()
+	}
 	if err == nil {
 		if err = m.resumeCopy(ctx, in, sb, env); err == nil {
 			m.prepareReady(ctx, in, sb, map[string]any{"template": true, "resumeMs": time.Since(start).Milliseconds()})
@@ -275,5 +489,162 @@ func (m *Manager) bootTemplate(ctx context.Context, in *instance, sb *Sandbox, d
 	}
 	m.log.Warn("restoring a template failed; booting instead", "sandbox_id", sb.ID, "err", err)
 	m.event(sb.ID, "template_failed", err.Error(), nil)
+	_ = os.Remove(use) // the boot makes a disk of its own, over the image's
 	m.boot(ctx, in, sb, env, false)
+}
+
+// templatesInUseLocked is the set of template directories that a create
+// is copying or a sandbox's directory names (templateUse): a sandbox's
+// disk is over its template's disk until the sandbox's files go (delete,
+// or the stopped-disk retention). The caller holds templates.mu, under
+// which pins are taken before a sandbox's file is written.
+func (m *Manager) templatesInUseLocked() map[string]bool {
+	used := map[string]bool{}
+	for dir := range m.templates.pins {
+		used[dir] = true
+	}
+	files, _ := filepath.Glob(filepath.Join(m.cfg.DataDir, "sandboxes", "*", templateUse))
+	for _, f := range files {
+		if b, err := os.ReadFile(f); err == nil {
+			used[filepath.Clean(strings.TrimSpace(string(b)))] = true
+		}
+	}
+	return used
+}
+
+// makeRoomLocked removes the least recently used custom images' templates
+// that no sandbox uses until there is room for one more under the cap,
+// and reports whether there is. The caller holds templates.mu.
+func (m *Manager) makeRoomLocked() bool {
+	t := &m.templates
+	if time.Since(t.fullAt) < templateFullRetry {
+		return false
+	}
+	markers, _ := filepath.Glob(filepath.Join(m.imageTemplatesBase(), "*", "*", "*", templateMarker))
+	limit := m.imageTemplateCap()
+	if len(markers) < limit {
+		return true
+	}
+	type kept struct {
+		dir  string
+		used time.Time
+	}
+	var ts []kept
+	for _, f := range markers {
+		if st, err := os.Stat(f); err == nil {
+			ts = append(ts, kept{filepath.Dir(f), st.ModTime()})
+		}
+	}
+	sort.Slice(ts, func(i, j int) bool { return ts[i].used.Before(ts[j].used) })
+	inUse := m.templatesInUseLocked()
+	n := len(ts)
+	for _, k := range ts {
+		if n < limit {
+			break
+		}
+		if inUse[k.dir] {
+			continue
+		}
+		if err := os.RemoveAll(k.dir); err != nil {
+			m.log.Warn("removing an image's template", "dir", k.dir, "err", err)
+			continue
+		}
+		_ = os.Remove(filepath.Dir(k.dir)) // its boot key's directory, if empty now
+		m.log.Info("removed the least recently used image template", "dir", k.dir, "last_used", k.used)
+		n--
+	}
+	if n >= limit {
+		t.fullAt = time.Now()
+		m.log.Info("every image template kept is in use; the image's creates boot", "cap", limit)
+		return false
+	}
+	return true
+}
+
+// RemoveTemplates removes the templates of a custom image's root disk.
+// The image catalog calls it when it releases the disk, once no image,
+// sandbox or snapshot uses it, so no sandbox's disk is over them; a
+// template build of the disk under way drops its result.
+func (m *Manager) RemoveTemplates(rootfs string) error {
+	if rootfs == "" {
+		return nil
+	}
+	t := &m.templates
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.gen == nil {
+		t.gen = map[string]int{}
+	}
+	t.gen[rootfs]++
+	delete(t.roots, rootfs) // a disk stored again at the path gets its templates anew
+	t.pending = slices.DeleteFunc(t.pending, func(p pendingTemplate) bool { return p.rootfs == rootfs })
+	dir := m.imageTemplates(rootfs)
+	// A build under way keeps its work directory (its VM's files) and
+	// removes it itself.
+	builds, _ := filepath.Glob(filepath.Join(dir, "*", "*.build"))
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("removing the templates of %s: %w", rootfs, err)
+	}
+	for _, e := range entries {
+		p := filepath.Join(dir, e.Name())
+		if !e.IsDir() || len(builds) == 0 {
+			if err := os.RemoveAll(p); err != nil {
+				return fmt.Errorf("removing the templates of %s: %w", rootfs, err)
+			}
+			continue
+		}
+		shapes, _ := os.ReadDir(p)
+		for _, sh := range shapes {
+			if !strings.HasSuffix(sh.Name(), ".build") {
+				if err := os.RemoveAll(filepath.Join(p, sh.Name())); err != nil {
+					return fmt.Errorf("removing the templates of %s: %w", rootfs, err)
+				}
+			}
+		}
+		_ = os.Remove(p)
+	}
+	_ = os.Remove(dir)
+	return nil
+}
+
+// sweepImageTemplates removes the templates of custom images' disks that
+// are gone and that no sandbox uses.
+func (m *Manager) sweepImageTemplates() {
+	t := &m.templates
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	files, _ := filepath.Glob(filepath.Join(m.imageTemplatesBase(), "*", imageRootfsFile))
+	var inUse map[string]bool
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		rootfs := strings.TrimSpace(string(b))
+		if _, err := os.Stat(rootfs); !errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		dir := filepath.Dir(f)
+		if inUse == nil {
+			inUse = m.templatesInUseLocked()
+		}
+		used := false
+		for u := range inUse {
+			if strings.HasPrefix(u, dir+string(filepath.Separator)) {
+				used = true
+			}
+		}
+		if used {
+			continue
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			m.log.Warn("removing the templates of an image disk gone", "dir", dir, "err", err)
+			continue
+		}
+		m.log.Info("removed the templates of an image disk gone", "rootfs", rootfs)
+	}
 }
