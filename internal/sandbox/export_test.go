@@ -77,3 +77,11 @@ func (m *Manager) TemplatesFull() bool {
 	defer m.templates.mu.Unlock()
 	return !m.templates.fullAt.IsZero()
 }
+
+// TemplatesInUse is the set of template directories a create is copying
+// or a sandbox's files name.
+func (m *Manager) TemplatesInUse() map[string]bool {
+	m.templates.mu.Lock()
+	defer m.templates.mu.Unlock()
+	return m.templatesInUseLocked()
+}

@@ -504,7 +504,10 @@ func (m *Manager) templatesInUseLocked() map[string]bool {
 		used[dir] = true
 	}
 	files, _ := filepath.Glob(filepath.Join(m.cfg.DataDir, "sandboxes", "*", templateUse))
-	for _, f := range files {
+	// A switch of image keeps the old VM's directory aside until the new
+	// VM runs, and puts it back if the switch is undone.
+	aside, _ := filepath.Glob(filepath.Join(m.cfg.DataDir, "sandboxes", "*.switch", switchOldDir, templateUse))
+	for _, f := range append(files, aside...) {
 		if b, err := os.ReadFile(f); err == nil {
 			used[filepath.Clean(strings.TrimSpace(string(b)))] = true
 		}

@@ -227,3 +227,28 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// A template named by a sandbox's files is in use, including while a
+// switch of image keeps the old VM's directory aside (an undone switch
+// puts it back, and its disk is still over the template's).
+func TestTemplatesInUseDuringSwitch(t *testing.T) {
+	e := newEnv(t)
+	m := e.managerWith(func(*sandbox.Config) {})
+	dir := t.TempDir()
+	write := func(p, tpl string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(tpl+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(filepath.Join(e.dir, "sandboxes", "sbx_a", "template.use"), "/t/one")
+	write(filepath.Join(e.dir, "sandboxes", "sbx_b.switch", "old", "template.use"), "/t/two")
+	write(filepath.Join(dir, "elsewhere", "template.use"), "/t/three")
+	got := m.TemplatesInUse()
+	if !got["/t/one"] || !got["/t/two"] || got["/t/three"] || len(got) != 2 {
+		t.Errorf("in use: %v; want /t/one (a sandbox) and /t/two (aside during a switch)", got)
+	}
+}
