@@ -76,21 +76,11 @@ func waitImageTemplates(b *testing.B, s *server, n int) {
 }
 
 // templateCreateTimes is createTimes for creates that must be made from a
-// template (their ready event says so), timed to the first output.
+// template (their ready event says so).
 func templateCreateTimes(b *testing.B, c *client, body map[string]any, n int) []float64 {
-	var out []float64
-	for range n {
-		start := time.Now()
-		sb := c.create(b, body, nil)
-		if sb.State != "running" {
-			sb = c.waitState(b, sb.ID, "running")
-		}
-		firstOutput(b, c, sb.ID, "echo hi")
-		out = append(out, ms(time.Since(start)))
-		if tpl, _ := readyEvent(b, c, sb.ID)["template"].(bool); !tpl {
+	return createTimes(b, c, body, n, func(id string) {
+		if tpl, _ := readyEvent(b, c, id)["template"].(bool); !tpl {
 			b.Fatalf("a create of %v after its template was built booted", body["image"])
 		}
-		c.delete(b, sb.ID)
-	}
-	return out
+	})
 }

@@ -118,8 +118,9 @@ func BenchmarkLifecycle(b *testing.B) {
 }
 
 // createTimes creates n sandboxes with body one after another, timing each
-// from the POST to the first output of a streamed echo, and deletes them.
-func createTimes(b *testing.B, c *client, body map[string]any, n int) []float64 {
+// from the POST to the first output of a streamed echo, checks each with
+// check (if not nil), and deletes them.
+func createTimes(b *testing.B, c *client, body map[string]any, n int, check ...func(id string)) []float64 {
 	var out []float64
 	for range n {
 		start := time.Now()
@@ -129,6 +130,9 @@ func createTimes(b *testing.B, c *client, body map[string]any, n int) []float64 
 		}
 		firstOutput(b, c, sb.ID, "echo hi")
 		out = append(out, ms(time.Since(start)))
+		for _, f := range check {
+			f(sb.ID)
+		}
 		c.delete(b, sb.ID)
 	}
 	return out
