@@ -54,11 +54,16 @@ func (s *server) dialPreview(ctx context.Context, _, addr string) (net.Conn, err
 	if err != nil {
 		return nil, err
 	}
-	_, g, err := s.mgr.Guest(ctx, p.OwnerKeyID, p.SandboxID)
+	// The transport's dial context outlives the request and may never
+	// end; the guest is held busy only for the dial, and the connection's
+	// traffic counts as activity after it (sandbox.activeConn).
+	gctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	_, g, err := s.mgr.Guest(gctx, p.OwnerKeyID, p.SandboxID)
 	if err != nil {
 		return nil, err
 	}
-	conn, err := g.DialPort(ctx, p.Port)
+	conn, err := g.DialPort(gctx, p.Port)
 	if err != nil {
 		return nil, err
 	}

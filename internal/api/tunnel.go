@@ -185,12 +185,15 @@ func (t *tunnelConn) open(n uint32, what string) {
 
 // carry connects stream st and moves its bytes both ways.
 func (t *tunnelConn) carry(st *tunnelStream, port int) {
-	// Each connection goes through Manager.Guest: it counts as the
-	// sandbox's activity, and finds the guest after a reconnect.
-	_, g, err := t.s.mgr.Guest(t.ctx, t.owner, t.id)
+	// Each connection goes through Manager.Guest: it finds the guest
+	// after a reconnect, and the stream's context holds the sandbox busy
+	// (never idle) until the stream ends.
+	ctx, cancel := context.WithCancel(t.ctx)
+	defer cancel()
+	_, g, err := t.s.mgr.Guest(ctx, t.owner, t.id)
 	var conn net.Conn
 	if err == nil {
-		conn, err = g.DialPort(t.ctx, port)
+		conn, err = g.DialPort(ctx, port)
 	}
 	if err != nil {
 		t.end(st, toAPIError(err).Message)

@@ -931,3 +931,11 @@ func percentile(xs []float64, p float64) float64 {
 	rank = max(0, min(rank, len(s)-1))
 	return s[rank]
 }
+
+// tail is the last n bytes of s, marked when cut.
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "…" + s[len(s)-n:]
+	}
+	return s
+}

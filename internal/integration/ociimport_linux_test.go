@@ -321,13 +321,6 @@ func waitRootGrown(t *testing.T, c *guest.Client, min int64) {
 	}
 }
 
-func tail(s string, n int) string {
-	if len(s) > n {
-		return "…" + s[len(s)-n:]
-	}
-	return s
-}
-
 // checkHostileImport imports a small image whose tree tries to lead the
 // setup's writes into the build VM's own files, with owners, a setuid
 // file and a device node, in the build VM; the VM's files stay as they

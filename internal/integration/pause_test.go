@@ -1,8 +1,10 @@
 package integration
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -129,13 +131,18 @@ func TestPauseWake(t *testing.T) {
 
 // TestPausesByItself: a lease with onLeaseEnd "pause" pauses its sandbox,
 // and idlePauseSeconds pauses an idle one; both wake on the next exec with
-// their files.
+// their files. Work is activity: a 3-minute exec and a 3-minute terminal
+// session, each in a sandbox of its own with idlePauseSeconds 60, finish
+// with all their output, and each sandbox pauses about 60 s after its work
+// ended (run beside the others, so the test waits for them once).
 func TestPausesByItself(t *testing.T) {
 	s := startServer(t, t.TempDir())
 	c := s.client(s.AdminKey)
 	lease := c.createRunning(t, map[string]any{"timeoutSeconds": 60, "onLeaseEnd": "pause"})
 	idle := c.createRunning(t, map[string]any{"idlePauseSeconds": 60, "persistent": false})
 	keep := c.createRunning(t, map[string]any{"persistent": true})
+	execSb := c.createRunning(t, map[string]any{"idlePauseSeconds": 60})
+	termSb := c.createRunning(t, map[string]any{"idlePauseSeconds": 60})
 	for _, sb := range []sandboxJSON{lease, idle, keep} {
 		c.sh(t, sb.ID, "echo "+sb.ID+" > /workspace/kept")
 	}
@@ -144,20 +151,42 @@ func TestPausesByItself(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			deadline := time.Now().Add(4 * time.Minute)
-			for time.Now().Before(deadline) {
-				got, _ := call[sandboxJSON](t, c, "GET", "/v1/sandboxes/"+sb.ID+"?waitFor=paused&timeoutSeconds=30", nil, nil)
-				if got.State == "paused" {
-					return
-				}
-				if got.State != "running" && got.State != "pausing" {
-					t.Errorf("%s is %s (stopReason %q), want it to pause", sb.ID, got.State, got.stopReason())
-					return
-				}
-			}
-			t.Errorf("%s did not pause within 4 minutes", sb.ID)
+			waitPaused(t, c, sb.ID, 4*time.Minute)
 		}()
 	}
+	const seconds = 180
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		res, _ := c.exec(t, execSb.ID, execReq{Command: "for i in $(seq 1 " + itoa(seconds) + "); do echo $i; sleep 1; done", TimeoutMs: 2 * seconds * 1000})
+		ended := time.Now()
+		if res.ExitCode == nil || *res.ExitCode != 0 || res.TimedOut {
+			t.Errorf("a %d s exec under idlePauseSeconds 60: exit %s, timedOut %v, stderr %q", seconds, res.exit(), res.TimedOut, res.Stderr)
+		}
+		if want := seqLines(seconds); res.Stdout != want {
+			t.Errorf("a %d s exec under idlePauseSeconds 60 printed %d bytes, want all %d: tail %q", seconds, len(res.Stdout), len(want), tail(res.Stdout, 40))
+		}
+		pausedAfter(t, c, execSb.ID, "exec", ended)
+	}()
+	go func() {
+		defer wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 3*seconds*time.Second)
+		defer cancel()
+		term := dialTerminal(t, ctx, c, termSb.ID, url.Values{"command": {"for i in $(seq 1 " + itoa(seconds) + "); do echo t$i; sleep 1; done"}, "cols": {"80"}, "rows": {"24"}})
+		terminalReady(t, ctx, term)
+		out, code := terminalToExit(t, ctx, term)
+		ended := time.Now()
+		if code != 0 {
+			t.Errorf("a %d s terminal session under idlePauseSeconds 60 exited %d", seconds, code)
+		}
+		for i := 1; i <= seconds; i++ {
+			if !strings.Contains(out, "t"+itoa(i)+"\r\n") {
+				t.Errorf("a %d s terminal session under idlePauseSeconds 60 lost its line t%d: tail %q", seconds, i, tail(out, 40))
+				break
+			}
+		}
+		pausedAfter(t, c, termSb.ID, "terminal session", ended)
+	}()
 	wg.Wait()
 	if got := c.get(t, keep.ID); got.State != "running" {
 		t.Errorf("a persistent sandbox is %s after the others paused, want running", got.State)
@@ -167,6 +196,51 @@ func TestPausesByItself(t *testing.T) {
 			t.Errorf("%s after it paused by itself: %q", sb.ID, got)
 		}
 	}
+}
+
+// waitPaused waits up to d for sandbox id to pause by itself; it fails t
+// if the sandbox takes another way or does not pause.
+func waitPaused(t *testing.T, c *client, id string, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		got, _ := call[sandboxJSON](t, c, "GET", "/v1/sandboxes/"+id+"?waitFor=paused&timeoutSeconds=30", nil, nil)
+		if got.State == "paused" {
+			return true
+		}
+		if got.State != "running" && got.State != "pausing" {
+			t.Errorf("%s is %s (stopReason %q), want it to pause", id, got.State, got.stopReason())
+			return false
+		}
+	}
+	t.Errorf("%s did not pause within %s", id, d)
+	return false
+}
+
+// pausedAfter checks that sandbox id, whose last work ended at ended, was
+// running until its idle time had passed and then paused by itself: about
+// 60 s after, within the lease clock's tick and a loaded machine's slack.
+func pausedAfter(t *testing.T, c *client, id, work string, ended time.Time) {
+	if got := c.get(t, id); got.State != "running" {
+		t.Errorf("right after its %s ended the sandbox is %s, want running", work, got.State)
+		return
+	}
+	if !waitPaused(t, c, id, 3*time.Minute) {
+		return
+	}
+	// The client hears the answer a moment before the server counts the
+	// call ended, so the gap it sees can be a little short of 60 s.
+	if gap := time.Since(ended); gap < 58*time.Second || gap > 2*time.Minute {
+		t.Errorf("the sandbox paused %s after its %s ended, want about 60 s", gap.Round(time.Second), work)
+	}
+}
+
+// seqLines is what `seq 1 n` prints.
+func seqLines(n int) string {
+	var b strings.Builder
+	for i := 1; i <= n; i++ {
+		b.WriteString(itoa(i) + "\n")
+	}
+	return b.String()
 }
 
 // TestForkAndSnapshots: a fork of a sandbox with a running web server gives

@@ -225,3 +225,33 @@ func terminalUntil(t *testing.T, ctx context.Context, conn *websocket.Conn, want
 		}
 	}
 }
+
+// terminalToExit reads the terminal's bytes until its exit frame and
+// returns them with the exit code.
+func terminalToExit(t *testing.T, ctx context.Context, conn *websocket.Conn) (string, int) {
+	t.Helper()
+	var got bytes.Buffer
+	for {
+		typ, b, err := conn.Read(ctx)
+		if err != nil {
+			t.Fatalf("waiting for the exit frame: %v; got %q", err, got.String())
+		}
+		if typ == websocket.MessageBinary {
+			got.Write(b)
+			continue
+		}
+		var ev struct {
+			Type     string `json:"type"`
+			ExitCode *int   `json:"exitCode"`
+		}
+		if err := json.Unmarshal(b, &ev); err != nil {
+			t.Fatalf("text frame %q: %v", b, err)
+		}
+		if ev.Type == "exit" {
+			if ev.ExitCode == nil {
+				return got.String(), -1
+			}
+			return got.String(), *ev.ExitCode
+		}
+	}
+}

@@ -85,3 +85,15 @@ func (m *Manager) TemplatesInUse() map[string]bool {
 	defer m.templates.mu.Unlock()
 	return m.templatesInUseLocked()
 }
+
+// CallsInFlight is the number of calls into sandbox id's guest that hold
+// it busy (0 for one without a live instance).
+func (m *Manager) CallsInFlight(id string) int64 {
+	m.mu.Lock()
+	in := m.live[id]
+	m.mu.Unlock()
+	if in == nil {
+		return 0
+	}
+	return in.busy.Load()
+}

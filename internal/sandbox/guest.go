@@ -143,7 +143,10 @@ func WithFileUser(ctx context.Context, user string) context.Context {
 // refusal (see Refusal) for a sandbox that has no guest to call in its
 // state. A paused sandbox whose autoWake is on is woken first, and one
 // pausing or resuming waited for. It is the only way from the API into a
-// guest, so it also counts as the sandbox's activity (idle pause).
+// guest, so it also counts as the sandbox's activity (idle pause): the
+// sandbox is busy, never idle, until ctx ends, so a caller passes the
+// context of the work it does with the guest (a request's, a stream's)
+// and never one that outlives it.
 func (m *Manager) Guest(ctx context.Context, owner, id string) (*Sandbox, Guest, error) {
 	// A sandbox may pause again between its wake and the call (an idle
 	// pause that was due): a few rounds, then the refusal.
@@ -197,7 +200,7 @@ func (m *Manager) liveGuest(ctx context.Context, sb *Sandbox) (Guest, error) {
 		// possible in the moment a stop or pause forgets it.
 		return nil, m.refuseGone(sb)
 	}
-	in.touch(m.now())
+	in.hold(ctx, m.now)
 	// Right after a restart or a dropped connection the watcher is still
 	// reconnecting; a short wait beats an error the caller must retry.
 	c := in.guest()

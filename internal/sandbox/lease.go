@@ -77,8 +77,9 @@ func (m *Manager) ExpireLeases(ctx context.Context) []string {
 }
 
 // idle reports whether a running sandbox has had no API activity for its
-// idlePauseSeconds. A persistent sandbox is never idle; activity is kept in
-// memory, so after a restart of the server the clock starts again.
+// idlePauseSeconds: no call into its guest in flight, and none ended
+// within that time. A persistent sandbox is never idle; activity is kept
+// in memory, so after a restart of the server the clock starts again.
 func (m *Manager) idle(sb *Sandbox, now time.Time) bool {
 	if sb.Persistent || sb.IdlePauseSeconds <= 0 {
 		return false
@@ -87,6 +88,9 @@ func (m *Manager) idle(sb *Sandbox, now time.Time) bool {
 	in := m.live[sb.ID]
 	m.mu.Unlock()
 	if in == nil {
+		return false
+	}
+	if in.working() {
 		return false
 	}
 	last := in.active.Load()

@@ -169,6 +169,10 @@ type instance struct {
 	safety guestSafety // what the guest did wrong; guestsafety.go
 
 	active atomic.Int64 // unix nanoseconds (of m.now) of the last API call to it, for idle pause
+	// busy counts the API calls into the guest still in flight (an exec,
+	// an attached process, a terminal, a tunnel, a transfer, a watch): a
+	// sandbox with work under way is never idle (hold).
+	busy atomic.Int64
 
 	// guestCPU is the guest's busy time as it last reported it (ns);
 	// egressOut and egressIn the gate's totals once it is closed.

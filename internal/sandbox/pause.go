@@ -98,7 +98,9 @@ func (m *Manager) pause(ctx context.Context, id, why string) (*Sandbox, error) {
 	now := m.now()
 	changed := false
 	sb, err := m.update(ctx, id, func(s *Sandbox) bool {
-		if changed = s.State == StateRunning; changed {
+		// An idle pause looks again in the transaction: a call that
+		// began since the sandbox was found idle keeps it running.
+		if changed = s.State == StateRunning && (why != PauseIdle || m.idle(s, now)); changed {
 			s.State, s.PausedAt = StatePausing, &now
 		}
 		return changed
@@ -489,6 +491,27 @@ func isDone(c <-chan struct{}) bool {
 
 // touch records API activity on the sandbox at now, for idle pause.
 func (in *instance) touch(now time.Time) { in.active.Store(now.UnixNano()) }
+
+// hold counts the call that ctx carries as work on the sandbox for as long
+// as ctx lasts: the sandbox is not idle while it runs, and its idle clock
+// starts when the call ends. A context that never ends (no Done channel)
+// would hold the sandbox awake forever, so it only counts as activity now.
+func (in *instance) hold(ctx context.Context, now func() time.Time) {
+	in.touch(now())
+	if ctx.Done() == nil {
+		return
+	}
+	in.busy.Add(1)
+	context.AfterFunc(ctx, func() {
+		// The touch comes first: idle never sees the call gone without
+		// the moment it ended.
+		in.touch(now())
+		in.busy.Add(-1)
+	})
+}
+
+// working reports whether a call into the sandbox's guest is in flight.
+func (in *instance) working() bool { return in.busy.Load() > 0 }
 
 // restoredTry bounds one connection attempt to a guest restored from saved
 // memory. Its agent answers within a few hundred milliseconds when it was

@@ -180,6 +180,64 @@ func TestIdlePauseAndPersistent(t *testing.T) {
 	}
 }
 
+// TestWorkInFlightIsActivity: a call into the guest keeps its sandbox
+// awake for as long as it runs, however long past idlePauseSeconds, and the
+// idle time starts when the last call ends.
+func TestWorkInFlightIsActivity(t *testing.T) {
+	e := newEnv(t)
+	m := e.manager()
+	ctx := context.Background()
+	idle := spec()
+	idle.TimeoutSeconds, idle.IdlePauseSeconds = 0, 60
+	a := running(t, m, idle)
+
+	// Two calls in flight (an exec's stream, a terminal): contexts that
+	// end when the call does.
+	exec1, end1 := context.WithCancel(ctx)
+	term, end2 := context.WithCancel(ctx)
+	defer end1()
+	defer end2()
+	for _, c := range []context.Context{exec1, term} {
+		if _, _, err := m.Guest(c, "k", a.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := m.CallsInFlight(a.ID); n != 2 {
+		t.Fatalf("%d calls counted in flight, want 2", n)
+	}
+	e.clock.Advance(10 * time.Minute)
+	if got := m.ExpireLeases(ctx); len(got) != 0 {
+		t.Fatalf("10 min into two calls: %v paused, want none", got)
+	}
+	end1()
+	e.clock.Advance(10 * time.Minute)
+	if got := m.ExpireLeases(ctx); len(got) != 0 {
+		t.Fatalf("20 min into a call whose sibling ended: %v paused, want none", got)
+	}
+	// An end is counted by context.AfterFunc in a goroutine of its own:
+	// wait for it before the clock moves on.
+	inFlight := func(want int64) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); m.CallsInFlight(a.ID) != want; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d calls counted in flight, want %d", m.CallsInFlight(a.ID), want)
+			}
+		}
+	}
+	inFlight(1)
+	end2()
+	inFlight(0)
+	e.clock.Advance(59 * time.Second)
+	if got := m.ExpireLeases(ctx); len(got) != 0 {
+		t.Fatalf("59 s after the last call ended: %v paused, want none", got)
+	}
+	e.clock.Advance(time.Second)
+	if got := m.ExpireLeases(ctx); len(got) != 1 || got[0] != a.ID {
+		t.Fatalf("60 s after the last call: %v paused, want %s", got, a.ID)
+	}
+	waitState(t, m, "k", a.ID, sandbox.StatePaused)
+}
+
 func TestLeaseEndPause(t *testing.T) {
 	e := newEnv(t)
 	m := e.manager()

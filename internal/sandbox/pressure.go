@@ -8,7 +8,8 @@ import (
 
 // relievePressure pauses one running sandbox when the host's available
 // memory is below the floor: the one whose last API call is oldest among
-// those a call would wake again (autoWake on, not persistent). A paused
+// those a call would wake again (autoWake on, not persistent), preferring
+// one with no call in flight. A paused
 // sandbox holds no host memory (docs/DESIGN.md D13), so this is what keeps
 // a host whose memory is overcommitted (--memory-overcommit above 1) out of
 // swap and the OOM killer when its idle sandboxes grow. One a tick: a pause
@@ -28,6 +29,7 @@ func (m *Manager) relievePressure(ctx context.Context, live []*Sandbox) string {
 	}
 	var victim *Sandbox
 	var oldest int64
+	victimWorking := false
 	for _, sb := range live {
 		if sb.State != StateRunning || sb.Persistent || !sb.AutoWake {
 			continue
@@ -38,8 +40,12 @@ func (m *Manager) relievePressure(ctx context.Context, live []*Sandbox) string {
 		if in == nil {
 			continue
 		}
-		if last := in.active.Load(); victim == nil || last < oldest {
-			victim, oldest = sb, last
+		// A sandbox with a call in flight goes only when every candidate
+		// has one: pausing it fails that call, but the OOM killer would
+		// end the whole VM.
+		working, last := in.working(), in.active.Load()
+		if victim == nil || (victimWorking && !working) || (working == victimWorking && last < oldest) {
+			victim, oldest, victimWorking = sb, last, working
 		}
 	}
 	if victim == nil {

@@ -12,7 +12,8 @@ import (
 
 // TestMemoryPressure: below the floor, one tick pauses the running sandbox
 // idle longest that a call would wake again, never a persistent one nor one
-// without autoWake; above it, nothing is paused.
+// without autoWake, and one with a call in flight only when no other is
+// left; above it, nothing is paused.
 func TestMemoryPressure(t *testing.T) {
 	e := newEnv(t)
 	var avail atomic.Int64
@@ -34,18 +35,24 @@ func TestMemoryPressure(t *testing.T) {
 	if _, err := exec(ctx, m, "k", recent.ID, agentproto.ExecRequest{Argv: []string{"true"}}); err != nil {
 		t.Fatal(err)
 	}
+	// A call in flight on the one idle longest: it goes last.
+	call, end := context.WithCancel(ctx)
+	defer end()
+	if _, _, err := m.Guest(call, "k", old.ID); err != nil {
+		t.Fatal(err)
+	}
 	if got := m.ExpireLeases(ctx); len(got) != 0 {
 		t.Fatalf("with memory to spare %v were paused", got)
 	}
 	avail.Store(512)
-	if got := m.ExpireLeases(ctx); len(got) != 1 || got[0] != old.ID {
-		t.Fatalf("under pressure %v were paused, want %s (idle longest) alone", got, old.ID)
-	}
-	waitState(t, m, "k", old.ID, sandbox.StatePaused)
 	if got := m.ExpireLeases(ctx); len(got) != 1 || got[0] != recent.ID {
-		t.Fatalf("still under pressure %v were paused, want %s", got, recent.ID)
+		t.Fatalf("under pressure %v were paused, want %s (no call in flight) alone", got, recent.ID)
 	}
 	waitState(t, m, "k", recent.ID, sandbox.StatePaused)
+	if got := m.ExpireLeases(ctx); len(got) != 1 || got[0] != old.ID {
+		t.Fatalf("still under pressure %v were paused, want %s (the last candidate, call in flight or not)", got, old.ID)
+	}
+	waitState(t, m, "k", old.ID, sandbox.StatePaused)
 	if got := m.ExpireLeases(ctx); len(got) != 0 {
 		t.Fatalf("%v were paused: only persistent sandboxes and ones without autoWake are left", got)
 	}
