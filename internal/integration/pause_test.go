@@ -136,7 +136,9 @@ func TestPauseWake(t *testing.T) {
 // with all their output, and each sandbox pauses about 60 s after its work
 // ended (run beside the others, so the test waits for them once).
 func TestPausesByItself(t *testing.T) {
-	s := startServer(t, t.TempDir())
+	// Five default sandboxes: more than a default server admits on a
+	// 24 GiB host (each is charged its whole 4 GiB), none of them busy.
+	s := startServerWith(t, t.TempDir(), "--memory-overcommit", "2")
 	c := s.client(s.AdminKey)
 	lease := c.createRunning(t, map[string]any{"timeoutSeconds": 60, "onLeaseEnd": "pause"})
 	idle := c.createRunning(t, map[string]any{"idlePauseSeconds": 60, "persistent": false})
