@@ -30,7 +30,7 @@ type Config struct {
 	// BuildsPerKey bounds one key's builds queued or running (0: no
 	// limit), so no key fills the one queue.
 	BuildsPerKey int
-	Logger *slog.Logger
+	Logger       *slog.Logger
 	// DefaultRootfs and DefaultDigest are the server's own guest image,
 	// registered as the public image "default".
 	DefaultRootfs, DefaultDigest string
