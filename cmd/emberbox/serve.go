@@ -232,8 +232,12 @@ func serve(ctx context.Context, o serveOptions) error {
 	vols := volumes.New(volumes.Config{Store: st, Backups: st, DataDir: o.dataDir, Logger: log,
 		Admission: adm.ledger, BackupQuota: o.limits.backupQuota, DiskReserveMiB: o.limits.diskReserveMiB,
 		DiskFreeMiB: func() (int64, error) { return admission.DiskFreeMiB(o.dataDir) }})
-	if err := vols.Recover(ctx); err != nil {
-		return err
+	// A node of a cluster offers no volumes (their files would be on one
+	// node); the store's are not this node's to hold.
+	if !isNode {
+		if err := vols.Recover(ctx); err != nil {
+			return err
+		}
 	}
 	if o.imageBuilds < 1 || o.imageBuilds > 16 {
 		return fmt.Errorf("--image-builds must be from 1 to 16")

@@ -76,7 +76,9 @@ func TestAdmission(t *testing.T) {
 	s := startServerWith(t, t.TempDir(),
 		"--max-memory-mib", "2560", "--vm-overhead-mib", "256", "--max-vcpus", "4",
 		"--quota-sandboxes", "1", "--rate-read", "2", "--rate-read-burst", "10",
-		"--quota-volumes", "2", "--quota-volume-backups", "2", "--quota-backups-per-volume", "1", "--quota-image-builds", "2")
+		// No volume size quota: a 1 TiB volume meets the host's disk check.
+		"--quota-volumes", "2", "--quota-volume-mib", "0", "--quota-volume-backups", "2", "--quota-backups-per-volume", "1",
+		"--quota-image-builds", "2")
 	admin := s.client(s.AdminKey)
 	tenant := s.client(s.createKey(t, "tenant"))
 	small := map[string]any{"vcpu": 1, "memoryMiB": 1024, "diskMiB": 3072, "timeoutSeconds": 600}
