@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -87,5 +89,34 @@ func TestBuildsPerKey(t *testing.T) {
 			t.Fatalf("a build after key_a's ended: %v", err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestBuildsPerKeyConcurrent: creates at once cannot pass the cap together.
+func TestBuildsPerKeyConcurrent(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	st, err := store.Open(ctx, filepath.Join(dir, "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	svc := openCatalog(t, dir, st)
+	var ok atomic.Int32
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			_, err := svc.Create(ctx, "key_a", recipe("true"))
+			switch {
+			case err == nil:
+				ok.Add(1)
+			case errdefs.Code(err) != "quota_exceeded":
+				t.Errorf("create: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	if ok.Load() != 2 {
+		t.Errorf("%d of 8 builds queued at once were taken, want the cap's 2", ok.Load())
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -238,5 +239,34 @@ func TestBackupFreeSpace(t *testing.T) {
 	e.freeMiB.Store(1 << 30)
 	if _, err := s.vols.Create(ctx, "key_a", volumes.CreateSpec{FromBackup: b.ID}); err != nil {
 		t.Fatalf("a restore with room: %v", err)
+	}
+}
+
+// TestBackupQuotaConcurrent: backups begun at once cannot pass the key's
+// count together.
+func TestBackupQuotaConcurrent(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, admission.Config{}, volumes.BackupQuota{Count: 3})
+	s := e.start()
+	var vols []*volumes.Volume
+	for range 16 {
+		vols = append(vols, create(t, s, "key_a", 64))
+	}
+	var ok atomic.Int32
+	var wg sync.WaitGroup
+	for _, v := range vols {
+		wg.Go(func() {
+			_, err := s.vols.Backup(ctx, "key_a", v.ID, "", 0)
+			switch {
+			case err == nil:
+				ok.Add(1)
+			case errdefs.Code(err) != admission.CodeQuotaExceeded:
+				t.Errorf("backup of %s: %v", v.ID, err)
+			}
+		})
+	}
+	wg.Wait()
+	if ok.Load() != 3 {
+		t.Errorf("%d of 16 backups begun at once were taken, want the quota's 3", ok.Load())
 	}
 }
