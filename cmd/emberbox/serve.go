@@ -245,6 +245,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	// The image catalog: its start commands run before a sandbox of an
 	// image is running (a Preparer of the manager).
 	imgs, err := images.New(images.Config{Store: st, Events: st, DataDir: o.dataDir, Builds: o.imageBuilds, BuildsPerKey: o.limits.buildsPerKey, Logger: log,
+		DiskFreeMiB: func() (int64, error) { return admission.DiskFreeMiB(o.dataDir) }, DiskReserveMiB: o.limits.diskReserveMiB,
 		DefaultRootfs: boot.Rootfs, DefaultDigest: boot.RecipeHash})
 	if err != nil {
 		return err

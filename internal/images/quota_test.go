@@ -20,12 +20,19 @@ import (
 // without running its queue (builds stay queued).
 func openCatalog(t *testing.T, dir string, st *store.Store) *images.Service {
 	t.Helper()
+	return openCatalogWith(t, dir, st, func(*images.Config) {})
+}
+
+func openCatalogWith(t *testing.T, dir string, st *store.Store, edit func(*images.Config)) *images.Service {
+	t.Helper()
 	def := filepath.Join(dir, "default.img")
 	if err := os.WriteFile(def, []byte("default"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	svc, err := images.New(images.Config{Store: st, Builder: &fakeBuilder{release: make(chan struct{})}, DataDir: dir,
-		DefaultRootfs: def, DefaultDigest: strings.Repeat("d", 64), BuildsPerKey: 2})
+	cfg := images.Config{Store: st, Builder: &fakeBuilder{release: make(chan struct{})}, DataDir: dir,
+		DefaultRootfs: def, DefaultDigest: strings.Repeat("d", 64), BuildsPerKey: 2}
+	edit(&cfg)
+	svc, err := images.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,5 +125,59 @@ func TestBuildsPerKeyConcurrent(t *testing.T) {
 	wg.Wait()
 	if ok.Load() != 2 {
 		t.Errorf("%d of 8 builds queued at once were taken, want the cap's 2", ok.Load())
+	}
+}
+
+// TestBuildNeedsRoomForItsImage: a build whose image could eat into the
+// data dir's free-space reserve fails saying so, and starts once there is
+// room.
+func TestBuildNeedsRoomForItsImage(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	st, err := store.Open(ctx, filepath.Join(dir, "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	var free atomic.Int64
+	free.Store(images.DefaultBuildDiskMiB + 2047)
+	svc := openCatalogWith(t, dir, st, func(c *images.Config) {
+		c.DiskFreeMiB = func() (int64, error) { return free.Load(), nil }
+		c.DiskReserveMiB = 2048
+	})
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { svc.Run(runCtx); close(done) }()
+	defer func() { stop(); <-done }()
+	waitBuilt := func(id string) *images.Image {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			img, err := svc.Get(ctx, "key_a", id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if img.State != images.StateQueued && img.State != images.StateBuilding {
+				return img
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("image %s still %s", id, img.State)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	img, err := svc.Create(ctx, "key_a", recipe("true"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := waitBuilt(img.ID); got.State != images.StateFailed || !strings.Contains(got.Error, "no disk space for this build's image") {
+		t.Fatalf("a build without room: %s %q", got.State, got.Error)
+	}
+	free.Store(images.DefaultBuildDiskMiB + 2048)
+	if img, err = svc.Create(ctx, "key_a", recipe("true")); err != nil {
+		t.Fatal(err)
+	}
+	if got := waitBuilt(img.ID); got.State != images.StateReady {
+		t.Fatalf("a build with room: %s %q", got.State, got.Error)
 	}
 }

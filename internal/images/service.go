@@ -30,7 +30,12 @@ type Config struct {
 	// BuildsPerKey bounds one key's builds queued or running (0: no
 	// limit), so no key fills the one queue.
 	BuildsPerKey int
-	Logger       *slog.Logger
+	// DiskFreeMiB reports the data dir's free space (nil: not checked). A
+	// build starts only if DiskReserveMiB would be left once its image (at
+	// most its build disk) is written there.
+	DiskFreeMiB    func() (int64, error)
+	DiskReserveMiB int64
+	Logger         *slog.Logger
 	// DefaultRootfs and DefaultDigest are the server's own guest image,
 	// registered as the public image "default".
 	DefaultRootfs, DefaultDigest string
