@@ -9,7 +9,9 @@ import (
 
 	"github.com/emberbox/emberbox/internal/admission"
 	"github.com/emberbox/emberbox/internal/api"
+	"github.com/emberbox/emberbox/internal/images"
 	"github.com/emberbox/emberbox/internal/sandbox"
+	"github.com/emberbox/emberbox/internal/volumes"
 )
 
 // limitOptions are the flags of admission control: what the host may
@@ -27,7 +29,10 @@ type limitOptions struct {
 	maxConcurrentBoots int
 	memoryFloorMiB     int64
 
-	quota admission.Quota
+	quota       admission.Quota
+	backupQuota volumes.BackupQuota
+	// buildsPerKey bounds one key's image builds queued or running.
+	buildsPerKey int
 
 	maxSandboxVCPUs     int
 	maxSandboxMemoryMiB int
@@ -53,8 +58,14 @@ func addLimitFlags(cmd *cobra.Command, o *limitOptions) {
 	f.IntVar(&o.quota.Sandboxes, "quota-sandboxes", 20, "live sandboxes per API key (0: no limit)")
 	f.IntVar(&o.quota.VCPU, "quota-vcpus", 0, "vCPUs per API key (0: only the host's limit)")
 	f.Int64Var(&o.quota.MemoryMiB, "quota-memory-mib", 0, "memory per API key (0: only the host's limit)")
-	f.Int64Var(&o.quota.DiskMiB, "quota-disk-mib", 0, "disk per API key (0: only the host's limit)")
+	f.Int64Var(&o.quota.DiskMiB, "quota-disk-mib", 0, "disk per API key, sandboxes' disks and volumes together (0: only the host's limit)")
 	f.IntVar(&o.quota.Boots, "quota-boots", 0, "sandboxes of one API key booting at once (0: only the host's limit)")
+	f.IntVar(&o.quota.Volumes, "quota-volumes", volumes.MaxPerOwner, "volumes per API key (0: no limit)")
+	f.Int64Var(&o.quota.VolumeMiB, "quota-volume-mib", 64<<10, "total size of one API key's volumes, each counted at its full size (0: only the host's limit)")
+	f.IntVar(&o.backupQuota.Count, "quota-volume-backups", volumes.DefaultBackupCount, "volume backups per API key (0: no limit)")
+	f.Int64Var(&o.backupQuota.MiB, "quota-volume-backup-mib", volumes.DefaultBackupMiB, "total size of one API key's volume backups, each counted at its volume's size (0: no limit)")
+	f.IntVar(&o.backupQuota.PerVolume, "quota-backups-per-volume", volumes.DefaultBackupPerVolume, "backups of one volume (0: no limit)")
+	f.IntVar(&o.buildsPerKey, "quota-image-builds", images.DefaultBuildsPerKey, "image builds of one API key queued or running at once (0: no limit)")
 
 	f.IntVar(&o.maxSandboxVCPUs, "max-sandbox-vcpus", 0, "vCPUs of one sandbox (default: host CPUs, at least 2)")
 	f.IntVar(&o.maxSandboxMemoryMiB, "max-sandbox-memory-mib", 0, "memory of one sandbox (default: all the server may promise)")

@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/emberbox/emberbox/internal/admission"
 	"github.com/emberbox/emberbox/internal/api"
 	"github.com/emberbox/emberbox/internal/cluster"
 	"github.com/emberbox/emberbox/internal/console"
@@ -227,13 +228,24 @@ func serve(ctx context.Context, o serveOptions) error {
 	metrics := telemetry.New()
 	// Volumes serve the manager (streams, create-time attaches) and use it
 	// (guests): made first, told of the manager after.
-	vols := volumes.New(volumes.Config{Store: st, Backups: st, DataDir: o.dataDir, Logger: log})
+	// Their sizes are held in the admission ledger beside sandboxes' disks.
+	vols := volumes.New(volumes.Config{Store: st, Backups: st, DataDir: o.dataDir, Logger: log,
+		Admission: adm.ledger, BackupQuota: o.limits.backupQuota, DiskReserveMiB: o.limits.diskReserveMiB,
+		DiskFreeMiB: func() (int64, error) { return admission.DiskFreeMiB(o.dataDir) }})
+	// A node of a cluster offers no volumes (their files would be on one
+	// node); the store's are not this node's to hold.
+	if !isNode {
+		if err := vols.Recover(ctx); err != nil {
+			return err
+		}
+	}
 	if o.imageBuilds < 1 || o.imageBuilds > 16 {
 		return fmt.Errorf("--image-builds must be from 1 to 16")
 	}
 	// The image catalog: its start commands run before a sandbox of an
 	// image is running (a Preparer of the manager).
-	imgs, err := images.New(images.Config{Store: st, Events: st, DataDir: o.dataDir, Builds: o.imageBuilds, Logger: log,
+	imgs, err := images.New(images.Config{Store: st, Events: st, DataDir: o.dataDir, Builds: o.imageBuilds, BuildsPerKey: o.limits.buildsPerKey, Logger: log,
+		DiskFreeMiB: func() (int64, error) { return admission.DiskFreeMiB(o.dataDir) }, DiskReserveMiB: o.limits.diskReserveMiB,
 		DefaultRootfs: boot.Rootfs, DefaultDigest: boot.RecipeHash})
 	if err != nil {
 		return err

@@ -1,10 +1,11 @@
 // Package admission keeps the ledger of what the server has promised its
-// sandboxes (vCPUs, memory, disk and boot slots) and decides whether one
-// more fits: on the host, within the free space of the data dir's
-// filesystem, and within its key's quota. The sandbox manager holds a claim
-// from the moment it records a sandbox until the sandbox is stopped or
-// deleted; the ledger is in memory and rebuilt from the store's live
-// sandboxes at every start.
+// sandboxes (vCPUs, memory, disk and boot slots) and volumes (disk) and
+// decides whether one more fits: on the host, within the free space of the
+// data dir's filesystem, and within its key's quota. The sandbox manager
+// holds a claim from the moment it records a sandbox until the sandbox is
+// stopped or deleted, the volume service from a volume's create to its
+// delete; the ledger is in memory and rebuilt from the store's live
+// sandboxes and volumes at every start.
 package admission
 
 import (
@@ -39,13 +40,17 @@ type Resources struct {
 	DiskMiB   int64
 }
 
-// Claim is one sandbox's entry in the ledger.
+// Claim is one sandbox's or volume's entry in the ledger.
 type Claim struct {
-	ID    string // the sandbox's id; a ledger holds at most one claim per id
+	ID    string // the sandbox's or volume's id; a ledger holds at most one claim per id
 	Owner string // the API key id whose quota it counts against
 	Resources
 	// Booting holds a boot slot until Booted or Release.
 	Booting bool
+	// Volume marks a volume's claim: disk alone (DiskMiB, its full size,
+	// as a sparse file grows to it while guests write), counted against
+	// the volume quotas and the key's disk quota, never as a sandbox.
+	Volume bool
 }
 
 // Capacity is what the host may promise in all. A zero field is no limit.
@@ -60,8 +65,10 @@ type Quota struct {
 	Sandboxes int
 	VCPU      int
 	MemoryMiB int64
-	DiskMiB   int64
+	DiskMiB   int64 // sandboxes' disks and volumes together
 	Boots     int
+	Volumes   int   // volumes not deleted
+	VolumeMiB int64 // their sizes
 }
 
 // Config configures a Ledger. The zero value admits everything.
@@ -97,11 +104,19 @@ type Usage struct {
 	Sandboxes int
 	VCPU      int
 	MemoryMiB int64 // as asked for, without the overhead
-	DiskMiB   int64
+	DiskMiB   int64 // volumes included
 	Boots     int
+	Volumes   int
+	VolumeMiB int64
 }
 
 func (u *Usage) add(c *Claim, sign int) {
+	if c.Volume {
+		u.Volumes += sign
+		u.VolumeMiB += int64(sign) * c.DiskMiB
+		u.DiskMiB += int64(sign) * c.DiskMiB
+		return
+	}
 	u.Sandboxes += sign
 	u.VCPU += sign * c.VCPU
 	u.MemoryMiB += int64(sign) * c.MemoryMiB
@@ -139,7 +154,7 @@ func (l *Ledger) Reserve(c Claim) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if _, ok := l.claims[c.ID]; ok {
-		return errdefs.New(errdefs.ErrInternal, "internal", "sandbox %s already holds resources", c.ID)
+		return errdefs.New(errdefs.ErrInternal, "internal", "%s already holds resources", c.ID)
 	}
 	own := l.byOwner[c.Owner]
 	if own == nil {
@@ -176,32 +191,23 @@ func (l *Ledger) readHost() (diskFree, memAvail int64, err error) {
 // checkQuota refuses c if its owner would pass a quota.
 func (l *Ledger) checkQuota(own *Usage, c *Claim) error {
 	q := l.cfg.Quota
-	over := func(what string, used, asked, limit int64, unit string) error {
-		if limit <= 0 || used+asked <= limit {
-			return nil
+	checks := []error{overQuota("diskMiB", own.DiskMiB, c.DiskMiB, q.DiskMiB, c.Volume)}
+	if c.Volume {
+		checks = append(checks,
+			overQuota("volumes", int64(own.Volumes), 1, int64(q.Volumes), true),
+			overQuota("volumeMiB", own.VolumeMiB, c.DiskMiB, q.VolumeMiB, true))
+	} else {
+		boot := int64(0)
+		if c.Booting {
+			boot = 1
 		}
-		retry := ResourceRetryAfter
-		if what == "boots" {
-			retry = BootRetryAfter
-		}
-		msg := fmt.Sprintf("this key's quota of %d%s %s is reached (%d in use)", limit, unit, quotaNoun[what], used)
-		e := errdefs.New(errdefs.ErrConflict, CodeQuotaExceeded, "%s", msg).
-			WithHint("Stop or delete sandboxes of this key, or ask the operator for a larger quota.")
-		e.Details = map[string]any{"quota": what, "limit": limit, "used": used, "requested": asked}
-		e.RetryAfter = retry
-		return e
+		checks = append(checks,
+			overQuota("sandboxes", int64(own.Sandboxes), 1, int64(q.Sandboxes), false),
+			overQuota("vcpu", int64(own.VCPU), int64(c.VCPU), int64(q.VCPU), false),
+			overQuota("memoryMiB", own.MemoryMiB, c.MemoryMiB, q.MemoryMiB, false),
+			overQuota("boots", int64(own.Boots), boot, int64(q.Boots), false))
 	}
-	boot := int64(0)
-	if c.Booting {
-		boot = 1
-	}
-	for _, err := range []error{
-		over("sandboxes", int64(own.Sandboxes), 1, int64(q.Sandboxes), ""),
-		over("vcpu", int64(own.VCPU), int64(c.VCPU), int64(q.VCPU), ""),
-		over("memoryMiB", own.MemoryMiB, c.MemoryMiB, q.MemoryMiB, " MiB"),
-		over("diskMiB", own.DiskMiB, c.DiskMiB, q.DiskMiB, " MiB"),
-		over("boots", int64(own.Boots), boot, int64(q.Boots), ""),
-	} {
+	for _, err := range checks {
 		if err != nil {
 			return err
 		}
@@ -209,15 +215,48 @@ func (l *Ledger) checkQuota(own *Usage, c *Claim) error {
 	return nil
 }
 
-var quotaNoun = map[string]string{
-	"sandboxes": "live sandboxes", "vcpu": "vCPUs", "memoryMiB": "of memory",
-	"diskMiB": "of disk", "boots": "sandboxes booting at once",
+// overQuota refuses asked more of quota what when used+asked passes limit
+// (0: no limit), naming the quota and the flag that raises it.
+func overQuota(what string, used, asked, limit int64, volume bool) error {
+	if limit <= 0 || used+asked <= limit {
+		return nil
+	}
+	retry := ResourceRetryAfter
+	if what == "boots" {
+		retry = BootRetryAfter
+	}
+	n := quotaNames[what]
+	free := "Stop or delete sandboxes of this key"
+	if volume {
+		free = "Delete volumes of this key"
+	}
+	e := errdefs.New(errdefs.ErrConflict, CodeQuotaExceeded, "this key's quota of %d%s %s is reached (%d in use, %d asked)",
+		limit, n.unit, n.noun, used, asked).
+		WithHint(free + ", or ask the operator to raise " + n.flag + ".")
+	e.Details = map[string]any{"quota": what, "limit": limit, "used": used, "requested": asked}
+	e.RetryAfter = retry
+	return e
+}
+
+// quotaNames say a quota in words and name the flag of `emberbox serve`
+// that sets it.
+var quotaNames = map[string]struct{ noun, unit, flag string }{
+	"sandboxes": {"live sandboxes", "", "--quota-sandboxes"},
+	"vcpu":      {"vCPUs", "", "--quota-vcpus"},
+	"memoryMiB": {"of memory", " MiB", "--quota-memory-mib"},
+	"diskMiB":   {"of disk (sandboxes' disks and volumes)", " MiB", "--quota-disk-mib"},
+	"boots":     {"sandboxes booting at once", "", "--quota-boots"},
+	"volumes":   {"volumes", "", "--quota-volumes"},
+	"volumeMiB": {"of volumes", " MiB", "--quota-volume-mib"},
 }
 
 // checkHost refuses c if the host has no room for it. The message names
 // the resource but not the host's figures, which are the operator's
 // business.
 func (l *Ledger) checkHost(c *Claim, diskFree, memAvail int64) error {
+	if c.Volume {
+		return l.checkVolumeHost(c, diskFree)
+	}
 	capa, t := l.cfg.Capacity, &l.total
 	full := ""
 	retry := ResourceRetryAfter
@@ -243,6 +282,20 @@ func (l *Ledger) checkHost(c *Claim, diskFree, memAvail int64) error {
 		WithHint("Retry later, or ask for a smaller sandbox.")
 	e.Details = map[string]any{"resource": full}
 	e.RetryAfter = retry
+	return e
+}
+
+// checkVolumeHost refuses volume claim c if the data dir's filesystem,
+// after every promised disk (sandboxes' and volumes') has grown to its
+// size, would keep less than the reserve.
+func (l *Ledger) checkVolumeHost(c *Claim, diskFree int64) error {
+	if diskFree < 0 || diskFree-l.promisedDisk(l.total.DiskMiB+c.DiskMiB) >= l.cfg.DiskReserveMiB {
+		return nil
+	}
+	e := errdefs.New(errdefs.ErrConflict, CodeNoCapacity, "the server has no room for a volume of %d MiB now (disk space)", c.DiskMiB).
+		WithHint("Ask for a smaller volume, delete volumes or sandboxes you no longer need, or retry later.")
+	e.Details = map[string]any{"resource": "diskMiB"}
+	e.RetryAfter = ResourceRetryAfter
 	return e
 }
 
@@ -347,7 +400,7 @@ func (l *Ledger) dropLocked(c *Claim) {
 	l.total.add(c, -1)
 	own := l.byOwner[c.Owner]
 	own.add(c, -1)
-	if own.Sandboxes == 0 {
+	if own.Sandboxes == 0 && own.Volumes == 0 {
 		delete(l.byOwner, c.Owner) // the map stays as small as the live set
 	}
 }

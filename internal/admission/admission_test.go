@@ -271,3 +271,103 @@ func TestReplaceKeepsOldClaimWhenRefused(t *testing.T) {
 		t.Errorf("after Replace the ledger holds %+v, want the whole claim once", got)
 	}
 }
+
+func volume(id, owner string, mib int64) Claim {
+	return Claim{ID: id, Owner: owner, Resources: Resources{DiskMiB: mib}, Volume: true}
+}
+
+// TestVolumeClaims: a volume holds disk alone, against the host's free
+// space (with the sandboxes' disks), the key's disk quota and the volume
+// quotas, and is never a sandbox (no slot, no memory overhead).
+func TestVolumeClaims(t *testing.T) {
+	free := func() (int64, error) { return 10000, nil }
+	tests := []struct {
+		name string
+		cfg  Config
+		held []Claim
+		next Claim
+		code string // "" admitted
+		what string
+	}{
+		{name: "fits beside a sandbox's disk", cfg: Config{DiskFreeMiB: free, DiskReserveMiB: 2000},
+			held: []Claim{claim("s", "k", 1, 1, 4000)}, next: volume("v", "k", 4000)},
+		{name: "host disk counts sandboxes and volumes", cfg: Config{DiskFreeMiB: free, DiskReserveMiB: 2000},
+			held: []Claim{claim("s", "k", 1, 1, 4000), volume("v", "j", 3000)}, next: volume("w", "k", 1001),
+			code: CodeNoCapacity, what: "diskMiB"},
+		{name: "overcommit applies to volumes", cfg: Config{DiskFreeMiB: free, DiskReserveMiB: 2000, DiskOvercommit: 4},
+			held: []Claim{volume("v", "j", 16000)}, next: volume("w", "k", 16000)},
+		{name: "a 1 TiB volume on a small disk", cfg: Config{DiskFreeMiB: free, DiskReserveMiB: 2000},
+			next: volume("v", "k", 1<<20), code: CodeNoCapacity, what: "diskMiB"},
+		{name: "no memory overhead, no sandbox slot", cfg: Config{Capacity: Capacity{MemoryMiB: 100, VCPU: 1, Boots: 1}, VMOverheadMiB: 512, Quota: Quota{Sandboxes: 1}},
+			held: []Claim{claim("s", "k", 1, 1, 1)}, next: volume("v", "k", 64)},
+		{name: "volume count", cfg: Config{Quota: Quota{Volumes: 2}},
+			held: []Claim{volume("a", "k", 64), volume("b", "k", 64), volume("c", "j", 64)}, next: volume("d", "k", 64),
+			code: CodeQuotaExceeded, what: "volumes"},
+		{name: "volume bytes", cfg: Config{Quota: Quota{VolumeMiB: 1000}},
+			held: []Claim{volume("a", "k", 600)}, next: volume("b", "k", 401), code: CodeQuotaExceeded, what: "volumeMiB"},
+		{name: "disk quota counts the key's sandboxes", cfg: Config{Quota: Quota{DiskMiB: 5000}},
+			held: []Claim{claim("s", "k", 1, 1, 4000)}, next: volume("v", "k", 1001), code: CodeQuotaExceeded, what: "diskMiB"},
+		{name: "a sandbox meets the disk its key's volumes hold", cfg: Config{Quota: Quota{DiskMiB: 5000}},
+			held: []Claim{volume("v", "k", 4000)}, next: claim("s", "k", 1, 1, 1001), code: CodeQuotaExceeded, what: "diskMiB"},
+		{name: "volumes do not count as sandboxes", cfg: Config{Quota: Quota{Sandboxes: 1}},
+			held: []Claim{volume("v", "k", 64), volume("w", "k", 64)}, next: claim("s", "k", 1, 1, 1)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := New(tt.cfg)
+			for _, c := range tt.held {
+				l.Restore(c)
+			}
+			err := l.Reserve(tt.next)
+			if tt.code == "" {
+				if err != nil {
+					t.Fatalf("Reserve: %v", err)
+				}
+				return
+			}
+			refusal(t, err, tt.code, tt.what)
+		})
+	}
+}
+
+// TestVolumeQuotaMessage: the refusal names the quota and the flag that
+// raises it.
+func TestVolumeQuotaMessage(t *testing.T) {
+	l := New(Config{Quota: Quota{VolumeMiB: 100}})
+	var ce *errdefs.CodedError
+	if !errors.As(l.Reserve(volume("v", "k", 128)), &ce) {
+		t.Fatal("a volume over the quota was admitted")
+	}
+	if want := "this key's quota of 100 MiB of volumes is reached (0 in use, 128 asked)"; ce.Message != want {
+		t.Errorf("message %q, want %q", ce.Message, want)
+	}
+	if want := "Delete volumes of this key, or ask the operator to raise --quota-volume-mib."; ce.Hint != want {
+		t.Errorf("hint %q, want %q", ce.Hint, want)
+	}
+}
+
+// TestVolumeResizeAndRelease: Replace grows a volume's claim as if the old
+// size were given back, refuses over the quota leaving the old size held,
+// and Release gives the disk back and forgets the key.
+func TestVolumeResizeAndRelease(t *testing.T) {
+	l := New(Config{Quota: Quota{VolumeMiB: 1000}})
+	if err := l.Reserve(volume("v", "k", 600)); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Replace(volume("v", "k", 1000)); err != nil {
+		t.Fatalf("growing within the quota: %v", err)
+	}
+	refusal(t, l.Replace(volume("v", "k", 1001)), CodeQuotaExceeded, "volumeMiB")
+	if got := l.Owner("k"); got.VolumeMiB != 1000 || got.DiskMiB != 1000 || got.Volumes != 1 || got.Sandboxes != 0 {
+		t.Errorf("after a refused grow k holds %+v", got)
+	}
+	if !l.Release("v") {
+		t.Fatal("Release of a held volume released nothing")
+	}
+	if got := l.Owner("k"); got != (Usage{}) {
+		t.Errorf("after Release k holds %+v", got)
+	}
+	if got := l.Total(); got != (Usage{}) {
+		t.Errorf("after Release the ledger holds %+v", got)
+	}
+}

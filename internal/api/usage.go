@@ -463,8 +463,10 @@ func (s *server) getLimits(w http.ResponseWriter, r *http.Request, c *call) erro
 			row("sandbox.count", "Sandboxes held at once", "count", int64(quota.Sandboxes), int64(used.Sandboxes)),
 			row("sandbox.vcpu", "vCPUs held at once", "count", int64(quota.VCPU), int64(used.VCPU)),
 			row("sandbox.memory_mib", "Memory held at once", "mib", quota.MemoryMiB, used.MemoryMiB),
-			row("sandbox.disk_mib", "Disk held at once", "mib", quota.DiskMiB, used.DiskMiB),
+			row("sandbox.disk_mib", "Disk held at once (volumes included)", "mib", quota.DiskMiB, used.DiskMiB),
 			row("sandbox.boots", "Boots at once", "count", int64(quota.Boots), int64(used.Boots)),
+			row("volume.count", "Volumes kept", "count", int64(quota.Volumes), int64(used.Volumes)),
+			row("volume.size_mib", "Size of volumes kept", "mib", quota.VolumeMiB, used.VolumeMiB),
 		},
 	})
 	return nil

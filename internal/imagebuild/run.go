@@ -341,7 +341,7 @@ func (bd *build) sandbox(ctx context.Context, src source, st *stage) (*sandbox.S
 	lim := bd.job.Limits
 	spec := sandbox.CreateSpec{
 		Name:       "image-build",
-		Labels:     map[string]string{"emberbox.build/image": bd.job.ImageID},
+		Labels:     map[string]string{"emberbox.build/image": bd.job.ImageID, sandbox.LabelQuotaKey: bd.job.Owner},
 		VCPU:       orInt(lim.VCPU, cfg.VCPU),
 		MemoryMiB:  orInt(lim.MemoryMiB, cfg.MemoryMiB),
 		DiskMiB:    max(orInt(lim.DiskMiB, cfg.DiskMiB), src.minDisk),

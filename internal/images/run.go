@@ -111,6 +111,9 @@ func (s *Service) runBuilder(ctx context.Context, img *Image, work string, log *
 		return Result{}, err
 	}
 	job := s.job(img, src, work)
+	if err := s.checkRoomForImage(job.DiskMiB); err != nil {
+		return Result{}, err
+	}
 	switch {
 	case src.Context != nil:
 		job.ContextDir = work
@@ -133,6 +136,23 @@ func (s *Service) runBuilder(ctx context.Context, img *Image, work string, log *
 	ctx, cancel := context.WithTimeout(ctx, job.Timeout)
 	defer cancel()
 	return s.cfg.Builder.Build(ctx, job, log)
+}
+
+// checkRoomForImage refuses a build whose image (diskMiB at most, the
+// build disk's size) would eat into the data dir's free-space reserve.
+func (s *Service) checkRoomForImage(diskMiB int) error {
+	if s.cfg.DiskFreeMiB == nil {
+		return nil
+	}
+	free, err := s.cfg.DiskFreeMiB()
+	if err != nil {
+		return fmt.Errorf("reading the data dir's free space: %w", err)
+	}
+	if free-int64(diskMiB) >= s.cfg.DiskReserveMiB {
+		return nil
+	}
+	return errdefs.New(errdefs.ErrConflict, "no_capacity",
+		"The server has no disk space for this build's image (up to %d MiB) now; build again later or with a smaller build.diskMiB.", diskMiB)
 }
 
 func (s *Service) job(img *Image, src Source, work string) Job {

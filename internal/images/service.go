@@ -27,7 +27,15 @@ type Config struct {
 	DataDir string
 	// Builds is how many builds run at once (default 1).
 	Builds int
-	Logger *slog.Logger
+	// BuildsPerKey bounds one key's builds queued or running (0: no
+	// limit), so no key fills the one queue.
+	BuildsPerKey int
+	// DiskFreeMiB reports the data dir's free space (nil: not checked). A
+	// build starts only if DiskReserveMiB would be left once its image (at
+	// most its build disk) is written there.
+	DiskFreeMiB    func() (int64, error)
+	DiskReserveMiB int64
+	Logger         *slog.Logger
 	// DefaultRootfs and DefaultDigest are the server's own guest image,
 	// registered as the public image "default".
 	DefaultRootfs, DefaultDigest string
@@ -53,6 +61,11 @@ const (
 	MaxBuildDiskMiB     = 16384
 	DefaultBuildMemMiB  = 2048
 	DefaultBuildVCPU    = 2
+	// DefaultBuildsPerKey is the flag's default of Config.BuildsPerKey.
+	DefaultBuildsPerKey = 4
+	// buildsRetryAfter is the wait a refused build is told: builds take
+	// minutes.
+	buildsRetryAfter = 30 * time.Second
 )
 
 // Service is the image catalog.
@@ -70,6 +83,10 @@ type Service struct {
 	// blobMu orders a blob's removal (no image uses it) against a
 	// build that is about to use it.
 	blobMu sync.Mutex
+
+	// createMu orders a key's count of its builds before one more is
+	// recorded, so two creates cannot both take its last place.
+	createMu sync.Mutex
 
 	mu      sync.Mutex
 	queue   []string
@@ -286,12 +303,49 @@ func (s *Service) Create(ctx context.Context, owner string, req CreateRequest) (
 		ID: newID(), Owner: owner, Name: req.Name, State: StateQueued, Kind: req.kind(), Source: raw,
 		Labels: req.Labels, Tags: []string{}, CreatedAt: s.now(),
 	}
-	if err := s.st.CreateImage(ctx, img); err != nil {
+	if err := s.record(ctx, img); err != nil {
 		return nil, err
 	}
 	s.logLines(ctx, img.ID, []LogLine{{At: s.now(), Stream: "build", Text: "queued"}})
 	s.enqueue(img.ID)
 	return img, nil
+}
+
+// record stores a new build if its owner is within Config.BuildsPerKey
+// (429 quota_exceeded otherwise). The count is the store's, so it holds
+// across restarts.
+func (s *Service) record(ctx context.Context, img *Image) error {
+	s.createMu.Lock()
+	defer s.createMu.Unlock()
+	if limit := s.cfg.BuildsPerKey; limit > 0 {
+		n, err := s.buildsOf(ctx, img.Owner)
+		if err != nil {
+			return err
+		}
+		if n >= limit {
+			e := errdefs.New(errdefs.ErrConflict, "quota_exceeded", "this key's quota of %d image builds queued or running is reached (%d in use)", limit, n).
+				WithHint("Wait for a build of this key to end (or delete a queued one), or ask the operator to raise --quota-image-builds.")
+			e.Details = map[string]any{"quota": "imageBuilds", "limit": limit, "used": n, "requested": 1}
+			e.RetryAfter = buildsRetryAfter
+			return e
+		}
+	}
+	return s.st.CreateImage(ctx, img)
+}
+
+// buildsOf counts owner's builds queued or running.
+func (s *Service) buildsOf(ctx context.Context, owner string) (int, error) {
+	open, err := s.st.ImagesInStates(ctx, StateQueued, StateBuilding)
+	if err != nil {
+		return 0, fmt.Errorf("counting image builds: %w", err)
+	}
+	n := 0
+	for _, img := range open {
+		if img.Owner == owner {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // CreateRequest is a build request as the API validated it.

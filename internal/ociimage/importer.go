@@ -140,7 +140,7 @@ func (imp *Importer) sandbox(ctx context.Context, job images.Job, img *Image, lo
 	disk = min(disk, 65536)
 	spec := sandbox.CreateSpec{
 		Name:       "image-import",
-		Labels:     map[string]string{"emberbox.build/image": job.ImageID},
+		Labels:     map[string]string{"emberbox.build/image": job.ImageID, sandbox.LabelQuotaKey: job.Owner},
 		VCPU:       orDefault(job.VCPU, orDefault(imp.VCPU, 2)),
 		MemoryMiB:  orDefault(job.MemoryMiB, orDefault(imp.MemoryMiB, 2048)),
 		DiskMiB:    disk,

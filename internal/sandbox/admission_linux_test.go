@@ -211,3 +211,49 @@ func TestLimitsAndLifetime(t *testing.T) {
 	}
 	waitState(t, m, "k", sb.ID, sandbox.StateStopped)
 }
+
+// TestInternalSandboxChargedToItsKey: a sandbox of an internal owner (an
+// image build's) counts against the quotas of the key its LabelQuotaKey
+// names, also after a restart; the same label on a tenant's own sandbox
+// charges nobody else.
+func TestInternalSandboxChargedToItsKey(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	quota := admission.Quota{Sandboxes: 1}
+	m1 := e.managerWith(func(cfg *sandbox.Config) { cfg.Admission = admission.New(admission.Config{Quota: quota}) })
+	build := spec()
+	build.Labels = map[string]string{sandbox.LabelQuotaKey: "key_a"}
+	sb, err := m1.Create(ctx, "system:build", build)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, m1, "system:build", sb.ID, sandbox.StateRunning)
+	if _, err := m1.Create(ctx, "key_a", spec()); errdefs.Code(err) != admission.CodeQuotaExceeded {
+		t.Errorf("key_a's create beside its build: %v, want quota_exceeded", err)
+	}
+	// A tenant cannot charge key_a by naming it.
+	forged := spec()
+	forged.Labels = map[string]string{sandbox.LabelQuotaKey: "key_a"}
+	other, err := m1.Create(ctx, "key_b", forged)
+	if err != nil {
+		t.Fatalf("key_b's sandbox: %v", err)
+	}
+	waitState(t, m1, "key_b", other.ID, sandbox.StateRunning)
+	m1.Close()
+
+	ledger := admission.New(admission.Config{Quota: quota})
+	m2 := e.managerWith(func(cfg *sandbox.Config) { cfg.Admission = ledger })
+	if err := m2.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if a, b, sys := ledger.Owner("key_a"), ledger.Owner("key_b"), ledger.Owner("system:build"); a.Sandboxes != 1 || b.Sandboxes != 1 || sys.Sandboxes != 0 {
+		t.Errorf("after a restart key_a holds %+v, key_b %+v, system:build %+v; want one each for the keys", a, b, sys)
+	}
+	if _, err := m2.Delete(ctx, "system:build", sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitReleased(t, ledger, sb.ID)
+	if _, err := m2.Create(ctx, "key_a", spec()); err != nil {
+		t.Errorf("key_a's create after its build ended: %v", err)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -361,10 +362,24 @@ func (m *Manager) account(sb *Sandbox, entered bool) {
 	}
 }
 
+// LabelQuotaKey, on a sandbox of an internal owner ("system:…": image
+// build and import sandboxes), names the API key whose quotas it counts
+// against: the key whose work it does. On a tenant's sandbox it means
+// nothing, so no key can charge another.
+const LabelQuotaKey = "emberbox.quota/key"
+
+// quotaOwner is the key sb counts against in the admission ledger.
+func quotaOwner(sb *Sandbox) string {
+	if k := sb.Labels[LabelQuotaKey]; k != "" && strings.HasPrefix(sb.OwnerKeyID, "system:") {
+		return k
+	}
+	return sb.OwnerKeyID
+}
+
 // claim is what sb holds in the admission ledger: a paused sandbox holds
 // its disk alone, as it has no VM.
 func claim(sb *Sandbox) admission.Claim {
-	c := admission.Claim{ID: sb.ID, Owner: sb.OwnerKeyID, Booting: sb.State == StateStarting || sb.State == StateResuming,
+	c := admission.Claim{ID: sb.ID, Owner: quotaOwner(sb), Booting: sb.State == StateStarting || sb.State == StateResuming,
 		Resources: admission.Resources{VCPU: sb.VCPU, MemoryMiB: int64(sb.MemoryMiB), DiskMiB: int64(sb.DiskMiB)}}
 	if sb.State == StatePaused {
 		c.VCPU, c.MemoryMiB, c.Booting = 0, 0, false

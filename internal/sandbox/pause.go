@@ -314,7 +314,7 @@ func (m *Manager) wake(ctx context.Context, id string, timeout *int) (*Sandbox, 
 		return changed
 	})
 	if err != nil || !changed {
-		m.cfg.Admission.Restore(claim(&Sandbox{ID: id, OwnerKeyID: whole.OwnerKeyID, DiskMiB: whole.DiskMiB, State: StatePaused}))
+		m.cfg.Admission.Restore(claim(&Sandbox{ID: id, OwnerKeyID: whole.OwnerKeyID, Labels: whole.Labels, DiskMiB: whole.DiskMiB, State: StatePaused}))
 		return sb, err
 	}
 	faultpoint.Hit("wake.recorded")

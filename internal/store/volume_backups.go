@@ -79,6 +79,21 @@ func (s *Store) ExpiredBackups(ctx context.Context, t time.Time) ([]*volumes.Bac
 	return s.backups(ctx, `WHERE state != 'deleted' AND expires_at < ? ORDER BY id LIMIT 1000`, formatTime(t))
 }
 
+// BackupUsage sums owner's backups creating or ready, of one volume if
+// volumeID is given.
+func (s *Store) BackupUsage(ctx context.Context, owner, volumeID string) (volumes.BackupUsage, error) {
+	q, args := `SELECT COUNT(*), CAST(COALESCE(SUM(size_mib), 0) AS BIGINT) FROM volume_backups WHERE owner_key_id = ? AND state IN ('creating', 'ready')`,
+		[]any{owner}
+	if volumeID != "" {
+		q, args = q+` AND volume_id = ?`, append(args, volumeID)
+	}
+	var u volumes.BackupUsage
+	if err := s.db.QueryRowContext(ctx, q, args...).Scan(&u.Count, &u.SizeMiB); err != nil {
+		return u, fmt.Errorf("summing backups of %s: %w", owner, err)
+	}
+	return u, nil
+}
+
 func (s *Store) backups(ctx context.Context, rest string, args ...any) ([]*volumes.Backup, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT `+backupColumns+` FROM volume_backups `+rest, args...)
 	if err != nil {

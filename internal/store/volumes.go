@@ -108,6 +108,27 @@ func (s *Store) ListVolumes(ctx context.Context, o volumes.ListOptions) ([]*volu
 	return out, next, nil
 }
 
+// LiveVolumes lists every owner's volumes not deleted.
+func (s *Store) LiveVolumes(ctx context.Context) ([]*volumes.Volume, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+volumeColumns+` FROM volumes WHERE state != 'deleted' ORDER BY id`)
+	if err != nil {
+		return nil, fmt.Errorf("listing live volumes: %w", err)
+	}
+	defer rows.Close()
+	var out []*volumes.Volume
+	for rows.Next() {
+		v, err := scanVolume(rows)
+		if err != nil {
+			return nil, fmt.Errorf("listing live volumes: %w", err)
+		}
+		out = append(out, v)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("listing live volumes: %w", err)
+	}
+	return out, nil
+}
+
 // UpdateVolume sets the size and state of a volume in state from.
 func (s *Store) UpdateVolume(ctx context.Context, id, from string, sizeMiB int, state string) (*volumes.Volume, error) {
 	tx, err := s.db.BeginTx(ctx, nil)

@@ -83,3 +83,47 @@ func TestVolumesHolders(t *testing.T) {
 		t.Errorf("deleted volumes listed: %v", page)
 	}
 }
+
+// TestVolumeAccounting: LiveVolumes lists every owner's volumes not
+// deleted; BackupUsage sums the backups that hold bytes, per key and per
+// volume.
+func TestVolumeAccounting(t *testing.T) {
+	s, _ := openTest(t)
+	ctx := context.Background()
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	for _, v := range []*volumes.Volume{
+		{ID: "vol_1", OwnerKeyID: "key_a", SizeMiB: 64, State: volumes.StateReady, CreatedAt: now, UpdatedAt: now},
+		{ID: "vol_2", OwnerKeyID: "key_b", SizeMiB: 128, State: volumes.StateReady, CreatedAt: now, UpdatedAt: now},
+		{ID: "vol_3", OwnerKeyID: "key_b", SizeMiB: 256, State: volumes.StateDeleted, CreatedAt: now, UpdatedAt: now},
+	} {
+		if err := s.InsertVolume(ctx, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	live, err := s.LiveVolumes(ctx)
+	if err != nil || len(live) != 2 || live[0].ID != "vol_1" || live[1].ID != "vol_2" || live[1].SizeMiB != 128 {
+		t.Fatalf("LiveVolumes: %+v, %v", live, err)
+	}
+	for _, b := range []*volumes.Backup{
+		{ID: "vbk_1", VolumeID: "vol_1", OwnerKeyID: "key_a", SizeMiB: 64, State: volumes.BackupReady},
+		{ID: "vbk_2", VolumeID: "vol_1", OwnerKeyID: "key_a", SizeMiB: 64, State: volumes.BackupCreating},
+		{ID: "vbk_3", VolumeID: "vol_9", OwnerKeyID: "key_a", SizeMiB: 100, State: volumes.BackupReady},
+		{ID: "vbk_4", VolumeID: "vol_1", OwnerKeyID: "key_a", SizeMiB: 64, State: volumes.BackupFailed},
+		{ID: "vbk_5", VolumeID: "vol_1", OwnerKeyID: "key_a", SizeMiB: 64, State: volumes.BackupDeleted},
+		{ID: "vbk_6", VolumeID: "vol_2", OwnerKeyID: "key_b", SizeMiB: 128, State: volumes.BackupReady},
+	} {
+		b.CreatedAt, b.ExpiresAt = now, now.Add(time.Hour)
+		if err := s.PutBackup(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if u, err := s.BackupUsage(ctx, "key_a", ""); err != nil || u != (volumes.BackupUsage{Count: 3, SizeMiB: 228}) {
+		t.Errorf("key_a's backups: %+v, %v", u, err)
+	}
+	if u, err := s.BackupUsage(ctx, "key_a", "vol_1"); err != nil || u != (volumes.BackupUsage{Count: 2, SizeMiB: 128}) {
+		t.Errorf("vol_1's backups: %+v, %v", u, err)
+	}
+	if u, err := s.BackupUsage(ctx, "key_c", ""); err != nil || u != (volumes.BackupUsage{}) {
+		t.Errorf("a key without backups: %+v, %v", u, err)
+	}
+}

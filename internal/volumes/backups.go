@@ -47,7 +47,8 @@ func (s *Service) backups() (BackupStore, error) {
 }
 
 // lock serializes what changes one volume's holder or reads its whole file
-// (attach, detach, backup, resize, delete).
+// (attach, detach, backup, resize, delete), and, by "backups:<key>", the
+// start of one key's backups.
 func (s *Service) lock(id string) func() {
 	m, _ := s.locks.LoadOrStore(id, &sync.Mutex{})
 	mu := m.(*sync.Mutex)
@@ -75,10 +76,11 @@ func (s *Service) Backup(ctx context.Context, owner, id, name string, retentionD
 	if v.State == StateDeleted {
 		return nil, errdefs.New(errdefs.ErrNotFound, "volume_not_found", "no volume %s", id)
 	}
-	now := time.Now().UTC()
-	b := &Backup{ID: newID("vbk_"), VolumeID: id, OwnerKeyID: owner, Name: name, SizeMiB: v.SizeMiB, State: BackupCreating,
-		Consistent: "detached", CreatedAt: now, ExpiresAt: now.Add(time.Duration(retentionDays) * 24 * time.Hour)}
-	if err := bs.PutBackup(ctx, b); err != nil {
+	if err := s.checkRoomToCopy(s.file(id)); err != nil {
+		return nil, err
+	}
+	b, err := s.beginBackup(ctx, bs, v, name, retentionDays)
+	if err != nil {
 		return nil, err
 	}
 	if v.State == StateAttached {
@@ -96,6 +98,23 @@ func (s *Service) Backup(ctx context.Context, owner, id, name string, retentionD
 	ready := time.Now().UTC()
 	b.State, b.Method, b.ReadyAt = BackupReady, method, &ready
 	if err := bs.PutBackup(context.Background(), b); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// beginBackup records a backup of v (creating) if v's key is within its
+// backup quotas. One key's checks and records are serialized, so two
+// backups at once cannot both take the last place.
+func (s *Service) beginBackup(ctx context.Context, bs BackupStore, v *Volume, name string, retentionDays int) (*Backup, error) {
+	defer s.lock("backups:" + v.OwnerKeyID)()
+	if err := s.checkBackupQuota(ctx, bs, v); err != nil {
+		return nil, err
+	}
+	now := time.Now().UTC()
+	b := &Backup{ID: newID("vbk_"), VolumeID: v.ID, OwnerKeyID: v.OwnerKeyID, Name: name, SizeMiB: v.SizeMiB, State: BackupCreating,
+		Consistent: "detached", CreatedAt: now, ExpiresAt: now.Add(time.Duration(retentionDays) * 24 * time.Hour)}
+	if err := bs.PutBackup(ctx, b); err != nil {
 		return nil, err
 	}
 	return b, nil
@@ -216,6 +235,9 @@ func (s *Service) restore(ctx context.Context, owner, backupID string, v *Volume
 	}
 	if b.State != BackupReady {
 		return errdefs.New(errdefs.ErrConflict, "backup_not_ready", "backup %s is %s", b.ID, b.State)
+	}
+	if err := s.checkRoomToCopy(s.backupFile(b.ID)); err != nil {
+		return err
 	}
 	v.SizeMiB = b.SizeMiB
 	_, err = s.copyInto(s.dir(v.ID), s.file(v.ID), s.backupFile(b.ID), int64(b.SizeMiB)<<20)

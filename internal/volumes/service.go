@@ -26,7 +26,8 @@ const (
 	MaxSizeMiB = 1 << 20 // 1 TiB, sparse
 	// DefaultSizeMiB is the size of a create that gives none.
 	DefaultSizeMiB = 1024
-	// MaxPerOwner bounds the volumes (not deleted) one key keeps.
+	// MaxPerOwner bounds the volumes (not deleted) one key keeps when no
+	// admission ledger is configured (Config.Admission).
 	MaxPerOwner = 100
 	ModeRW      = "rw"
 	// attachTimeout bounds an attach or detach in the guest.
@@ -47,6 +48,16 @@ type Config struct {
 	Mkfs string
 	// Backups keeps backups; nil refuses them (volume_backups_unavailable).
 	Backups BackupStore
+	// Admission holds each volume's size from create to delete; nil
+	// bounds only the count (MaxPerOwner). Call Recover at a start.
+	Admission Admission
+	// BackupQuota bounds each key's backups.
+	BackupQuota BackupQuota
+	// DiskFreeMiB reports the data dir's free space (admission.DiskFreeMiB);
+	// nil skips the check. A backup or restore copies only if at least
+	// DiskReserveMiB would be left after it.
+	DiskFreeMiB    func() (int64, error)
+	DiskReserveMiB int64
 }
 
 // Service manages volumes. It is the manager's sandbox.Volumes and a
@@ -105,38 +116,47 @@ func (s *Service) Create(ctx context.Context, owner string, spec CreateSpec) (*V
 		spec.SizeMiB = DefaultSizeMiB
 	}
 	if spec.FromBackup != "" {
-		if _, err := s.GetBackup(ctx, owner, spec.FromBackup); err != nil {
+		b, err := s.GetBackup(ctx, owner, spec.FromBackup)
+		if err != nil {
 			return nil, err
 		}
-		spec.SizeMiB = MinSizeMiB // the backup's, set by restore
+		spec.SizeMiB = b.SizeMiB // admitted at the backup's size
 	}
 	if spec.SizeMiB < MinSizeMiB || spec.SizeMiB > MaxSizeMiB {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "sizeMiB must be from %d to %d", MinSizeMiB, MaxSizeMiB)
 	}
-	if _, next, err := s.cfg.Store.ListVolumes(ctx, ListOptions{OwnerKeyID: owner, Limit: MaxPerOwner}); err != nil {
-		return nil, err
-	} else if next != "" {
-		return nil, errdefs.New(errdefs.ErrConflict, "quota_exceeded", "a key keeps at most %d volumes", MaxPerOwner)
-	}
 	now := time.Now().UTC()
 	v := &Volume{ID: newID("vol_"), OwnerKeyID: owner, Name: spec.Name, Labels: spec.Labels, SizeMiB: spec.SizeMiB,
 		State: StateReady, CreatedAt: now, UpdatedAt: now}
-	if err := os.MkdirAll(s.dir(v.ID), 0o700); err != nil {
-		return nil, fmt.Errorf("volume directory: %w", err)
-	}
-	fill := s.format
-	if spec.FromBackup != "" {
-		fill = func(ctx context.Context, v *Volume) error { return s.restore(ctx, owner, spec.FromBackup, v) }
-	}
-	if err := fill(ctx, v); err != nil {
-		_ = os.RemoveAll(s.dir(v.ID))
+	if err := s.admit(ctx, v); err != nil {
 		return nil, err
 	}
-	if err := s.cfg.Store.InsertVolume(ctx, v); err != nil {
-		_ = os.RemoveAll(s.dir(v.ID))
+	if err := s.make(ctx, owner, spec.FromBackup, v); err != nil {
+		s.release(v.ID)
 		return nil, err
 	}
 	return v, nil
+}
+
+// make fills v's file (formatted, or a copy of backup fromBackup) and
+// records v; a failure leaves no file.
+func (s *Service) make(ctx context.Context, owner, fromBackup string, v *Volume) error {
+	if err := os.MkdirAll(s.dir(v.ID), 0o700); err != nil {
+		return fmt.Errorf("volume directory: %w", err)
+	}
+	fill := s.format
+	if fromBackup != "" {
+		fill = func(ctx context.Context, v *Volume) error { return s.restore(ctx, owner, fromBackup, v) }
+	}
+	if err := fill(ctx, v); err != nil {
+		_ = os.RemoveAll(s.dir(v.ID))
+		return err
+	}
+	if err := s.cfg.Store.InsertVolume(ctx, v); err != nil {
+		_ = os.RemoveAll(s.dir(v.ID))
+		return err
+	}
+	return nil
 }
 
 // format makes the sparse file and an empty ext4 on it. The file is new,
@@ -206,6 +226,7 @@ func (s *Service) Delete(ctx context.Context, owner, id string) (*Volume, error)
 	if err != nil {
 		return nil, err
 	}
+	s.release(id)
 	if err := os.RemoveAll(s.dir(id)); err != nil {
 		s.log.Warn("removing a deleted volume's file", "volume_id", id, "err", err)
 	}
@@ -232,10 +253,21 @@ func (s *Service) Resize(ctx context.Context, owner, id string, sizeMiB int) (*V
 	if v.State != StateReady {
 		return nil, errdefs.New(errdefs.ErrConflict, "volume_attached", "volume %s is attached to sandbox %s; detach it to resize", id, v.SandboxID)
 	}
+	if err := s.regrow(v, sizeMiB); err != nil {
+		return nil, err
+	}
 	if err := os.Truncate(s.file(id), int64(sizeMiB)<<20); err != nil {
+		s.unregrow(v)
 		return nil, fmt.Errorf("growing volume %s: %w", id, err)
 	}
-	return s.cfg.Store.UpdateVolume(ctx, id, StateReady, sizeMiB, StateReady)
+	grown, err := s.cfg.Store.UpdateVolume(ctx, id, StateReady, sizeMiB, StateReady)
+	if err != nil {
+		// The file is longer, but the record and the ledger keep the old
+		// size: sparse, the tail holds nothing until the next grow.
+		s.unregrow(v)
+		return nil, err
+	}
+	return grown, nil
 }
 
 // Attach attaches owner's volume to owner's running sandbox at path.

@@ -75,6 +75,9 @@ type Store interface {
 	// errdefs.ErrNotFound.
 	GetVolume(ctx context.Context, id string) (*Volume, error)
 	ListVolumes(ctx context.Context, opts ListOptions) ([]*Volume, string, error)
+	// LiveVolumes lists every owner's volumes not deleted: what the
+	// admission ledger holds again at a start.
+	LiveVolumes(ctx context.Context) ([]*Volume, error)
 	// UpdateVolume sets SizeMiB and State of a volume whose state is from.
 	UpdateVolume(ctx context.Context, id, from string, sizeMiB int, state string) (*Volume, error)
 	// BeginAttach makes a ready volume held by a's sandbox and records a
@@ -132,4 +135,13 @@ type BackupStore interface {
 	ListBackups(ctx context.Context, opts BackupListOptions) ([]*Backup, string, error)
 	// ExpiredBackups lists backups (not deleted) whose expiry is before t.
 	ExpiredBackups(ctx context.Context, t time.Time) ([]*Backup, error)
+	// BackupUsage sums owner's backups that hold (or are copying) bytes:
+	// creating or ready, of every volume, or of volumeID alone if given.
+	BackupUsage(ctx context.Context, owner, volumeID string) (BackupUsage, error)
+}
+
+// BackupUsage is what a key's backups hold.
+type BackupUsage struct {
+	Count   int
+	SizeMiB int64 // their volumes' sizes, the most a restore writes
 }

@@ -72,6 +72,20 @@ func (s *Store) ListVolumes(_ context.Context, o volumes.ListOptions) ([]*volume
 	return out, "", nil
 }
 
+func (s *Store) LiveVolumes(_ context.Context) ([]*volumes.Volume, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*volumes.Volume
+	for _, v := range s.vols {
+		if v.State != volumes.StateDeleted {
+			c := *v
+			out = append(out, &c)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
 func (s *Store) UpdateVolume(_ context.Context, id, from string, sizeMiB int, state string) (*volumes.Volume, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -209,4 +223,18 @@ func (s *Backups) ExpiredBackups(_ context.Context, t time.Time) ([]*volumes.Bac
 		}
 	}
 	return out, nil
+}
+
+func (s *Backups) BackupUsage(_ context.Context, owner, volumeID string) (volumes.BackupUsage, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var u volumes.BackupUsage
+	for _, b := range s.m {
+		if b.OwnerKeyID == owner && (volumeID == "" || b.VolumeID == volumeID) &&
+			(b.State == volumes.BackupCreating || b.State == volumes.BackupReady) {
+			u.Count++
+			u.SizeMiB += int64(b.SizeMiB)
+		}
+	}
+	return u, nil
 }
