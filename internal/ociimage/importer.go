@@ -94,13 +94,21 @@ func (imp *Importer) Import(ctx context.Context, job images.Job, ref string, log
 		return images.Result{}, err
 	}
 
+	// Flattened (every layer checked) before a build VM is started: a
+	// refused image costs no VM.
+	lw := &lineWriter{sink: log}
+	defer lw.flush()
+	staged, err := Stage(ctx, img, work, lw)
+	if err != nil {
+		return images.Result{}, fmt.Errorf("import of %s: %w", img.Digest(), err)
+	}
+	defer staged.Remove()
 	g, done, err := imp.sandbox(ctx, job, img, log)
 	if err != nil {
 		return images.Result{}, err
 	}
 	defer done()
-	lw := &lineWriter{sink: log}
-	rootfs, _, err := BuildRootfs(ctx, GuestVM{G: g}, img, work, lw)
+	rootfs, _, err := BuildStaged(ctx, GuestVM{G: g}, staged, lw)
 	lw.flush()
 	if err != nil {
 		return images.Result{}, fmt.Errorf("import of %s: %w", img.Digest(), err)

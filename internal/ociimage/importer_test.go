@@ -230,7 +230,8 @@ func (g *flatGuest) ReadFile(ctx context.Context, path string) (*sandbox.FileEnt
 }
 
 // A poisoned image (a popular image's config, backdoored layer bytes),
-// uploaded or pulled, is refused and leaves no disk; the genuine image
+// uploaded or pulled, is refused before a build VM starts and leaves no
+// disk; the genuine image
 // imported after it gets a disk of its own layers, not the poisoned ones.
 func TestImporterPoisonedThenGenuine(t *testing.T) {
 	genuine, _ := testImage(t)
@@ -260,6 +261,9 @@ func TestImporterPoisonedThenGenuine(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(work, ociimage.RootfsName)); err == nil {
 		t.Error("a refused upload left a disk")
+	}
+	if len(mgr.created) != 0 {
+		t.Errorf("refused images started %d build sandboxes; they are refused before any", len(mgr.created))
 	}
 
 	mgr.created = nil
