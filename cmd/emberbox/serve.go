@@ -74,6 +74,7 @@ type serveOptions struct {
 	imageTemplates       int
 	imageBuilds          int
 	registryAllowPrivate bool
+	contextChunks        contextChunkOptions
 	egressMax            []string
 	egressDeny           []string
 	extraCAFile          string
@@ -111,6 +112,12 @@ func newServeCommand() *cobra.Command {
 	f.IntVar(&o.imageBuilds, "image-builds", 1, "image builds run at once (each in a sandbox VM)")
 	f.BoolVar(&o.registryAllowPrivate, "registry-allow-private", false,
 		"let image imports pull from registries on loopback, private and link-local addresses (refused by default: tenants name the registry)")
+	f.Int64Var(&o.contextChunks.quotaMiB, "image-context-quota-mib", images.DefaultChunkBytesPerKey>>20,
+		"MiB of uploaded image context and archive chunks one API key keeps (429 quota_exceeded past it)")
+	f.IntVar(&o.contextChunks.quotaChunks, "image-context-quota-chunks", images.DefaultChunksPerKey,
+		"image context and archive chunks (1 MiB each at most) one API key keeps (429 quota_exceeded past it)")
+	f.Int64Var(&o.contextChunks.reserveMiB, "image-context-reserve-mib", upload.DefaultFreeReserve>>20,
+		"free space a context chunk upload must leave on the data dir's filesystem (409 storage_full below it)")
 	f.BoolVar(&o.templates, "templates", true, "create sandboxes by restoring a template of their shape (made once, from a booted guest) instead of booting each")
 	f.IntVar(&o.imageTemplates, "image-templates", sandbox.DefaultImageTemplates,
 		"custom images' templates kept (each made at the image's first create, a few hundred MiB; the least recently used unused one goes first); 0: custom images' creates boot")
@@ -244,9 +251,13 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 	// The image catalog: its start commands run before a sandbox of an
 	// image is running (a Preparer of the manager).
+	chunks, err := o.contextChunks.limits()
+	if err != nil {
+		return err
+	}
 	imgs, err := images.New(images.Config{Store: st, Events: st, DataDir: o.dataDir, Builds: o.imageBuilds, BuildsPerKey: o.limits.buildsPerKey, Logger: log,
 		DiskFreeMiB: func() (int64, error) { return admission.DiskFreeMiB(o.dataDir) }, DiskReserveMiB: o.limits.diskReserveMiB,
-		DefaultRootfs: boot.Rootfs, DefaultDigest: boot.RecipeHash})
+		DefaultRootfs: boot.Rootfs, DefaultDigest: boot.RecipeHash, Chunks: chunks})
 	if err != nil {
 		return err
 	}
@@ -768,4 +779,19 @@ func imageTemplates(n int) int {
 		return -1
 	}
 	return n
+}
+
+// contextChunkOptions bound the image context chunks each key keeps.
+type contextChunkOptions struct {
+	quotaMiB    int64
+	quotaChunks int
+	reserveMiB  int64
+}
+
+func (o contextChunkOptions) limits() (images.ChunkLimits, error) {
+	if o.quotaMiB < 1 || o.quotaChunks < 1 || o.reserveMiB < 0 {
+		return images.ChunkLimits{}, fmt.Errorf("--image-context-quota-mib and --image-context-quota-chunks must be at least 1, --image-context-reserve-mib at least 0")
+	}
+	// A zero reserve is ChunkLimits' default; 1 byte is as good as none.
+	return images.ChunkLimits{BytesPerKey: o.quotaMiB << 20, PerKey: o.quotaChunks, FreeReserve: max(o.reserveMiB<<20, 1)}, nil
 }

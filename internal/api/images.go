@@ -381,7 +381,7 @@ func (s *server) missingChunks(w http.ResponseWriter, r *http.Request, c *call) 
 	if err := decode(c, &req); err != nil {
 		return err
 	}
-	missing, err := svc.Missing(req.Digests)
+	missing, err := svc.Missing(c.owner, req.Digests)
 	if err != nil {
 		return err
 	}
@@ -395,7 +395,7 @@ func (s *server) putChunk(w http.ResponseWriter, r *http.Request, c *call) error
 		return err
 	}
 	digest := r.PathValue("digest")
-	if err := svc.PutChunk(digest, bytes.NewReader(c.body)); err != nil {
+	if err := svc.PutChunk(c.owner, digest, bytes.NewReader(c.body)); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"digest": digest, "size": len(c.body)})

@@ -56,6 +56,12 @@ func (e *stepError) Error() string { return e.s }
 // building with b (nil: no builds run).
 func newTestImages(tb testing.TB, b images.Builder) *images.Service {
 	tb.Helper()
+	return newTestImagesWith(tb, b, images.ChunkLimits{})
+}
+
+// newTestImagesWith is newTestImages with these context chunk limits.
+func newTestImagesWith(tb testing.TB, b images.Builder, chunks images.ChunkLimits) *images.Service {
+	tb.Helper()
 	dir := tb.TempDir()
 	st, err := store.Open(context.Background(), filepath.Join(dir, "db"))
 	if err != nil {
@@ -65,7 +71,8 @@ func newTestImages(tb testing.TB, b images.Builder) *images.Service {
 	if err := os.WriteFile(def, []byte("default"), 0o644); err != nil {
 		tb.Fatal(err)
 	}
-	svc, err := images.New(images.Config{Store: st, Builder: b, DataDir: dir, DefaultRootfs: def, DefaultDigest: strings.Repeat("d", 64)})
+	svc, err := images.New(images.Config{Store: st, Builder: b, DataDir: dir, DefaultRootfs: def, DefaultDigest: strings.Repeat("d", 64),
+		Chunks: chunks})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -359,5 +366,37 @@ func TestImageLogFollowWhileBuilding(t *testing.T) {
 	}
 	if !released || len(types) < 3 || types[len(types)-1] != "done" {
 		t.Errorf("events %v (released %v)", types, released)
+	}
+}
+
+// Context chunks over HTTP: a key's chunks are invisible to another key,
+// and a key over its chunk quota is answered 429 quota_exceeded.
+func TestContextChunksPerKey(t *testing.T) {
+	e := newEnv(t)
+	e.s.images = newTestImagesWith(t, nil, images.ChunkLimits{PerKey: 1})
+	data := "a's chunk"
+	sum := sha256.Sum256([]byte(data))
+	d := hex.EncodeToString(sum[:])
+	if w := e.do("PUT", "/v1/images/context/"+d, data); w.Code != 200 {
+		t.Fatalf("put: %d %s", w.Code, w.Body)
+	}
+	if w := e.do("POST", "/v1/images/context/missing", `{"digests":["`+d+`"]}`); w.Code != 200 || strings.Contains(w.Body.String(), d) {
+		t.Errorf("the owner asking: %d %s", w.Code, w.Body)
+	}
+	w := e.do("POST", "/v1/images/context/missing", `{"digests":["`+d+`"]}`, "Authorization", "Bearer secret-b")
+	if w.Code != 200 || !strings.Contains(w.Body.String(), d) {
+		t.Errorf("another key asking about the chunk: %d %s, want it missing", w.Code, w.Body)
+	}
+	if w := e.do("PUT", "/v1/images/context/"+d, "not a's chunk", "Authorization", "Bearer secret-b"); w.Code != 400 ||
+		errorOf(t, w).Code != "digest_mismatch" {
+		t.Errorf("bytes under another chunk's digest: %d %s", w.Code, w.Body)
+	}
+	other := sha256.Sum256([]byte("second"))
+	w = e.do("PUT", "/v1/images/context/"+hex.EncodeToString(other[:]), "second")
+	if w.Code != http.StatusTooManyRequests || errorOf(t, w).Code != "quota_exceeded" {
+		t.Errorf("a second chunk over a quota of one: %d %s", w.Code, w.Body)
+	}
+	if w := e.do("PUT", "/v1/images/context/"+hex.EncodeToString(other[:]), "second", "Authorization", "Bearer secret-b"); w.Code != 200 {
+		t.Errorf("another key's first chunk: %d %s", w.Code, w.Body)
 	}
 }

@@ -92,6 +92,12 @@ type env struct {
 
 func newEnv(t *testing.T, dir string) *env {
 	t.Helper()
+	return newEnvWith(t, dir, func(*images.Config) {})
+}
+
+// newEnvWith is newEnv with its catalog's config changed by set.
+func newEnvWith(t *testing.T, dir string, set func(*images.Config)) *env {
+	t.Helper()
 	if dir == "" {
 		dir = t.TempDir()
 	}
@@ -105,8 +111,10 @@ func newEnv(t *testing.T, dir string) *env {
 	}
 	b := &fakeBuilder{release: make(chan struct{})}
 	ev := &events{}
-	svc, err := images.New(images.Config{Store: st, Builder: b, DataDir: dir, DefaultRootfs: def, DefaultDigest: strings.Repeat("d", 64),
-		Events: ev})
+	cfg := images.Config{Store: st, Builder: b, DataDir: dir, DefaultRootfs: def, DefaultDigest: strings.Repeat("d", 64),
+		Events: ev}
+	set(&cfg)
+	svc, err := images.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -532,20 +540,20 @@ func TestContextChunks(t *testing.T) {
 	data := []byte("context bytes")
 	sum := sha256.Sum256(data)
 	d := hex.EncodeToString(sum[:])
-	missing, err := e.svc.Missing([]string{d})
+	missing, err := e.svc.Missing("k", []string{d})
 	if err != nil || len(missing) != 1 {
 		t.Fatalf("missing %v %v", missing, err)
 	}
-	if err := e.svc.PutChunk(d, strings.NewReader("other")); errdefs.Code(err) != "digest_mismatch" {
+	if err := e.svc.PutChunk("k", d, strings.NewReader("other")); errdefs.Code(err) != "digest_mismatch" {
 		t.Errorf("wrong bytes: %v", err)
 	}
-	if err := e.svc.PutChunk(d, strings.NewReader(strings.Repeat("x", images.MaxChunkBytes+1))); errdefs.Code(err) != "too_large" {
+	if err := e.svc.PutChunk("k", d, strings.NewReader(strings.Repeat("x", images.MaxChunkBytes+1))); errdefs.Code(err) != "too_large" {
 		t.Errorf("oversize chunk: %v", err)
 	}
-	if err := e.svc.PutChunk(d, strings.NewReader(string(data))); err != nil {
+	if err := e.svc.PutChunk("k", d, strings.NewReader(string(data))); err != nil {
 		t.Fatal(err)
 	}
-	if missing, _ := e.svc.Missing([]string{d}); len(missing) != 0 {
+	if missing, _ := e.svc.Missing("k", []string{d}); len(missing) != 0 {
 		t.Errorf("still missing %v", missing)
 	}
 	// The sweep keeps what was asked about since the cutoff.
@@ -564,7 +572,7 @@ func TestContextChunks(t *testing.T) {
 	if n, err := e.svc.SweepChunks(time.Now().Add(time.Hour)); err != nil || n != 1 {
 		t.Errorf("sweep of an old chunk: %d %v", n, err)
 	}
-	if missing, _ := e.svc.Missing([]string{d}); len(missing) != 1 {
+	if missing, _ := e.svc.Missing("k", []string{d}); len(missing) != 1 {
 		t.Errorf("a swept chunk is not missing: %v", missing)
 	}
 	if job.DiskMiB != images.DefaultBuildDiskMiB || job.Timeout != images.DefaultBuildTimeout || !job.Cache {

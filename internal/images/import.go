@@ -32,7 +32,7 @@ func (s *Service) Import(ctx context.Context, req ImportRequest) (*Image, error)
 		req.Public = true
 	}
 	cr := CreateRequest{Name: req.Name, Tags: req.Tags, Source: Source{Reference: "file:" + filepath.Base(req.File), Start: req.Start}}
-	if err := s.checkCreate(ctx, &cr); err != nil {
+	if err := s.checkCreate(ctx, req.Owner, &cr); err != nil {
 		return nil, err
 	}
 	fi, err := os.Stat(req.File)

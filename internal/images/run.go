@@ -117,12 +117,12 @@ func (s *Service) runBuilder(ctx context.Context, img *Image, work string, log *
 	switch {
 	case src.Context != nil:
 		job.ContextDir = work
-		if err := s.chunks.assemble(src.Context.Archive, contextBounds, filepath.Join(work, "context.tar.gz")); err != nil {
+		if err := s.chunks.assemble(img.Owner, src.Context.Archive, contextBounds, filepath.Join(work, "context.tar.gz")); err != nil {
 			return Result{}, fmt.Errorf("the build context: %w", err)
 		}
 	case src.Archive != nil:
 		job.ArchivePath = filepath.Join(work, "image.tar")
-		if err := s.chunks.assemble(*src.Archive, imageBounds, job.ArchivePath); err != nil {
+		if err := s.chunks.assemble(img.Owner, *src.Archive, imageBounds, job.ArchivePath); err != nil {
 			return Result{}, fmt.Errorf("the image archive: %w", err)
 		}
 	case len(src.Files) > 0:

@@ -46,6 +46,9 @@ type Config struct {
 	// the build disk, which is DefaultBuildDiskMiB unless asked (the
 	// image's disk is the build's: every sandbox of it needs as much).
 	Limits Limits
+	// Chunks bound the context chunks each key keeps (defaults:
+	// ChunkLimits' own).
+	Chunks ChunkLimits
 }
 
 // EventRecorder appends an event to a sandbox's events.
@@ -74,7 +77,7 @@ type Service struct {
 	st     Store
 	log    *slog.Logger
 	blobs  blobStore
-	chunks chunkStore
+	chunks *chunkStore
 	notes  notifier
 	starts startReports
 
@@ -126,7 +129,7 @@ func New(cfg Config) (*Service, error) {
 	s := &Service{
 		cfg: cfg, st: cfg.Store, log: cfg.Logger,
 		blobs:  blobStore{dir: filepath.Join(root, "blobs")},
-		chunks: chunkStore{dir: filepath.Join(root, "context")},
+		chunks: newChunkStore(filepath.Join(root, "context"), cfg.Chunks),
 		kick:   make(chan struct{}, 1), cancels: map[string]context.CancelFunc{}, now: time.Now,
 	}
 	for _, d := range []string{root, s.blobs.dir, s.workRoot()} {
@@ -291,7 +294,7 @@ func (s *Service) next(ctx context.Context) (string, bool) {
 
 // Create records a build of src for owner and queues it.
 func (s *Service) Create(ctx context.Context, owner string, req CreateRequest) (*Image, error) {
-	if err := s.checkCreate(ctx, &req); err != nil {
+	if err := s.checkCreate(ctx, owner, &req); err != nil {
 		return nil, err
 	}
 	req.Source.Tags = req.Tags
@@ -380,7 +383,7 @@ func invalidField(field, format string, args ...any) error {
 	return e
 }
 
-func (s *Service) checkCreate(ctx context.Context, r *CreateRequest) error {
+func (s *Service) checkCreate(ctx context.Context, owner string, r *CreateRequest) error {
 	n := 0
 	for _, set := range []bool{r.Recipe != nil, r.Dockerfile != "", r.Reference != "", r.Archive != nil} {
 		if set {
@@ -414,12 +417,12 @@ func (s *Service) checkCreate(ctx context.Context, r *CreateRequest) error {
 		return invalidField("files", "give a context or inline files, not both")
 	}
 	if r.Context != nil {
-		if err := s.chunks.check(r.Context.Archive, contextBounds); err != nil {
+		if err := s.chunks.check(owner, r.Context.Archive, contextBounds); err != nil {
 			return err
 		}
 	}
 	if r.Archive != nil {
-		if err := s.chunks.check(*r.Archive, imageBounds); err != nil {
+		if err := s.chunks.check(owner, *r.Archive, imageBounds); err != nil {
 			return err
 		}
 	}

@@ -20,6 +20,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 )
 
@@ -41,10 +43,30 @@ func TestImageImportAPI(t *testing.T) {
 	})
 	img := debianImage(t, fixture, v1.Config{Env: []string{"GREETING=oci"}, Cmd: []string{"bash"}}, top)
 
+	// 0. A poisoned copy first, under the same name: the genuine config
+	// with other bytes for its top layer. Refused naming the layer and
+	// both digests (before any VM); the genuine import below then boots
+	// its own disk.
+	evilTop := tarLayer(t, map[string]string{
+		"etc/.wh.issue.net":   "",
+		"etc/emberbox-import": "backdoored\n",
+	})
+	poisoned := poisonedImage(t, img, evilTop)
+	begin := time.Now()
+	failed, state := runBuild(t, c, map[string]any{"name": "oci-archive", "archive": uploadChunks(t, c, tarDir(t, writeLayout(t, poisoned)))})
+	t.Logf("poisoned OCI layout refused in %s", time.Since(begin).Round(time.Millisecond))
+	wantTop, _ := top.DiffID()
+	gotTop, _ := evilTop.DiffID()
+	msg, _ := failed["error"].(string)
+	if state != "failed" || !strings.Contains(msg, "layer 1 of 2") || !strings.Contains(msg, wantTop.String()) ||
+		!strings.Contains(msg, gotTop.String()) {
+		t.Errorf("the poisoned import is %s: %q; want failed naming layer 1, %s and %s", state, msg, wantTop, gotTop)
+	}
+
 	// 1. An OCI layout, packed as a plain tar and uploaded in 1 MiB chunks.
 	layoutDir := writeLayout(t, img)
 	archive := tarDir(t, layoutDir)
-	begin := time.Now()
+	begin = time.Now()
 	ref := uploadChunks(t, c, archive)
 	t.Logf("uploaded a %d MiB OCI layout in %d chunks in %s", len(archive)>>20, len(ref["chunks"].([]string)),
 		time.Since(begin).Round(time.Millisecond))
@@ -162,9 +184,47 @@ func uploadChunks(t testing.TB, c *client, data []byte) map[string]any {
 	return map[string]any{"sha256": hex.EncodeToString(sum[:]), "size": len(data), "chunks": digests}
 }
 
+// poisonedImage is img's config with other bytes for its top layer: what
+// a tenant would pack to pass a backdoored disk off as a known image.
+func poisonedImage(t testing.TB, img v1.Image, top v1.Layer) v1.Image {
+	t.Helper()
+	layers, err := img.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad, err := mutate.AppendLayers(empty.Image, append(layers[:len(layers)-1:len(layers)-1], top)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bad, err = mutate.ConfigFile(bad, cf); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := img.ConfigName()
+	if got, _ := bad.ConfigName(); got != want {
+		t.Fatalf("the poisoned image's config is %s, not the genuine %s", got, want)
+	}
+	return bad
+}
+
 // buildImage queues a build and waits until it is ready, failing the test
 // with its log's tail otherwise.
 func buildImage(t testing.TB, c *client, body map[string]any) map[string]any {
+	t.Helper()
+	img, state := runBuild(t, c, body)
+	if state != "ready" {
+		logs := c.raw(t, "GET", "/v1/images/"+img["id"].(string)+"/logs", nil, nil, requestTimeout)
+		t.Fatalf("image %s is %s (%v): log %s", img["id"], state, img["error"], tail(string(logs.Body), 4000))
+	}
+	return img
+}
+
+// runBuild queues a build and waits until it is neither queued nor
+// building; it returns the image and its state.
+func runBuild(t testing.TB, c *client, body map[string]any) (map[string]any, string) {
 	t.Helper()
 	r := c.raw(t, "POST", "/v1/images", body, nil, requestTimeout)
 	if r.err != nil || r.Status != http.StatusCreated {
@@ -176,14 +236,11 @@ func buildImage(t testing.TB, c *client, body map[string]any) map[string]any {
 	}
 	id := img["id"].(string)
 	var state string
-	ok := waitUntil(30*time.Minute, 2*time.Second, func() bool {
+	waitUntil(30*time.Minute, 2*time.Second, func() bool {
 		img, _ = call[map[string]any](t, c, "GET", "/v1/images/"+id, nil, nil)
 		state, _ = img["state"].(string)
 		return state != "queued" && state != "building"
 	})
-	if !ok || state != "ready" {
-		logs := c.raw(t, "GET", "/v1/images/"+id+"/logs", nil, nil, requestTimeout)
-		t.Fatalf("image %s is %s (%v): log %s", id, state, img["error"], tail(string(logs.Body), 4000))
-	}
-	return img
+	img["id"] = id
+	return img, state
 }

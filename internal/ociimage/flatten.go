@@ -44,7 +44,9 @@ func (im *Image) Flatten(ctx context.Context) io.ReadCloser {
 }
 
 func (im *Image) flatten(ctx context.Context, w io.Writer) error {
-	src := mutate.Extract(im.img)
+	chk := newLayerCheck(im.diffIDs)
+	defer chk.stopped.Store(true)
+	src := mutate.Extract(checkedImage{Image: im.img, chk: chk})
 	defer src.Close()
 	// Closing the extract stream stops the library's goroutine too.
 	stop := context.AfterFunc(ctx, func() { src.Close() })
@@ -58,13 +60,25 @@ func (im *Image) flatten(ctx context.Context, w io.Writer) error {
 			err = readError(err)
 		}
 	}
-	if err == nil {
-		err = f.tw.Close()
-	}
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	return err
+	// A layer that is not the config's explains any other failure (its
+	// bytes need not even be a tar). The tar is left without its end, so
+	// no reader takes it for a whole image.
+	if bad := chk.mismatch(); bad != nil {
+		return bad
+	}
+	if err != nil {
+		return err
+	}
+	got, err := chk.verified()
+	if err != nil {
+		return err
+	}
+	// Before the tar's end: a reader that saw the end sees the key.
+	im.setVerified(got)
+	return f.tw.Close()
 }
 
 // readError classifies a failure reading the layers.

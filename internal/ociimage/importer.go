@@ -71,8 +71,9 @@ func (imp *Importer) Import(ctx context.Context, job images.Job, ref string, log
 		}
 		dir = filepath.Join(imp.BaseDir, strings.TrimPrefix(img.RootfsKey(), "sha256:"))
 		if st, err := os.Stat(filepath.Join(dir, RootfsName)); err == nil && st.Mode().IsRegular() {
+			// Only a verified import is ever stored under its key.
 			log.Line("build", "imported before: reusing its disk")
-			return imp.result(job, img, filepath.Join(dir, RootfsName), base)
+			return imp.result(job, img.RootfsKey(), img, filepath.Join(dir, RootfsName), base)
 		}
 	}
 	// The work directory is on the same file system as the disk's place
@@ -93,13 +94,21 @@ func (imp *Importer) Import(ctx context.Context, job images.Job, ref string, log
 		return images.Result{}, err
 	}
 
+	// Flattened (every layer checked) before a build VM is started: a
+	// refused image costs no VM.
+	lw := &lineWriter{sink: log}
+	defer lw.flush()
+	staged, err := Stage(ctx, img, work, lw)
+	if err != nil {
+		return images.Result{}, fmt.Errorf("import of %s: %w", img.Digest(), err)
+	}
+	defer staged.Remove()
 	g, done, err := imp.sandbox(ctx, job, img, log)
 	if err != nil {
 		return images.Result{}, err
 	}
 	defer done()
-	lw := &lineWriter{sink: log}
-	rootfs, _, err := BuildRootfs(ctx, GuestVM{G: g}, img, work, lw)
+	rootfs, _, err := BuildStaged(ctx, GuestVM{G: g}, staged, lw)
 	lw.flush()
 	if err != nil {
 		return images.Result{}, fmt.Errorf("import of %s: %w", img.Digest(), err)
@@ -107,6 +116,15 @@ func (imp *Importer) Import(ctx context.Context, job images.Job, ref string, log
 	if st, err := os.Stat(rootfs); err == nil && job.MaxImageMiB > 0 && st.Size() > int64(job.MaxImageMiB)<<20 {
 		return images.Result{}, errdefs.New(errdefs.ErrInvalidArgument, CodeTooLarge,
 			"the imported disk is %d MiB, over the limit of %d MiB", st.Size()>>20, job.MaxImageMiB)
+	}
+	// The disk is named by the layers as hashed while flattening, never
+	// by a digest the image claims.
+	key, err := img.VerifiedRootfsKey()
+	if err != nil {
+		return images.Result{}, fmt.Errorf("import of %s: %w", img.Digest(), err)
+	}
+	if base {
+		dir = filepath.Join(imp.BaseDir, strings.TrimPrefix(key, "sha256:"))
 	}
 	final := filepath.Join(dir, RootfsName)
 	if base {
@@ -118,7 +136,7 @@ func (imp *Importer) Import(ctx context.Context, job images.Job, ref string, log
 	} else if err := os.Rename(rootfs, final); err != nil {
 		return images.Result{}, fmt.Errorf("import: %w", err)
 	}
-	return imp.result(job, img, final, base)
+	return imp.result(job, key, img, final, base)
 }
 
 func isNotEmpty(err error) bool {
@@ -175,11 +193,11 @@ func (imp *Importer) sandbox(ctx context.Context, job images.Job, img *Image, lo
 	return g, done, nil
 }
 
-// result describes the imported disk at rootfs. The image's CMD and
+// result describes the imported disk at rootfs, named key. The image's CMD and
 // ENTRYPOINT become its start command, as a Dockerfile's do, unless the
 // job sets one or says no_start, or the command is only a shell (the
 // default of base images such as debian).
-func (imp *Importer) result(job images.Job, img *Image, rootfs string, base bool) (images.Result, error) {
+func (imp *Importer) result(job images.Job, key string, img *Image, rootfs string, base bool) (images.Result, error) {
 	st, err := os.Stat(rootfs)
 	if err != nil {
 		return images.Result{}, err
@@ -190,7 +208,7 @@ func (imp *Importer) result(job images.Job, img *Image, rootfs string, base bool
 	}
 	cfg := img.Config()
 	res := images.Result{
-		RootfsPath: rootfs, Digest: img.RootfsKey(), SizeBytes: alloc,
+		RootfsPath: rootfs, Digest: key, SizeBytes: alloc,
 		MinDiskMiB: int((st.Size() + 1<<20 - 1) >> 20),
 		Env:        cfg.EnvMap(), Workdir: cfg.WorkingDir, User: cfg.User, Labels: cfg.Labels,
 	}

@@ -1,7 +1,9 @@
 package ociimage_test
 
 import (
+	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"io"
@@ -10,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +21,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/registry"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
+	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/imagebuild"
 	"github.com/emberbox/emberbox/internal/images"
 	"github.com/emberbox/emberbox/internal/ociimage"
@@ -32,6 +36,7 @@ type fakeManager struct {
 	created []sandbox.CreateSpec
 	deleted []string
 	fail    error
+	guest   sandbox.Guest // nil: a fakeGuest
 }
 
 func (m *fakeManager) Create(ctx context.Context, owner string, spec sandbox.CreateSpec) (*sandbox.Sandbox, error) {
@@ -49,6 +54,9 @@ func (m *fakeManager) WaitFor(ctx context.Context, owner, id string, states ...s
 }
 
 func (m *fakeManager) Guest(ctx context.Context, owner, id string) (*sandbox.Sandbox, sandbox.Guest, error) {
+	if m.guest != nil {
+		return &sandbox.Sandbox{ID: id}, m.guest, nil
+	}
 	return &sandbox.Sandbox{ID: id}, &fakeGuest{}, nil
 }
 
@@ -182,5 +190,106 @@ func TestImporter(t *testing.T) {
 	job.MaxImageMiB = 1
 	if _, err := imp.Import(ctx, job, ref, &logs); err == nil || !strings.Contains(err.Error(), "over the limit") {
 		t.Errorf("over MaxImageMiB: %v", err)
+	}
+}
+
+// flatGuest's "disk" is the flattened tree it was given, so a disk shows
+// which layers it was made of.
+type flatGuest struct {
+	fakeGuest
+	mu   sync.Mutex
+	flat []byte
+}
+
+func (g *flatGuest) WriteFile(ctx context.Context, path string, mode uint32, size int64, r io.Reader) (*sandbox.FileEntry, error) {
+	zr, err := gzip.NewReader(r)
+	if err != nil {
+		return nil, err
+	}
+	b, err := io.ReadAll(zr)
+	if err != nil {
+		return nil, err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.flat = b
+	return &sandbox.FileEntry{Path: path, Size: size}, nil
+}
+
+func (g *flatGuest) ReadFile(ctx context.Context, path string) (*sandbox.FileEntry, io.ReadCloser, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	if err := tw.WriteHeader(&tar.Header{Name: "rootfs.img", Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(g.flat))}); err != nil {
+		return nil, nil, err
+	}
+	tw.Write(g.flat)
+	tw.Close()
+	return &sandbox.FileEntry{Path: path, Size: int64(buf.Len())}, io.NopCloser(&buf), nil
+}
+
+// A poisoned image (a popular image's config, backdoored layer bytes),
+// uploaded or pulled, is refused before a build VM starts and leaves no
+// disk; the genuine image
+// imported after it gets a disk of its own layers, not the poisoned ones.
+func TestImporterPoisonedThenGenuine(t *testing.T) {
+	genuine, _ := testImage(t)
+	bad := poisoned(t, genuine, layer(t, file("etc/keep", "keep-top"), file("usr/bin/backdoor", "#!/bin/sh\n")))
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	defer srv.Close()
+	u, _ := url.Parse(srv.URL)
+	badSrc := sources(t, bad, u.Host, "library/app")
+	goodSrc := sources(t, genuine, u.Host, "genuine/app")
+	mgr := &fakeManager{guest: &flatGuest{}}
+	imp := &ociimage.Importer{Manager: mgr, Owner: "system:build", BaseDir: filepath.Join(t.TempDir(), "bases")}
+	ctx := context.Background()
+	var logs sink
+
+	// Uploaded, then as a Dockerfile's FROM (a base, shared by every later build).
+	work := t.TempDir()
+	archive := images.Job{ImageID: "img-bad", Kind: images.SourceArchive, WorkDir: work, ArchivePath: badSrc["docker save"].Archive}
+	if _, err := imp.Import(ctx, archive, "", &logs); errdefs.Code(err) != ociimage.CodeLayerMismatch {
+		t.Fatalf("poisoned upload: %v, want %s", err, ociimage.CodeLayerMismatch)
+	}
+	base := images.Job{ImageID: "img-bad-from", Kind: images.SourceDockerfile, WorkDir: t.TempDir()}
+	if _, err := imp.Import(ctx, base, badSrc["registry"].Ref, &logs); errdefs.Code(err) != ociimage.CodeLayerMismatch {
+		t.Fatalf("poisoned base: %v, want %s", err, ociimage.CodeLayerMismatch)
+	}
+	if entries, _ := os.ReadDir(imp.BaseDir); len(entries) != 0 {
+		t.Errorf("a refused base left %d entries in the base directory", len(entries))
+	}
+	if _, err := os.Stat(filepath.Join(work, ociimage.RootfsName)); err == nil {
+		t.Error("a refused upload left a disk")
+	}
+	if len(mgr.created) != 0 {
+		t.Errorf("refused images started %d build sandboxes; they are refused before any", len(mgr.created))
+	}
+
+	mgr.created = nil
+	logs.lines = nil
+	good, err := imp.Import(ctx, base, goodSrc["registry"].Ref, &logs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(mgr.created) != 1 || strings.Contains(strings.Join(logs.lines, "\n"), "reusing") {
+		t.Errorf("the genuine base was not imported afresh: %d sandboxes, log %v", len(mgr.created), logs.lines)
+	}
+	up, err := imp.Import(ctx, images.Job{ImageID: "img-good", Kind: images.SourceArchive, WorkDir: t.TempDir(),
+		ArchivePath: goodSrc["docker save"].Archive}, "", &logs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, res := range []images.Result{good, up} {
+		disk, err := os.ReadFile(res.RootfsPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if names := tarNames(t, disk); slices.Contains(names, "usr/bin/backdoor") || len(names) != len(wantTree()) {
+			t.Errorf("the genuine image's disk %s holds %v", res.RootfsPath, names)
+		}
+	}
+	if good.Digest != up.Digest || !strings.HasPrefix(good.RootfsPath, imp.BaseDir) {
+		t.Errorf("one image, pulled and uploaded: digests %s and %s, base at %s", good.Digest, up.Digest, good.RootfsPath)
 	}
 }

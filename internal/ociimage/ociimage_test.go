@@ -85,7 +85,7 @@ func layer(t *testing.T, entries ...entry) v1.Layer {
 }
 
 // image stacks layers (the first is the bottom) with a linux/amd64 config.
-func image(t *testing.T, layers ...v1.Layer) v1.Image {
+func image(t testing.TB, layers ...v1.Layer) v1.Image {
 	t.Helper()
 	img, err := mutate.AppendLayers(empty.Image, layers...)
 	if err != nil {
@@ -517,7 +517,7 @@ func openImage(t *testing.T, img v1.Image, lim ociimage.Limits) *ociimage.Image 
 	return im
 }
 
-func writeLayout(t *testing.T, img v1.Image) string {
+func writeLayout(t testing.TB, img v1.Image) string {
 	t.Helper()
 	dir := t.TempDir()
 	if _, err := layout.Write(dir, mutate.AppendManifests(empty.Index, mutate.IndexAddendum{Add: img})); err != nil {

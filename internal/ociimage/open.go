@@ -9,6 +9,7 @@
 package ociimage
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -18,6 +19,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -103,6 +105,13 @@ type Image struct {
 	layers int
 	size   int64 // compressed bytes of the layers, as the manifest says
 	closer io.Closer
+	// configSum is the sha256 of the config's bytes, hashed here;
+	// diffIDs are the config's rootfs.diff_ids, what its layers must be.
+	configSum v1.Hash
+	diffIDs   []v1.Hash
+
+	mu       sync.Mutex
+	verified []v1.Hash // the layers' hashes, once a Flatten checked them all
 }
 
 // Config is what of the image's config a sandbox image keeps.
@@ -161,10 +170,15 @@ func Open(ctx context.Context, src Source) (*Image, error) {
 func (im *Image) Close() error { return im.closer.Close() }
 
 func newImage(img v1.Image, digest v1.Hash, lim Limits) (*Image, error) {
-	cf, err := img.ConfigFile()
+	raw, err := img.RawConfigFile()
 	if err != nil {
 		return nil, invalid("reading the image config: %v", err)
 	}
+	cf, err := v1.ParseConfigFile(bytes.NewReader(raw))
+	if err != nil {
+		return nil, invalid("reading the image config: %v", err)
+	}
+	configSum := sha256.Sum256(raw)
 	if cf.OS != "" && cf.OS != platform.OS || cf.Architecture != "" && cf.Architecture != platform.Architecture {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, CodePlatform,
 			"the image is for %s/%s; sandboxes run linux/amd64", cf.OS, cf.Architecture)
@@ -178,9 +192,15 @@ func newImage(img v1.Image, digest v1.Hash, lim Limits) (*Image, error) {
 			"the image has %d layers; at most %d are imported", len(layers), lim.MaxLayers)
 	}
 	if len(layers) != len(cf.RootFS.DiffIDs) {
-		return nil, invalid("the manifest lists %d layers but the config %d", len(layers), len(cf.RootFS.DiffIDs))
+		return nil, invalid("the manifest lists %d layers but the config's rootfs.diff_ids %d", len(layers), len(cf.RootFS.DiffIDs))
 	}
-	im := &Image{img: img, digest: digest, limits: lim, layers: len(layers)}
+	for i, d := range cf.RootFS.DiffIDs {
+		if d.Algorithm != "sha256" || len(d.Hex) != 64 {
+			return nil, unsupported("the config's rootfs.diff_ids[%d] is %q; only sha256 digests are read", i, d.String())
+		}
+	}
+	im := &Image{img: img, digest: digest, limits: lim, layers: len(layers), diffIDs: cf.RootFS.DiffIDs,
+		configSum: v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(configSum[:])}}
 	if m, err := img.Manifest(); err == nil && m != nil && len(m.Layers) == len(layers) {
 		// A docker save archive has no manifest of its own; its layers
 		// are bounded by the archive's size and while flattening.
@@ -314,10 +334,37 @@ func shellQuote(s string) string {
 }
 
 // RootfsKey addresses the root file system BuildRootfs makes of the image:
-// "sha256:" over the image's digest and the setup BuildRootfs applies, so
-// a change to that setup makes a new key.
-func (im *Image) RootfsKey() string {
+// "sha256:" over the config's bytes as hashed here, its layers' diff_ids
+// and the setup BuildRootfs applies, so a change to that setup makes a new
+// key. Before a Flatten it is what the config claims: good to look up a
+// disk stored under VerifiedRootfsKey, never to store one.
+func (im *Image) RootfsKey() string { return rootfsKey(im.configSum, im.diffIDs) }
+
+// VerifiedRootfsKey is RootfsKey from the layers' hashes as the last
+// complete Flatten computed them; an error if none checked every layer.
+func (im *Image) VerifiedRootfsKey() (string, error) {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	if im.verified == nil {
+		return "", errors.New("the image's layers were not verified (no complete flatten)")
+	}
+	return rootfsKey(im.configSum, im.verified), nil
+}
+
+func (im *Image) setVerified(layers []v1.Hash) {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	im.verified = layers
+}
+
+// rootfsKey is versioned: keys of imports made before layers were
+// verified (format 1, over the uploader's digest) never match.
+func rootfsKey(config v1.Hash, layers []v1.Hash) string {
 	h := sha256.New()
-	fmt.Fprintf(h, "ociimage rootfs\n%s\n%d:%s", im.digest, len(rootfsScript), rootfsScript)
+	fmt.Fprintf(h, "ociimage rootfs/2\nconfig %s\n", config)
+	for _, l := range layers {
+		fmt.Fprintf(h, "layer %s\n", l)
+	}
+	fmt.Fprintf(h, "%d:%s", len(rootfsScript), rootfsScript)
 	return "sha256:" + hex.EncodeToString(h.Sum(nil))
 }

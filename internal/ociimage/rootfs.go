@@ -41,13 +41,52 @@ const (
 )
 
 // BuildRootfs makes a sandbox root file system of img in vm and copies it
-// to dir/rootfs.img on the host; it returns that path and its size. The
-// flattened tar is staged in dir first (the VM interface takes a sized
-// stream), then unpacked as root in the VM with owners, modes, device
-// nodes and file capabilities kept; the sandbox user is added there, and
-// mkfs.ext4 -d makes the image. Nothing of the image is unpacked on the
-// host. Progress lines and the VM's output go to log.
+// to dir/rootfs.img on the host; it returns that path and its size. It is
+// Stage, then BuildStaged.
 func BuildRootfs(ctx context.Context, vm VM, img *Image, dir string, log io.Writer) (string, int64, error) {
+	st, err := Stage(ctx, img, dir, log)
+	if err != nil {
+		return "", 0, err
+	}
+	defer st.Remove()
+	return BuildStaged(ctx, vm, st, log)
+}
+
+// Staged is an image flattened on the host (every layer checked against
+// its config), ready to go into a build VM.
+type Staged struct {
+	dir  string
+	path string // the gzipped flattened tar
+	size int64
+}
+
+// Remove removes the staged tar.
+func (st *Staged) Remove() { os.Remove(st.path) }
+
+// Stage flattens img into dir, gzipped (the VM interface takes a sized
+// stream). It needs no VM, so an image whose layers are not its config's
+// is refused before one is started.
+func Stage(ctx context.Context, img *Image, dir string, log io.Writer) (*Staged, error) {
+	start := time.Now()
+	tarPath := filepath.Join(dir, vmFlatTar)
+	fmt.Fprintf(log, "import: flattening %d layers of %s\n", img.Layers(), img.Digest())
+	raw, size, err := stage(ctx, img, tarPath)
+	if err != nil {
+		os.Remove(tarPath)
+		return nil, err
+	}
+	fmt.Fprintf(log, "import: flattened to a tar of %d MiB, %d MiB gzipped, every layer verified (%.1fs)\n",
+		raw>>20, size>>20, time.Since(start).Seconds())
+	return &Staged{dir: dir, path: tarPath, size: size}, nil
+}
+
+// BuildStaged makes the root file system of a staged image in vm, into
+// the staged directory's rootfs.img: the tar is unpacked as root in the
+// VM with owners, modes, device nodes and file capabilities kept; the
+// sandbox user is added there, and mkfs.ext4 -d makes the image. Nothing
+// of the image is unpacked on the host. Progress lines and the VM's
+// output go to log. The staged tar is removed once in the VM.
+func BuildStaged(ctx context.Context, vm VM, st *Staged, log io.Writer) (string, int64, error) {
 	start := time.Now()
 	lap := start
 	// step logs a line with the time the previous step took.
@@ -56,15 +95,8 @@ func BuildRootfs(ctx context.Context, vm VM, img *Image, dir string, log io.Writ
 		fmt.Fprintf(log, "import: %s (%.1fs)\n", fmt.Sprintf(format, args...), now.Sub(lap).Seconds())
 		lap = now
 	}
-	tarPath := filepath.Join(dir, vmFlatTar)
-	defer os.Remove(tarPath)
-	fmt.Fprintf(log, "import: flattening %d layers of %s\n", img.Layers(), img.Digest())
-	raw, size, err := stage(ctx, img, tarPath)
-	if err != nil {
-		return "", 0, err
-	}
-	step("flattened to a tar of %d MiB, %d MiB gzipped", raw>>20, size>>20)
-
+	dir, tarPath, size := st.dir, st.path, st.size
+	defer st.Remove()
 	if err := vm.Run(ctx, "set -eu\nrm -rf "+vmWorkDir+"\nmkdir -p "+vmWorkDir+"\n", log); err != nil {
 		return "", 0, fmt.Errorf("preparing the build VM: %w", err)
 	}

@@ -207,7 +207,7 @@ func New[E any](cfg Config) (*Store[E], error) {
 		cfg.MaxAge = DefaultMaxAge
 	}
 	if cfg.FreeSpace == nil {
-		cfg.FreeSpace = freeSpace
+		cfg.FreeSpace = FreeSpace
 	}
 	s := &Store[E]{dir: cfg.Dir, log: cfg.Logger, now: cfg.Now, cfg: cfg, byID: map[string]*upload[E]{}}
 	if s.log == nil {
