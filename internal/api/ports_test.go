@@ -172,7 +172,9 @@ func TestPreviewRoutesAndAccess(t *testing.T) {
 	if p.Visibility != "private" || p.Token == nil || p.URLWithToken == nil || p.URL != url || !strings.HasPrefix(p.ID, "pv") {
 		t.Fatalf("created %+v", p)
 	}
-	visit := func(target string, headers ...string) *httptest.ResponseRecorder { return visitPreview(e, target, headers...) }
+	visit := func(target string, headers ...string) *httptest.ResponseRecorder {
+		return visitPreview(e, target, headers...)
+	}
 	if w := visit(url + "a/b?x=1"); w.Code != http.StatusUnauthorized || errorOf(t, w).Code != "preview_token_required" {
 		t.Fatalf("no token: %d %s", w.Code, w.Body)
 	}
