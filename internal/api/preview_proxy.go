@@ -135,7 +135,7 @@ func (s *server) previewAllowed(w http.ResponseWriter, r *http.Request, p *sandb
 		// A browser opened urlWithToken: its next requests carry the
 		// cookie, which no other origin sees (no Domain attribute).
 		http.SetCookie(w, &http.Cookie{Name: previewCookie, Value: tok, Path: "/",
-			HttpOnly: true, Secure: r.TLS != nil || s.previewDomain.scheme == "https", SameSite: http.SameSiteLaxMode,
+			HttpOnly: true, Secure: s.previewDomain.scheme == "https", SameSite: http.SameSiteLaxMode,
 			MaxAge: tokenMaxAge(tok, now)})
 		return nil
 	}
