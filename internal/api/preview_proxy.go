@@ -76,7 +76,7 @@ func (s *server) dialPreview(ctx context.Context, _, addr string) (net.Conn, err
 func (s *server) servePreviewHost(w http.ResponseWriter, r *http.Request) {
 	id, port, _, ok := s.previewDomain.parseHost(r.Host)
 	if !ok {
-		s.writeError(w, r, newError(http.StatusNotFound, "preview_not_found", "No preview is named "+strconv.Quote(r.Host)+".").
+		s.writeError(w, r, newError(http.StatusNotFound, "preview_not_found", "This host names no preview.").
 			withHint("A preview's address is "+s.previewDomain.form()+"; GET /v1/sandboxes/{id}/previews lists them."))
 		return
 	}
