@@ -91,22 +91,25 @@ func TestConsole(t *testing.T) {
 		pageMu.Unlock()
 	}
 	err = chromedp.Listen(ctx, func(ev any) {
-		var msg string
+		var msg, from string
 		switch e := ev.(type) {
 		case *runtime.EventExceptionThrown:
+			from = e.ExceptionDetails.URL
 			msg = "exception: " + e.ExceptionDetails.Text
 			if e.ExceptionDetails.Exception != nil {
 				msg += " " + e.ExceptionDetails.Exception.Description
 			}
 		case *cdplog.EventEntryAdded:
+			from = e.Entry.URL
 			if e.Entry.Level == cdplog.EntryLevelError || strings.Contains(e.Entry.Text, "Content Security Policy") {
 				msg = "log: " + e.Entry.Text
 			}
 		}
 		if msg != "" {
 			pageMu.Lock()
-			if !hostileOpen {
-				pageErrors = append(pageErrors, msg)
+			// Only previews live under .localhost here.
+			if !hostileOpen && !strings.Contains(from, ".localhost:") {
+				pageErrors = append(pageErrors, msg+" ("+from+")")
 			}
 			pageMu.Unlock()
 		}
@@ -296,7 +299,7 @@ func TestConsole(t *testing.T) {
 		t.Errorf("the hostile page reached the API's origin: worker %q, fetch %q", found.APISW, found.APIFetch)
 	}
 	// Its worker is live on its own origin: it sees a reload there...
-	run("reload the hostile preview", chromedp.Navigate(link+"again"))
+	run("reload the hostile preview", chromedp.Navigate(link+"again?api="+s.URL))
 	hostileLog := func() []map[string]any {
 		data, _ := c.readFile(t, id, "/workspace/hostile.log")
 		var out []map[string]any
