@@ -155,26 +155,6 @@ func signingKey(ctx context.Context, cl *cluster.Cluster, st *store.Store, path,
 	return key, nil
 }
 
-// previewTarget names the sandbox of a preview's URL, /preview/{id}/…
-// (the API's preview route), from the preview's record.
-func previewTarget(st *store.Store) cluster.Target {
-	return func(r *http.Request) (string, bool) {
-		rest, ok := strings.CutPrefix(r.URL.Path, "/preview/")
-		if !ok {
-			return "", false
-		}
-		id, _, _ := strings.Cut(rest, "/")
-		if id == "" {
-			return "", false
-		}
-		p, err := st.PreviewByID(r.Context(), id)
-		if err != nil {
-			return "", false // the API answers it
-		}
-		return p.SandboxID, false
-	}
-}
-
 // linkTarget names the sandbox of a signed link, /v1/links/{token}, from
 // its checked claims.
 func linkTarget(signer *links.Signer) cluster.Target {

@@ -84,7 +84,7 @@ type serveOptions struct {
 	rates         pricing.Rates
 	meterInterval time.Duration
 	metricsListen string
-	previewURL    string
+	previewDomain string
 	e2bDomain     string
 }
 
@@ -148,7 +148,8 @@ func newServeCommand() *cobra.Command {
 	f.StringVar(&o.rates.SnapshotPerGiBHour, "price-snapshot", o.rates.SnapshotPerGiBHour, "dollars per GiB-hour of snapshots")
 	f.StringVar(&o.rates.EgressPerGB, "price-egress", o.rates.EgressPerGB, "dollars per GB of egress past the monthly allowance")
 	f.DurationVar(&o.meterInterval, "meter-interval", sandbox.DefaultMeterInterval, "how often running sandboxes' CPU and memory are read")
-	f.StringVar(&o.previewURL, "preview-url", "", "base of preview URLs (https://emberbox.example.com); default: the scheme and host of the request that made the preview")
+	f.StringVar(&o.previewDomain, "preview-domain", "", "serve each preview on its own host, <port>-<sandboxID>.<domain>: a domain with a wildcard DNS record "+
+		"and certificate (https), or a URL with scheme and port (http://preview.test:8080); default: localhost on the server's port (no DNS needed)")
 	f.StringVar(&o.e2bDomain, "e2b-domain", "", "also route E2B sandbox traffic by host name, {port}-{sandboxID}.<domain> (E2B_DOMAIN of the SDKs; needs wildcard DNS); the E2b-Sandbox-Id and E2b-Sandbox-Port headers always work")
 	f.StringVar(&o.metricsListen, "metrics-listen", "", `also serve Prometheus metrics without a key at /metrics on this address, e.g. 127.0.0.1:9464 `+
 		`(the API's /metrics needs an admin key)`)
@@ -161,6 +162,9 @@ func serve(ctx context.Context, o serveOptions) error {
 		return fmt.Errorf("--log-level: %w", err)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if err := checkDomains(o.previewDomain, o.e2bDomain); err != nil {
+		return err
+	}
 	memLimit, err := setMemoryLimit(o.memoryLimit)
 	if err != nil {
 		return err
@@ -377,13 +381,13 @@ func serve(ctx context.Context, o serveOptions) error {
 		Logger: log, Version: version, Accel: drv.Accel,
 		Confinement: func() any { return drv.Confinement() },
 		Uploads:     uploads, RateLimits: adm.rates, ObserveRequest: metrics.ObserveRequest,
-		Metrics: metrics.Handler(), PreviewURL: o.previewURL, Links: signer,
+		Metrics: metrics.Handler(), PreviewDomain: o.previewDomain, Links: signer,
 		Interpreter: interp, Volumes: vols, Images: imgs,
 	}
 	if isNode {
 		acfg.Volumes, acfg.Images, acfg.Nodes = nil, nil, st
 	}
-	handler := api.New(acfg)
+	handler, previews := api.NewWithPreviews(acfg)
 	if o.metricsListen != "" {
 		mln, err := net.Listen("tcp", o.metricsListen)
 		if err != nil {
@@ -423,20 +427,30 @@ func serve(ctx context.Context, o serveOptions) error {
 		Manager: mgr, Keys: keyStore{st}, Tokens: tokens, Idempotency: idempotencyStore{st}, Domain: o.e2bDomain,
 		EnvdVersion: envd.Version, Envd: envd.New(log), Interpreter: interp.E2BHandler(), Next: root, Logger: log,
 	})
-	var served http.Handler = front
+	// A preview's host is its own origin: nothing but the preview is served
+	// there, and no preview anywhere else.
+	local := previewFront(previews, front)
+	var served http.Handler = local
 	if cl != nil {
 		// Any node answers any call: creates (the Runtime API's and
 		// E2B's) are placed, calls for another node's sandbox (its
 		// routes, E2B's traffic and control plane, its previews and
 		// signed links) go there over the channel, which serves the
 		// server itself (never routed again).
-		served = cl.Handler(front, front.Target, previewTarget(st), linkTarget(signer))
+		routed := cl.Handler(front, front.Target, linkTarget(signer))
+		served = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if id, ok := previews.Target(r); ok {
+				cl.RouteSandbox(w, r, previews, id)
+				return
+			}
+			routed.ServeHTTP(w, r)
+		})
 		cln, err := net.Listen("tcp", o.cluster.listen)
 		if err != nil {
 			return fmt.Errorf("--cluster-listen: %w", err)
 		}
 		bg.Go(func() {
-			if err := cl.Serve(bctx, cln, front); err != nil {
+			if err := cl.Serve(bctx, cln, local); err != nil {
 				log.Error("node-to-node channel", "err", err)
 			}
 		})
@@ -474,6 +488,32 @@ func serve(ctx context.Context, o serveOptions) error {
 		return err
 	}
 	return nil
+}
+
+// checkDomains checks --preview-domain, and that it and --e2b-domain are
+// not one under the other: each serves every host name below it.
+func checkDomains(previewDomain, e2bDomain string) error {
+	p, err := api.PreviewDomainName(previewDomain)
+	if err != nil {
+		return fmt.Errorf("--preview-domain: %w", err)
+	}
+	e := strings.ToLower(strings.TrimSuffix(e2bDomain, "."))
+	if e != "" && (e == p || strings.HasSuffix(e, "."+p) || strings.HasSuffix(p, "."+e)) {
+		return fmt.Errorf("--e2b-domain %q and the preview domain %q overlap: give each a domain of its own", e2bDomain, p)
+	}
+	return nil
+}
+
+// previewFront serves the hosts of previews with previews, everything
+// else with next.
+func previewFront(previews api.Previews, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := previews.Target(r); ok {
+			previews.ServeHTTP(w, r)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 func addConfineFlags(f *pflag.FlagSet, o *serveOptions) {

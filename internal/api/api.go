@@ -124,9 +124,11 @@ type Config struct {
 	// is the HTTP status sent. It runs on the request's goroutine after
 	// the answer, so it must be quick.
 	ObserveRequest func(route string, status int, d time.Duration)
-	// PreviewURL is the base of preview URLs (https://emberbox.example.com);
-	// "" uses the scheme and host of the request that made the preview.
-	PreviewURL string
+	// PreviewDomain is where previews are served, each on its own host
+	// <port>-<sandbox id>.<domain>: a domain (https), or a URL with a
+	// scheme and port (http://preview.test:8080); "" is localhost over
+	// http on the port of the request (PreviewDomainName checks it).
+	PreviewDomain string
 	// Interpreter runs the code interpreter's routes; nil answers them
 	// 501 interpreter_unavailable.
 	Interpreter *interpreter.Service
@@ -170,7 +172,7 @@ type server struct {
 	// terminals counts open terminal sockets per sandbox.
 	terminals terminalSlots
 
-	previewBase      string
+	previewDomain    previewDomain
 	previewTransport *http.Transport
 	previewConns     connSet
 
@@ -187,6 +189,31 @@ type server struct {
 // New returns the API handler. It panics if Manager or Keys is nil.
 func New(cfg Config) http.Handler {
 	return newServer(cfg)
+}
+
+// Previews serves the hosts of previews; it shares their connections
+// with the API handler NewWithPreviews made with it.
+type Previews struct{ s *server }
+
+// NewWithPreviews returns the API handler and the previews' handler. The
+// API's host refuses previews; what serves the listener sends every
+// request whose host Previews.Target names to Previews, and no other.
+func NewWithPreviews(cfg Config) (http.Handler, Previews) {
+	s := newServer(cfg)
+	return s, Previews{s: s}
+}
+
+// Target says whether r is for a preview's host: below the preview
+// domain at all (ok), and the sandbox it names if it is one's exactly
+// (a cluster routes it to that sandbox's node).
+func (p Previews) Target(r *http.Request) (sandboxID string, ok bool) {
+	id, _, under, _ := p.s.previewDomain.parseHost(r.Host)
+	return id, under
+}
+
+// ServeHTTP serves a request for a preview's host.
+func (p Previews) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p.s.serve(w, r, http.HandlerFunc(p.s.servePreviewHost))
 }
 
 func newServer(cfg Config) *server {
@@ -206,7 +233,11 @@ func newServer(cfg Config) *server {
 	s.vols = cfg.Volumes
 	s.nodes = cfg.Nodes
 	s.images = cfg.Images
-	s.previewBase = cfg.PreviewURL
+	pd, err := parsePreviewDomain(cfg.PreviewDomain)
+	if err != nil {
+		panic("api.New: " + err.Error())
+	}
+	s.previewDomain = pd
 	s.previewTransport = s.newPreviewTransport()
 	s.routes = s.routeTable()
 	s.mux = s.buildMux()
@@ -254,9 +285,14 @@ func newRequestID() string {
 	return "req_" + hex.EncodeToString(b[:])
 }
 
-// ServeHTTP implements http.Handler: it names the request, recovers panics
-// into 500 answers, logs every request and reports it to ObserveRequest.
+// ServeHTTP implements http.Handler for the API's routes.
 func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.serve(w, r, s.mux)
+}
+
+// serve names the request, recovers panics into 500 answers, logs every
+// request and reports it to ObserveRequest, around h.
+func (s *server) serve(w http.ResponseWriter, r *http.Request, h http.Handler) {
 	start := time.Now()
 	rid := newRequestID() // never the caller's: ours are unique and safe to log
 	w.Header().Set("x-request-id", rid)
@@ -292,7 +328,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			s.observe(route, status, d)
 		}
 	}()
-	s.mux.ServeHTTP(sw, r)
+	h.ServeHTTP(sw, r)
 }
 
 // statusWriter remembers the status sent.

@@ -129,14 +129,13 @@ func (m *fakeManager) RotatePreview(ctx context.Context, owner, id string, port 
 	return &cp, nil
 }
 
-func (m *fakeManager) OpenPreview(ctx context.Context, id string) (*sandbox.Preview, error) {
+func (m *fakeManager) OpenPreview(ctx context.Context, id string, port int) (*sandbox.Preview, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for _, p := range m.previews {
-		if p.ID == id && (p.ExpiresAt == nil || time.Now().Before(*p.ExpiresAt)) {
-			cp := *p
-			return &cp, nil
-		}
+	p := m.previews[fmt.Sprintf("%s:%d", id, port)]
+	if p == nil || (p.ExpiresAt != nil && !time.Now().Before(*p.ExpiresAt)) {
+		return nil, errdefs.New(errdefs.ErrNotFound, "preview_not_found", "no preview here")
 	}
-	return nil, errdefs.New(errdefs.ErrNotFound, "preview_not_found", "no preview here")
+	cp := *p
+	return &cp, nil
 }

@@ -128,45 +128,57 @@ func TestTunnelRefusals(t *testing.T) {
 	}
 }
 
+// previewSandbox has a well-formed id: a preview's host carries it.
+const previewSandbox = "sbx_0123456789abcdef0123"
+
+// visitPreview sends a GET for url (a preview's, or any host) to the
+// previews' handler; headers are name, value pairs.
+func visitPreview(e *testEnv, url string, headers ...string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest("GET", url, nil)
+	for i := 0; i+1 < len(headers); i += 2 {
+		r.Header.Set(headers[i], headers[i+1])
+	}
+	w := httptest.NewRecorder()
+	Previews{s: e.s}.ServeHTTP(w, r)
+	return w
+}
+
 func TestPreviewRoutesAndAccess(t *testing.T) {
 	e := newEnv(t)
-	e.m.add("key_a", "sbx_p", "running", time.Hour)
+	e.m.add("key_a", previewSandbox, "running", time.Hour)
 	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// What reached the guest: no credentials of the preview.
 		_ = json.NewEncoder(w).Encode(map[string]string{"path": r.URL.Path, "query": r.URL.RawQuery,
 			"auth": r.Header.Get("Authorization"), "token": r.Header.Get(previewTokenHeader), "cookie": r.Header.Get("Cookie"), "host": r.Host})
 	}))
 	defer backend.Close()
-	e.m.listen("sbx_p", 8080, strings.TrimPrefix(backend.URL, "http://"))
+	e.m.listen(previewSandbox, 8080, strings.TrimPrefix(backend.URL, "http://"))
+	base := "/v1/sandboxes/" + previewSandbox + "/previews"
 
 	for _, body := range []string{`{"port":0}`, `{"port":8080,"visibility":"secret"}`, `{"port":8080,"ttlSeconds":5}`,
 		`{"port":8080,"embedOrigins":["javascript:x"]}`, `{"port":8080,"nope":1}`} {
-		if w := e.do("POST", "/v1/sandboxes/sbx_p/previews", body); w.Code != http.StatusBadRequest {
+		if w := e.do("POST", base, body); w.Code != http.StatusBadRequest {
 			t.Errorf("%s: %d %s, want 400", body, w.Code, w.Body)
 		}
 	}
-	w := e.do("POST", "/v1/sandboxes/sbx_p/previews", `{"port":8080}`)
+	w := e.do("POST", base, `{"port":8080}`)
 	if w.Code != http.StatusOK {
 		t.Fatalf("create: %d %s", w.Code, w.Body)
 	}
 	p := decodeBody[previewJSON](t, w)
-	if p.Visibility != "private" || p.Token == nil || p.URLWithToken == nil || !strings.HasPrefix(p.URL, "http://example.com/preview/pv") {
+	// The API was asked at example.com (port 80): the preview is on a
+	// host of its own under localhost.
+	url := "http://8080-" + previewSandbox + ".localhost/"
+	if p.Visibility != "private" || p.Token == nil || p.URLWithToken == nil || p.URL != url || !strings.HasPrefix(p.ID, "pv") {
 		t.Fatalf("created %+v", p)
 	}
-	path := strings.TrimPrefix(p.URL, "http://example.com")
 	visit := func(target string, headers ...string) *httptest.ResponseRecorder {
-		r := httptest.NewRequest("GET", target, nil)
-		for i := 0; i+1 < len(headers); i += 2 {
-			r.Header.Set(headers[i], headers[i+1])
-		}
-		w := httptest.NewRecorder()
-		e.s.ServeHTTP(w, r)
-		return w
+		return visitPreview(e, target, headers...)
 	}
-	if w := visit(path + "a/b?x=1"); w.Code != http.StatusUnauthorized || errorOf(t, w).Code != "preview_token_required" {
+	if w := visit(url + "a/b?x=1"); w.Code != http.StatusUnauthorized || errorOf(t, w).Code != "preview_token_required" {
 		t.Fatalf("no token: %d %s", w.Code, w.Body)
 	}
-	if w := visit(path, "Authorization", "Bearer secret-b"); w.Code != http.StatusUnauthorized {
+	if w := visit(url, "Authorization", "Bearer secret-b"); w.Code != http.StatusUnauthorized {
 		t.Errorf("another key: %d %s", w.Code, w.Body)
 	}
 	seen := func(w *httptest.ResponseRecorder) map[string]string {
@@ -180,60 +192,61 @@ func TestPreviewRoutesAndAccess(t *testing.T) {
 		}
 		return m
 	}
-	got := seen(visit(path+"a/b?x=1", previewTokenHeader, *p.Token))
+	got := seen(visit(url+"a/b?x=1", previewTokenHeader, *p.Token))
 	if got["path"] != "/a/b" || got["query"] != "x=1" || got["token"] != "" || got["host"] != "localhost:8080" {
 		t.Errorf("with the header, the guest saw %v", got)
 	}
-	w = visit(path+"a?"+previewTokenQuery+"="+*p.Token+"&y=2", "Cookie", "other=1")
+	w = visit(url+"a?"+previewTokenQuery+"="+*p.Token+"&y=2", "Cookie", "other=1")
 	got = seen(w)
 	if got["query"] != "y=2" || got["cookie"] != "other=1" {
 		t.Errorf("with the query, the guest saw %v", got)
 	}
 	ck := w.Result().Cookies()
-	if len(ck) != 1 || ck[0].Name != previewCookie || !ck[0].HttpOnly {
+	// The cookie is the preview host's alone: no Domain, the whole path.
+	if len(ck) != 1 || ck[0].Name != previewCookie || !ck[0].HttpOnly || ck[0].Path != "/" || ck[0].Domain != "" {
 		t.Fatalf("cookies %v", ck)
 	}
-	got = seen(visit(path, "Cookie", previewCookie+"="+ck[0].Value+"; other=2"))
+	got = seen(visit(url, "Cookie", previewCookie+"="+ck[0].Value+"; other=2"))
 	if got["cookie"] != "other=2" {
 		t.Errorf("with the cookie, the guest saw %v", got)
 	}
-	got = seen(visit(path, "Authorization", "Bearer secret-a"))
+	got = seen(visit(url, "Authorization", "Bearer secret-a"))
 	if got["auth"] != "" {
 		t.Errorf("the owner's key reached the guest: %v", got)
 	}
 	// A rotation refuses the old token.
-	w = e.do("POST", "/v1/sandboxes/sbx_p/previews/8080:rotate", "{}")
+	w = e.do("POST", base+"/8080:rotate", "{}")
 	rotated := decodeBody[previewJSON](t, w)
 	if w.Code != http.StatusOK || *rotated.Token == *p.Token {
 		t.Fatalf("rotate: %d %s", w.Code, w.Body)
 	}
-	if w := visit(path, previewTokenHeader, *p.Token); w.Code != http.StatusUnauthorized {
+	if w := visit(url, previewTokenHeader, *p.Token); w.Code != http.StatusUnauthorized {
 		t.Errorf("old token after rotate: %d", w.Code)
 	}
-	seen(visit(path, previewTokenHeader, *rotated.Token))
+	seen(visit(url, previewTokenHeader, *rotated.Token))
 	// Listing, a port nothing answers on, and deletion.
-	w = e.do("GET", "/v1/sandboxes/sbx_p/previews", "")
-	if list := decodeBody[struct{ Data []previewJSON }](t, w); len(list.Data) != 1 || list.Data[0].Port != 8080 {
+	w = e.do("GET", base, "")
+	if list := decodeBody[struct{ Data []previewJSON }](t, w); len(list.Data) != 1 || list.Data[0].Port != 8080 || list.Data[0].URL != url {
 		t.Errorf("list: %s", w.Body)
 	}
-	w = e.do("POST", "/v1/sandboxes/sbx_p/previews", `{"port":9,"visibility":"public"}`)
+	w = e.do("POST", base, `{"port":9,"visibility":"public"}`)
 	pub := decodeBody[previewJSON](t, w)
 	if pub.Token != nil {
 		t.Errorf("a public preview has a token: %s", w.Body)
 	}
-	if w := visit(strings.TrimPrefix(pub.URL, "http://example.com")); w.Code != http.StatusBadGateway || errorOf(t, w).Code != "preview_unreachable" {
+	if w := visit(pub.URL); w.Code != http.StatusBadGateway || errorOf(t, w).Code != "preview_unreachable" {
 		t.Errorf("nothing on the port: %d %s", w.Code, w.Body)
 	}
-	if w := e.do("DELETE", "/v1/sandboxes/sbx_p/previews/8080", ""); w.Code != http.StatusOK {
+	if w := e.do("DELETE", base+"/8080", ""); w.Code != http.StatusOK {
 		t.Fatalf("delete: %d %s", w.Code, w.Body)
 	}
-	if w := visit(path, previewTokenHeader, *rotated.Token); w.Code != http.StatusNotFound {
+	if w := visit(url, previewTokenHeader, *rotated.Token); w.Code != http.StatusNotFound {
 		t.Errorf("deleted preview: %d %s", w.Code, w.Body)
 	}
-	if w := e.do("GET", "/v1/sandboxes/sbx_p/previews/8080", ""); w.Code != http.StatusNotFound {
+	if w := e.do("GET", base+"/8080", ""); w.Code != http.StatusNotFound {
 		t.Errorf("get deleted: %d %s", w.Code, w.Body)
 	}
-	if w := e.do("GET", "/v1/sandboxes/sbx_p/previews/8080", "", "Authorization", "Bearer secret-b"); w.Code != http.StatusNotFound {
+	if w := e.do("GET", base+"/8080", "", "Authorization", "Bearer secret-b"); w.Code != http.StatusNotFound {
 		t.Errorf("another key's: %d %s", w.Code, w.Body)
 	}
 }

@@ -3,6 +3,8 @@ package api
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -15,13 +17,17 @@ import (
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
-// A preview's URL, /preview/<id>/<path>, is proxied to its sandbox's port
-// by net/http/httputil.ReverseProxy (HTTP and Upgrade, so WebSockets too)
+// A preview is served on a host of its own, <port>-<sandbox id>.<preview
+// domain> (preview_host.go), proxied to its sandbox's port by
+// net/http/httputil.ReverseProxy (HTTP and Upgrade, so WebSockets too)
 // over a guest connection (Guest.DialPort). The target comes from the
-// preview's record alone, never from the request, so a preview reaches its
-// own sandbox's port and nothing else.
+// preview's record alone, so a preview reaches its own sandbox's port and
+// nothing else. Whatever the client sends, no credential of ours reaches
+// the guest; whatever the guest answers, nothing that reaches past the
+// preview's own origin reaches the browser.
 
-// previewHostSuffix marks the transport's dial addresses: <id>.preview.
+// previewHostSuffix marks the transport's dial addresses:
+// <sandbox id>.preview:<port>.
 const previewHostSuffix = ".preview"
 
 // newPreviewTransport is the transport of every preview: its connections
@@ -38,19 +44,20 @@ func (s *server) newPreviewTransport() *http.Transport {
 
 // dialPreview connects to the port of the preview the address names.
 func (s *server) dialPreview(ctx context.Context, _, addr string) (net.Conn, error) {
-	host, _, err := net.SplitHostPort(addr)
+	host, portText, err := net.SplitHostPort(addr)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("preview address %q: %w", addr, err)
 	}
 	id, ok := strings.CutSuffix(host, previewHostSuffix)
-	if !ok {
-		return nil, errors.New("not a preview address")
+	port, perr := strconv.Atoi(portText)
+	if !ok || perr != nil {
+		return nil, fmt.Errorf("%q is not a preview address", addr)
 	}
 	pm, err := s.previewManager()
 	if err != nil {
 		return nil, err
 	}
-	p, err := pm.OpenPreview(ctx, id)
+	p, err := pm.OpenPreview(ctx, id, port)
 	if err != nil {
 		return nil, err
 	}
@@ -70,18 +77,12 @@ func (s *server) dialPreview(ctx context.Context, _, addr string) (net.Conn, err
 	return s.previewConns.add(p.ID, conn), nil
 }
 
-// servePreview serves a preview's URL.
-func (s *server) servePreview(w http.ResponseWriter, r *http.Request) {
-	rest := strings.TrimPrefix(r.URL.Path, previewPrefix)
-	id, path, hasSlash := strings.Cut(rest, "/")
-	if id == "" || len(id) > 64 || strings.ContainsAny(id, ".:") {
-		s.writeError(w, r, routeNotFound(r))
-		return
-	}
-	if !hasSlash {
-		u := *r.URL
-		u.Path += "/"
-		http.Redirect(w, r, u.RequestURI(), http.StatusPermanentRedirect)
+// servePreviewHost serves a request that came for a preview's host.
+func (s *server) servePreviewHost(w http.ResponseWriter, r *http.Request) {
+	id, port, _, ok := s.previewDomain.parseHost(r.Host)
+	if !ok {
+		s.writeError(w, r, newError(http.StatusNotFound, "preview_not_found", "This host names no preview.").
+			withHint("A preview's address is "+s.previewDomain.form()+"; GET /v1/sandboxes/{id}/previews lists them."))
 		return
 	}
 	pm, err := s.previewManager()
@@ -89,27 +90,29 @@ func (s *server) servePreview(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	p, err := pm.OpenPreview(r.Context(), id)
+	p, err := pm.OpenPreview(r.Context(), id, port)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	usedKey, err := s.previewAllowed(w, r, p)
-	if err != nil {
+	if err := s.previewAllowed(w, r, p); err != nil {
 		s.writeError(w, r, err)
+		return
+	}
+	if s.previewPaused(w, r, p) {
 		return
 	}
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "http"
-			pr.Out.URL.Host = p.ID + previewHostSuffix + ":" + strconv.Itoa(p.Port)
-			pr.Out.URL.Path, pr.Out.URL.RawPath = "/"+path, ""
+			pr.Out.URL.Host = p.SandboxID + previewHostSuffix + ":" + strconv.Itoa(p.Port)
 			pr.Out.Host = "localhost:" + strconv.Itoa(p.Port)
 			pr.SetXForwarded()
-			stripPreviewCredentials(pr.Out, usedKey)
+			stripCredentials(pr.Out)
 		},
 		Transport: s.previewTransport,
 		ModifyResponse: func(resp *http.Response) error {
+			confineResponse(resp.Header)
 			if len(p.EmbedOrigins) > 0 && resp.Header.Get("Content-Security-Policy") == "" {
 				resp.Header.Set("Content-Security-Policy", "frame-ancestors "+strings.Join(p.EmbedOrigins, " "))
 			}
@@ -124,33 +127,65 @@ func (s *server) servePreview(w http.ResponseWriter, r *http.Request) {
 
 // previewAllowed checks a request to a private preview: the owner's key
 // as a bearer token, or a token of the preview in the header, the query
-// (then kept as a cookie) or the cookie. usedKey says the Authorization
-// header was the key, which the guest must not see.
-func (s *server) previewAllowed(w http.ResponseWriter, r *http.Request, p *sandbox.Preview) (usedKey bool, err error) {
+// (then kept as a cookie of the preview's host) or the cookie.
+func (s *server) previewAllowed(w http.ResponseWriter, r *http.Request, p *sandbox.Preview) error {
 	if p.Visibility == sandbox.PreviewPublic {
-		return false, nil
+		return nil
 	}
 	now := s.now()
 	if tok := r.Header.Get(previewTokenHeader); tok != "" && p.CheckToken(tok, now) {
-		return false, nil
+		return nil
 	}
 	if tok := r.URL.Query().Get(previewTokenQuery); tok != "" && p.CheckToken(tok, now) {
-		// A browser opened urlWithToken: its next requests carry the cookie.
-		http.SetCookie(w, &http.Cookie{Name: previewCookie, Value: tok, Path: previewPrefix + p.ID + "/",
-			HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteLaxMode, MaxAge: tokenMaxAge(tok, now)})
-		return false, nil
+		// A browser opened urlWithToken: its next requests carry the
+		// cookie, which no other origin sees (no Domain attribute).
+		http.SetCookie(w, &http.Cookie{Name: previewCookie, Value: tok, Path: "/",
+			HttpOnly: true, Secure: s.previewDomain.scheme == "https", SameSite: http.SameSiteLaxMode,
+			MaxAge: tokenMaxAge(tok, now)})
+		return nil
 	}
 	if ck, err := r.Cookie(previewCookie); err == nil && p.CheckToken(ck.Value, now) {
-		return false, nil
+		return nil
 	}
 	if strings.HasPrefix(strings.ToLower(r.Header.Get("Authorization")), "bearer ") {
 		if key, err := s.authenticate(r); err == nil && key.ID == p.OwnerKeyID {
-			return true, nil
+			return nil
 		}
 	}
-	return false, newError(http.StatusUnauthorized, "preview_token_required", "This preview is private.").
+	return newError(http.StatusUnauthorized, "preview_token_required", "This preview is private.").
 		withHint("Send its token as the x-runtime-preview-token header or the runtime_preview_token query parameter (GET /v1/sandboxes/{id}/previews/{port} gives one), or the owner's API key as a bearer token.")
 }
+
+// previewPaused answers for a preview whose sandbox is paused without
+// autoWake: a visitor does not wake it at its owner's cost. It reports
+// whether it answered.
+func (s *server) previewPaused(w http.ResponseWriter, r *http.Request, p *sandbox.Preview) bool {
+	sb, err := s.mgr.Get(r.Context(), p.OwnerKeyID, p.SandboxID)
+	if err != nil || !sb.State.Paused() || sb.AutoWake {
+		return false // Guest answers anything else
+	}
+	if !strings.Contains(r.Header.Get("Accept"), "text/html") {
+		s.writeError(w, r, newError(http.StatusServiceUnavailable, "sandbox_paused", "The sandbox of this preview is paused.").
+			withHint("Its owner wakes it (POST /v1/sandboxes/{id}:wake), or creates it with autoWake for visitors to wake it."))
+		return true
+	}
+	h := w.Header()
+	h.Set("Content-Type", "text/html; charset=utf-8")
+	h.Set("Cache-Control", "no-store")
+	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'")
+	w.WriteHeader(http.StatusServiceUnavailable)
+	_, _ = io.WriteString(w, pausedPage)
+	return true
+}
+
+// pausedPage is what a browser shows for a paused sandbox's preview.
+const pausedPage = `<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Sandbox paused</title>
+<style>body{font:16px/1.5 system-ui,sans-serif;max-width:36em;margin:15vh auto;padding:0 1em;color:#222}</style></head>
+<body><h1>This sandbox is paused</h1>
+<p>The server behind this preview is not running: its sandbox is paused. Visiting does not wake it.</p>
+<p>Its owner can wake it, or create it with auto-wake so that visitors wake it.</p></body></html>
+`
 
 // tokenMaxAge is the seconds left of a token already checked.
 func tokenMaxAge(tok string, now time.Time) int {
@@ -165,12 +200,17 @@ func tokenMaxAge(tok string, now time.Time) int {
 	return int(exp - now.Unix())
 }
 
-// stripPreviewCredentials removes what authenticated the request before
-// it reaches the guest: the preview token wherever it came, and the API key.
-func stripPreviewCredentials(out *http.Request, usedKey bool) {
-	out.Header.Del(previewTokenHeader)
-	if usedKey {
-		out.Header.Del("Authorization")
+// credentialHeaders carry credentials of this server (the API's key,
+// E2B's keys and tokens, preview tokens): never sent to a guest, whoever
+// they belong to and whether or not they authorized the request.
+var credentialHeaders = []string{"Authorization", "X-Api-Key", "X-Access-Token", "E2b-Traffic-Access-Token", previewTokenHeader}
+
+// stripCredentials removes every credential of ours from a request bound
+// for a guest: the headers above, the preview token in the query and the
+// cookie, and the console's key offered as a WebSocket subprotocol.
+func stripCredentials(out *http.Request) {
+	for _, k := range credentialHeaders {
+		out.Header.Del(k)
 	}
 	if q := out.URL.Query(); q.Has(previewTokenQuery) {
 		q.Del(previewTokenQuery)
@@ -183,6 +223,53 @@ func stripPreviewCredentials(out *http.Request, usedKey bool) {
 			out.AddCookie(c)
 		}
 	}
+	var protocols []string
+	for _, h := range out.Header.Values("Sec-WebSocket-Protocol") {
+		for p := range strings.SplitSeq(h, ",") {
+			if p = strings.TrimSpace(p); p != "" && !strings.HasPrefix(p, wsKeyPrefix) {
+				protocols = append(protocols, p)
+			}
+		}
+	}
+	out.Header.Del("Sec-WebSocket-Protocol")
+	if len(protocols) > 0 {
+		out.Header.Set("Sec-WebSocket-Protocol", strings.Join(protocols, ", "))
+	}
+}
+
+// confineResponse removes from a guest's answer what would reach past the
+// preview's origin: a service worker's scope widened, cookies for a parent
+// domain (or ours), and orders to clear the site's data.
+func confineResponse(h http.Header) {
+	h.Del("Service-Worker-Allowed")
+	h.Del("Clear-Site-Data")
+	kept := h.Values("Set-Cookie")[:0:0]
+	for _, line := range h.Values("Set-Cookie") {
+		if cookieStaysHome(line) {
+			kept = append(kept, line)
+		}
+	}
+	h.Del("Set-Cookie")
+	for _, line := range kept {
+		h.Add("Set-Cookie", line)
+	}
+}
+
+// cookieStaysHome reports whether a Set-Cookie line sets a host-only
+// cookie (no Domain attribute) that is not ours.
+func cookieStaysHome(line string) bool {
+	c, err := http.ParseSetCookie(line)
+	if err != nil || c.Name == previewCookie {
+		return false
+	}
+	_, attrs, _ := strings.Cut(line, ";")
+	for attr := range strings.SplitSeq(attrs, ";") {
+		name, _, _ := strings.Cut(attr, "=")
+		if strings.EqualFold(strings.TrimSpace(name), "domain") {
+			return false
+		}
+	}
+	return true
 }
 
 // previewUnreachable is the answer when the guest port cannot be reached.

@@ -21,9 +21,9 @@ type PreviewManager interface {
 	GetPreview(ctx context.Context, owner, id string, port int) (*sandbox.Preview, error)
 	DeletePreview(ctx context.Context, owner, id string, port int) (*sandbox.Preview, error)
 	RotatePreview(ctx context.Context, owner, id string, port int) (*sandbox.Preview, error)
-	// OpenPreview returns the live preview named id, of any owner, for
-	// serving its URL.
-	OpenPreview(ctx context.Context, id string) (*sandbox.Preview, error)
+	// OpenPreview returns the live preview of port of sandbox id, of any
+	// owner, for serving its host.
+	OpenPreview(ctx context.Context, id string, port int) (*sandbox.Preview, error)
 }
 
 func (s *server) previewManager() (PreviewManager, error) {
@@ -66,21 +66,14 @@ const (
 	previewTokenHeader = "X-Runtime-Preview-Token"
 	previewTokenQuery  = "runtime_preview_token"
 	previewCookie      = "runtime_preview_token"
-	previewPrefix      = "/preview/"
+	// previewPrefix is where previews were served on the API's host.
+	previewPrefix = "/preview/"
 )
 
-// previewURL is the address a preview is served at: under the
-// configured base, else this request's own scheme and host.
+// previewURL is the address a preview is served at, on a host of its
+// own under the preview domain.
 func (s *server) previewURL(r *http.Request, p *sandbox.Preview) string {
-	base := s.previewBase
-	if base == "" {
-		scheme := "http"
-		if r.TLS != nil {
-			scheme = "https"
-		}
-		base = scheme + "://" + r.Host
-	}
-	return strings.TrimRight(base, "/") + previewPrefix + p.ID + "/"
+	return s.previewDomain.url(p.SandboxID, p.Port, r.Host)
 }
 
 func (s *server) toPreviewJSON(r *http.Request, p *sandbox.Preview, tokenExp time.Time) previewJSON {

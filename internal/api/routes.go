@@ -397,9 +397,12 @@ func (s *server) buildMux() *http.ServeMux {
 		}
 		mux.Handle(pattern, groups[p])
 	}
-	// Preview URLs are the sandboxes' own servers, not API routes: any
-	// method, any path, authorized per preview (preview_proxy.go).
-	mux.HandleFunc(previewPrefix, s.servePreview)
+	// Previews are served on hosts of their own, never the API's: an
+	// address of the old form is pointed there.
+	mux.HandleFunc(previewPrefix, func(w http.ResponseWriter, r *http.Request) {
+		s.writeError(w, r, newError(http.StatusMisdirectedRequest, "preview_moved", "Previews are not served on the API's host.").
+			withHint("A preview has a host of its own, "+s.previewDomain.form()+"; GET /v1/sandboxes/{id}/previews gives its url."))
+	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, notServed(r))
 	})

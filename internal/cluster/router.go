@@ -64,6 +64,12 @@ func (c *Cluster) Handler(next http.Handler, targets ...Target) http.Handler {
 	})
 }
 
+// RouteSandbox serves r, a call for sandbox id that no path names (a
+// preview's host): with next here, or on the node that runs id.
+func (c *Cluster) RouteSandbox(w http.ResponseWriter, r *http.Request, next http.Handler, id string) {
+	c.routeOwned(w, r, next, "sandboxes", id)
+}
+
 // resourceID is the id after prefix, up to a '/' or a ':verb'.
 func resourceID(path, prefix string) string {
 	id := strings.TrimPrefix(path, prefix)

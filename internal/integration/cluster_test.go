@@ -201,16 +201,30 @@ func TestCluster(t *testing.T) {
 		cc.spawn(t, onB, "cd /workspace && exec python3 -m http.server 8000")
 		pv, _ := call[struct{ URL string }](t, cc, "POST", "/v1/sandboxes/"+onB+"/previews",
 			map[string]any{"port": 8000, "visibility": "public"}, nil)
+		// Its host names the sandbox; any node serves it, a's included.
 		pu, err := url.Parse(pv.URL)
-		if err != nil || !strings.HasPrefix(pu.Path, "/preview/") {
+		if err != nil || pu.Hostname() != "8000-"+onB+".localhost" || pu.Path != "/" {
 			t.Fatalf("preview: %q %v", pv.URL, err)
 		}
-		var last *response
+		au, _ := url.Parse(a.s.URL)
+		viaA := "http://" + net.JoinHostPort(pu.Hostname(), au.Port()) + "/via-c.txt"
+		var last string
 		if !waitUntil(time.Minute, 500*time.Millisecond, func() bool {
-			last = a.s.client("").raw(t, "GET", pu.Path+"via-c.txt", nil, nil, requestTimeout)
-			return last.Status == http.StatusOK && string(last.Body) == "written through node c\n"
+			resp, err := previewClient.Get(viaA)
+			if err != nil {
+				last = err.Error()
+				return false
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			last = fmt.Sprintf("HTTP %d %s", resp.StatusCode, body)
+			return resp.StatusCode == http.StatusOK && string(body) == "written through node c\n"
 		}) {
-			t.Fatalf("preview made through c, fetched through a: %v", last)
+			t.Fatalf("preview made through c, fetched through a (%s): %s", viaA, last)
+		}
+		// The API's host of a node serves no preview.
+		if r := a.s.client("").raw(t, "GET", "/preview/"+onB+"/", nil, nil, requestTimeout); r.Status != http.StatusMisdirectedRequest {
+			t.Fatalf("/preview/ on the API's host: %v", r)
 		}
 
 		p := cc.spawn(t, onB, "sleep 300")

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -82,22 +84,33 @@ func TestConsole(t *testing.T) {
 	// What the page reports: CSP violations and uncaught errors fail the test.
 	var pageMu sync.Mutex
 	var pageErrors []string
+	hostileOpen := false // the hostile preview's page is shown: its errors are its own
+	hostilePage := func(open bool) {
+		pageMu.Lock()
+		hostileOpen = open
+		pageMu.Unlock()
+	}
 	err = chromedp.Listen(ctx, func(ev any) {
-		var msg string
+		var msg, from string
 		switch e := ev.(type) {
 		case *runtime.EventExceptionThrown:
+			from = e.ExceptionDetails.URL
 			msg = "exception: " + e.ExceptionDetails.Text
 			if e.ExceptionDetails.Exception != nil {
 				msg += " " + e.ExceptionDetails.Exception.Description
 			}
 		case *cdplog.EventEntryAdded:
+			from = e.Entry.URL
 			if e.Entry.Level == cdplog.EntryLevelError || strings.Contains(e.Entry.Text, "Content Security Policy") {
 				msg = "log: " + e.Entry.Text
 			}
 		}
 		if msg != "" {
 			pageMu.Lock()
-			pageErrors = append(pageErrors, msg)
+			// Only previews live under .localhost here.
+			if !hostileOpen && !strings.Contains(from, ".localhost:") {
+				pageErrors = append(pageErrors, msg+" ("+from+")")
+			}
 			pageMu.Unlock()
 		}
 	})
@@ -232,29 +245,113 @@ func TestConsole(t *testing.T) {
 		t.Fatalf("no download of the %d bytes written arrived in %s; it holds %v", len(want), downloads, names)
 	}
 
-	// Previews and events.
+	// Previews: a hostile server behind a public preview, on an origin of
+	// its own, gets nothing of the console's.
+	c.writeFile(t, id, "/workspace/hostile.py", []byte(hostileGuest))
+	c.spawn(t, id, "python3 /workspace/hostile.py 8000")
 	run("open the previews", chromedp.Navigate(s.URL+"/console/#/sandboxes/"+id+"/previews"),
 		chromedp.WaitVisible(css("#previews-table")))
-	c.spawn(t, id, "python3 -m http.server 8000 --directory /workspace")
-	run("share a port", chromedp.SendKeys(css("#preview-port"), "8000"), chromedp.Click(css("#preview-submit")))
-	waitJS("the preview is listed", `document.querySelector('#previews-table tr[data-port="8000"] a[href*="/preview/"]')`, time.Minute)
-	// Its Open link reaches the server in the sandbox.
+	run("share a port publicly", chromedp.SendKeys(css("#preview-port"), "8000"),
+		chromedp.SetValue(css("#preview-visibility"), "public"), chromedp.Click(css("#preview-submit")))
+	waitJS("the preview is listed", `document.querySelector('#previews-table tr[data-port="8000"] a[href*=".localhost:"]')`, time.Minute)
 	link := eval("read the preview link", `document.querySelector('#previews-table tr[data-port="8000"] a').href`)
+	previewOrigin := "http://8000-" + id + ".localhost:" + strings.TrimPrefix(s.URL[strings.LastIndexByte(s.URL, ':'):], ":")
+	if link != previewOrigin+"/" {
+		t.Fatalf("the preview link is %s, want %s/", link, previewOrigin)
+	}
+	shot("5-previews")
+	// A program that sends our credentials to the preview: it is served,
+	// and the guest sees none of them (checked below, with the rest).
 	if !waitUntil(time.Minute, 500*time.Millisecond, func() bool {
-		resp, err := http.Get(link)
+		req, _ := http.NewRequest("GET", link+"from-a-program", nil)
+		for _, h := range []string{"Authorization", "X-Api-Key", "X-Access-Token", "X-Runtime-Preview-Token"} {
+			req.Header.Set(h, "Bearer "+s.AdminKey)
+		}
+		resp, err := previewClient.Do(req)
 		if err != nil {
 			return false
 		}
 		defer resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	}) {
-		t.Fatalf("the preview link %s does not answer 200", link)
+		t.Fatalf("the preview %s does not answer 200", link)
 	}
-	shot("5-previews")
+	// The hostile page, opened in the console's own tab: what it reports
+	// is asserted here; the errors it provokes are its own, not the
+	// console's.
+	hostilePage(true)
+	run("open the hostile preview", chromedp.Navigate(link+"?api="+s.URL))
+	var found struct{ Origin, Session, Local, Cookie, SW, APISW, APIFetch string }
+	if !waitUntil(2*time.Minute, 300*time.Millisecond, func() bool {
+		v, err := chromedp.Run(ctx, chromedp.Evaluate[string](`window.hostile ? JSON.stringify(window.hostile) : ""`))
+		return err == nil && v != "" && json.Unmarshal([]byte(v), &found) == nil
+	}) {
+		t.Fatal("the hostile page reported nothing in 2 minutes")
+	}
+	t.Logf("the hostile page found %+v", found)
+	if found.Origin != previewOrigin || found.SW != previewOrigin+"/" {
+		t.Errorf("the hostile page ran at %q with a worker for %q; want both at %s", found.Origin, found.SW, previewOrigin)
+	}
+	if strings.Contains(found.Session+found.Local+found.Cookie+found.APIFetch, s.AdminKey) || found.Session != "{}" || found.Local != "{}" || found.Cookie != "" {
+		t.Errorf("the hostile page read the console's storage or cookies: %+v", found)
+	}
+	if !strings.HasPrefix(found.APISW, "refused") || strings.HasPrefix(found.APIFetch, "200") {
+		t.Errorf("the hostile page reached the API's origin: worker %q, fetch %q", found.APISW, found.APIFetch)
+	}
+	// Its worker is live on its own origin: it sees a reload there...
+	run("reload the hostile preview", chromedp.Navigate(link+"again?api="+s.URL))
+	hostileLog := func() []map[string]any {
+		data, _ := c.readFile(t, id, "/workspace/hostile.log")
+		var out []map[string]any
+		for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+			var m map[string]any
+			if json.Unmarshal([]byte(line), &m) == nil {
+				out = append(out, m)
+			}
+		}
+		return out
+	}
+	sawOwn := func() bool {
+		for _, e := range hostileLog() {
+			if body, _ := e["body"].(string); e["kind"] == "seen" && strings.Contains(body, link+"again") {
+				return true
+			}
+		}
+		return false
+	}
+	if !waitUntil(time.Minute, 500*time.Millisecond, sawOwn) {
+		t.Fatalf("the hostile worker never reported a fetch of its own origin: %v", hostileLog())
+	}
+	// ...and none of the console's requests, which carry the key.
+	run("back to the console", chromedp.Navigate(s.URL+"/console/#/sandboxes/"+id+"/previews"),
+		chromedp.WaitVisible(css(`#previews-table tr[data-port="8000"]`)))
+	hostilePage(false)
+	entries := hostileLog()
+	for _, e := range entries {
+		raw, _ := json.Marshal(e)
+		if strings.Contains(string(raw), s.AdminKey) {
+			t.Errorf("the hostile guest got the console's key: %s", raw)
+		}
+		if body, _ := e["body"].(string); e["kind"] == "seen" && !strings.Contains(body, `"url":"`+previewOrigin+"/") {
+			t.Errorf("the hostile worker saw a request of another origin: %s", body)
+		}
+		if hdrs, ok := e["headers"].(map[string]any); ok {
+			for k := range hdrs {
+				switch strings.ToLower(k) {
+				case "authorization", "x-api-key", "x-access-token", "x-runtime-preview-token":
+					t.Errorf("the hostile guest got %s: %s", k, raw)
+				}
+			}
+		}
+	}
+	if !slices.ContainsFunc(entries, func(e map[string]any) bool { return e["path"] == "/from-a-program" }) {
+		t.Errorf("the program's request is not in the guest's log: %v", entries)
+	}
+	shot("6-hostile-preview")
 	run("open the events", chromedp.Navigate(s.URL+"/console/#/sandboxes/"+id+"/events"),
 		chromedp.WaitVisible(css("#events-table")))
 	waitJS("its events are listed", `!!document.querySelector('#events-table tr[data-type="created"]')`, time.Minute)
-	shot("6-events")
+	shot("7-events")
 
 	// Stop it from the list.
 	run("back to the list", chromedp.Navigate(s.URL+"/console/#/"),

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -54,8 +55,9 @@ func checkKept(t testing.TB, c *client, id, want, when string) {
 // across a pause, a restart of the server and a kill -9 of it while paused,
 // and ten pause/wake cycles in a row; a paused sandbox has no VM process;
 // an exec wakes it (autoWake), and with autoWake off it answers
-// sandbox_paused; waking a running one answers not_paused; the guest's
-// clock is right after a wake.
+// sandbox_paused (and its public preview a "paused" page, without waking
+// it); waking a running one answers not_paused; the guest's clock is right
+// after a wake.
 func TestPauseWake(t *testing.T) {
 	dataDir := t.TempDir()
 	s := startServer(t, dataDir)
@@ -125,6 +127,37 @@ func TestPauseWake(t *testing.T) {
 		}
 		if got := c.get(t, sb.ID); got.State != "paused" {
 			t.Errorf("the refused call left it %s", got.State)
+		}
+	})
+	// A visitor of a public preview does not wake a paused sandbox at its
+	// owner's cost: a page says it is paused; with autoWake the visit
+	// wakes it.
+	t.Run("PreviewOfPaused", func(t *testing.T) {
+		pv, _ := call[struct{ URL string }](t, c, "POST", "/v1/sandboxes/"+sb.ID+"/previews",
+			map[string]any{"port": 8000, "visibility": "public"}, nil)
+		visit := func() (int, string) {
+			req, _ := http.NewRequest("GET", pv.URL+"kept", nil)
+			req.Header.Set("Accept", "text/html")
+			resp, err := previewClient.Do(req)
+			if err != nil {
+				t.Fatalf("GET %s: %v", pv.URL, err)
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(body)
+		}
+		if code, body := visit(); code != http.StatusServiceUnavailable || !strings.Contains(body, "This sandbox is paused") {
+			t.Errorf("the preview of a paused sandbox without autoWake: %d %q", code, body)
+		}
+		if got := c.get(t, sb.ID); got.State != "paused" {
+			t.Errorf("a visit left it %s", got.State)
+		}
+		c.lifecycle(t, sb.ID, "update", map[string]any{"autoWake": true})
+		if code, body := visit(); code != http.StatusOK || body != "9\n" {
+			t.Errorf("the preview of a paused sandbox with autoWake: %d %q", code, body)
+		}
+		if got := c.get(t, sb.ID); got.State != "running" {
+			t.Errorf("a visit with autoWake left it %s", got.State)
 		}
 	})
 }

@@ -69,7 +69,6 @@ type PreviewStore interface {
 	// PutPreview inserts p, or replaces the preview of its sandbox and port.
 	PutPreview(ctx context.Context, p *Preview) error
 	GetPreview(ctx context.Context, sandboxID string, port int) (*Preview, error)
-	PreviewByID(ctx context.Context, id string) (*Preview, error)
 	ListPreviews(ctx context.Context, sandboxID string) ([]*Preview, error)
 	// DeletePreviews removes a sandbox's preview of port, or all of them
 	// when port is 0.
@@ -232,15 +231,16 @@ func (m *Manager) RotatePreview(ctx context.Context, owner, id string, port int)
 	return p, nil
 }
 
-// OpenPreview returns the live preview named id, for serving its URL: not
-// found if it does not exist, has expired, or its sandbox is deleted.
-func (m *Manager) OpenPreview(ctx context.Context, id string) (*Preview, error) {
+// OpenPreview returns the live preview of port of sandbox id, of any
+// owner, for serving its host: not found if it does not exist, has
+// expired, or its sandbox is deleted.
+func (m *Manager) OpenPreview(ctx context.Context, id string, port int) (*Preview, error) {
 	ps, err := m.previews()
 	if err != nil {
 		return nil, err
 	}
 	nf := errdefs.New(errdefs.ErrNotFound, "preview_not_found", "no preview here: it was deleted or has expired")
-	p, err := ps.PreviewByID(ctx, id)
+	p, err := ps.GetPreview(ctx, id, port)
 	if errdefs.IsNotFound(err) {
 		return nil, nf
 	}
@@ -321,3 +321,7 @@ func newPreviewSecret() []byte {
 	_, _ = rand.Read(b)
 	return b
 }
+
+// ValidID reports whether id has the form of a sandbox id ("sbx_" and 20
+// lowercase hex digits), as a preview's host name must carry it.
+func ValidID(id string) bool { return validSandboxID(id) }

@@ -75,8 +75,19 @@ def boxes(runtime_client):
                 print(f"cleanup: delete of {box.id} failed: {e}")
 
 
+def _loopback(url: str) -> tuple[str, dict]:
+    """A preview's host is under localhost, which browsers resolve to the
+    loopback address and Python's resolver may not: send the request there
+    with the preview's Host."""
+    u = urlsplit(url)
+    if not (u.hostname or "").endswith(".localhost"):
+        return url, {}
+    return u._replace(netloc=f"127.0.0.1:{u.port}").geturl(), {"Host": u.netloc}
+
+
 def _get(url: str, headers: dict | None = None) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, headers=headers or {})
+    url, host = _loopback(url)
+    req = urllib.request.Request(url, headers={**(headers or {}), **host})
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
         with opener.open(req, timeout=60) as r:
@@ -133,7 +144,8 @@ def test_private_preview_needs_the_token_or_key(boxes, emberbox_server):
 
 def _ws_echo(url: str, text: str) -> str:
     u = urlsplit(url)
-    s = socket.create_connection((u.hostname, u.port), timeout=60)
+    connect_to = "127.0.0.1" if (u.hostname or "").endswith(".localhost") else u.hostname
+    s = socket.create_connection((connect_to, u.port), timeout=60)
     key = base64.b64encode(os.urandom(16)).decode()
     s.sendall((f"GET {u.path} HTTP/1.1\r\nHost: {u.netloc}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
