@@ -43,8 +43,8 @@ func TestPreviewFront(t *testing.T) {
 	}{
 		{"127.0.0.1:8080", "/console/", true},
 		{"localhost:8080", "/v1/sandboxes", true},
-		{"8000-sbx_0123456789abcdef0123.localhost:8080", "/console/", false},
-		{"8000-sbx_0123456789abcdef0123.localhost:8080", "/v1/sandboxes", false},
+		{"8000-0123456789abcdef0123.localhost:8080", "/console/", false},
+		{"8000-0123456789abcdef0123.localhost:8080", "/v1/sandboxes", false},
 		{"console.localhost:8080", "/console/", false},
 	} {
 		r := httptest.NewRequest("GET", c.path, nil)

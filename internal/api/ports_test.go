@@ -168,7 +168,7 @@ func TestPreviewRoutesAndAccess(t *testing.T) {
 	p := decodeBody[previewJSON](t, w)
 	// The API was asked at example.com (port 80): the preview is on a
 	// host of its own under localhost.
-	url := "http://8080-" + previewSandbox + ".localhost/"
+	url := "http://8080-" + hostLabelID(previewSandbox) + ".localhost/"
 	if p.Visibility != "private" || p.Token == nil || p.URLWithToken == nil || p.URL != url || !strings.HasPrefix(p.ID, "pv") {
 		t.Fatalf("created %+v", p)
 	}

@@ -9,8 +9,8 @@ import (
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
-// Each preview is an origin of its own, <port>-<sandbox id>.<preview
-// domain>, so that nothing a guest's page does (service workers, storage,
+// Each preview is an origin of its own, <port>-<sandbox id without its
+// "sbx_">.<preview domain>, so that nothing a guest's page does (service workers, storage,
 // cookies) reaches the API's and the console's origin or another
 // preview's.
 
@@ -96,7 +96,7 @@ func validDomainName(name string) bool {
 // url is the address of the preview of port of sandbox id; reqHost is
 // the Host of the request that asks, whose port the default domain takes.
 func (d previewDomain) url(id string, port int, reqHost string) string {
-	host := strconv.Itoa(port) + "-" + id + "." + d.name
+	host := strconv.Itoa(port) + "-" + hostLabelID(id) + "." + d.name
 	p := d.port
 	if d.local {
 		p = hostPort(reqHost)
@@ -109,7 +109,7 @@ func (d previewDomain) url(id string, port int, reqHost string) string {
 
 // form is the shape of a preview's URL, for hints.
 func (d previewDomain) form() string {
-	host := "<port>-<sandboxId>." + d.name
+	host := "<port>-<sandboxId without sbx_>." + d.name
 	if d.port != "" {
 		host += ":" + d.port
 	} else if d.local {
@@ -129,7 +129,8 @@ func hostPort(host string) string {
 
 // parseHost reads a request's Host as a preview's: under says the name is
 // below the preview domain at all (nothing but a preview may be served
-// there); ok says it is exactly <port>-<sandbox id>.<domain>, with a port
+// there); ok says it is exactly <port>-<sandbox id>.<domain> (the id
+// without its "sbx_"; see hostLabelID), with a port
 // of 1 to 65535 written without leading zeros and a well-formed sandbox
 // id. A port after the name need only be digits: the listener took it.
 func (d previewDomain) parseHost(host string) (sandboxID string, port int, under, ok bool) {
@@ -154,11 +155,20 @@ func (d previewDomain) parseHost(host string) (sandboxID string, port int, under
 		return "", 0, true, false
 	}
 	n, _ := strconv.Atoi(p)
-	if n < 1 || n > 65535 || !sandbox.ValidID(id) {
+	id = sandboxIDPrefix + id
+	if n < 1 || n > 65535 || strings.Count(id, "_") != 1 || !sandbox.ValidID(id) {
 		return "", 0, true, false
 	}
 	return id, n, true, true
 }
+
+// sandboxIDPrefix starts every sandbox id. A preview's host name leaves it
+// out: "_" is not a letter, digit or hyphen, and DNS names, certificates
+// and some clients and proxies refuse it (RFC 1123).
+const sandboxIDPrefix = "sbx_"
+
+// hostLabelID is sandbox id as a preview's host name carries it.
+func hostLabelID(id string) string { return strings.TrimPrefix(id, sandboxIDPrefix) }
 
 // digits reports whether s is 1 to max ASCII digits.
 func digits(s string, max int) bool {

@@ -8,17 +8,20 @@ import (
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
+// previewLabel is previewSandbox as a preview's host name carries it.
+var previewLabel = hostLabelID(previewSandbox)
+
 func TestParsePreviewDomain(t *testing.T) {
 	for _, c := range []struct {
 		in, url string // url of port 3000 of previewSandbox asked at host:8080
 	}{
-		{"", "http://3000-" + previewSandbox + ".localhost:8080/"},
-		{"preview.example.com", "https://3000-" + previewSandbox + ".preview.example.com/"},
-		{"Preview.Example.COM", "https://3000-" + previewSandbox + ".preview.example.com/"},
-		{"https://preview.example.com", "https://3000-" + previewSandbox + ".preview.example.com/"},
-		{"https://preview.example.com:443/", "https://3000-" + previewSandbox + ".preview.example.com/"},
-		{"http://preview.test:8081", "http://3000-" + previewSandbox + ".preview.test:8081/"},
-		{"preview.test:8443", "https://3000-" + previewSandbox + ".preview.test:8443/"},
+		{"", "http://3000-" + previewLabel + ".localhost:8080/"},
+		{"preview.example.com", "https://3000-" + previewLabel + ".preview.example.com/"},
+		{"Preview.Example.COM", "https://3000-" + previewLabel + ".preview.example.com/"},
+		{"https://preview.example.com", "https://3000-" + previewLabel + ".preview.example.com/"},
+		{"https://preview.example.com:443/", "https://3000-" + previewLabel + ".preview.example.com/"},
+		{"http://preview.test:8081", "http://3000-" + previewLabel + ".preview.test:8081/"},
+		{"preview.test:8443", "https://3000-" + previewLabel + ".preview.test:8443/"},
 	} {
 		d, err := parsePreviewDomain(c.in)
 		if err != nil {
@@ -48,36 +51,39 @@ func TestParsePreviewHost(t *testing.T) {
 		port      int
 		under, ok bool
 	}{
-		{local, "3000-" + previewSandbox + ".localhost:8080", previewSandbox, 3000, true, true},
-		{local, "3000-" + previewSandbox + ".localhost", previewSandbox, 3000, true, true},
-		{local, "3000-" + strings.ToUpper(previewSandbox) + ".LOCALHOST:8080", previewSandbox, 3000, true, true},
-		{local, "1-" + previewSandbox + ".localhost", previewSandbox, 1, true, true},
-		{local, "65535-" + previewSandbox + ".localhost", previewSandbox, 65535, true, true},
-		{prod, "443-" + previewSandbox + ".preview.example.com", previewSandbox, 443, true, true},
+		{local, "3000-" + previewLabel + ".localhost:8080", previewSandbox, 3000, true, true},
+		{local, "3000-" + previewLabel + ".localhost", previewSandbox, 3000, true, true},
+		{local, "3000-" + strings.ToUpper(previewLabel) + ".LOCALHOST:8080", previewSandbox, 3000, true, true},
+		{local, "1-" + previewLabel + ".localhost", previewSandbox, 1, true, true},
+		{local, "65535-" + previewLabel + ".localhost", previewSandbox, 65535, true, true},
+		{prod, "443-" + previewLabel + ".preview.example.com", previewSandbox, 443, true, true},
 		// The API's and the console's hosts are not previews.
 		{local, "localhost:8080", "", 0, false, false},
 		{local, "127.0.0.1:8080", "", 0, false, false},
 		{local, "[::1]:8080", "", 0, false, false},
 		{prod, "emberbox.example.com", "", 0, false, false},
-		{prod, "3000-" + previewSandbox + ".example.com", "", 0, false, false},
-		{prod, "3000-" + previewSandbox + ".evilpreview.example.com", "", 0, false, false},
+		{prod, "3000-" + previewLabel + ".example.com", "", 0, false, false},
+		{prod, "3000-" + previewLabel + ".evilpreview.example.com", "", 0, false, false},
 		// Below the domain but not exactly a preview: refused, never the API.
 		{local, "x.localhost:8080", "", 0, true, false},
 		{local, ".localhost", "", 0, true, false},
-		{local, "3000-" + previewSandbox + ".localhost.:8080", "", 0, true, false},
-		{local, "a.3000-" + previewSandbox + ".localhost", "", 0, true, false},
-		{local, "0-" + previewSandbox + ".localhost", "", 0, true, false},
-		{local, "03000-" + previewSandbox + ".localhost", "", 0, true, false},
-		{local, "65536-" + previewSandbox + ".localhost", "", 0, true, false},
-		{local, "+3000-" + previewSandbox + ".localhost", "", 0, true, false},
-		{local, "3000" + previewSandbox + ".localhost", "", 0, true, false},
-		{local, "3000--" + previewSandbox + ".localhost", "", 0, true, false},
+		{local, "3000-" + previewLabel + ".localhost.:8080", "", 0, true, false},
+		{local, "a.3000-" + previewLabel + ".localhost", "", 0, true, false},
+		{local, "0-" + previewLabel + ".localhost", "", 0, true, false},
+		{local, "03000-" + previewLabel + ".localhost", "", 0, true, false},
+		{local, "65536-" + previewLabel + ".localhost", "", 0, true, false},
+		{local, "+3000-" + previewLabel + ".localhost", "", 0, true, false},
+		{local, "3000" + previewLabel + ".localhost", "", 0, true, false},
+		{local, "3000--" + previewLabel + ".localhost", "", 0, true, false},
 		{local, "3000-sbx_0123.localhost", "", 0, true, false},
-		{local, "3000-" + previewSandbox + "0.localhost", "", 0, true, false},
+		// The id's "sbx_" is left out of host names: written in, refused.
+		{local, "3000-" + previewSandbox + ".localhost", "", 0, true, false},
+		{local, "3000-sbx_" + previewSandbox + ".localhost", "", 0, true, false},
+		{local, "3000-" + previewLabel + "0.localhost", "", 0, true, false},
 		{local, "3000-pv0123456789abcdef0123456789abcdef.localhost", "", 0, true, false},
-		{local, "3000-" + previewSandbox + ".localhost:80x", "", 0, true, false},
-		{local, "3000-" + previewSandbox + ".localhost:8080:1", "", 0, true, false},
-		{prod, "3000-" + previewSandbox + ".a.preview.example.com", "", 0, true, false},
+		{local, "3000-" + previewLabel + ".localhost:80x", "", 0, true, false},
+		{local, "3000-" + previewLabel + ".localhost:8080:1", "", 0, true, false},
+		{prod, "3000-" + previewLabel + ".a.preview.example.com", "", 0, true, false},
 	} {
 		id, port, under, ok := c.d.parseHost(c.host)
 		if id != c.id || port != c.port || under != c.under || ok != c.ok {
@@ -89,8 +95,8 @@ func TestParsePreviewHost(t *testing.T) {
 // FuzzPreviewHost: a host is a preview's only if it is exactly
 // <port>-<id>.<domain>, which the URL of that preview names again.
 func FuzzPreviewHost(f *testing.F) {
-	for _, s := range []string{"3000-" + previewSandbox + ".localhost:8080", "localhost:8080", "x.localhost", "[::1]:80",
-		"3000-" + previewSandbox + ".localhost.", "0-sbx_.localhost", "65535-" + previewSandbox + ".LOCALHOST"} {
+	for _, s := range []string{"3000-" + previewLabel + ".localhost:8080", "localhost:8080", "x.localhost", "[::1]:80",
+		"3000-" + previewLabel + ".localhost.", "0-sbx_.localhost", "65535-" + previewLabel + ".LOCALHOST"} {
 		f.Add(s)
 	}
 	d, _ := parsePreviewDomain("")
@@ -106,7 +112,7 @@ func FuzzPreviewHost(f *testing.F) {
 			t.Fatalf("%q: accepted as (%q, %d, under %v)", host, id, port, under)
 		}
 		name, _, _ := strings.Cut(strings.ToLower(host), ":")
-		if want := strconv.Itoa(port) + "-" + id + "." + d.name; name != want {
+		if want := strconv.Itoa(port) + "-" + hostLabelID(id) + "." + d.name; name != want {
 			t.Fatalf("%q: accepted as %q", host, want)
 		}
 		if got := strings.TrimSuffix(strings.TrimPrefix(d.url(id, port, host), "http://"), "/"); !strings.EqualFold(got, host) {

@@ -184,7 +184,7 @@ func TestPreviewHostsAndTheAPIHost(t *testing.T) {
 	url, _ := previewBehind(t, e, g, "public")
 	w := e.do("GET", "/preview/pv0123/", "")
 	if w.Code != http.StatusMisdirectedRequest || errorOf(t, w).Code != "preview_moved" ||
-		!strings.Contains(errorOf(t, w).Hint, "<port>-<sandboxId>.localhost") {
+		!strings.Contains(errorOf(t, w).Hint, "<port>-<sandboxId without sbx_>.localhost") {
 		t.Errorf("GET /preview/ on the API's host: %d %s", w.Code, w.Body)
 	}
 	pv := Previews{s: e.s}
@@ -206,7 +206,7 @@ func TestPreviewHostsAndTheAPIHost(t *testing.T) {
 	}
 	// A name below the domain that is not a preview's is refused, as is
 	// a preview that does not exist.
-	for _, u := range []string{"http://console.localhost:8080/console/", "http://9999-" + previewSandbox + ".localhost/"} {
+	for _, u := range []string{"http://console.localhost:8080/console/", "http://9999-" + hostLabelID(previewSandbox) + ".localhost/"} {
 		if w := visitPreview(e, u); w.Code != http.StatusNotFound || errorOf(t, w).Code != "preview_not_found" {
 			t.Errorf("%s: %d %s", u, w.Code, w.Body)
 		}

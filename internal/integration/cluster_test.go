@@ -203,7 +203,7 @@ func TestCluster(t *testing.T) {
 			map[string]any{"port": 8000, "visibility": "public"}, nil)
 		// Its host names the sandbox; any node serves it, a's included.
 		pu, err := url.Parse(pv.URL)
-		if err != nil || pu.Hostname() != "8000-"+onB+".localhost" || pu.Path != "/" {
+		if err != nil || pu.Hostname() != "8000-"+strings.TrimPrefix(onB, "sbx_")+".localhost" || pu.Path != "/" {
 			t.Fatalf("preview: %q %v", pv.URL, err)
 		}
 		au, _ := url.Parse(a.s.URL)
