@@ -279,8 +279,8 @@ func TestControlPlaneAndRouting(t *testing.T) {
 	if st != 200 || string(b) != "routed\n" {
 		t.Fatalf("envd traffic: %d %s", st, b)
 	}
-	if rt := <-f.routed; rt.Sandbox.ID != id || rt.Sandbox.OwnerKeyID != "key_a" {
-		t.Errorf("routed to %+v", rt.Sandbox)
+	if rt := <-f.routed; rt.Sandbox.ID != id || rt.Sandbox.OwnerKeyID != "key_a" || rt.Home != "/home/user" {
+		t.Errorf("routed to %+v with home %q; want E2B's layout (/home/user) for a sandbox E2B created", rt.Sandbox, rt.Home)
 	}
 	for name, hdr := range map[string]map[string]string{
 		"no token":                {"E2b-Sandbox-Id": id},

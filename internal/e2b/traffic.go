@@ -44,7 +44,7 @@ func (h *Handler) serveSandbox(w http.ResponseWriter, r *http.Request, id string
 		writeError(w, err)
 		return
 	}
-	r = r.WithContext(sandbox.WithRouted(r.Context(), sandbox.Routed{Sandbox: sb, Guest: g}))
+	r = r.WithContext(sandbox.WithRouted(r.Context(), sandbox.Routed{Sandbox: sb, Guest: g, Home: homeOf(sb)}))
 	var next http.Handler
 	switch port {
 	case EnvdPort:
@@ -60,6 +60,20 @@ func (h *Handler) serveSandbox(w http.ResponseWriter, r *http.Request, id string
 		return
 	}
 	next.ServeHTTP(w, r)
+}
+
+// e2bHome is the sandbox user's home and working directory in E2B's
+// layout. The agent links it to the image's home (/workspace), so both
+// protocols name one directory.
+const e2bHome = "/home/user"
+
+// homeOf is the home E2B's envd presents for sb: E2B's for a sandbox E2B's
+// protocol created, the guest's own for one the Runtime API did.
+func homeOf(sb *sandbox.Sandbox) string {
+	if sb.Labels[templateLabel] != "" {
+		return e2bHome
+	}
+	return ""
 }
 
 // tokenOwner authenticates a request for the sandbox and port by its

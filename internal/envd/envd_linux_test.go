@@ -33,6 +33,14 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	return newLayoutEnv(t, false)
+}
+
+// newLayoutEnv is newEnv whose router lays the sandbox out as E2B's (with
+// the test's directory as the home) if e2bLayout.
+func newLayoutEnv(t *testing.T, e2bLayout bool) *env {
+	t.Helper()
+	dir := t.TempDir()
 	u, err := user.Current()
 	if err != nil {
 		t.Fatal(err)
@@ -51,12 +59,15 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	rt := sandbox.Routed{Sandbox: &sandbox.Sandbox{ID: "sb-test"}, Guest: c}
+	if e2bLayout {
+		rt.Home = dir
+	}
 	srv := envd.New(nil)
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		srv.ServeHTTP(w, r.WithContext(sandbox.WithRouted(r.Context(), rt)))
 	}))
 	t.Cleanup(func() { ts.Close(); c.Close(); cancel(); guestEnd.Close() })
-	return &env{url: ts.URL, dir: t.TempDir()}
+	return &env{url: ts.URL, dir: dir}
 }
 
 // codecs are the two a Connect client may speak; E2B's SDKs use JSON.
