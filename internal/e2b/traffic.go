@@ -98,6 +98,8 @@ func (h *Handler) tokenOwner(r *http.Request, id string, port int) (string, erro
 	return owner, nil
 }
 
+// checkToken opens the request's token (its MAC first, so a forged one
+// costs no look-up) and checks its generation against the key's secrets.
 func (h *Handler) checkToken(r *http.Request, id string, port int) (string, error) {
 	tok, ok := h.openToken(r, id, port)
 	if !ok {
