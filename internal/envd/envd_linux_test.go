@@ -33,19 +33,19 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	return newLayoutEnv(t, false)
-}
-
-// newLayoutEnv is newEnv whose router lays the sandbox out as E2B's (with
-// the test's directory as the home) if e2bLayout.
-func newLayoutEnv(t *testing.T, e2bLayout bool) *env {
-	t.Helper()
-	dir := t.TempDir()
 	u, err := user.Current()
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := agent.New(agent.Config{Root: "/", User: u.Username})
+	return newAgentEnv(t, agent.Config{Root: "/", User: u.Username}, "")
+}
+
+// newAgentEnv is newEnv with an agent made from cfg and, if home is set,
+// the router's layout home (Routed.Home).
+func newAgentEnv(t *testing.T, cfg agent.Config, home string) *env {
+	t.Helper()
+	dir := t.TempDir()
+	a, err := agent.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,10 +58,7 @@ func newLayoutEnv(t *testing.T, e2bLayout bool) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt := sandbox.Routed{Sandbox: &sandbox.Sandbox{ID: "sb-test"}, Guest: c}
-	if e2bLayout {
-		rt.Home = dir
-	}
+	rt := sandbox.Routed{Sandbox: &sandbox.Sandbox{ID: "sb-test"}, Guest: c, Home: home}
 	srv := envd.New(nil)
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		srv.ServeHTTP(w, r.WithContext(sandbox.WithRouted(r.Context(), rt)))

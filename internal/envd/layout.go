@@ -29,16 +29,22 @@ func inHome(rt sandbox.Routed, user, p string) string {
 	return p
 }
 
-// layoutExec gives a command the layout's default cwd, $HOME and $PWD (so
-// a shell's pwd names the layout's path, not the directory it links to);
-// what the caller set wins.
+// layoutExec gives a command the layout's $HOME and $PWD, and a relative
+// cwd under the home; what the caller set wins. Without a cwd the command
+// starts in the account's own home, the directory the layout's home links
+// to, so a guest booted before the link existed still runs it; a shell
+// then names it by $PWD, the layout's path, when the link is there.
 func layoutExec(rt sandbox.Routed, er *sandbox.ExecRequest) {
 	h := homeFor(rt, er.User)
 	if h == "" {
 		return
 	}
-	er.Cwd = inHome(rt, er.User, er.Cwd)
-	env := map[string]string{"HOME": h, "PWD": er.Cwd}
+	pwd := h
+	if er.Cwd != "" {
+		er.Cwd = inHome(rt, er.User, er.Cwd)
+		pwd = er.Cwd
+	}
+	env := map[string]string{"HOME": h, "PWD": pwd}
 	maps.Copy(env, er.Env)
 	er.Env = env
 }
