@@ -376,11 +376,14 @@ func serve(ctx context.Context, o serveOptions) error {
 	// One interpreter service for the Runtime routes and E2B's port 49999
 	// (interp.E2BHandler), so both see the same contexts.
 	interp := interpreter.New(log)
+	// One set of rate buckets for the Runtime API and E2B's front: a
+	// caller's rate is one whichever protocol it speaks.
+	limiter := api.NewRateLimiter(adm.rates)
 	acfg := api.Config{
 		Manager: mgr, Keys: keyStore{st}, Idempotency: idempotencyStore{st}, Events: eventStore{st},
 		Logger: log, Version: version, Accel: drv.Accel,
 		Confinement: func() any { return drv.Confinement() },
-		Uploads:     uploads, RateLimits: adm.rates, ObserveRequest: metrics.ObserveRequest,
+		Uploads:     uploads, Limiter: limiter, ObserveRequest: metrics.ObserveRequest,
 		Metrics: metrics.Handler(), PreviewDomain: o.previewDomain, Links: signer,
 		Interpreter: interp, Volumes: vols, Images: imgs,
 	}
@@ -424,7 +427,7 @@ func serve(ctx context.Context, o serveOptions) error {
 		return err
 	}
 	front := e2b.New(e2b.Config{
-		Manager: mgr, Keys: keyStore{st}, Tokens: tokens, Idempotency: idempotencyStore{st}, Domain: o.e2bDomain,
+		Manager: mgr, Keys: keyStore{st}, Tokens: tokens, Limiter: limiter, Idempotency: idempotencyStore{st}, Domain: o.e2bDomain,
 		EnvdVersion: envd.Version, Envd: envd.New(log), Interpreter: interp.E2BHandler(), Next: root, Logger: log,
 	})
 	// A preview's host is its own origin: nothing but the preview is served
@@ -756,7 +759,14 @@ type keyStore struct{ st *store.Store }
 
 func (k keyStore) Authenticate(ctx context.Context, secret string) (api.Key, error) {
 	key, err := k.st.AuthenticateKey(ctx, secret)
-	return api.Key{ID: key.ID, Role: key.Role}, err
+	if err != nil {
+		return api.Key{}, err
+	}
+	return api.Key{ID: key.ID, Role: key.Role, Generation: store.SecretGeneration(secret)}, nil
+}
+
+func (k keyStore) Generations(ctx context.Context, id string) ([]string, error) {
+	return k.st.KeyGenerations(ctx, id)
 }
 
 func (k keyStore) ListKeys(ctx context.Context) ([]api.KeyInfo, error) {

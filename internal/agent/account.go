@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"path"
@@ -163,4 +164,28 @@ func invalid(msg string) *agentproto.Error {
 
 func internal(err error) *agentproto.Error {
 	return &agentproto.Error{Code: agentproto.CodeInternal, Message: err.Error()}
+}
+
+// e2bHome is the sandbox user's home in E2B's layout.
+const e2bHome = "/home/user"
+
+// linkHome makes E2B's home (under the agent's root) a link to the sandbox user's home
+// when the image keeps that elsewhere (/workspace), so that code written
+// for E2B and the Runtime API name one directory. An image that has
+// something at /home/user keeps it.
+func (a *Agent) linkHome() error {
+	if a.user == nil || a.user.name != "user" || a.user.home == e2bHome {
+		return nil
+	}
+	link := path.Join(a.root, e2bHome)
+	if _, err := os.Lstat(link); !errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err := os.MkdirAll(path.Dir(link), 0o755); err != nil {
+		return fmt.Errorf("creating %s: %w", path.Dir(link), err)
+	}
+	if err := os.Symlink(a.user.home, link); err != nil {
+		return fmt.Errorf("linking %s to %s: %w", e2bHome, a.user.home, err)
+	}
+	return nil
 }

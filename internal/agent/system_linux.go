@@ -55,6 +55,9 @@ func (a *Agent) SetupSystem() error {
 	}
 	_ = os.Chmod("/tmp", 0o1777)
 	_ = os.Chmod("/var/tmp", 0o1777)
+	if err := a.linkHome(); err != nil {
+		a.log.Warn("linking E2B's home", "err", err)
+	}
 	if err := unix.Sethostname([]byte("emberbox")); err != nil {
 		a.log.Warn("sethostname", "err", err)
 	}

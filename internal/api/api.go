@@ -36,6 +36,10 @@ type Keys interface {
 type Key struct {
 	ID   string
 	Role string // RoleTenant or RoleAdmin
+	// Generation names the secret that authenticated (a rotation makes a
+	// new one); what is issued to the caller can be bound to it. "" if
+	// the Keys does not tell.
+	Generation string
 }
 
 // Roles of keys. A tenant key sees only its own sandboxes; an admin key
@@ -118,6 +122,10 @@ type Config struct {
 	// RateLimits bound each caller's request rate; the zero value sets
 	// no limit.
 	RateLimits RateLimits
+	// Limiter, if set, holds the buckets instead of new ones made from
+	// RateLimits, so that another front on the listener (E2B's) counts
+	// against the same ones.
+	Limiter *RateLimiter
 	// ObserveRequest, if set, is told of every answered request: route is
 	// the route table's "METHOD /path" (a HEAD served by a GET route is
 	// the GET route), or "unmatched" for a request no route served; status
@@ -225,6 +233,9 @@ func newServer(cfg Config) *server {
 		version: cfg.Version, accel: cfg.Accel, confine: cfg.Confinement, events: cfg.Events,
 		idemPoll: idemPollInterval, idemPollMax: idemPollMax, now: time.Now,
 		limits: newRateLimiter(cfg.RateLimits), observe: cfg.ObserveRequest,
+	}
+	if cfg.Limiter != nil {
+		s.limits = cfg.Limiter.l
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)

@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
 	"io"
@@ -248,5 +249,64 @@ func TestPreviewRoutesAndAccess(t *testing.T) {
 	}
 	if w := e.do("GET", base+"/8080", "", "Authorization", "Bearer secret-b"); w.Code != http.StatusNotFound {
 		t.Errorf("another key's: %d %s", w.Code, w.Body)
+	}
+}
+
+// TestTunnelPassesNoCredential: a tunnel carries the client's bytes into
+// the guest unparsed, and nothing of its handshake: a server in the guest
+// that records what reaches it sees neither the key (in Authorization or
+// as a subprotocol) nor a preview cookie the handshake carried.
+func TestTunnelPassesNoCredential(t *testing.T) {
+	e := newEnv(t)
+	e.m.add("key_a", "sbx_t", "running", time.Hour)
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	got := make(chan []byte, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		b, _ := io.ReadAll(c) // until the client's half-close
+		got <- b
+	}()
+	e.m.listen("sbx_t", 3000, l.Addr().String())
+	srv := httptest.NewServer(e.s)
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	keyProto := wsKeyPrefix + base64.RawURLEncoding.EncodeToString([]byte("secret-a"))
+	ws, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(srv.URL, "http")+"/v1/sandboxes/sbx_t/tunnel",
+		&websocket.DialOptions{Subprotocols: []string{wsProtocol, keyProto},
+			HTTPHeader: http.Header{"Authorization": {"Bearer secret-a"}, "Cookie": {previewCookie + "=pv.1.secret"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.CloseNow()
+	if _, msg, err := ws.Read(ctx); err != nil || string(msg) != `{"type":"ready"}` {
+		t.Fatalf("first message %q %v", msg, err)
+	}
+	request := []byte("GET / HTTP/1.1\r\nHost: localhost:3000\r\n\r\n")
+	for _, f := range [][]byte{tunnelFrame('o', 1, []byte("tcp 3000")), tunnelFrame('d', 1, request), tunnelFrame('e', 1, nil)} {
+		if err := ws.Write(ctx, websocket.MessageBinary, f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case b := <-got:
+		if !bytes.Equal(b, request) {
+			t.Errorf("the guest got %q, want exactly the client's bytes %q", b, request)
+		}
+		for _, secret := range []string{"secret-a", "pv.1.secret", keyProto, "Authorization"} {
+			if bytes.Contains(b, []byte(secret)) {
+				t.Errorf("the guest saw %q", secret)
+			}
+		}
+	case <-ctx.Done():
+		t.Fatal("the guest's server got nothing")
 	}
 }

@@ -108,7 +108,7 @@ func (s *server) servePreviewHost(w http.ResponseWriter, r *http.Request) {
 			pr.Out.URL.Host = p.SandboxID + previewHostSuffix + ":" + strconv.Itoa(p.Port)
 			pr.Out.Host = "localhost:" + strconv.Itoa(p.Port)
 			pr.SetXForwarded()
-			stripCredentials(pr.Out)
+			StripCredentials(pr.Out)
 		},
 		Transport: s.previewTransport,
 		ModifyResponse: func(resp *http.Response) error {
@@ -198,43 +198,6 @@ func tokenMaxAge(tok string, now time.Time) int {
 		return 0
 	}
 	return int(exp - now.Unix())
-}
-
-// credentialHeaders carry credentials of this server (the API's key,
-// E2B's keys and tokens, preview tokens): never sent to a guest, whoever
-// they belong to and whether or not they authorized the request.
-var credentialHeaders = []string{"Authorization", "X-Api-Key", "X-Access-Token", "E2b-Traffic-Access-Token", previewTokenHeader}
-
-// stripCredentials removes every credential of ours from a request bound
-// for a guest: the headers above, the preview token in the query and the
-// cookie, and the console's key offered as a WebSocket subprotocol.
-func stripCredentials(out *http.Request) {
-	for _, k := range credentialHeaders {
-		out.Header.Del(k)
-	}
-	if q := out.URL.Query(); q.Has(previewTokenQuery) {
-		q.Del(previewTokenQuery)
-		out.URL.RawQuery = q.Encode()
-	}
-	cookies := out.Cookies()
-	out.Header.Del("Cookie")
-	for _, c := range cookies {
-		if c.Name != previewCookie {
-			out.AddCookie(c)
-		}
-	}
-	var protocols []string
-	for _, h := range out.Header.Values("Sec-WebSocket-Protocol") {
-		for p := range strings.SplitSeq(h, ",") {
-			if p = strings.TrimSpace(p); p != "" && !strings.HasPrefix(p, wsKeyPrefix) {
-				protocols = append(protocols, p)
-			}
-		}
-	}
-	out.Header.Del("Sec-WebSocket-Protocol")
-	if len(protocols) > 0 {
-		out.Header.Set("Sec-WebSocket-Protocol", strings.Join(protocols, ", "))
-	}
 }
 
 // confineResponse removes from a guest's answer what would reach past the

@@ -220,3 +220,40 @@ func (s *server) gate(r *http.Request, rt *route, c *call) error {
 	}
 	return nil
 }
+
+// RateLimiter is a server's buckets for a front beside the API on the same
+// listener (E2B's), which authenticates in its own way but must count a
+// caller's requests and failed authentications in the same buckets as the
+// API does: whichever door a client uses, its rate is one.
+type RateLimiter struct {
+	l   *rateLimiter
+	now func() time.Time
+}
+
+// NewRateLimiter returns the buckets of rl; hand it to Config.Limiter and
+// to the other front.
+func NewRateLimiter(rl RateLimits) *RateLimiter {
+	return &RateLimiter{l: newRateLimiter(rl), now: time.Now}
+}
+
+// AuthBlocked reports whether r's address has failed authentication too
+// often to be heard now, and how long until it may try again. It is asked
+// before r's credentials are looked at, as the API's gate does.
+func (rl *RateLimiter) AuthBlocked(r *http.Request) (bool, time.Duration) {
+	return rl.l.authFail.empty(clientAddr(r), rl.now())
+}
+
+// AuthFailed counts a failed authentication against r's address.
+func (rl *RateLimiter) AuthFailed(r *http.Request) {
+	rl.l.authFail.allow(clientAddr(r), rl.now())
+}
+
+// Allow takes a token for r from key keyID's bucket (reads or writes by
+// r's method) or reports how long until one is there.
+func (rl *RateLimiter) Allow(r *http.Request, keyID string) (bool, time.Duration) {
+	bucket := rl.l.write
+	if r.Method == http.MethodGet || r.Method == http.MethodHead {
+		bucket = rl.l.read
+	}
+	return bucket.allow(keyID, rl.now())
+}

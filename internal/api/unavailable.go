@@ -15,10 +15,10 @@ import (
 var unavailableTop = map[string]bool{
 	"account": true, "agents": true, "apps": true, "audit": true, "billing": true, "builds": true,
 	"ci": true, "containers": true, "domains": true, "egress-secrets": true, "events": true,
-	"feedback": true, "functions": true, "ips": true, "job-runs": true, "jobs": true,
+	"feedback": true, "functions": true, "ips": true, "job-imports": true, "job-runs": true, "jobs": true,
 	"mcp": true, "networks": true, "otel-exports": true, "plans": true,
 	"ports": true, "referrals": true, "repositories": true, "reservations": true, "secrets": true,
-	"sso": true, "support": true, "switching": true, "usage": true, "webhooks": true,
+	"sso": true, "support": true, "switching": true, "usage": true, "webhook-deliveries": true, "webhooks": true,
 }
 
 // unavailableSandboxSub are the segments after /v1/sandboxes/{id}/ (with
@@ -66,7 +66,12 @@ func unavailableCode(path string) string {
 		}
 		return ""
 	}
-	seg, _, _ := strings.Cut(sub, "/")
+	seg, rest, _ := strings.Cut(sub, "/")
+	if pid, tail, _ := strings.Cut(rest, "/"); seg == "processes" && pid != "" && tail == "files" {
+		// Processes are served; the files a traced one touched are not
+		// recorded (traceFiles is accepted and ignored).
+		return "process_files_unavailable"
+	}
 	seg, _, _ = strings.Cut(seg, ":")
 	return unavailableSandboxSub[seg]
 }

@@ -32,6 +32,9 @@ var sdkUnavailable = []struct{ method, path string }{
 	{"GET", "/v1/usage/requests"},
 	{"GET", "/v1/switching"},
 	{"POST", "/v1/webhooks/wh_1:test"},
+	{"POST", "/v1/webhook-deliveries/whd_1:retry"},
+	{"POST", "/v1/job-imports"},
+	{"GET", "/v1/sandboxes/sbx_r/processes/proc_1/files"},
 }
 
 func TestSDKRoutesNotBuiltAnswerUnavailable(t *testing.T) {

@@ -3,6 +3,7 @@ package e2b
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -47,12 +48,12 @@ func (h *Handler) controlMux() *http.ServeMux {
 	mux := http.NewServeMux()
 	handle := func(pattern string, fn func(http.ResponseWriter, *http.Request, string)) {
 		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-			owner, err := h.authenticate(r)
+			k, err := h.authenticate(r)
 			if err != nil {
 				writeError(w, err)
 				return
 			}
-			fn(w, r, owner)
+			fn(w, r.WithContext(withGeneration(r.Context(), k.Generation)), k.ID)
 		})
 	}
 	handle("POST /sandboxes", h.create)
@@ -79,8 +80,28 @@ func (h *Handler) controlMux() *http.ServeMux {
 	return mux
 }
 
-// authenticate reads the key from X-API-KEY (or a bearer token).
-func (h *Handler) authenticate(r *http.Request) (string, error) {
+// authenticate reads the key from X-API-KEY (or a bearer token) under the
+// API's rate limits: an address that keeps failing is refused before its
+// key is looked up, and the key's requests count against its bucket.
+func (h *Handler) authenticate(r *http.Request) (api.Key, error) {
+	if err := h.authBlocked(r); err != nil {
+		return api.Key{}, err
+	}
+	k, err := h.checkKey(r)
+	if err != nil {
+		if ae := (*apiError)(nil); errors.As(err, &ae) && ae.Code == http.StatusUnauthorized {
+			h.authFailed(r)
+		}
+		return api.Key{}, err
+	}
+	if err := h.allow(r, k.ID); err != nil {
+		return api.Key{}, err
+	}
+	return k, nil
+}
+
+// checkKey authenticates the request's key.
+func (h *Handler) checkKey(r *http.Request) (api.Key, error) {
 	secret := r.Header.Get("X-API-Key")
 	if secret == "" {
 		if a, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
@@ -88,16 +109,29 @@ func (h *Handler) authenticate(r *http.Request) (string, error) {
 		}
 	}
 	if secret == "" {
-		return "", newError(http.StatusUnauthorized, "missing API key: send it in the X-API-KEY header")
+		return api.Key{}, newError(http.StatusUnauthorized, "missing API key: send it in the X-API-KEY header")
 	}
 	k, err := h.cfg.Keys.Authenticate(r.Context(), secret)
 	if err != nil {
 		if errdefs.IsNotFound(err) {
-			return "", newError(http.StatusUnauthorized, "invalid API key")
+			return api.Key{}, newError(http.StatusUnauthorized, "invalid API key")
 		}
-		return "", err
+		return api.Key{}, fmt.Errorf("authenticating an E2B request: %w", err)
 	}
-	return k.ID, nil
+	return k, nil
+}
+
+type generationKey struct{}
+
+// withGeneration records the generation of the caller's secret, which the
+// tokens of its answers are bound to.
+func withGeneration(ctx context.Context, g string) context.Context {
+	return context.WithValue(ctx, generationKey{}, g)
+}
+
+func generationFrom(ctx context.Context) string {
+	g, _ := ctx.Value(generationKey{}).(string)
+	return g
 }
 
 func readBody(r *http.Request) ([]byte, error) {
@@ -397,7 +431,9 @@ func (h *Handler) waitRunning(ctx context.Context, owner, id string) (*sandbox.S
 }
 
 // sandboxJSON is E2B's Sandbox: what a create, connect or resume answers.
-func (h *Handler) sandboxJSON(sb *sandbox.Sandbox) map[string]any {
+// Its tokens are bound to the generation of the caller's secret in ctx.
+func (h *Handler) sandboxJSON(ctx context.Context, sb *sandbox.Sandbox) map[string]any {
+	gen := generationFrom(ctx)
 	tmpl := templateOf(sb)
 	m := map[string]any{
 		"sandboxID":          sb.ID,
@@ -405,8 +441,8 @@ func (h *Handler) sandboxJSON(sb *sandbox.Sandbox) map[string]any {
 		"alias":              tmpl,
 		"clientID":           clientID,
 		"envdVersion":        h.cfg.EnvdVersion,
-		"envdAccessToken":    h.cfg.Tokens.Make(purposeEnvd, sb.ID, sb.OwnerKeyID),
-		"trafficAccessToken": h.cfg.Tokens.Make(purposeTraffic, sb.ID, sb.OwnerKeyID),
+		"envdAccessToken":    h.cfg.Tokens.Make(purposeEnvd, sb.ID, sb.OwnerKeyID, gen),
+		"trafficAccessToken": h.cfg.Tokens.Make(purposeTraffic, sb.ID, sb.OwnerKeyID, gen),
 		"domain":             nil,
 	}
 	if h.cfg.Domain != "" {
@@ -494,7 +530,7 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request, owner string) {
 		return
 	}
 	m := h.listedJSON(sb, st)
-	m["envdAccessToken"] = h.cfg.Tokens.Make(purposeEnvd, sb.ID, sb.OwnerKeyID)
+	m["envdAccessToken"] = h.cfg.Tokens.Make(purposeEnvd, sb.ID, sb.OwnerKeyID, generationFrom(r.Context()))
 	m["domain"] = nil
 	if h.cfg.Domain != "" {
 		m["domain"] = h.cfg.Domain
@@ -792,7 +828,7 @@ func (h *Handler) wakeOrAnswer(w http.ResponseWriter, r *http.Request, owner str
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, status, h.sandboxJSON(sb))
+	writeJSON(w, status, h.sandboxJSON(r.Context(), sb))
 }
 
 func (h *Handler) pause(w http.ResponseWriter, r *http.Request, owner string) {

@@ -13,7 +13,9 @@
 package e2b
 
 import (
+	"context"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"strconv"
@@ -29,11 +31,27 @@ const (
 	InterpreterPort = 49999
 )
 
+// Keys authenticates API keys and tells which of a key's secrets still
+// authenticate, so that the tokens issued to a secret's caller end with
+// that secret.
+type Keys interface {
+	api.Keys
+	// Generations returns the generations (api.Key.Generation) of key
+	// id's secrets that authenticate now: the current secret's and,
+	// during a rotation's grace, the one before's. A revoked, expired or
+	// unknown key has none.
+	Generations(ctx context.Context, id string) ([]string, error)
+}
+
 // Config configures the handler New returns.
 type Config struct {
 	Manager api.Manager // required
-	Keys    api.Keys    // required
+	Keys    Keys        // required
 	Tokens  *Tokens     // required
+	// Limiter holds the API's rate buckets (api.Config.Limiter), so that
+	// E2B's control plane and sandbox traffic count against the same
+	// per-key and failed-authentication limits; nil: no limits.
+	Limiter *api.RateLimiter
 	// Idempotency makes a create sent with an Idempotency-Key run once;
 	// nil runs every create.
 	Idempotency api.Idempotency
@@ -169,4 +187,42 @@ func isControlPath(path string) bool {
 		}
 	}
 	return false
+}
+
+// authBlocked refuses an address that has failed authentication too
+// often, before its credentials cost a look-up.
+func (h *Handler) authBlocked(r *http.Request) error {
+	if h.cfg.Limiter == nil {
+		return nil
+	}
+	if blocked, wait := h.cfg.Limiter.AuthBlocked(r); blocked {
+		return errRateLimited(wait, "too many requests with invalid keys or tokens from this address; slow down")
+	}
+	return nil
+}
+
+// authFailed counts a failed authentication against r's address.
+func (h *Handler) authFailed(r *http.Request) {
+	if h.cfg.Limiter != nil {
+		h.cfg.Limiter.AuthFailed(r)
+	}
+}
+
+// allow counts an authenticated request against its key's bucket.
+func (h *Handler) allow(r *http.Request, keyID string) error {
+	if h.cfg.Limiter == nil {
+		return nil
+	}
+	if ok, wait := h.cfg.Limiter.Allow(r, keyID); !ok {
+		return errRateLimited(wait, "too many requests; slow down")
+	}
+	return nil
+}
+
+// errRateLimited is E2B's 429, with the wait in Retry-After.
+func errRateLimited(wait time.Duration, msg string) *apiError {
+	e := newError(http.StatusTooManyRequests, msg)
+	e.ErrorCode = "rate_limited"
+	e.retryAfter = max(1, int(math.Ceil(wait.Seconds())))
+	return e
 }

@@ -15,23 +15,37 @@ import (
 
 	"github.com/emberbox/emberbox/internal/api"
 	"github.com/emberbox/emberbox/internal/e2b"
-	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/sandbox"
 	"github.com/emberbox/emberbox/internal/store"
 	"github.com/emberbox/emberbox/internal/vmm/vmmtest"
 )
 
-// keys knows two tenants.
-type keys struct{}
+// keys adapts the real store's keys, as the server does.
+type keys struct{ st *store.Store }
 
-func (keys) Authenticate(_ context.Context, secret string) (api.Key, error) {
-	switch secret {
-	case "secret-a":
-		return api.Key{ID: "key_a", Role: api.RoleTenant}, nil
-	case "secret-b":
-		return api.Key{ID: "key_b", Role: api.RoleTenant}, nil
+func (k keys) Authenticate(ctx context.Context, secret string) (api.Key, error) {
+	key, err := k.st.AuthenticateKey(ctx, secret)
+	if err != nil {
+		return api.Key{}, err
 	}
-	return api.Key{}, errdefs.New(errdefs.ErrNotFound, "unauthorized", "unknown key")
+	return api.Key{ID: key.ID, Role: key.Role, Generation: store.SecretGeneration(secret)}, nil
+}
+
+func (k keys) Generations(ctx context.Context, id string) ([]string, error) {
+	return k.st.KeyGenerations(ctx, id)
+}
+
+// addKey records tenant key id with secret.
+func addKey(t testing.TB, st *store.Store, id, secret string) {
+	t.Helper()
+	k, _, err := st.NewKey(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.ID = id
+	if err := st.InsertKey(context.Background(), k, secret); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // idem adapts the real store's idempotency records, as the server does.
@@ -56,12 +70,22 @@ func (s idem) Release(ctx context.Context, keyID, key string) error {
 type fixture struct {
 	t       testing.TB
 	srv     *httptest.Server
+	st      *store.Store
 	mgr     *sandbox.Manager
 	routed  chan sandbox.Routed // what the envd stand-in saw
 	nextHit chan string         // paths Next served
 }
 
+// newFixture serves E2B's front for two tenants, key_a (secret-a) and
+// key_b (secret-b), without rate limits.
 func newFixture(t testing.TB) *fixture {
+	t.Helper()
+	return newLimitedFixture(t, nil, nil)
+}
+
+// newLimitedFixture is newFixture with rate limits, and next (nil: a
+// stand-in answering 418) for what is not E2B's.
+func newLimitedFixture(t testing.TB, limiter *api.RateLimiter, next func(*sandbox.Manager, api.Keys) http.Handler) *fixture {
 	t.Helper()
 	drv := vmmtest.NewDriver(t)
 	dir := t.TempDir()
@@ -76,7 +100,9 @@ func newFixture(t testing.TB) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{t: t, mgr: mgr, routed: make(chan sandbox.Routed, 16), nextHit: make(chan string, 16)}
+	addKey(t, st, "key_a", "secret-a")
+	addKey(t, st, "key_b", "secret-b")
+	f := &fixture{t: t, st: st, mgr: mgr, routed: make(chan sandbox.Routed, 16), nextHit: make(chan string, 16)}
 	envd := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rt, ok := sandbox.RoutedFrom(r.Context())
 		if !ok {
@@ -91,13 +117,16 @@ func newFixture(t testing.TB) *fixture {
 		}
 		w.Write(res.Stdout)
 	})
+	var nextH http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.nextHit <- r.URL.Path
+		w.WriteHeader(http.StatusTeapot)
+	})
+	if next != nil {
+		nextH = next(mgr, keys{st})
+	}
 	h := e2b.New(e2b.Config{
-		Manager: mgr, Keys: keys{}, Tokens: tokens, Envd: envd, EnvdVersion: "0.5.7", Idempotency: idem{st},
-		Next: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			f.nextHit <- r.URL.Path
-			w.WriteHeader(http.StatusTeapot)
-		}),
-		Domain: "sbx.example.test",
+		Manager: mgr, Keys: keys{st}, Tokens: tokens, Limiter: limiter, Envd: envd, EnvdVersion: "0.5.7", Idempotency: idem{st},
+		Next: nextH, Domain: "sbx.example.test",
 	})
 	f.srv = httptest.NewServer(h)
 	t.Cleanup(f.srv.Close)
@@ -250,8 +279,8 @@ func TestControlPlaneAndRouting(t *testing.T) {
 	if st != 200 || string(b) != "routed\n" {
 		t.Fatalf("envd traffic: %d %s", st, b)
 	}
-	if rt := <-f.routed; rt.Sandbox.ID != id || rt.Sandbox.OwnerKeyID != "key_a" {
-		t.Errorf("routed to %+v", rt.Sandbox)
+	if rt := <-f.routed; rt.Sandbox.ID != id || rt.Sandbox.OwnerKeyID != "key_a" || rt.Home != "/home/user" {
+		t.Errorf("routed to %+v with home %q; want E2B's layout (/home/user) for a sandbox E2B created", rt.Sandbox, rt.Home)
 	}
 	for name, hdr := range map[string]map[string]string{
 		"no token":                {"E2b-Sandbox-Id": id},

@@ -113,5 +113,5 @@ func (h *Handler) answerCreate(w http.ResponseWriter, r *http.Request, owner, id
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, h.sandboxJSON(sb))
+	writeJSON(w, http.StatusCreated, h.sandboxJSON(r.Context(), sb))
 }

@@ -9,10 +9,12 @@ import (
 )
 
 // Tokens makes and checks a sandbox's access tokens. A token names the
-// sandbox's owner and carries an HMAC over purpose, sandbox and owner under
-// a server key, so nothing is stored: the router learns from the token
-// alone whose sandbox a request may reach, and a token of one sandbox (or
-// purpose) opens no other. They last as long as the sandbox and the key.
+// sandbox's owner and the generation of the owner's secret it was issued
+// under (by a tag), and carries an HMAC over purpose, sandbox, owner and
+// tag under a server key. Nothing is stored: the MAC alone refuses a
+// forged token, and the key's live generations (Keys.Generations) refuse
+// one whose secret was revoked, rotated past its grace, or expired. A
+// token of one sandbox (or purpose) opens no other.
 type Tokens struct{ key []byte }
 
 // Purposes of tokens: envd's X-Access-Token, and the traffic token the
@@ -22,7 +24,13 @@ const (
 	purposeTraffic = "traffic"
 )
 
-const tokenPrefix = "e2b1."
+// tokenPrefix names the format; tokens of the earlier format ("e2b1.",
+// bound to no generation) are refused.
+const tokenPrefix = "e2b2."
+
+// tagLen is the bytes of a generation's tag: enough that no two secrets
+// of a key share one.
+const tagLen = 16
 
 // NewTokens returns Tokens under key (at least 32 bytes).
 func NewTokens(key []byte) (*Tokens, error) {
@@ -32,37 +40,66 @@ func NewTokens(key []byte) (*Tokens, error) {
 	return &Tokens{key: append([]byte(nil), key...)}, nil
 }
 
-func (t *Tokens) mac(purpose, sandboxID, owner string) []byte {
+// tag names a secret's generation in a token without showing it.
+func (t *Tokens) tag(generation string) []byte {
 	h := hmac.New(sha256.New, t.key)
-	h.Write([]byte("emberbox-e2b-token\x00" + purpose + "\x00" + sandboxID + "\x00" + owner))
+	h.Write([]byte("emberbox-e2b-generation\x00" + generation))
+	return h.Sum(nil)[:tagLen]
+}
+
+func (t *Tokens) mac(purpose, sandboxID, owner string, tag []byte) []byte {
+	h := hmac.New(sha256.New, t.key)
+	h.Write([]byte("emberbox-e2b-token\x00" + purpose + "\x00" + sandboxID + "\x00" + owner + "\x00"))
+	h.Write(tag)
 	return h.Sum(nil)
 }
 
-// Make returns the token of purpose for owner's sandbox.
-func (t *Tokens) Make(purpose, sandboxID, owner string) string {
+// Make returns the token of purpose for owner's sandbox, bound to the
+// generation of the secret the caller authenticated with.
+func (t *Tokens) Make(purpose, sandboxID, owner, generation string) string {
 	enc := base64.RawURLEncoding
-	return tokenPrefix + enc.EncodeToString([]byte(owner)) + "." + enc.EncodeToString(t.mac(purpose, sandboxID, owner))
+	tag := t.tag(generation)
+	return tokenPrefix + enc.EncodeToString([]byte(owner)) + "." + enc.EncodeToString(tag) + "." +
+		enc.EncodeToString(t.mac(purpose, sandboxID, owner, tag))
 }
 
-// Open checks tok as a token of purpose for sandboxID and returns the owner
-// it names.
-func (t *Tokens) Open(purpose, sandboxID, tok string) (owner string, ok bool) {
+// token is a token whose MAC checked: its owner, and the tag of the
+// generation it was issued under, which Current checks.
+type token struct {
+	owner string
+	tag   []byte
+}
+
+// Open checks tok's MAC as a token of purpose for sandboxID.
+func (t *Tokens) Open(purpose, sandboxID, tok string) (token, bool) {
 	rest, found := strings.CutPrefix(tok, tokenPrefix)
 	if !found || len(rest) > 512 {
-		return "", false
+		return token{}, false
 	}
-	o, m, found := strings.Cut(rest, ".")
-	if !found {
-		return "", false
+	parts := strings.Split(rest, ".")
+	if len(parts) != 3 {
+		return token{}, false
 	}
 	enc := base64.RawURLEncoding
-	ob, err1 := enc.DecodeString(o)
-	mb, err2 := enc.DecodeString(m)
-	if err1 != nil || err2 != nil || len(ob) == 0 {
-		return "", false
+	owner, err1 := enc.DecodeString(parts[0])
+	tag, err2 := enc.DecodeString(parts[1])
+	mac, err3 := enc.DecodeString(parts[2])
+	if err1 != nil || err2 != nil || err3 != nil || len(owner) == 0 || len(tag) != tagLen {
+		return token{}, false
 	}
-	if !hmac.Equal(mb, t.mac(purpose, sandboxID, string(ob))) {
-		return "", false
+	if !hmac.Equal(mac, t.mac(purpose, sandboxID, string(owner), tag)) {
+		return token{}, false
 	}
-	return string(ob), true
+	return token{owner: string(owner), tag: tag}, true
+}
+
+// Current reports whether tok was issued under one of generations, the
+// owner's secrets that authenticate now.
+func (t *Tokens) Current(tok token, generations []string) bool {
+	for _, g := range generations {
+		if hmac.Equal(tok.tag, t.tag(g)) {
+			return true
+		}
+	}
+	return false
 }

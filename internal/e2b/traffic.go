@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/emberbox/emberbox/internal/api"
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
@@ -30,10 +31,9 @@ func (h *Handler) serveSandbox(w http.ResponseWriter, r *http.Request, id string
 		writeError(w, newError(http.StatusBadRequest, "invalid sandbox id"))
 		return
 	}
-	owner, ok := h.tokenOwner(r, id, port)
-	if !ok {
-		writeError(w, newError(http.StatusUnauthorized,
-			"missing or invalid access token for this sandbox: send the envdAccessToken of its create or connect answer in X-Access-Token"))
+	owner, err := h.tokenOwner(r, id, port)
+	if err != nil {
+		writeError(w, err)
 		return
 	}
 	sb, g, err := h.cfg.Manager.Guest(r.Context(), owner, id)
@@ -44,7 +44,7 @@ func (h *Handler) serveSandbox(w http.ResponseWriter, r *http.Request, id string
 		writeError(w, err)
 		return
 	}
-	r = r.WithContext(sandbox.WithRouted(r.Context(), sandbox.Routed{Sandbox: sb, Guest: g}))
+	r = r.WithContext(sandbox.WithRouted(r.Context(), sandbox.Routed{Sandbox: sb, Guest: g, Home: homeOf(sb)}))
 	var next http.Handler
 	switch port {
 	case EnvdPort:
@@ -62,13 +62,66 @@ func (h *Handler) serveSandbox(w http.ResponseWriter, r *http.Request, id string
 	next.ServeHTTP(w, r)
 }
 
-// tokenOwner checks the request's token for the sandbox and port: envd
-// takes its access token only; any other port the traffic token or the
-// access token.
-func (h *Handler) tokenOwner(r *http.Request, id string, port int) (string, bool) {
+// e2bHome is the sandbox user's home and working directory in E2B's
+// layout. The agent links it to the image's home (/workspace), so both
+// protocols name one directory.
+const e2bHome = "/home/user"
+
+// homeOf is the home E2B's envd presents for sb: E2B's for a sandbox E2B's
+// protocol created, the guest's own for one the Runtime API did.
+func homeOf(sb *sandbox.Sandbox) string {
+	if sb.Labels[templateLabel] != "" {
+		return e2bHome
+	}
+	return ""
+}
+
+// tokenOwner authenticates a request for the sandbox and port by its
+// token, under the API's rate limits, and returns the sandbox's owner.
+// envd takes its access token only; any other port the traffic token or
+// the access token. A token whose key was revoked, expired or rotated past
+// the grace of the secret it was issued under is refused as a bad one is.
+func (h *Handler) tokenOwner(r *http.Request, id string, port int) (string, error) {
+	if err := h.authBlocked(r); err != nil {
+		return "", err
+	}
+	owner, err := h.checkToken(r, id, port)
+	if err != nil {
+		if ae := (*apiError)(nil); errors.As(err, &ae) && ae.Code == http.StatusUnauthorized {
+			h.authFailed(r)
+		}
+		return "", err
+	}
+	if err := h.allow(r, owner); err != nil {
+		return "", err
+	}
+	return owner, nil
+}
+
+// checkToken opens the request's token (its MAC first, so a forged one
+// costs no look-up) and checks its generation against the key's secrets.
+func (h *Handler) checkToken(r *http.Request, id string, port int) (string, error) {
+	tok, ok := h.openToken(r, id, port)
+	if !ok {
+		return "", newError(http.StatusUnauthorized,
+			"missing or invalid access token for this sandbox: send the envdAccessToken of its create or connect answer in X-Access-Token")
+	}
+	gens, err := h.cfg.Keys.Generations(r.Context(), tok.owner)
+	if err != nil {
+		return "", fmt.Errorf("checking an access token of sandbox %s: %w", id, err)
+	}
+	if !h.cfg.Tokens.Current(tok, gens) {
+		return "", newError(http.StatusUnauthorized,
+			"access token no longer valid: the key it was issued to was revoked, expired or rotated; connect again with a current key")
+	}
+	return tok.owner, nil
+}
+
+// openToken finds a token of the request that opens the sandbox's port.
+func (h *Handler) openToken(r *http.Request, id string, port int) (token, bool) {
 	if tok := r.Header.Get(headerAccessToken); tok != "" {
-		if owner, ok := h.cfg.Tokens.Open(purposeEnvd, id, tok); ok {
-			return owner, true
+		if t, ok := h.cfg.Tokens.Open(purposeEnvd, id, tok); ok {
+			return t, true
 		}
 	}
 	if port != EnvdPort {
@@ -76,7 +129,7 @@ func (h *Handler) tokenOwner(r *http.Request, id string, port int) (string, bool
 			return h.cfg.Tokens.Open(purposeTraffic, id, tok)
 		}
 	}
-	return "", false
+	return token{}, false
 }
 
 // targetHostSuffix marks the transport's dial addresses, <id>.sandbox:port,
@@ -120,9 +173,11 @@ func (h *Handler) proxyPort(w http.ResponseWriter, r *http.Request, id string, p
 			pr.Out.URL.Host = id + targetHostSuffix + ":" + strconv.Itoa(port)
 			pr.Out.Host = "localhost:" + strconv.Itoa(port)
 			pr.SetXForwarded()
-			for _, k := range []string{headerAccessToken, headerTraffic, headerSandboxID, headerSandboxPort, "X-Api-Key"} {
-				pr.Out.Header.Del(k)
-			}
+			// No credential of ours reaches the guest, whoever it
+			// belongs to; nor do the routing headers.
+			api.StripCredentials(pr.Out)
+			pr.Out.Header.Del(headerSandboxID)
+			pr.Out.Header.Del(headerSandboxPort)
 		},
 		Transport: h.transport,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {

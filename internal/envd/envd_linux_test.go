@@ -37,7 +37,15 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := agent.New(agent.Config{Root: "/", User: u.Username})
+	return newAgentEnv(t, agent.Config{Root: "/", User: u.Username}, "")
+}
+
+// newAgentEnv is newEnv with an agent made from cfg and, if home is set,
+// the router's layout home (Routed.Home).
+func newAgentEnv(t *testing.T, cfg agent.Config, home string) *env {
+	t.Helper()
+	dir := t.TempDir()
+	a, err := agent.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,13 +58,13 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt := sandbox.Routed{Sandbox: &sandbox.Sandbox{ID: "sb-test"}, Guest: c}
+	rt := sandbox.Routed{Sandbox: &sandbox.Sandbox{ID: "sb-test"}, Guest: c, Home: home}
 	srv := envd.New(nil)
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		srv.ServeHTTP(w, r.WithContext(sandbox.WithRouted(r.Context(), rt)))
 	}))
 	t.Cleanup(func() { ts.Close(); c.Close(); cancel(); guestEnd.Close() })
-	return &env{url: ts.URL, dir: t.TempDir()}
+	return &env{url: ts.URL, dir: dir}
 }
 
 // codecs are the two a Connect client may speak; E2B's SDKs use JSON.

@@ -37,6 +37,7 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 		httpError(w, http.StatusBadRequest, "path is required")
 		return
 	}
+	p = inHome(rt, r.URL.Query().Get("username"), p)
 	e, rc, err := rt.Guest.ReadFile(r.Context(), p)
 	if err != nil {
 		httpGuestError(w, err)
@@ -90,10 +91,10 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 	var out []uploaded
 	var err error
 	if ct == "multipart/form-data" {
-		out, err = s.uploadMultipart(r, rt.Guest, dst)
+		out, err = s.uploadMultipart(r, rt, dst)
 	} else {
 		var e *uploaded
-		e, err = s.uploadBody(r, rt.Guest, dst)
+		e, err = s.uploadBody(r, rt, dst)
 		if e != nil {
 			out = []uploaded{*e}
 		}
@@ -106,7 +107,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(out)
 }
 
-func (s *Server) uploadMultipart(r *http.Request, g sandbox.Guest, dst string) ([]uploaded, error) {
+func (s *Server) uploadMultipart(r *http.Request, rt sandbox.Routed, dst string) ([]uploaded, error) {
 	mr, err := r.MultipartReader()
 	if err != nil {
 		return nil, httpErr(http.StatusBadRequest, "reading the multipart body: %v", err)
@@ -137,7 +138,7 @@ func (s *Server) uploadMultipart(r *http.Request, g sandbox.Guest, dst string) (
 		if _, err := checkPath(p); err != nil {
 			return nil, httpErr(http.StatusBadRequest, "a file has neither path= nor a file name")
 		}
-		e, err := writeSpooled(r, g, p, part)
+		e, err := writeSpooled(r, rt.Guest, inHome(rt, r.URL.Query().Get("username"), p), part)
 		part.Close()
 		if err != nil {
 			return nil, err
@@ -153,10 +154,11 @@ func (s *Server) uploadMultipart(r *http.Request, g sandbox.Guest, dst string) (
 // uploadBody writes the request's body to dst: streamed when its length
 // is known, else (chunked, or gzipped) through a bounded spool file, as
 // the guest takes a file of a known size only.
-func (s *Server) uploadBody(r *http.Request, g sandbox.Guest, dst string) (*uploaded, error) {
+func (s *Server) uploadBody(r *http.Request, rt sandbox.Routed, dst string) (*uploaded, error) {
 	if _, err := checkPath(dst); err != nil {
 		return nil, httpErr(http.StatusBadRequest, "path is required")
 	}
+	g, dst := rt.Guest, inHome(rt, r.URL.Query().Get("username"), dst)
 	switch enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))); enc {
 	case "gzip":
 		gz, err := gzip.NewReader(r.Body)

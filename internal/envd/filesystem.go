@@ -82,6 +82,8 @@ func (f *filesystemService) Move(ctx context.Context, req *connect.Request[files
 	if err != nil {
 		return nil, err
 	}
+	user, _ := userFrom(req.Header()) // checked by pathTarget
+	dst = inHome(rt, user, dst)
 	e, err := rt.Guest.Rename(ctx, src, dst, true)
 	if err != nil {
 		return nil, rpcError(err)
@@ -130,7 +132,7 @@ func pathTarget(ctx context.Context, h http.Header, p string) (context.Context, 
 		return ctx, rt, "", err
 	}
 	p, err = checkPath(p)
-	return sandbox.WithFileUser(ctx, user), rt, p, err
+	return sandbox.WithFileUser(ctx, user), rt, inHome(rt, user, p), err
 }
 
 // checkPath refuses what no guest path can be; the guest resolves the

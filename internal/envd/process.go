@@ -64,6 +64,7 @@ func (p *processService) Start(ctx context.Context, req *connect.Request[process
 		Detach:    true,
 		StdinPipe: req.Msg.GetStdin(),
 	}
+	layoutExec(rt, &er)
 	if req.Msg.Pty != nil {
 		size, err := ptySize(req.Msg.GetPty())
 		if err != nil {

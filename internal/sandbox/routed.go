@@ -10,6 +10,10 @@ import "context"
 type Routed struct {
 	Sandbox *Sandbox
 	Guest   Guest
+	// Home, if set, is the sandbox user's home as the router's protocol
+	// lays the sandbox out (E2B's /home/user): a command's default cwd
+	// and $HOME, and what relative paths are under. "" keeps the guest's.
+	Home string
 }
 
 type routedKey struct{}

@@ -173,6 +173,51 @@ func (s *Store) RevokeKey(ctx context.Context, id string) (Key, error) {
 	return s.GetKey(ctx, id)
 }
 
+// SecretGeneration names the generation of a key's secret: what a token
+// issued to a caller of that secret is bound to (see KeyGenerations). It is
+// the secret's stored hash, so it changes with every rotation; it never
+// leaves the server.
+func SecretGeneration(secret string) string { return hashSecret(secret) }
+
+// KeyGenerations returns the generations (SecretGeneration) of key id's
+// secrets that authenticate at this moment: its current secret's and,
+// during a rotation's grace, the one before's. A revoked, expired or
+// unknown key has none, so whatever is bound to its secrets ends with it.
+func (s *Store) KeyGenerations(ctx context.Context, id string) ([]string, error) {
+	var (
+		cur                             string
+		old, oldUntil, expires, revoked sql.NullString
+	)
+	err := s.db.QueryRowContext(ctx, `SELECT secret_hash, old_secret_hash, old_secret_expires_at, expires_at, revoked_at
+		FROM api_keys WHERE id = ?`, id).Scan(&cur, &old, &oldUntil, &expires, &revoked)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the secrets of key %s: %w", id, err)
+	}
+	k := Key{ID: id}
+	if k.ExpiresAt, err = parseTimePtr(expires); err != nil {
+		return nil, fmt.Errorf("key %s: %w", id, err)
+	}
+	if k.RevokedAt, err = parseTimePtr(revoked); err != nil {
+		return nil, fmt.Errorf("key %s: %w", id, err)
+	}
+	now := s.now()
+	if !k.Active(now) {
+		return nil, nil
+	}
+	gens := []string{cur}
+	until, err := parseTimePtr(oldUntil)
+	if err != nil {
+		return nil, fmt.Errorf("key %s: %w", id, err)
+	}
+	if old.Valid && until != nil && now.Before(*until) {
+		gens = append(gens, old.String)
+	}
+	return gens, nil
+}
+
 // SetKeyExpiry sets when key id stops working (nil: never).
 func (s *Store) SetKeyExpiry(ctx context.Context, id string, expires *time.Time) (Key, error) {
 	if _, err := s.db.ExecContext(ctx, `UPDATE api_keys SET expires_at = ? WHERE id = ?`, formatTimePtr(expires), id); err != nil {

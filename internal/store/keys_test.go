@@ -102,3 +102,68 @@ func TestKeyLifecycle(t *testing.T) {
 		t.Errorf("ListKeys = %+v, %v; want 2 keys, %s revoked", keys, err, exp.ID)
 	}
 }
+
+// KeyGenerations follows the key's secrets: a rotation adds the new
+// secret's generation and keeps the old one for the grace only; expiry and
+// revocation leave none.
+func TestKeyGenerations(t *testing.T) {
+	s, _ := openTest(t)
+	ctx := t.Context()
+	now := base
+	s.now = func() time.Time { return now }
+	gens := func(id string) []string {
+		t.Helper()
+		g, err := s.KeyGenerations(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	same := func(what string, got []string, want ...string) {
+		t.Helper()
+		if len(got) != len(want) {
+			t.Errorf("%s: %d generations, want %d", what, len(got), len(want))
+			return
+		}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Errorf("%s: generation %d differs", what, i)
+			}
+		}
+	}
+
+	k, first, err := s.CreateKey(ctx, "e2b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	same("new key", gens(k.ID), SecretGeneration(first))
+	same("unknown key", gens("key_nope"))
+
+	_, second, err := s.RotateKey(ctx, k.ID, 10*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	same("in grace", gens(k.ID), SecretGeneration(second), SecretGeneration(first))
+	now = now.Add(10 * time.Minute)
+	same("after grace", gens(k.ID), SecretGeneration(second))
+	_, third, err := s.RotateKey(ctx, k.ID, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	same("rotated without grace", gens(k.ID), SecretGeneration(third))
+
+	until := now.Add(time.Minute)
+	if _, err := s.SetKeyExpiry(ctx, k.ID, &until); err != nil {
+		t.Fatal(err)
+	}
+	same("before expiry", gens(k.ID), SecretGeneration(third))
+	now = until
+	same("expired", gens(k.ID))
+	if _, err := s.SetKeyExpiry(ctx, k.ID, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.RevokeKey(ctx, k.ID); err != nil {
+		t.Fatal(err)
+	}
+	same("revoked", gens(k.ID))
+}

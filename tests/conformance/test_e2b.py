@@ -120,17 +120,48 @@ def test_refused_with_another_key_and_without_key(box, e2b_env, other_key):
                     {"E2b-Sandbox-Id": box.sandbox_id, "E2b-Sandbox-Port": "49999", "Content-Type": "application/json"},
                     b'{"code":"1+1"}')
     assert st == 401, body
-    # A token of another sandbox opens nothing here.
-    other = e2b.Sandbox.create(template="base", timeout=120)
-    try:
-        st, body = _raw("POST", base + "/execute",
-                        {"E2b-Sandbox-Id": box.sandbox_id, "E2b-Sandbox-Port": "49999", "Content-Type": "application/json",
-                         "E2B-Traffic-Access-Token": other.traffic_access_token or "", "X-Access-Token": other._envd_access_token or ""},
-                        b'{"code":"1+1"}')
-        assert st == 401, body
-    finally:
-        other.kill()
+    # A token of another sandbox opens nothing here. That sandbox is a
+    # key's of its own, whose tokens then end with its secrets: a rotation
+    # without grace ends the old secret's, a revocation every one.
+    data_dir = e2b_env.data_dir  # other_key skipped the test without one
+    key_id, secret = _keys(data_dir, "create", "--name", "e2b-revoked")
+    other = e2b.Sandbox.create(template="base", timeout=120, api_key=secret)
+    st, body = _raw("POST", base + "/execute",
+                    {"E2b-Sandbox-Id": box.sandbox_id, "E2b-Sandbox-Port": "49999", "Content-Type": "application/json",
+                     "E2B-Traffic-Access-Token": other.traffic_access_token or "", "X-Access-Token": other._envd_access_token or ""},
+                    b'{"code":"1+1"}')
+    assert st == 401, body
+
+    def envd_stat(token: str):
+        return _raw("POST", base + "/filesystem.Filesystem/Stat",
+                    {"E2b-Sandbox-Id": other.sandbox_id, "E2b-Sandbox-Port": "49983", "Content-Type": "application/json",
+                     "X-Access-Token": token}, b'{"path":"/tmp"}')
+
+    first = other._envd_access_token or ""
+    assert envd_stat(first)[0] == 200
+    _, secret2 = _keys(data_dir, "rotate", key_id, "--grace", "0")
+    st, body = envd_stat(first)
+    assert st == 401 and b"no longer valid" in body, body
+    again = e2b.Sandbox.connect(other.sandbox_id, api_key=secret2)
+    second = again._envd_access_token or ""
+    assert second != first and envd_stat(second)[0] == 200
+    again.set_timeout(60)  # its key ends below: the lease removes it
+    _keys(data_dir, "revoke", key_id)
+    st, body = envd_stat(second)
+    assert st == 401 and b"no longer valid" in body, body
+    with pytest.raises(e2b.AuthenticationException):
+        e2b.Sandbox.connect(other.sandbox_id, api_key=secret2)
     assert box.is_running()
+
+
+def _keys(data_dir, *args: str) -> tuple[str, str]:
+    """Runs `emberbox keys <args>` on the server's data dir: the key id it
+    names on stderr, and the secret it prints (if any)."""
+    out = subprocess.run([str(REPO_ROOT / "bin" / "emberbox"), "keys", *args, "--data-dir", str(data_dir)],
+                         check=True, capture_output=True, text=True)
+    words = out.stderr.split()
+    key_id = next((w for w in words if w.startswith("key_")), "")
+    return key_id, out.stdout.strip()
 
 
 # --- commands (envd's process service) ----------------------------------------
@@ -203,6 +234,20 @@ def test_files_write_read_list_rename_remove_watch(box):
             e.name == "w/watched.txt" and e.type.name == "REMOVE" for e in seen), 30), seen
     finally:
         handle.stop()
+
+
+def test_e2b_layout_home_user(box, runtime_client):
+    """E2B's layout: user `user`, home and working directory /home/user, the
+    same directory as the Runtime API's /workspace (a link to it)."""
+    info = box.files.write("/home/user/x.txt", "from e2b\n")
+    assert info.path == "/home/user/x.txt"
+    assert box.files.read("/home/user/x.txt") == "from e2b\n"
+    assert "x.txt" in {e.name for e in box.files.list("/home/user")}
+    r = box.commands.run('echo "$HOME"; pwd; whoami; cat x.txt')
+    assert r.stdout.splitlines() == ["/home/user", "/home/user", "user", "from e2b"], r.stdout
+    assert runtime_client.sandboxes.get(box.sandbox_id).files.read_text("/workspace/x.txt") == "from e2b\n"
+    r = box.commands.run("pwd; echo $HOME", user="root")
+    assert r.stdout.split() == ["/root", "/root"], r.stdout
 
 
 # --- the code interpreter -------------------------------------------------------
