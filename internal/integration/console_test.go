@@ -255,7 +255,7 @@ func TestConsole(t *testing.T) {
 		chromedp.SetValue(css("#preview-visibility"), "public"), chromedp.Click(css("#preview-submit")))
 	waitJS("the preview is listed", `document.querySelector('#previews-table tr[data-port="8000"] a[href*=".localhost:"]')`, time.Minute)
 	link := eval("read the preview link", `document.querySelector('#previews-table tr[data-port="8000"] a').href`)
-	previewOrigin := "http://8000-" + id + ".localhost:" + strings.TrimPrefix(s.URL[strings.LastIndexByte(s.URL, ':'):], ":")
+	previewOrigin := "http://8000-" + strings.TrimPrefix(id, "sbx_") + ".localhost:" + strings.TrimPrefix(s.URL[strings.LastIndexByte(s.URL, ':'):], ":")
 	if link != previewOrigin+"/" {
 		t.Fatalf("the preview link is %s, want %s/", link, previewOrigin)
 	}
