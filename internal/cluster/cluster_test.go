@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -231,7 +232,7 @@ func TestRouterProxiesToTheOwner(t *testing.T) {
 	a := testNode(t, st, ca, "a", 4096, says("a-channel"))
 	testNode(t, st, ca, "b", 4096, says("b"))
 	st.owners["sbx_on_b"], st.owners["sbx_on_a"] = "b", "a"
-	front := a.Handler(says("a"))
+	front := a.Handler(says("a"), nil)
 
 	get := func(path string) *httptest.ResponseRecorder {
 		rec := httptest.NewRecorder()
@@ -283,15 +284,15 @@ func TestPlaceTriesTheNextNodeAndSaysNoCapacity(t *testing.T) {
 		front.ServeHTTP(rec, httptest.NewRequest("POST", "/v1/sandboxes", strings.NewReader(body)))
 		return rec
 	}
-	rec := create(a.Handler(says("a")), `{"memoryMiB": 1024}`)
+	rec := create(a.Handler(says("a"), nil), `{"memoryMiB": 1024}`)
 	if rec.Code != 200 || rec.Body.String() != `a:{"memoryMiB": 1024}` {
 		t.Errorf("create: %d %q; want a's answer, the body passed on whole", rec.Code, rec.Body.String())
 	}
-	rec = create(a.Handler(full), `{"memoryMiB": 1024}`)
+	rec = create(a.Handler(full, nil), `{"memoryMiB": 1024}`)
 	if rec.Code != http.StatusConflict || errorCode(rec.Body.Bytes()) != "no_capacity" || rec.Header().Get("X-Request-Id") == "" {
 		t.Errorf("all full: %d %s", rec.Code, rec.Body.String())
 	}
-	rec = create(a.Handler(says("a")), `{"memoryMiB": 65536}`)
+	rec = create(a.Handler(says("a"), nil), `{"memoryMiB": 65536}`)
 	if rec.Code != http.StatusConflict || errorCode(rec.Body.Bytes()) != "no_capacity" {
 		t.Errorf("too big for any node: %d %s", rec.Code, rec.Body.String())
 	}
@@ -405,7 +406,7 @@ func TestTargetsRouteOtherProtocols(t *testing.T) {
 		}
 		return "", r.Method == "POST" && r.URL.Path == "/sandboxes"
 	}
-	front := a.Handler(says("a"), func(*http.Request) (string, bool) { return "", false }, target)
+	front := a.Handler(says("a"), nil, func(*http.Request) (string, bool) { return "", false }, target)
 	serve := func(h http.Handler, r *http.Request) *httptest.ResponseRecorder {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, r)
@@ -424,7 +425,7 @@ func TestTargetsRouteOtherProtocols(t *testing.T) {
 		t.Errorf("E2B create served by %q, want b (best fit)", rec.Header().Get("X-Served-By"))
 	}
 	// Every node full: the last refusal, in E2B's shape, is the answer.
-	full := a.Handler(e2bFull, target)
+	full := a.Handler(e2bFull, nil, target)
 	st.mu.Lock()
 	st.nodes["b"].State = StateDraining
 	st.mu.Unlock()
@@ -441,5 +442,128 @@ func TestTargetsRouteOtherProtocols(t *testing.T) {
 	}
 	if rec.Code != http.StatusTooManyRequests || json.Unmarshal(rec.Body.Bytes(), &e) != nil || e.Code != 429 || e.ErrorCode != "no_capacity" || e.Message == "" {
 		t.Errorf("E2B create too big for any node: %d %s", rec.Code, rec.Body.String())
+	}
+}
+
+// whoAsks answers with the address a request is counted under
+// (RemoteAddr) and any client address header that reached it.
+func whoAsks(who string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Served-By", who)
+		w.Header().Set("X-Remote-Addr", r.RemoteAddr)
+		w.Header().Set("X-Client-Addr-Seen", r.Header.Get(HeaderClientAddr))
+	})
+}
+
+// A forwarded request is counted under the client's address on the node
+// that serves it, not under the peer's; a client address a client sends
+// is dropped at the entry node, whether the request is forwarded or served
+// there, and a request on the channel is believed only with a cluster
+// certificate.
+func TestForwardedClientAddress(t *testing.T) {
+	ca, err := NewCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newFakeStore()
+	a := testNode(t, st, ca, "a", 4096, whoAsks("a-channel"))
+	testNode(t, st, ca, "b", 4096, whoAsks("b"))
+	st.owners["sbx_on_b"], st.owners["sbx_on_a"] = "b", "a"
+	front := a.Handler(whoAsks("a"), nil)
+	get := func(path, from, claimed string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest("GET", path, nil)
+		r.RemoteAddr = from
+		if claimed != "" {
+			r.Header.Set(HeaderClientAddr, claimed)
+		}
+		rec := httptest.NewRecorder()
+		front.ServeHTTP(rec, r)
+		return rec
+	}
+	for _, from := range []string{"203.0.113.7:5555", "[2001:db8::7]:5555", "[::ffff:203.0.113.8]:5555"} {
+		rec := get("/v1/sandboxes/sbx_on_b:exec", from, "198.51.100.99")
+		want, _ := netip.ParseAddrPort(from)
+		if rec.Header().Get("X-Served-By") != "b" || rec.Header().Get("X-Remote-Addr") != netip.AddrPortFrom(want.Addr().Unmap(), 0).String() {
+			t.Errorf("from %s, forwarded: served by %q as from %q; want b, as from the client", from,
+				rec.Header().Get("X-Served-By"), rec.Header().Get("X-Remote-Addr"))
+		}
+		if seen := rec.Header().Get("X-Client-Addr-Seen"); seen != "" {
+			t.Errorf("from %s: the serving node's API saw a client address header %q", from, seen)
+		}
+	}
+	rec := get("/v1/sandboxes/sbx_on_a:exec", "203.0.113.7:5555", "198.51.100.99")
+	if rec.Header().Get("X-Served-By") != "a" || rec.Header().Get("X-Remote-Addr") != "203.0.113.7:5555" || rec.Header().Get("X-Client-Addr-Seen") != "" {
+		t.Errorf("served at the entry: by %q as from %q, header %q; want a, the connection's address, no header",
+			rec.Header().Get("X-Served-By"), rec.Header().Get("X-Remote-Addr"), rec.Header().Get("X-Client-Addr-Seen"))
+	}
+
+	// On the channel, a request without a peer certificate names no one.
+	rec = httptest.NewRecorder()
+	r := httptest.NewRequest("GET", "/v1/keys", nil)
+	r.RemoteAddr = "10.0.0.2:7443"
+	r.Header.Set(HeaderClientAddr, "198.51.100.99")
+	fromPeer(whoAsks("b")).ServeHTTP(rec, r)
+	if rec.Header().Get("X-Remote-Addr") != "10.0.0.2:7443" || rec.Header().Get("X-Client-Addr-Seen") != "" {
+		t.Errorf("without a peer certificate: as from %q, header %q; want the connection's address, no header",
+			rec.Header().Get("X-Remote-Addr"), rec.Header().Get("X-Client-Addr-Seen"))
+	}
+}
+
+// The entry node admits (authenticates, limits) a request before it
+// forwards it, and only then: one it refuses never reaches the owner, a
+// create placed on another node is admitted once, and what is served here
+// is left to the local API's own gate.
+func TestEntryAdmitsBeforeForwarding(t *testing.T) {
+	ca, err := NewCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newFakeStore()
+	var reached sync.Map // path → true, as the owner saw them
+	owner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reached.Store(r.Method+" "+r.URL.Path, true)
+		w.Header().Set("X-Served-By", "b")
+	})
+	a := testNode(t, st, ca, "a", 1024, says("a-channel"))
+	testNode(t, st, ca, "b", 8192, owner)
+	st.owners["sbx_on_b"], st.owners["sbx_on_a"] = "b", "a"
+	var admitted []string
+	admit := func(w http.ResponseWriter, r *http.Request) bool {
+		admitted = append(admitted, r.Method+" "+r.URL.Path)
+		if r.Header.Get("Authorization") != "Bearer good" {
+			writeError(w, http.StatusUnauthorized, "unauthorized", "no", "")
+			return false
+		}
+		return true
+	}
+	front := a.Handler(says("a"), admit)
+	do := func(method, path, key, body string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(method, path, strings.NewReader(body))
+		if key != "" {
+			r.Header.Set("Authorization", "Bearer "+key)
+		}
+		rec := httptest.NewRecorder()
+		front.ServeHTTP(rec, r)
+		return rec
+	}
+	if rec := do("POST", "/v1/sandboxes/sbx_on_b:exec", "wrong", ""); rec.Code != http.StatusUnauthorized {
+		t.Errorf("wrong key for b's sandbox: %d %s", rec.Code, rec.Body)
+	}
+	if _, ok := reached.Load("POST /v1/sandboxes/sbx_on_b:exec"); ok {
+		t.Error("a request the entry node refused reached the owner")
+	}
+	if rec := do("POST", "/v1/sandboxes/sbx_on_b:exec", "good", ""); rec.Header().Get("X-Served-By") != "b" {
+		t.Errorf("good key for b's sandbox: %d served by %q", rec.Code, rec.Header().Get("X-Served-By"))
+	}
+	admitted = nil
+	if rec := do("GET", "/v1/sandboxes/sbx_on_a", "wrong", ""); rec.Header().Get("X-Served-By") != "a" || len(admitted) != 0 {
+		t.Errorf("a's own sandbox: served by %q, admitted here %v; want a's API to gate it alone", rec.Header().Get("X-Served-By"), admitted)
+	}
+	// b is the only node with room: the create goes there, admitted once.
+	if rec := do("POST", "/v1/sandboxes", "good", `{"memoryMiB": 4096}`); rec.Header().Get("X-Served-By") != "b" || len(admitted) != 1 {
+		t.Errorf("create placed on b: served by %q, admitted %v", rec.Header().Get("X-Served-By"), admitted)
+	}
+	if rec := do("POST", "/v1/sandboxes", "wrong", `{"memoryMiB": 4096}`); rec.Code != http.StatusUnauthorized {
+		t.Errorf("create with a wrong key: %d", rec.Code)
 	}
 }

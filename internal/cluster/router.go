@@ -21,6 +21,13 @@ import (
 // routing).
 const HeaderForwardedBy = "X-Emberbox-Forwarded-By"
 
+// HeaderClientAddr carries, on the node-to-node channel, the IP address of
+// the client a forwarded request came from, so that the serving node's
+// per-address limits count that client and not the peer. The serving node
+// believes it only from a peer with a cluster certificate (Serve); the
+// entry node drops it from every request a client sends (Handler).
+const HeaderClientAddr = "X-Emberbox-Client-Addr"
+
 // maxCreateBody bounds the create body the router reads to place it.
 const maxCreateBody = 1 << 20
 
@@ -30,38 +37,57 @@ const maxCreateBody = 1 << 20
 // nowhere.
 type Target func(r *http.Request) (sandboxID string, create bool)
 
+// Admit gates a request at the entry node before it is forwarded to
+// another node (authentication and rate limits, api.Admit): it answers
+// and returns false when the request may not pass.
+type Admit func(w http.ResponseWriter, r *http.Request) bool
+
 // Handler routes the server in front of next (this node's API, and
 // whatever next serves beside it): a create is placed on a node and sent
 // there; a call for a sandbox or snapshot of another node that is not
-// down is proxied to it; everything else is next's. targets name the
-// sandboxes of the calls the Runtime API's paths do not (tried in order,
-// the first that names one wins).
-func (c *Cluster) Handler(next http.Handler, targets ...Target) http.Handler {
+// down is proxied to it, once admit (nil: none) let it pass here;
+// everything else is next's. targets name the sandboxes of the calls the
+// Runtime API's paths do not (tried in order, the first that names one
+// wins).
+func (c *Cluster) Handler(next http.Handler, admit Admit, targets ...Target) http.Handler {
+	if admit == nil {
+		admit = func(http.ResponseWriter, *http.Request) bool { return true }
+	}
+	e := &entry{c: c, next: next, admit: admit}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Only a peer says where a request came from.
+		r.Header.Del(HeaderClientAddr)
 		switch {
 		case r.Method == http.MethodPost && strings.TrimSuffix(r.URL.Path, "/") == "/v1/sandboxes":
-			c.place(w, r, next)
+			e.place(w, r)
 			return
 		case strings.HasPrefix(r.URL.Path, "/v1/sandboxes/"):
-			c.routeOwned(w, r, next, "sandboxes", resourceID(r.URL.Path, "/v1/sandboxes/"))
+			e.routeOwned(w, r, "sandboxes", resourceID(r.URL.Path, "/v1/sandboxes/"))
 			return
 		case strings.HasPrefix(r.URL.Path, "/v1/snapshots/"):
-			c.routeOwned(w, r, next, "snapshots", resourceID(r.URL.Path, "/v1/snapshots/"))
+			e.routeOwned(w, r, "snapshots", resourceID(r.URL.Path, "/v1/snapshots/"))
 			return
 		}
 		for _, t := range targets {
 			id, create := t(r)
 			if create {
-				c.place(w, r, next)
+				e.place(w, r)
 				return
 			}
 			if id != "" {
-				c.routeOwned(w, r, next, "sandboxes", id)
+				e.routeOwned(w, r, "sandboxes", id)
 				return
 			}
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// entry is the routing of requests clients send to this node.
+type entry struct {
+	c     *Cluster
+	next  http.Handler
+	admit Admit
 }
 
 // resourceID is the id after prefix, up to a '/' or a ':verb'.
@@ -75,8 +101,9 @@ func resourceID(path, prefix string) string {
 
 // routeOwned serves a call for resource id of table: here if it is this
 // node's, unknown, or its node is down (the store answers for it);
-// otherwise on its node.
-func (c *Cluster) routeOwned(w http.ResponseWriter, r *http.Request, next http.Handler, table, id string) {
+// otherwise on its node, once admitted here.
+func (e *entry) routeOwned(w http.ResponseWriter, r *http.Request, table, id string) {
+	c, next := e.c, e.next
 	owner, err := c.cfg.Store.OwnerNode(r.Context(), table, id)
 	if err != nil || owner == "" || owner == c.ID() {
 		next.ServeHTTP(w, r)
@@ -85,6 +112,9 @@ func (c *Cluster) routeOwned(w http.ResponseWriter, r *http.Request, next http.H
 	n, err := c.cfg.Store.GetNode(r.Context(), owner)
 	if err != nil || n.State == StateDown {
 		next.ServeHTTP(w, r)
+		return
+	}
+	if !e.admit(w, r) {
 		return
 	}
 	// The proxy's error handler sees the outgoing request; a fallback
@@ -121,6 +151,9 @@ func (c *Cluster) proxy(n *Node, local http.Handler) http.Handler {
 			pr.Out.Host = pr.In.Host // previews and links are made from it
 			pr.SetXForwarded()
 			pr.Out.Header.Set(HeaderForwardedBy, c.ID())
+			if ip := remoteIP(pr.In); ip.IsValid() {
+				pr.Out.Header.Set(HeaderClientAddr, ip.String())
+			}
 		},
 		Transport:     c.client.Transport,
 		FlushInterval: -1,
@@ -147,7 +180,8 @@ type createFields struct {
 // place sends a create to the best node that takes it: candidates from
 // the store, best fit first; one that answers no_capacity (its ledger had
 // less room than the store showed: a race) passes it to the next.
-func (c *Cluster) place(w http.ResponseWriter, r *http.Request, next http.Handler) {
+func (e *entry) place(w http.ResponseWriter, r *http.Request) {
+	c, next := e.c, e.next
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxCreateBody+1))
 	if err != nil || len(body) > maxCreateBody {
 		next.ServeHTTP(w, withBody(r, body)) // the API answers what is wrong
@@ -192,11 +226,16 @@ func (c *Cluster) place(w http.ResponseWriter, r *http.Request, next http.Handle
 		return
 	}
 	var refused *httptest.ResponseRecorder
+	admitted := false
 	for _, n := range cands {
 		rec := httptest.NewRecorder()
-		if n.ID == c.ID() {
+		switch {
+		case n.ID == c.ID():
 			next.ServeHTTP(rec, withBody(r, body))
-		} else {
+		case !admitted && !e.admit(w, r):
+			return
+		default:
+			admitted = true
 			c.proxy(n, nil).ServeHTTP(rec, withBody(r, body))
 		}
 		if (rec.Code == http.StatusConflict || rec.Code == http.StatusTooManyRequests) && errorCode(rec.Body.Bytes()) == "no_capacity" {
