@@ -566,4 +566,17 @@ func TestEntryAdmitsBeforeForwarding(t *testing.T) {
 	if rec := do("POST", "/v1/sandboxes", "wrong", `{"memoryMiB": 4096}`); rec.Code != http.StatusUnauthorized {
 		t.Errorf("create with a wrong key: %d", rec.Code)
 	}
+	// a fits best but its API, having let the request in, has no room:
+	// the create goes on to b without a second gate here.
+	full := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusConflict, "no_capacity", "full", "")
+	})
+	admitted = nil
+	rec := httptest.NewRecorder()
+	r := httptest.NewRequest("POST", "/v1/sandboxes", strings.NewReader(`{"memoryMiB": 512}`))
+	r.Header.Set("Authorization", "Bearer good")
+	a.Handler(full, admit).ServeHTTP(rec, r)
+	if rec.Header().Get("X-Served-By") != "b" || len(admitted) != 0 {
+		t.Errorf("create a had no room for: served by %q, admitted again %v", rec.Header().Get("X-Served-By"), admitted)
+	}
 }

@@ -226,12 +226,13 @@ func (e *entry) place(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var refused *httptest.ResponseRecorder
-	admitted := false
+	admitted := false // by this node's gate: admit, or the API's own when it said no_capacity
 	for _, n := range cands {
 		rec := httptest.NewRecorder()
 		switch {
 		case n.ID == c.ID():
 			next.ServeHTTP(rec, withBody(r, body))
+			admitted = true
 		case !admitted && !e.admit(w, r):
 			return
 		default:
