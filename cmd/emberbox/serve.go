@@ -109,7 +109,7 @@ func newServeCommand() *cobra.Command {
 	f.StringVar(&o.agentBinary, "agent-binary", "", "emberbox-agent binary to boot (default: beside this binary)")
 	f.IntVar(&o.imageBuilds, "image-builds", 1, "image builds run at once (each in a sandbox VM)")
 	f.BoolVar(&o.registryAllowPrivate, "registry-allow-private", false,
-		"let image imports pull from registries on loopback, private and link-local addresses (refused by default: tenants name the registry); cloud metadata addresses stay refused")
+		"let image imports pull from registries on loopback, private and link-local addresses (refused by default: tenants name the registry)")
 	f.BoolVar(&o.templates, "templates", true, "create sandboxes by restoring a template of their shape (made once, from a booted guest) instead of booting each")
 	f.IntVar(&o.imageTemplates, "image-templates", sandbox.DefaultImageTemplates,
 		"custom images' templates kept (each made at the image's first create, a few hundred MiB; the least recently used unused one goes first); 0: custom images' creates boot")
