@@ -294,6 +294,9 @@ func (s *Service) attachIn(ctx context.Context, g sandbox.Guest, a *Attachment) 
 		if _, serr := s.cfg.Store.SetAttachment(context.Background(), a.ID, AttachDetached, errText(err)); serr != nil {
 			s.log.Error("ending a failed attachment", "attachment_id", a.ID, "err", serr)
 		}
+		// A guest that opened the stream before it failed keeps no part
+		// of a volume that is free again.
+		s.endStream(context.Background(), a.ID)
 		if errdefs.Code(err) == "unknown_method" {
 			err = errdefs.New(errdefs.ErrUnavailable, "volumes_unavailable", "this sandbox's agent is older than volumes; restart the sandbox on a newer image")
 		}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -19,18 +20,27 @@ import (
 )
 
 // hostileGuest answers attach and detach as a guest whose root keeps the
-// volume's NBD stream open after it says it let go. The rest of
-// sandbox.Guest is never called here.
-type hostileGuest struct{ sandbox.Guest }
+// volume's NBD stream open after it says it let go; onAttach (nil: none)
+// runs inside an attach and answers it. The rest of sandbox.Guest is
+// never called here.
+type hostileGuest struct {
+	sandbox.Guest
+	onAttach func(attachmentID string) error
+}
 
-func (hostileGuest) AttachVolume(context.Context, sandbox.VolumeRequest) error { return nil }
-func (hostileGuest) DetachVolume(context.Context, string) error                { return nil }
-func (hostileGuest) FreezeVolume(context.Context, string, bool) error          { return nil }
+func (g hostileGuest) AttachVolume(_ context.Context, req sandbox.VolumeRequest) error {
+	if g.onAttach != nil {
+		return g.onAttach(req.AttachmentID)
+	}
+	return nil
+}
+func (hostileGuest) DetachVolume(context.Context, string) error       { return nil }
+func (hostileGuest) FreezeVolume(context.Context, string, bool) error { return nil }
 
-type oneGuest struct{}
+type oneGuest struct{ g hostileGuest }
 
-func (oneGuest) Guest(_ context.Context, owner, id string) (*sandbox.Sandbox, sandbox.Guest, error) {
-	return &sandbox.Sandbox{ID: id, OwnerKeyID: owner}, hostileGuest{}, nil
+func (o oneGuest) Guest(_ context.Context, owner, id string) (*sandbox.Sandbox, sandbox.Guest, error) {
+	return &sandbox.Sandbox{ID: id, OwnerKeyID: owner}, o.g, nil
 }
 
 const (
@@ -145,5 +155,42 @@ func TestAttachmentEndClosesStream(t *testing.T) {
 				t.Error("a new stream of the ended attachment was served")
 			}
 		})
+	}
+}
+
+// A guest that opens the stream during an attach and then says the attach
+// failed keeps nothing: the attachment ends, and so does its stream.
+func TestFailedAttachClosesStream(t *testing.T) {
+	dir := t.TempDir()
+	svc := volumes.New(volumes.Config{Store: volumestest.New(), DataDir: dir, Mkfs: "true"})
+	var gs *guestStream
+	svc.SetGuests(oneGuest{hostileGuest{onAttach: func(id string) error {
+		var ok bool
+		if gs, ok = openStream(t, svc, id); !ok {
+			t.Error("the attaching volume's stream was refused")
+		}
+		return errors.New("mount failed")
+	}}})
+	ctx := context.Background()
+	v, err := svc.Create(ctx, owner, volumes.CreateSpec{SizeMiB: volumes.MinSizeMiB})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Attach(ctx, owner, v.ID, sandboxID, "/data"); err == nil {
+		t.Fatal("the attach succeeded")
+	}
+	if gs == nil {
+		t.Fatal("the guest opened no stream")
+	}
+	select {
+	case <-gs.served:
+	case <-time.After(time.Minute):
+		t.Fatal("the stream of a failed attach is still served")
+	}
+	if err := gs.write(0, []byte("kept")); err == nil {
+		t.Error("a write on the stream of a failed attach was answered")
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "volumes", v.ID, "disk.raw")); err != nil || bytes.Contains(b, []byte("kept")) {
+		t.Errorf("the volume's file: err %v, holds the write: %v", err, err == nil)
 	}
 }
