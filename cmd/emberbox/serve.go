@@ -406,12 +406,8 @@ func serve(ctx context.Context, o serveOptions) error {
 		// E2B's) are placed, calls for another node's sandbox (its
 		// routes, E2B's traffic and control plane, its previews and
 		// signed links) go there over the channel, which serves the
-		// server itself (never routed again). A Runtime API call is
-		// authenticated and rate-limited here, at the node the client
-		// reached, before it is forwarded; the channel carries the
-		// client's address, so the serving node's limits count the
-		// client, not this node.
-		served = cl.Handler(front, api.Admit(handler), front.Target, previewTarget(st), linkTarget(signer))
+		// server itself (never routed again).
+		served = cl.Handler(front, front.Target, previewTarget(st), linkTarget(signer))
 		cln, err := net.Listen("tcp", o.cluster.listen)
 		if err != nil {
 			return fmt.Errorf("--cluster-listen: %w", err)
@@ -425,6 +421,11 @@ func serve(ctx context.Context, o serveOptions) error {
 			cl.Run(bctx)
 		})
 		bg.Go(func() { cl.RunDrain(bctx, mgr) })
+		// A Runtime API call is authenticated and rate-limited here, at
+		// the node the client reached, before it is forwarded; the channel
+		// carries the client's address, so the serving node's limits
+		// count the client, not this node.
+		cl.SetAdmit(api.Admit(handler))
 	}
 	// HTTP/2 without TLS (prior knowledge) too, for gRPC and Connect
 	// clients of envd; HTTP/1.1 stays the common case.

@@ -232,7 +232,7 @@ func TestRouterProxiesToTheOwner(t *testing.T) {
 	a := testNode(t, st, ca, "a", 4096, says("a-channel"))
 	testNode(t, st, ca, "b", 4096, says("b"))
 	st.owners["sbx_on_b"], st.owners["sbx_on_a"] = "b", "a"
-	front := a.Handler(says("a"), nil)
+	front := a.Handler(says("a"))
 
 	get := func(path string) *httptest.ResponseRecorder {
 		rec := httptest.NewRecorder()
@@ -284,15 +284,15 @@ func TestPlaceTriesTheNextNodeAndSaysNoCapacity(t *testing.T) {
 		front.ServeHTTP(rec, httptest.NewRequest("POST", "/v1/sandboxes", strings.NewReader(body)))
 		return rec
 	}
-	rec := create(a.Handler(says("a"), nil), `{"memoryMiB": 1024}`)
+	rec := create(a.Handler(says("a")), `{"memoryMiB": 1024}`)
 	if rec.Code != 200 || rec.Body.String() != `a:{"memoryMiB": 1024}` {
 		t.Errorf("create: %d %q; want a's answer, the body passed on whole", rec.Code, rec.Body.String())
 	}
-	rec = create(a.Handler(full, nil), `{"memoryMiB": 1024}`)
+	rec = create(a.Handler(full), `{"memoryMiB": 1024}`)
 	if rec.Code != http.StatusConflict || errorCode(rec.Body.Bytes()) != "no_capacity" || rec.Header().Get("X-Request-Id") == "" {
 		t.Errorf("all full: %d %s", rec.Code, rec.Body.String())
 	}
-	rec = create(a.Handler(says("a"), nil), `{"memoryMiB": 65536}`)
+	rec = create(a.Handler(says("a")), `{"memoryMiB": 65536}`)
 	if rec.Code != http.StatusConflict || errorCode(rec.Body.Bytes()) != "no_capacity" {
 		t.Errorf("too big for any node: %d %s", rec.Code, rec.Body.String())
 	}
@@ -406,7 +406,7 @@ func TestTargetsRouteOtherProtocols(t *testing.T) {
 		}
 		return "", r.Method == "POST" && r.URL.Path == "/sandboxes"
 	}
-	front := a.Handler(says("a"), nil, func(*http.Request) (string, bool) { return "", false }, target)
+	front := a.Handler(says("a"), func(*http.Request) (string, bool) { return "", false }, target)
 	serve := func(h http.Handler, r *http.Request) *httptest.ResponseRecorder {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, r)
@@ -425,7 +425,7 @@ func TestTargetsRouteOtherProtocols(t *testing.T) {
 		t.Errorf("E2B create served by %q, want b (best fit)", rec.Header().Get("X-Served-By"))
 	}
 	// Every node full: the last refusal, in E2B's shape, is the answer.
-	full := a.Handler(e2bFull, nil, target)
+	full := a.Handler(e2bFull, target)
 	st.mu.Lock()
 	st.nodes["b"].State = StateDraining
 	st.mu.Unlock()
@@ -469,7 +469,7 @@ func TestForwardedClientAddress(t *testing.T) {
 	a := testNode(t, st, ca, "a", 4096, whoAsks("a-channel"))
 	testNode(t, st, ca, "b", 4096, whoAsks("b"))
 	st.owners["sbx_on_b"], st.owners["sbx_on_a"] = "b", "a"
-	front := a.Handler(whoAsks("a"), nil)
+	front := a.Handler(whoAsks("a"))
 	get := func(path, from, claimed string) *httptest.ResponseRecorder {
 		r := httptest.NewRequest("GET", path, nil)
 		r.RemoteAddr = from
@@ -509,8 +509,8 @@ func TestForwardedClientAddress(t *testing.T) {
 	}
 }
 
-// The entry node admits (authenticates, limits) a request before it
-// forwards it, and only then: one it refuses never reaches the owner, a
+// The entry node admits (authenticates, limits) a client's request before
+// it forwards it, and only then: one it refuses never reaches the owner, a
 // create placed on another node is admitted once, and what is served here
 // is left to the local API's own gate.
 func TestEntryAdmitsBeforeForwarding(t *testing.T) {
@@ -536,7 +536,8 @@ func TestEntryAdmitsBeforeForwarding(t *testing.T) {
 		}
 		return true
 	}
-	front := a.Handler(says("a"), admit)
+	a.SetAdmit(admit)
+	front := a.Handler(says("a"))
 	do := func(method, path, key, body string) *httptest.ResponseRecorder {
 		r := httptest.NewRequest(method, path, strings.NewReader(body))
 		if key != "" {
@@ -575,8 +576,15 @@ func TestEntryAdmitsBeforeForwarding(t *testing.T) {
 	rec := httptest.NewRecorder()
 	r := httptest.NewRequest("POST", "/v1/sandboxes", strings.NewReader(`{"memoryMiB": 512}`))
 	r.Header.Set("Authorization", "Bearer good")
-	a.Handler(full, admit).ServeHTTP(rec, r)
+	a.Handler(full).ServeHTTP(rec, r)
 	if rec.Header().Get("X-Served-By") != "b" || len(admitted) != 0 {
 		t.Errorf("create a had no room for: served by %q, admitted again %v", rec.Header().Get("X-Served-By"), admitted)
+	}
+	// A request a caller routes itself, not a client's through Handler,
+	// is its caller's to gate.
+	rec = httptest.NewRecorder()
+	a.routeOwned(rec, httptest.NewRequest("GET", "/v1/sandboxes/sbx_on_b/x", nil), says("a"), "sandboxes", "sbx_on_b")
+	if rec.Header().Get("X-Served-By") != "b" || len(admitted) != 0 {
+		t.Errorf("routed by a caller: served by %q, admitted %v; want b, not gated here", rec.Header().Get("X-Served-By"), admitted)
 	}
 }

@@ -42,52 +42,60 @@ type Target func(r *http.Request) (sandboxID string, create bool)
 // and returns false when the request may not pass.
 type Admit func(w http.ResponseWriter, r *http.Request) bool
 
+// SetAdmit sets the gate Handler runs on a client's request before it
+// forwards it to another node. Call it before serving.
+func (c *Cluster) SetAdmit(a Admit) { c.admit.Store(&a) }
+
+// fromClient marks a request Handler received from a client: only those
+// are gated before a forward (a caller that routes a request itself gates
+// it its own way).
+type fromClient struct{}
+
+// admitted runs the entry gate on r before it goes to another node.
+func (c *Cluster) admitted(w http.ResponseWriter, r *http.Request) bool {
+	a := c.admit.Load()
+	if a == nil || r.Context().Value(fromClient{}) == nil {
+		return true
+	}
+	return (*a)(w, r)
+}
+
 // Handler routes the server in front of next (this node's API, and
 // whatever next serves beside it): a create is placed on a node and sent
 // there; a call for a sandbox or snapshot of another node that is not
-// down is proxied to it, once admit (nil: none) let it pass here;
+// down is proxied to it, once SetAdmit's gate let it pass here;
 // everything else is next's. targets name the sandboxes of the calls the
 // Runtime API's paths do not (tried in order, the first that names one
 // wins).
-func (c *Cluster) Handler(next http.Handler, admit Admit, targets ...Target) http.Handler {
-	if admit == nil {
-		admit = func(http.ResponseWriter, *http.Request) bool { return true }
-	}
-	e := &entry{c: c, next: next, admit: admit}
+func (c *Cluster) Handler(next http.Handler, targets ...Target) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// Only a peer says where a request came from.
 		r.Header.Del(HeaderClientAddr)
+		r = r.WithContext(context.WithValue(r.Context(), fromClient{}, true))
 		switch {
 		case r.Method == http.MethodPost && strings.TrimSuffix(r.URL.Path, "/") == "/v1/sandboxes":
-			e.place(w, r)
+			c.place(w, r, next)
 			return
 		case strings.HasPrefix(r.URL.Path, "/v1/sandboxes/"):
-			e.routeOwned(w, r, "sandboxes", resourceID(r.URL.Path, "/v1/sandboxes/"))
+			c.routeOwned(w, r, next, "sandboxes", resourceID(r.URL.Path, "/v1/sandboxes/"))
 			return
 		case strings.HasPrefix(r.URL.Path, "/v1/snapshots/"):
-			e.routeOwned(w, r, "snapshots", resourceID(r.URL.Path, "/v1/snapshots/"))
+			c.routeOwned(w, r, next, "snapshots", resourceID(r.URL.Path, "/v1/snapshots/"))
 			return
 		}
 		for _, t := range targets {
 			id, create := t(r)
 			if create {
-				e.place(w, r)
+				c.place(w, r, next)
 				return
 			}
 			if id != "" {
-				e.routeOwned(w, r, "sandboxes", id)
+				c.routeOwned(w, r, next, "sandboxes", id)
 				return
 			}
 		}
 		next.ServeHTTP(w, r)
 	})
-}
-
-// entry is the routing of requests clients send to this node.
-type entry struct {
-	c     *Cluster
-	next  http.Handler
-	admit Admit
 }
 
 // resourceID is the id after prefix, up to a '/' or a ':verb'.
@@ -102,8 +110,7 @@ func resourceID(path, prefix string) string {
 // routeOwned serves a call for resource id of table: here if it is this
 // node's, unknown, or its node is down (the store answers for it);
 // otherwise on its node, once admitted here.
-func (e *entry) routeOwned(w http.ResponseWriter, r *http.Request, table, id string) {
-	c, next := e.c, e.next
+func (c *Cluster) routeOwned(w http.ResponseWriter, r *http.Request, next http.Handler, table, id string) {
 	owner, err := c.cfg.Store.OwnerNode(r.Context(), table, id)
 	if err != nil || owner == "" || owner == c.ID() {
 		next.ServeHTTP(w, r)
@@ -114,7 +121,7 @@ func (e *entry) routeOwned(w http.ResponseWriter, r *http.Request, table, id str
 		next.ServeHTTP(w, r)
 		return
 	}
-	if !e.admit(w, r) {
+	if !c.admitted(w, r) {
 		return
 	}
 	// The proxy's error handler sees the outgoing request; a fallback
@@ -180,8 +187,7 @@ type createFields struct {
 // place sends a create to the best node that takes it: candidates from
 // the store, best fit first; one that answers no_capacity (its ledger had
 // less room than the store showed: a race) passes it to the next.
-func (e *entry) place(w http.ResponseWriter, r *http.Request) {
-	c, next := e.c, e.next
+func (c *Cluster) place(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxCreateBody+1))
 	if err != nil || len(body) > maxCreateBody {
 		next.ServeHTTP(w, withBody(r, body)) // the API answers what is wrong
@@ -226,17 +232,17 @@ func (e *entry) place(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var refused *httptest.ResponseRecorder
-	admitted := false // by this node's gate: admit, or the API's own when it said no_capacity
+	gated := false // by this node's gate, or by its API's own when it said no_capacity
 	for _, n := range cands {
 		rec := httptest.NewRecorder()
 		switch {
 		case n.ID == c.ID():
 			next.ServeHTTP(rec, withBody(r, body))
-			admitted = true
-		case !admitted && !e.admit(w, r):
+			gated = true
+		case !gated && !c.admitted(w, r):
 			return
 		default:
-			admitted = true
+			gated = true
 			c.proxy(n, nil).ServeHTTP(rec, withBody(r, body))
 		}
 		if (rec.Code == http.StatusConflict || rec.Code == http.StatusTooManyRequests) && errorCode(rec.Body.Bytes()) == "no_capacity" {
