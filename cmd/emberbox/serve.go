@@ -461,6 +461,11 @@ func serve(ctx context.Context, o serveOptions) error {
 			cl.Run(bctx)
 		})
 		bg.Go(func() { cl.RunDrain(bctx, mgr) })
+		// A Runtime API call is authenticated and rate-limited here, at
+		// the node the client reached, before it is forwarded; the channel
+		// carries the client's address, so the serving node's limits
+		// count the client, not this node.
+		cl.SetAdmit(api.Admit(handler))
 	}
 	// HTTP/2 without TLS (prior knowledge) too, for gRPC and Connect
 	// clients of envd; HTTP/1.1 stays the common case.

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -441,5 +442,149 @@ func TestTargetsRouteOtherProtocols(t *testing.T) {
 	}
 	if rec.Code != http.StatusTooManyRequests || json.Unmarshal(rec.Body.Bytes(), &e) != nil || e.Code != 429 || e.ErrorCode != "no_capacity" || e.Message == "" {
 		t.Errorf("E2B create too big for any node: %d %s", rec.Code, rec.Body.String())
+	}
+}
+
+// whoAsks answers with the address a request is counted under
+// (RemoteAddr) and any client address header that reached it.
+func whoAsks(who string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Served-By", who)
+		w.Header().Set("X-Remote-Addr", r.RemoteAddr)
+		w.Header().Set("X-Client-Addr-Seen", r.Header.Get(HeaderClientAddr))
+	})
+}
+
+// A forwarded request is counted under the client's address on the node
+// that serves it, not under the peer's; a client address a client sends
+// is dropped at the entry node, whether the request is forwarded or served
+// there, and a request on the channel is believed only with a cluster
+// certificate.
+func TestForwardedClientAddress(t *testing.T) {
+	ca, err := NewCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newFakeStore()
+	a := testNode(t, st, ca, "a", 4096, whoAsks("a-channel"))
+	testNode(t, st, ca, "b", 4096, whoAsks("b"))
+	st.owners["sbx_on_b"], st.owners["sbx_on_a"] = "b", "a"
+	front := a.Handler(whoAsks("a"))
+	get := func(path, from, claimed string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest("GET", path, nil)
+		r.RemoteAddr = from
+		if claimed != "" {
+			r.Header.Set(HeaderClientAddr, claimed)
+		}
+		rec := httptest.NewRecorder()
+		front.ServeHTTP(rec, r)
+		return rec
+	}
+	for _, from := range []string{"203.0.113.7:5555", "[2001:db8::7]:5555", "[::ffff:203.0.113.8]:5555"} {
+		rec := get("/v1/sandboxes/sbx_on_b:exec", from, "198.51.100.99")
+		want, _ := netip.ParseAddrPort(from)
+		if rec.Header().Get("X-Served-By") != "b" || rec.Header().Get("X-Remote-Addr") != netip.AddrPortFrom(want.Addr().Unmap(), 0).String() {
+			t.Errorf("from %s, forwarded: served by %q as from %q; want b, as from the client", from,
+				rec.Header().Get("X-Served-By"), rec.Header().Get("X-Remote-Addr"))
+		}
+		if seen := rec.Header().Get("X-Client-Addr-Seen"); seen != "" {
+			t.Errorf("from %s: the serving node's API saw a client address header %q", from, seen)
+		}
+	}
+	rec := get("/v1/sandboxes/sbx_on_a:exec", "203.0.113.7:5555", "198.51.100.99")
+	if rec.Header().Get("X-Served-By") != "a" || rec.Header().Get("X-Remote-Addr") != "203.0.113.7:5555" || rec.Header().Get("X-Client-Addr-Seen") != "" {
+		t.Errorf("served at the entry: by %q as from %q, header %q; want a, the connection's address, no header",
+			rec.Header().Get("X-Served-By"), rec.Header().Get("X-Remote-Addr"), rec.Header().Get("X-Client-Addr-Seen"))
+	}
+
+	// On the channel, a request without a peer certificate names no one.
+	rec = httptest.NewRecorder()
+	r := httptest.NewRequest("GET", "/v1/keys", nil)
+	r.RemoteAddr = "10.0.0.2:7443"
+	r.Header.Set(HeaderClientAddr, "198.51.100.99")
+	fromPeer(whoAsks("b")).ServeHTTP(rec, r)
+	if rec.Header().Get("X-Remote-Addr") != "10.0.0.2:7443" || rec.Header().Get("X-Client-Addr-Seen") != "" {
+		t.Errorf("without a peer certificate: as from %q, header %q; want the connection's address, no header",
+			rec.Header().Get("X-Remote-Addr"), rec.Header().Get("X-Client-Addr-Seen"))
+	}
+}
+
+// The entry node admits (authenticates, limits) a client's request before
+// it forwards it, and only then: one it refuses never reaches the owner, a
+// create placed on another node is admitted once, and what is served here
+// is left to the local API's own gate.
+func TestEntryAdmitsBeforeForwarding(t *testing.T) {
+	ca, err := NewCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newFakeStore()
+	var reached sync.Map // path → true, as the owner saw them
+	owner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reached.Store(r.Method+" "+r.URL.Path, true)
+		w.Header().Set("X-Served-By", "b")
+	})
+	a := testNode(t, st, ca, "a", 1024, says("a-channel"))
+	testNode(t, st, ca, "b", 8192, owner)
+	st.owners["sbx_on_b"], st.owners["sbx_on_a"] = "b", "a"
+	var admitted []string
+	admit := func(w http.ResponseWriter, r *http.Request) bool {
+		admitted = append(admitted, r.Method+" "+r.URL.Path)
+		if r.Header.Get("Authorization") != "Bearer good" {
+			writeError(w, http.StatusUnauthorized, "unauthorized", "no", "")
+			return false
+		}
+		return true
+	}
+	a.SetAdmit(admit)
+	front := a.Handler(says("a"))
+	do := func(method, path, key, body string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(method, path, strings.NewReader(body))
+		if key != "" {
+			r.Header.Set("Authorization", "Bearer "+key)
+		}
+		rec := httptest.NewRecorder()
+		front.ServeHTTP(rec, r)
+		return rec
+	}
+	if rec := do("POST", "/v1/sandboxes/sbx_on_b:exec", "wrong", ""); rec.Code != http.StatusUnauthorized {
+		t.Errorf("wrong key for b's sandbox: %d %s", rec.Code, rec.Body)
+	}
+	if _, ok := reached.Load("POST /v1/sandboxes/sbx_on_b:exec"); ok {
+		t.Error("a request the entry node refused reached the owner")
+	}
+	if rec := do("POST", "/v1/sandboxes/sbx_on_b:exec", "good", ""); rec.Header().Get("X-Served-By") != "b" {
+		t.Errorf("good key for b's sandbox: %d served by %q", rec.Code, rec.Header().Get("X-Served-By"))
+	}
+	admitted = nil
+	if rec := do("GET", "/v1/sandboxes/sbx_on_a", "wrong", ""); rec.Header().Get("X-Served-By") != "a" || len(admitted) != 0 {
+		t.Errorf("a's own sandbox: served by %q, admitted here %v; want a's API to gate it alone", rec.Header().Get("X-Served-By"), admitted)
+	}
+	// b is the only node with room: the create goes there, admitted once.
+	if rec := do("POST", "/v1/sandboxes", "good", `{"memoryMiB": 4096}`); rec.Header().Get("X-Served-By") != "b" || len(admitted) != 1 {
+		t.Errorf("create placed on b: served by %q, admitted %v", rec.Header().Get("X-Served-By"), admitted)
+	}
+	if rec := do("POST", "/v1/sandboxes", "wrong", `{"memoryMiB": 4096}`); rec.Code != http.StatusUnauthorized {
+		t.Errorf("create with a wrong key: %d", rec.Code)
+	}
+	// a fits best but its API, having let the request in, has no room:
+	// the create goes on to b without a second gate here.
+	full := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusConflict, "no_capacity", "full", "")
+	})
+	admitted = nil
+	rec := httptest.NewRecorder()
+	r := httptest.NewRequest("POST", "/v1/sandboxes", strings.NewReader(`{"memoryMiB": 512}`))
+	r.Header.Set("Authorization", "Bearer good")
+	a.Handler(full).ServeHTTP(rec, r)
+	if rec.Header().Get("X-Served-By") != "b" || len(admitted) != 0 {
+		t.Errorf("create a had no room for: served by %q, admitted again %v", rec.Header().Get("X-Served-By"), admitted)
+	}
+	// A request a caller routes itself, not a client's through Handler,
+	// is its caller's to gate.
+	rec = httptest.NewRecorder()
+	a.routeOwned(rec, httptest.NewRequest("GET", "/v1/sandboxes/sbx_on_b/x", nil), says("a"), "sandboxes", "sbx_on_b")
+	if rec.Header().Get("X-Served-By") != "b" || len(admitted) != 0 {
+		t.Errorf("routed by a caller: served by %q, admitted %v; want b, not gated here", rec.Header().Get("X-Served-By"), admitted)
 	}
 }

@@ -66,6 +66,7 @@ type Cluster struct {
 	client *http.Client
 	fenced sync.Once
 	mover  atomic.Pointer[Mover] // set by RunDrain
+	admit  atomic.Pointer[Admit] // set by SetAdmit
 }
 
 // Join registers this node (its epoch one more than before), scopes the

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sort"
@@ -34,7 +35,7 @@ const (
 func (c *Cluster) Serve(ctx context.Context, ln net.Listener, local http.Handler) error {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /cluster/v1/sandboxes/{id}/move-in", c.moveIn)
-	mux.Handle("/", local)
+	mux.Handle("/", fromPeer(local))
 	srv := &http.Server{
 		Handler:           mux,
 		TLSConfig:         c.tls.Server.Clone(),
@@ -51,6 +52,32 @@ func (c *Cluster) Serve(ctx context.Context, ln net.Listener, local http.Handler
 		return nil
 	}
 	return err
+}
+
+// fromPeer serves a peer's forwarded request as from the client the peer
+// names (HeaderClientAddr): the client's address replaces the peer's, so
+// the per-address limits behind count the client. Only a request whose
+// connection showed a certificate of the cluster's CA may name one (the
+// channel refuses any other handshake; this checks again); the header
+// goes in any case.
+func fromPeer(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		named := r.Header.Get(HeaderClientAddr)
+		r.Header.Del(HeaderClientAddr)
+		if ip, err := netip.ParseAddr(named); err == nil && peerID(r) != "" && ip.Zone() == "" {
+			r.RemoteAddr = netip.AddrPortFrom(ip.Unmap(), 0).String()
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// remoteIP is the IP address r's connection comes from (invalid if none).
+func remoteIP(r *http.Request) netip.Addr {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return netip.Addr{}
+	}
+	return ap.Addr().Unmap()
 }
 
 // peerID is the node id of the peer that made r (its certificate's name).

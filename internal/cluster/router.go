@@ -21,6 +21,13 @@ import (
 // routing).
 const HeaderForwardedBy = "X-Emberbox-Forwarded-By"
 
+// HeaderClientAddr carries, on the node-to-node channel, the IP address of
+// the client a forwarded request came from, so that the serving node's
+// per-address limits count that client and not the peer. The serving node
+// believes it only from a peer with a cluster certificate (Serve); the
+// entry node drops it from every request a client sends (Handler).
+const HeaderClientAddr = "X-Emberbox-Client-Addr"
+
 // maxCreateBody bounds the create body the router reads to place it.
 const maxCreateBody = 1 << 20
 
@@ -30,14 +37,41 @@ const maxCreateBody = 1 << 20
 // nowhere.
 type Target func(r *http.Request) (sandboxID string, create bool)
 
+// Admit gates a request at the entry node before it is forwarded to
+// another node (authentication and rate limits, api.Admit): it answers
+// and returns false when the request may not pass.
+type Admit func(w http.ResponseWriter, r *http.Request) bool
+
+// SetAdmit sets the gate Handler runs on a client's request before it
+// forwards it to another node. Call it before serving.
+func (c *Cluster) SetAdmit(a Admit) { c.admit.Store(&a) }
+
+// fromClient marks a request Handler received from a client: only those
+// are gated before a forward (a caller that routes a request itself gates
+// it its own way).
+type fromClient struct{}
+
+// admitted runs the entry gate on r before it goes to another node.
+func (c *Cluster) admitted(w http.ResponseWriter, r *http.Request) bool {
+	a := c.admit.Load()
+	if a == nil || r.Context().Value(fromClient{}) == nil {
+		return true
+	}
+	return (*a)(w, r)
+}
+
 // Handler routes the server in front of next (this node's API, and
 // whatever next serves beside it): a create is placed on a node and sent
 // there; a call for a sandbox or snapshot of another node that is not
-// down is proxied to it; everything else is next's. targets name the
-// sandboxes of the calls the Runtime API's paths do not (tried in order,
-// the first that names one wins).
+// down is proxied to it, once SetAdmit's gate let it pass here;
+// everything else is next's. targets name the sandboxes of the calls the
+// Runtime API's paths do not (tried in order, the first that names one
+// wins).
 func (c *Cluster) Handler(next http.Handler, targets ...Target) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Only a peer says where a request came from.
+		r.Header.Del(HeaderClientAddr)
+		r = r.WithContext(context.WithValue(r.Context(), fromClient{}, true))
 		switch {
 		case r.Method == http.MethodPost && strings.TrimSuffix(r.URL.Path, "/") == "/v1/sandboxes":
 			c.place(w, r, next)
@@ -81,7 +115,7 @@ func resourceID(path, prefix string) string {
 
 // routeOwned serves a call for resource id of table: here if it is this
 // node's, unknown, or its node is down (the store answers for it);
-// otherwise on its node.
+// otherwise on its node, once admitted here.
 func (c *Cluster) routeOwned(w http.ResponseWriter, r *http.Request, next http.Handler, table, id string) {
 	owner, err := c.cfg.Store.OwnerNode(r.Context(), table, id)
 	if err != nil || owner == "" || owner == c.ID() {
@@ -91,6 +125,9 @@ func (c *Cluster) routeOwned(w http.ResponseWriter, r *http.Request, next http.H
 	n, err := c.cfg.Store.GetNode(r.Context(), owner)
 	if err != nil || n.State == StateDown {
 		next.ServeHTTP(w, r)
+		return
+	}
+	if !c.admitted(w, r) {
 		return
 	}
 	// The proxy's error handler sees the outgoing request; a fallback
@@ -127,6 +164,9 @@ func (c *Cluster) proxy(n *Node, local http.Handler) http.Handler {
 			pr.Out.Host = pr.In.Host // previews and links are made from it
 			pr.SetXForwarded()
 			pr.Out.Header.Set(HeaderForwardedBy, c.ID())
+			if ip := remoteIP(pr.In); ip.IsValid() {
+				pr.Out.Header.Set(HeaderClientAddr, ip.String())
+			}
 		},
 		Transport:     c.client.Transport,
 		FlushInterval: -1,
@@ -198,11 +238,17 @@ func (c *Cluster) place(w http.ResponseWriter, r *http.Request, next http.Handle
 		return
 	}
 	var refused *httptest.ResponseRecorder
+	gated := false // by this node's gate, or by its API's own when it said no_capacity
 	for _, n := range cands {
 		rec := httptest.NewRecorder()
-		if n.ID == c.ID() {
+		switch {
+		case n.ID == c.ID():
 			next.ServeHTTP(rec, withBody(r, body))
-		} else {
+			gated = true
+		case !gated && !c.admitted(w, r):
+			return
+		default:
+			gated = true
 			c.proxy(n, nil).ServeHTTP(rec, withBody(r, body))
 		}
 		if (rec.Code == http.StatusConflict || rec.Code == http.StatusTooManyRequests) && errorCode(rec.Body.Bytes()) == "no_capacity" {

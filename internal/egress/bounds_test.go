@@ -139,3 +139,33 @@ func TestStandInLRU(t *testing.T) {
 		t.Errorf("table holds %d/%d/%d, want %d", len(g.fakeOf), g.fakeLRU.Len(), len(g.nameOf), MaxStandIns)
 	}
 }
+
+// Metadata and host-agent addresses stay refused where the operator opened
+// every address, IPv4 and IPv6, in each IPv6 form that carries them to an
+// IPv4 gateway; neighbours of them do not count as metadata.
+func TestMetadataNeverOpened(t *testing.T) {
+	op := NewOperator(Operator{HostAddrs: []netip.Addr{},
+		Open: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")}})
+	for _, a := range []string{
+		"169.254.169.254", "168.63.129.16", "169.254.170.2", "169.254.170.23", "100.100.100.200",
+		"fd00:ec2::254", "fd00:ec2::23", "::ffff:169.254.169.254", "::169.254.169.254",
+		"64:ff9b::a9fe:a9fe", "64:ff9b:1::a9fe:a9fe", "2002:a9fe:a9fe::1", "2002:a83f:8110::",
+		"2001:0:a9fe:a9fe::1", "2001:0:102:304::5601:5601", // Teredo: server, client (XORed)
+	} {
+		addr := netip.MustParseAddr(a)
+		if !op.Forbidden(addr) {
+			t.Errorf("%s is not forbidden with everything opened", a)
+		}
+		if !Metadata(addr) {
+			t.Errorf("Metadata(%s) = false", a)
+		}
+	}
+	for _, a := range []string{"169.254.169.253", "169.254.1.1", "10.1.2.3", "8.8.8.8", "2606:4700::1111", "2002:808:808::1"} {
+		if Metadata(netip.MustParseAddr(a)) {
+			t.Errorf("Metadata(%s) = true", a)
+		}
+		if op.Forbidden(netip.MustParseAddr(a)) {
+			t.Errorf("%s, opened, is forbidden", a)
+		}
+	}
+}

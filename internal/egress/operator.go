@@ -44,11 +44,51 @@ var forbidden = func() []netip.Prefix {
 
 // neverOpen is refused even where the operator opens a range holding it:
 // the cloud's host agent (Azure's WireServer, which hands out the VM's
-// secrets) and the metadata services.
+// secrets) and the metadata and credential services.
 var neverOpen = []netip.Prefix{
-	netip.MustParsePrefix("168.63.129.16/32"),
-	netip.MustParsePrefix("169.254.169.254/32"),
-	netip.MustParsePrefix("fd00:ec2::254/128"),
+	netip.MustParsePrefix("168.63.129.16/32"),   // Azure WireServer
+	netip.MustParsePrefix("169.254.169.254/32"), // AWS, GCP, Azure, OCI, DigitalOcean metadata
+	netip.MustParsePrefix("169.254.170.2/32"),   // AWS ECS task credentials
+	netip.MustParsePrefix("169.254.170.23/32"),  // AWS EKS pod identity
+	netip.MustParsePrefix("100.100.100.200/32"), // Alibaba Cloud metadata
+	netip.MustParsePrefix("fd00:ec2::254/128"),  // AWS metadata over IPv6
+	netip.MustParsePrefix("fd00:ec2::23/128"),   // AWS EKS pod identity over IPv6
+}
+
+// Metadata reports whether a is a cloud metadata or host-agent address,
+// itself or as the IPv4 address an IPv6 one carries (mapped, compatible,
+// NAT64, 6to4, Teredo): no flag opens these, for sandboxes or for the
+// server's own fetches on a tenant's behalf (registry imports).
+func Metadata(a netip.Addr) bool {
+	in := func(x netip.Addr) bool {
+		return slices.ContainsFunc(neverOpen, func(p netip.Prefix) bool { return p.Contains(x) })
+	}
+	a = a.WithZone("").Unmap()
+	if in(a) {
+		return true
+	}
+	return slices.ContainsFunc(embeddedIPv4(a), in)
+}
+
+// embeddedIPv4 is the IPv4 addresses an IPv6 address carries by the
+// translation schemes that reach IPv4 through a gateway.
+func embeddedIPv4(a netip.Addr) []netip.Addr {
+	if !a.Is6() {
+		return nil
+	}
+	b := a.As16()
+	v4 := func(x []byte) netip.Addr { return netip.AddrFrom4([4]byte(x)) }
+	var out []netip.Addr
+	switch {
+	case b[0] == 0x20 && b[1] == 0x02: // 6to4, 2002:AABB:CCDD::/48
+		out = append(out, v4(b[2:6]))
+	case b[0] == 0x20 && b[1] == 0x01 && b[2] == 0 && b[3] == 0: // Teredo: server, then client XORed
+		client := [4]byte{^b[12], ^b[13], ^b[14], ^b[15]}
+		out = append(out, v4(b[4:8]), netip.AddrFrom4(client))
+	}
+	// NAT64 (64:ff9b::/96, 64:ff9b:1::/48), IPv4-compatible (::/96) and
+	// any other prefix that ends in an IPv4 address: the last 32 bits.
+	return append(out, v4(b[12:16]))
 }
 
 // MailPorts are refused by default: sandboxes must not send mail.
@@ -138,7 +178,7 @@ func (op *Operator) Forbidden(a netip.Addr) bool {
 		return true
 	}
 	in := func(p netip.Prefix) bool { return p.Contains(a) }
-	if slices.ContainsFunc(neverOpen, in) || slices.ContainsFunc(op.Deny, in) {
+	if Metadata(a) || slices.ContainsFunc(op.Deny, in) {
 		return true
 	}
 	if op.opened(a) {

@@ -80,6 +80,8 @@ func TestCluster(t *testing.T) {
 			"--node-heartbeat", clusterHeartbeat.String(), "--node-timeout", clusterTimeout.String(),
 			"--max-memory-mib", fmt.Sprint(n.slots * clusterSlotMiB), "--vm-overhead-mib", fmt.Sprint(clusterOverheadMiB),
 			"--quota-sandboxes", "0", "--templates=false", "--memory-floor-mib", "0",
+			// Failed authentications: 10 at once, then one per 20 s.
+			"--rate-auth-fail", "0.05", "--rate-auth-fail-burst", "10",
 			// Nodes on one host take their VMs' uids from ranges of their own.
 			"--vm-uid-base", fmt.Sprint(1_500_000 + i*10_000), "--vm-uid-count", "10000"}
 	}
@@ -249,6 +251,40 @@ func TestCluster(t *testing.T) {
 		first, end := streamTimes(t, cc, onB, "echo first; sleep 4; echo second")
 		if end.Sub(first) < 2*time.Second {
 			t.Fatalf("first line read %s before the end; want the stream passed through as it came", end.Sub(first))
+		}
+	})
+
+	t.Run("AuthLimitedPerClientThroughAPeer", func(t *testing.T) {
+		// Two clients on their own loopback addresses reach a's sandbox
+		// through b. One keeps sending a wrong key: b, where it
+		// connects, limits it; the other, behind the same node, is not.
+		onA := perNode["a"][0]
+		from := func(ip, key string) *client {
+			d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+			return &client{s: b.s, key: key, hc: &http.Client{Transport: &http.Transport{Proxy: nil, DialContext: d.DialContext}}}
+		}
+		flooder := from("127.0.0.5", "ebx_wrong_key")
+		var last *response
+		for range 30 {
+			if last = flooder.raw(t, "GET", "/v1/sandboxes/"+onA, nil, nil, requestTimeout); last.Status != http.StatusUnauthorized {
+				break
+			}
+		}
+		if last.Status != http.StatusTooManyRequests || last.errorCode() != "rate_limited" {
+			t.Fatalf("a client sending wrong keys through b: %v; want 429 rate_limited after its burst", last)
+		}
+		if r := from("127.0.0.5", key).raw(t, "GET", "/v1/sandboxes/"+onA, nil, nil, requestTimeout); r.Status != http.StatusTooManyRequests {
+			t.Errorf("the limited client with a good key: %v; want it still limited", r)
+		}
+		other := from("127.0.0.6", key)
+		if r := other.raw(t, "GET", "/v1/sandboxes/"+onA, nil, nil, requestTimeout); r.Status != http.StatusOK {
+			t.Errorf("another client through b: %v; want 200", r)
+		}
+		if out := other.sh(t, onA, "echo fine"); out != "fine\n" {
+			t.Errorf("another client's exec through b: %q", out)
+		}
+		if r := from("127.0.0.6", "ebx_another_wrong_key").raw(t, "GET", "/v1/sandboxes/"+onA, nil, nil, requestTimeout); r.Status != http.StatusUnauthorized {
+			t.Errorf("another client's own wrong key through b: %v; want 401, its own bucket untouched", r)
 		}
 	})
 

@@ -1,7 +1,9 @@
 package integration
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -124,6 +126,10 @@ func TestVolumes(t *testing.T) {
 		t.Errorf("detach of a busy mount: %v", r)
 	}
 	a.raw(t, "POST", "/v1/sandboxes/"+sb1.ID+"/processes/"+proc.ID+":signal", map[string]any{"signal": "SIGKILL"}, nil, requestTimeout)
+	dev := strings.TrimSpace(a.sh(t, sb1.ID, "findmnt -n -o SOURCE /data"))
+	if !strings.HasPrefix(dev, "/dev/nbd") {
+		t.Fatalf("/data is mounted from %q, want an NBD device", dev)
+	}
 	var det attachmentJSON
 	detachStart := time.Now()
 	if !waitUntil(30*time.Second, 200*time.Millisecond, func() bool {
@@ -135,6 +141,16 @@ func TestVolumes(t *testing.T) {
 	t.Logf("detached in %s", time.Since(detachStart).Round(time.Millisecond))
 	if res, _ := a.exec(t, sb1.ID, execReq{Command: "mountpoint -q /data"}); res.exit() == "0" {
 		t.Errorf("/data is still a mount point after the detach")
+	}
+	// Root in the old holder writes to the device the volume was on: it
+	// fails, and nothing reaches the volume's file.
+	marker := fmt.Sprintf("after-detach-%d", time.Now().UnixNano())
+	res, _ := a.exec(t, sb1.ID, execReq{Command: "printf " + marker + " | sudo dd of=" + dev + " bs=4096 conv=sync,fsync oflag=direct"})
+	if res.exit() == "0" {
+		t.Errorf("root wrote to %s after the detach: %s", dev, res.Stderr)
+	}
+	if raw, err := os.ReadFile(filepath.Join(dataDir, "volumes", v1.ID, "disk.raw")); err != nil || bytes.Contains(raw, []byte(marker)) {
+		t.Errorf("the detached volume's file: err %v, holds the old holder's write: %v", err, err == nil)
 	}
 	if v, _ := call[volumeJSON](t, a, "GET", "/v1/volumes/"+v1.ID, nil, nil); v.State != "ready" || v.SandboxID != nil {
 		t.Errorf("volume after detach: %+v", v)

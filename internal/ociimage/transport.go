@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/emberbox/emberbox/internal/egress"
 	"github.com/emberbox/emberbox/internal/errdefs"
 )
 
@@ -22,7 +23,10 @@ import (
 // the operator chose it, and the registry's own name is checked before the
 // request goes to it. Without this, a reference such as
 // 169.254.169.254/x:y would make the server fetch from its own network.
+// Cloud metadata addresses are refused whatever allowed says
+// (--registry-allow-private opens private ranges, never these).
 func GuardedTransport(allowed func(netip.Addr) bool) http.RoundTripper {
+	allowed = withoutMetadata(allowed)
 	base := http.DefaultTransport.(*http.Transport).Clone()
 	dialer := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
 	proxies := map[string]bool{} // host:port of the proxies in the environment
@@ -35,7 +39,7 @@ func GuardedTransport(allowed func(netip.Addr) bool) http.RoundTripper {
 		Control: func(network, address string, _ syscall.RawConn) error {
 			ap, err := netip.ParseAddrPort(address)
 			if err != nil || !allowed(ap.Addr()) {
-				return refusedAddr(address)
+				return refusedAddr(address, err == nil && egress.Metadata(ap.Addr()))
 			}
 			return nil
 		}}
@@ -61,13 +65,23 @@ func (t *guardedTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 	}
 	for _, a := range addrs {
 		if !t.allowed(a.Unmap()) {
-			return nil, refusedAddr(host + " (" + a.String() + ")")
+			return nil, refusedAddr(host+" ("+a.String()+")", egress.Metadata(a))
 		}
 	}
 	return t.base.RoundTrip(req)
 }
 
-func refusedAddr(what string) error {
+// withoutMetadata is allowed refusing cloud metadata addresses too.
+func withoutMetadata(allowed func(netip.Addr) bool) func(netip.Addr) bool {
+	return func(a netip.Addr) bool { return !egress.Metadata(a) && allowed(a) }
+}
+
+func refusedAddr(what string, metadata bool) error {
+	if metadata {
+		return errdefs.New(errdefs.ErrInvalidArgument, "registry_forbidden",
+			"registry %s is a cloud metadata address, which this server never reaches for tenants", what).
+			WithHint("use a public registry, or upload the image (docker save or an OCI layout) as an archive")
+	}
 	return errdefs.New(errdefs.ErrInvalidArgument, "registry_forbidden",
 		"registry %s is on a private, loopback or link-local address this server does not reach for tenants", what).
 		WithHint("use a public registry, or upload the image (docker save or an OCI layout) as an archive; the operator can allow private registries with --registry-allow-private")

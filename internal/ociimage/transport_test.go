@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
@@ -34,5 +35,24 @@ func TestGuardedTransport(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusTeapot {
 		t.Errorf("allowed registry answered %d", resp.StatusCode)
+	}
+}
+
+// Cloud metadata addresses are refused even by a rule that allows every
+// address (--registry-allow-private), in every IPv6 form that reaches them,
+// before anything is dialled.
+func TestGuardedTransportRefusesMetadata(t *testing.T) {
+	asked := map[netip.Addr]bool{}
+	allowAll := func(a netip.Addr) bool { asked[a] = true; return true }
+	for _, host := range []string{"169.254.169.254", "168.63.129.16", "169.254.170.2", "[fd00:ec2::254]",
+		"[::ffff:169.254.169.254]", "[64:ff9b::a9fe:a9fe]", "[2002:a9fe:a9fe::1]"} {
+		req, _ := http.NewRequestWithContext(context.Background(), "GET", "http://"+host+"/v2/", nil)
+		_, err := GuardedTransport(allowAll).RoundTrip(req)
+		if errdefs.Code(err) != "registry_forbidden" || !strings.Contains(err.Error(), "metadata") {
+			t.Errorf("registry %s with every address allowed: %v, want registry_forbidden naming metadata", host, err)
+		}
+	}
+	if len(asked) != 0 {
+		t.Errorf("the operator's rule was asked about %v: metadata must be refused before it", asked)
 	}
 }

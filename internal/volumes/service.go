@@ -32,6 +32,9 @@ const (
 	ModeRW      = "rw"
 	// attachTimeout bounds an attach or detach in the guest.
 	attachTimeout = 60 * time.Second
+	// streamEndTimeout bounds the wait for an ended stream's last request
+	// on the file (one request of at most nbd.MaxLength).
+	streamEndTimeout = 10 * time.Second
 )
 
 // Guests finds a running sandbox's guest: sandbox.Manager.Guest.
@@ -68,9 +71,16 @@ type Service struct {
 	guests Guests
 	locks  sync.Map // volume id → *sync.Mutex (lock)
 	// streams holds the one served stream per attachment: a new one (the
-	// guest reconnected) ends the one before.
+	// guest reconnected) ends the one before, and the attachment's end
+	// (detach, release) ends it from the host's side.
 	streamsMu sync.Mutex
-	streams   map[string]net.Conn
+	streams   map[string]*stream
+}
+
+// stream is an attachment's served NBD stream.
+type stream struct {
+	c    net.Conn
+	done chan struct{} // closed once it no longer touches the volume's file
 }
 
 // New returns a Service. SetGuests must be called before attaches.
@@ -316,6 +326,9 @@ func (s *Service) attachIn(ctx context.Context, g sandbox.Guest, a *Attachment) 
 		if _, serr := s.cfg.Store.SetAttachment(context.Background(), a.ID, AttachDetached, errText(err)); serr != nil {
 			s.log.Error("ending a failed attachment", "attachment_id", a.ID, "err", serr)
 		}
+		// A guest that opened the stream before it failed keeps no part
+		// of a volume that is free again.
+		s.endStream(context.Background(), a.ID)
 		if errdefs.Code(err) == "unknown_method" {
 			err = errdefs.New(errdefs.ErrUnavailable, "volumes_unavailable", "this sandbox's agent is older than volumes; restart the sandbox on a newer image")
 		}
@@ -349,7 +362,7 @@ func (s *Service) Detach(ctx context.Context, owner, volumeID, attachmentID stri
 	_, g, err := s.guests.Guest(ctx, owner, a.SandboxID)
 	if err != nil {
 		if errdefs.IsNotFound(err) {
-			return s.cfg.Store.SetAttachment(ctx, a.ID, AttachDetached, "")
+			return s.endAttachment(ctx, a.ID)
 		}
 		return nil, err
 	}
@@ -367,7 +380,40 @@ func (s *Service) Detach(ctx context.Context, owner, volumeID, attachmentID stri
 		}
 		return nil, fmt.Errorf("detaching volume %s: %w", volumeID, err)
 	}
-	return s.cfg.Store.SetAttachment(ctx, a.ID, AttachDetached, "")
+	return s.endAttachment(ctx, a.ID)
+}
+
+// endAttachment records the attachment detached, then closes its stream
+// from the host's side: the guest's word that it let go is not trusted (a
+// root guest can keep the stream and go on reading and writing a volume
+// that is being resized, backed up or attached elsewhere). The order
+// matters: a stream that ServeVolume registers after the close finds the
+// attachment detached.
+func (s *Service) endAttachment(ctx context.Context, attachmentID string) (*Attachment, error) {
+	a, err := s.cfg.Store.SetAttachment(ctx, attachmentID, AttachDetached, "")
+	s.endStream(ctx, attachmentID)
+	return a, err
+}
+
+// endStream closes the attachment's served stream, if any, and waits until
+// it no longer touches the volume's file.
+func (s *Service) endStream(ctx context.Context, attachmentID string) {
+	s.streamsMu.Lock()
+	st := s.streams[attachmentID]
+	delete(s.streams, attachmentID)
+	s.streamsMu.Unlock()
+	if st == nil {
+		return
+	}
+	_ = st.c.Close()
+	t := time.NewTimer(streamEndTimeout)
+	defer t.Stop()
+	select {
+	case <-st.done:
+	case <-t.C:
+		s.log.Error("a closed volume stream still serves", "attachment_id", attachmentID, "waited", streamEndTimeout)
+	case <-ctx.Done():
+	}
 }
 
 // Claim implements sandbox.Volumes: it records a create's attachments
@@ -473,7 +519,7 @@ func (s *Service) Release(ctx context.Context, sandboxID string) {
 		return
 	}
 	for _, a := range held {
-		if _, err := s.cfg.Store.SetAttachment(ctx, a.ID, AttachDetached, ""); err != nil {
+		if _, err := s.endAttachment(ctx, a.ID); err != nil {
 			s.log.Error("releasing a volume", "sandbox_id", sandboxID, "attachment_id", a.ID, "err", err)
 		}
 	}
@@ -505,31 +551,52 @@ func (s *Service) ServeVolume(ctx context.Context, sandboxID, attachmentID strin
 		_ = accept(err)
 		return
 	}
-	defer f.Close()
 	if err := accept(nil); err != nil {
+		_ = f.Close()
 		return
 	}
-	s.streamsMu.Lock()
-	if s.streams == nil {
-		s.streams = map[string]net.Conn{}
+	st := &stream{c: c, done: make(chan struct{})}
+	defer close(st.done) // after f's close: deferred first, run last
+	defer f.Close()
+	if !s.register(ctx, attachmentID, st) {
+		return
 	}
-	if old := s.streams[attachmentID]; old != nil {
-		old.Close()
-	}
-	s.streams[attachmentID] = c
-	s.streamsMu.Unlock()
-	defer func() {
-		s.streamsMu.Lock()
-		if s.streams[attachmentID] == c {
-			delete(s.streams, attachmentID)
-		}
-		s.streamsMu.Unlock()
-	}()
+	defer s.unregister(attachmentID, st)
 	// The session's end closes c, which ends the loop.
 	if err := serveNBD(br, c, f, int64(v.SizeMiB)<<20); err != nil && !errors.Is(err, net.ErrClosed) {
 		s.log.Info("volume stream ended", "sandbox_id", sandboxID, "attachment_id", attachmentID, "err", err)
 	}
 	_ = datasync(f)
+}
+
+// register makes st the attachment's stream, ending the one before (the
+// guest reconnected), and reports whether the attachment is still held:
+// if it ended meanwhile (endAttachment records that before it closes the
+// registered stream), st is closed at once.
+func (s *Service) register(ctx context.Context, attachmentID string, st *stream) bool {
+	s.streamsMu.Lock()
+	if s.streams == nil {
+		s.streams = map[string]*stream{}
+	}
+	if old := s.streams[attachmentID]; old != nil {
+		_ = old.c.Close()
+	}
+	s.streams[attachmentID] = st
+	s.streamsMu.Unlock()
+	if a, err := s.cfg.Store.GetAttachment(ctx, attachmentID); err != nil || a.State == AttachDetached {
+		s.unregister(attachmentID, st)
+		_ = st.c.Close()
+		return false
+	}
+	return true
+}
+
+func (s *Service) unregister(attachmentID string, st *stream) {
+	s.streamsMu.Lock()
+	if s.streams[attachmentID] == st {
+		delete(s.streams, attachmentID)
+	}
+	s.streamsMu.Unlock()
 }
 
 // checkPath says why path cannot carry a volume, or "" (the agent checks

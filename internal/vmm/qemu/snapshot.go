@@ -254,6 +254,11 @@ func (m *machine) Snapshot(ctx context.Context, dir string, memory bool) (info v
 			return info, fmt.Errorf("snapshot: copying memory: %w", err)
 		}
 	}
+	// qemu-img runs as root and follows the disk's header, which the VM's
+	// uid can write: its chain must be exactly the driver's.
+	if err := m.checkChain(); err != nil {
+		return info, fmt.Errorf("snapshot: %w", err)
+	}
 	// Flattened onto the base image, so that the snapshot needs nothing
 	// of the sandbox it came from. -U: QEMU holds the disk's lock, and the
 	// stop has flushed it.
@@ -275,6 +280,21 @@ func (m *machine) Snapshot(ctx context.Context, dir string, memory bool) (info v
 	info.Memory = memory
 	info.SizeBytes = allocated(dir)
 	return info, nil
+}
+
+// checkChain checks the headers of the machine's disk chain before root
+// tools read it: the overlay is over the copy's snapshot disk (the chain
+// file names it) or else the base image, and a snapshot disk is over the
+// base image; none has an external data file.
+func (m *machine) checkChain() error {
+	f := hostFiles(vmm.Spec{Dir: m.dir})
+	if f.SnapDisk == "" {
+		return checkVMQcow2(filepath.Join(m.dir, diskFile), qcow2Backing{Path: m.rootfs, Format: "raw"})
+	}
+	if err := checkVMQcow2(filepath.Join(m.dir, diskFile), qcow2Backing{Path: f.SnapDisk, Format: "qcow2"}); err != nil {
+		return err
+	}
+	return checkVMQcow2(f.SnapDisk, qcow2Backing{Path: m.rootfs, Format: "raw"})
 }
 
 // allocated is the disk space the files in dir take.
