@@ -52,7 +52,7 @@ PAGE = b"""<!doctype html><title>hostile</title><script>
   } catch (e) { out.sw = "error: " + e; }
   try { await navigator.serviceWorker.register(api + "/sw.js", {scope: api + "/"}); out.apiSW = "registered"; } catch (e) { out.apiSW = "refused: " + e.name; }
   try {
-    const r = await fetch(api + "/v1/sandboxes", {credentials: "include"});
+    const r = await fetch(api + "/v1/sandboxes?from=hostile", {credentials: "include"});
     out.apiFetch = r.status + " " + (await r.text()).slice(0, 200);
   } catch (e) { out.apiFetch = "refused: " + e.name; }
   await fetch("/report", {method: "POST", body: JSON.stringify(out)});
