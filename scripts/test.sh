@@ -35,7 +35,7 @@ echo "== go test"
 go test -count=1 -timeout 70m ./...
 
 echo "== go test -race: the packages whose interleavings matter (no VMs)"
-go test -race -short -count=1 ./internal/sandbox/ ./internal/store/ ./internal/api/ ./internal/guest/ ./internal/upload/ ./internal/egress/ ./internal/e2b/ ./internal/envd/ ./internal/interpreter/ ./internal/images/ ./internal/imagebuild/ ./internal/volumes/ ./internal/ociimage/ ./internal/cluster/
+go test -race -short -count=1 ./internal/sandbox/ ./internal/store/ ./internal/api/ ./internal/guest/ ./internal/upload/ ./internal/egress/ ./internal/e2b/ ./internal/envd/ ./internal/interpreter/ ./internal/catalog/ ./internal/recipebuild/ ./internal/volumes/ ./internal/ociimport/ ./internal/cluster/
 
 echo "== fuzz: every fuzz target briefly (crashers found earlier run above as test cases)"
 ./scripts/fuzz.sh 5

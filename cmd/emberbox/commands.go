@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/emberbox/emberbox/internal/image"
+	"github.com/emberbox/emberbox/internal/guestimage"
 	"github.com/emberbox/emberbox/internal/store"
 )
 
@@ -210,7 +210,7 @@ func newImageCommand() *cobra.Command {
 		Short: "Build the default guest image (Debian rootfs and kernel) unless it is cached",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			im, err := image.Ensure(cmd.Context(), image.Config{CacheDir: cacheDir, Progress: cmd.ErrOrStderr()})
+			im, err := guestimage.Ensure(cmd.Context(), guestimage.Config{CacheDir: cacheDir, Progress: cmd.ErrOrStderr()})
 			if err != nil {
 				return err
 			}

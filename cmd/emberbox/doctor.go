@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/emberbox/emberbox/internal/image"
+	"github.com/emberbox/emberbox/internal/guestimage"
 	"github.com/emberbox/emberbox/internal/tsc"
 	"github.com/emberbox/emberbox/internal/vmm/qemu"
 )
@@ -28,7 +28,7 @@ func newDoctorCommand() *cobra.Command {
 			// The KVM probe boots the built image's kernel, if there is
 			// one; its verdict is cached as serve caches it.
 			var kernel, cache string
-			if img, err := image.Lookup(image.Config{CacheDir: o.cacheDir}); err == nil {
+			if img, err := guestimage.Lookup(guestimage.Config{CacheDir: o.cacheDir}); err == nil {
 				kernel = img.Kernel
 				cache = filepath.Join(filepath.Dir(img.Dir), "kvm-probe") // as serve
 			}

@@ -5,7 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/emberbox/emberbox/internal/images"
+	"github.com/emberbox/emberbox/internal/catalog"
 	"github.com/emberbox/emberbox/internal/store"
 )
 
@@ -14,7 +14,7 @@ import (
 func newImagesCommand() *cobra.Command {
 	var dataDir, storeURL string
 	cmd := &cobra.Command{Use: "images", Short: "Manage the image catalog (the API builds images; these are the operator's tools)"}
-	var req images.ImportRequest
+	var req catalog.ImportRequest
 	var startCmd string
 	var readyPort, readyTimeout int
 	imp := &cobra.Command{
@@ -22,13 +22,13 @@ func newImagesCommand() *cobra.Command {
 		Short: "Register a raw ext4 disk image (with the guest's user setup) as a ready image; prints its id",
 		Args:  cobra.ExactArgs(1),
 		RunE: withStoreArgs(&dataDir, &storeURL, func(cmd *cobra.Command, st *store.Store, args []string) error {
-			svc, err := images.New(images.Config{Store: st, DataDir: dataDir})
+			svc, err := catalog.New(catalog.Config{Store: st, DataDir: dataDir})
 			if err != nil {
 				return err
 			}
 			req.File = args[0]
 			if startCmd != "" {
-				req.Start = &images.StartSpec{Command: startCmd, ReadyPort: readyPort, ReadyTimeoutSeconds: readyTimeout}
+				req.Start = &catalog.StartSpec{Command: startCmd, ReadyPort: readyPort, ReadyTimeoutSeconds: readyTimeout}
 			}
 			img, err := svc.Import(cmd.Context(), req)
 			if err != nil {
@@ -58,7 +58,7 @@ func newImagesCommand() *cobra.Command {
 		Short: "Make an image visible to every key (--undo: its owner's again)",
 		Args:  cobra.ExactArgs(1),
 		RunE: withStoreArgs(&dataDir, &storeURL, func(cmd *cobra.Command, st *store.Store, args []string) error {
-			svc, err := images.New(images.Config{Store: st, DataDir: dataDir})
+			svc, err := catalog.New(catalog.Config{Store: st, DataDir: dataDir})
 			if err != nil {
 				return err
 			}

@@ -9,7 +9,7 @@ import (
 
 	"github.com/emberbox/emberbox/internal/admission"
 	"github.com/emberbox/emberbox/internal/api"
-	"github.com/emberbox/emberbox/internal/images"
+	"github.com/emberbox/emberbox/internal/catalog"
 	"github.com/emberbox/emberbox/internal/sandbox"
 	"github.com/emberbox/emberbox/internal/volumes"
 )
@@ -65,7 +65,7 @@ func addLimitFlags(cmd *cobra.Command, o *limitOptions) {
 	f.IntVar(&o.backupQuota.Count, "quota-volume-backups", volumes.DefaultBackupCount, "volume backups per API key (0: no limit)")
 	f.Int64Var(&o.backupQuota.MiB, "quota-volume-backup-mib", volumes.DefaultBackupMiB, "total size of one API key's volume backups, each counted at its volume's size (0: no limit)")
 	f.IntVar(&o.backupQuota.PerVolume, "quota-backups-per-volume", volumes.DefaultBackupPerVolume, "backups of one volume (0: no limit)")
-	f.IntVar(&o.buildsPerKey, "quota-image-builds", images.DefaultBuildsPerKey, "image builds of one API key queued or running at once (0: no limit)")
+	f.IntVar(&o.buildsPerKey, "quota-image-builds", catalog.DefaultBuildsPerKey, "image builds of one API key queued or running at once (0: no limit)")
 
 	f.IntVar(&o.maxSandboxVCPUs, "max-sandbox-vcpus", 0, "vCPUs of one sandbox (default: host CPUs, at least 2)")
 	f.IntVar(&o.maxSandboxMemoryMiB, "max-sandbox-memory-mib", 0, "memory of one sandbox (default: all the server may promise)")

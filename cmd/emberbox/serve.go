@@ -22,19 +22,19 @@ import (
 
 	"github.com/emberbox/emberbox/internal/admission"
 	"github.com/emberbox/emberbox/internal/api"
+	"github.com/emberbox/emberbox/internal/catalog"
 	"github.com/emberbox/emberbox/internal/cluster"
 	"github.com/emberbox/emberbox/internal/console"
 	"github.com/emberbox/emberbox/internal/e2b"
 	"github.com/emberbox/emberbox/internal/egress"
 	"github.com/emberbox/emberbox/internal/envd"
 	"github.com/emberbox/emberbox/internal/faultpoint"
-	"github.com/emberbox/emberbox/internal/image"
-	"github.com/emberbox/emberbox/internal/imagebuild"
-	"github.com/emberbox/emberbox/internal/images"
+	"github.com/emberbox/emberbox/internal/guestimage"
 	"github.com/emberbox/emberbox/internal/interpreter"
 	"github.com/emberbox/emberbox/internal/links"
-	"github.com/emberbox/emberbox/internal/ociimage"
+	"github.com/emberbox/emberbox/internal/ociimport"
 	"github.com/emberbox/emberbox/internal/pricing"
+	"github.com/emberbox/emberbox/internal/recipebuild"
 	"github.com/emberbox/emberbox/internal/sandbox"
 	"github.com/emberbox/emberbox/internal/store"
 	"github.com/emberbox/emberbox/internal/telemetry"
@@ -112,9 +112,9 @@ func newServeCommand() *cobra.Command {
 	f.IntVar(&o.imageBuilds, "image-builds", 1, "image builds run at once (each in a sandbox VM)")
 	f.BoolVar(&o.registryAllowPrivate, "registry-allow-private", false,
 		"let image imports pull from registries on loopback, private and link-local addresses (refused by default: tenants name the registry)")
-	f.Int64Var(&o.contextChunks.quotaMiB, "image-context-quota-mib", images.DefaultChunkBytesPerKey>>20,
+	f.Int64Var(&o.contextChunks.quotaMiB, "image-context-quota-mib", catalog.DefaultChunkBytesPerKey>>20,
 		"MiB of uploaded image context and archive chunks one API key keeps (429 quota_exceeded past it)")
-	f.IntVar(&o.contextChunks.quotaChunks, "image-context-quota-chunks", images.DefaultChunksPerKey,
+	f.IntVar(&o.contextChunks.quotaChunks, "image-context-quota-chunks", catalog.DefaultChunksPerKey,
 		"image context and archive chunks (1 MiB each at most) one API key keeps (429 quota_exceeded past it)")
 	f.Int64Var(&o.contextChunks.reserveMiB, "image-context-reserve-mib", upload.DefaultFreeReserve>>20,
 		"free space a context chunk upload must leave on the data dir's filesystem (409 storage_full below it)")
@@ -259,7 +259,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		return err
 	}
-	imgs, err := images.New(images.Config{Store: st, Events: st, DataDir: o.dataDir, Builds: o.imageBuilds, BuildsPerKey: o.limits.buildsPerKey, Logger: log,
+	imgs, err := catalog.New(catalog.Config{Store: st, Events: st, DataDir: o.dataDir, Builds: o.imageBuilds, BuildsPerKey: o.limits.buildsPerKey, Logger: log,
 		DiskFreeMiB: func() (int64, error) { return admission.DiskFreeMiB(o.dataDir) }, DiskReserveMiB: o.limits.diskReserveMiB,
 		DefaultRootfs: boot.Rootfs, DefaultDigest: boot.RecipeHash, Chunks: chunks})
 	if err != nil {
@@ -335,9 +335,9 @@ func serve(ctx context.Context, o serveOptions) error {
 	// Tenants name the registry, so pulls obey the egress rules' refusal
 	// of private addresses unless the operator allows them.
 	registryAllowed := func(a netip.Addr) bool { return o.registryAllowPrivate || !ecfg.op.Forbidden(a) }
-	importer := &ociimage.Importer{Manager: mgr, Owner: imagebuild.Owner, BaseDir: filepath.Join(o.dataDir, "images", "imports"),
-		Transport: ociimage.GuardedTransport(registryAllowed)}
-	builder := imagebuild.New(imagebuild.Config{Manager: mgr, Cache: st, Import: importer, Logger: log, DefaultDigest: boot.RecipeHash})
+	importer := &ociimport.Importer{Manager: mgr, Owner: recipebuild.Owner, BaseDir: filepath.Join(o.dataDir, "images", "imports"),
+		Transport: ociimport.GuardedTransport(registryAllowed)}
+	builder := recipebuild.New(recipebuild.Config{Manager: mgr, Cache: st, Import: importer, Logger: log, DefaultDigest: boot.RecipeHash})
 	if !isNode {
 		if err := builder.Recover(ctx); err != nil {
 			return fmt.Errorf("image builder: %w", err)
@@ -696,7 +696,7 @@ type bootConfig struct {
 }
 
 func bootFiles(ctx context.Context, o serveOptions, log *slog.Logger) (bootConfig, error) {
-	img, err := image.Ensure(ctx, image.Config{CacheDir: o.cacheDir, Progress: os.Stderr, Logger: log})
+	img, err := guestimage.Ensure(ctx, guestimage.Config{CacheDir: o.cacheDir, Progress: os.Stderr, Logger: log})
 	if err != nil {
 		return bootConfig{}, fmt.Errorf("guest image: %w", err)
 	}
@@ -711,7 +711,7 @@ func bootFiles(ctx context.Context, o serveOptions, log *slog.Logger) (bootConfi
 	if _, err := os.Stat(agentBin); err != nil {
 		return bootConfig{}, fmt.Errorf("agent binary: %w (build it with `make build`, or pass --agent-binary)", err)
 	}
-	initrd, err := image.BuildInitrd(img, agentBin, filepath.Join(filepath.Dir(img.Dir), "initrd"))
+	initrd, err := guestimage.BuildInitrd(img, agentBin, filepath.Join(filepath.Dir(img.Dir), "initrd"))
 	if err != nil {
 		return bootConfig{}, fmt.Errorf("building initramfs: %w", err)
 	}
@@ -843,10 +843,10 @@ type contextChunkOptions struct {
 	reserveMiB  int64
 }
 
-func (o contextChunkOptions) limits() (images.ChunkLimits, error) {
+func (o contextChunkOptions) limits() (catalog.ChunkLimits, error) {
 	if o.quotaMiB < 1 || o.quotaChunks < 1 || o.reserveMiB < 0 {
-		return images.ChunkLimits{}, fmt.Errorf("--image-context-quota-mib and --image-context-quota-chunks must be at least 1, --image-context-reserve-mib at least 0")
+		return catalog.ChunkLimits{}, fmt.Errorf("--image-context-quota-mib and --image-context-quota-chunks must be at least 1, --image-context-reserve-mib at least 0")
 	}
 	// A zero reserve is ChunkLimits' default; 1 byte is as good as none.
-	return images.ChunkLimits{BytesPerKey: o.quotaMiB << 20, PerKey: o.quotaChunks, FreeReserve: max(o.reserveMiB<<20, 1)}, nil
+	return catalog.ChunkLimits{BytesPerKey: o.quotaMiB << 20, PerKey: o.quotaChunks, FreeReserve: max(o.reserveMiB<<20, 1)}, nil
 }

@@ -140,7 +140,7 @@ func (s *fakeSystem) snapshot() (calls []string, hostname string, depth int) {
 	return append([]string(nil), s.calls...), s.hostname, depth
 }
 
-// The image's /etc/hosts (internal/image/recipe.go).
+// The image's /etc/hosts (internal/guestimage/recipe.go).
 const imageHosts = "127.0.0.1\tlocalhost\n127.0.1.1\temberbox\n::1\t\tlocalhost ip6-localhost ip6-loopback\n"
 
 const kernelBootID = "0f5e0f36-0000-4000-8000-000000000000\n"

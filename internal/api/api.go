@@ -18,8 +18,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/emberbox/emberbox/internal/catalog"
 	"github.com/emberbox/emberbox/internal/errdefs"
-	"github.com/emberbox/emberbox/internal/images"
 	"github.com/emberbox/emberbox/internal/interpreter"
 	"github.com/emberbox/emberbox/internal/links"
 	"github.com/emberbox/emberbox/internal/volumes"
@@ -145,7 +145,7 @@ type Config struct {
 	Volumes *volumes.Service
 	// Images is the image catalog (/v1/images, a create's image and the
 	// start report of a sandbox); nil answers its routes 501.
-	Images *images.Service
+	Images *catalog.Service
 	// Nodes serves /v1/nodes on a node of a cluster; nil (a server of
 	// its own) answers them 409 not_clustered.
 	Nodes Nodes
@@ -172,7 +172,7 @@ type server struct {
 	links   *links.Signer
 	interp  *interpreter.Service // nil: the interpreter routes answer 501
 	vols    *volumes.Service     // nil: the volume routes answer 501
-	images  *images.Service      // nil: the image routes answer 501
+	images  *catalog.Service     // nil: the image routes answer 501
 	nodes   Nodes                // nil: not a node of a cluster
 	metrics http.Handler
 	limits  *rateLimiter

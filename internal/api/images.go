@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/emberbox/emberbox/internal/images"
+	"github.com/emberbox/emberbox/internal/catalog"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -18,29 +18,29 @@ import (
 
 // imageJSON is the wire form of an image.
 type imageJSON struct {
-	ID           string            `json:"id"`
-	Kind         string            `json:"kind"`
-	Name         *string           `json:"name"`
-	Version      int               `json:"version,omitempty"`
-	Tags         []string          `json:"tags"`
-	State        string            `json:"state"`
-	Source       string            `json:"source"`
-	Error        *string           `json:"error"`
-	Digest       *string           `json:"digest"`
-	SizeBytes    int64             `json:"sizeBytes"`
-	DiskMiB      int               `json:"diskMiB"`
-	Env          map[string]string `json:"env"`
-	Workdir      *string           `json:"workdir"`
-	User         *string           `json:"user"`
-	Start        *images.StartSpec `json:"start"`
-	Labels       map[string]string `json:"labels"`
-	Public       bool              `json:"public"`
-	CreatedAt    *jsonTime         `json:"createdAt"`
-	ReadyAt      *jsonTime         `json:"readyAt"`
-	BuildSeconds float64           `json:"buildSeconds"`
+	ID           string             `json:"id"`
+	Kind         string             `json:"kind"`
+	Name         *string            `json:"name"`
+	Version      int                `json:"version,omitempty"`
+	Tags         []string           `json:"tags"`
+	State        string             `json:"state"`
+	Source       string             `json:"source"`
+	Error        *string            `json:"error"`
+	Digest       *string            `json:"digest"`
+	SizeBytes    int64              `json:"sizeBytes"`
+	DiskMiB      int                `json:"diskMiB"`
+	Env          map[string]string  `json:"env"`
+	Workdir      *string            `json:"workdir"`
+	User         *string            `json:"user"`
+	Start        *catalog.StartSpec `json:"start"`
+	Labels       map[string]string  `json:"labels"`
+	Public       bool               `json:"public"`
+	CreatedAt    *jsonTime          `json:"createdAt"`
+	ReadyAt      *jsonTime          `json:"readyAt"`
+	BuildSeconds float64            `json:"buildSeconds"`
 }
 
-func toImageJSON(img *images.Image) imageJSON {
+func toImageJSON(img *catalog.Image) imageJSON {
 	tags, env, labels := img.Tags, img.Env, img.Labels
 	if tags == nil {
 		tags = []string{}
@@ -62,29 +62,29 @@ func toImageJSON(img *images.Image) imageJSON {
 
 // imageCreateRequest is POST /v1/images, as withruntime sends it.
 type imageCreateRequest struct {
-	Image      string          `json:"image"`
-	Dockerfile string          `json:"dockerfile"`
-	Recipe     *recipeJSON     `json:"recipe"`
-	Files      []images.File   `json:"files"`
-	Context    *images.Context `json:"context"`
+	Image      string           `json:"image"`
+	Dockerfile string           `json:"dockerfile"`
+	Recipe     *recipeJSON      `json:"recipe"`
+	Files      []catalog.File   `json:"files"`
+	Context    *catalog.Context `json:"context"`
 	// Archive: an uploaded OCI layout or docker save tarball to import
 	// (Emberbox's own field; its chunks go up as a context's do).
-	Archive      *images.ContextArchive `json:"archive"`
-	Dockerignore string                 `json:"dockerignore"` // applied by the client when it packed the context
-	Target       string                 `json:"target"`
-	BuildArgs    map[string]string      `json:"buildArgs"`
-	Name         string                 `json:"name"`
-	Tags         []string               `json:"tags"`
-	Labels       map[string]string      `json:"labels"`
-	Region       string                 `json:"region"`
-	Build        *buildJSON             `json:"build"`
-	Env          map[string]string      `json:"env"`
-	Start        *images.StartSpec      `json:"start"`
-	Cache        *bool                  `json:"cache"`
+	Archive      *catalog.ContextArchive `json:"archive"`
+	Dockerignore string                  `json:"dockerignore"` // applied by the client when it packed the context
+	Target       string                  `json:"target"`
+	BuildArgs    map[string]string       `json:"buildArgs"`
+	Name         string                  `json:"name"`
+	Tags         []string                `json:"tags"`
+	Labels       map[string]string       `json:"labels"`
+	Region       string                  `json:"region"`
+	Build        *buildJSON              `json:"build"`
+	Env          map[string]string       `json:"env"`
+	Start        *catalog.StartSpec      `json:"start"`
+	Cache        *bool                   `json:"cache"`
 }
 
 type recipeJSON struct {
-	images.Recipe
+	catalog.Recipe
 	Run []string `json:"run,omitempty"` // Commands by its other name
 }
 
@@ -99,7 +99,7 @@ type buildJSON struct {
 
 const maxImageBody = 20 << 20
 
-func (s *server) imagesOn() (*images.Service, error) {
+func (s *server) imagesOn() (*catalog.Service, error) {
 	if s.images == nil {
 		return nil, newError(http.StatusNotImplemented, "images_unavailable", "This server does not offer images.")
 	}
@@ -129,8 +129,8 @@ func (s *server) createImage(w http.ResponseWriter, r *http.Request, c *call) er
 	if len(issues) > 0 {
 		return invalid(sortIssues(issues))
 	}
-	cr := images.CreateRequest{Name: req.Name, Tags: req.Tags, Labels: req.Labels}
-	cr.Source = images.Source{
+	cr := catalog.CreateRequest{Name: req.Name, Tags: req.Tags, Labels: req.Labels}
+	cr.Source = catalog.Source{
 		Dockerfile: req.Dockerfile, Files: req.Files, Context: req.Context, BuildArgs: req.BuildArgs, Target: req.Target,
 		Reference: req.Image, Archive: req.Archive, Env: req.Env, Start: req.Start, Cache: req.Cache,
 		// "start": null is the SDK's no_start.
@@ -142,7 +142,7 @@ func (s *server) createImage(w http.ResponseWriter, r *http.Request, c *call) er
 		cr.Recipe = &rec
 	}
 	if b := req.Build; b != nil {
-		cr.Build = images.BuildLimits{TimeoutSeconds: b.TimeoutSeconds, MaxImageMiB: b.MaxImageMiB, DiskMiB: b.DiskMiB,
+		cr.Build = catalog.BuildLimits{TimeoutSeconds: b.TimeoutSeconds, MaxImageMiB: b.MaxImageMiB, DiskMiB: b.DiskMiB,
 			MemoryMiB: b.MemoryMiB, VCPU: b.VCPU}
 	}
 	img, err := svc.Create(r.Context(), c.owner, cr)
@@ -168,11 +168,11 @@ func (s *server) listImages(w http.ResponseWriter, r *http.Request, c *call) err
 		limit = n
 	}
 	switch st := q.Get("state"); st {
-	case "", images.StateQueued, images.StateBuilding, images.StateReady, images.StateFailed, images.StateDeleted:
+	case "", catalog.StateQueued, catalog.StateBuilding, catalog.StateReady, catalog.StateFailed, catalog.StateDeleted:
 	default:
 		return invalid([]issue{{Path: "state", Message: "must be queued, building, ready, failed or deleted"}})
 	}
-	list, err := svc.List(r.Context(), images.ListOptions{Owner: c.owner, State: q.Get("state"), Name: q.Get("name"),
+	list, err := svc.List(r.Context(), catalog.ListOptions{Owner: c.owner, State: q.Get("state"), Name: q.Get("name"),
 		Limit: limit + 1, Cursor: q.Get("cursor")})
 	if err != nil {
 		return err
@@ -192,7 +192,7 @@ func (s *server) listImages(w http.ResponseWriter, r *http.Request, c *call) err
 
 // imageOf returns the catalog and the {id} of an image route; the
 // registries routes share its shape and are not built here.
-func (s *server) imageOf(r *http.Request) (*images.Service, string, error) {
+func (s *server) imageOf(r *http.Request) (*catalog.Service, string, error) {
 	svc, err := s.imagesOn()
 	if err != nil {
 		return nil, "", err
@@ -258,7 +258,7 @@ func (s *server) changeTag(w http.ResponseWriter, r *http.Request, c *call, add 
 	if req.Tag == "" {
 		return invalid([]issue{{Path: "tag", Message: "is required"}})
 	}
-	var img *images.Image
+	var img *catalog.Image
 	if add {
 		img, err = svc.Tag(r.Context(), c.owner, id, req.Tag)
 	} else {
@@ -295,7 +295,7 @@ type logLineJSON struct {
 	Text   string    `json:"text"`
 }
 
-func toLogLineJSON(l images.LogLine) logLineJSON {
+func toLogLineJSON(l catalog.LogLine) logLineJSON {
 	return logLineJSON{Seq: l.Seq, At: optTime(&l.At), Stream: l.Stream, Text: l.Text}
 }
 
@@ -353,7 +353,7 @@ func (s *server) imageLogs(w http.ResponseWriter, r *http.Request, c *call) erro
 		return rc.Flush()
 	}
 	_ = rc.Flush()
-	img, last, err := svc.Follow(r.Context(), c.owner, id, after, logFollowMax, func(l images.LogLine) error {
+	img, last, err := svc.Follow(r.Context(), c.owner, id, after, logFollowMax, func(l catalog.LogLine) error {
 		j := toLogLineJSON(l)
 		j.Type = "line"
 		return write(j)

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/emberbox/emberbox/internal/images"
+	"github.com/emberbox/emberbox/internal/catalog"
 	"github.com/emberbox/emberbox/internal/store"
 )
 
@@ -23,28 +23,28 @@ import (
 // a command "fail" fails, "wait" waits for release.
 type testBuilder struct{ release chan struct{} }
 
-func (b *testBuilder) Build(ctx context.Context, job images.Job, log images.LogSink) (images.Result, error) {
+func (b *testBuilder) Build(ctx context.Context, job catalog.Job, log catalog.LogSink) (catalog.Result, error) {
 	cmd := "x"
 	if job.Recipe != nil && len(job.Recipe.Commands) > 0 {
 		cmd = job.Recipe.Commands[0]
 	}
 	log.Line("build", "step 1/1 RUN "+cmd)
 	if cmd == "fail" {
-		return images.Result{}, &stepError{"step 1/1 RUN fail: exit 1"}
+		return catalog.Result{}, &stepError{"step 1/1 RUN fail: exit 1"}
 	}
 	if cmd == "wait" {
 		select {
 		case <-b.release:
 		case <-ctx.Done():
-			return images.Result{}, ctx.Err()
+			return catalog.Result{}, ctx.Err()
 		}
 	}
 	p := filepath.Join(job.WorkDir, "rootfs.img")
 	if err := os.WriteFile(p, []byte(cmd), 0o600); err != nil {
-		return images.Result{}, err
+		return catalog.Result{}, err
 	}
 	sum := sha256.Sum256([]byte(cmd))
-	return images.Result{RootfsPath: p, Digest: "sha256:" + hex.EncodeToString(sum[:]), MinDiskMiB: 5000,
+	return catalog.Result{RootfsPath: p, Digest: "sha256:" + hex.EncodeToString(sum[:]), MinDiskMiB: 5000,
 		Env: map[string]string{"IMG": "1", "BOTH": "image"}}, nil
 }
 
@@ -54,13 +54,13 @@ func (e *stepError) Error() string { return e.s }
 
 // newTestImages is a catalog over a real store in a temporary directory,
 // building with b (nil: no builds run).
-func newTestImages(tb testing.TB, b images.Builder) *images.Service {
+func newTestImages(tb testing.TB, b catalog.Builder) *catalog.Service {
 	tb.Helper()
-	return newTestImagesWith(tb, b, images.ChunkLimits{})
+	return newTestImagesWith(tb, b, catalog.ChunkLimits{})
 }
 
 // newTestImagesWith is newTestImages with these context chunk limits.
-func newTestImagesWith(tb testing.TB, b images.Builder, chunks images.ChunkLimits) *images.Service {
+func newTestImagesWith(tb testing.TB, b catalog.Builder, chunks catalog.ChunkLimits) *catalog.Service {
 	tb.Helper()
 	dir := tb.TempDir()
 	st, err := store.Open(context.Background(), filepath.Join(dir, "db"))
@@ -71,7 +71,7 @@ func newTestImagesWith(tb testing.TB, b images.Builder, chunks images.ChunkLimit
 	if err := os.WriteFile(def, []byte("default"), 0o644); err != nil {
 		tb.Fatal(err)
 	}
-	svc, err := images.New(images.Config{Store: st, Builder: b, DataDir: dir, DefaultRootfs: def, DefaultDigest: strings.Repeat("d", 64),
+	svc, err := catalog.New(catalog.Config{Store: st, Builder: b, DataDir: dir, DefaultRootfs: def, DefaultDigest: strings.Repeat("d", 64),
 		Chunks: chunks})
 	if err != nil {
 		tb.Fatal(err)
@@ -373,7 +373,7 @@ func TestImageLogFollowWhileBuilding(t *testing.T) {
 // and a key over its chunk quota is answered 429 quota_exceeded.
 func TestContextChunksPerKey(t *testing.T) {
 	e := newEnv(t)
-	e.s.images = newTestImagesWith(t, nil, images.ChunkLimits{PerKey: 1})
+	e.s.images = newTestImagesWith(t, nil, catalog.ChunkLimits{PerKey: 1})
 	data := "a's chunk"
 	sum := sha256.Sum256([]byte(data))
 	d := hex.EncodeToString(sum[:])

@@ -6,7 +6,7 @@
 package guestinit
 
 // Paths inside the initramfs, shared with the host-side builder
-// (internal/image) so both agree on the layout.
+// (internal/guestimage) so both agree on the layout.
 const (
 	// ModulesDir holds the modules, uncompressed, as <name>.ko.
 	ModulesDir = "/lib/emberbox/modules"

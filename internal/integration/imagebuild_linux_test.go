@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/emberbox/emberbox/internal/image"
-	"github.com/emberbox/emberbox/internal/imagebuild"
-	"github.com/emberbox/emberbox/internal/images"
+	"github.com/emberbox/emberbox/internal/catalog"
+	"github.com/emberbox/emberbox/internal/guestimage"
+	"github.com/emberbox/emberbox/internal/recipebuild"
 	"github.com/emberbox/emberbox/internal/sandbox"
 	"github.com/emberbox/emberbox/internal/store"
 	"github.com/emberbox/emberbox/internal/tsc"
@@ -67,12 +67,12 @@ func publicDir(t *testing.T) string {
 // failing step; a two-stage Dockerfile with a context and a build arg.
 func TestImageBuild(t *testing.T) {
 	needVMs(t)
-	img, err := image.Lookup(image.Config{})
+	img, err := guestimage.Lookup(guestimage.Config{})
 	if err != nil {
 		t.Skipf("no guest image is built: %v", err)
 	}
 	dir := publicDir(t)
-	initrd, err := image.BuildInitrd(img, filepath.Join(binDir, "emberbox-agent"), filepath.Join(dir, "initrd"))
+	initrd, err := guestimage.BuildInitrd(img, filepath.Join(binDir, "emberbox-agent"), filepath.Join(dir, "initrd"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,14 +93,14 @@ func TestImageBuild(t *testing.T) {
 	m := sandbox.New(sandbox.Config{Store: st, Driver: drv, DataDir: dir, BootTimeout: 5 * time.Minute, ExtraCAs: string(cas),
 		Boot: sandbox.BootFiles{Kernel: img.Kernel, Initrd: initrd, Rootfs: img.Rootfs}})
 	defer m.Close()
-	b := imagebuild.New(imagebuild.Config{Manager: m, Cache: st, DefaultDigest: img.RecipeHash, MemoryMiB: 2048, DiskMiB: 4096})
+	b := recipebuild.New(recipebuild.Config{Manager: m, Cache: st, DefaultDigest: img.RecipeHash, MemoryMiB: 2048, DiskMiB: 4096})
 	t.Logf("accel %s", drv.Accel())
 
-	newJob := func(kind string) images.Job {
-		return images.Job{ImageID: "img-" + kind, Owner: "key_a", Kind: kind, Cache: true, WorkDir: publicDir(t)}
+	newJob := func(kind string) catalog.Job {
+		return catalog.Job{ImageID: "img-" + kind, Owner: "key_a", Kind: kind, Cache: true, WorkDir: publicDir(t)}
 	}
 	// boot creates a sandbox of the image (nil: the default image).
-	boot := func(t *testing.T, res *images.Result) (string, sandbox.Guest) {
+	boot := func(t *testing.T, res *catalog.Result) (string, sandbox.Guest) {
 		t.Helper()
 		t0 := time.Now()
 		spec := sandbox.CreateSpec{VCPU: 1, MemoryMiB: 1024, DiskMiB: 4096, TimeoutSeconds: 1800, OnLeaseEnd: sandbox.LeaseEndDelete}
@@ -139,16 +139,16 @@ func TestImageBuild(t *testing.T) {
 		return strings.TrimSpace(string(res.Stdout))
 	}
 
-	recipe := func() *images.Recipe {
-		return &images.Recipe{
+	recipe := func() *catalog.Recipe {
+		return &catalog.Recipe{
 			Pip:      []string{"tabulate==0.9.0"},
-			Files:    []images.File{{Path: "/opt/demo/hello.txt", Content: "hello from the recipe\n"}, {Path: "/workspace/notes.txt", Content: "mine\n"}},
+			Files:    []catalog.File{{Path: "/opt/demo/hello.txt", Content: "hello from the recipe\n"}, {Path: "/workspace/notes.txt", Content: "mine\n"}},
 			Commands: []string{`python3 -c "import tabulate; print('tabulate', tabulate.__version__)"`},
 			Env:      map[string]string{"DEMO": "1"},
 		}
 	}
 	t.Run("recipe", func(t *testing.T) {
-		j := newJob(images.SourceRecipe)
+		j := newJob(catalog.SourceRecipe)
 		j.Recipe = recipe()
 		log := &buildLog{t: t}
 		t0 := time.Now()
@@ -170,7 +170,7 @@ func TestImageBuild(t *testing.T) {
 		}
 
 		// The same recipe again: all from the cache.
-		j2 := newJob(images.SourceRecipe)
+		j2 := newJob(catalog.SourceRecipe)
 		j2.Recipe = recipe()
 		log2 := &buildLog{t: t}
 		t0 = time.Now()
@@ -185,8 +185,8 @@ func TestImageBuild(t *testing.T) {
 	})
 
 	t.Run("failing step", func(t *testing.T) {
-		j := newJob(images.SourceRecipe)
-		j.Recipe = &images.Recipe{Commands: []string{"echo fine", "echo no-such-package >&2; pip install --no-index emberbox-no-such-package-xyz"}}
+		j := newJob(catalog.SourceRecipe)
+		j.Recipe = &catalog.Recipe{Commands: []string{"echo fine", "echo no-such-package >&2; pip install --no-index emberbox-no-such-package-xyz"}}
 		log := &buildLog{t: t}
 		_, err := b.Build(ctx, j, log)
 		if err == nil || !strings.Contains(err.Error(), "step 2/2 RUN echo no-such-package") || !strings.Contains(err.Error(), "exit code 1") {
@@ -198,7 +198,7 @@ func TestImageBuild(t *testing.T) {
 	})
 
 	t.Run("dockerfile", func(t *testing.T) {
-		j := newJob(images.SourceDockerfile)
+		j := newJob(catalog.SourceDockerfile)
 		j.Dockerfile = `ARG FLAVOR=plain
 FROM default AS builder
 ARG FLAVOR

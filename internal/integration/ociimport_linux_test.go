@@ -23,8 +23,8 @@ import (
 
 	"github.com/emberbox/emberbox/internal/agentproto"
 	"github.com/emberbox/emberbox/internal/guest"
-	"github.com/emberbox/emberbox/internal/image"
-	"github.com/emberbox/emberbox/internal/ociimage"
+	"github.com/emberbox/emberbox/internal/guestimage"
+	"github.com/emberbox/emberbox/internal/ociimport"
 	"github.com/emberbox/emberbox/internal/tsc"
 	"github.com/emberbox/emberbox/internal/vmm"
 	"github.com/emberbox/emberbox/internal/vmm/qemu"
@@ -33,7 +33,7 @@ import (
 // TestOCIImport packs a Debian root file system (mmdebstrap minbase, cached
 // outside the clone) into an OCI layout with a second layer that deletes a
 // file and makes a directory opaque, imports it in a build VM of the
-// default image (ociimage.BuildRootfs through ociimage.GuestVM over the
+// default image (ociimport.BuildRootfs through ociimport.GuestVM over the
 // real agent, as the image builder does), and boots a VM from the rootfs it
 // made, where a command runs as the sandbox user.
 //
@@ -60,7 +60,7 @@ func TestOCIImport(t *testing.T) {
 	layoutDir := writeLayout(t, img)
 	t.Logf("OCI layout of the fixture written in %.1fs", time.Since(start).Seconds())
 
-	im, err := ociimage.Open(ctx, ociimage.Source{Layout: layoutDir})
+	im, err := ociimport.Open(ctx, ociimport.Source{Layout: layoutDir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +76,7 @@ func TestOCIImport(t *testing.T) {
 	waitRootGrown(t, build, 5<<30)
 	var log bytes.Buffer
 	start = time.Now()
-	rootfs, size, err := ociimage.BuildRootfs(ctx, ociimage.GuestVM{G: build}, im, t.TempDir(), &log)
+	rootfs, size, err := ociimport.BuildRootfs(ctx, ociimport.GuestVM{G: build}, im, t.TempDir(), &log)
 	importTime := time.Since(start)
 	if err != nil {
 		t.Fatalf("BuildRootfs: %v\n%s", err, tail(log.String(), 4000))
@@ -208,7 +208,7 @@ func tarLayer(t testing.TB, files map[string]string) v1.Layer {
 // initramfs around this tree's agent.
 type booter struct {
 	drv      *qemu.Driver
-	img      *image.Image
+	img      *guestimage.Image
 	initrd   string
 	machines map[string]vmm.Machine
 	clients  map[string]*guest.Client
@@ -216,11 +216,11 @@ type booter struct {
 
 func newBooter(t *testing.T) *booter {
 	t.Helper()
-	img, err := image.Lookup(image.Config{})
+	img, err := guestimage.Lookup(guestimage.Config{})
 	if err != nil {
 		t.Skipf("no guest image is built: %v", err)
 	}
-	initrd, err := image.BuildInitrd(img, filepath.Join(binDir, "emberbox-agent"), t.TempDir())
+	initrd, err := guestimage.BuildInitrd(img, filepath.Join(binDir, "emberbox-agent"), t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -355,13 +355,13 @@ func checkHostileImport(t *testing.T, ctx context.Context, vm *guest.Client) {
 	if _, err := layout.Write(dir, mutate.AppendManifests(empty.Index, mutate.IndexAddendum{Add: img})); err != nil {
 		t.Fatal(err)
 	}
-	im, err := ociimage.Open(ctx, ociimage.Source{Layout: dir})
+	im, err := ociimport.Open(ctx, ociimport.Source{Layout: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer im.Close()
 	var log bytes.Buffer
-	rootfs, size, err := ociimage.BuildRootfs(ctx, ociimage.GuestVM{G: vm}, im, t.TempDir(), &log)
+	rootfs, size, err := ociimport.BuildRootfs(ctx, ociimport.GuestVM{G: vm}, im, t.TempDir(), &log)
 	if err != nil {
 		t.Fatalf("hostile import: %v\n%s", err, log.String())
 	}
@@ -373,7 +373,7 @@ func checkHostileImport(t *testing.T, ctx context.Context, vm *guest.Client) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	vmvm := ociimage.GuestVM{G: vm}
+	vmvm := ociimport.GuestVM{G: vm}
 	if err := vmvm.WriteFile(ctx, "/var/tmp/hostile.img", f, size); err != nil {
 		t.Fatal(err)
 	}

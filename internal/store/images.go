@@ -7,11 +7,11 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/emberbox/emberbox/internal/catalog"
 	"github.com/emberbox/emberbox/internal/errdefs"
-	"github.com/emberbox/emberbox/internal/images"
 )
 
-var _ images.Store = (*Store)(nil)
+var _ catalog.Store = (*Store)(nil)
 
 // "user" is quoted: a reserved word in PostgreSQL (a bare user is the
 // session's user name).
@@ -22,8 +22,8 @@ func imageNotFound() error {
 	return errdefs.New(errdefs.ErrNotFound, "image_not_found", "no such image")
 }
 
-// CreateImage implements images.Store.
-func (s *Store) CreateImage(ctx context.Context, img *images.Image) error {
+// CreateImage implements catalog.Store.
+func (s *Store) CreateImage(ctx context.Context, img *catalog.Image) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("recording image: %w", err)
@@ -50,7 +50,7 @@ func (s *Store) CreateImage(ctx context.Context, img *images.Image) error {
 	return nil
 }
 
-func imageArgs(img *images.Image) ([]any, error) {
+func imageArgs(img *catalog.Image) ([]any, error) {
 	env, err := jsonOrNull(img.Env, img.Env == nil)
 	if err != nil {
 		return nil, err
@@ -72,16 +72,16 @@ func imageArgs(img *images.Image) ([]any, error) {
 		formatTimePtr(img.ReadyAt), img.BuildSeconds}, nil
 }
 
-// UpdateImage implements images.Store. An image being deleted or deleted
+// UpdateImage implements catalog.Store. An image being deleted or deleted
 // is not found, unless the update deletes it.
-func (s *Store) UpdateImage(ctx context.Context, img *images.Image) error {
+func (s *Store) UpdateImage(ctx context.Context, img *catalog.Image) error {
 	return updateImage(ctx, s.db, img)
 }
 
-// FinishImage implements images.Store: the outcome and the tags in one
+// FinishImage implements catalog.Store: the outcome and the tags in one
 // transaction, so no reader sees the image ready and its name not yet
 // resolving to it, and a crash between the two cannot leave it so.
-func (s *Store) FinishImage(ctx context.Context, img *images.Image, tags []string) error {
+func (s *Store) FinishImage(ctx context.Context, img *catalog.Image, tags []string) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("finishing image %s: %w", img.ID, err)
@@ -101,7 +101,7 @@ func (s *Store) FinishImage(ctx context.Context, img *images.Image, tags []strin
 	return nil
 }
 
-func updateImage(ctx context.Context, db execer, img *images.Image) error {
+func updateImage(ctx context.Context, db execer, img *catalog.Image) error {
 	a, err := imageArgs(img)
 	if err != nil {
 		return err
@@ -123,23 +123,23 @@ func updateImage(ctx context.Context, db execer, img *images.Image) error {
 	return nil
 }
 
-// GetImage implements images.Store.
-func (s *Store) GetImage(ctx context.Context, id string) (*images.Image, error) {
+// GetImage implements catalog.Store.
+func (s *Store) GetImage(ctx context.Context, id string) (*catalog.Image, error) {
 	return s.oneImage(ctx, `WHERE id = ?`, id)
 }
 
-// ImageByVersion implements images.Store.
-func (s *Store) ImageByVersion(ctx context.Context, owner, name string, version int) (*images.Image, error) {
+// ImageByVersion implements catalog.Store.
+func (s *Store) ImageByVersion(ctx context.Context, owner, name string, version int) (*catalog.Image, error) {
 	return s.oneImage(ctx, `WHERE owner_key_id = ? AND name = ? AND version = ? AND state <> 'deleted'`, owner, name, version)
 }
 
-// ImageByTag implements images.Store.
-func (s *Store) ImageByTag(ctx context.Context, owner, name, tag string) (*images.Image, error) {
+// ImageByTag implements catalog.Store.
+func (s *Store) ImageByTag(ctx context.Context, owner, name, tag string) (*catalog.Image, error) {
 	return s.oneImage(ctx, `WHERE id = (SELECT image_id FROM image_tags WHERE owner_key_id = ? AND name = ? AND tag = ?)`, owner, name, tag)
 }
 
-// PublicImage implements images.Store.
-func (s *Store) PublicImage(ctx context.Context, name, tag string, version int) (*images.Image, error) {
+// PublicImage implements catalog.Store.
+func (s *Store) PublicImage(ctx context.Context, name, tag string, version int) (*catalog.Image, error) {
 	if version > 0 {
 		return s.oneImage(ctx, `WHERE public = 1 AND name = ? AND version = ? AND state <> 'deleted'
 			ORDER BY created_at DESC LIMIT 1`, name, version)
@@ -148,7 +148,7 @@ func (s *Store) PublicImage(ctx context.Context, name, tag string, version int) 
 		ORDER BY created_at DESC LIMIT 1`, name, tag)
 }
 
-func (s *Store) oneImage(ctx context.Context, where string, args ...any) (*images.Image, error) {
+func (s *Store) oneImage(ctx context.Context, where string, args ...any) (*catalog.Image, error) {
 	img, err := scanImage(s.db.QueryRowContext(ctx, `SELECT `+imageColumns+` FROM images `+where, args...))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, imageNotFound()
@@ -179,8 +179,8 @@ func (s *Store) imageTags(ctx context.Context, id string) ([]string, error) {
 	return tags, rows.Err()
 }
 
-// ListImages implements images.Store.
-func (s *Store) ListImages(ctx context.Context, opt images.ListOptions) ([]*images.Image, error) {
+// ListImages implements catalog.Store.
+func (s *Store) ListImages(ctx context.Context, opt catalog.ListOptions) ([]*catalog.Image, error) {
 	var where []string
 	var args []any
 	where = append(where, `(owner_key_id = ? OR public = 1)`)
@@ -205,8 +205,8 @@ func (s *Store) ListImages(ctx context.Context, opt images.ListOptions) ([]*imag
 	return s.imageList(ctx, `WHERE `+strings.Join(where, " AND ")+` ORDER BY created_at DESC, id DESC LIMIT ?`, args...)
 }
 
-// ImagesInStates implements images.Store.
-func (s *Store) ImagesInStates(ctx context.Context, states ...string) ([]*images.Image, error) {
+// ImagesInStates implements catalog.Store.
+func (s *Store) ImagesInStates(ctx context.Context, states ...string) ([]*catalog.Image, error) {
 	if len(states) == 0 {
 		return nil, nil
 	}
@@ -217,12 +217,12 @@ func (s *Store) ImagesInStates(ctx context.Context, states ...string) ([]*images
 	return s.imageList(ctx, `WHERE state IN (?`+strings.Repeat(", ?", len(states)-1)+`) ORDER BY created_at, id`, args...)
 }
 
-func (s *Store) imageList(ctx context.Context, where string, args ...any) ([]*images.Image, error) {
+func (s *Store) imageList(ctx context.Context, where string, args ...any) ([]*catalog.Image, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT `+imageColumns+` FROM images `+where, args...)
 	if err != nil {
 		return nil, fmt.Errorf("listing images: %w", err)
 	}
-	var out []*images.Image
+	var out []*catalog.Image
 	for rows.Next() {
 		img, err := scanImage(rows)
 		if err != nil {
@@ -243,7 +243,7 @@ func (s *Store) imageList(ctx context.Context, where string, args ...any) ([]*im
 	return out, nil
 }
 
-// SetTag implements images.Store.
+// SetTag implements catalog.Store.
 func (s *Store) SetTag(ctx context.Context, owner, name, tag, id string) error {
 	return setTag(ctx, s.db, owner, name, tag, id)
 }
@@ -260,7 +260,7 @@ func setTag(ctx context.Context, db execer, owner, name, tag, id string) error {
 	return nil
 }
 
-// RemoveTag implements images.Store.
+// RemoveTag implements catalog.Store.
 func (s *Store) RemoveTag(ctx context.Context, owner, name, tag, id string) (bool, error) {
 	res, err := s.db.ExecContext(ctx, `DELETE FROM image_tags WHERE owner_key_id = ? AND name = ? AND tag = ? AND image_id = ?`,
 		owner, name, tag, id)
@@ -271,7 +271,7 @@ func (s *Store) RemoveTag(ctx context.Context, owner, name, tag, id string) (boo
 	return n > 0, nil
 }
 
-// RemoveTags implements images.Store.
+// RemoveTags implements catalog.Store.
 func (s *Store) RemoveTags(ctx context.Context, id string) error {
 	if _, err := s.db.ExecContext(ctx, `DELETE FROM image_tags WHERE image_id = ?`, id); err != nil {
 		return fmt.Errorf("untagging image %s: %w", id, err)
@@ -279,7 +279,7 @@ func (s *Store) RemoveTags(ctx context.Context, id string) error {
 	return nil
 }
 
-// ImageUsers implements images.Store.
+// ImageUsers implements catalog.Store.
 func (s *Store) ImageUsers(ctx context.Context, id string) (sandboxes, snapshots, internal int, err error) {
 	err = s.db.QueryRowContext(ctx, `SELECT
 		(SELECT count(*) FROM sandboxes WHERE image_id = ?1 AND state <> 'deleted'),
@@ -292,7 +292,7 @@ func (s *Store) ImageUsers(ctx context.Context, id string) (sandboxes, snapshots
 	return sandboxes, snapshots, internal, nil
 }
 
-// DigestUsers implements images.Store.
+// DigestUsers implements catalog.Store.
 func (s *Store) DigestUsers(ctx context.Context, digest string) (int, error) {
 	var n int
 	if err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM images WHERE digest = ? AND state NOT IN ('deleted', 'deleting')`,
@@ -302,8 +302,8 @@ func (s *Store) DigestUsers(ctx context.Context, digest string) (int, error) {
 	return n, nil
 }
 
-// AppendImageLog implements images.Store.
-func (s *Store) AppendImageLog(ctx context.Context, id string, lines []images.LogLine) (int64, error) {
+// AppendImageLog implements catalog.Store.
+func (s *Store) AppendImageLog(ctx context.Context, id string, lines []catalog.LogLine) (int64, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, fmt.Errorf("appending to the log of image %s: %w", id, err)
@@ -329,17 +329,17 @@ func (s *Store) AppendImageLog(ctx context.Context, id string, lines []images.Lo
 	return last, nil
 }
 
-// ImageLog implements images.Store.
-func (s *Store) ImageLog(ctx context.Context, id string, after int64, limit int) ([]images.LogLine, error) {
+// ImageLog implements catalog.Store.
+func (s *Store) ImageLog(ctx context.Context, id string, after int64, limit int) ([]catalog.LogLine, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT seq, at, stream, text FROM image_logs WHERE image_id = ? AND seq > ?
 		ORDER BY seq LIMIT ?`, id, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("reading the log of image %s: %w", id, err)
 	}
 	defer rows.Close()
-	out := []images.LogLine{}
+	out := []catalog.LogLine{}
 	for rows.Next() {
-		var l images.LogLine
+		var l catalog.LogLine
 		var at string
 		if err := rows.Scan(&l.Seq, &at, &l.Stream, &l.Text); err != nil {
 			return nil, err
@@ -352,8 +352,8 @@ func (s *Store) ImageLog(ctx context.Context, id string, after int64, limit int)
 	return out, rows.Err()
 }
 
-func scanImage(row interface{ Scan(...any) error }) (*images.Image, error) {
-	var img images.Image
+func scanImage(row interface{ Scan(...any) error }) (*catalog.Image, error) {
+	var img catalog.Image
 	var source, created string
 	var env, start, labels, ready sql.NullString
 	if err := row.Scan(&img.ID, &img.Owner, &img.Name, &img.Version, &img.State, &img.Kind, &source, &img.Error,

@@ -6,15 +6,15 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/emberbox/emberbox/internal/catalog"
 	"github.com/emberbox/emberbox/internal/errdefs"
-	"github.com/emberbox/emberbox/internal/images"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
-func newImage(id, owner, name string, at time.Time) *images.Image {
-	return &images.Image{ID: id, Owner: owner, Name: name, State: images.StateReady, Kind: images.SourceRecipe,
+func newImage(id, owner, name string, at time.Time) *catalog.Image {
+	return &catalog.Image{ID: id, Owner: owner, Name: name, State: catalog.StateReady, Kind: catalog.SourceRecipe,
 		Source: []byte(`{"recipe":{}}`), Digest: "sha256:" + id, Rootfs: "/blobs/" + id, SizeBytes: 10, DiskMiB: 3072,
-		Env: map[string]string{"A": "1"}, Start: &images.StartSpec{Command: "serve", ReadyPort: 80}, CreatedAt: at, ReadyAt: &at}
+		Env: map[string]string{"A": "1"}, Start: &catalog.StartSpec{Command: "serve", ReadyPort: 80}, CreatedAt: at, ReadyAt: &at}
 }
 
 // Versions count per owner and name; tags move; a record round-trips and
@@ -24,7 +24,7 @@ func TestImagesVersionsTagsOwners(t *testing.T) {
 	ctx := t.Context()
 	a1, a2 := newImage("i1", "key_a", "app", base), newImage("i2", "key_a", "app", base.Add(time.Second))
 	b1 := newImage("i3", "key_b", "app", base.Add(2*time.Second))
-	for _, img := range []*images.Image{a1, a2, b1} {
+	for _, img := range []*catalog.Image{a1, a2, b1} {
 		if err := s.CreateImage(ctx, img); err != nil {
 			t.Fatal(err)
 		}
@@ -60,11 +60,11 @@ func TestImagesVersionsTagsOwners(t *testing.T) {
 	if _, err := s.ImageByVersion(ctx, "key_b", "app", 2); errdefs.Code(err) != "image_not_found" {
 		t.Errorf("key_b app@2: %v", err)
 	}
-	list, err := s.ListImages(ctx, images.ListOptions{Owner: "key_a", Limit: 10})
+	list, err := s.ListImages(ctx, catalog.ListOptions{Owner: "key_a", Limit: 10})
 	if err != nil || len(list) != 2 || list[0].ID != "i2" || list[1].ID != "i1" {
 		t.Errorf("key_a's list: %v %v", list, err)
 	}
-	page, _ := s.ListImages(ctx, images.ListOptions{Owner: "key_a", Limit: 10, Cursor: "i2"})
+	page, _ := s.ListImages(ctx, catalog.ListOptions{Owner: "key_a", Limit: 10, Cursor: "i2"})
 	if len(page) != 1 || page[0].ID != "i1" {
 		t.Errorf("after cursor i2: %v", page)
 	}
@@ -76,7 +76,7 @@ func TestImagesVersionsTagsOwners(t *testing.T) {
 	if got, err := s.PublicImage(ctx, "app", "latest", 0); err != nil || got.ID != "i3" {
 		t.Errorf("public app:latest = %v %v", got, err)
 	}
-	if list, _ := s.ListImages(ctx, images.ListOptions{Owner: "key_a", Limit: 10}); len(list) != 3 {
+	if list, _ := s.ListImages(ctx, catalog.ListOptions{Owner: "key_a", Limit: 10}); len(list) != 3 {
 		t.Errorf("key_a lists %d images, want its 2 and the public one", len(list))
 	}
 	if removed, err := s.RemoveTag(ctx, "key_a", "app", "latest", "i1"); err != nil || removed {
@@ -94,7 +94,7 @@ func TestImageRefcounts(t *testing.T) {
 	ctx := t.Context()
 	a, b := newImage("i1", "key_a", "", base), newImage("i2", "key_a", "", base)
 	b.Digest = a.Digest
-	for _, img := range []*images.Image{a, b} {
+	for _, img := range []*catalog.Image{a, b} {
 		if err := s.CreateImage(ctx, img); err != nil {
 			t.Fatal(err)
 		}
@@ -102,14 +102,14 @@ func TestImageRefcounts(t *testing.T) {
 	if n, _ := s.DigestUsers(ctx, a.Digest); n != 2 {
 		t.Errorf("digest users %d, want 2", n)
 	}
-	a.State = images.StateDeleted
+	a.State = catalog.StateDeleted
 	if err := s.UpdateImage(ctx, a); err != nil {
 		t.Fatal(err)
 	}
 	if n, _ := s.DigestUsers(ctx, a.Digest); n != 1 {
 		t.Errorf("digest users after a delete %d, want 1", n)
 	}
-	a.State = images.StateReady
+	a.State = catalog.StateReady
 	if err := s.UpdateImage(ctx, a); errdefs.Code(err) != "image_not_found" {
 		t.Errorf("a deleted image brought back: %v", err)
 	}
@@ -128,7 +128,7 @@ func TestImageRefcounts(t *testing.T) {
 		t.Errorf("a deleted sandbox still uses the image")
 	}
 	// Logs: appended in order, read after a seq.
-	last, err := s.AppendImageLog(ctx, "i2", []images.LogLine{{At: base, Stream: "build", Text: "a"}, {At: base, Stream: "stdout", Text: "b"}})
+	last, err := s.AppendImageLog(ctx, "i2", []catalog.LogLine{{At: base, Stream: "build", Text: "a"}, {At: base, Stream: "stdout", Text: "b"}})
 	if err != nil || last != 2 {
 		t.Fatalf("append: %d %v", last, err)
 	}
@@ -136,7 +136,7 @@ func TestImageRefcounts(t *testing.T) {
 	if len(lines) != 1 || lines[0].Seq != 2 || lines[0].Text != "b" || lines[0].Stream != "stdout" {
 		t.Errorf("lines after 1: %+v", lines)
 	}
-	if _, err := s.AppendImageLog(ctx, "nope", []images.LogLine{{At: base, Text: "x"}}); errdefs.Code(err) != "image_not_found" {
+	if _, err := s.AppendImageLog(ctx, "nope", []catalog.LogLine{{At: base, Text: "x"}}); errdefs.Code(err) != "image_not_found" {
 		t.Errorf("log of no image: %v", err)
 	}
 }
@@ -147,26 +147,26 @@ func TestFinishImageTagsAtomically(t *testing.T) {
 	s, _ := openTest(t)
 	ctx := t.Context()
 	img := newImage("i1", "key_a", "app", base)
-	img.State, img.ReadyAt = images.StateBuilding, nil
+	img.State, img.ReadyAt = catalog.StateBuilding, nil
 	if err := s.CreateImage(ctx, img); err != nil {
 		t.Fatal(err)
 	}
-	img.State, img.ReadyAt = images.StateReady, &base
+	img.State, img.ReadyAt = catalog.StateReady, &base
 	if err := s.FinishImage(ctx, img, []string{"latest", "v1"}); err != nil {
 		t.Fatal(err)
 	}
 	for _, tag := range []string{"latest", "v1"} {
-		if got, err := s.ImageByTag(ctx, "key_a", "app", tag); err != nil || got.ID != "i1" || got.State != images.StateReady {
+		if got, err := s.ImageByTag(ctx, "key_a", "app", tag); err != nil || got.ID != "i1" || got.State != catalog.StateReady {
 			t.Errorf("app:%s = %v %v, want i1 ready", tag, got, err)
 		}
 	}
 
 	gone := newImage("i2", "key_a", "app", base.Add(time.Second))
-	gone.State = images.StateDeleted
+	gone.State = catalog.StateDeleted
 	if err := s.CreateImage(ctx, gone); err != nil {
 		t.Fatal(err)
 	}
-	gone.State = images.StateReady
+	gone.State = catalog.StateReady
 	if err := s.FinishImage(ctx, gone, []string{"latest"}); errdefs.Code(err) != "image_not_found" {
 		t.Fatalf("finishing a deleted image: %v, want image_not_found", err)
 	}

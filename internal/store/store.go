@@ -452,7 +452,7 @@ CREATE TABLE volume_backups (
 ) STRICT;
 CREATE INDEX volume_backups_owner ON volume_backups (owner_key_id, id);
 `,
-	// 14: the image catalog (internal/images): images, their moving tags
+	// 14: the image catalog (internal/catalog): images, their moving tags
 	// and their build logs.
 	`
 CREATE TABLE images (

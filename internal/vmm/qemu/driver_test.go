@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/emberbox/emberbox/internal/image"
+	"github.com/emberbox/emberbox/internal/guestimage"
 	"github.com/emberbox/emberbox/internal/tsc"
 	"github.com/emberbox/emberbox/internal/vmm"
 	"github.com/emberbox/emberbox/internal/vmm/qemu"
@@ -28,7 +28,7 @@ func TestDriverContract(t *testing.T) {
 	}
 	// Building the image takes minutes and root; `emberbox serve` and
 	// `emberbox image build` do it, and the integration tests start a server.
-	img, err := image.Lookup(image.Config{})
+	img, err := guestimage.Lookup(guestimage.Config{})
 	if err != nil {
 		t.Skipf("no guest image is built (run `emberbox image build`): %v", err)
 	}
@@ -39,7 +39,7 @@ func TestDriverContract(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building the agent: %v\n%s", err, out)
 	}
-	initrd, err := image.BuildInitrd(img, agent, dir)
+	initrd, err := guestimage.BuildInitrd(img, agent, dir)
 	if err != nil {
 		t.Fatal(err)
 	}

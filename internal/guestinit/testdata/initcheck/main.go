@@ -1,5 +1,5 @@
 // Command initcheck is a stand-in for the guest agent used by the boot test
-// in internal/image: as /init in the initramfs it switches to the root disk
+// in internal/guestimage: as /init in the initramfs it switches to the root disk
 // exactly as the agent does, and then, as PID 1 of the real rootfs, prints
 // one marker line describing what it found and powers the VM off.
 package main

@@ -1,0 +1,436 @@
+package recipebuild
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/moby/buildkit/frontend/dockerfile/instructions"
+	"github.com/moby/buildkit/frontend/dockerfile/parser"
+	"github.com/moby/buildkit/frontend/dockerfile/shell"
+
+	"github.com/emberbox/emberbox/internal/catalog"
+)
+
+// dfNotice is a line for the build log: an instruction ignored.
+type dfNotice = string
+
+// compileDockerfile parses a Dockerfile with BuildKit's own parser and
+// turns the stages the target needs into a plan. Supported: FROM (an
+// image of ours, an OCI reference through the importer, or an earlier
+// stage), RUN (shell and exec forms), COPY and ADD of local files (from
+// the context or --from a stage), ENV, ARG, WORKDIR, USER, LABEL, CMD,
+// ENTRYPOINT and HEALTHCHECK (the image's start). EXPOSE, VOLUME,
+// STOPSIGNAL and MAINTAINER are ignored with a notice. Everything else is
+// refused, naming the instruction and its line.
+func compileDockerfile(df string, buildArgs map[string]string, target string) (*plan, []dfNotice, error) {
+	if len(df) > maxDockerfile {
+		return nil, nil, invalid("Dockerfile: larger than %d bytes", maxDockerfile)
+	}
+	if strings.TrimSpace(df) == "" {
+		return nil, nil, invalid("Dockerfile: empty")
+	}
+	res, err := parser.Parse(strings.NewReader(df))
+	if err != nil {
+		return nil, nil, invalid("Dockerfile: %v", lineOf(err))
+	}
+	dstages, metaArgs, err := instructions.Parse(res.AST, nil)
+	if err != nil {
+		return nil, nil, invalid("Dockerfile: %v", lineOf(err))
+	}
+	if len(dstages) == 0 {
+		return nil, nil, invalid("Dockerfile: no FROM")
+	}
+	if len(dstages) > maxStages {
+		return nil, nil, invalid("Dockerfile: more than %d stages", maxStages)
+	}
+	c := &dfCompiler{lex: shell.NewLex(res.EscapeToken), buildArgs: buildArgs, meta: map[string]string{}, byName: map[string]int{}}
+	for _, a := range metaArgs {
+		for _, kv := range a.Args {
+			v, given := buildArgs[kv.Key]
+			if !given && kv.Value != nil {
+				if v, err = c.expand(*kv.Value, c.meta); err != nil {
+					return nil, nil, c.refuse(&a, "%v", err)
+				}
+			}
+			c.meta[kv.Key] = v
+		}
+	}
+	last := len(dstages) - 1
+	if target != "" {
+		i, ok := -1, false
+		for j, s := range dstages {
+			if strings.EqualFold(s.Name, target) {
+				i, ok = j, true
+			}
+		}
+		if !ok {
+			return nil, nil, invalid("target %.100q: no stage of that name", target)
+		}
+		last = i
+	}
+	p := &plan{}
+	index := map[int]int{} // Dockerfile stage → plan stage
+	for i := 0; i <= last; i++ {
+		st, err := c.stage(&dstages[i], i)
+		if err != nil {
+			return nil, c.notices, err
+		}
+		index[i] = len(p.stages)
+		p.stages = append(p.stages, st)
+		if st.name != "" {
+			c.byName[st.name] = i
+		}
+	}
+	// Drop stages the target does not need, renumbering references.
+	need := make([]bool, last+1)
+	need[last] = true
+	for i := last; i >= 0; i-- {
+		if !need[i] {
+			continue
+		}
+		st := p.stages[index[i]]
+		if st.baseStage >= 0 {
+			need[st.baseStage] = true
+		}
+		for _, s := range st.steps {
+			if s.copy != nil && s.copy.fromStage >= 0 {
+				need[s.copy.fromStage] = true
+			}
+		}
+	}
+	out := &plan{}
+	renum := map[int]int{}
+	for i := 0; i <= last; i++ {
+		if need[i] {
+			renum[i] = len(out.stages)
+			out.stages = append(out.stages, p.stages[index[i]])
+		}
+	}
+	for _, st := range out.stages {
+		if st.baseStage >= 0 {
+			st.baseStage = renum[st.baseStage]
+		}
+		for _, s := range st.steps {
+			if s.copy != nil && s.copy.fromStage >= 0 {
+				s.copy.fromStage = renum[s.copy.fromStage]
+				src := out.stages[s.copy.fromStage]
+				src.exports = append(src.exports, s.copy)
+			}
+		}
+	}
+	n := 0
+	for _, st := range out.stages {
+		n += len(st.steps)
+	}
+	if n > maxSteps {
+		return nil, c.notices, invalid("Dockerfile: more than %d steps", maxSteps)
+	}
+	return out, c.notices, nil
+}
+
+type dfCompiler struct {
+	lex       *shell.Lex
+	buildArgs map[string]string
+	meta      map[string]string // global ARGs, for FROM and ARG defaults
+	byName    map[string]int
+	stages    []*stage
+	notices   []dfNotice
+}
+
+type located interface{ Location() []parser.Range }
+
+func lineOfNode(n located) int {
+	if r := n.Location(); len(r) > 0 {
+		return r[0].Start.Line
+	}
+	return 0
+}
+
+// lineOf gives a parse error's line when BuildKit knows it.
+func lineOf(err error) string {
+	var loc *parser.LocationError
+	if errors.As(err, &loc) && len(loc.Locations) > 0 && len(loc.Locations[0]) > 0 {
+		return fmt.Sprintf("line %d: %v", loc.Locations[0][0].Start.Line, err)
+	}
+	return err.Error()
+}
+
+func (c *dfCompiler) refuse(n located, format string, args ...any) error {
+	return invalid("Dockerfile line %d: %s", lineOfNode(n), fmt.Sprintf(format, args...))
+}
+
+func (c *dfCompiler) expand(word string, env map[string]string) (string, error) {
+	s, _, err := c.lex.ProcessWord(word, envGetter(env))
+	return s, err
+}
+
+func (c *dfCompiler) stage(ds *instructions.Stage, idx int) (*stage, error) {
+	st := &stage{name: strings.ToLower(ds.Name), line: lineOfNode(&fromNode{ds}), baseStage: -1, env: map[string]string{}, labels: map[string]string{}}
+	from := &fromNode{ds}
+	if ds.Platform != "" {
+		p, err := c.expand(ds.Platform, c.meta)
+		if err != nil || (p != "linux/amd64" && p != "$BUILDPLATFORM" && p != "$TARGETPLATFORM") {
+			return nil, c.refuse(from, "FROM --platform=%s: only linux/amd64 images are built", ds.Platform)
+		}
+	}
+	base, err := c.expand(ds.BaseName, c.meta)
+	if err != nil {
+		return nil, c.refuse(from, "FROM %s: %v", ds.BaseName, err)
+	}
+	switch j, ok := c.byName[strings.ToLower(base)]; {
+	case ok:
+		st.baseStage = j
+		prev := c.stages[j]
+		maps.Copy(st.env, prev.env)
+		maps.Copy(st.labels, prev.labels)
+		st.workdir, st.user, st.start = prev.workdir, prev.user, prev.start
+	case strings.EqualFold(base, "scratch"):
+		return nil, c.refuse(from, "FROM scratch: images here start from a bootable system; use one of ours (or leave the base out for the default image)")
+	case base == "":
+		return nil, c.refuse(from, "FROM with an empty image name")
+	default:
+		st.base = base
+	}
+	args := map[string]string{}
+	var cmd, entrypoint *instructions.ShellDependantCmdLine
+	var health []string
+	vars := func() map[string]string {
+		m := map[string]string{}
+		maps.Copy(m, args)
+		maps.Copy(m, st.env)
+		if _, ok := m["PATH"]; !ok {
+			m["PATH"] = defaultPath
+		}
+		return m
+	}
+	for _, dc := range ds.Commands {
+		if ex, ok := dc.(instructions.SupportsSingleWordExpansion); ok {
+			if _, isRun := dc.(*instructions.RunCommand); !isRun {
+				if err := ex.Expand(func(w string) (string, error) { return c.expand(w, vars()) }); err != nil {
+					return nil, c.refuse(dc, "%s: %v", strings.ToUpper(dc.Name()), err)
+				}
+			}
+		}
+		line := lineOfNode(dc)
+		switch x := dc.(type) {
+		case *instructions.EnvCommand:
+			for _, kv := range x.Env {
+				if err := checkEnv(kv.Key, kv.Value); err != nil {
+					return nil, c.refuse(dc, "ENV %v", err)
+				}
+				st.env[kv.Key] = kv.Value
+			}
+		case *instructions.LabelCommand:
+			for _, kv := range x.Labels {
+				st.labels[kv.Key] = kv.Value
+			}
+		case *instructions.ArgCommand:
+			for _, kv := range x.Args {
+				v, given := c.buildArgs[kv.Key]
+				if !given {
+					if kv.Value != nil {
+						v = *kv.Value
+					} else {
+						v = c.meta[kv.Key]
+					}
+				}
+				if err := checkEnv(kv.Key, v); err != nil {
+					return nil, c.refuse(dc, "ARG %v", err)
+				}
+				args[kv.Key] = v
+			}
+		case *instructions.WorkdirCommand:
+			p := x.Path
+			if !path.IsAbs(p) {
+				p = path.Join(orRoot(st.workdir), p)
+			}
+			p = path.Clean(p)
+			st.workdir = p
+			if p != "/" {
+				st.steps = append(st.steps, &step{text: "WORKDIR " + p, line: line, mkdir: p})
+			}
+		case *instructions.UserCommand:
+			if x.User == "" || strings.ContainsAny(x.User, " \t\n\x00") || len(x.User) > 64 {
+				return nil, c.refuse(dc, "USER %.64q is not a user name", x.User)
+			}
+			st.user = x.User
+		case *instructions.RunCommand:
+			if len(x.FlagsUsed) > 0 {
+				return nil, c.refuse(dc, "RUN --%s is not supported", x.FlagsUsed[0])
+			}
+			if len(x.Files) > 0 {
+				return nil, c.refuse(dc, "RUN with a heredoc is not supported")
+			}
+			argv := x.CmdLine
+			text := "RUN " + strings.Join(x.CmdLine, " ")
+			if x.PrependShell {
+				argv = []string{"/bin/sh", "-c", strings.Join(x.CmdLine, " ")}
+			} else {
+				text = "RUN " + shellJoin(x.CmdLine)
+			}
+			if len(argv) == 0 {
+				return nil, c.refuse(dc, "RUN of nothing")
+			}
+			st.steps = append(st.steps, &step{text: text, line: line,
+				run: &runSpec{argv: argv, env: vars(), cwd: orRoot(st.workdir), user: st.user}})
+		case *instructions.CopyCommand:
+			s, err := c.copyStep(dc, "COPY", &x.SourcesAndDest, x.From, x.Chown, x.Chmod, st)
+			if err != nil {
+				return nil, err
+			}
+			if len(x.ExcludePatterns) > 0 {
+				return nil, c.refuse(dc, "COPY --exclude is not supported")
+			}
+			if x.Parents {
+				return nil, c.refuse(dc, "COPY --parents is not supported")
+			}
+			st.steps = append(st.steps, s)
+		case *instructions.AddCommand:
+			if len(x.ExcludePatterns) > 0 || x.Checksum != "" || x.KeepGitDir != nil || x.Unpack != nil {
+				return nil, c.refuse(dc, "ADD with --exclude, --checksum, --keep-git-dir or --unpack is not supported")
+			}
+			for _, src := range x.SourcePaths {
+				if strings.Contains(src, "://") || strings.HasPrefix(src, "git@") {
+					return nil, c.refuse(dc, "ADD %s: ADD of a URL is not supported; download it with RUN curl", src)
+				}
+				for _, ext := range []string{".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst"} {
+					if strings.HasSuffix(strings.ToLower(src), ext) {
+						return nil, c.refuse(dc, "ADD %s: ADD of an archive (unpacked by Docker) is not supported; COPY it and unpack it with RUN tar", src)
+					}
+				}
+			}
+			s, err := c.copyStep(dc, "ADD", &x.SourcesAndDest, "", x.Chown, x.Chmod, st)
+			if err != nil {
+				return nil, err
+			}
+			st.steps = append(st.steps, s)
+		case *instructions.CmdCommand:
+			cmd = &x.ShellDependantCmdLine
+		case *instructions.EntrypointCommand:
+			entrypoint = &x.ShellDependantCmdLine
+		case *instructions.HealthCheckCommand:
+			health = nil
+			if x.Health != nil {
+				health = x.Health.Test
+			}
+		case *instructions.ExposeCommand, *instructions.VolumeCommand, *instructions.StopSignalCommand, *instructions.MaintainerCommand:
+			c.notices = append(c.notices, fmt.Sprintf("Dockerfile line %d: %s ignored", line, strings.ToUpper(dc.Name())))
+		case *instructions.OnbuildCommand:
+			return nil, c.refuse(dc, "ONBUILD is not supported")
+		case *instructions.ShellCommand:
+			return nil, c.refuse(dc, "SHELL is not supported: steps run with /bin/sh -c")
+		default:
+			return nil, c.refuse(dc, "%s is not supported", strings.ToUpper(dc.Name()))
+		}
+	}
+	if start := startCommand(entrypoint, cmd); start != "" {
+		st.start = &catalog.StartSpec{Command: start}
+		switch {
+		case len(health) >= 2 && health[0] == "CMD-SHELL":
+			st.start.ReadyCommand = health[1]
+		case len(health) >= 2 && health[0] == "CMD":
+			st.start.ReadyCommand = shellJoin(health[1:])
+		}
+	}
+	c.stages = append(c.stages, st)
+	_ = idx
+	return st, nil
+}
+
+// fromNode locates a stage's FROM.
+type fromNode struct{ s *instructions.Stage }
+
+func (f *fromNode) Location() []parser.Range { return f.s.Location }
+
+// startCommand is the shell command ENTRYPOINT and CMD make, as Docker
+// composes them: a shell-form ENTRYPOINT ignores CMD.
+func startCommand(entrypoint, cmd *instructions.ShellDependantCmdLine) string {
+	form := func(c *instructions.ShellDependantCmdLine) string {
+		if c.PrependShell {
+			return strings.Join(c.CmdLine, " ")
+		}
+		return shellJoin(c.CmdLine)
+	}
+	switch {
+	case entrypoint != nil && len(entrypoint.CmdLine) > 0:
+		if entrypoint.PrependShell || cmd == nil || len(cmd.CmdLine) == 0 {
+			return form(entrypoint)
+		}
+		if cmd.PrependShell {
+			return form(entrypoint) + " " + shellJoin([]string{"/bin/sh", "-c", strings.Join(cmd.CmdLine, " ")})
+		}
+		return form(entrypoint) + " " + form(cmd)
+	case cmd != nil && len(cmd.CmdLine) > 0:
+		return form(cmd)
+	}
+	return ""
+}
+
+// copyStep compiles a COPY or ADD of local sources.
+func (c *dfCompiler) copyStep(dc instructions.Command, name string, sd *instructions.SourcesAndDest, from, chown, chmod string, st *stage) (*step, error) {
+	if len(sd.SourceContents) > 0 {
+		return nil, c.refuse(dc, "%s with a heredoc is not supported", name)
+	}
+	if len(sd.SourcePaths) == 0 || sd.DestPath == "" {
+		return nil, c.refuse(dc, "%s needs a source and a destination", name)
+	}
+	spec := &copySpec{fromStage: -1, srcs: sd.SourcePaths, chown: chown}
+	dest := sd.DestPath
+	if !path.IsAbs(dest) {
+		dest = path.Join(orRoot(st.workdir), dest)
+	}
+	spec.dest = path.Clean(dest)
+	if strings.HasSuffix(sd.DestPath, "/") || sd.DestPath == "." {
+		spec.dest += "/"
+	}
+	if chmod != "" {
+		m, err := strconv.ParseUint(chmod, 8, 32)
+		if err != nil || m > 0o7777 {
+			return nil, c.refuse(dc, "%s --chmod=%s: only octal modes are supported", name, chmod)
+		}
+		spec.chmod = uint32(m)
+	}
+	if chown != "" && (strings.ContainsAny(chown, " \t\n\x00") || len(chown) > 130) {
+		return nil, c.refuse(dc, "%s --chown=%.64q is not user[:group]", name, chown)
+	}
+	if from != "" {
+		j, ok := c.byName[strings.ToLower(from)]
+		if !ok {
+			if n, err := strconv.Atoi(from); err == nil && n >= 0 && n < len(c.stages) {
+				j, ok = n, true
+			}
+		}
+		if !ok {
+			return nil, c.refuse(dc, "COPY --from=%s: no earlier stage of that name (copying from an image is not supported)", from)
+		}
+		for _, s := range sd.SourcePaths {
+			if strings.ContainsAny(s, "*?[") {
+				return nil, c.refuse(dc, "COPY --from=%s %s: wildcards are supported only from the context", from, s)
+			}
+		}
+		spec.fromStage = j
+	}
+	text := name
+	if from != "" {
+		text += " --from=" + from
+	}
+	if chown != "" {
+		text += " --chown=" + chown
+	}
+	if chmod != "" {
+		text += " --chmod=" + chmod
+	}
+	text += " " + strings.Join(sd.SourcePaths, " ") + " " + sd.DestPath
+	return &step{text: text, line: lineOfNode(dc), copy: spec}, nil
+}
+
+// envGetter is a shell.EnvGetter over a map.
+type envGetter map[string]string
+
+func (e envGetter) Get(k string) (string, bool) { v, ok := e[k]; return v, ok }
+func (e envGetter) Keys() []string              { return slices.Sorted(maps.Keys(e)) }
