@@ -332,6 +332,9 @@ func (s *server) terminate(t testing.TB) {
 }
 
 func (s *server) cleanup(t testing.TB) {
+	if t.Failed() {
+		s.logConsoles(t) // before the deletes below remove them
+	}
 	if s.alive() {
 		c := s.client(s.AdminKey)
 		for _, id := range s.tr.all() {
@@ -408,6 +411,31 @@ func anotherServerAlive(s *server) bool {
 }
 
 // logTail returns the last n lines of the server's log.
+// consolesLogged holds the data dirs whose guests' consoles a failed test
+// has logged already: several servers may share one.
+var consolesLogged sync.Map
+
+// logConsoles logs the last lines of each sandbox's console (its kernel
+// and agent), once per data dir: what a guest did is often why a check
+// failed, and the files go with the sandboxes.
+func (s *server) logConsoles(t testing.TB) {
+	if _, done := consolesLogged.LoadOrStore(s.DataDir, true); done {
+		return
+	}
+	logs, _ := filepath.Glob(filepath.Join(s.DataDir, "sandboxes", "*", "console.log"))
+	for _, p := range logs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+		if len(lines) > 25 {
+			lines = lines[len(lines)-25:]
+		}
+		t.Logf("guest console %s, last lines:\n%s", filepath.Base(filepath.Dir(p)), strings.Join(lines, "\n"))
+	}
+}
+
 func (s *server) logTail(n int) string {
 	b, err := os.ReadFile(s.LogPath)
 	if err != nil {
