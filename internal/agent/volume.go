@@ -302,24 +302,32 @@ func (v *volume) relayReplies(st *yamux.Stream) {
 		handle := binary.BigEndian.Uint64(hdr[8:16])
 		v.mu.Lock()
 		q := v.pending[handle]
+		pending := len(v.pending)
 		v.mu.Unlock()
 		if q == nil {
-			v.a.log.Warn("volume: reply to no request", "attachment", v.id)
+			v.a.log.Warn("volume: reply to no request", "attachment", v.id, "handle", handle, "pending", pending)
 			return
 		}
 		var data []byte
 		if q.typ == nbd.CmdRead && binary.BigEndian.Uint32(hdr[4:8]) == 0 {
 			data = make([]byte, q.length)
 			if _, err := io.ReadFull(st, data); err != nil {
-				return
+				return // still pending: resent on the next stream
 			}
 		}
+		// Answered: forgotten before the kernel sees the reply, because
+		// the kernel may send its next request under the same handle at
+		// once (a flush and the write it orders share a tag, and their
+		// cookies can be equal). Forgotten after, that request would be
+		// lost, its reply refused and the device hung.
+		v.mu.Lock()
+		if v.pending[handle] == q {
+			delete(v.pending, handle)
+		}
+		v.mu.Unlock()
 		v.kmu.Lock()
 		_, err := v.kern.Write(append(hdr[:], data...))
 		v.kmu.Unlock()
-		v.mu.Lock()
-		delete(v.pending, handle)
-		v.mu.Unlock()
 		if err != nil {
 			return
 		}

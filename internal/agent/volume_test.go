@@ -3,7 +3,14 @@ package agent
 import (
 	"bytes"
 	"encoding/binary"
+	"io"
+	"log/slog"
+	"net"
+	"os"
 	"testing"
+
+	"github.com/hashicorp/yamux"
+	"golang.org/x/sys/unix"
 
 	"github.com/emberbox/emberbox/internal/nbd"
 )
@@ -49,4 +56,76 @@ func TestReadNBDRequest(t *testing.T) {
 	if _, err := readNBDRequest(bytes.NewReader(bad)); err == nil {
 		t.Error("a bad magic was read")
 	}
+}
+
+// TestReplyForgottenBeforeTheKernelSeesIt checks that an answered request
+// leaves the pending set before its reply reaches the kernel: the kernel
+// may reuse the handle for its next request as soon as it reads the reply,
+// and that request must not be forgotten in its place. The kernel's end of
+// the socket pair reads the reply's header while the relay is still blocked
+// writing the reply's data, so the check does not depend on timing.
+func TestReplyForgottenBeforeTheKernelSeesIt(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = unix.SetsockoptInt(fds[0], unix.SOL_SOCKET, unix.SO_SNDBUF, 4096)
+	_ = unix.SetsockoptInt(fds[1], unix.SOL_SOCKET, unix.SO_RCVBUF, 4096)
+	relayEnd, kernelEnd := os.NewFile(uintptr(fds[0]), "relay"), os.NewFile(uintptr(fds[1]), "kernel")
+	defer relayEnd.Close()
+	defer kernelEnd.Close()
+
+	hostConn, guestConn := net.Pipe()
+	cfg := yamux.DefaultConfig()
+	cfg.LogOutput = io.Discard
+	host, err := yamux.Server(hostConn, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Close()
+	guest, err := yamux.Client(guestConn, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer guest.Close()
+	st, err := guest.OpenStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs, err := host.AcceptStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	const handle, length = 0x1_0000_0007, 1 << 20
+	v := &volume{a: &Agent{log: slog.New(slog.DiscardHandler)}, id: "att_test", kern: relayEnd,
+		pending: map[uint64]*nbdRequest{handle: {typ: nbd.CmdRead, handle: handle, length: length}}}
+	relayed := make(chan struct{})
+	go func() { defer close(relayed); v.relayReplies(st) }()
+
+	var reply [nbd.ReplyLen]byte
+	nbd.PutReply(&reply, handle, 0)
+	go func() {
+		_, _ = hs.Write(reply[:])
+		_, _ = hs.Write(make([]byte, length))
+	}()
+
+	var got [nbd.ReplyLen]byte
+	if _, err := io.ReadFull(kernelEnd, got[:]); err != nil {
+		t.Fatal(err)
+	}
+	if got != reply {
+		t.Fatalf("the kernel read %x, want %x", got, reply)
+	}
+	v.mu.Lock()
+	_, still := v.pending[handle]
+	v.mu.Unlock()
+	if still {
+		t.Errorf("request %#x still pending when the kernel read its reply", handle)
+	}
+	if n, err := io.CopyN(io.Discard, kernelEnd, length); err != nil {
+		t.Fatalf("the reply's data: %d bytes, %v", n, err)
+	}
+	hs.Close()
+	<-relayed
 }
