@@ -29,50 +29,17 @@ type dfNotice = string
 // STOPSIGNAL and MAINTAINER are ignored with a notice. Everything else is
 // refused, naming the instruction and its line.
 func compileDockerfile(df string, buildArgs map[string]string, target string) (*plan, []dfNotice, error) {
-	if len(df) > maxDockerfile {
-		return nil, nil, invalid("Dockerfile: larger than %d bytes", maxDockerfile)
-	}
-	if strings.TrimSpace(df) == "" {
-		return nil, nil, invalid("Dockerfile: empty")
-	}
-	res, err := parser.Parse(strings.NewReader(df))
+	res, dstages, metaArgs, err := parseDockerfile(df)
 	if err != nil {
-		return nil, nil, invalid("Dockerfile: %v", lineOf(err))
-	}
-	dstages, metaArgs, err := instructions.Parse(res.AST, nil)
-	if err != nil {
-		return nil, nil, invalid("Dockerfile: %v", lineOf(err))
-	}
-	if len(dstages) == 0 {
-		return nil, nil, invalid("Dockerfile: no FROM")
-	}
-	if len(dstages) > maxStages {
-		return nil, nil, invalid("Dockerfile: more than %d stages", maxStages)
+		return nil, nil, err
 	}
 	c := &dfCompiler{lex: shell.NewLex(res.EscapeToken), buildArgs: buildArgs, meta: map[string]string{}, byName: map[string]int{}}
-	for _, a := range metaArgs {
-		for _, kv := range a.Args {
-			v, given := buildArgs[kv.Key]
-			if !given && kv.Value != nil {
-				if v, err = c.expand(*kv.Value, c.meta); err != nil {
-					return nil, nil, c.refuse(&a, "%v", err)
-				}
-			}
-			c.meta[kv.Key] = v
-		}
+	if err := c.globalArgs(metaArgs); err != nil {
+		return nil, nil, err
 	}
-	last := len(dstages) - 1
-	if target != "" {
-		i, ok := -1, false
-		for j, s := range dstages {
-			if strings.EqualFold(s.Name, target) {
-				i, ok = j, true
-			}
-		}
-		if !ok {
-			return nil, nil, invalid("target %.100q: no stage of that name", target)
-		}
-		last = i
+	last, err := targetStage(dstages, target)
+	if err != nil {
+		return nil, nil, err
 	}
 	p := &plan{}
 	index := map[int]int{} // Dockerfile stage → plan stage
@@ -87,7 +54,83 @@ func compileDockerfile(df string, buildArgs map[string]string, target string) (*
 			c.byName[st.name] = i
 		}
 	}
-	// Drop stages the target does not need, renumbering references.
+	out := neededStages(p, index, last)
+	n := 0
+	for _, st := range out.stages {
+		n += len(st.steps)
+	}
+	if n > maxSteps {
+		return nil, c.notices, invalid("Dockerfile: more than %d steps", maxSteps)
+	}
+	return out, c.notices, nil
+}
+
+// parseDockerfile parses df with BuildKit's parser into its stages and
+// global ARGs, within the size and stage limits.
+func parseDockerfile(df string) (*parser.Result, []instructions.Stage, []instructions.ArgCommand, error) {
+	if len(df) > maxDockerfile {
+		return nil, nil, nil, invalid("Dockerfile: larger than %d bytes", maxDockerfile)
+	}
+	if strings.TrimSpace(df) == "" {
+		return nil, nil, nil, invalid("Dockerfile: empty")
+	}
+	res, err := parser.Parse(strings.NewReader(df))
+	if err != nil {
+		return nil, nil, nil, invalid("Dockerfile: %v", lineOf(err))
+	}
+	dstages, metaArgs, err := instructions.Parse(res.AST, nil)
+	if err != nil {
+		return nil, nil, nil, invalid("Dockerfile: %v", lineOf(err))
+	}
+	if len(dstages) == 0 {
+		return nil, nil, nil, invalid("Dockerfile: no FROM")
+	}
+	if len(dstages) > maxStages {
+		return nil, nil, nil, invalid("Dockerfile: more than %d stages", maxStages)
+	}
+	return res, dstages, metaArgs, nil
+}
+
+// globalArgs sets the ARGs before the first FROM: from the build's
+// arguments, else their defaults expanded in the ones before them.
+func (c *dfCompiler) globalArgs(metaArgs []instructions.ArgCommand) error {
+	for _, a := range metaArgs {
+		for _, kv := range a.Args {
+			v, given := c.buildArgs[kv.Key]
+			if !given && kv.Value != nil {
+				var err error
+				if v, err = c.expand(*kv.Value, c.meta); err != nil {
+					return c.refuse(&a, "%v", err)
+				}
+			}
+			c.meta[kv.Key] = v
+		}
+	}
+	return nil
+}
+
+// targetStage is the index of the stage the build ends with: the last of
+// that name, or the last stage if target is empty.
+func targetStage(dstages []instructions.Stage, target string) (int, error) {
+	if target == "" {
+		return len(dstages) - 1, nil
+	}
+	i, ok := -1, false
+	for j, s := range dstages {
+		if strings.EqualFold(s.Name, target) {
+			i, ok = j, true
+		}
+	}
+	if !ok {
+		return 0, invalid("target %.100q: no stage of that name", target)
+	}
+	return i, nil
+}
+
+// neededStages drops the stages the target (Dockerfile stage last) does not
+// need, renumbering references, and files each COPY --from with the stage
+// it copies from. index maps Dockerfile stages to p's.
+func neededStages(p *plan, index map[int]int, last int) *plan {
 	need := make([]bool, last+1)
 	need[last] = true
 	for i := last; i >= 0; i-- {
@@ -124,14 +167,7 @@ func compileDockerfile(df string, buildArgs map[string]string, target string) (*
 			}
 		}
 	}
-	n := 0
-	for _, st := range out.stages {
-		n += len(st.steps)
-	}
-	if n > maxSteps {
-		return nil, c.notices, invalid("Dockerfile: more than %d steps", maxSteps)
-	}
-	return out, c.notices, nil
+	return out
 }
 
 type dfCompiler struct {
@@ -524,19 +560,9 @@ func (c *dfCompiler) copyStep(dc instructions.Command, name string, sd *instruct
 		return nil, c.refuse(dc, "%s --chown=%.64q is not user[:group]", name, chown)
 	}
 	if from != "" {
-		j, ok := c.byName[strings.ToLower(from)]
-		if !ok {
-			if n, err := strconv.Atoi(from); err == nil && n >= 0 && n < len(c.stages) {
-				j, ok = n, true
-			}
-		}
-		if !ok {
-			return nil, c.refuse(dc, "COPY --from=%s: no earlier stage of that name (copying from an image is not supported)", from)
-		}
-		for _, s := range sd.SourcePaths {
-			if strings.ContainsAny(s, "*?[") {
-				return nil, c.refuse(dc, "COPY --from=%s %s: wildcards are supported only from the context", from, s)
-			}
+		j, err := c.copySource(dc, from, sd.SourcePaths)
+		if err != nil {
+			return nil, err
 		}
 		spec.fromStage = j
 	}
@@ -552,6 +578,26 @@ func (c *dfCompiler) copyStep(dc instructions.Command, name string, sd *instruct
 	}
 	text += " " + strings.Join(sd.SourcePaths, " ") + " " + sd.DestPath
 	return &step{text: text, line: lineOfNode(dc), copy: spec}, nil
+}
+
+// copySource is the earlier stage COPY --from names, by name or number.
+// Its sources are plain paths: wildcards are matched in the context only.
+func (c *dfCompiler) copySource(dc instructions.Command, from string, srcs []string) (int, error) {
+	j, ok := c.byName[strings.ToLower(from)]
+	if !ok {
+		if n, err := strconv.Atoi(from); err == nil && n >= 0 && n < len(c.stages) {
+			j, ok = n, true
+		}
+	}
+	if !ok {
+		return 0, c.refuse(dc, "COPY --from=%s: no earlier stage of that name (copying from an image is not supported)", from)
+	}
+	for _, s := range srcs {
+		if strings.ContainsAny(s, "*?[") {
+			return 0, c.refuse(dc, "COPY --from=%s %s: wildcards are supported only from the context", from, s)
+		}
+	}
+	return j, nil
 }
 
 // envGetter is a shell.EnvGetter over a map.
