@@ -14,24 +14,26 @@ import (
 )
 
 // A handler serves one call. An error it returns is sent as the call's final
-// Reply; streaming handlers send their own errors as events.
+// Reply; streaming handlers send their own errors as events. Handlers are
+// functions of an Agent rather than its methods, so the tables do not
+// widen the Agent's method set.
 type handler func(a *Agent, ctx context.Context, c *agentproto.Conn, req *agentproto.Request) error
 
 // methods routes a call by its exact method name. It is consulted before
 // methodFamilies, so an exact name (process.list) wins over its family.
 var methods = map[string]handler{
-	agentproto.MethodInfo:         (*Agent).callInfo,
-	agentproto.MethodConfigure:    (*Agent).callConfigure,
-	agentproto.MethodDetach:       (*Agent).callDetach,
-	agentproto.MethodVolumeAttach: (*Agent).callVolumeAttach,
-	agentproto.MethodVolumeFreeze: (*Agent).callVolumeFreeze,
-	agentproto.MethodVolumeThaw:   (*Agent).callVolumeFreeze,
-	agentproto.MethodVolumeSync:   (*Agent).callVolumeSync,
-	agentproto.MethodVolumeDetach: (*Agent).callVolumeDetach,
-	agentproto.MethodRenew:        (*Agent).callRenew,
-	agentproto.MethodExec:         (*Agent).callExec,
-	agentproto.MethodSpawn:        (*Agent).callSpawn,
-	agentproto.MethodProcessList:  (*Agent).callProcessList,
+	agentproto.MethodInfo:         callInfo,
+	agentproto.MethodConfigure:    callConfigure,
+	agentproto.MethodDetach:       callDetach,
+	agentproto.MethodVolumeAttach: callVolumeAttach,
+	agentproto.MethodVolumeFreeze: callVolumeFreeze,
+	agentproto.MethodVolumeThaw:   callVolumeFreeze,
+	agentproto.MethodVolumeSync:   callVolumeSync,
+	agentproto.MethodVolumeDetach: callVolumeDetach,
+	agentproto.MethodRenew:        callRenew,
+	agentproto.MethodExec:         callExec,
+	agentproto.MethodSpawn:        callSpawn,
+	agentproto.MethodProcessList:  callProcessList,
 }
 
 // methodFamilies routes the calls that share a body and its checks, by
@@ -69,11 +71,11 @@ func unknownMethod(method string) error {
 // writeOK answers a call that has nothing to return.
 func writeOK(c *agentproto.Conn) error { return c.WriteJSON(agentproto.Reply{OK: true}) }
 
-func (a *Agent) callInfo(_ context.Context, c *agentproto.Conn, _ *agentproto.Request) error {
+func callInfo(a *Agent, _ context.Context, c *agentproto.Conn, _ *agentproto.Request) error {
 	return c.WriteJSON(agentproto.Reply{Info: a.info()})
 }
 
-func (a *Agent) callConfigure(_ context.Context, c *agentproto.Conn, req *agentproto.Request) error {
+func callConfigure(a *Agent, _ context.Context, c *agentproto.Conn, req *agentproto.Request) error {
 	if req.Configure == nil {
 		return invalid("configure: missing body")
 	}
@@ -92,7 +94,7 @@ func (a *Agent) callConfigure(_ context.Context, c *agentproto.Conn, req *agentp
 	return writeOK(c)
 }
 
-func (a *Agent) callDetach(ctx context.Context, c *agentproto.Conn, _ *agentproto.Request) error {
+func callDetach(a *Agent, ctx context.Context, c *agentproto.Conn, _ *agentproto.Request) error {
 	if err := writeOK(c); err != nil {
 		return err
 	}
@@ -104,7 +106,7 @@ func (a *Agent) callDetach(ctx context.Context, c *agentproto.Conn, _ *agentprot
 	return nil
 }
 
-func (a *Agent) callVolumeAttach(_ context.Context, c *agentproto.Conn, req *agentproto.Request) error {
+func callVolumeAttach(a *Agent, _ context.Context, c *agentproto.Conn, req *agentproto.Request) error {
 	if err := a.volumeAttach(req.Volume); err != nil {
 		return err
 	}
@@ -112,26 +114,26 @@ func (a *Agent) callVolumeAttach(_ context.Context, c *agentproto.Conn, req *age
 }
 
 // callVolumeFreeze serves both volume.freeze and volume.thaw.
-func (a *Agent) callVolumeFreeze(_ context.Context, c *agentproto.Conn, req *agentproto.Request) error {
+func callVolumeFreeze(a *Agent, _ context.Context, c *agentproto.Conn, req *agentproto.Request) error {
 	if err := a.volumeFreeze(req.Volume, req.Method == agentproto.MethodVolumeFreeze); err != nil {
 		return err
 	}
 	return writeOK(c)
 }
 
-func (a *Agent) callVolumeSync(_ context.Context, c *agentproto.Conn, _ *agentproto.Request) error {
+func callVolumeSync(a *Agent, _ context.Context, c *agentproto.Conn, _ *agentproto.Request) error {
 	a.volumeSyncAll()
 	return writeOK(c)
 }
 
-func (a *Agent) callVolumeDetach(_ context.Context, c *agentproto.Conn, req *agentproto.Request) error {
+func callVolumeDetach(a *Agent, _ context.Context, c *agentproto.Conn, req *agentproto.Request) error {
 	if err := a.volumeDetach(req.Volume); err != nil {
 		return err
 	}
 	return writeOK(c)
 }
 
-func (a *Agent) callRenew(_ context.Context, c *agentproto.Conn, req *agentproto.Request) error {
+func callRenew(a *Agent, _ context.Context, c *agentproto.Conn, req *agentproto.Request) error {
 	if req.Renew == nil {
 		return invalid("renew: missing body")
 	}
@@ -141,7 +143,7 @@ func (a *Agent) callRenew(_ context.Context, c *agentproto.Conn, req *agentproto
 	return writeOK(c)
 }
 
-func (a *Agent) callExec(ctx context.Context, c *agentproto.Conn, req *agentproto.Request) error {
+func callExec(a *Agent, ctx context.Context, c *agentproto.Conn, req *agentproto.Request) error {
 	if req.Exec == nil {
 		return invalid("exec: missing body")
 	}
@@ -151,7 +153,7 @@ func (a *Agent) callExec(ctx context.Context, c *agentproto.Conn, req *agentprot
 	return a.exec(ctx, c, req.Exec)
 }
 
-func (a *Agent) callSpawn(_ context.Context, c *agentproto.Conn, req *agentproto.Request) error {
+func callSpawn(a *Agent, _ context.Context, c *agentproto.Conn, req *agentproto.Request) error {
 	if req.Exec == nil {
 		return invalid("spawn: missing body")
 	}
@@ -162,7 +164,7 @@ func (a *Agent) callSpawn(_ context.Context, c *agentproto.Conn, req *agentproto
 	return writeProcess(c, p)
 }
 
-func (a *Agent) callProcessList(_ context.Context, c *agentproto.Conn, _ *agentproto.Request) error {
+func callProcessList(a *Agent, _ context.Context, c *agentproto.Conn, _ *agentproto.Request) error {
 	return c.WriteJSON(agentproto.Reply{Processes: a.procs.list()})
 }
 
@@ -257,17 +259,17 @@ type fileCall struct {
 type fileHandler func(a *Agent, fc fileCall) error
 
 var fileMethods = map[string]fileHandler{
-	agentproto.MethodFileStat:      (*Agent).fileStat,
-	agentproto.MethodFileList:      (*Agent).fileList,
-	agentproto.MethodFileGlob:      (*Agent).fileGlob,
-	agentproto.MethodFileRename:    (*Agent).fileRename,
-	agentproto.MethodFileArchive:   (*Agent).fileArchive,
-	agentproto.MethodFileUnarchive: (*Agent).fileUnarchive,
-	agentproto.MethodFileMkdir:     (*Agent).fileMkdir,
-	agentproto.MethodFileChmod:     (*Agent).fileChmod,
-	agentproto.MethodFileRemove:    (*Agent).fileRemove,
-	agentproto.MethodFileWrite:     (*Agent).fileWrite,
-	agentproto.MethodFileRead:      (*Agent).fileRead,
+	agentproto.MethodFileStat:      fileStat,
+	agentproto.MethodFileList:      fileList,
+	agentproto.MethodFileGlob:      fileGlob,
+	agentproto.MethodFileRename:    fileRename,
+	agentproto.MethodFileArchive:   fileArchive,
+	agentproto.MethodFileUnarchive: fileUnarchive,
+	agentproto.MethodFileMkdir:     fileMkdir,
+	agentproto.MethodFileChmod:     fileChmod,
+	agentproto.MethodFileRemove:    fileRemove,
+	agentproto.MethodFileWrite:     fileWrite,
+	agentproto.MethodFileRead:      fileRead,
 }
 
 // dispatchFile checks the account and path every file call names before it
@@ -306,7 +308,7 @@ func writeEntries(c *agentproto.Conn, es []agentproto.FileEntry) error {
 	return c.WriteJSON(agentproto.Reply{Entries: es})
 }
 
-func (a *Agent) fileStat(fc fileCall) error {
+func fileStat(a *Agent, fc fileCall) error {
 	e, err := a.stat(fc.acct, fc.path)
 	if err != nil {
 		return err
@@ -314,7 +316,7 @@ func (a *Agent) fileStat(fc fileCall) error {
 	return fc.c.WriteJSON(agentproto.Reply{Entry: e})
 }
 
-func (a *Agent) fileList(fc fileCall) error {
+func fileList(a *Agent, fc fileCall) error {
 	es, err := a.list(fc.acct, fc.path, fc.fr.Depth, fc.fr.Hidden, fc.fr.Limit)
 	if err != nil {
 		return err
@@ -322,7 +324,7 @@ func (a *Agent) fileList(fc fileCall) error {
 	return writeEntries(fc.c, es)
 }
 
-func (a *Agent) fileGlob(fc fileCall) error {
+func fileGlob(a *Agent, fc fileCall) error {
 	es, err := a.glob(fc.acct, fc.path, fc.fr.Glob, fc.fr.Hidden, fc.fr.Limit)
 	if err != nil {
 		return err
@@ -330,7 +332,7 @@ func (a *Agent) fileGlob(fc fileCall) error {
 	return writeEntries(fc.c, es)
 }
 
-func (a *Agent) fileRename(fc fileCall) error {
+func fileRename(a *Agent, fc fileCall) error {
 	fr := fc.fr
 	if fr.Path == "" || fr.Target == "" {
 		return invalid(fc.method + ": path and target are required")
@@ -345,11 +347,11 @@ func (a *Agent) fileRename(fc fileCall) error {
 	return fc.c.WriteJSON(agentproto.Reply{Entry: e})
 }
 
-func (a *Agent) fileArchive(fc fileCall) error {
+func fileArchive(a *Agent, fc fileCall) error {
 	return a.archive(fc.c, fc.acct, fc.path, fc.fr.Gzip, fc.fr.Exclude)
 }
 
-func (a *Agent) fileUnarchive(fc fileCall) error {
+func fileUnarchive(a *Agent, fc fileCall) error {
 	if fc.fr.Size < 0 {
 		return invalid("negative size")
 	}
@@ -360,7 +362,7 @@ func (a *Agent) fileUnarchive(fc fileCall) error {
 	return fc.c.WriteJSON(agentproto.Reply{Unpacked: u})
 }
 
-func (a *Agent) fileMkdir(fc fileCall) error {
+func fileMkdir(a *Agent, fc fileCall) error {
 	e, err := a.mkdir(fc.acct, fc.path, fc.fr.Mode, fc.fr.Parents)
 	if err != nil {
 		return err
@@ -368,7 +370,7 @@ func (a *Agent) fileMkdir(fc fileCall) error {
 	return fc.c.WriteJSON(agentproto.Reply{Entry: e})
 }
 
-func (a *Agent) fileChmod(fc fileCall) error {
+func fileChmod(a *Agent, fc fileCall) error {
 	if fc.fr.Path == "" { // not the home by omission
 		return invalid(fc.method + ": path is required")
 	}
@@ -379,7 +381,7 @@ func (a *Agent) fileChmod(fc fileCall) error {
 	return fc.c.WriteJSON(agentproto.Reply{Entry: e})
 }
 
-func (a *Agent) fileRemove(fc fileCall) error {
+func fileRemove(a *Agent, fc fileCall) error {
 	removed, err := a.remove(fc.acct, fc.path, fc.fr.Recursive)
 	if err != nil {
 		return err
@@ -387,7 +389,7 @@ func (a *Agent) fileRemove(fc fileCall) error {
 	return fc.c.WriteJSON(agentproto.Reply{Removed: &removed})
 }
 
-func (a *Agent) fileWrite(fc fileCall) error {
+func fileWrite(a *Agent, fc fileCall) error {
 	if fc.fr.Size < 0 {
 		return invalid("negative size")
 	}
@@ -401,7 +403,7 @@ func (a *Agent) fileWrite(fc fileCall) error {
 // fileRead answers with the entry, then the file's bytes as data frames,
 // then OK. Once the entry is sent a failed write means the host is gone:
 // there is no one to tell.
-func (a *Agent) fileRead(fc fileCall) error {
+func fileRead(a *Agent, fc fileCall) error {
 	f, e, err := a.openRead(fc.acct, fc.path)
 	if err != nil {
 		return err

@@ -531,10 +531,10 @@ func (w *watch) read(ctx context.Context, cursor int64, wait time.Duration) *age
 type watchHandler func(a *Agent, ctx context.Context, c *agentproto.Conn, wr *agentproto.WatchRequest) error
 
 var watchMethods = map[string]watchHandler{
-	agentproto.MethodFileWatchStart:  (*Agent).watchStart,
-	agentproto.MethodFileWatchList:   (*Agent).watchList,
-	agentproto.MethodFileWatchEvents: (*Agent).watchEvents,
-	agentproto.MethodFileWatchStop:   (*Agent).watchStop,
+	agentproto.MethodFileWatchStart:  watchStart,
+	agentproto.MethodFileWatchList:   watchList,
+	agentproto.MethodFileWatchEvents: watchEvents,
+	agentproto.MethodFileWatchStop:   watchStop,
 }
 
 // dispatchWatch serves the file.watch methods. A missing body is refused
@@ -551,7 +551,7 @@ func (a *Agent) dispatchWatch(ctx context.Context, c *agentproto.Conn, req *agen
 	return h(a, ctx, c, wr)
 }
 
-func (a *Agent) watchStart(_ context.Context, c *agentproto.Conn, wr *agentproto.WatchRequest) error {
+func watchStart(a *Agent, _ context.Context, c *agentproto.Conn, wr *agentproto.WatchRequest) error {
 	acct, err := a.account(wr.User)
 	if err != nil {
 		return err
@@ -566,11 +566,11 @@ func (a *Agent) watchStart(_ context.Context, c *agentproto.Conn, wr *agentproto
 	return c.WriteJSON(agentproto.Reply{Watch: in})
 }
 
-func (a *Agent) watchList(_ context.Context, c *agentproto.Conn, _ *agentproto.WatchRequest) error {
+func watchList(a *Agent, _ context.Context, c *agentproto.Conn, _ *agentproto.WatchRequest) error {
 	return c.WriteJSON(agentproto.Reply{Watches: a.watches.list()})
 }
 
-func (a *Agent) watchEvents(ctx context.Context, c *agentproto.Conn, wr *agentproto.WatchRequest) error {
+func watchEvents(a *Agent, ctx context.Context, c *agentproto.Conn, wr *agentproto.WatchRequest) error {
 	w, err := a.watches.get(wr.ID)
 	if err != nil {
 		return err
@@ -579,7 +579,7 @@ func (a *Agent) watchEvents(ctx context.Context, c *agentproto.Conn, wr *agentpr
 	return c.WriteJSON(agentproto.Reply{Batch: w.read(ctx, wr.Cursor, wait)})
 }
 
-func (a *Agent) watchStop(_ context.Context, c *agentproto.Conn, wr *agentproto.WatchRequest) error {
+func watchStop(a *Agent, _ context.Context, c *agentproto.Conn, wr *agentproto.WatchRequest) error {
 	stopped, err := a.watches.stop(wr.ID)
 	if err != nil {
 		return err
