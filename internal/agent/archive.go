@@ -327,8 +327,16 @@ type dirMode struct {
 	mod  time.Time
 }
 
+// An unpacker writes the entries of one archive under root.
+type unpacker struct {
+	root *os.Root
+	tr   *tar.Reader
+	res  *agentproto.Unpacked
+	dirs []dirMode // directories made, given their modes once everything is written
+}
+
 func unpack(root *os.Root, tr *tar.Reader, res *agentproto.Unpacked) error {
-	var dirs []dirMode
+	u := &unpacker{root: root, tr: tr, res: res}
 	for {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
@@ -337,102 +345,146 @@ func unpack(root *os.Root, tr *tar.Reader, res *agentproto.Unpacked) error {
 		if err != nil {
 			return unsafeArchive("reading the archive: %v", err)
 		}
-		if res.Entries++; res.Entries > maxArchiveEntries {
-			return &agentproto.Error{Code: agentproto.CodeTooLarge, Message: fmt.Sprintf("archive has more than %d entries", maxArchiveEntries)}
-		}
-		name, err := entryName(h.Name)
-		if err != nil {
+		if err := u.entry(h); err != nil {
 			return err
 		}
-		mode := fs.FileMode(h.Mode & 0o777)
-		if h.Mode&0o4000 != 0 {
-			mode |= fs.ModeSetuid
+	}
+	return u.restoreDirs()
+}
+
+// entry checks the header h and writes its entry. The checks every entry
+// shares come first, in this order; those of its type follow in the
+// writer of that type.
+func (u *unpacker) entry(h *tar.Header) error {
+	if u.res.Entries++; u.res.Entries > maxArchiveEntries {
+		return &agentproto.Error{Code: agentproto.CodeTooLarge, Message: fmt.Sprintf("archive has more than %d entries", maxArchiveEntries)}
+	}
+	name, err := entryName(h.Name)
+	if err != nil {
+		return err
+	}
+	mode := entryMode(h.Mode)
+	if name == "." {
+		if h.Typeflag != tar.TypeDir {
+			return unsafeArchive("entry %.200q names the directory itself but is not one", h.Name)
 		}
-		if h.Mode&0o2000 != 0 {
-			mode |= fs.ModeSetgid
-		}
-		if h.Mode&0o1000 != 0 {
-			mode |= fs.ModeSticky
-		}
-		if name == "." {
-			if h.Typeflag != tar.TypeDir {
-				return unsafeArchive("entry %.200q names the directory itself but is not one", h.Name)
-			}
-			continue // the target keeps its own mode
-		}
-		if dir := path.Dir(name); dir != "." {
-			if err := root.MkdirAll(dir, 0o755); err != nil {
-				return entryError(name, err)
-			}
-		}
-		switch h.Typeflag {
-		case tar.TypeDir:
-			if err := root.Mkdir(name, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-				return entryError(name, err)
-			}
-			if fi, err := root.Lstat(name); err != nil || !fi.IsDir() {
-				return entryError(name, fmt.Errorf("exists and is not a directory: %w", fs.ErrExist))
-			}
-			if len(dirs) < maxArchiveEntries {
-				dirs = append(dirs, dirMode{name, mode, h.ModTime})
-			}
-		case tar.TypeReg:
-			if h.Size < 0 || res.Bytes+h.Size > maxUnarchiveBytes {
-				return &agentproto.Error{Code: agentproto.CodeTooLarge, Message: fmt.Sprintf("archive unpacks to more than %d bytes", maxUnarchiveBytes)}
-			}
-			if err := replace(root, name); err != nil {
-				return err
-			}
-			f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-			if err != nil {
-				return entryError(name, err)
-			}
-			n, err := io.Copy(f, tr)
-			res.Bytes += n
-			if err == nil {
-				err = f.Chmod(mode)
-			}
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				return entryError(name, err)
-			}
-			_ = root.Chtimes(name, h.ModTime, h.ModTime)
-		case tar.TypeSymlink:
-			if h.Linkname == "" || len(h.Linkname) > maxArchiveLinkBytes || strings.IndexByte(h.Linkname, 0) >= 0 {
-				return unsafeArchive("symlink %.200q has an empty or overlong target", h.Name)
-			}
-			if err := replace(root, name); err != nil {
-				return err
-			}
-			// Its target may point anywhere: os.Root never follows it out.
-			if err := root.Symlink(h.Linkname, name); err != nil {
-				return entryError(name, err)
-			}
-		case tar.TypeLink:
-			old, err := entryName(h.Linkname)
-			if err != nil || old == "." {
-				return unsafeArchive("hard link %.200q points outside the directory", h.Name)
-			}
-			if err := replace(root, name); err != nil {
-				return err
-			}
-			if err := root.Link(old, name); err != nil {
-				return entryError(name, err)
-			}
-		case tar.TypeXGlobalHeader:
-			continue
-		default:
-			return unsafeArchive("entry %.200q is of type %q: only files, directories and links are unpacked", h.Name, h.Typeflag)
+		return nil // the target keeps its own mode
+	}
+	if dir := path.Dir(name); dir != "." {
+		if err := u.root.MkdirAll(dir, 0o755); err != nil {
+			return entryError(name, err)
 		}
 	}
-	for i := len(dirs) - 1; i >= 0; i-- {
-		d := dirs[i]
-		if err := root.Chmod(d.name, d.mode); err != nil {
+	switch h.Typeflag {
+	case tar.TypeDir:
+		return u.dir(h, name, mode)
+	case tar.TypeReg:
+		return u.file(h, name, mode)
+	case tar.TypeSymlink:
+		return u.symlink(h, name)
+	case tar.TypeLink:
+		return u.link(h, name)
+	case tar.TypeXGlobalHeader:
+		return nil
+	default:
+		return unsafeArchive("entry %.200q is of type %q: only files, directories and links are unpacked", h.Name, h.Typeflag)
+	}
+}
+
+// entryMode keeps the permission and special bits of a tar header's mode.
+func entryMode(m int64) fs.FileMode {
+	mode := fs.FileMode(m & 0o777)
+	if m&0o4000 != 0 {
+		mode |= fs.ModeSetuid
+	}
+	if m&0o2000 != 0 {
+		mode |= fs.ModeSetgid
+	}
+	if m&0o1000 != 0 {
+		mode |= fs.ModeSticky
+	}
+	return mode
+}
+
+// dir makes a directory private to the owner until restoreDirs gives it
+// its mode, so the entries after it can be written into it.
+func (u *unpacker) dir(h *tar.Header, name string, mode fs.FileMode) error {
+	if err := u.root.Mkdir(name, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return entryError(name, err)
+	}
+	if fi, err := u.root.Lstat(name); err != nil || !fi.IsDir() {
+		return entryError(name, fmt.Errorf("exists and is not a directory: %w", fs.ErrExist))
+	}
+	if len(u.dirs) < maxArchiveEntries {
+		u.dirs = append(u.dirs, dirMode{name, mode, h.ModTime})
+	}
+	return nil
+}
+
+func (u *unpacker) file(h *tar.Header, name string, mode fs.FileMode) error {
+	if h.Size < 0 || u.res.Bytes+h.Size > maxUnarchiveBytes {
+		return &agentproto.Error{Code: agentproto.CodeTooLarge, Message: fmt.Sprintf("archive unpacks to more than %d bytes", maxUnarchiveBytes)}
+	}
+	if err := replace(u.root, name); err != nil {
+		return err
+	}
+	f, err := u.root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return entryError(name, err)
+	}
+	n, err := io.Copy(f, u.tr)
+	u.res.Bytes += n
+	if err == nil {
+		err = f.Chmod(mode)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return entryError(name, err)
+	}
+	_ = u.root.Chtimes(name, h.ModTime, h.ModTime)
+	return nil
+}
+
+func (u *unpacker) symlink(h *tar.Header, name string) error {
+	if h.Linkname == "" || len(h.Linkname) > maxArchiveLinkBytes || strings.IndexByte(h.Linkname, 0) >= 0 {
+		return unsafeArchive("symlink %.200q has an empty or overlong target", h.Name)
+	}
+	if err := replace(u.root, name); err != nil {
+		return err
+	}
+	// Its target may point anywhere: os.Root never follows it out.
+	if err := u.root.Symlink(h.Linkname, name); err != nil {
+		return entryError(name, err)
+	}
+	return nil
+}
+
+func (u *unpacker) link(h *tar.Header, name string) error {
+	old, err := entryName(h.Linkname)
+	if err != nil || old == "." {
+		return unsafeArchive("hard link %.200q points outside the directory", h.Name)
+	}
+	if err := replace(u.root, name); err != nil {
+		return err
+	}
+	if err := u.root.Link(old, name); err != nil {
+		return entryError(name, err)
+	}
+	return nil
+}
+
+// restoreDirs gives the directories made their modes and times, last made
+// first: a directory inside another was made after it, so a parent turns
+// read-only only once its children are done.
+func (u *unpacker) restoreDirs() error {
+	for i := len(u.dirs) - 1; i >= 0; i-- {
+		d := u.dirs[i]
+		if err := u.root.Chmod(d.name, d.mode); err != nil {
 			return entryError(d.name, err)
 		}
-		_ = root.Chtimes(d.name, d.mod, d.mod)
+		_ = u.root.Chtimes(d.name, d.mod, d.mod)
 	}
 	return nil
 }

@@ -244,19 +244,8 @@ func (t *processTable) list() []agentproto.ProcessInfo {
 // start launches req as a new process. sink, if set, receives the output
 // from the first byte; capture, if set, keeps the head of each stream.
 func (a *Agent) start(req *agentproto.ExecRequest, s sink, c *capture) (*process, error) {
-	if (req.Command == "") == (len(req.Argv) == 0) {
-		return nil, invalid("exactly one of command and argv is required")
-	}
-	if req.Pty != nil {
-		if err := checkPtySize(req.Pty); err != nil {
-			return nil, err
-		}
-		if len(req.Stdin) > 0 {
-			return nil, invalid("give a pty process its input with process.write, not stdin")
-		}
-	}
-	if req.StdinPipe && len(req.Stdin) > 0 {
-		return nil, invalid("give stdin or stdinPipe, not both")
+	if err := checkExec(req); err != nil {
+		return nil, err
 	}
 	acct, err := a.account(req.User)
 	if err != nil {
@@ -311,10 +300,7 @@ func (a *Agent) start(req *agentproto.ExecRequest, s sink, c *capture) (*process
 		a.procs.mu.Lock()
 		delete(a.procs.procs, p.id)
 		a.procs.mu.Unlock()
-		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
-			return nil, &agentproto.Error{Code: agentproto.CodeFileNotFound, Message: fmt.Sprintf("starting command: %v", err)}
-		}
-		return nil, &agentproto.Error{Code: agentproto.CodeInvalid, Message: fmt.Sprintf("starting command: %v", err)}
+		return nil, startError(err)
 	}
 	p.pid = cmd.Process.Pid
 	if pio.stdinW != nil {
@@ -328,6 +314,35 @@ func (a *Agent) start(req *agentproto.ExecRequest, s sink, c *capture) (*process
 	}
 	go a.supervise(p, status, pio.outputs)
 	return p, nil
+}
+
+// checkExec refuses a request that names no command or both forms of
+// one, or whose input and terminal settings contradict each other.
+func checkExec(req *agentproto.ExecRequest) error {
+	if (req.Command == "") == (len(req.Argv) == 0) {
+		return invalid("exactly one of command and argv is required")
+	}
+	if req.Pty != nil {
+		if err := checkPtySize(req.Pty); err != nil {
+			return err
+		}
+		if len(req.Stdin) > 0 {
+			return invalid("give a pty process its input with process.write, not stdin")
+		}
+	}
+	if req.StdinPipe && len(req.Stdin) > 0 {
+		return invalid("give stdin or stdinPipe, not both")
+	}
+	return nil
+}
+
+// startError is the answer to a command the kernel would not start: a
+// missing program or directory is file_not_found.
+func startError(err error) *agentproto.Error {
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+		return &agentproto.Error{Code: agentproto.CodeFileNotFound, Message: fmt.Sprintf("starting command: %v", err)}
+	}
+	return &agentproto.Error{Code: agentproto.CodeInvalid, Message: fmt.Sprintf("starting command: %v", err)}
 }
 
 // startFailed records a process that could not start, the way a shell

@@ -527,41 +527,62 @@ func (w *watch) read(ctx context.Context, cursor int64, wait time.Duration) *age
 	}
 }
 
-// dispatchWatch serves the file.watch methods.
+// A watchHandler serves one file.watch.* method.
+type watchHandler func(a *Agent, ctx context.Context, c *agentproto.Conn, wr *agentproto.WatchRequest) error
+
+var watchMethods = map[string]watchHandler{
+	agentproto.MethodFileWatchStart:  watchStart,
+	agentproto.MethodFileWatchList:   watchList,
+	agentproto.MethodFileWatchEvents: watchEvents,
+	agentproto.MethodFileWatchStop:   watchStop,
+}
+
+// dispatchWatch serves the file.watch methods. A missing body is refused
+// before the method is looked up.
 func (a *Agent) dispatchWatch(ctx context.Context, c *agentproto.Conn, req *agentproto.Request) error {
 	wr := req.Watch
 	if wr == nil {
 		return invalid(req.Method + ": missing body")
 	}
-	switch req.Method {
-	case agentproto.MethodFileWatchStart:
-		acct, err := a.account(wr.User)
-		if err != nil {
-			return err
-		}
-		if err := checkPath(wr.Path); err != nil {
-			return err
-		}
-		in, err := a.watches.start(resolvePath(acct.home, wr.Path), wr)
-		if err != nil {
-			return err
-		}
-		return c.WriteJSON(agentproto.Reply{Watch: in})
-	case agentproto.MethodFileWatchList:
-		return c.WriteJSON(agentproto.Reply{Watches: a.watches.list()})
-	case agentproto.MethodFileWatchEvents:
-		w, err := a.watches.get(wr.ID)
-		if err != nil {
-			return err
-		}
-		wait := time.Duration(min(max(wr.WaitMs, 0), agentproto.MaxWatchWait)) * time.Millisecond
-		return c.WriteJSON(agentproto.Reply{Batch: w.read(ctx, wr.Cursor, wait)})
-	case agentproto.MethodFileWatchStop:
-		stopped, err := a.watches.stop(wr.ID)
-		if err != nil {
-			return err
-		}
-		return c.WriteJSON(agentproto.Reply{Stopped: &stopped})
+	h, ok := watchMethods[req.Method]
+	if !ok {
+		return unknownMethod(req.Method)
 	}
-	return &agentproto.Error{Code: agentproto.CodeUnknownMethod, Message: fmt.Sprintf("unknown method %q", req.Method)}
+	return h(a, ctx, c, wr)
+}
+
+func watchStart(a *Agent, _ context.Context, c *agentproto.Conn, wr *agentproto.WatchRequest) error {
+	acct, err := a.account(wr.User)
+	if err != nil {
+		return err
+	}
+	if err := checkPath(wr.Path); err != nil {
+		return err
+	}
+	in, err := a.watches.start(resolvePath(acct.home, wr.Path), wr)
+	if err != nil {
+		return err
+	}
+	return c.WriteJSON(agentproto.Reply{Watch: in})
+}
+
+func watchList(a *Agent, _ context.Context, c *agentproto.Conn, _ *agentproto.WatchRequest) error {
+	return c.WriteJSON(agentproto.Reply{Watches: a.watches.list()})
+}
+
+func watchEvents(a *Agent, ctx context.Context, c *agentproto.Conn, wr *agentproto.WatchRequest) error {
+	w, err := a.watches.get(wr.ID)
+	if err != nil {
+		return err
+	}
+	wait := time.Duration(min(max(wr.WaitMs, 0), agentproto.MaxWatchWait)) * time.Millisecond
+	return c.WriteJSON(agentproto.Reply{Batch: w.read(ctx, wr.Cursor, wait)})
+}
+
+func watchStop(a *Agent, _ context.Context, c *agentproto.Conn, wr *agentproto.WatchRequest) error {
+	stopped, err := a.watches.stop(wr.ID)
+	if err != nil {
+		return err
+	}
+	return c.WriteJSON(agentproto.Reply{Stopped: &stopped})
 }

@@ -32,23 +32,7 @@ func (g *Gate) AnswerDNS(ctx context.Context, query []byte) []byte {
 	}
 	resp := dnsmessage.Header{ID: h.ID, Response: true, OpCode: h.OpCode, RecursionDesired: h.RecursionDesired, RecursionAvailable: true}
 	finish := func(rc dnsmessage.RCode, answers func(*dnsmessage.Builder) error) []byte {
-		hdr := resp
-		hdr.RCode = rc
-		b := dnsmessage.NewBuilder(make([]byte, 0, 512), hdr)
-		b.EnableCompression()
-		if b.StartQuestions() != nil || b.Question(q) != nil {
-			return nil
-		}
-		if answers != nil {
-			if b.StartAnswers() != nil || answers(&b) != nil {
-				return nil
-			}
-		}
-		out, err := b.Finish()
-		if err != nil {
-			return nil
-		}
-		return out
+		return dnsReply(resp, q, rc, answers)
 	}
 	if h.OpCode != 0 || q.Class != dnsmessage.ClassINET {
 		return finish(dnsmessage.RCodeNotImplemented, nil)
@@ -63,14 +47,7 @@ func (g *Gate) AnswerDNS(ctx context.Context, query []byte) []byte {
 	defer cancel()
 	addrs, err := g.Resolve(ctx, name)
 	if err != nil {
-		if _, ok := AsRefusal(err); ok {
-			return finish(dnsmessage.RCodeNameError, nil)
-		}
-		var de *net.DNSError
-		if errors.As(err, &de) && de.IsNotFound {
-			return finish(dnsmessage.RCodeNameError, nil)
-		}
-		return finish(dnsmessage.RCodeServerFailure, nil)
+		return finish(resolveRCode(err), nil)
 	}
 	rh := dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: dnsTTL}
 	// A name is answered with its stand-in address (IPv4 only): whoever
@@ -84,19 +61,60 @@ func (g *Gate) AnswerDNS(ctx context.Context, query []byte) []byte {
 		}
 		addrs = []netip.Addr{fake}
 	}
-	return finish(dnsmessage.RCodeSuccess, func(b *dnsmessage.Builder) error {
+	return finish(dnsmessage.RCodeSuccess, addressAnswers(q.Type, rh, addrs))
+}
+
+// dnsReply is the answer to question q with header resp, code rc and the
+// records answers writes (none if nil); nil if it cannot be built.
+func dnsReply(resp dnsmessage.Header, q dnsmessage.Question, rc dnsmessage.RCode, answers func(*dnsmessage.Builder) error) []byte {
+	hdr := resp
+	hdr.RCode = rc
+	b := dnsmessage.NewBuilder(make([]byte, 0, 512), hdr)
+	b.EnableCompression()
+	if b.StartQuestions() != nil || b.Question(q) != nil {
+		return nil
+	}
+	if answers != nil {
+		if b.StartAnswers() != nil || answers(&b) != nil {
+			return nil
+		}
+	}
+	out, err := b.Finish()
+	if err != nil {
+		return nil
+	}
+	return out
+}
+
+// resolveRCode is the answer to a name that did not resolve: NXDOMAIN if
+// the policy refused it or it does not exist, SERVFAIL otherwise.
+func resolveRCode(err error) dnsmessage.RCode {
+	if _, ok := AsRefusal(err); ok {
+		return dnsmessage.RCodeNameError
+	}
+	var de *net.DNSError
+	if errors.As(err, &de) && de.IsNotFound {
+		return dnsmessage.RCodeNameError
+	}
+	return dnsmessage.RCodeServerFailure
+}
+
+// addressAnswers writes the records of addrs that answer a question of
+// type qt: A for IPv4 addresses, AAAA for IPv6 ones.
+func addressAnswers(qt dnsmessage.Type, rh dnsmessage.ResourceHeader, addrs []netip.Addr) func(*dnsmessage.Builder) error {
+	return func(b *dnsmessage.Builder) error {
 		for _, a := range addrs {
 			switch {
-			case q.Type == dnsmessage.TypeA && a.Is4():
+			case qt == dnsmessage.TypeA && a.Is4():
 				if err := b.AResource(rh, dnsmessage.AResource{A: a.As4()}); err != nil {
 					return err
 				}
-			case q.Type == dnsmessage.TypeAAAA && a.Is6():
+			case qt == dnsmessage.TypeAAAA && a.Is6():
 				if err := b.AAAAResource(rh, dnsmessage.AAAAResource{AAAA: a.As16()}); err != nil {
 					return err
 				}
 			}
 		}
 		return nil
-	})
+	}
 }

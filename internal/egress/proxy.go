@@ -61,101 +61,143 @@ func (g *Gate) ServeProxy(ctx context.Context, c net.Conn, br *bufio.Reader) {
 	if br != nil {
 		src = br
 	}
-	hr := newHeaderReader(src)
-	var up net.Conn // upstream of plain HTTP requests, reused while the target is the same
-	var upTarget string
-	var upReader *headerReader
-	defer func() {
-		if up != nil {
-			up.Close()
-		}
-	}()
+	pc := &proxyClient{g: g, c: c, hr: newHeaderReader(src)}
+	defer pc.closeUpstream()
 	for {
-		_ = c.SetReadDeadline(time.Now().Add(5 * time.Minute))
-		hr.headers()
-		req, err := http.ReadRequest(hr.Reader)
-		if hr.body() && err != nil {
-			writeStatus(c, http.StatusRequestHeaderFieldsTooLarge, "", fmt.Sprintf("request header larger than %d bytes", MaxHeaderBytes))
+		req, ok := pc.readRequest()
+		if !ok {
 			return
 		}
-		if err != nil {
-			if err != io.EOF {
-				writeStatus(c, http.StatusBadRequest, "", "bad proxy request")
-			}
-			return
-		}
-		_ = c.SetReadDeadline(time.Time{})
 		if req.Method == http.MethodConnect {
-			host, port, err := splitTarget(req.Host, 443)
-			if err != nil {
-				writeStatus(c, http.StatusBadRequest, "", err.Error())
-				return
-			}
-			nc, err := g.Dial(ctx, host, port)
-			if err != nil {
-				writeRefusal(c, err)
-				return
-			}
-			tie(nc, func() { c.Close() })
-			if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
-				nc.Close()
-				return
-			}
-			pipe(c, hr.Reader, nc)
+			pc.tunnel(ctx, req)
 			return
 		}
-		if req.URL.Scheme != "http" || req.URL.Host == "" {
-			writeStatus(c, http.StatusBadRequest, "", "this proxy takes absolute http:// URLs and CONNECT")
-			return
-		}
-		host, port, err := splitTarget(req.URL.Host, 80)
-		if err != nil {
-			writeStatus(c, http.StatusBadRequest, "", err.Error())
-			return
-		}
-		target := net.JoinHostPort(host, strconv.Itoa(port))
-		if up == nil || upTarget != target {
-			if up != nil {
-				up.Close()
-			}
-			up = nil
-			nc, err := g.Dial(ctx, host, port)
-			if err != nil {
-				writeRefusal(c, err)
-				if req.Body != nil {
-					req.Body.Close()
-				}
-				if _, ok := AsRefusal(err); ok && !req.Close {
-					continue // the client may ask for something else
-				}
-				return
-			}
-			tie(nc, func() { c.Close() })
-			up, upTarget, upReader = nc, target, newHeaderReader(nc)
-		}
-		for _, h := range []string{"Proxy-Connection", "Proxy-Authorization", "Proxy-Authenticate"} {
-			req.Header.Del(h)
-		}
-		req.RequestURI = ""
-		if err := req.Write(up); err != nil {
-			return
-		}
-		upReader.headers()
-		resp, err := http.ReadResponse(upReader.Reader, req)
-		if upReader.body() && err != nil {
-			writeStatus(c, http.StatusBadGateway, "", fmt.Sprintf("upstream: response header larger than %d bytes", MaxHeaderBytes))
-			return
-		}
-		if err != nil {
-			writeStatus(c, http.StatusBadGateway, "", "upstream: bad response")
-			return
-		}
-		err = resp.Write(c)
-		resp.Body.Close()
-		if err != nil || resp.Close || req.Close {
+		if !pc.forward(ctx, req) {
 			return
 		}
 	}
+}
+
+// A proxyClient is one client connection of the proxy, and the upstream
+// its plain HTTP requests go to, reused while the target is the same.
+type proxyClient struct {
+	g  *Gate
+	c  net.Conn
+	hr *headerReader
+
+	up       net.Conn
+	upTarget string
+	upReader *headerReader
+}
+
+func (p *proxyClient) closeUpstream() {
+	if p.up != nil {
+		p.up.Close()
+	}
+}
+
+// readRequest reads the client's next request, answering one too large or
+// malformed; ok is false when the connection is done.
+func (p *proxyClient) readRequest() (req *http.Request, ok bool) {
+	c := p.c
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Minute))
+	p.hr.headers()
+	req, err := http.ReadRequest(p.hr.Reader)
+	if p.hr.body() && err != nil {
+		writeStatus(c, http.StatusRequestHeaderFieldsTooLarge, "", fmt.Sprintf("request header larger than %d bytes", MaxHeaderBytes))
+		return nil, false
+	}
+	if err != nil {
+		if err != io.EOF {
+			writeStatus(c, http.StatusBadRequest, "", "bad proxy request")
+		}
+		return nil, false
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	return req, true
+}
+
+// tunnel serves a CONNECT: the connection becomes a pipe to the target.
+func (p *proxyClient) tunnel(ctx context.Context, req *http.Request) {
+	c := p.c
+	host, port, err := splitTarget(req.Host, 443)
+	if err != nil {
+		writeStatus(c, http.StatusBadRequest, "", err.Error())
+		return
+	}
+	nc, err := p.g.Dial(ctx, host, port)
+	if err != nil {
+		writeRefusal(c, err)
+		return
+	}
+	tie(nc, func() { c.Close() })
+	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		nc.Close()
+		return
+	}
+	pipe(c, p.hr.Reader, nc)
+}
+
+// forward sends a plain HTTP request upstream and its response back, and
+// says whether the connection may carry another request.
+func (p *proxyClient) forward(ctx context.Context, req *http.Request) bool {
+	c := p.c
+	if req.URL.Scheme != "http" || req.URL.Host == "" {
+		writeStatus(c, http.StatusBadRequest, "", "this proxy takes absolute http:// URLs and CONNECT")
+		return false
+	}
+	host, port, err := splitTarget(req.URL.Host, 80)
+	if err != nil {
+		writeStatus(c, http.StatusBadRequest, "", err.Error())
+		return false
+	}
+	target := net.JoinHostPort(host, strconv.Itoa(port))
+	if p.up == nil || p.upTarget != target {
+		if err := p.dialUpstream(ctx, host, port, target); err != nil {
+			writeRefusal(c, err)
+			if req.Body != nil {
+				req.Body.Close()
+			}
+			_, refused := AsRefusal(err)
+			return refused && !req.Close // the client may ask for something else
+		}
+	}
+	for _, h := range []string{"Proxy-Connection", "Proxy-Authorization", "Proxy-Authenticate"} {
+		req.Header.Del(h)
+	}
+	req.RequestURI = ""
+	if err := req.Write(p.up); err != nil {
+		return false
+	}
+	p.upReader.headers()
+	resp, err := http.ReadResponse(p.upReader.Reader, req)
+	if p.upReader.body() && err != nil {
+		writeStatus(c, http.StatusBadGateway, "", fmt.Sprintf("upstream: response header larger than %d bytes", MaxHeaderBytes))
+		return false
+	}
+	if err != nil {
+		writeStatus(c, http.StatusBadGateway, "", "upstream: bad response")
+		return false
+	}
+	err = resp.Write(c)
+	resp.Body.Close()
+	return err == nil && !resp.Close && !req.Close
+}
+
+// dialUpstream replaces the upstream with a connection to target.
+func (p *proxyClient) dialUpstream(ctx context.Context, host string, port int, target string) error {
+	if p.up != nil {
+		p.up.Close()
+	}
+	p.up = nil
+	nc, err := p.g.Dial(ctx, host, port)
+	if err != nil {
+		return err
+	}
+	c := p.c
+	tie(nc, func() { c.Close() })
+	p.up, p.upTarget, p.upReader = nc, target, newHeaderReader(nc)
+	return nil
 }
 
 // ServeTCP serves one connection the guest captured from a program that

@@ -238,17 +238,11 @@ func build(ctx context.Context, cfg Config, dir string, k kernelPackage) (*Image
 	log := cfg.logger().With("recipe_hash", hash[:12], "kernel", k.Release)
 	log.Info("building guest image")
 
-	// Leftovers of crashed builds of this recipe; we hold its lock.
-	stale, _ := filepath.Glob(filepath.Join(dir, ".build-"+hash+"-*"))
-	for _, s := range stale {
-		_ = os.RemoveAll(s)
+	tmp, err := newBuildDir(dir, hash)
+	if tmp != "" {
+		defer os.RemoveAll(tmp) // after a successful rename there is nothing left here
 	}
-	tmp, err := os.MkdirTemp(dir, ".build-"+hash+"-")
 	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(tmp) // after a successful rename there is nothing left here
-	if err := os.Chmod(tmp, 0o755); err != nil {
 		return nil, err
 	}
 
@@ -302,32 +296,57 @@ func build(ctx context.Context, cfg Config, dir string, k kernelPackage) (*Image
 			BuiltAt:       time.Now().UTC(),
 			BuildSeconds:  time.Since(start).Seconds(),
 		}
-		data, err := json.MarshalIndent(m, "", "  ")
-		if err != nil {
-			return err
-		}
-		if err := os.WriteFile(filepath.Join(tmp, manifestName), append(data, '\n'), 0o644); err != nil {
-			return err
-		}
-		if err := logw.Sync(); err != nil {
-			return err
-		}
-		if err := os.Rename(logPath, filepath.Join(tmp, "build.log")); err != nil {
-			return err
-		}
-		if err := syncDir(tmp); err != nil {
-			return err
-		}
-		if err := os.Rename(tmp, final); err != nil {
-			return fmt.Errorf("installing image: %w", err)
-		}
-		return setCurrent(dir, hash)
+		return install(m, tmp, dir, logw, logPath)
 	})
 	if err != nil {
 		return nil, err
 	}
 	log.Info("guest image built", "dir", final, "rootfs_bytes", size, "seconds", int(time.Since(start).Seconds()))
 	return load(final)
+}
+
+// newBuildDir clears what crashed builds of the recipe hash left in dir
+// (the caller holds its lock) and makes the build's own directory. A
+// directory it returns with an error is the caller's to remove.
+func newBuildDir(dir, hash string) (string, error) {
+	stale, _ := filepath.Glob(filepath.Join(dir, ".build-"+hash+"-*"))
+	for _, s := range stale {
+		_ = os.RemoveAll(s)
+	}
+	tmp, err := os.MkdirTemp(dir, ".build-"+hash+"-")
+	if err != nil {
+		return "", err
+	}
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return tmp, err
+	}
+	return tmp, nil
+}
+
+// install writes m and the build log (logw, at logPath) into the build
+// directory tmp, renames it into dir under the recipe hash and makes it
+// current.
+func install(m manifest, tmp, dir string, logw *os.File, logPath string) error {
+	data, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(tmp, manifestName), append(data, '\n'), 0o644); err != nil {
+		return err
+	}
+	if err := logw.Sync(); err != nil {
+		return err
+	}
+	if err := os.Rename(logPath, filepath.Join(tmp, "build.log")); err != nil {
+		return err
+	}
+	if err := syncDir(tmp); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, m.RecipeHash)); err != nil {
+		return fmt.Errorf("installing image: %w", err)
+	}
+	return setCurrent(dir, m.RecipeHash)
 }
 
 // setCurrent points CacheDir/images/current at hash, atomically.

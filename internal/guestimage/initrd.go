@@ -26,26 +26,52 @@ func BuildInitrd(img *Image, agentBinary string, outDir string) (string, error) 
 	if err != nil {
 		return "", fmt.Errorf("building initrd: reading agent: %w", err)
 	}
-	orderData, err := os.ReadFile(filepath.Join(img.ModulesDir, loadOrderName))
+	modules, err := readModules(img.ModulesDir)
 	if err != nil {
-		return "", fmt.Errorf("building initrd: %w", err)
+		return "", err
 	}
-	type module struct {
-		name string
-		data []byte
+	out := filepath.Join(outDir, "initrd-"+initrdSum(agent, modules)+".cpio")
+	if _, err := os.Stat(out); err == nil {
+		return out, nil
 	}
-	var modules []module
+	data, err := packInitrd(agent, modules)
+	if err != nil {
+		return "", err
+	}
+	if err := writeInitrd(outDir, out, data); err != nil {
+		return "", err
+	}
+	return out, nil
+}
+
+// An initrdModule is a kernel module the initrd loads at boot.
+type initrdModule struct {
+	name string
+	data []byte
+}
+
+// readModules reads the boot modules in dir, in their load order.
+func readModules(dir string) ([]initrdModule, error) {
+	orderData, err := os.ReadFile(filepath.Join(dir, loadOrderName))
+	if err != nil {
+		return nil, fmt.Errorf("building initrd: %w", err)
+	}
+	var modules []initrdModule
 	for _, name := range strings.Fields(string(orderData)) {
 		if strings.Contains(name, "/") {
-			return "", fmt.Errorf("building initrd: bad module name %q in load order", name)
+			return nil, fmt.Errorf("building initrd: bad module name %q in load order", name)
 		}
-		data, err := os.ReadFile(filepath.Join(img.ModulesDir, name))
+		data, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {
-			return "", fmt.Errorf("building initrd: %w", err)
+			return nil, fmt.Errorf("building initrd: %w", err)
 		}
-		modules = append(modules, module{name, data})
+		modules = append(modules, initrdModule{name, data})
 	}
+	return modules, nil
+}
 
+// initrdSum names an initrd by what goes into it.
+func initrdSum(agent []byte, modules []initrdModule) string {
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\nagent %d\n", initrdFormat, len(agent))
 	h.Write(agent)
@@ -53,12 +79,12 @@ func BuildInitrd(img *Image, agentBinary string, outDir string) (string, error) 
 		fmt.Fprintf(h, "module %s %d\n", m.name, len(m.data))
 		h.Write(m.data)
 	}
-	sum := hex.EncodeToString(h.Sum(nil))[:32]
-	out := filepath.Join(outDir, "initrd-"+sum+".cpio")
-	if _, err := os.Stat(out); err == nil {
-		return out, nil
-	}
+	return hex.EncodeToString(h.Sum(nil))[:32]
+}
 
+// packInitrd makes the cpio archive: the directories init mounts on, a
+// console node, the agent as /init, and the modules with their load order.
+func packInitrd(agent []byte, modules []initrdModule) ([]byte, error) {
 	var buf bytes.Buffer
 	bw := bufio.NewWriter(&buf)
 	cw := &cpioWriter{w: bw}
@@ -78,33 +104,37 @@ func BuildInitrd(img *Image, agentBinary string, outDir string) (string, error) 
 	}
 	cw.write(cpioEntry{Name: rel(guestinit.LoadOrderFile), Mode: cpioMode(cpioReg, 0o644), Data: []byte(order.String())})
 	if err := cw.close(); err != nil {
-		return "", fmt.Errorf("building initrd: %w", err)
+		return nil, fmt.Errorf("building initrd: %w", err)
 	}
 	if err := bw.Flush(); err != nil {
-		return "", fmt.Errorf("building initrd: %w", err)
+		return nil, fmt.Errorf("building initrd: %w", err)
 	}
+	return buf.Bytes(), nil
+}
 
+// writeInitrd puts data at out, in outDir, whole or not at all.
+func writeInitrd(outDir, out string, data []byte) error {
 	if err := os.MkdirAll(outDir, 0o755); err != nil {
-		return "", fmt.Errorf("building initrd: %w", err)
+		return fmt.Errorf("building initrd: %w", err)
 	}
 	tmp, err := os.CreateTemp(outDir, ".initrd-*")
 	if err != nil {
-		return "", fmt.Errorf("building initrd: %w", err)
+		return fmt.Errorf("building initrd: %w", err)
 	}
 	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(buf.Bytes()); err != nil {
+	if _, err := tmp.Write(data); err != nil {
 		tmp.Close()
-		return "", fmt.Errorf("building initrd: %w", err)
+		return fmt.Errorf("building initrd: %w", err)
 	}
 	if err := tmp.Chmod(0o644); err != nil {
 		tmp.Close()
-		return "", fmt.Errorf("building initrd: %w", err)
+		return fmt.Errorf("building initrd: %w", err)
 	}
 	if err := tmp.Close(); err != nil {
-		return "", fmt.Errorf("building initrd: %w", err)
+		return fmt.Errorf("building initrd: %w", err)
 	}
 	if err := os.Rename(tmp.Name(), out); err != nil {
-		return "", fmt.Errorf("building initrd: %w", err)
+		return fmt.Errorf("building initrd: %w", err)
 	}
-	return out, nil
+	return nil
 }

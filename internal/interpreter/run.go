@@ -104,14 +104,8 @@ func (s *Service) drive(ctx context.Context, g sandbox.Guest, k *kctx, b *bridge
 	if err := b.send(map[string]any{"op": "execute", "id": rid, "code": req.Code, "env": env}); err != nil {
 		return nil
 	}
-	ex := &Execution{}
-	var stdout, stderr strings.Builder
-	kept := 0
-	defer func() { s.held.Add(-int64(kept)) }()
-	clientGone := false
-	timedOut := false
-	interrupted := false // sent by us: timeout or a gone client
-	var grace <-chan time.Time
+	c := &cell{s: s, k: k, b: b, req: req, emit: emit, rid: rid, ex: &Execution{}}
+	defer func() { s.held.Add(-int64(c.kept)) }()
 	var timeout <-chan time.Time
 	if req.Timeout > 0 {
 		t := time.NewTimer(req.Timeout)
@@ -119,24 +113,6 @@ func (s *Service) drive(ctx context.Context, g sandbox.Guest, k *kctx, b *bridge
 		timeout = t.C
 	}
 	done := ctx.Done()
-	interrupt := func() {
-		if !interrupted {
-			interrupted = true
-			_ = b.send(map[string]string{"op": "interrupt"})
-			grace = time.After(interruptGrace)
-		}
-	}
-	tell := func(ev Event) {
-		if clientGone || emit == nil {
-			return
-		}
-		if err := emit(ev); err != nil {
-			clientGone = true
-			if !req.KeepOnDisconnect {
-				interrupt()
-			}
-		}
-	}
 	status := ""
 	for status == "" {
 		select {
@@ -145,52 +121,15 @@ func (s *Service) drive(ctx context.Context, g sandbox.Guest, k *kctx, b *bridge
 				status = StatusLost
 				break
 			}
-			if w.Ev == "fatal" {
-				s.log.Warn("interpreter bridge failed", "context", k.id, "message", clip(w.Message, 512))
-				continue
-			}
-			if w.ID != rid {
-				continue // left from a request before
-			}
-			if w.Ev == "end" {
-				status = w.Status
-				break
-			}
-			if w.Ev != "error" && w.Ev != "count" &&
-				(kept+w.size > MaxOutput || s.held.Load()+int64(w.size) > maxHeld) {
-				ex.Truncated = true
-				continue
-			}
-			kept += w.size
-			s.held.Add(int64(w.size))
-			ev, ok := toEvent(w)
-			if !ok {
-				continue
-			}
-			switch ev.Kind {
-			case KindStdout:
-				stdout.WriteString(ev.Text)
-			case KindStderr:
-				stderr.WriteString(ev.Text)
-			case KindResult:
-				ex.Results = append(ex.Results, *ev.Result)
-			case KindError:
-				ex.Error = ev.Error
-			case KindCount:
-				ex.ExecutionCount = ev.Count
-			}
-			tell(ev)
+			status = c.event(w)
 		case <-done:
 			done = nil
-			clientGone = true
-			if !req.KeepOnDisconnect {
-				interrupt()
-			}
+			c.clientLeft()
 		case <-timeout:
 			timeout = nil
-			timedOut = true
-			interrupt()
-		case <-grace:
+			c.timedOut = true
+			c.interrupt()
+		case <-c.grace:
 			// The cell would not stop: give up the context, kernel and all.
 			s.log.Warn("interpreter cell ignored its interrupt; ending the context", "context", k.id)
 			b.close()
@@ -198,13 +137,114 @@ func (s *Service) drive(ctx context.Context, g sandbox.Guest, k *kctx, b *bridge
 			status = StatusLost
 		}
 	}
-	ex.Stdout, ex.Stderr = stdout.String(), stderr.String()
+	return c.result(status)
+}
+
+// A cell is one execution under way: what drive has collected of it, and
+// what it did about a client gone or a timeout.
+type cell struct {
+	s    *Service
+	k    *kctx
+	b    *bridge
+	req  RunRequest
+	emit func(Event) error
+	rid  int64 // the execute request's id; events of others are stale
+
+	ex             *Execution
+	stdout, stderr strings.Builder
+	kept           int // output bytes kept, counted in s.held too
+
+	clientGone  bool
+	timedOut    bool
+	interrupted bool             // sent by us: timeout or a gone client
+	grace       <-chan time.Time // after an interrupt: how long the cell has to stop
+}
+
+// interrupt asks the kernel to stop the cell, once.
+func (c *cell) interrupt() {
+	if !c.interrupted {
+		c.interrupted = true
+		_ = c.b.send(map[string]string{"op": "interrupt"})
+		c.grace = time.After(interruptGrace)
+	}
+}
+
+// clientLeft notes the client is gone; the cell is interrupted unless the
+// request asked to keep it running.
+func (c *cell) clientLeft() {
+	c.clientGone = true
+	if !c.req.KeepOnDisconnect {
+		c.interrupt()
+	}
+}
+
+// tell passes ev to the client while it listens.
+func (c *cell) tell(ev Event) {
+	if c.clientGone || c.emit == nil {
+		return
+	}
+	if err := c.emit(ev); err != nil {
+		c.clientLeft()
+	}
+}
+
+// event takes one event from the bridge, and returns the cell's status
+// once it has ended ("" until then). Output past the bounds is dropped
+// and the execution marked truncated.
+func (c *cell) event(w wireEvent) string {
+	if w.Ev == "fatal" {
+		c.s.log.Warn("interpreter bridge failed", "context", c.k.id, "message", clip(w.Message, 512))
+		return ""
+	}
+	if w.ID != c.rid {
+		return "" // left from a request before
+	}
+	if w.Ev == "end" {
+		return w.Status
+	}
+	if w.Ev != "error" && w.Ev != "count" &&
+		(c.kept+w.size > MaxOutput || c.s.held.Load()+int64(w.size) > maxHeld) {
+		c.ex.Truncated = true
+		return ""
+	}
+	c.kept += w.size
+	c.s.held.Add(int64(w.size))
+	ev, ok := toEvent(w)
+	if !ok {
+		return ""
+	}
+	c.record(ev)
+	c.tell(ev)
+	return ""
+}
+
+// record adds ev to the execution.
+func (c *cell) record(ev Event) {
+	switch ev.Kind {
+	case KindStdout:
+		c.stdout.WriteString(ev.Text)
+	case KindStderr:
+		c.stderr.WriteString(ev.Text)
+	case KindResult:
+		c.ex.Results = append(c.ex.Results, *ev.Result)
+	case KindError:
+		c.ex.Error = ev.Error
+	case KindCount:
+		c.ex.ExecutionCount = ev.Count
+	}
+}
+
+// result completes the execution once the cell ended with status: lost,
+// timed out and interrupted say so before the kernel's own status.
+func (c *cell) result(status string) *Execution {
+	ex := c.ex
+	ex.Stdout, ex.Stderr = c.stdout.String(), c.stderr.String()
 	switch {
 	case status == StatusLost:
 		ex.Status = StatusLost
-	case timedOut:
+	case c.timedOut:
 		ex.Status = StatusTimeout
-	case interrupted || k.interrupted.Load():
+	case c.interrupted || c.k.interrupted.Load():
 		ex.Status = StatusInterrupted
 	}
 	if (ex.Status == StatusTimeout || ex.Status == StatusInterrupted) && ex.Error == nil {

@@ -169,6 +169,20 @@ func (f *filter) admit(h *tar.Header) (*tar.Header, error) {
 	if h.Uid < 0 || h.Gid < 0 {
 		return nil, tooUnsafe("layer entry %q has a negative owner", h.Name)
 	}
+	if !setType(out, h, name) {
+		return nil, nil
+	}
+	copyXattrs(out, h.PAXRecords)
+	if f.shadowed(out) {
+		return nil, nil
+	}
+	return out, nil
+}
+
+// setType sets out's type and what goes with it from h, the entry name
+// cleaned. It reports false for an entry dropped: a symlink or hard link
+// that goes nowhere or climbs out, or a type images we make do not hold.
+func setType(out, h *tar.Header, name string) bool {
 	switch h.Typeflag {
 	case tar.TypeReg, tar.TypeRegA:
 		out.Typeflag, out.Size = tar.TypeReg, h.Size
@@ -176,21 +190,26 @@ func (f *filter) admit(h *tar.Header) (*tar.Header, error) {
 		out.Typeflag = tar.TypeDir
 	case tar.TypeSymlink:
 		if h.Linkname == "" || strings.ContainsRune(h.Linkname, 0) || climbs(path.Dir(name), h.Linkname) {
-			return nil, nil
+			return false
 		}
 		out.Typeflag, out.Linkname = tar.TypeSymlink, h.Linkname
 	case tar.TypeLink:
 		target, ok := cleanName(h.Linkname)
 		if !ok || target == "" || target == name {
-			return nil, nil
+			return false
 		}
 		out.Typeflag, out.Linkname = tar.TypeLink, target
 	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
 		out.Typeflag, out.Devmajor, out.Devminor = h.Typeflag, h.Devmajor, h.Devminor
 	default:
-		return nil, nil // sparse files, GNU extensions, …: not in images we make
+		return false // sparse files, GNU extensions, …: not in images we make
 	}
-	for k, v := range h.PAXRecords {
+	return true
+}
+
+// copyXattrs keeps the extended attributes among records.
+func copyXattrs(out *tar.Header, records map[string]string) {
+	for k, v := range records {
 		if strings.HasPrefix(k, "SCHILY.xattr.") {
 			if out.PAXRecords == nil {
 				out.PAXRecords = map[string]string{}
@@ -198,17 +217,23 @@ func (f *filter) admit(h *tar.Header) (*tar.Header, error) {
 			out.PAXRecords[k] = v
 		}
 	}
+}
+
+// shadowed reports whether an upper layer already decided what is at
+// out's name, or put a file or symlink on its path.
+func (f *filter) shadowed(out *tar.Header) bool {
+	name := out.Name
 	if k, dup := f.seen[name]; dup && (k != kindImplied || out.Typeflag != tar.TypeDir) {
 		// A lower layer's version, or a file where an upper layer has a
 		// directory; an implied directory still takes its own entry.
-		return nil, nil
+		return true
 	}
 	for d := path.Dir(name); d != "."; d = path.Dir(d) {
 		if k := f.seen[d]; k == kindNonDir || k == kindReserved {
-			return nil, nil // under a file or symlink of an upper layer
+			return true // under a file or symlink of an upper layer
 		}
 	}
-	return out, nil
+	return false
 }
 
 // write writes h (and its content from tr) and records it.

@@ -82,15 +82,11 @@ func (imp *Importer) Import(ctx context.Context, job catalog.Job, ref string, lo
 	if base {
 		parent = imp.BaseDir
 	}
-	if err := os.MkdirAll(parent, 0o755); err != nil {
-		return catalog.Result{}, fmt.Errorf("import: %w", err)
+	work, err := makeWorkDir(parent)
+	if work != "" {
+		defer os.RemoveAll(work)
 	}
-	work, err := os.MkdirTemp(parent, ".import-")
 	if err != nil {
-		return catalog.Result{}, fmt.Errorf("import: %w", err)
-	}
-	defer os.RemoveAll(work)
-	if err := os.Chmod(work, 0o755); err != nil {
 		return catalog.Result{}, err
 	}
 
@@ -113,9 +109,8 @@ func (imp *Importer) Import(ctx context.Context, job catalog.Job, ref string, lo
 	if err != nil {
 		return catalog.Result{}, fmt.Errorf("import of %s: %w", img.Digest(), err)
 	}
-	if st, err := os.Stat(rootfs); err == nil && job.MaxImageMiB > 0 && st.Size() > int64(job.MaxImageMiB)<<20 {
-		return catalog.Result{}, errdefs.New(errdefs.ErrInvalidArgument, CodeTooLarge,
-			"the imported disk is %d MiB, over the limit of %d MiB", st.Size()>>20, job.MaxImageMiB)
+	if err := checkDiskSize(rootfs, job.MaxImageMiB); err != nil {
+		return catalog.Result{}, err
 	}
 	// The disk is named by the layers as hashed while flattening, never
 	// by a digest the image claims.
@@ -123,6 +118,42 @@ func (imp *Importer) Import(ctx context.Context, job catalog.Job, ref string, lo
 	if err != nil {
 		return catalog.Result{}, fmt.Errorf("import of %s: %w", img.Digest(), err)
 	}
+	final, err := imp.place(key, work, rootfs, dir, base)
+	if err != nil {
+		return catalog.Result{}, err
+	}
+	return imp.result(job, key, img, final, base)
+}
+
+// makeWorkDir makes a private work directory under parent that VMs can
+// read. A directory it returns with an error is the caller's to remove.
+func makeWorkDir(parent string) (string, error) {
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return "", fmt.Errorf("import: %w", err)
+	}
+	work, err := os.MkdirTemp(parent, ".import-")
+	if err != nil {
+		return "", fmt.Errorf("import: %w", err)
+	}
+	if err := os.Chmod(work, 0o755); err != nil {
+		return work, err
+	}
+	return work, nil
+}
+
+// checkDiskSize refuses an imported disk over maxMiB (0: no limit).
+func checkDiskSize(rootfs string, maxMiB int) error {
+	if st, err := os.Stat(rootfs); err == nil && maxMiB > 0 && st.Size() > int64(maxMiB)<<20 {
+		return errdefs.New(errdefs.ErrInvalidArgument, CodeTooLarge,
+			"the imported disk is %d MiB, over the limit of %d MiB", st.Size()>>20, maxMiB)
+	}
+	return nil
+}
+
+// place puts the imported disk where it is kept and returns its path: a
+// base image's work directory becomes its directory under BaseDir, named
+// by key; another job's disk is renamed into dir.
+func (imp *Importer) place(key, work, rootfs, dir string, base bool) (string, error) {
 	if base {
 		dir = filepath.Join(imp.BaseDir, strings.TrimPrefix(key, "sha256:"))
 	}
@@ -131,12 +162,12 @@ func (imp *Importer) Import(ctx context.Context, job catalog.Job, ref string, lo
 		// Into place whole: a concurrent import of the same image
 		// wins or loses as one rename of the directory.
 		if err := os.Rename(work, dir); err != nil && !os.IsExist(err) && !isNotEmpty(err) {
-			return catalog.Result{}, fmt.Errorf("import: %w", err)
+			return "", fmt.Errorf("import: %w", err)
 		}
 	} else if err := os.Rename(rootfs, final); err != nil {
-		return catalog.Result{}, fmt.Errorf("import: %w", err)
+		return "", fmt.Errorf("import: %w", err)
 	}
-	return imp.result(job, key, img, final, base)
+	return final, nil
 }
 
 func isNotEmpty(err error) bool {

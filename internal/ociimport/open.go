@@ -191,26 +191,13 @@ func newImage(img v1.Image, digest v1.Hash, lim Limits) (*Image, error) {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, CodeTooLarge,
 			"the image has %d layers; at most %d are imported", len(layers), lim.MaxLayers)
 	}
-	if len(layers) != len(cf.RootFS.DiffIDs) {
-		return nil, invalid("the manifest lists %d layers but the config's rootfs.diff_ids %d", len(layers), len(cf.RootFS.DiffIDs))
-	}
-	for i, d := range cf.RootFS.DiffIDs {
-		if d.Algorithm != "sha256" || len(d.Hex) != 64 {
-			return nil, unsupported("the config's rootfs.diff_ids[%d] is %q; only sha256 digests are read", i, d.String())
-		}
+	if err := checkDiffIDs(cf.RootFS.DiffIDs, len(layers)); err != nil {
+		return nil, err
 	}
 	im := &Image{img: img, digest: digest, limits: lim, layers: len(layers), diffIDs: cf.RootFS.DiffIDs,
 		configSum: v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(configSum[:])}}
-	if m, err := img.Manifest(); err == nil && m != nil && len(m.Layers) == len(layers) {
-		// A docker save archive has no manifest of its own; its layers
-		// are bounded by the archive's size and while flattening.
-		for _, d := range m.Layers {
-			if d.Size < 0 || d.Size > lim.MaxCompressedBytes || im.size+d.Size > lim.MaxCompressedBytes {
-				return nil, errdefs.New(errdefs.ErrInvalidArgument, CodeTooLarge,
-					"the image's layers are over %d MiB compressed", lim.MaxCompressedBytes>>20)
-			}
-			im.size += d.Size
-		}
+	if im.size, err = compressedSize(img, len(layers), lim); err != nil {
+		return nil, err
 	}
 	c := cf.Config
 	im.cfg = Config{
@@ -222,6 +209,38 @@ func newImage(img v1.Image, digest v1.Hash, lim Limits) (*Image, error) {
 	}
 	slices.Sort(im.cfg.ExposedPorts)
 	return im, nil
+}
+
+// checkDiffIDs refuses a config whose layer digests do not match the
+// manifest's n layers or are not sha256.
+func checkDiffIDs(diffIDs []v1.Hash, n int) error {
+	if n != len(diffIDs) {
+		return invalid("the manifest lists %d layers but the config's rootfs.diff_ids %d", n, len(diffIDs))
+	}
+	for i, d := range diffIDs {
+		if d.Algorithm != "sha256" || len(d.Hex) != 64 {
+			return unsupported("the config's rootfs.diff_ids[%d] is %q; only sha256 digests are read", i, d.String())
+		}
+	}
+	return nil
+}
+
+// compressedSize is the layers' bytes as img's manifest of n layers states
+// them, within the limit; 0 without such a manifest.
+func compressedSize(img v1.Image, n int, lim Limits) (int64, error) {
+	var size int64
+	if m, err := img.Manifest(); err == nil && m != nil && len(m.Layers) == n {
+		// A docker save archive has no manifest of its own; its layers
+		// are bounded by the archive's size and while flattening.
+		for _, d := range m.Layers {
+			if d.Size < 0 || d.Size > lim.MaxCompressedBytes || size+d.Size > lim.MaxCompressedBytes {
+				return 0, errdefs.New(errdefs.ErrInvalidArgument, CodeTooLarge,
+					"the image's layers are over %d MiB compressed", lim.MaxCompressedBytes>>20)
+			}
+			size += d.Size
+		}
+	}
+	return size, nil
 }
 
 // Digest identifies the image: the digest of its linux/amd64 manifest, or,

@@ -118,6 +118,28 @@ func contextOps(file, workDir string, spec *copySpec) ([]copyOp, error) {
 	}); err != nil {
 		return nil, err
 	}
+	place, err := placeSources(index, spec)
+	if err != nil {
+		return nil, err
+	}
+	w := newOpWriter(workDir, spec)
+	err = readContext(file, func(name string, h *tar.Header, r io.Reader) error {
+		p, ok := place[name]
+		if !ok {
+			return nil
+		}
+		return w.add(p, h, r)
+	})
+	if err == nil {
+		return w.close()
+	}
+	w.abort()
+	return nil, err
+}
+
+// placeSources says where each context entry the copy's sources take
+// lands, by entry name.
+func placeSources(index []ctxEntry, spec *copySpec) (map[string]placement, error) {
 	rename := len(spec.srcs) == 1 && !strings.HasSuffix(spec.dest, "/") && !strings.ContainsAny(spec.srcs[0], "*?[")
 	dest := strings.TrimSuffix(spec.dest, "/")
 	if dest == "" {
@@ -135,39 +157,7 @@ func contextOps(file, workDir string, spec *copySpec) ([]copyOp, error) {
 				return nil, invalid("source %.100q: %v", src, err)
 			}
 		}
-		var tops []string // matched sources
-		isDir := map[string]bool{}
-		for _, e := range index {
-			switch {
-			case s == ".":
-				isDir["."] = true
-			case glob:
-				if ok, _ := path.Match(s, e.name); ok {
-					tops = append(tops, e.name)
-					isDir[e.name] = isDir[e.name] || e.dir
-				}
-				// A directory listed only through its entries.
-				if i := strings.Index(e.name, "/"); i > 0 {
-					for p := path.Dir(e.name); p != "."; p = path.Dir(p) {
-						if ok, _ := path.Match(s, p); ok && !isDir[p] {
-							isDir[p] = true
-							tops = append(tops, p)
-						}
-					}
-				}
-			case e.name == s:
-				tops = append(tops, s)
-				isDir[s] = isDir[s] || e.dir
-			case strings.HasPrefix(e.name, s+"/"):
-				if !isDir[s] {
-					tops = append(tops, s)
-				}
-				isDir[s] = true
-			}
-		}
-		if s == "." {
-			tops = []string{"."}
-		}
+		tops, isDir := matchSource(index, s, glob)
 		if len(tops) == 0 {
 			return nil, invalid("%s: not in the build context", src)
 		}
@@ -190,19 +180,45 @@ func contextOps(file, workDir string, spec *copySpec) ([]copyOp, error) {
 			}
 		}
 	}
-	w := newOpWriter(workDir, spec)
-	err := readContext(file, func(name string, h *tar.Header, r io.Reader) error {
-		p, ok := place[name]
-		if !ok {
-			return nil
+	return place, nil
+}
+
+// matchSource finds the entries the source s (a pattern if glob) names at
+// its top, and which of them are directories; "." is the whole context.
+func matchSource(index []ctxEntry, s string, glob bool) (tops []string, isDir map[string]bool) {
+	isDir = map[string]bool{}
+	for _, e := range index {
+		switch {
+		case s == ".":
+			isDir["."] = true
+		case glob:
+			if ok, _ := path.Match(s, e.name); ok {
+				tops = append(tops, e.name)
+				isDir[e.name] = isDir[e.name] || e.dir
+			}
+			// A directory listed only through its entries.
+			if i := strings.Index(e.name, "/"); i > 0 {
+				for p := path.Dir(e.name); p != "."; p = path.Dir(p) {
+					if ok, _ := path.Match(s, p); ok && !isDir[p] {
+						isDir[p] = true
+						tops = append(tops, p)
+					}
+				}
+			}
+		case e.name == s:
+			tops = append(tops, s)
+			isDir[s] = isDir[s] || e.dir
+		case strings.HasPrefix(e.name, s+"/"):
+			if !isDir[s] {
+				tops = append(tops, s)
+			}
+			isDir[s] = true
 		}
-		return w.add(p, h, r)
-	})
-	if err == nil {
-		return w.close()
 	}
-	w.abort()
-	return nil, err
+	if s == "." {
+		tops = []string{"."}
+	}
+	return tops, isDir
 }
 
 // opWriter writes the archives of one copy, one per target directory.

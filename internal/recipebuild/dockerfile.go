@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"path"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,50 +29,17 @@ type dfNotice = string
 // STOPSIGNAL and MAINTAINER are ignored with a notice. Everything else is
 // refused, naming the instruction and its line.
 func compileDockerfile(df string, buildArgs map[string]string, target string) (*plan, []dfNotice, error) {
-	if len(df) > maxDockerfile {
-		return nil, nil, invalid("Dockerfile: larger than %d bytes", maxDockerfile)
-	}
-	if strings.TrimSpace(df) == "" {
-		return nil, nil, invalid("Dockerfile: empty")
-	}
-	res, err := parser.Parse(strings.NewReader(df))
+	res, dstages, metaArgs, err := parseDockerfile(df)
 	if err != nil {
-		return nil, nil, invalid("Dockerfile: %v", lineOf(err))
-	}
-	dstages, metaArgs, err := instructions.Parse(res.AST, nil)
-	if err != nil {
-		return nil, nil, invalid("Dockerfile: %v", lineOf(err))
-	}
-	if len(dstages) == 0 {
-		return nil, nil, invalid("Dockerfile: no FROM")
-	}
-	if len(dstages) > maxStages {
-		return nil, nil, invalid("Dockerfile: more than %d stages", maxStages)
+		return nil, nil, err
 	}
 	c := &dfCompiler{lex: shell.NewLex(res.EscapeToken), buildArgs: buildArgs, meta: map[string]string{}, byName: map[string]int{}}
-	for _, a := range metaArgs {
-		for _, kv := range a.Args {
-			v, given := buildArgs[kv.Key]
-			if !given && kv.Value != nil {
-				if v, err = c.expand(*kv.Value, c.meta); err != nil {
-					return nil, nil, c.refuse(&a, "%v", err)
-				}
-			}
-			c.meta[kv.Key] = v
-		}
+	if err := c.globalArgs(metaArgs); err != nil {
+		return nil, nil, err
 	}
-	last := len(dstages) - 1
-	if target != "" {
-		i, ok := -1, false
-		for j, s := range dstages {
-			if strings.EqualFold(s.Name, target) {
-				i, ok = j, true
-			}
-		}
-		if !ok {
-			return nil, nil, invalid("target %.100q: no stage of that name", target)
-		}
-		last = i
+	last, err := targetStage(dstages, target)
+	if err != nil {
+		return nil, nil, err
 	}
 	p := &plan{}
 	index := map[int]int{} // Dockerfile stage → plan stage
@@ -86,7 +54,83 @@ func compileDockerfile(df string, buildArgs map[string]string, target string) (*
 			c.byName[st.name] = i
 		}
 	}
-	// Drop stages the target does not need, renumbering references.
+	out := neededStages(p, index, last)
+	n := 0
+	for _, st := range out.stages {
+		n += len(st.steps)
+	}
+	if n > maxSteps {
+		return nil, c.notices, invalid("Dockerfile: more than %d steps", maxSteps)
+	}
+	return out, c.notices, nil
+}
+
+// parseDockerfile parses df with BuildKit's parser into its stages and
+// global ARGs, within the size and stage limits.
+func parseDockerfile(df string) (*parser.Result, []instructions.Stage, []instructions.ArgCommand, error) {
+	if len(df) > maxDockerfile {
+		return nil, nil, nil, invalid("Dockerfile: larger than %d bytes", maxDockerfile)
+	}
+	if strings.TrimSpace(df) == "" {
+		return nil, nil, nil, invalid("Dockerfile: empty")
+	}
+	res, err := parser.Parse(strings.NewReader(df))
+	if err != nil {
+		return nil, nil, nil, invalid("Dockerfile: %v", lineOf(err))
+	}
+	dstages, metaArgs, err := instructions.Parse(res.AST, nil)
+	if err != nil {
+		return nil, nil, nil, invalid("Dockerfile: %v", lineOf(err))
+	}
+	if len(dstages) == 0 {
+		return nil, nil, nil, invalid("Dockerfile: no FROM")
+	}
+	if len(dstages) > maxStages {
+		return nil, nil, nil, invalid("Dockerfile: more than %d stages", maxStages)
+	}
+	return res, dstages, metaArgs, nil
+}
+
+// globalArgs sets the ARGs before the first FROM: from the build's
+// arguments, else their defaults expanded in the ones before them.
+func (c *dfCompiler) globalArgs(metaArgs []instructions.ArgCommand) error {
+	for _, a := range metaArgs {
+		for _, kv := range a.Args {
+			v, given := c.buildArgs[kv.Key]
+			if !given && kv.Value != nil {
+				var err error
+				if v, err = c.expand(*kv.Value, c.meta); err != nil {
+					return c.refuse(&a, "%v", err)
+				}
+			}
+			c.meta[kv.Key] = v
+		}
+	}
+	return nil
+}
+
+// targetStage is the index of the stage the build ends with: the last of
+// that name, or the last stage if target is empty.
+func targetStage(dstages []instructions.Stage, target string) (int, error) {
+	if target == "" {
+		return len(dstages) - 1, nil
+	}
+	i, ok := -1, false
+	for j, s := range dstages {
+		if strings.EqualFold(s.Name, target) {
+			i, ok = j, true
+		}
+	}
+	if !ok {
+		return 0, invalid("target %.100q: no stage of that name", target)
+	}
+	return i, nil
+}
+
+// neededStages drops the stages the target (Dockerfile stage last) does not
+// need, renumbering references, and files each COPY --from with the stage
+// it copies from. index maps Dockerfile stages to p's.
+func neededStages(p *plan, index map[int]int, last int) *plan {
 	need := make([]bool, last+1)
 	need[last] = true
 	for i := last; i >= 0; i-- {
@@ -123,14 +167,7 @@ func compileDockerfile(df string, buildArgs map[string]string, target string) (*
 			}
 		}
 	}
-	n := 0
-	for _, st := range out.stages {
-		n += len(st.steps)
-	}
-	if n > maxSteps {
-		return nil, c.notices, invalid("Dockerfile: more than %d steps", maxSteps)
-	}
-	return out, c.notices, nil
+	return out
 }
 
 type dfCompiler struct {
@@ -170,6 +207,33 @@ func (c *dfCompiler) expand(word string, env map[string]string) (string, error) 
 }
 
 func (c *dfCompiler) stage(ds *instructions.Stage, idx int) (*stage, error) {
+	st, err := c.from(ds)
+	if err != nil {
+		return nil, err
+	}
+	sc := &stageCompiler{c: c, st: st, args: map[string]string{}}
+	for _, dc := range ds.Commands {
+		if err := sc.instruction(dc); err != nil {
+			return nil, err
+		}
+	}
+	if start := startCommand(sc.entrypoint, sc.cmd); start != "" {
+		st.start = &catalog.StartSpec{Command: start}
+		switch health := sc.health; {
+		case len(health) >= 2 && health[0] == "CMD-SHELL":
+			st.start.ReadyCommand = health[1]
+		case len(health) >= 2 && health[0] == "CMD":
+			st.start.ReadyCommand = shellJoin(health[1:])
+		}
+	}
+	c.stages = append(c.stages, st)
+	_ = idx
+	return st, nil
+}
+
+// from starts a stage at its FROM: an image by reference, or an earlier
+// stage whose environment, labels, workdir, user and start it inherits.
+func (c *dfCompiler) from(ds *instructions.Stage) (*stage, error) {
 	st := &stage{name: strings.ToLower(ds.Name), line: lineOfNode(&fromNode{ds}), baseStage: -1, env: map[string]string{}, labels: map[string]string{}}
 	from := &fromNode{ds}
 	if ds.Platform != "" {
@@ -196,150 +260,247 @@ func (c *dfCompiler) stage(ds *instructions.Stage, idx int) (*stage, error) {
 	default:
 		st.base = base
 	}
-	args := map[string]string{}
-	var cmd, entrypoint *instructions.ShellDependantCmdLine
-	var health []string
-	vars := func() map[string]string {
-		m := map[string]string{}
-		maps.Copy(m, args)
-		maps.Copy(m, st.env)
-		if _, ok := m["PATH"]; !ok {
-			m["PATH"] = defaultPath
-		}
-		return m
-	}
-	for _, dc := range ds.Commands {
-		if ex, ok := dc.(instructions.SupportsSingleWordExpansion); ok {
-			if _, isRun := dc.(*instructions.RunCommand); !isRun {
-				if err := ex.Expand(func(w string) (string, error) { return c.expand(w, vars()) }); err != nil {
-					return nil, c.refuse(dc, "%s: %v", strings.ToUpper(dc.Name()), err)
-				}
-			}
-		}
-		line := lineOfNode(dc)
-		switch x := dc.(type) {
-		case *instructions.EnvCommand:
-			for _, kv := range x.Env {
-				if err := checkEnv(kv.Key, kv.Value); err != nil {
-					return nil, c.refuse(dc, "ENV %v", err)
-				}
-				st.env[kv.Key] = kv.Value
-			}
-		case *instructions.LabelCommand:
-			for _, kv := range x.Labels {
-				st.labels[kv.Key] = kv.Value
-			}
-		case *instructions.ArgCommand:
-			for _, kv := range x.Args {
-				v, given := c.buildArgs[kv.Key]
-				if !given {
-					if kv.Value != nil {
-						v = *kv.Value
-					} else {
-						v = c.meta[kv.Key]
-					}
-				}
-				if err := checkEnv(kv.Key, v); err != nil {
-					return nil, c.refuse(dc, "ARG %v", err)
-				}
-				args[kv.Key] = v
-			}
-		case *instructions.WorkdirCommand:
-			p := x.Path
-			if !path.IsAbs(p) {
-				p = path.Join(orRoot(st.workdir), p)
-			}
-			p = path.Clean(p)
-			st.workdir = p
-			if p != "/" {
-				st.steps = append(st.steps, &step{text: "WORKDIR " + p, line: line, mkdir: p})
-			}
-		case *instructions.UserCommand:
-			if x.User == "" || strings.ContainsAny(x.User, " \t\n\x00") || len(x.User) > 64 {
-				return nil, c.refuse(dc, "USER %.64q is not a user name", x.User)
-			}
-			st.user = x.User
-		case *instructions.RunCommand:
-			if len(x.FlagsUsed) > 0 {
-				return nil, c.refuse(dc, "RUN --%s is not supported", x.FlagsUsed[0])
-			}
-			if len(x.Files) > 0 {
-				return nil, c.refuse(dc, "RUN with a heredoc is not supported")
-			}
-			argv := x.CmdLine
-			text := "RUN " + strings.Join(x.CmdLine, " ")
-			if x.PrependShell {
-				argv = []string{"/bin/sh", "-c", strings.Join(x.CmdLine, " ")}
-			} else {
-				text = "RUN " + shellJoin(x.CmdLine)
-			}
-			if len(argv) == 0 {
-				return nil, c.refuse(dc, "RUN of nothing")
-			}
-			st.steps = append(st.steps, &step{text: text, line: line,
-				run: &runSpec{argv: argv, env: vars(), cwd: orRoot(st.workdir), user: st.user}})
-		case *instructions.CopyCommand:
-			s, err := c.copyStep(dc, "COPY", &x.SourcesAndDest, x.From, x.Chown, x.Chmod, st)
-			if err != nil {
-				return nil, err
-			}
-			if len(x.ExcludePatterns) > 0 {
-				return nil, c.refuse(dc, "COPY --exclude is not supported")
-			}
-			if x.Parents {
-				return nil, c.refuse(dc, "COPY --parents is not supported")
-			}
-			st.steps = append(st.steps, s)
-		case *instructions.AddCommand:
-			if len(x.ExcludePatterns) > 0 || x.Checksum != "" || x.KeepGitDir != nil || x.Unpack != nil {
-				return nil, c.refuse(dc, "ADD with --exclude, --checksum, --keep-git-dir or --unpack is not supported")
-			}
-			for _, src := range x.SourcePaths {
-				if strings.Contains(src, "://") || strings.HasPrefix(src, "git@") {
-					return nil, c.refuse(dc, "ADD %s: ADD of a URL is not supported; download it with RUN curl", src)
-				}
-				for _, ext := range []string{".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst"} {
-					if strings.HasSuffix(strings.ToLower(src), ext) {
-						return nil, c.refuse(dc, "ADD %s: ADD of an archive (unpacked by Docker) is not supported; COPY it and unpack it with RUN tar", src)
-					}
-				}
-			}
-			s, err := c.copyStep(dc, "ADD", &x.SourcesAndDest, "", x.Chown, x.Chmod, st)
-			if err != nil {
-				return nil, err
-			}
-			st.steps = append(st.steps, s)
-		case *instructions.CmdCommand:
-			cmd = &x.ShellDependantCmdLine
-		case *instructions.EntrypointCommand:
-			entrypoint = &x.ShellDependantCmdLine
-		case *instructions.HealthCheckCommand:
-			health = nil
-			if x.Health != nil {
-				health = x.Health.Test
-			}
-		case *instructions.ExposeCommand, *instructions.VolumeCommand, *instructions.StopSignalCommand, *instructions.MaintainerCommand:
-			c.notices = append(c.notices, fmt.Sprintf("Dockerfile line %d: %s ignored", line, strings.ToUpper(dc.Name())))
-		case *instructions.OnbuildCommand:
-			return nil, c.refuse(dc, "ONBUILD is not supported")
-		case *instructions.ShellCommand:
-			return nil, c.refuse(dc, "SHELL is not supported: steps run with /bin/sh -c")
-		default:
-			return nil, c.refuse(dc, "%s is not supported", strings.ToUpper(dc.Name()))
-		}
-	}
-	if start := startCommand(entrypoint, cmd); start != "" {
-		st.start = &catalog.StartSpec{Command: start}
-		switch {
-		case len(health) >= 2 && health[0] == "CMD-SHELL":
-			st.start.ReadyCommand = health[1]
-		case len(health) >= 2 && health[0] == "CMD":
-			st.start.ReadyCommand = shellJoin(health[1:])
-		}
-	}
-	c.stages = append(c.stages, st)
-	_ = idx
 	return st, nil
+}
+
+// A stageCompiler compiles the instructions of one stage after its FROM.
+type stageCompiler struct {
+	c    *dfCompiler
+	st   *stage
+	args map[string]string // the stage's ARGs
+
+	// The image's start, composed once the stage is read.
+	cmd, entrypoint *instructions.ShellDependantCmdLine
+	health          []string
+}
+
+// vars is the environment a word is expanded in and a RUN sees: the
+// stage's ARGs overridden by its ENV, with a default PATH.
+func (sc *stageCompiler) vars() map[string]string {
+	m := map[string]string{}
+	maps.Copy(m, sc.args)
+	maps.Copy(m, sc.st.env)
+	if _, ok := m["PATH"]; !ok {
+		m["PATH"] = defaultPath
+	}
+	return m
+}
+
+// instruction expands dc's words (RUN's are left to the shell) and
+// compiles it by the rule for its type; a type without one is refused.
+func (sc *stageCompiler) instruction(dc instructions.Command) error {
+	if ex, ok := dc.(instructions.SupportsSingleWordExpansion); ok {
+		if _, isRun := dc.(*instructions.RunCommand); !isRun {
+			if err := ex.Expand(func(w string) (string, error) { return sc.c.expand(w, sc.vars()) }); err != nil {
+				return sc.c.refuse(dc, "%s: %v", strings.ToUpper(dc.Name()), err)
+			}
+		}
+	}
+	compile, ok := instructionRules[reflect.TypeOf(dc)]
+	if !ok {
+		return sc.c.refuse(dc, "%s is not supported", strings.ToUpper(dc.Name()))
+	}
+	return compile(sc, dc)
+}
+
+// instructionRule compiles one instruction of the type it is filed under.
+type instructionRule func(sc *stageCompiler, dc instructions.Command) error
+
+// A typedRule is a rule and the instruction type it is filed under.
+type typedRule struct {
+	typ     reflect.Type
+	compile instructionRule
+}
+
+// rule files compile under the instruction type T.
+func rule[T instructions.Command](compile func(*stageCompiler, T) error) typedRule {
+	return typedRule{reflect.TypeFor[T](), func(sc *stageCompiler, dc instructions.Command) error { return compile(sc, dc.(T)) }}
+}
+
+// instructionRules is the Dockerfile instructions a stage may hold, by type.
+var instructionRules = rules(
+	rule((*stageCompiler).env),
+	rule((*stageCompiler).label),
+	rule((*stageCompiler).arg),
+	rule((*stageCompiler).workdir),
+	rule((*stageCompiler).user),
+	rule((*stageCompiler).run),
+	rule((*stageCompiler).copy),
+	rule((*stageCompiler).add),
+	rule((*stageCompiler).cmdLine),
+	rule((*stageCompiler).entrypointLine),
+	rule((*stageCompiler).healthcheck),
+	rule(ignore[*instructions.ExposeCommand]),
+	rule(ignore[*instructions.VolumeCommand]),
+	rule(ignore[*instructions.StopSignalCommand]),
+	rule(ignore[*instructions.MaintainerCommand]),
+	rule((*stageCompiler).onbuild),
+	rule((*stageCompiler).shell),
+)
+
+// rules makes a table of rules by type.
+func rules(rs ...typedRule) map[reflect.Type]instructionRule {
+	m := make(map[reflect.Type]instructionRule, len(rs))
+	for _, r := range rs {
+		m[r.typ] = r.compile
+	}
+	return m
+}
+
+func (sc *stageCompiler) env(x *instructions.EnvCommand) error {
+	for _, kv := range x.Env {
+		if err := checkEnv(kv.Key, kv.Value); err != nil {
+			return sc.c.refuse(x, "ENV %v", err)
+		}
+		sc.st.env[kv.Key] = kv.Value
+	}
+	return nil
+}
+
+func (sc *stageCompiler) label(x *instructions.LabelCommand) error {
+	for _, kv := range x.Labels {
+		sc.st.labels[kv.Key] = kv.Value
+	}
+	return nil
+}
+
+// arg takes a build argument's value from the build, else its default,
+// else the global ARG of that name.
+func (sc *stageCompiler) arg(x *instructions.ArgCommand) error {
+	for _, kv := range x.Args {
+		v, given := sc.c.buildArgs[kv.Key]
+		if !given {
+			if kv.Value != nil {
+				v = *kv.Value
+			} else {
+				v = sc.c.meta[kv.Key]
+			}
+		}
+		if err := checkEnv(kv.Key, v); err != nil {
+			return sc.c.refuse(x, "ARG %v", err)
+		}
+		sc.args[kv.Key] = v
+	}
+	return nil
+}
+
+func (sc *stageCompiler) workdir(x *instructions.WorkdirCommand) error {
+	p := x.Path
+	if !path.IsAbs(p) {
+		p = path.Join(orRoot(sc.st.workdir), p)
+	}
+	p = path.Clean(p)
+	sc.st.workdir = p
+	if p != "/" {
+		sc.st.steps = append(sc.st.steps, &step{text: "WORKDIR " + p, line: lineOfNode(x), mkdir: p})
+	}
+	return nil
+}
+
+func (sc *stageCompiler) user(x *instructions.UserCommand) error {
+	if x.User == "" || strings.ContainsAny(x.User, " \t\n\x00") || len(x.User) > 64 {
+		return sc.c.refuse(x, "USER %.64q is not a user name", x.User)
+	}
+	sc.st.user = x.User
+	return nil
+}
+
+func (sc *stageCompiler) run(x *instructions.RunCommand) error {
+	if len(x.FlagsUsed) > 0 {
+		return sc.c.refuse(x, "RUN --%s is not supported", x.FlagsUsed[0])
+	}
+	if len(x.Files) > 0 {
+		return sc.c.refuse(x, "RUN with a heredoc is not supported")
+	}
+	argv := x.CmdLine
+	text := "RUN " + strings.Join(x.CmdLine, " ")
+	if x.PrependShell {
+		argv = []string{"/bin/sh", "-c", strings.Join(x.CmdLine, " ")}
+	} else {
+		text = "RUN " + shellJoin(x.CmdLine)
+	}
+	if len(argv) == 0 {
+		return sc.c.refuse(x, "RUN of nothing")
+	}
+	st := sc.st
+	st.steps = append(st.steps, &step{text: text, line: lineOfNode(x),
+		run: &runSpec{argv: argv, env: sc.vars(), cwd: orRoot(st.workdir), user: st.user}})
+	return nil
+}
+
+func (sc *stageCompiler) copy(x *instructions.CopyCommand) error {
+	s, err := sc.c.copyStep(x, "COPY", &x.SourcesAndDest, x.From, x.Chown, x.Chmod, sc.st)
+	if err != nil {
+		return err
+	}
+	if len(x.ExcludePatterns) > 0 {
+		return sc.c.refuse(x, "COPY --exclude is not supported")
+	}
+	if x.Parents {
+		return sc.c.refuse(x, "COPY --parents is not supported")
+	}
+	sc.st.steps = append(sc.st.steps, s)
+	return nil
+}
+
+// addArchiveExts are the names Docker's ADD would unpack.
+var addArchiveExts = []string{".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst"}
+
+// add is COPY from the context only: ADD's downloads and unpacking are
+// refused.
+func (sc *stageCompiler) add(x *instructions.AddCommand) error {
+	if len(x.ExcludePatterns) > 0 || x.Checksum != "" || x.KeepGitDir != nil || x.Unpack != nil {
+		return sc.c.refuse(x, "ADD with --exclude, --checksum, --keep-git-dir or --unpack is not supported")
+	}
+	for _, src := range x.SourcePaths {
+		if strings.Contains(src, "://") || strings.HasPrefix(src, "git@") {
+			return sc.c.refuse(x, "ADD %s: ADD of a URL is not supported; download it with RUN curl", src)
+		}
+		for _, ext := range addArchiveExts {
+			if strings.HasSuffix(strings.ToLower(src), ext) {
+				return sc.c.refuse(x, "ADD %s: ADD of an archive (unpacked by Docker) is not supported; COPY it and unpack it with RUN tar", src)
+			}
+		}
+	}
+	s, err := sc.c.copyStep(x, "ADD", &x.SourcesAndDest, "", x.Chown, x.Chmod, sc.st)
+	if err != nil {
+		return err
+	}
+	sc.st.steps = append(sc.st.steps, s)
+	return nil
+}
+
+func (sc *stageCompiler) cmdLine(x *instructions.CmdCommand) error {
+	sc.cmd = &x.ShellDependantCmdLine
+	return nil
+}
+
+func (sc *stageCompiler) entrypointLine(x *instructions.EntrypointCommand) error {
+	sc.entrypoint = &x.ShellDependantCmdLine
+	return nil
+}
+
+func (sc *stageCompiler) healthcheck(x *instructions.HealthCheckCommand) error {
+	sc.health = nil
+	if x.Health != nil {
+		sc.health = x.Health.Test
+	}
+	return nil
+}
+
+// ignore passes over an instruction that changes nothing here, with a
+// notice in the build log.
+func ignore[T instructions.Command](sc *stageCompiler, x T) error {
+	sc.c.notices = append(sc.c.notices, fmt.Sprintf("Dockerfile line %d: %s ignored", lineOfNode(x), strings.ToUpper(x.Name())))
+	return nil
+}
+
+func (sc *stageCompiler) onbuild(x *instructions.OnbuildCommand) error {
+	return sc.c.refuse(x, "ONBUILD is not supported")
+}
+
+func (sc *stageCompiler) shell(x *instructions.ShellCommand) error {
+	return sc.c.refuse(x, "SHELL is not supported: steps run with /bin/sh -c")
 }
 
 // fromNode locates a stage's FROM.
@@ -399,19 +560,9 @@ func (c *dfCompiler) copyStep(dc instructions.Command, name string, sd *instruct
 		return nil, c.refuse(dc, "%s --chown=%.64q is not user[:group]", name, chown)
 	}
 	if from != "" {
-		j, ok := c.byName[strings.ToLower(from)]
-		if !ok {
-			if n, err := strconv.Atoi(from); err == nil && n >= 0 && n < len(c.stages) {
-				j, ok = n, true
-			}
-		}
-		if !ok {
-			return nil, c.refuse(dc, "COPY --from=%s: no earlier stage of that name (copying from an image is not supported)", from)
-		}
-		for _, s := range sd.SourcePaths {
-			if strings.ContainsAny(s, "*?[") {
-				return nil, c.refuse(dc, "COPY --from=%s %s: wildcards are supported only from the context", from, s)
-			}
+		j, err := c.copySource(dc, from, sd.SourcePaths)
+		if err != nil {
+			return nil, err
 		}
 		spec.fromStage = j
 	}
@@ -427,6 +578,26 @@ func (c *dfCompiler) copyStep(dc instructions.Command, name string, sd *instruct
 	}
 	text += " " + strings.Join(sd.SourcePaths, " ") + " " + sd.DestPath
 	return &step{text: text, line: lineOfNode(dc), copy: spec}, nil
+}
+
+// copySource is the earlier stage COPY --from names, by name or number.
+// Its sources are plain paths: wildcards are matched in the context only.
+func (c *dfCompiler) copySource(dc instructions.Command, from string, srcs []string) (int, error) {
+	j, ok := c.byName[strings.ToLower(from)]
+	if !ok {
+		if n, err := strconv.Atoi(from); err == nil && n >= 0 && n < len(c.stages) {
+			j, ok = n, true
+		}
+	}
+	if !ok {
+		return 0, c.refuse(dc, "COPY --from=%s: no earlier stage of that name (copying from an image is not supported)", from)
+	}
+	for _, s := range srcs {
+		if strings.ContainsAny(s, "*?[") {
+			return 0, c.refuse(dc, "COPY --from=%s %s: wildcards are supported only from the context", from, s)
+		}
+	}
+	return j, nil
 }
 
 // envGetter is a shell.EnvGetter over a map.

@@ -37,80 +37,23 @@ func compileRecipe(r *catalog.Recipe) (*plan, error) {
 		}
 		st.env[k] = v
 	}
-	runEnv := func() map[string]string {
-		env := map[string]string{"PATH": defaultPath}
-		for k, v := range st.env {
-			env[k] = v
+	for _, in := range packageInstallers {
+		list := in.list(r)
+		if len(list) == 0 {
+			continue
 		}
-		return env
-	}
-	addRun := func(text string, argv ...string) {
-		st.steps = append(st.steps, &step{text: text, run: &runSpec{argv: argv, env: runEnv(), cwd: "/", user: "root"}})
-	}
-	checkList := func(what string, list []string, re *regexp.Regexp) error {
-		if len(list) > maxPackages {
-			return invalid("recipe %s: more than %d packages", what, maxPackages)
-		}
-		for _, p := range list {
-			if len(p) > 256 || !re.MatchString(p) {
-				return invalid("recipe %s: %.100q is not a package name or specification", what, p)
-			}
-		}
-		return nil
-	}
-	if len(r.Apt) > 0 {
-		if err := checkList("apt", r.Apt, aptName); err != nil {
+		if err := checkPackages(in.what, list, in.name); err != nil {
 			return nil, err
 		}
-		addRun("APT "+strings.Join(r.Apt, " "), append([]string{"/bin/sh", "-c",
-			`apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@" && rm -rf /var/lib/apt/lists/*`, "apt"},
-			r.Apt...)...)
-	}
-	if len(r.Pip) > 0 {
-		if err := checkList("pip", r.Pip, pkgSpec); err != nil {
-			return nil, err
-		}
-		addRun("PIP "+strings.Join(r.Pip, " "), append([]string{"python3", "-m", "pip", "install", "--no-cache-dir", "--break-system-packages", "--"}, r.Pip...)...)
-	}
-	if len(r.Npm) > 0 {
-		if err := checkList("npm", r.Npm, pkgSpec); err != nil {
-			return nil, err
-		}
-		addRun("NPM "+strings.Join(r.Npm, " "), append([]string{"npm", "install", "--global", "--"}, r.Npm...)...)
-	}
-	if len(r.Go) > 0 {
-		if err := checkList("go", r.Go, pkgSpec); err != nil {
-			return nil, err
-		}
-		addRun("GO "+strings.Join(r.Go, " "), append([]string{"/usr/bin/env", "GOBIN=/usr/local/bin", "GOPATH=/root/go", "GOCACHE=/root/.cache/go-build",
-			"go", "install", "--"}, r.Go...)...)
+		st.steps = append(st.steps, &step{text: strings.ToUpper(in.what) + " " + strings.Join(list, " "),
+			run: &runSpec{argv: slices.Concat(in.argv, list), env: recipeRunEnv(st), cwd: "/", user: "root"}})
 	}
 	if len(r.Files) > 0 {
-		if len(r.Files) > maxRecipeFiles {
-			return nil, invalid("recipe files: more than %d", maxRecipeFiles)
+		s, err := recipeFiles(r.Files)
+		if err != nil {
+			return nil, err
 		}
-		var total int
-		files := slices.Clone(r.Files) // the caller's stays as it was
-		names := make([]string, 0, len(files))
-		for i, f := range files {
-			p, err := guestPath(f.Path)
-			if err != nil {
-				return nil, invalid("recipe files[%d]: %v", i, err)
-			}
-			if _, err := fileMode(f.Mode); err != nil {
-				return nil, invalid("recipe files[%d] %s: %v", i, p, err)
-			}
-			b, err := fileContent(f)
-			if err != nil {
-				return nil, invalid("recipe files[%d] %s: %v", i, p, err)
-			}
-			if total += len(b); total > maxRecipeBytes {
-				return nil, invalid("recipe files: more than %d bytes together", maxRecipeBytes)
-			}
-			files[i].Path = p
-			names = append(names, p)
-		}
-		st.steps = append(st.steps, &step{text: "FILES " + strings.Join(names, " "), copy: &copySpec{fromStage: -1, files: files}})
+		st.steps = append(st.steps, s)
 	}
 	if r.Workdir != "" {
 		p, err := guestPath(r.Workdir)
@@ -128,9 +71,80 @@ func compileRecipe(r *catalog.Recipe) (*plan, error) {
 			return nil, invalid("recipe commands[%d]: empty, over 64 KiB or with a NUL", i)
 		}
 		st.steps = append(st.steps, &step{text: "RUN " + c,
-			run: &runSpec{argv: []string{"/bin/sh", "-c", c}, env: runEnv(), cwd: orRoot(st.workdir), user: "root"}})
+			run: &runSpec{argv: []string{"/bin/sh", "-c", c}, env: recipeRunEnv(st), cwd: orRoot(st.workdir), user: "root"}})
 	}
 	return &plan{stages: []*stage{st}}, nil
+}
+
+// packageInstallers are a recipe's package lists, installed in this order,
+// each by one command with the packages appended to argv.
+var packageInstallers = []struct {
+	what string // the recipe's field; upper-cased, the step's name
+	list func(*catalog.Recipe) []string
+	name *regexp.Regexp // what a package in the list must look like
+	argv []string
+}{
+	{"apt", func(r *catalog.Recipe) []string { return r.Apt }, aptName, []string{"/bin/sh", "-c",
+		`apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@" && rm -rf /var/lib/apt/lists/*`, "apt"}},
+	{"pip", func(r *catalog.Recipe) []string { return r.Pip }, pkgSpec,
+		[]string{"python3", "-m", "pip", "install", "--no-cache-dir", "--break-system-packages", "--"}},
+	{"npm", func(r *catalog.Recipe) []string { return r.Npm }, pkgSpec, []string{"npm", "install", "--global", "--"}},
+	{"go", func(r *catalog.Recipe) []string { return r.Go }, pkgSpec, []string{"/usr/bin/env", "GOBIN=/usr/local/bin", "GOPATH=/root/go", "GOCACHE=/root/.cache/go-build",
+		"go", "install", "--"}},
+}
+
+// recipeRunEnv is the environment of a recipe's command: the recipe's env
+// over a default PATH, as it stands when the step is compiled.
+func recipeRunEnv(st *stage) map[string]string {
+	env := map[string]string{"PATH": defaultPath}
+	for k, v := range st.env {
+		env[k] = v
+	}
+	return env
+}
+
+// checkPackages refuses a list that is too long or names something that
+// is not a package.
+func checkPackages(what string, list []string, re *regexp.Regexp) error {
+	if len(list) > maxPackages {
+		return invalid("recipe %s: more than %d packages", what, maxPackages)
+	}
+	for _, p := range list {
+		if len(p) > 256 || !re.MatchString(p) {
+			return invalid("recipe %s: %.100q is not a package name or specification", what, p)
+		}
+	}
+	return nil
+}
+
+// recipeFiles is the step that writes a recipe's files, with their paths
+// made guest paths; the caller's list stays as it was.
+func recipeFiles(in []catalog.File) (*step, error) {
+	if len(in) > maxRecipeFiles {
+		return nil, invalid("recipe files: more than %d", maxRecipeFiles)
+	}
+	var total int
+	files := slices.Clone(in)
+	names := make([]string, 0, len(files))
+	for i, f := range files {
+		p, err := guestPath(f.Path)
+		if err != nil {
+			return nil, invalid("recipe files[%d]: %v", i, err)
+		}
+		if _, err := fileMode(f.Mode); err != nil {
+			return nil, invalid("recipe files[%d] %s: %v", i, p, err)
+		}
+		b, err := fileContent(f)
+		if err != nil {
+			return nil, invalid("recipe files[%d] %s: %v", i, p, err)
+		}
+		if total += len(b); total > maxRecipeBytes {
+			return nil, invalid("recipe files: more than %d bytes together", maxRecipeBytes)
+		}
+		files[i].Path = p
+		names = append(names, p)
+	}
+	return &step{text: "FILES " + strings.Join(names, " "), copy: &copySpec{fromStage: -1, files: files}}, nil
 }
 
 func orRoot(dir string) string {

@@ -186,58 +186,20 @@ func (bd *build) resolveBase(ctx context.Context, st *stage) (*catalog.Resolved,
 
 func (bd *build) runStage(ctx context.Context, i int) (stageEnd, error) {
 	st := bd.plan.stages[i]
-	var startKey string
-	var from source
-	if st.baseStage >= 0 {
-		e := bd.ends[st.baseStage]
-		startKey, from.snapshot = e.key, e.snapshot
-	} else {
-		r := bd.bases[i]
-		startKey = baseKey(r.Digest)
-		if r.Ref.Rootfs != "" {
-			ref := r.Ref
-			from.image, from.minDisk = &ref, ref.MinDiskMiB
-		}
-	}
+	startKey, from := bd.stageStart(i)
 	if err := bd.materialize(st); err != nil {
 		return stageEnd{}, err
 	}
-	keys := make([]string, len(st.steps))
-	prev := startKey
-	for j, s := range st.steps {
-		keys[j] = s.key(prev)
-		prev = keys[j]
-	}
+	keys := stepKeys(st, startKey)
 	first := bd.done
 	bd.done += len(st.steps)
-	hit, hitSnap := -1, ""
-	for j := len(keys) - 1; j >= 0; j-- {
-		if id := bd.lookup(ctx, keys[j]); id != "" {
-			hit, hitSnap = j, id
-			break
-		}
-	}
-	for j := 0; j <= hit; j++ {
-		bd.log.Line("build", fmt.Sprintf("step %d/%d %s: cached", first+j+1, bd.total, st.steps[j].text))
-	}
+	hit, hitSnap := bd.cachedSteps(ctx, st, keys, first)
 	if hit >= 0 {
 		from.snapshot = hitSnap
 	}
-	end := stageEnd{key: startKey, snapshot: from.snapshot}
-	if len(keys) > 0 {
-		end.key = keys[len(keys)-1]
-	}
-	if hit == len(keys)-1 && end.snapshot != "" && len(st.exports) == 0 {
-		return end, nil // nothing to run, nothing to copy out
-	}
-	if len(keys) == 0 && end.snapshot == "" {
-		// A stage of no steps on an image: its disk is that image's.
-		if id := bd.lookup(ctx, startKey); id != "" {
-			end.snapshot, from.snapshot = id, id
-			if len(st.exports) == 0 {
-				return end, nil
-			}
-		}
+	end, done := bd.cachedEnd(ctx, st, startKey, keys, hit, &from)
+	if done {
+		return end, nil
 	}
 	sb, g, err := bd.sandbox(ctx, from, st)
 	if err != nil {
@@ -277,6 +239,75 @@ func (bd *build) runStage(ctx context.Context, i int) (stageEnd, error) {
 		return stageEnd{}, err
 	}
 	return end, nil
+}
+
+// stageStart is the cache key stage i starts from and the disk it boots:
+// its base stage's end, or its base image.
+func (bd *build) stageStart(i int) (string, source) {
+	st := bd.plan.stages[i]
+	var from source
+	if st.baseStage >= 0 {
+		e := bd.ends[st.baseStage]
+		return e.key, source{snapshot: e.snapshot}
+	}
+	r := bd.bases[i]
+	if r.Ref.Rootfs != "" {
+		ref := r.Ref
+		from.image, from.minDisk = &ref, ref.MinDiskMiB
+	}
+	return baseKey(r.Digest), from
+}
+
+// stepKeys chains the cache keys of st's steps from startKey: each step's
+// key names everything before it.
+func stepKeys(st *stage, startKey string) []string {
+	keys := make([]string, len(st.steps))
+	prev := startKey
+	for j, s := range st.steps {
+		keys[j] = s.key(prev)
+		prev = keys[j]
+	}
+	return keys
+}
+
+// cachedSteps finds the last step whose snapshot the cache holds, and logs
+// the steps up to it as cached; hit is -1 when there is none. first is the
+// build's count of steps before this stage.
+func (bd *build) cachedSteps(ctx context.Context, st *stage, keys []string, first int) (hit int, snapshot string) {
+	hit = -1
+	for j := len(keys) - 1; j >= 0; j-- {
+		if id := bd.lookup(ctx, keys[j]); id != "" {
+			hit, snapshot = j, id
+			break
+		}
+	}
+	for j := 0; j <= hit; j++ {
+		bd.log.Line("build", fmt.Sprintf("step %d/%d %s: cached", first+j+1, bd.total, st.steps[j].text))
+	}
+	return hit, snapshot
+}
+
+// cachedEnd is where the stage ends as far as the cache knows, and done
+// when that is all it needs: every step cached (or none, on a cached
+// image disk) and nothing to copy out. It points from at a cached disk.
+func (bd *build) cachedEnd(ctx context.Context, st *stage, startKey string, keys []string, hit int, from *source) (end stageEnd, done bool) {
+	end = stageEnd{key: startKey, snapshot: from.snapshot}
+	if len(keys) > 0 {
+		end.key = keys[len(keys)-1]
+	}
+	if hit == len(keys)-1 && end.snapshot != "" && len(st.exports) == 0 {
+		return end, true // nothing to run, nothing to copy out
+	}
+	if len(keys) == 0 && end.snapshot == "" {
+		// A stage of no steps on an image: its disk is that image's.
+		if id := bd.lookup(ctx, startKey); id != "" {
+			end.snapshot, from.snapshot = id, id
+			if len(st.exports) == 0 {
+				return end, true
+			}
+		}
+	}
+	return end, false
 }
 
 // materialize makes the archives of a stage's copies from the context and

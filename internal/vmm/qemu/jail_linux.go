@@ -51,19 +51,8 @@ const vmCloneflags = unix.CLONE_NEWPID | unix.CLONE_NEWNET | unix.CLONE_NEWIPC |
 // with elevateprivileges=deny.
 func (d *Driver) startJailed(cmd *exec.Cmd, spec vmm.Spec, f vmFiles, restore bool, m *machine) (err error) {
 	j := d.jail
-	// QEMU opens the shared boot files as the VM's uid.
-	shared := []string{spec.Kernel, spec.Initrd, spec.Rootfs}
-	if f.SnapDisk != "" {
-		shared = append(shared, f.SnapDisk)
-	}
-	for _, name := range shared {
-		st, err := os.Stat(name)
-		if err != nil {
-			return err
-		}
-		if st.Mode().Perm()&0o004 == 0 {
-			return fmt.Errorf("%s is not readable by VMs' uids (mode %v)", name, st.Mode().Perm())
-		}
+	if err := checkShared(spec, f); err != nil {
+		return err
 	}
 	uid, err := j.uids.take()
 	if err != nil {
@@ -95,34 +84,7 @@ func (d *Driver) startJailed(cmd *exec.Cmd, spec vmm.Spec, f vmFiles, restore bo
 		}
 	}()
 
-	binds := []bind{
-		{src: spec.Kernel, dst: jailFiles.Kernel},
-		{src: spec.Initrd, dst: jailFiles.Initrd},
-		{src: spec.Rootfs, dst: jailFiles.Rootfs},
-		{src: f.Disk, dst: jailFiles.Disk, rw: true},
-		{src: f.Mem, dst: jailFiles.Mem, rw: true},
-		{src: "/usr", dst: "/usr"},
-		{src: "/dev/null", dst: "/dev/null", rw: true},
-		{src: "/dev/zero", dst: "/dev/zero", rw: true},
-		{src: "/dev/urandom", dst: "/dev/urandom", rw: true},
-	}
-	if !strings.HasPrefix(j.qemuDir, "/usr/") {
-		binds = append(binds, bind{src: j.qemuDir, dst: j.qemuDir})
-	}
-	if _, err := os.Stat("/etc/ld.so.cache"); err == nil {
-		binds = append(binds, bind{src: "/etc/ld.so.cache", dst: "/etc/ld.so.cache"})
-	}
-	groups := []uint32{}
-	if d.accel == "kvm" {
-		binds = append(binds, bind{src: "/dev/kvm", dst: "/dev/kvm", rw: true})
-		groups = append(groups, uint32(j.kvmGID))
-	}
-
-	jf := jailFiles
-	if f.SnapDisk != "" {
-		binds = append(binds, bind{src: f.SnapDisk, dst: jailSnapDisk})
-		jf.SnapDisk = jailSnapDisk
-	}
+	binds, groups, jf := d.jailBinds(spec, f)
 	cmd.Args = append(cmd.Args, d.Args(spec, jf, restore)...)
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{
@@ -151,6 +113,61 @@ func (d *Driver) startJailed(cmd *exec.Cmd, spec vmm.Spec, f vmFiles, restore bo
 	}
 	m.uid, m.cgroup = uid, true
 	return nil
+}
+
+// checkShared checks that QEMU, as the VM's uid, can read the boot files
+// VMs share.
+func checkShared(spec vmm.Spec, f vmFiles) error {
+	shared := []string{spec.Kernel, spec.Initrd, spec.Rootfs}
+	if f.SnapDisk != "" {
+		shared = append(shared, f.SnapDisk)
+	}
+	for _, name := range shared {
+		st, err := os.Stat(name)
+		if err != nil {
+			return err
+		}
+		if st.Mode().Perm()&0o004 == 0 {
+			return fmt.Errorf("%s is not readable by VMs' uids (mode %v)", name, st.Mode().Perm())
+		}
+	}
+	return nil
+}
+
+// jailBinds is what the jail shows QEMU: the VM's files at their jailFiles
+// paths, the libraries and devices QEMU needs; the supplementary groups it
+// needs for them; and the files' paths as QEMU sees them.
+func (d *Driver) jailBinds(spec vmm.Spec, f vmFiles) ([]bind, []uint32, vmFiles) {
+	j := d.jail
+	binds := []bind{
+		{src: spec.Kernel, dst: jailFiles.Kernel},
+		{src: spec.Initrd, dst: jailFiles.Initrd},
+		{src: spec.Rootfs, dst: jailFiles.Rootfs},
+		{src: f.Disk, dst: jailFiles.Disk, rw: true},
+		{src: f.Mem, dst: jailFiles.Mem, rw: true},
+		{src: "/usr", dst: "/usr"},
+		{src: "/dev/null", dst: "/dev/null", rw: true},
+		{src: "/dev/zero", dst: "/dev/zero", rw: true},
+		{src: "/dev/urandom", dst: "/dev/urandom", rw: true},
+	}
+	if !strings.HasPrefix(j.qemuDir, "/usr/") {
+		binds = append(binds, bind{src: j.qemuDir, dst: j.qemuDir})
+	}
+	if _, err := os.Stat("/etc/ld.so.cache"); err == nil {
+		binds = append(binds, bind{src: "/etc/ld.so.cache", dst: "/etc/ld.so.cache"})
+	}
+	groups := []uint32{}
+	if d.accel == "kvm" {
+		binds = append(binds, bind{src: "/dev/kvm", dst: "/dev/kvm", rw: true})
+		groups = append(groups, uint32(j.kvmGID))
+	}
+
+	jf := jailFiles
+	if f.SnapDisk != "" {
+		binds = append(binds, bind{src: f.SnapDisk, dst: jailSnapDisk})
+		jf.SnapDisk = jailSnapDisk
+	}
+	return binds, groups, jf
 }
 
 // limitAs sets the VM's rlimits. Lowering another process's limits takes

@@ -54,13 +54,8 @@ func (d *Driver) Moved(ctx context.Context, spec vmm.Spec) error {
 	if spec.Rootfs == "" {
 		return errors.New("moved: the spec names no base image")
 	}
-	for _, name := range []string{memFile, stateFile, diskFile} {
-		if err := regular(filepath.Join(spec.Dir, name)); err != nil {
-			return fmt.Errorf("moved: %w", err)
-		}
-	}
-	if st, err := os.Stat(filepath.Join(spec.Dir, memFile)); err != nil || st.Size() != int64(spec.MemoryMiB)<<20 {
-		return fmt.Errorf("moved: the guest memory file is not %d MiB", spec.MemoryMiB)
+	if err := checkMovedState(spec); err != nil {
+		return err
 	}
 	disk, snap := filepath.Join(spec.Dir, diskFile), filepath.Join(spec.Dir, movedSnapFile)
 	chain := filepath.Join(spec.Dir, chainFile)
@@ -82,38 +77,65 @@ func (d *Driver) Moved(ctx context.Context, spec vmm.Spec) error {
 		if err := d.rebase(ctx, disk, spec.Rootfs, "raw"); err != nil {
 			return fmt.Errorf("moved: %w", err)
 		}
-	} else {
-		if err := d.checkQcow2(ctx, snap); err != nil {
-			return fmt.Errorf("moved: the snapshot disk: %w", err)
-		}
-		if err := d.rebase(ctx, snap, spec.Rootfs, "raw"); err != nil {
-			return fmt.Errorf("moved: %w", err)
-		}
-		// The VM opens it as its own uid, as it does a snapshot's disk.
-		if err := os.Chmod(snap, 0o644); err != nil {
-			return fmt.Errorf("moved: %w", err)
-		}
-		if err := d.rebase(ctx, disk, snap, "qcow2"); err != nil {
-			return fmt.Errorf("moved: %w", err)
-		}
-		tmp := chain + ".tmp"
-		if err := os.WriteFile(tmp, []byte(snap+"\n"), 0o600); err != nil {
-			return fmt.Errorf("moved: %w", err)
-		}
-		if err := os.Rename(tmp, chain); err != nil {
+	} else if err := d.rechainSnap(ctx, spec.Rootfs, disk, snap, chain); err != nil {
+		return err
+	}
+	return settleMoved(spec.Dir)
+}
+
+// checkMovedState checks that the state files of spec came whole: regular
+// files, the memory file of the spec's size.
+func checkMovedState(spec vmm.Spec) error {
+	for _, name := range []string{memFile, stateFile, diskFile} {
+		if err := regular(filepath.Join(spec.Dir, name)); err != nil {
 			return fmt.Errorf("moved: %w", err)
 		}
 	}
+	if st, err := os.Stat(filepath.Join(spec.Dir, memFile)); err != nil || st.Size() != int64(spec.MemoryMiB)<<20 {
+		return fmt.Errorf("moved: the guest memory file is not %d MiB", spec.MemoryMiB)
+	}
+	return nil
+}
+
+// rechainSnap puts a moved copy's snapshot disk between its disk and the
+// base image rootfs, and records the chain.
+func (d *Driver) rechainSnap(ctx context.Context, rootfs, disk, snap, chain string) error {
+	if err := d.checkQcow2(ctx, snap); err != nil {
+		return fmt.Errorf("moved: the snapshot disk: %w", err)
+	}
+	if err := d.rebase(ctx, snap, rootfs, "raw"); err != nil {
+		return fmt.Errorf("moved: %w", err)
+	}
+	// The VM opens it as its own uid, as it does a snapshot's disk.
+	if err := os.Chmod(snap, 0o644); err != nil {
+		return fmt.Errorf("moved: %w", err)
+	}
+	if err := d.rebase(ctx, disk, snap, "qcow2"); err != nil {
+		return fmt.Errorf("moved: %w", err)
+	}
+	tmp := chain + ".tmp"
+	if err := os.WriteFile(tmp, []byte(snap+"\n"), 0o600); err != nil {
+		return fmt.Errorf("moved: %w", err)
+	}
+	if err := os.Rename(tmp, chain); err != nil {
+		return fmt.Errorf("moved: %w", err)
+	}
+	return nil
+}
+
+// settleMoved makes the moved state files private, drops what a resume
+// cut short on the old node left, and syncs dir.
+func settleMoved(dir string) error {
 	for _, name := range []string{memFile, stateFile, diskFile} {
-		if err := os.Chmod(filepath.Join(spec.Dir, name), 0o600); err != nil {
+		if err := os.Chmod(filepath.Join(dir, name), 0o600); err != nil {
 			return fmt.Errorf("moved: %w", err)
 		}
 	}
 	// Whatever a resume cut short on the old node left is not the state.
 	for _, name := range []string{stateTmp, stateUsed} {
-		_ = os.Remove(filepath.Join(spec.Dir, name))
+		_ = os.Remove(filepath.Join(dir, name))
 	}
-	if err := syncDir(spec.Dir); err != nil {
+	if err := syncDir(dir); err != nil {
 		return fmt.Errorf("moved: %w", err)
 	}
 	return nil
