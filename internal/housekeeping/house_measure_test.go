@@ -85,7 +85,7 @@ func TestHouseCounters(t *testing.T) {
 		}
 		p.files = append(p.files, f)
 	}
-	ifaces := &interfaces{fset: fset, mod: "example.com/m", pkgs: map[string]*goPackage{"sample": p},
+	ifaces := &interfaces{mod: "example.com/m", pkgs: map[string]*goPackage{"sample": p},
 		std: importer.ForCompiler(fset, "source", nil)}
 	widths, err := ifaces.widths(p)
 	if err != nil {
