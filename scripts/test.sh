@@ -33,6 +33,8 @@ python3 -m pip install -q --disable-pip-version-check -r tests/conformance/requi
 
 echo "== go test"
 go test -count=1 -timeout 70m ./...
+# sdk/go is its own module, which ./... does not enter.
+(cd sdk/go && go test -count=1 ./...)
 
 echo "== go test -race: the packages whose interleavings matter (no VMs)"
 go test -race -short -count=1 ./internal/sandbox/ ./internal/store/ ./internal/api/ ./internal/guest/ ./internal/upload/ ./internal/egress/ ./internal/e2b/ ./internal/envd/ ./internal/interpreter/ ./internal/catalog/ ./internal/recipebuild/ ./internal/volumes/ ./internal/ociimport/ ./internal/cluster/

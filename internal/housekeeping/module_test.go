@@ -37,9 +37,20 @@ func moduleRoot(t *testing.T) (dir, path string) {
 	}
 }
 
+// sdkModule is the directory of the module nested in this one: the Go SDK,
+// which Go programs require without the server's dependencies.
+const sdkModule = "sdk/go"
+
 // goCmd returns a go command that runs in the module root with env added to
 // the test's environment. It skips the test if go is not on PATH.
 func goCmd(t *testing.T, env []string, args ...string) *exec.Cmd {
+	t.Helper()
+	return goCmdIn(t, "", env, args...)
+}
+
+// goCmdIn is goCmd run in dir, relative to the module root: a nested
+// module's directory, where the go command sees that module.
+func goCmdIn(t *testing.T, dir string, env []string, args ...string) *exec.Cmd {
 	t.Helper()
 	gobin, err := exec.LookPath("go")
 	if err != nil {
@@ -47,7 +58,7 @@ func goCmd(t *testing.T, env []string, args ...string) *exec.Cmd {
 	}
 	root, _ := moduleRoot(t)
 	cmd := exec.Command(gobin, args...)
-	cmd.Dir = root
+	cmd.Dir = filepath.Join(root, filepath.FromSlash(dir))
 	cmd.Env = append(os.Environ(), env...)
 	return cmd
 }
@@ -55,12 +66,18 @@ func goCmd(t *testing.T, env []string, args ...string) *exec.Cmd {
 // goList runs `go list -e` with args and returns its output lines.
 func goList(t *testing.T, env []string, args ...string) []string {
 	t.Helper()
-	cmd := goCmd(t, env, append([]string{"list", "-e"}, args...)...)
+	return goListIn(t, "", env, args...)
+}
+
+// goListIn is goList run in dir, relative to the module root.
+func goListIn(t *testing.T, dir string, env []string, args ...string) []string {
+	t.Helper()
+	cmd := goCmdIn(t, dir, env, append([]string{"list", "-e"}, args...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("go list %s: %v\n%s", strings.Join(args, " "), err, stderr.Bytes())
+		t.Fatalf("go list %s (in %s): %v\n%s", strings.Join(args, " "), cmd.Dir, err, stderr.Bytes())
 	}
 	return strings.Split(strings.TrimSpace(string(out)), "\n")
 }

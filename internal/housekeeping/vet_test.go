@@ -18,7 +18,7 @@ var linuxOnly = map[string]string{
 }
 
 // TestVetDarwin runs `go vet` for darwin on Apple silicon on every package
-// not in linuxOnly.
+// not in linuxOnly, and on the SDK's module.
 func TestVetDarwin(t *testing.T) {
 	_, mod := moduleRoot(t)
 	pkgs := goList(t, nil, "-f", "{{.ImportPath}}", "./...")
@@ -44,4 +44,12 @@ func TestVetDarwin(t *testing.T) {
 			}
 		})
 	}
+	// The SDK, its own module, is vetted from its directory.
+	t.Run(strings.ReplaceAll(sdkModule, "/", "_"), func(t *testing.T) {
+		t.Parallel()
+		out, err := goCmdIn(t, sdkModule, []string{"GOOS=darwin", "GOARCH=arm64"}, "vet", "./...").CombinedOutput()
+		if err != nil {
+			t.Errorf("GOOS=darwin go vet ./... in %s: %v\n%s", sdkModule, err, out)
+		}
+	})
 }
