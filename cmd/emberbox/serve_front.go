@@ -16,9 +16,6 @@ import (
 	"github.com/emberbox/emberbox/internal/envd"
 	"github.com/emberbox/emberbox/internal/interpreter"
 	"github.com/emberbox/emberbox/internal/links"
-	"github.com/emberbox/emberbox/internal/sandbox"
-	"github.com/emberbox/emberbox/internal/store"
-	"github.com/emberbox/emberbox/internal/telemetry"
 	"github.com/emberbox/emberbox/internal/upload"
 )
 
@@ -154,24 +151,4 @@ func previewFront(previews api.Previews, next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
-}
-
-// telemetrySources reads the store and the manager at each scrape.
-func telemetrySources(st *store.Store, mgr *sandbox.Manager) telemetry.Sources {
-	return telemetry.Sources{
-		SandboxStates: st.CountSandboxes,
-		Sandboxes: func(ctx context.Context) ([]telemetry.SandboxReading, error) {
-			rs, err := mgr.Readings(ctx)
-			if err != nil {
-				return nil, err
-			}
-			out := make([]telemetry.SandboxReading, 0, len(rs))
-			for _, r := range rs {
-				out = append(out, telemetry.SandboxReading{ID: r.ID, Owner: r.Owner,
-					CPUSeconds: float64(r.Usage.ActiveCPUNs) / 1e9, GuestCPUSeconds: float64(r.Usage.GuestCPUNs) / 1e9,
-					MemoryBytes: r.RSSBytes, EgressBytes: r.Usage.EgressBytes, ChargedMicros: r.Usage.Charge.TotalMicros})
-			}
-			return out, nil
-		},
-	}
 }

@@ -7,6 +7,8 @@ import (
 	"github.com/emberbox/emberbox/internal/store"
 )
 
+var _ api.Events = Events{}
+
 // Events is the store's sandbox event logs as api.Events.
 type Events struct{ Store *store.Store }
 

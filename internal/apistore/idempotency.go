@@ -7,6 +7,8 @@ import (
 	"github.com/emberbox/emberbox/internal/store"
 )
 
+var _ api.Idempotency = Idempotency{}
+
 // Idempotency is the store's idempotency records as api.Idempotency.
 type Idempotency struct{ Store *store.Store }
 

@@ -7,6 +7,11 @@ import (
 	"github.com/emberbox/emberbox/internal/store"
 )
 
+var (
+	_ api.Keys      = Keys{}
+	_ api.KeyLister = Keys{}
+)
+
 // Keys is the store's API keys as api.Keys and api.KeyLister, and as
 // internal/e2b's Keys (which also asks for a key's secret generations).
 type Keys struct{ Store *store.Store }
