@@ -15,6 +15,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/emberbox/emberbox/internal/api"
 	"github.com/emberbox/emberbox/internal/cluster"
 	"github.com/emberbox/emberbox/internal/links"
 	"github.com/emberbox/emberbox/internal/store"
@@ -169,4 +170,91 @@ func linkTarget(signer *links.Signer) cluster.Target {
 		}
 		return c.SandboxID, false
 	}
+}
+
+// joinIfNode joins the cluster when the store makes this server a node:
+// before the manager recovers, since what it recovers is this node's.
+func (s *server) joinIfNode(ctx context.Context) error {
+	if !s.isNode {
+		return nil
+	}
+	fenced := func(err error) {
+		if m := s.fencedMgr.Load(); m != nil {
+			m.StandDown(context.WithoutCancel(ctx))
+		}
+		s.standDown(fmt.Errorf("this node was declared lost by the cluster and stood down: %w", err))
+	}
+	cl, err := joinCluster(ctx, s.o, s.st, s.adm, s.drv.Accel(), s.boot.RecipeHash, fenced, s.log)
+	if err != nil {
+		return err
+	}
+	s.cl = cl
+	return nil
+}
+
+// endLostVMs ends, on a node, the VMs of sandboxes the other nodes
+// declared lost while it was away, before anything else: none runs twice.
+func (s *server) endLostVMs(ctx context.Context) error {
+	if s.cl == nil {
+		return nil
+	}
+	lost, err := s.st.LostSandboxes(ctx)
+	if err != nil {
+		return err
+	}
+	if n := s.mgr.EndVMs(ctx, lost); n > 0 {
+		s.log.Warn("ended vms of sandboxes the cluster declared lost", "count", n)
+	}
+	// Files of paused sandboxes a drain moved away just before this
+	// node died.
+	if _, err := s.mgr.RemoveMovedAway(ctx, s.st.MovedAway); err != nil {
+		return err
+	}
+	return nil
+}
+
+// routeCluster serves previews on their own hosts and, on a node, routes
+// each call to the node of its sandbox and serves the node-to-node
+// channel.
+func (s *server) routeCluster(context.Context) error {
+	// A preview's host is its own origin: nothing but the preview is served
+	// there, and no preview anywhere else.
+	local := previewFront(s.previews, s.front)
+	s.served = local
+	cl, previews := s.cl, s.previews
+	if cl == nil {
+		return nil
+	}
+	// Any node answers any call: creates (the Runtime API's and
+	// E2B's) are placed, calls for another node's sandbox (its
+	// routes, E2B's traffic and control plane, its previews and
+	// signed links) go there over the channel, which serves the
+	// server itself (never routed again).
+	routed := cl.Handler(s.front, s.front.Target, linkTarget(s.signer))
+	s.served = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if id, ok := previews.Target(r); ok {
+			cl.RouteSandbox(w, r, previews, id)
+			return
+		}
+		routed.ServeHTTP(w, r)
+	})
+	cln, err := net.Listen("tcp", s.o.cluster.listen)
+	if err != nil {
+		return fmt.Errorf("--cluster-listen: %w", err)
+	}
+	log := s.log
+	s.bg.run(func(ctx context.Context) {
+		if err := cl.Serve(ctx, cln, local); err != nil {
+			log.Error("node-to-node channel", "err", err)
+		}
+	})
+	s.bg.run(cl.Run)
+	mgr := s.mgr
+	s.bg.run(func(ctx context.Context) { cl.RunDrain(ctx, mgr) })
+	// A Runtime API call is authenticated and rate-limited here, at
+	// the node the client reached, before it is forwarded; the channel
+	// carries the client's address, so the serving node's limits
+	// count the client, not this node.
+	cl.SetAdmit(api.Admit(s.handler))
+	return nil
 }

@@ -42,14 +42,22 @@ func defaultDataDir() string {
 }
 
 func newKeysCommand() *cobra.Command {
-	var dataDir, storeURL, name, role, expires string
-	var grace time.Duration
+	var dataDir, storeURL string
 	keys := &cobra.Command{Use: "keys", Short: "Manage API keys"}
+	keys.PersistentFlags().StringVar(&dataDir, "data-dir", defaultDataDir(), "server data directory")
+	keys.PersistentFlags().StringVar(&storeURL, "store", "", storeUsage)
+	keys.AddCommand(newKeysCreateCommand(&dataDir, &storeURL), newKeysListCommand(&dataDir, &storeURL),
+		newKeysRevokeCommand(&dataDir, &storeURL), newKeysRotateCommand(&dataDir, &storeURL))
+	return keys
+}
+
+func newKeysCreateCommand(dataDir, storeURL *string) *cobra.Command {
+	var name, role, expires string
 	create := &cobra.Command{
 		Use:   "create",
 		Short: "Create an API key and print it (it is stored only as a hash)",
 		Args:  cobra.NoArgs,
-		RunE: withStore(&dataDir, &storeURL, func(cmd *cobra.Command, st *store.Store) error {
+		RunE: withStore(dataDir, storeURL, func(cmd *cobra.Command, st *store.Store) error {
 			k, secret, err := st.NewKey(name)
 			if err != nil {
 				return err
@@ -69,11 +77,15 @@ func newKeysCommand() *cobra.Command {
 	create.Flags().StringVar(&name, "name", "key", "a name to recognise the key by")
 	create.Flags().StringVar(&role, "role", store.RoleTenant, `"tenant" (its own sandboxes) or "admin" (may also list every key and sandbox)`)
 	create.Flags().StringVar(&expires, "expires", "", "when the key stops working: a duration (720h, 30d) or an RFC 3339 time; default never")
-	list := &cobra.Command{
+	return create
+}
+
+func newKeysListCommand(dataDir, storeURL *string) *cobra.Command {
+	return &cobra.Command{
 		Use:   "list",
 		Short: "List API keys: id, name, role, created, expires, state (secrets are not kept)",
 		Args:  cobra.NoArgs,
-		RunE: withStore(&dataDir, &storeURL, func(cmd *cobra.Command, st *store.Store) error {
+		RunE: withStore(dataDir, storeURL, func(cmd *cobra.Command, st *store.Store) error {
 			ks, err := st.ListKeys(cmd.Context())
 			if err != nil {
 				return err
@@ -96,11 +108,14 @@ func newKeysCommand() *cobra.Command {
 			return nil
 		}),
 	}
-	revoke := &cobra.Command{
+}
+
+func newKeysRevokeCommand(dataDir, storeURL *string) *cobra.Command {
+	return &cobra.Command{
 		Use:   "revoke KEY_ID",
 		Short: "Revoke a key at once; its sandboxes stay until they end or an admin deletes them",
 		Args:  cobra.ExactArgs(1),
-		RunE: withStoreArgs(&dataDir, &storeURL, func(cmd *cobra.Command, st *store.Store, args []string) error {
+		RunE: withStoreArgs(dataDir, storeURL, func(cmd *cobra.Command, st *store.Store, args []string) error {
 			k, err := st.RevokeKey(cmd.Context(), args[0])
 			if err != nil {
 				return err
@@ -109,12 +124,16 @@ func newKeysCommand() *cobra.Command {
 			return nil
 		}),
 	}
+}
+
+func newKeysRotateCommand(dataDir, storeURL *string) *cobra.Command {
+	var grace time.Duration
 	var rotateExpires string
 	rotate := &cobra.Command{
 		Use:   "rotate KEY_ID",
 		Short: "Give a key a new secret and print it; the key keeps its id and sandboxes",
 		Args:  cobra.ExactArgs(1),
-		RunE: withStoreArgs(&dataDir, &storeURL, func(cmd *cobra.Command, st *store.Store, args []string) error {
+		RunE: withStoreArgs(dataDir, storeURL, func(cmd *cobra.Command, st *store.Store, args []string) error {
 			ctx := cmd.Context()
 			if rotateExpires != "" {
 				exp, err := parseExpiry(rotateExpires, time.Now())
@@ -140,10 +159,7 @@ func newKeysCommand() *cobra.Command {
 	}
 	rotate.Flags().DurationVar(&grace, "grace", 0, "how long the old secret keeps working")
 	rotate.Flags().StringVar(&rotateExpires, "expires", "", `a new expiry: a duration, an RFC 3339 time, or "never"`)
-	keys.PersistentFlags().StringVar(&dataDir, "data-dir", defaultDataDir(), "server data directory")
-	keys.PersistentFlags().StringVar(&storeURL, "store", "", storeUsage)
-	keys.AddCommand(create, list, revoke, rotate)
-	return keys
+	return rotate
 }
 
 // parseExpiry reads --expires: "" or "never" for none, a duration from now

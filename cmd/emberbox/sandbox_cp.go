@@ -108,91 +108,116 @@ const (
 // bytes each, unpacked into dst one after another; files too large for an
 // archive go by themselves.
 func uploadTree(ctx context.Context, c *emberbox.Client, id, dst string, tree fs.FS) error {
-	var buf bytes.Buffer
-	var gz *gzip.Writer
-	var tw *tar.Writer
-	entries := 0
-	start := func() {
-		buf.Reset()
-		gz = gzip.NewWriter(&buf)
-		tw = tar.NewWriter(gz)
-		entries = 0
-	}
-	send := func() error {
-		if err := tw.Close(); err != nil {
-			return err
-		}
-		if err := gz.Close(); err != nil {
-			return err
-		}
-		if entries > 0 {
-			if _, err := c.UploadArchive(ctx, id, dst, buf.Bytes()); err != nil {
-				return fmt.Errorf("unpacking into %s: %w", dst, err)
-			}
-		}
-		start()
-		return nil
-	}
-	start()
+	u := &treeUpload{ctx: ctx, c: c, id: id, dst: dst, tree: tree}
+	u.start()
 	// The root itself first, so that an empty directory is made too.
-	err := fs.WalkDir(tree, ".", func(name string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
+	if err := fs.WalkDir(tree, ".", u.visit); err != nil {
+		return err
+	}
+	return u.send()
+}
+
+// treeUpload is one uploadTree: the tree, where it goes, and the archive
+// being filled.
+type treeUpload struct {
+	ctx     context.Context
+	c       *emberbox.Client
+	id, dst string
+	tree    fs.FS
+
+	buf     bytes.Buffer
+	gz      *gzip.Writer
+	tw      *tar.Writer
+	entries int
+}
+
+// start begins a new, empty archive.
+func (u *treeUpload) start() {
+	u.buf.Reset()
+	u.gz = gzip.NewWriter(&u.buf)
+	u.tw = tar.NewWriter(u.gz)
+	u.entries = 0
+}
+
+// send has the archive unpacked into dst, unless it is empty, and starts
+// the next.
+func (u *treeUpload) send() error {
+	if err := u.tw.Close(); err != nil {
+		return err
+	}
+	if err := u.gz.Close(); err != nil {
+		return err
+	}
+	if u.entries > 0 {
+		if _, err := u.c.UploadArchive(u.ctx, u.id, u.dst, u.buf.Bytes()); err != nil {
+			return fmt.Errorf("unpacking into %s: %w", u.dst, err)
 		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		var link string
-		switch {
-		case fi.Mode()&fs.ModeSymlink != 0:
-			if link, err = fs.ReadLink(tree, name); err != nil {
-				return err
-			}
-		case fi.Mode().IsRegular() && fi.Size() > bigFile:
-			data, err := fs.ReadFile(tree, name)
-			if err != nil {
-				return err
-			}
-			return c.WriteFile(ctx, id, path.Join(dst, name), data, fi.Mode().Perm())
-		case !fi.IsDir() && !fi.Mode().IsRegular():
-			return nil // devices, sockets, fifos: nothing to copy
-		}
-		if buf.Len()+int(fi.Size()) > archiveBatch {
-			if err := send(); err != nil {
-				return err
-			}
-		}
-		hdr, err := tar.FileInfoHeader(fi, link)
-		if err != nil {
-			return err
-		}
-		hdr.Name = name
-		if fi.IsDir() {
-			hdr.Name += "/"
-		}
-		hdr.Uname, hdr.Gname, hdr.Uid, hdr.Gid = "", "", 0, 0
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if fi.Mode().IsRegular() {
-			f, err := tree.Open(name)
-			if err != nil {
-				return err
-			}
-			_, err = io.CopyN(tw, f, fi.Size())
-			f.Close()
-			if err != nil {
-				return fmt.Errorf("%s: %w", name, err)
-			}
-		}
-		entries++
-		return gz.Flush() // so that buf.Len() counts what this entry costs
-	})
+	}
+	u.start()
+	return nil
+}
+
+// visit is the walk's function: a large file goes by itself, devices,
+// sockets and fifos not at all, anything else into the archive (sent
+// first if the entry would take it past archiveBatch).
+func (u *treeUpload) visit(name string, d fs.DirEntry, err error) error {
 	if err != nil {
 		return err
 	}
-	return send()
+	fi, err := d.Info()
+	if err != nil {
+		return err
+	}
+	var link string
+	switch {
+	case fi.Mode()&fs.ModeSymlink != 0:
+		if link, err = fs.ReadLink(u.tree, name); err != nil {
+			return err
+		}
+	case fi.Mode().IsRegular() && fi.Size() > bigFile:
+		data, err := fs.ReadFile(u.tree, name)
+		if err != nil {
+			return err
+		}
+		return u.c.WriteFile(u.ctx, u.id, path.Join(u.dst, name), data, fi.Mode().Perm())
+	case !fi.IsDir() && !fi.Mode().IsRegular():
+		return nil // devices, sockets, fifos: nothing to copy
+	}
+	if u.buf.Len()+int(fi.Size()) > archiveBatch {
+		if err := u.send(); err != nil {
+			return err
+		}
+	}
+	return u.add(name, fi, link)
+}
+
+// add writes one entry, and a regular file's content, to the archive.
+func (u *treeUpload) add(name string, fi fs.FileInfo, link string) error {
+	hdr, err := tar.FileInfoHeader(fi, link)
+	if err != nil {
+		return err
+	}
+	hdr.Name = name
+	if fi.IsDir() {
+		hdr.Name += "/"
+	}
+	hdr.Uname, hdr.Gname, hdr.Uid, hdr.Gid = "", "", 0, 0
+	if err := u.tw.WriteHeader(hdr); err != nil {
+		return err
+	}
+	if fi.Mode().IsRegular() {
+		f, err := u.tree.Open(name)
+		if err != nil {
+			return err
+		}
+		_, err = io.CopyN(u.tw, f, fi.Size())
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	u.entries++
+	return u.gz.Flush() // so that buf.Len() counts what this entry costs
 }
 
 // copyOut copies a file or directory of a sandbox to this machine.
