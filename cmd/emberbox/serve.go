@@ -352,7 +352,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	bg.Go(func() { _ = mgr.Run(bctx) })
 	bg.Go(func() { pruneIdempotency(bctx, st, log) })
 	bg.Go(func() { mgr.RunDiskRetention(bctx) })
-	bg.Go(func() { mgr.RunMeter(bctx) })
+	bg.Go(func() { mgr.Meter().Run(bctx) })
 	metrics.SetSources(telemetrySources(st, mgr))
 	// Staging files a crash left behind are removed here, and expired
 	// uploads by the sweep.
@@ -380,7 +380,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	// caller's rate is one whichever protocol it speaks.
 	limiter := api.NewRateLimiter(adm.rates)
 	acfg := api.Config{
-		Manager: mgr, Keys: keyStore{st}, Idempotency: idempotencyStore{st}, Events: eventStore{st},
+		Manager: mgr, Usage: mgr.Meter(), Keys: keyStore{st}, Idempotency: idempotencyStore{st}, Events: eventStore{st},
 		Logger: log, Version: version, Accel: drv.Accel,
 		Confinement: func() any { return drv.Confinement() },
 		Uploads:     uploads, Limiter: limiter, ObserveRequest: metrics.ObserveRequest,
@@ -812,7 +812,7 @@ func telemetrySources(st *store.Store, mgr *sandbox.Manager) telemetry.Sources {
 	return telemetry.Sources{
 		SandboxStates: st.CountSandboxes,
 		Sandboxes: func(ctx context.Context) ([]telemetry.SandboxReading, error) {
-			rs, err := mgr.Readings(ctx)
+			rs, err := mgr.Meter().Readings(ctx)
 			if err != nil {
 				return nil, err
 			}

@@ -99,6 +99,9 @@ type IdempotentResult struct {
 type Config struct {
 	Manager Manager // required
 	Keys    Keys    // required
+	// Usage answers the usage routes (sandbox.Manager.Meter); nil means
+	// Manager's own, which must then meter.
+	Usage UsageManager
 	// Idempotency stores answers for Idempotency-Key; nil accepts and
 	// checks the header but remembers nothing.
 	Idempotency Idempotency
@@ -162,6 +165,7 @@ const (
 type server struct {
 	events  Events
 	mgr     Manager
+	usage   UsageManager
 	keys    Keys
 	idem    Idempotency
 	log     *slog.Logger
@@ -228,8 +232,15 @@ func newServer(cfg Config) *server {
 	if cfg.Manager == nil || cfg.Keys == nil {
 		panic("api.New: Manager and Keys are required")
 	}
+	if cfg.Usage == nil {
+		um, ok := cfg.Manager.(UsageManager)
+		if !ok {
+			panic("api.New: Usage is required when the Manager does not meter")
+		}
+		cfg.Usage = um
+	}
 	s := &server{
-		mgr: cfg.Manager, keys: cfg.Keys, idem: cfg.Idempotency, log: cfg.Logger,
+		mgr: cfg.Manager, usage: cfg.Usage, keys: cfg.Keys, idem: cfg.Idempotency, log: cfg.Logger,
 		version: cfg.Version, accel: cfg.Accel, confine: cfg.Confinement, events: cfg.Events,
 		idemPoll: idemPollInterval, idemPollMax: idemPollMax, now: time.Now,
 		limits: newRateLimiter(cfg.RateLimits), observe: cfg.ObserveRequest,

@@ -64,6 +64,15 @@ type Manager interface {
 	// ExtendSnapshot keeps a snapshot days from now.
 	ExtendSnapshot(ctx context.Context, owner, id string, days int) (*sandbox.Snapshot, error)
 
+	// Guest returns a running sandbox of owner's and its guest agent, or
+	// the coded refusal of the sandbox's state (sandbox.Refusal). Every call
+	// into a guest goes through it.
+	Guest(ctx context.Context, owner, id string) (*sandbox.Sandbox, sandbox.Guest, error)
+}
+
+// UsageManager is what the API needs of the sandbox manager's meter
+// (sandbox.Meter): usage, metrics and limits, by owner.
+type UsageManager interface {
 	// Rates are the prices usage is charged at.
 	Rates() pricing.Rates
 	// AttachUsage sets each sandbox's Usage: what was metered for it, priced.
@@ -77,9 +86,4 @@ type Manager interface {
 	Metrics(ctx context.Context, owner, id string, from, to time.Time) (*sandbox.Sandbox, []metering.Point, error)
 	// KeyLimits returns what one key may hold at once and what it holds.
 	KeyLimits(owner string) (admission.Quota, admission.Usage)
-
-	// Guest returns a running sandbox of owner's and its guest agent, or
-	// the coded refusal of the sandbox's state (sandbox.Refusal). Every call
-	// into a guest goes through it.
-	Guest(ctx context.Context, owner, id string) (*sandbox.Sandbox, sandbox.Guest, error)
 }

@@ -179,7 +179,7 @@ func (m *Manager) Restart(ctx context.Context, owner, id string) (_ *Sandbox, er
 		e.Details = map[string]any{"diskRemovedAt": sb.DiskRemovedAt.Format(time.RFC3339)}
 		return nil, e
 	}
-	m.accrueKept(ctx, sb, m.now())
+	m.meter.accrueKept(ctx, sb, m.now())
 	starting := *sb
 	starting.State = StateStarting
 	if err := m.cfg.Admission.Reserve(claim(&starting)); err != nil {

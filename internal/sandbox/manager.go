@@ -147,6 +147,8 @@ type Manager struct {
 
 	templates templateSet
 
+	meter *Meter // observes transitions to charge usage (meter.go)
+
 	// Test hooks (export_test.go): testHookBeforeUpdate runs as an update
 	// begins; testHookUpdate inside every update that changes something,
 	// between its read and its write.
@@ -244,9 +246,11 @@ func New(cfg Config) *Manager {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Manager{cfg: cfg, log: log, ctx: ctx, cancel: cancel,
+	m := &Manager{cfg: cfg, log: log, ctx: ctx, cancel: cancel,
 		live: map[string]*instance{}, changed: map[string]chan struct{}{}, ops: map[string]*opLock{},
 		envs: map[string]map[string]string{}}
+	m.meter = newMeter(m)
+	return m
 }
 
 // spawn runs f in a goroutine the manager owns: Close waits for it. After
@@ -697,7 +701,7 @@ func (m *Manager) watch(in *instance) {
 	mach, c := in.machine, in.client
 	in.mu.Unlock()
 	if sb, err := m.cfg.Store.GetSandbox(in.ctx, in.id); err == nil && sb.State == StateRunning {
-		m.meterBegin(in, mach, sb)
+		m.meter.vmRunning(in, mach, sb)
 	}
 	var failures int    // attempts in a row that failed or did not last
 	var since time.Time // when the session in c began (zero: at boot)
@@ -735,7 +739,7 @@ func (m *Manager) watch(in *instance) {
 			if in.ctx.Err() != nil {
 				return // ended by a stop, delete or pause, which records it
 			}
-			m.meterSettle(in, mach, true)
+			m.meter.vmEnded(in, mach)
 			m.finish(in, ReasonVMExited)
 			return
 		case <-cdone:
@@ -932,7 +936,7 @@ func (m *Manager) endVM(id string) {
 	mach, c := in.machine, in.client
 	in.mu.Unlock()
 	if c != nil {
-		m.refreshGuestCPU(in) // the guest's last word on its busy time
+		m.meter.guestClosing(in) // the guest's last word on its busy time
 		m.syncVolumes(id, c)
 		c.Close()
 	}
@@ -943,7 +947,7 @@ func (m *Manager) endVM(id string) {
 			m.log.Error("stopping vm", "sandbox_id", id, "err", err)
 		}
 		cancel()
-		m.meterSettle(in, mach, true)
+		m.meter.vmEnded(in, mach)
 	}
 	m.mu.Lock()
 	if m.live[id] == in {
@@ -970,7 +974,7 @@ func (m *Manager) Delete(ctx context.Context, owner, id string) (_ *Sandbox, err
 // then ends its VM, removes its files and records it deleted.
 func (m *Manager) delete(ctx context.Context, id, reason string) (*Sandbox, error) {
 	if kept, err := m.cfg.Store.GetSandbox(ctx, id); err == nil {
-		m.accrueKept(ctx, kept, m.now()) // a paused or stopped one's disk, up to its end
+		m.meter.accrueKept(ctx, kept, m.now()) // a paused or stopped one's disk, up to its end
 	}
 	sb, err := m.update(ctx, id, func(s *Sandbox) bool {
 		if s.State == StateDeleted || s.State == StateDeleting {

@@ -63,7 +63,7 @@ func (m *Manager) MoveOut(ctx context.Context, id string, send func(ctx context.
 		return fmt.Errorf("moving sandbox %s: %w", id, err)
 	}
 	// Its disk is charged here up to the move, and by the new node after.
-	m.accrueKept(ctx, sb, m.now())
+	m.meter.accrueKept(ctx, sb, m.now())
 	if err := send(ctx, sb, files); err != nil {
 		return fmt.Errorf("moving sandbox %s: %w", id, err)
 	}

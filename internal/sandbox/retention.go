@@ -95,7 +95,7 @@ func (m *Manager) removeStoppedDisk(ctx context.Context, ds DiskStore, id string
 	if err != nil || sb.State != StateStopped {
 		return false, err // restarted meanwhile
 	}
-	m.accrueKept(ctx, sb, now)
+	m.meter.accrueKept(ctx, sb, now)
 	if err := os.RemoveAll(m.dir(id)); err != nil {
 		return false, fmt.Errorf("removing the files of sandbox %s: %w", id, err)
 	}
