@@ -269,7 +269,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	var fencedMgr atomic.Pointer[sandbox.Manager]
 	fenced := func(err error) {
 		if m := fencedMgr.Load(); m != nil {
-			m.StandDown(context.WithoutCancel(ctx))
+			m.Moves().StandDown(context.WithoutCancel(ctx))
 		}
 		standDown(fmt.Errorf("this node was declared lost by the cluster and stood down: %w", err))
 	}
@@ -309,12 +309,12 @@ func serve(ctx context.Context, o serveOptions) error {
 		if err != nil {
 			return err
 		}
-		if n := mgr.EndVMs(ctx, lost); n > 0 {
+		if n := mgr.Moves().EndVMs(ctx, lost); n > 0 {
 			log.Warn("ended vms of sandboxes the cluster declared lost", "count", n)
 		}
 		// Files of paused sandboxes a drain moved away just before this
 		// node died.
-		if _, err := mgr.RemoveMovedAway(ctx, st.MovedAway); err != nil {
+		if _, err := mgr.Moves().RemoveMovedAway(ctx, st.MovedAway); err != nil {
 			return err
 		}
 	}
@@ -380,7 +380,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	// caller's rate is one whichever protocol it speaks.
 	limiter := api.NewRateLimiter(adm.rates)
 	acfg := api.Config{
-		Manager: mgr, Usage: mgr.Meter(), Keys: keyStore{st}, Idempotency: idempotencyStore{st}, Events: eventStore{st},
+		Manager: mgr, Usage: mgr.Meter(), Previews: mgr.Previews(), Keys: keyStore{st}, Idempotency: idempotencyStore{st}, Events: eventStore{st},
 		Logger: log, Version: version, Accel: drv.Accel,
 		Confinement: func() any { return drv.Confinement() },
 		Uploads:     uploads, Limiter: limiter, ObserveRequest: metrics.ObserveRequest,
@@ -460,7 +460,7 @@ func serve(ctx context.Context, o serveOptions) error {
 		bg.Go(func() {
 			cl.Run(bctx)
 		})
-		bg.Go(func() { cl.RunDrain(bctx, mgr) })
+		bg.Go(func() { cl.RunDrain(bctx, mgr.Moves()) })
 		// A Runtime API call is authenticated and rate-limited here, at
 		// the node the client reached, before it is forwarded; the channel
 		// carries the client's address, so the serving node's limits

@@ -102,6 +102,9 @@ type Config struct {
 	// Usage answers the usage routes (sandbox.Manager.Meter); nil means
 	// Manager's own, which must then meter.
 	Usage UsageManager
+	// Previews keeps previews (sandbox.Manager.Previews); nil means
+	// Manager's own if it keeps them, else the routes answer 503.
+	Previews PreviewManager
 	// Idempotency stores answers for Idempotency-Key; nil accepts and
 	// checks the header but remembers nothing.
 	Idempotency Idempotency
@@ -166,6 +169,7 @@ type server struct {
 	events  Events
 	mgr     Manager
 	usage   UsageManager
+	preview PreviewManager // nil: previews_unavailable
 	keys    Keys
 	idem    Idempotency
 	log     *slog.Logger
@@ -239,8 +243,11 @@ func newServer(cfg Config) *server {
 		}
 		cfg.Usage = um
 	}
+	if cfg.Previews == nil {
+		cfg.Previews, _ = cfg.Manager.(PreviewManager)
+	}
 	s := &server{
-		mgr: cfg.Manager, usage: cfg.Usage, keys: cfg.Keys, idem: cfg.Idempotency, log: cfg.Logger,
+		mgr: cfg.Manager, usage: cfg.Usage, preview: cfg.Previews, keys: cfg.Keys, idem: cfg.Idempotency, log: cfg.Logger,
 		version: cfg.Version, accel: cfg.Accel, confine: cfg.Confinement, events: cfg.Events,
 		idemPoll: idemPollInterval, idemPollMax: idemPollMax, now: time.Now,
 		limits: newRateLimiter(cfg.RateLimits), observe: cfg.ObserveRequest,

@@ -147,7 +147,9 @@ type Manager struct {
 
 	templates templateSet
 
-	meter *Meter // observes transitions to charge usage (meter.go)
+	meter    *Meter    // observes transitions to charge usage (meter.go)
+	previews *Previews // previews.go
+	moves    *Moves    // move.go, fence.go
 
 	// Test hooks (export_test.go): testHookBeforeUpdate runs as an update
 	// begins; testHookUpdate inside every update that changes something,
@@ -250,6 +252,8 @@ func New(cfg Config) *Manager {
 		live: map[string]*instance{}, changed: map[string]chan struct{}{}, ops: map[string]*opLock{},
 		envs: map[string]map[string]string{}}
 	m.meter = newMeter(m)
+	m.previews = &Previews{host: m, records: cfg.Store}
+	m.moves = newMoves(m)
 	return m
 }
 
