@@ -61,6 +61,7 @@ func TestPreviewFront(t *testing.T) {
 type nopManager struct {
 	api.Manager
 	api.UsageManager
+	api.SnapshotManager
 }
 
 type nopKeys struct{ api.Keys }

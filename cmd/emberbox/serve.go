@@ -337,7 +337,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	registryAllowed := func(a netip.Addr) bool { return o.registryAllowPrivate || !ecfg.op.Forbidden(a) }
 	importer := &ociimport.Importer{Manager: mgr, Owner: recipebuild.Owner, BaseDir: filepath.Join(o.dataDir, "images", "imports"),
 		Transport: ociimport.GuardedTransport(registryAllowed)}
-	builder := recipebuild.New(recipebuild.Config{Manager: mgr, Cache: st, Import: importer, Logger: log, DefaultDigest: boot.RecipeHash})
+	builder := recipebuild.New(recipebuild.Config{Manager: mgr, Snapshots: mgr.Snapshots(), Cache: st, Import: importer, Logger: log, DefaultDigest: boot.RecipeHash})
 	if !isNode {
 		if err := builder.Recover(ctx); err != nil {
 			return fmt.Errorf("image builder: %w", err)
@@ -380,7 +380,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	// caller's rate is one whichever protocol it speaks.
 	limiter := api.NewRateLimiter(adm.rates)
 	acfg := api.Config{
-		Manager: mgr, Usage: mgr.Meter(), Previews: mgr.Previews(), Keys: keyStore{st}, Idempotency: idempotencyStore{st}, Events: eventStore{st},
+		Manager: mgr, Usage: mgr.Meter(), Snapshots: mgr.Snapshots(), Previews: mgr.Previews(), Keys: keyStore{st}, Idempotency: idempotencyStore{st}, Events: eventStore{st},
 		Logger: log, Version: version, Accel: drv.Accel,
 		Confinement: func() any { return drv.Confinement() },
 		Uploads:     uploads, Limiter: limiter, ObserveRequest: metrics.ObserveRequest,

@@ -102,6 +102,9 @@ type Config struct {
 	// Usage answers the usage routes (sandbox.Manager.Meter); nil means
 	// Manager's own, which must then meter.
 	Usage UsageManager
+	// Snapshots answers the snapshot routes (sandbox.Manager.Snapshots);
+	// nil means Manager's own, which must then keep snapshots.
+	Snapshots SnapshotManager
 	// Previews keeps previews (sandbox.Manager.Previews); nil means
 	// Manager's own if it keeps them, else the routes answer 503.
 	Previews PreviewManager
@@ -169,6 +172,7 @@ type server struct {
 	events  Events
 	mgr     Manager
 	usage   UsageManager
+	snaps   SnapshotManager
 	preview PreviewManager // nil: previews_unavailable
 	keys    Keys
 	idem    Idempotency
@@ -243,11 +247,18 @@ func newServer(cfg Config) *server {
 		}
 		cfg.Usage = um
 	}
+	if cfg.Snapshots == nil {
+		sm, ok := cfg.Manager.(SnapshotManager)
+		if !ok {
+			panic("api.New: Snapshots is required when the Manager keeps no snapshots")
+		}
+		cfg.Snapshots = sm
+	}
 	if cfg.Previews == nil {
 		cfg.Previews, _ = cfg.Manager.(PreviewManager)
 	}
 	s := &server{
-		mgr: cfg.Manager, usage: cfg.Usage, preview: cfg.Previews, keys: cfg.Keys, idem: cfg.Idempotency, log: cfg.Logger,
+		mgr: cfg.Manager, usage: cfg.Usage, snaps: cfg.Snapshots, preview: cfg.Previews, keys: cfg.Keys, idem: cfg.Idempotency, log: cfg.Logger,
 		version: cfg.Version, accel: cfg.Accel, confine: cfg.Confinement, events: cfg.Events,
 		idemPoll: idemPollInterval, idemPollMax: idemPollMax, now: time.Now,
 		limits: newRateLimiter(cfg.RateLimits), observe: cfg.ObserveRequest,

@@ -49,20 +49,9 @@ type Manager interface {
 	// Update changes a sandbox's settings.
 	Update(ctx context.Context, owner, id string, u sandbox.UpdateSpec) (*sandbox.Sandbox, error)
 
-	// Snapshot captures a sandbox (memory and disk, or disk alone) and
-	// answers once the capture is over.
-	Snapshot(ctx context.Context, owner, id string, spec sandbox.SnapshotSpec) (*sandbox.Snapshot, error)
 	// Fork makes count copies of a sandbox as it is and answers them once
 	// they run.
 	Fork(ctx context.Context, owner, id string, spec sandbox.ForkSpec) ([]*sandbox.Sandbox, error)
-	GetSnapshot(ctx context.Context, owner, id string) (*sandbox.Snapshot, error)
-	ListSnapshots(ctx context.Context, opts sandbox.SnapshotListOptions) ([]*sandbox.Snapshot, string, error)
-	UpdateSnapshot(ctx context.Context, owner, id string, u sandbox.SnapshotUpdate) (*sandbox.Snapshot, error)
-	// DeleteSnapshot deletes a snapshot; its files stay while a sandbox
-	// made from it exists.
-	DeleteSnapshot(ctx context.Context, owner, id string) error
-	// ExtendSnapshot keeps a snapshot days from now.
-	ExtendSnapshot(ctx context.Context, owner, id string, days int) (*sandbox.Snapshot, error)
 
 	// Guest returns a running sandbox of owner's and its guest agent, or
 	// the coded refusal of the sandbox's state (sandbox.Refusal). Every call
@@ -86,4 +75,20 @@ type UsageManager interface {
 	Metrics(ctx context.Context, owner, id string, from, to time.Time) (*sandbox.Sandbox, []metering.Point, error)
 	// KeyLimits returns what one key may hold at once and what it holds.
 	KeyLimits(owner string) (admission.Quota, admission.Usage)
+}
+
+// SnapshotManager is what the API needs of the sandbox manager's
+// snapshots (sandbox.Snapshots).
+type SnapshotManager interface {
+	// Snapshot captures a sandbox (memory and disk, or disk alone) and
+	// answers once the capture is over.
+	Snapshot(ctx context.Context, owner, id string, spec sandbox.SnapshotSpec) (*sandbox.Snapshot, error)
+	GetSnapshot(ctx context.Context, owner, id string) (*sandbox.Snapshot, error)
+	ListSnapshots(ctx context.Context, opts sandbox.SnapshotListOptions) ([]*sandbox.Snapshot, string, error)
+	UpdateSnapshot(ctx context.Context, owner, id string, u sandbox.SnapshotUpdate) (*sandbox.Snapshot, error)
+	// DeleteSnapshot deletes a snapshot; its files stay while a sandbox
+	// made from it exists.
+	DeleteSnapshot(ctx context.Context, owner, id string) error
+	// ExtendSnapshot keeps a snapshot days from now.
+	ExtendSnapshot(ctx context.Context, owner, id string, days int) (*sandbox.Snapshot, error)
 }

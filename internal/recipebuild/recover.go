@@ -46,7 +46,7 @@ func (b *Builder) Recover(ctx context.Context) error {
 	}
 	var orphans []string
 	for cursor := ""; ; {
-		sns, next, err := m.ListSnapshots(ctx, sandbox.SnapshotListOptions{OwnerKeyID: Owner, Limit: 100, Cursor: cursor})
+		sns, next, err := b.cfg.Snapshots.ListSnapshots(ctx, sandbox.SnapshotListOptions{OwnerKeyID: Owner, Limit: 100, Cursor: cursor})
 		if err != nil {
 			return fmt.Errorf("listing build snapshots: %w", err)
 		}
@@ -60,7 +60,7 @@ func (b *Builder) Recover(ctx context.Context) error {
 		}
 	}
 	for _, id := range orphans {
-		if err := m.DeleteSnapshot(ctx, Owner, id); err != nil && !errdefs.IsNotFound(err) {
+		if err := b.cfg.Snapshots.DeleteSnapshot(ctx, Owner, id); err != nil && !errdefs.IsNotFound(err) {
 			return fmt.Errorf("deleting build snapshot %s: %w", id, err)
 		}
 	}

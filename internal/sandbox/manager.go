@@ -147,9 +147,10 @@ type Manager struct {
 
 	templates templateSet
 
-	meter    *Meter    // observes transitions to charge usage (meter.go)
-	previews *Previews // previews.go
-	moves    *Moves    // move.go, fence.go
+	meter     *Meter     // observes transitions to charge usage (meter.go)
+	previews  *Previews  // previews.go
+	moves     *Moves     // move.go, fence.go
+	snapshots *Snapshots // snapshots.go
 
 	// Test hooks (export_test.go): testHookBeforeUpdate runs as an update
 	// begins; testHookUpdate inside every update that changes something,
@@ -254,6 +255,7 @@ func New(cfg Config) *Manager {
 	m.meter = newMeter(m)
 	m.previews = &Previews{host: m, records: cfg.Store}
 	m.moves = newMoves(m)
+	m.snapshots = newSnapshots(m)
 	return m
 }
 
@@ -1035,7 +1037,7 @@ func (m *Manager) finishDelete(ctx context.Context, id string) (*Sandbox, error)
 	if changed {
 		m.event(id, "deleted", "sandbox deleted", map[string]any{"reason": sb.StopReason})
 		if sb.SnapshotID != "" {
-			m.RemoveUnusedSnapshots(ctx) // it may have been the last user of a deleted snapshot
+			m.snapshots.RemoveUnusedSnapshots(ctx) // it may have been the last user of a deleted snapshot
 		}
 	}
 	return sb, err

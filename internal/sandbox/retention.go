@@ -43,7 +43,7 @@ func (m *Manager) RunDiskRetention(ctx context.Context) {
 	defer t.Stop()
 	for {
 		m.RemoveStoppedDisks(ctx)
-		m.ExpireSnapshots(ctx)
+		m.snapshots.ExpireSnapshots(ctx)
 		select {
 		case <-ctx.Done():
 			return
