@@ -349,9 +349,9 @@ func serve(ctx context.Context, o serveOptions) error {
 		bg.Go(func() { imgs.Run(bctx) })
 		bg.Go(func() { vols.Run(bctx) })
 	}
-	bg.Go(func() { _ = mgr.Run(bctx) })
+	bg.Go(func() { _ = mgr.Reaper().Run(bctx) })
 	bg.Go(func() { pruneIdempotency(bctx, st, log) })
-	bg.Go(func() { mgr.RunDiskRetention(bctx) })
+	bg.Go(func() { mgr.Reaper().RunDiskRetention(bctx) })
 	bg.Go(func() { mgr.Meter().Run(bctx) })
 	metrics.SetSources(telemetrySources(st, mgr))
 	// Staging files a crash left behind are removed here, and expired

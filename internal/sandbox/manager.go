@@ -151,6 +151,7 @@ type Manager struct {
 	previews  *Previews  // previews.go
 	moves     *Moves     // move.go, fence.go
 	snapshots *Snapshots // snapshots.go
+	reaper    *Reaper    // lease.go, pressure.go, retention.go
 
 	// Test hooks (export_test.go): testHookBeforeUpdate runs as an update
 	// begins; testHookUpdate inside every update that changes something,
@@ -216,8 +217,8 @@ func (in *instance) guest() *guest.Client {
 	return in.client
 }
 
-// New returns a Manager. Call Recover before serving requests and Run to
-// enforce leases.
+// New returns a Manager. Call Recover before serving requests and
+// Reaper().Run to enforce leases.
 func New(cfg Config) *Manager {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -256,6 +257,7 @@ func New(cfg Config) *Manager {
 	m.previews = &Previews{host: m, records: cfg.Store}
 	m.moves = newMoves(m)
 	m.snapshots = newSnapshots(m)
+	m.reaper = newReaper(m)
 	return m
 }
 

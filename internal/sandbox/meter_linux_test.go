@@ -212,12 +212,12 @@ func TestPortTrafficKeepsSandboxAwake(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.clock.Advance(50 * time.Second) // 100 s since the open, 50 s since the traffic
-	m.ExpireLeases(ctx)
+	m.Reaper().ExpireLeases(ctx)
 	if got, _ := m.Get(ctx, "k", sb.ID); got.State != sandbox.StateRunning {
 		t.Fatalf("paused while its port carried traffic 50 s ago: %s", got.State)
 	}
 	e.clock.Advance(11 * time.Second) // 61 s without traffic
-	m.ExpireLeases(ctx)
+	m.Reaper().ExpireLeases(ctx)
 	if got, _ := m.Get(ctx, "k", sb.ID); got.State != sandbox.StatePausing && got.State != sandbox.StatePaused {
 		t.Errorf("still %s after 61 s without traffic, want pausing", got.State)
 	}

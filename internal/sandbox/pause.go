@@ -100,7 +100,7 @@ func (m *Manager) pause(ctx context.Context, id, why string) (*Sandbox, error) {
 	sb, err := m.update(ctx, id, func(s *Sandbox) bool {
 		// An idle pause looks again in the transaction: a call that
 		// began since the sandbox was found idle keeps it running.
-		if changed = s.State == StateRunning && (why != PauseIdle || m.idle(s, now)); changed {
+		if changed = s.State == StateRunning && (why != PauseIdle || m.reaper.idle(s, now)); changed {
 			s.State, s.PausedAt = StatePausing, &now
 		}
 		return changed
