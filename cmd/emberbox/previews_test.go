@@ -62,6 +62,7 @@ type nopManager struct {
 	api.Manager
 	api.UsageManager
 	api.SnapshotManager
+	api.ImageSwitcher
 }
 
 type nopKeys struct{ api.Keys }

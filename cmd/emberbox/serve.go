@@ -380,7 +380,8 @@ func serve(ctx context.Context, o serveOptions) error {
 	// caller's rate is one whichever protocol it speaks.
 	limiter := api.NewRateLimiter(adm.rates)
 	acfg := api.Config{
-		Manager: mgr, Usage: mgr.Meter(), Snapshots: mgr.Snapshots(), Previews: mgr.Previews(), Keys: keyStore{st}, Idempotency: idempotencyStore{st}, Events: eventStore{st},
+		Manager: mgr, Usage: mgr.Meter(), Snapshots: mgr.Snapshots(), Switcher: mgr.Switcher(), Previews: mgr.Previews(),
+		Keys: keyStore{st}, Idempotency: idempotencyStore{st}, Events: eventStore{st},
 		Logger: log, Version: version, Accel: drv.Accel,
 		Confinement: func() any { return drv.Confinement() },
 		Uploads:     uploads, Limiter: limiter, ObserveRequest: metrics.ObserveRequest,

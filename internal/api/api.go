@@ -105,6 +105,9 @@ type Config struct {
 	// Snapshots answers the snapshot routes (sandbox.Manager.Snapshots);
 	// nil means Manager's own, which must then keep snapshots.
 	Snapshots SnapshotManager
+	// Switcher answers switches of image (sandbox.Manager.Switcher); nil
+	// means Manager's own, which must then switch.
+	Switcher ImageSwitcher
 	// Previews keeps previews (sandbox.Manager.Previews); nil means
 	// Manager's own if it keeps them, else the routes answer 503.
 	Previews PreviewManager
@@ -173,6 +176,7 @@ type server struct {
 	mgr     Manager
 	usage   UsageManager
 	snaps   SnapshotManager
+	switchr ImageSwitcher
 	preview PreviewManager // nil: previews_unavailable
 	keys    Keys
 	idem    Idempotency
@@ -254,11 +258,18 @@ func newServer(cfg Config) *server {
 		}
 		cfg.Snapshots = sm
 	}
+	if cfg.Switcher == nil {
+		is, ok := cfg.Manager.(ImageSwitcher)
+		if !ok {
+			panic("api.New: Switcher is required when the Manager does not switch images")
+		}
+		cfg.Switcher = is
+	}
 	if cfg.Previews == nil {
 		cfg.Previews, _ = cfg.Manager.(PreviewManager)
 	}
 	s := &server{
-		mgr: cfg.Manager, usage: cfg.Usage, snaps: cfg.Snapshots, preview: cfg.Previews, keys: cfg.Keys, idem: cfg.Idempotency, log: cfg.Logger,
+		mgr: cfg.Manager, usage: cfg.Usage, snaps: cfg.Snapshots, switchr: cfg.Switcher, preview: cfg.Previews, keys: cfg.Keys, idem: cfg.Idempotency, log: cfg.Logger,
 		version: cfg.Version, accel: cfg.Accel, confine: cfg.Confinement, events: cfg.Events,
 		idemPoll: idemPollInterval, idemPollMax: idemPollMax, now: time.Now,
 		limits: newRateLimiter(cfg.RateLimits), observe: cfg.ObserveRequest,

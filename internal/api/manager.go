@@ -42,10 +42,6 @@ type Manager interface {
 	Wake(ctx context.Context, owner, id string, timeout *int) (*sandbox.Sandbox, error)
 	// Restart boots a stopped sandbox again from its kept disk.
 	Restart(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
-	// SwitchImage moves a sandbox to img (nil: the default image),
-	// keeping its /workspace and volumes, and answers once it runs there;
-	// a failure is undone (switch_undone).
-	SwitchImage(ctx context.Context, owner, id string, img *sandbox.ImageRef) (*sandbox.Sandbox, error)
 	// Update changes a sandbox's settings.
 	Update(ctx context.Context, owner, id string, u sandbox.UpdateSpec) (*sandbox.Sandbox, error)
 
@@ -91,4 +87,13 @@ type SnapshotManager interface {
 	DeleteSnapshot(ctx context.Context, owner, id string) error
 	// ExtendSnapshot keeps a snapshot days from now.
 	ExtendSnapshot(ctx context.Context, owner, id string, days int) (*sandbox.Snapshot, error)
+}
+
+// ImageSwitcher is what the API needs of the sandbox manager's switcher
+// of images (sandbox.Switcher).
+type ImageSwitcher interface {
+	// SwitchImage moves a sandbox to img (nil: the default image),
+	// keeping its /workspace and volumes, and answers once it runs there;
+	// a failure is undone (switch_undone).
+	SwitchImage(ctx context.Context, owner, id string, img *sandbox.ImageRef) (*sandbox.Sandbox, error)
 }

@@ -152,6 +152,7 @@ type Manager struct {
 	moves     *Moves     // move.go, fence.go
 	snapshots *Snapshots // snapshots.go
 	reaper    *Reaper    // lease.go, pressure.go, retention.go
+	switcher  *Switcher  // switch.go
 
 	// Test hooks (export_test.go): testHookBeforeUpdate runs as an update
 	// begins; testHookUpdate inside every update that changes something,
@@ -258,6 +259,7 @@ func New(cfg Config) *Manager {
 	m.moves = newMoves(m)
 	m.snapshots = newSnapshots(m)
 	m.reaper = newReaper(m)
+	m.switcher = &Switcher{host: m, volumes: cfg.Volumes, bootTimeout: cfg.BootTimeout}
 	return m
 }
 
