@@ -381,7 +381,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	limiter := api.NewRateLimiter(adm.rates)
 	acfg := api.Config{
 		Manager: mgr, Usage: mgr.Meter(), Snapshots: mgr.Snapshots(), Switcher: mgr.Switcher(), Previews: mgr.Previews(),
-		Keys: keyStore{st}, Idempotency: idempotencyStore{st}, Events: eventStore{st},
+		Network: mgr.Networks(), Keys: keyStore{st}, Idempotency: idempotencyStore{st}, Events: eventStore{st},
 		Logger: log, Version: version, Accel: drv.Accel,
 		Confinement: func() any { return drv.Confinement() },
 		Uploads:     uploads, Limiter: limiter, ObserveRequest: metrics.ObserveRequest,
@@ -428,7 +428,7 @@ func serve(ctx context.Context, o serveOptions) error {
 		return err
 	}
 	front := e2b.New(e2b.Config{
-		Manager: mgr, Keys: keyStore{st}, Tokens: tokens, Limiter: limiter, Idempotency: idempotencyStore{st}, Domain: o.e2bDomain,
+		Manager: mgr, Network: mgr.Networks(), Keys: keyStore{st}, Tokens: tokens, Limiter: limiter, Idempotency: idempotencyStore{st}, Domain: o.e2bDomain,
 		EnvdVersion: envd.Version, Envd: envd.New(log), Interpreter: interp.E2BHandler(), Next: root, Logger: log,
 	})
 	// A preview's host is its own origin: nothing but the preview is served

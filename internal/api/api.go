@@ -111,6 +111,9 @@ type Config struct {
 	// Previews keeps previews (sandbox.Manager.Previews); nil means
 	// Manager's own if it keeps them, else the routes answer 503.
 	Previews PreviewManager
+	// Network keeps egress policies (sandbox.Manager.Networks); nil means
+	// Manager's own if it enforces them, else the routes answer 503.
+	Network NetworkManager
 	// Idempotency stores answers for Idempotency-Key; nil accepts and
 	// checks the header but remembers nothing.
 	Idempotency Idempotency
@@ -178,6 +181,7 @@ type server struct {
 	snaps   SnapshotManager
 	switchr ImageSwitcher
 	preview PreviewManager // nil: previews_unavailable
+	network NetworkManager // nil: network_unavailable
 	keys    Keys
 	idem    Idempotency
 	log     *slog.Logger
@@ -268,8 +272,11 @@ func newServer(cfg Config) *server {
 	if cfg.Previews == nil {
 		cfg.Previews, _ = cfg.Manager.(PreviewManager)
 	}
+	if cfg.Network == nil {
+		cfg.Network, _ = cfg.Manager.(NetworkManager)
+	}
 	s := &server{
-		mgr: cfg.Manager, usage: cfg.Usage, snaps: cfg.Snapshots, switchr: cfg.Switcher, preview: cfg.Previews, keys: cfg.Keys, idem: cfg.Idempotency, log: cfg.Logger,
+		mgr: cfg.Manager, usage: cfg.Usage, snaps: cfg.Snapshots, switchr: cfg.Switcher, preview: cfg.Previews, network: cfg.Network, keys: cfg.Keys, idem: cfg.Idempotency, log: cfg.Logger,
 		version: cfg.Version, accel: cfg.Accel, confine: cfg.Confinement, events: cfg.Events,
 		idemPoll: idemPollInterval, idemPollMax: idemPollMax, now: time.Now,
 		limits: newRateLimiter(cfg.RateLimits), observe: cfg.ObserveRequest,

@@ -117,7 +117,7 @@ func TestRateLimitsSharedWithTheAPI(t *testing.T) {
 	})
 	runtime := func(mgr *sandbox.Manager, k api.Keys) http.Handler {
 		return api.New(api.Config{Manager: mgr, Usage: mgr.Meter(), Snapshots: mgr.Snapshots(), Switcher: mgr.Switcher(),
-			Keys: k, Limiter: limiter})
+			Network: mgr.Networks(), Keys: k, Limiter: limiter})
 	}
 	f := newLimitedFixture(t, limiter, runtime)
 	id, tok := f.createFor("secret-a") // a write: the read bucket stays full

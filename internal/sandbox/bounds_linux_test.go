@@ -26,11 +26,11 @@ func TestEgressCeiling(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitState(t, m, "key_a", sb.ID, sandbox.StateRunning)
-	st, err := m.Network(ctx, "key_a", sb.ID)
+	st, err := m.Networks().Network(ctx, "key_a", sb.ID)
 	if err != nil || !st.Limited || !slices.Equal(st.Network.Policy.Allow, []string{"pypi.org", "*.pythonhosted.org"}) {
 		t.Errorf("default policy under the ceiling: %+v, %v", st, err)
 	}
-	st, err = m.SetNetwork(ctx, "key_a", sb.ID, egress.Policy{Internet: true, Allow: []string{"evil.com", "files.pythonhosted.org", "0.0.0.0/0"}})
+	st, err = m.Networks().SetNetwork(ctx, "key_a", sb.ID, egress.Policy{Internet: true, Allow: []string{"evil.com", "files.pythonhosted.org", "0.0.0.0/0"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +38,7 @@ func TestEgressCeiling(t *testing.T) {
 		t.Errorf("wider policy: %+v, want only files.pythonhosted.org, enforced", st)
 	}
 	// Narrower than the ceiling: as asked.
-	st, err = m.SetNetwork(ctx, "key_a", sb.ID, egress.Policy{Internet: true, Allow: []string{"pypi.org"}})
+	st, err = m.Networks().SetNetwork(ctx, "key_a", sb.ID, egress.Policy{Internet: true, Allow: []string{"pypi.org"}})
 	if err != nil || st.Limited || !slices.Equal(st.Network.Policy.Allow, []string{"pypi.org"}) {
 		t.Errorf("narrower policy: %+v, %v", st, err)
 	}

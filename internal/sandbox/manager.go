@@ -143,8 +143,6 @@ type Manager struct {
 	ops     map[string]*opLock           // per sandbox whose VM is being changed (pause.go)
 	envs    map[string]map[string]string // env values per sandbox, memory only (lifecycle.go)
 
-	netMu sync.Mutex // serializes policy changes (version numbers)
-
 	templates templateSet
 
 	meter     *Meter     // observes transitions to charge usage (meter.go)
@@ -153,6 +151,7 @@ type Manager struct {
 	snapshots *Snapshots // snapshots.go
 	reaper    *Reaper    // lease.go, pressure.go, retention.go
 	switcher  *Switcher  // switch.go
+	networks  *Networks  // network.go
 
 	// Test hooks (export_test.go): testHookBeforeUpdate runs as an update
 	// begins; testHookUpdate inside every update that changes something,
@@ -260,6 +259,7 @@ func New(cfg Config) *Manager {
 	m.snapshots = newSnapshots(m)
 	m.reaper = newReaper(m)
 	m.switcher = &Switcher{host: m, volumes: cfg.Volumes, bootTimeout: cfg.BootTimeout}
+	m.networks = &Networks{host: m, records: cfg.Store, egress: cfg.Egress, egressDefault: cfg.EgressDefault}
 	return m
 }
 
