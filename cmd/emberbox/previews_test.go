@@ -58,6 +58,11 @@ func TestPreviewFront(t *testing.T) {
 }
 
 // nopManager and nopKeys are never called: the front decides by host.
-type nopManager struct{ api.Manager }
+type nopManager struct {
+	api.Manager
+	api.UsageManager
+	api.SnapshotManager
+	api.ImageSwitcher
+}
 
 type nopKeys struct{ api.Keys }

@@ -54,7 +54,8 @@ func (s *server) buildAPI(context.Context) error {
 	s.limiter = api.NewRateLimiter(s.adm.rates)
 	drv, metrics := s.drv, s.metrics
 	acfg := api.Config{
-		Manager: s.mgr, Keys: apistore.Keys{Store: s.st}, Idempotency: apistore.Idempotency{Store: s.st}, Events: apistore.Events{Store: s.st},
+		Manager: s.mgr, Usage: s.mgr.Meter(), Snapshots: s.mgr.Snapshots(), Switcher: s.mgr.Switcher(), Previews: s.mgr.Previews(),
+		Network: s.mgr.Networks(), Keys: apistore.Keys{Store: s.st}, Idempotency: apistore.Idempotency{Store: s.st}, Events: apistore.Events{Store: s.st},
 		Logger: s.log, Version: version, Accel: drv.Accel,
 		Confinement: func() any { return drv.Confinement() },
 		Uploads:     s.uploads, Limiter: s.limiter, ObserveRequest: metrics.ObserveRequest,
@@ -121,7 +122,7 @@ func (s *server) buildFront(ctx context.Context) error {
 	}
 	log := s.log
 	s.front = e2b.New(e2b.Config{
-		Manager: s.mgr, Keys: apistore.Keys{Store: s.st}, Tokens: tokens, Limiter: s.limiter, Idempotency: apistore.Idempotency{Store: s.st}, Domain: s.o.e2bDomain,
+		Manager: s.mgr, Network: s.mgr.Networks(), Keys: apistore.Keys{Store: s.st}, Tokens: tokens, Limiter: s.limiter, Idempotency: apistore.Idempotency{Store: s.st}, Domain: s.o.e2bDomain,
 		EnvdVersion: envd.Version, Envd: envd.New(log), Interpreter: s.interp.E2BHandler(), Next: root, Logger: log,
 	})
 	return nil

@@ -42,28 +42,22 @@ type Manager interface {
 	Wake(ctx context.Context, owner, id string, timeout *int) (*sandbox.Sandbox, error)
 	// Restart boots a stopped sandbox again from its kept disk.
 	Restart(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
-	// SwitchImage moves a sandbox to img (nil: the default image),
-	// keeping its /workspace and volumes, and answers once it runs there;
-	// a failure is undone (switch_undone).
-	SwitchImage(ctx context.Context, owner, id string, img *sandbox.ImageRef) (*sandbox.Sandbox, error)
 	// Update changes a sandbox's settings.
 	Update(ctx context.Context, owner, id string, u sandbox.UpdateSpec) (*sandbox.Sandbox, error)
 
-	// Snapshot captures a sandbox (memory and disk, or disk alone) and
-	// answers once the capture is over.
-	Snapshot(ctx context.Context, owner, id string, spec sandbox.SnapshotSpec) (*sandbox.Snapshot, error)
 	// Fork makes count copies of a sandbox as it is and answers them once
 	// they run.
 	Fork(ctx context.Context, owner, id string, spec sandbox.ForkSpec) ([]*sandbox.Sandbox, error)
-	GetSnapshot(ctx context.Context, owner, id string) (*sandbox.Snapshot, error)
-	ListSnapshots(ctx context.Context, opts sandbox.SnapshotListOptions) ([]*sandbox.Snapshot, string, error)
-	UpdateSnapshot(ctx context.Context, owner, id string, u sandbox.SnapshotUpdate) (*sandbox.Snapshot, error)
-	// DeleteSnapshot deletes a snapshot; its files stay while a sandbox
-	// made from it exists.
-	DeleteSnapshot(ctx context.Context, owner, id string) error
-	// ExtendSnapshot keeps a snapshot days from now.
-	ExtendSnapshot(ctx context.Context, owner, id string, days int) (*sandbox.Snapshot, error)
 
+	// Guest returns a running sandbox of owner's and its guest agent, or
+	// the coded refusal of the sandbox's state (sandbox.Refusal). Every call
+	// into a guest goes through it.
+	Guest(ctx context.Context, owner, id string) (*sandbox.Sandbox, sandbox.Guest, error)
+}
+
+// UsageManager is what the API needs of the sandbox manager's meter
+// (sandbox.Meter): usage, metrics and limits, by owner.
+type UsageManager interface {
 	// Rates are the prices usage is charged at.
 	Rates() pricing.Rates
 	// AttachUsage sets each sandbox's Usage: what was metered for it, priced.
@@ -77,9 +71,29 @@ type Manager interface {
 	Metrics(ctx context.Context, owner, id string, from, to time.Time) (*sandbox.Sandbox, []metering.Point, error)
 	// KeyLimits returns what one key may hold at once and what it holds.
 	KeyLimits(owner string) (admission.Quota, admission.Usage)
+}
 
-	// Guest returns a running sandbox of owner's and its guest agent, or
-	// the coded refusal of the sandbox's state (sandbox.Refusal). Every call
-	// into a guest goes through it.
-	Guest(ctx context.Context, owner, id string) (*sandbox.Sandbox, sandbox.Guest, error)
+// SnapshotManager is what the API needs of the sandbox manager's
+// snapshots (sandbox.Snapshots).
+type SnapshotManager interface {
+	// Snapshot captures a sandbox (memory and disk, or disk alone) and
+	// answers once the capture is over.
+	Snapshot(ctx context.Context, owner, id string, spec sandbox.SnapshotSpec) (*sandbox.Snapshot, error)
+	GetSnapshot(ctx context.Context, owner, id string) (*sandbox.Snapshot, error)
+	ListSnapshots(ctx context.Context, opts sandbox.SnapshotListOptions) ([]*sandbox.Snapshot, string, error)
+	UpdateSnapshot(ctx context.Context, owner, id string, u sandbox.SnapshotUpdate) (*sandbox.Snapshot, error)
+	// DeleteSnapshot deletes a snapshot; its files stay while a sandbox
+	// made from it exists.
+	DeleteSnapshot(ctx context.Context, owner, id string) error
+	// ExtendSnapshot keeps a snapshot days from now.
+	ExtendSnapshot(ctx context.Context, owner, id string, days int) (*sandbox.Snapshot, error)
+}
+
+// ImageSwitcher is what the API needs of the sandbox manager's switcher
+// of images (sandbox.Switcher).
+type ImageSwitcher interface {
+	// SwitchImage moves a sandbox to img (nil: the default image),
+	// keeping its /workspace and volumes, and answers once it runs there;
+	// a failure is undone (switch_undone).
+	SwitchImage(ctx context.Context, owner, id string, img *sandbox.ImageRef) (*sandbox.Sandbox, error)
 }

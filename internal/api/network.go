@@ -12,9 +12,9 @@ import (
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
-// NetworkManager is the optional capability of managers that enforce egress
-// policies (sandbox.Manager), found by type assertion. Without it the
-// network routes answer 503 network_unavailable.
+// NetworkManager keeps egress policies (sandbox.Networks): Config.Network,
+// or the Manager's own, found by type assertion. Without it the network
+// routes answer 503 network_unavailable.
 type NetworkManager interface {
 	Network(ctx context.Context, owner, id string) (*sandbox.NetworkStatus, error)
 	SetNetwork(ctx context.Context, owner, id string, p egress.Policy) (*sandbox.NetworkStatus, error)
@@ -98,8 +98,8 @@ func toNetworkJSON(st *sandbox.NetworkStatus) networkJSON {
 }
 
 func (s *server) networkManager() (NetworkManager, error) {
-	nm, ok := s.mgr.(NetworkManager)
-	if !ok {
+	nm := s.network
+	if nm == nil {
 		return nil, errdefs.New(errdefs.ErrUnavailable, "network_unavailable", "this server does not manage egress policies")
 	}
 	return nm, nil

@@ -12,9 +12,9 @@ import (
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
-// PreviewManager is the optional capability of managers that keep
-// previews (sandbox.Manager), found by type assertion. Without it the
-// preview routes answer 503 previews_unavailable.
+// PreviewManager keeps previews (sandbox.Previews): Config.Previews, or
+// the Manager's own, found by type assertion. Without it the preview
+// routes answer 503 previews_unavailable.
 type PreviewManager interface {
 	CreatePreview(ctx context.Context, owner, id string, spec sandbox.PreviewSpec) (*sandbox.Preview, error)
 	ListPreviews(ctx context.Context, owner, id string) ([]*sandbox.Preview, error)
@@ -27,8 +27,8 @@ type PreviewManager interface {
 }
 
 func (s *server) previewManager() (PreviewManager, error) {
-	pm, ok := s.mgr.(PreviewManager)
-	if !ok {
+	pm := s.preview
+	if pm == nil {
 		return nil, errdefs.New(errdefs.ErrUnavailable, "previews_unavailable", "this server keeps no previews")
 	}
 	return pm, nil

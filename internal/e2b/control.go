@@ -356,8 +356,11 @@ func (h *Handler) putNetwork(w http.ResponseWriter, r *http.Request, owner strin
 		writeError(w, newError(http.StatusBadRequest, "dnsServers is not supported: Emberbox's guests resolve names through the host, which applies the rules to names"))
 		return
 	}
-	nm, ok := h.cfg.Manager.(api.NetworkManager)
-	if !ok {
+	nm := h.cfg.Network
+	if nm == nil {
+		nm, _ = h.cfg.Manager.(api.NetworkManager)
+	}
+	if nm == nil {
 		writeError(w, newError(http.StatusServiceUnavailable, "this server does not enforce egress policies"))
 		return
 	}

@@ -48,6 +48,9 @@ type Config struct {
 	Manager api.Manager // required
 	Keys    Keys        // required
 	Tokens  *Tokens     // required
+	// Network keeps egress policies (sandbox.Manager.Networks); nil means
+	// Manager's own if it enforces them.
+	Network api.NetworkManager
 	// Limiter holds the API's rate buckets (api.Config.Limiter), so that
 	// E2B's control plane and sandbox traffic count against the same
 	// per-key and failed-authentication limits; nil: no limits.

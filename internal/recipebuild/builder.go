@@ -28,15 +28,22 @@ type Manager interface {
 	WaitFor(ctx context.Context, owner, id string, states ...sandbox.State) (*sandbox.Sandbox, error)
 	Guest(ctx context.Context, owner, id string) (*sandbox.Sandbox, sandbox.Guest, error)
 	Delete(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
+	List(ctx context.Context, opts sandbox.ListOptions) ([]*sandbox.Sandbox, string, error)
+}
+
+var _ Manager = (*sandbox.Manager)(nil)
+
+// Snapshots is what a build needs of the sandbox manager's snapshots: the
+// step cache's disks; *sandbox.Snapshots implements it.
+type Snapshots interface {
 	Snapshot(ctx context.Context, owner, id string, spec sandbox.SnapshotSpec) (*sandbox.Snapshot, error)
 	GetSnapshot(ctx context.Context, owner, id string) (*sandbox.Snapshot, error)
 	DeleteSnapshot(ctx context.Context, owner, id string) error
 	ExportDisk(ctx context.Context, owner, snapshotID, dst string) error
-	List(ctx context.Context, opts sandbox.ListOptions) ([]*sandbox.Sandbox, string, error)
 	ListSnapshots(ctx context.Context, opts sandbox.SnapshotListOptions) ([]*sandbox.Snapshot, string, error)
 }
 
-var _ Manager = (*sandbox.Manager)(nil)
+var _ Snapshots = (*sandbox.Snapshots)(nil)
 
 // Cache records which disk snapshot holds a build's disk after the steps a
 // key names; *store.Store implements it (the build_cache table).
@@ -72,6 +79,9 @@ type Config struct {
 	Cache   Cache    // nil: no step cache
 	Import  Importer // nil: FROM an OCI image and imports are refused
 	Logger  *slog.Logger
+	// Snapshots keeps the step cache's disks: the manager's
+	// (sandbox.Manager.Snapshots).
+	Snapshots Snapshots
 	// CacheEntries bounds the step cache (least recently used dropped).
 	CacheEntries int // default 50
 	// DefaultDigest addresses the server's default image in cache keys
@@ -219,7 +229,7 @@ func (b *Builder) ForgetImage(ctx context.Context, imageID string) error {
 		return err
 	}
 	for key, id := range all {
-		sn, err := b.cfg.Manager.GetSnapshot(ctx, Owner, id)
+		sn, err := b.cfg.Snapshots.GetSnapshot(ctx, Owner, id)
 		if err != nil && !errdefs.IsNotFound(err) {
 			return err
 		}
@@ -229,7 +239,7 @@ func (b *Builder) ForgetImage(ctx context.Context, imageID string) error {
 		if err := b.cfg.Cache.DeleteBuildCache(ctx, key); err != nil {
 			return err
 		}
-		if err := b.cfg.Manager.DeleteSnapshot(ctx, Owner, id); err != nil && !errdefs.IsNotFound(err) {
+		if err := b.cfg.Snapshots.DeleteSnapshot(ctx, Owner, id); err != nil && !errdefs.IsNotFound(err) {
 			return err
 		}
 	}

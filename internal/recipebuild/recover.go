@@ -57,7 +57,6 @@ func (b *Builder) clearStraySandboxes(ctx context.Context) (int, error) {
 // clearOrphanSnapshots deletes the build owner's snapshots no cache entry
 // names, and says how many there were.
 func (b *Builder) clearOrphanSnapshots(ctx context.Context) (int, error) {
-	m := b.cfg.Manager
 	kept := map[string]bool{}
 	if b.cfg.Cache != nil {
 		all, err := b.cfg.Cache.BuildCacheSnapshots(ctx)
@@ -70,7 +69,7 @@ func (b *Builder) clearOrphanSnapshots(ctx context.Context) (int, error) {
 	}
 	var orphans []string
 	for cursor := ""; ; {
-		sns, next, err := m.ListSnapshots(ctx, sandbox.SnapshotListOptions{OwnerKeyID: Owner, Limit: 100, Cursor: cursor})
+		sns, next, err := b.cfg.Snapshots.ListSnapshots(ctx, sandbox.SnapshotListOptions{OwnerKeyID: Owner, Limit: 100, Cursor: cursor})
 		if err != nil {
 			return 0, fmt.Errorf("listing build snapshots: %w", err)
 		}
@@ -84,7 +83,7 @@ func (b *Builder) clearOrphanSnapshots(ctx context.Context) (int, error) {
 		}
 	}
 	for _, id := range orphans {
-		if err := m.DeleteSnapshot(ctx, Owner, id); err != nil && !errdefs.IsNotFound(err) {
+		if err := b.cfg.Snapshots.DeleteSnapshot(ctx, Owner, id); err != nil && !errdefs.IsNotFound(err) {
 			return 0, fmt.Errorf("deleting build snapshot %s: %w", id, err)
 		}
 	}

@@ -54,7 +54,7 @@ func (bd *build) cleanup() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	for _, id := range bd.local {
-		if err := bd.b.cfg.Manager.DeleteSnapshot(ctx, Owner, id); err != nil && !errdefs.IsNotFound(err) {
+		if err := bd.b.cfg.Snapshots.DeleteSnapshot(ctx, Owner, id); err != nil && !errdefs.IsNotFound(err) {
 			bd.b.log.Warn("deleting a build snapshot", "snapshot_id", id, "err", err)
 		}
 	}
@@ -85,7 +85,7 @@ func (bd *build) run(ctx context.Context) (catalog.Result, error) {
 	end := bd.ends[last]
 	dst := filepath.Join(bd.job.WorkDir, "rootfs.img")
 	bd.log.Line("build", "exporting the root disk")
-	if err := bd.b.cfg.Manager.ExportDisk(ctx, Owner, end.snapshot, dst); err != nil {
+	if err := bd.b.cfg.Snapshots.ExportDisk(ctx, Owner, end.snapshot, dst); err != nil {
 		return catalog.Result{}, fmt.Errorf("exporting the image's disk: %w", err)
 	}
 	st := bd.plan.stages[last]
@@ -357,7 +357,7 @@ func (bd *build) lookup(ctx context.Context, key string) string {
 		}
 		return ""
 	}
-	sn, err := bd.b.cfg.Manager.GetSnapshot(ctx, Owner, id)
+	sn, err := bd.b.cfg.Snapshots.GetSnapshot(ctx, Owner, id)
 	if err != nil || sn.State != sandbox.SnapshotReady {
 		// Expired or failed: forget it.
 		_ = c.DeleteBuildCache(ctx, key)
@@ -426,7 +426,6 @@ func (bd *build) deleteSandbox(id string) {
 // capture snapshots the sandbox's disk under key: into the cache, or kept
 // for this build alone.
 func (bd *build) capture(ctx context.Context, g sandbox.Guest, id, key string) (string, error) {
-	m := bd.b.cfg.Manager
 	// What the guest wrote reaches the disk before the copy.
 	if _, err := g.Exec(ctx, sandbox.ExecRequest{Argv: []string{"sync"}, User: "root"}, nil); err != nil {
 		return "", fmt.Errorf("syncing the disk: %w", err)
@@ -437,7 +436,7 @@ func (bd *build) capture(ctx context.Context, g sandbox.Guest, id, key string) (
 	if bd.caching() {
 		days = sandbox.MaxSnapshotRetentionDays
 	}
-	sn, err := m.Snapshot(ctx, Owner, id, sandbox.SnapshotSpec{Name: "build-" + key[:16], Mode: sandbox.SnapshotModeDisk,
+	sn, err := bd.b.cfg.Snapshots.Snapshot(ctx, Owner, id, sandbox.SnapshotSpec{Name: "build-" + key[:16], Mode: sandbox.SnapshotModeDisk,
 		RetentionDays: days, Labels: map[string]string{"emberbox.build/key": key[:32]}})
 	if err != nil {
 		return "", fmt.Errorf("capturing the disk: %w", err)
@@ -466,7 +465,7 @@ func (bd *build) capture(ctx context.Context, g sandbox.Guest, id, key string) (
 		drop = append(drop, ev...)
 	}
 	for _, s := range drop {
-		if err := m.DeleteSnapshot(ctx, Owner, s); err != nil && !errdefs.IsNotFound(err) {
+		if err := bd.b.cfg.Snapshots.DeleteSnapshot(ctx, Owner, s); err != nil && !errdefs.IsNotFound(err) {
 			bd.b.log.Warn("deleting a cached build step", "snapshot_id", s, "err", err)
 		}
 	}

@@ -14,20 +14,20 @@ import (
 // the sandboxes the other nodes declared lost (stopped, reason node_lost)
 // while it was away, so that none runs unaccounted for. It returns how
 // many it ended.
-func (m *Manager) EndVMs(ctx context.Context, list []*Sandbox) int {
-	k, ok := m.cfg.Driver.(vmm.StrayKiller)
+func (mv *Moves) EndVMs(ctx context.Context, list []*Sandbox) int {
+	k, ok := mv.driver.(vmm.StrayKiller)
 	if !ok {
 		return 0
 	}
 	ended := 0
 	for _, sb := range list {
-		n, err := k.KillStray(ctx, m.vmSpec(sb))
+		n, err := k.KillStray(ctx, mv.host.vmSpec(sb))
 		if err != nil {
-			m.log.Warn("ending the vm of a sandbox declared lost", "sandbox_id", sb.ID, "err", err)
+			mv.log.Warn("ending the vm of a sandbox declared lost", "sandbox_id", sb.ID, "err", err)
 			continue
 		}
 		if n > 0 {
-			m.log.Info("ended the vm of a sandbox the cluster declared lost", "sandbox_id", sb.ID)
+			mv.log.Info("ended the vm of a sandbox the cluster declared lost", "sandbox_id", sb.ID)
 		}
 		ended += n
 	}
@@ -37,17 +37,17 @@ func (m *Manager) EndVMs(ctx context.Context, list []*Sandbox) int {
 // StandDown ends every VM this manager runs, without a write to the store,
 // and closes the manager: in a cluster, a node fenced by the others (they
 // declared it lost and stopped its sandboxes) must not go on running them.
-func (m *Manager) StandDown(ctx context.Context) {
-	for _, in := range m.instances() {
+func (mv *Moves) StandDown(ctx context.Context) {
+	for _, in := range mv.host.instances() {
 		mach := in.vm()
 		if mach == nil {
 			continue
 		}
 		if err := mach.Stop(ctx); err != nil {
-			m.log.Warn("standing down: ending a vm", "sandbox_id", in.id, "err", err)
+			mv.log.Warn("standing down: ending a vm", "sandbox_id", in.id, "err", err)
 		}
 	}
-	m.Close()
+	mv.host.Close()
 }
 
 // RemoveMovedAway removes the directories of sandboxes that another node
@@ -56,8 +56,8 @@ func (m *Manager) StandDown(ctx context.Context) {
 // committed the move; a sender that died between the two keeps them, and
 // removes them at its next start with this, before Recover. It returns
 // how many it removed.
-func (m *Manager) RemoveMovedAway(ctx context.Context, movedAway func(ctx context.Context, ids []string) ([]string, error)) (int, error) {
-	entries, err := os.ReadDir(m.dirRoot())
+func (mv *Moves) RemoveMovedAway(ctx context.Context, movedAway func(ctx context.Context, ids []string) ([]string, error)) (int, error) {
+	entries, err := os.ReadDir(mv.host.dirRoot())
 	if os.IsNotExist(err) {
 		return 0, nil
 	}
@@ -79,11 +79,11 @@ func (m *Manager) RemoveMovedAway(ctx context.Context, movedAway func(ctx contex
 	}
 	removed := 0
 	for _, id := range away {
-		if err := removeAll(m.dir(id)); err != nil {
-			m.log.Warn("removing the files of a sandbox moved to another node", "sandbox_id", id, "err", err)
+		if err := removeAll(mv.host.dir(id)); err != nil {
+			mv.log.Warn("removing the files of a sandbox moved to another node", "sandbox_id", id, "err", err)
 			continue
 		}
-		m.log.Info("removed the files of a sandbox another node holds", "sandbox_id", id)
+		mv.log.Info("removed the files of a sandbox another node holds", "sandbox_id", id)
 		removed++
 	}
 	return removed, nil

@@ -48,7 +48,7 @@ func TestCreateFromImage(t *testing.T) {
 		t.Errorf("default create booted %q (image %q), want the default disk", got, plain.ImageID)
 	}
 
-	sn, err := m.Snapshot(ctx, "key_a", sb.ID, sandbox.SnapshotSpec{Mode: sandbox.SnapshotModeDisk})
+	sn, err := m.Snapshots().Snapshot(ctx, "key_a", sb.ID, sandbox.SnapshotSpec{Mode: sandbox.SnapshotModeDisk})
 	if err != nil {
 		t.Fatal(err)
 	}

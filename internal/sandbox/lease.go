@@ -2,8 +2,51 @@ package sandbox
 
 import (
 	"context"
+	"log/slog"
 	"time"
 )
+
+// Reaper ends, pauses and removes what has run out: leases, idle time,
+// host memory (pressure.go), the retention of stopped disks and of
+// snapshots (retention.go). It drives the manager's transitions through
+// reaperHost; Manager.Reaper returns the manager's.
+type Reaper struct {
+	host      reaperHost
+	meter     *Meter
+	snapshots *Snapshots
+	records   Store
+	observer  Observer
+	// memoryFloorMiB, memAvailable and diskRetention are Config's
+	// MemoryFloorMiB, MemAvailable and StoppedDiskRetention.
+	memoryFloorMiB int64
+	memAvailable   func() (int64, error)
+	diskRetention  time.Duration
+	log            *slog.Logger
+	ctx            context.Context // ends when the manager closes
+}
+
+// reaperHost is what the reaper needs of the manager: its transitions,
+// a sandbox's VM lock, instance and directory, events and the clock.
+type reaperHost interface {
+	stop(ctx context.Context, id, reason string, wait bool) (*Sandbox, error)
+	pause(ctx context.Context, id, why string) (*Sandbox, error)
+	delete(ctx context.Context, id, reason string) (*Sandbox, error)
+	spawn(f func()) bool
+	lockOp(id string) (unlock func())
+	liveInstance(id string) *instance
+	dir(id string) string
+	event(id, typ, msg string, data map[string]any)
+	now() time.Time
+}
+
+func newReaper(m *Manager) *Reaper {
+	return &Reaper{host: m, meter: m.meter, snapshots: m.snapshots, records: m.cfg.Store, observer: m.cfg.Observer,
+		memoryFloorMiB: m.cfg.MemoryFloorMiB, memAvailable: m.cfg.MemAvailable, diskRetention: m.cfg.StoppedDiskRetention,
+		log: m.log, ctx: m.ctx}
+}
+
+// Reaper is the manager's reaper: the lease clock and the retentions.
+func (m *Manager) Reaper() *Reaper { return m.reaper }
 
 // leaseTick is how often the lease clock looks for expired leases; a lease
 // ends at most this late.
@@ -11,11 +54,11 @@ const leaseTick = time.Second
 
 // Run enforces leases until ctx ends: a sandbox whose lease has ended is
 // stopped or deleted as its onLeaseEnd says, with stopReason lease_expired.
-func (m *Manager) Run(ctx context.Context) error {
+func (rp *Reaper) Run(ctx context.Context) error {
 	t := time.NewTicker(leaseTick)
 	defer t.Stop()
 	for {
-		m.ExpireLeases(ctx)
+		rp.ExpireLeases(ctx)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -27,15 +70,15 @@ func (m *Manager) Run(ctx context.Context) error {
 // ExpireLeases ends every live sandbox whose lease is over at m's clock,
 // and pauses every one idle for its idlePauseSeconds, and returns their
 // ids.
-func (m *Manager) ExpireLeases(ctx context.Context) []string {
-	live, err := m.cfg.Store.ListLive(ctx)
+func (rp *Reaper) ExpireLeases(ctx context.Context) []string {
+	live, err := rp.records.ListLive(ctx)
 	if err != nil {
-		m.log.Error("listing live sandboxes", "err", err)
+		rp.log.Error("listing live sandboxes", "err", err)
 		return nil
 	}
-	now := m.now()
+	now := rp.host.now()
 	var ended []string
-	if id := m.relievePressure(ctx, live); id != "" {
+	if id := rp.relievePressure(ctx, live); id != "" {
 		ended = append(ended, id)
 	}
 	for _, sb := range live {
@@ -43,34 +86,34 @@ func (m *Manager) ExpireLeases(ctx context.Context) []string {
 			continue
 		}
 		if sb.ExpiresAt == nil || sb.ExpiresAt.After(now) {
-			if m.idle(sb, now) {
-				m.log.Info("idle; pausing", "sandbox_id", sb.ID, "idle_pause_seconds", sb.IdlePauseSeconds)
+			if rp.idle(sb, now) {
+				rp.log.Info("idle; pausing", "sandbox_id", sb.ID, "idle_pause_seconds", sb.IdlePauseSeconds)
 				ended = append(ended, sb.ID)
-				if _, err := m.pause(ctx, sb.ID, PauseIdle); err != nil {
-					m.log.Error("pausing an idle sandbox", "sandbox_id", sb.ID, "err", err)
+				if _, err := rp.host.pause(ctx, sb.ID, PauseIdle); err != nil {
+					rp.log.Error("pausing an idle sandbox", "sandbox_id", sb.ID, "err", err)
 				}
 			}
 			continue
 		}
-		m.log.Info("lease expired", "sandbox_id", sb.ID, "on_lease_end", sb.OnLeaseEnd)
-		m.cfg.Observer.LeaseExpired(sb.OnLeaseEnd)
+		rp.log.Info("lease expired", "sandbox_id", sb.ID, "on_lease_end", sb.OnLeaseEnd)
+		rp.observer.LeaseExpired(sb.OnLeaseEnd)
 		ended = append(ended, sb.ID)
 		if sb.OnLeaseEnd == LeaseEndDelete {
-			m.spawn(func() {
-				if _, err := m.delete(m.ctx, sb.ID, ReasonLeaseExpired); err != nil {
-					m.log.Error("deleting at lease end", "sandbox_id", sb.ID, "err", err)
+			rp.host.spawn(func() {
+				if _, err := rp.host.delete(rp.ctx, sb.ID, ReasonLeaseExpired); err != nil {
+					rp.log.Error("deleting at lease end", "sandbox_id", sb.ID, "err", err)
 				}
 			})
 			continue
 		}
 		if sb.OnLeaseEnd == LeaseEndPause {
-			if _, err := m.pause(ctx, sb.ID, PauseLeaseEnd); err != nil {
-				m.log.Error("pausing at lease end", "sandbox_id", sb.ID, "err", err)
+			if _, err := rp.host.pause(ctx, sb.ID, PauseLeaseEnd); err != nil {
+				rp.log.Error("pausing at lease end", "sandbox_id", sb.ID, "err", err)
 			}
 			continue
 		}
-		if _, err := m.stop(ctx, sb.ID, ReasonLeaseExpired, false); err != nil {
-			m.log.Error("stopping at lease end", "sandbox_id", sb.ID, "err", err)
+		if _, err := rp.host.stop(ctx, sb.ID, ReasonLeaseExpired, false); err != nil {
+			rp.log.Error("stopping at lease end", "sandbox_id", sb.ID, "err", err)
 		}
 	}
 	return ended
@@ -80,13 +123,11 @@ func (m *Manager) ExpireLeases(ctx context.Context) []string {
 // idlePauseSeconds: no call into its guest in flight, and none ended
 // within that time. A persistent sandbox is never idle; activity is kept
 // in memory, so after a restart of the server the clock starts again.
-func (m *Manager) idle(sb *Sandbox, now time.Time) bool {
+func (rp *Reaper) idle(sb *Sandbox, now time.Time) bool {
 	if sb.Persistent || sb.IdlePauseSeconds <= 0 {
 		return false
 	}
-	m.mu.Lock()
-	in := m.live[sb.ID]
-	m.mu.Unlock()
+	in := rp.host.liveInstance(sb.ID)
 	if in == nil {
 		return false
 	}

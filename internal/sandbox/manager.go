@@ -143,9 +143,15 @@ type Manager struct {
 	ops     map[string]*opLock           // per sandbox whose VM is being changed (pause.go)
 	envs    map[string]map[string]string // env values per sandbox, memory only (lifecycle.go)
 
-	netMu sync.Mutex // serializes policy changes (version numbers)
-
 	templates templateSet
+
+	meter     *Meter     // observes transitions to charge usage (meter.go)
+	previews  *Previews  // previews.go
+	moves     *Moves     // move.go, fence.go
+	snapshots *Snapshots // snapshots.go
+	reaper    *Reaper    // lease.go, pressure.go, retention.go
+	switcher  *Switcher  // switch.go
+	networks  *Networks  // network.go
 
 	// Test hooks (export_test.go): testHookBeforeUpdate runs as an update
 	// begins; testHookUpdate inside every update that changes something,
@@ -211,8 +217,8 @@ func (in *instance) guest() *guest.Client {
 	return in.client
 }
 
-// New returns a Manager. Call Recover before serving requests and Run to
-// enforce leases.
+// New returns a Manager. Call Recover before serving requests and
+// Reaper().Run to enforce leases.
 func New(cfg Config) *Manager {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -244,9 +250,17 @@ func New(cfg Config) *Manager {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Manager{cfg: cfg, log: log, ctx: ctx, cancel: cancel,
+	m := &Manager{cfg: cfg, log: log, ctx: ctx, cancel: cancel,
 		live: map[string]*instance{}, changed: map[string]chan struct{}{}, ops: map[string]*opLock{},
 		envs: map[string]map[string]string{}}
+	m.meter = newMeter(m)
+	m.previews = &Previews{host: m, records: cfg.Store}
+	m.moves = newMoves(m)
+	m.snapshots = newSnapshots(m)
+	m.reaper = newReaper(m)
+	m.switcher = &Switcher{host: m, volumes: cfg.Volumes, bootTimeout: cfg.BootTimeout}
+	m.networks = &Networks{host: m, records: cfg.Store, egress: cfg.Egress, egressDefault: cfg.EgressDefault}
+	return m
 }
 
 // spawn runs f in a goroutine the manager owns: Close waits for it. After
@@ -697,7 +711,7 @@ func (m *Manager) watch(in *instance) {
 	mach, c := in.machine, in.client
 	in.mu.Unlock()
 	if sb, err := m.cfg.Store.GetSandbox(in.ctx, in.id); err == nil && sb.State == StateRunning {
-		m.meterBegin(in, mach, sb)
+		m.meter.vmRunning(in, mach, sb)
 	}
 	var failures int    // attempts in a row that failed or did not last
 	var since time.Time // when the session in c began (zero: at boot)
@@ -735,7 +749,7 @@ func (m *Manager) watch(in *instance) {
 			if in.ctx.Err() != nil {
 				return // ended by a stop, delete or pause, which records it
 			}
-			m.meterSettle(in, mach, true)
+			m.meter.vmEnded(in, mach)
 			m.finish(in, ReasonVMExited)
 			return
 		case <-cdone:
@@ -932,7 +946,7 @@ func (m *Manager) endVM(id string) {
 	mach, c := in.machine, in.client
 	in.mu.Unlock()
 	if c != nil {
-		m.refreshGuestCPU(in) // the guest's last word on its busy time
+		m.meter.guestClosing(in) // the guest's last word on its busy time
 		m.syncVolumes(id, c)
 		c.Close()
 	}
@@ -943,7 +957,7 @@ func (m *Manager) endVM(id string) {
 			m.log.Error("stopping vm", "sandbox_id", id, "err", err)
 		}
 		cancel()
-		m.meterSettle(in, mach, true)
+		m.meter.vmEnded(in, mach)
 	}
 	m.mu.Lock()
 	if m.live[id] == in {
@@ -970,7 +984,7 @@ func (m *Manager) Delete(ctx context.Context, owner, id string) (_ *Sandbox, err
 // then ends its VM, removes its files and records it deleted.
 func (m *Manager) delete(ctx context.Context, id, reason string) (*Sandbox, error) {
 	if kept, err := m.cfg.Store.GetSandbox(ctx, id); err == nil {
-		m.accrueKept(ctx, kept, m.now()) // a paused or stopped one's disk, up to its end
+		m.meter.accrueKept(ctx, kept, m.now()) // a paused or stopped one's disk, up to its end
 	}
 	sb, err := m.update(ctx, id, func(s *Sandbox) bool {
 		if s.State == StateDeleted || s.State == StateDeleting {
@@ -1027,7 +1041,7 @@ func (m *Manager) finishDelete(ctx context.Context, id string) (*Sandbox, error)
 	if changed {
 		m.event(id, "deleted", "sandbox deleted", map[string]any{"reason": sb.StopReason})
 		if sb.SnapshotID != "" {
-			m.RemoveUnusedSnapshots(ctx) // it may have been the last user of a deleted snapshot
+			m.snapshots.RemoveUnusedSnapshots(ctx) // it may have been the last user of a deleted snapshot
 		}
 	}
 	return sb, err

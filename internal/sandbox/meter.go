@@ -5,11 +5,14 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"io/fs"
+	"log/slog"
 	"path/filepath"
 	"syscall"
 	"time"
 
+	"github.com/emberbox/emberbox/internal/admission"
 	"github.com/emberbox/emberbox/internal/metering"
+	"github.com/emberbox/emberbox/internal/pricing"
 	"github.com/emberbox/emberbox/internal/vmm"
 )
 
@@ -21,6 +24,40 @@ import (
 // (its open interval), and every settle moves them in the same transaction
 // as it adds the usage: a crash or restart neither loses an interval whose
 // counters still exist nor counts one twice.
+
+// Meter charges sandboxes for what they use and answers the usage
+// queries. It observes the manager's transitions: the manager tells it
+// when a charge begins (vmRunning), when the guest is about to go
+// (guestClosing), when a VM has ended or been paused (vmEnded) and when a
+// kept disk stops being kept (accrueKept); between them it reads the
+// running sandboxes on its own clock (Run).
+type Meter struct {
+	host     meterHost
+	store    MeterStore
+	records  Store
+	rates    pricing.Rates
+	interval time.Duration // 0: DefaultMeterInterval
+	ledger   *admission.Ledger
+	log      *slog.Logger
+	ctx      context.Context // ends when the manager closes
+}
+
+// meterHost is what the meter reads of the manager: its records as an
+// owner sees them, its live VMs and their directories, its clock.
+type meterHost interface {
+	Get(ctx context.Context, owner, id string) (*Sandbox, error)
+	instances() []*instance
+	dir(id string) string
+	now() time.Time
+}
+
+func newMeter(m *Manager) *Meter {
+	return &Meter{host: m, store: m.cfg.Meter, records: m.cfg.Store, rates: m.cfg.Rates,
+		interval: m.cfg.MeterInterval, ledger: m.cfg.Admission, log: m.log, ctx: m.ctx}
+}
+
+// Meter is the manager's meter: usage, metrics and the metering loop.
+func (m *Manager) Meter() *Meter { return m.meter }
 
 // DefaultMeterInterval is how often running sandboxes are read when the
 // configuration names no interval.
@@ -51,12 +88,12 @@ func vmKey(mach vmm.Machine) string {
 
 // reading reads in's counters now: the VMM's from the host, the guest's
 // busy time as last reported, the egress gate's totals.
-func (m *Manager) reading(in *instance, mach vmm.Machine) (metering.Reading, bool, error) {
+func (mt *Meter) reading(in *instance, mach vmm.Machine) (metering.Reading, bool, error) {
 	u, err := mach.Usage()
 	if err != nil {
 		return metering.Reading{}, false, err
 	}
-	r := metering.Reading{At: m.now(), VM: vmKey(mach), CPUNs: int64(u.CPU), RSSBytes: u.RSSBytes,
+	r := metering.Reading{At: mt.host.now(), VM: vmKey(mach), CPUNs: int64(u.CPU), RSSBytes: u.RSSBytes,
 		GuestCPUNs: in.guestCPU.Load()}
 	r.EgressBytes, r.IngressBytes = in.traffic()
 	return r, u.Final, nil
@@ -75,37 +112,42 @@ func (in *instance) traffic() (out, in_ int64) {
 	return in.egressOut.Load(), in.egressIn.Load()
 }
 
-// meterBegin opens the sandbox's metering interval at its VM's counters
-// now; a reattached server keeps the interval the VM already has.
-func (m *Manager) meterBegin(in *instance, mach vmm.Machine, sb *Sandbox) {
-	m.refreshGuestCPU(in)
-	r, _, err := m.reading(in, mach)
+// vmRunning opens the sandbox's metering interval at its VM's counters
+// now, as its watch begins; a reattached server keeps the interval the VM
+// already has.
+func (mt *Meter) vmRunning(in *instance, mach vmm.Machine, sb *Sandbox) {
+	mt.refreshGuestCPU(in)
+	r, _, err := mt.reading(in, mach)
 	if err == nil {
-		err = m.cfg.Meter.BeginMeter(context.Background(), in.id, sb.OwnerKeyID, r)
+		err = mt.store.BeginMeter(context.Background(), in.id, sb.OwnerKeyID, r)
 	}
 	if err != nil {
-		m.log.Error("opening the meter", "sandbox_id", in.id, "err", err)
+		mt.log.Error("opening the meter", "sandbox_id", in.id, "err", err)
 	}
 }
 
-// meterSettle charges the sandbox's usage up to its VM's counters now;
-// with final (its VM has ended or been paused) it closes the interval.
-func (m *Manager) meterSettle(in *instance, mach vmm.Machine, final bool) {
+// vmEnded charges the sandbox's usage up to the final counters of its
+// VM, which has ended or been paused, and closes the interval.
+func (mt *Meter) vmEnded(in *instance, mach vmm.Machine) { mt.settle(in, mach, true) }
+
+// settle charges the sandbox's usage up to its VM's counters now; with
+// final (its VM has ended or been paused) it closes the interval.
+func (mt *Meter) settle(in *instance, mach vmm.Machine, final bool) {
 	if mach == nil {
 		return
 	}
-	sb, err := m.cfg.Store.GetSandbox(context.Background(), in.id)
+	sb, err := mt.records.GetSandbox(context.Background(), in.id)
 	if err != nil {
-		m.log.Error("settling the meter", "sandbox_id", in.id, "err", err)
+		mt.log.Error("settling the meter", "sandbox_id", in.id, "err", err)
 		return
 	}
-	r, ended, err := m.reading(in, mach)
+	r, ended, err := mt.reading(in, mach)
 	if err == nil {
-		_, err = m.cfg.Meter.SettleMeter(context.Background(), in.id, sb.OwnerKeyID,
+		_, err = mt.store.SettleMeter(context.Background(), in.id, sb.OwnerKeyID,
 			metering.Shape{VCPU: sb.VCPU, MemoryMiB: sb.MemoryMiB}, r, final || ended)
 	}
 	if err != nil {
-		m.log.Error("settling the meter", "sandbox_id", in.id, "final", final, "err", err)
+		mt.log.Error("settling the meter", "sandbox_id", in.id, "final", final, "err", err)
 	}
 }
 
@@ -113,24 +155,28 @@ func (m *Manager) meterSettle(in *instance, mach vmm.Machine, final bool) {
 // guest on a loaded host, short enough not to hold a stop for long.
 const guestCPUWait = 5 * time.Second
 
+// guestClosing takes the guest's last word on its busy time before its
+// connection closes (a stop or a pause).
+func (mt *Meter) guestClosing(in *instance) { mt.refreshGuestCPU(in) }
+
 // refreshGuestCPU asks the guest for its busy time. It is the guest's own
 // claim: never negative, never charged.
-func (m *Manager) refreshGuestCPU(in *instance) {
+func (mt *Meter) refreshGuestCPU(in *instance) {
 	c := in.guest()
 	if c == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(m.ctx, guestCPUWait)
+	ctx, cancel := context.WithTimeout(mt.ctx, guestCPUWait)
 	defer cancel()
 	if info, err := c.Info(ctx); err == nil && info.CPUBusyMs > 0 && info.CPUBusyMs < 1<<40 {
 		in.guestCPU.Store(info.CPUBusyMs * int64(time.Millisecond))
 	}
 }
 
-// RunMeter reads every running sandbox each interval until ctx ends, and
+// Run reads every running sandbox each interval until ctx ends, and
 // charges the kept disks of paused and stopped sandboxes.
-func (m *Manager) RunMeter(ctx context.Context) {
-	t := time.NewTicker(m.meterInterval())
+func (mt *Meter) Run(ctx context.Context) {
+	t := time.NewTicker(mt.every())
 	defer t.Stop()
 	disks := time.NewTicker(storageInterval)
 	defer disks.Stop()
@@ -141,13 +187,13 @@ func (m *Manager) RunMeter(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-prune.C:
-			if _, err := m.cfg.Meter.PruneMeterPoints(ctx, m.now().Add(-meterPointsKept)); err != nil {
-				m.log.Warn("pruning metrics", "err", err)
+			if _, err := mt.store.PruneMeterPoints(ctx, mt.host.now().Add(-meterPointsKept)); err != nil {
+				mt.log.Warn("pruning metrics", "err", err)
 			}
 		case <-disks.C:
-			m.meterStorage(ctx)
+			mt.chargeStorage(ctx)
 		case <-t.C:
-			m.meterRunning()
+			mt.settleLive()
 		}
 	}
 }
@@ -156,68 +202,68 @@ func (m *Manager) RunMeter(ctx context.Context) {
 // slowly, and each is a walk of its directory.
 const storageInterval = 5 * time.Minute
 
-func (m *Manager) meterInterval() time.Duration {
-	if m.cfg.MeterInterval > 0 {
-		return m.cfg.MeterInterval
+func (mt *Meter) every() time.Duration {
+	if mt.interval > 0 {
+		return mt.interval
 	}
 	return DefaultMeterInterval
 }
 
-// MeterNow settles every running sandbox's usage so far and charges kept
+// SettleAll settles every running sandbox's usage so far and charges kept
 // disks up to now.
-func (m *Manager) MeterNow(ctx context.Context) {
-	m.meterRunning()
-	m.meterStorage(ctx)
+func (mt *Meter) SettleAll(ctx context.Context) {
+	mt.settleLive()
+	mt.chargeStorage(ctx)
 }
 
-// meterRunning settles every running sandbox's usage so far.
-func (m *Manager) meterRunning() {
-	for _, in := range m.instances() {
+// settleLive settles every running sandbox's usage so far.
+func (mt *Meter) settleLive() {
+	for _, in := range mt.host.instances() {
 		mach := in.vm()
 		if mach == nil || in.ctx.Err() != nil {
 			continue // booting, or being stopped or paused: that path settles
 		}
-		m.refreshGuestCPU(in)
-		m.meterSettle(in, mach, false)
+		mt.refreshGuestCPU(in)
+		mt.settle(in, mach, false)
 	}
 }
 
-// meterStorage charges the disks paused and stopped sandboxes keep, and
+// chargeStorage charges the disks paused and stopped sandboxes keep, and
 // the snapshots', from when they were kept until now.
-func (m *Manager) meterStorage(ctx context.Context) {
-	now := m.now()
+func (mt *Meter) chargeStorage(ctx context.Context) {
+	now := mt.host.now()
 	opts := ListOptions{AllOwners: true, States: []State{StatePaused, StateStopped}, IncludeStopped: true, Limit: 100, Local: true}
 	for {
-		page, next, err := m.cfg.Store.ListSandboxes(ctx, opts)
+		page, next, err := mt.records.ListSandboxes(ctx, opts)
 		if err != nil {
-			m.log.Warn("listing kept disks", "err", err)
+			mt.log.Warn("listing kept disks", "err", err)
 			return
 		}
 		for _, sb := range page {
-			m.accrueKept(ctx, sb, now)
+			mt.accrueKept(ctx, sb, now)
 		}
 		if next == "" {
 			break
 		}
 		opts.Cursor = next
 	}
-	snaps, err := m.liveSnapshots(ctx)
+	snaps, err := mt.liveSnapshots(ctx)
 	if err != nil {
-		m.log.Warn("listing snapshots", "err", err)
+		mt.log.Warn("listing snapshots", "err", err)
 		return
 	}
 	for _, sn := range snaps {
-		if err := m.cfg.Meter.AccrueStorage(ctx, sn.ID, metering.KindSnapshot, sn.OwnerKeyID, sn.SizeBytes, sn.CreatedAt, now); err != nil {
-			m.log.Warn("charging a snapshot", "snapshot_id", sn.ID, "err", err)
+		if err := mt.store.AccrueStorage(ctx, sn.ID, metering.KindSnapshot, sn.OwnerKeyID, sn.SizeBytes, sn.CreatedAt, now); err != nil {
+			mt.log.Warn("charging a snapshot", "snapshot_id", sn.ID, "err", err)
 		}
 	}
 }
 
 // accrueKept charges the disk a paused or stopped sandbox keeps, from when
 // it was kept (or last charged) until now. It is also called as the disk
-// stops being kept (a wake, a restart, a delete, the retention), so the
-// time since the last periodic charge is not lost.
-func (m *Manager) accrueKept(ctx context.Context, sb *Sandbox, now time.Time) {
+// stops being kept (a wake, a restart, a delete, the retention, a move),
+// so the time since the last periodic charge is not lost.
+func (mt *Meter) accrueKept(ctx context.Context, sb *Sandbox, now time.Time) {
 	since := sb.EndedAt
 	if sb.State == StatePaused {
 		since = sb.PausedAt
@@ -225,8 +271,8 @@ func (m *Manager) accrueKept(ctx context.Context, sb *Sandbox, now time.Time) {
 	if (sb.State != StatePaused && sb.State != StateStopped) || since == nil || sb.DiskRemovedAt != nil {
 		return
 	}
-	if err := m.cfg.Meter.AccrueStorage(ctx, sb.ID, metering.KindSandbox, sb.OwnerKeyID, allocated(m.dir(sb.ID)), *since, now); err != nil {
-		m.log.Warn("charging a kept disk", "sandbox_id", sb.ID, "err", err)
+	if err := mt.store.AccrueStorage(ctx, sb.ID, metering.KindSandbox, sb.OwnerKeyID, allocated(mt.host.dir(sb.ID)), *since, now); err != nil {
+		mt.log.Warn("charging a kept disk", "sandbox_id", sb.ID, "err", err)
 	}
 }
 
@@ -249,9 +295,9 @@ func allocated(dir string) int64 {
 }
 
 // liveSnapshots lists every snapshot that keeps files: the ready ones.
-func (m *Manager) liveSnapshots(ctx context.Context) ([]*Snapshot, error) {
-	ss, err := m.snapshots()
-	if err != nil {
+func (mt *Meter) liveSnapshots(ctx context.Context) ([]*Snapshot, error) {
+	ss, ok := mt.records.(SnapshotStore)
+	if !ok {
 		return nil, nil // a store without snapshots keeps none
 	}
 	var out []*Snapshot

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"time"
 
+	"github.com/emberbox/emberbox/internal/admission"
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/vmm"
 )
@@ -20,9 +23,53 @@ import (
 // files between the two and switches the record's owner (MoveIn's commit);
 // until that commit the sandbox is the old node's and stays paused there.
 
+// Moves hands paused sandboxes between the nodes of a cluster, and keeps
+// the fences of a node that comes back or is fenced (fence.go).
+type Moves struct {
+	host    moveHost
+	meter   *Meter
+	records Store
+	driver  vmm.Driver
+	ledger  *admission.Ledger
+	volumes Volumes // nil: no sandbox holds volumes
+	dataDir string
+	log     *slog.Logger
+}
+
+// moveHost is what moves and fences need of the manager: a sandbox's VM
+// lock, spec, directory and instance, word of a change, the clock, and
+// its close.
+type moveHost interface {
+	lockOp(id string) (unlock func())
+	vmSpec(sb *Sandbox) vmm.Spec
+	liveInstance(id string) *instance
+	instances() []*instance
+	dir(id string) string
+	dirRoot() string
+	rememberEnv(id string, env map[string]string)
+	notify(id string)
+	now() time.Time
+	Close()
+}
+
+func newMoves(m *Manager) *Moves {
+	return &Moves{host: m, meter: m.meter, records: m.cfg.Store, driver: m.cfg.Driver, ledger: m.cfg.Admission,
+		volumes: m.cfg.Volumes, dataDir: m.cfg.DataDir, log: m.log}
+}
+
+// Moves is the manager's moves and fences, for a cluster node.
+func (m *Manager) Moves() *Moves { return m.moves }
+
+// liveInstance is the instance of sandbox id, if this process runs its VM.
+func (m *Manager) liveInstance(id string) *instance {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.live[id]
+}
+
 // incomingDir holds the staging directories of sandboxes moving in; what a
 // crash left there is removed at the next start (Recover).
-func (m *Manager) incomingDir() string { return filepath.Join(m.cfg.DataDir, "incoming") }
+func (mv *Moves) incomingDir() string { return filepath.Join(mv.dataDir, "incoming") }
 
 // MoveOut hands the paused sandbox id to another node: under the
 // sandbox's VM lock it checks that the sandbox is paused, here, and holds
@@ -32,28 +79,26 @@ func (m *Manager) incomingDir() string { return filepath.Join(m.cfg.DataDir, "in
 // manager's: its admission claim is released, what is kept of it in memory
 // forgotten and its directory removed. An error from send leaves it as it
 // was, paused here.
-func (m *Manager) MoveOut(ctx context.Context, id string, send func(ctx context.Context, sb *Sandbox, files map[string]string) error) error {
-	mover, err := m.mover()
+func (mv *Moves) MoveOut(ctx context.Context, id string, send func(ctx context.Context, sb *Sandbox, files map[string]string) error) error {
+	mover, err := mv.mover()
 	if err != nil {
 		return err
 	}
-	unlock := m.lockOp(id) // no pause, wake or end of a stop or delete meanwhile
+	unlock := mv.host.lockOp(id) // no pause, wake or end of a stop or delete meanwhile
 	defer unlock()
-	sb, err := m.cfg.Store.GetSandbox(ctx, id)
+	sb, err := mv.records.GetSandbox(ctx, id)
 	if err != nil {
 		return err
 	}
 	if sb.State != StatePaused {
 		return notPausedForMove(sb)
 	}
-	spec := m.vmSpec(sb)
-	m.mu.Lock()
-	_, live := m.live[id]
-	m.mu.Unlock()
-	if live || !m.cfg.Driver.Saved(spec) || !m.cfg.Admission.Held(id) {
+	spec := mv.host.vmSpec(sb)
+	live := mv.host.liveInstance(id) != nil
+	if live || !mv.driver.Saved(spec) || !mv.ledger.Held(id) {
 		return errNotOnNode(id)
 	}
-	if m.cfg.Volumes != nil && m.cfg.Volumes.Holds(ctx, id) {
+	if mv.volumes != nil && mv.volumes.Holds(ctx, id) {
 		return errdefs.New(errdefs.ErrConflict, "volumes_attached",
 			"sandbox %s holds volumes; only a sandbox with no volumes can move to another node", id).
 			WithHint("detach its volumes first")
@@ -63,18 +108,18 @@ func (m *Manager) MoveOut(ctx context.Context, id string, send func(ctx context.
 		return fmt.Errorf("moving sandbox %s: %w", id, err)
 	}
 	// Its disk is charged here up to the move, and by the new node after.
-	m.accrueKept(ctx, sb, m.now())
+	mv.meter.accrueKept(ctx, sb, mv.host.now())
 	if err := send(ctx, sb, files); err != nil {
 		return fmt.Errorf("moving sandbox %s: %w", id, err)
 	}
 	// The sandbox is the other node's now: nothing of it stays here.
-	m.cfg.Admission.Release(id)
-	m.rememberEnv(id, nil)
-	if err := removeAll(m.dir(id)); err != nil {
-		m.log.Warn("removing the files of a sandbox moved to another node", "sandbox_id", id, "err", err)
+	mv.ledger.Release(id)
+	mv.host.rememberEnv(id, nil)
+	if err := removeAll(mv.host.dir(id)); err != nil {
+		mv.log.Warn("removing the files of a sandbox moved to another node", "sandbox_id", id, "err", err)
 	}
-	m.log.Info("paused sandbox moved to another node", "sandbox_id", id)
-	m.notify(id)
+	mv.log.Info("paused sandbox moved to another node", "sandbox_id", id)
+	mv.host.notify(id)
 	return nil
 }
 
@@ -87,8 +132,8 @@ func (m *Manager) MoveOut(ctx context.Context, id string, send func(ctx context.
 // the record's owner to this node there. If receive, Moved or commit fails,
 // nothing of the sandbox is left here. Afterwards a Wake here resumes it
 // as one paused here.
-func (m *Manager) MoveIn(ctx context.Context, sb *Sandbox, receive func(ctx context.Context, dir string) error, commit func(ctx context.Context) error) (err error) {
-	mover, err := m.mover()
+func (mv *Moves) MoveIn(ctx context.Context, sb *Sandbox, receive func(ctx context.Context, dir string) error, commit func(ctx context.Context) error) (err error) {
+	mover, err := mv.mover()
 	if err != nil {
 		return err
 	}
@@ -98,30 +143,28 @@ func (m *Manager) MoveIn(ctx context.Context, sb *Sandbox, receive func(ctx cont
 	if sb.State != StatePaused {
 		return notPausedForMove(sb)
 	}
-	unlock := m.lockOp(sb.ID)
+	unlock := mv.host.lockOp(sb.ID)
 	defer unlock()
-	final := m.dir(sb.ID)
-	m.mu.Lock()
-	_, live := m.live[sb.ID]
-	m.mu.Unlock()
+	final := mv.host.dir(sb.ID)
+	live := mv.host.liveInstance(sb.ID) != nil
 	if _, err := os.Lstat(final); live || !errors.Is(err, os.ErrNotExist) {
 		return errdefs.New(errdefs.ErrConflict, "already_on_node", "sandbox %s already has files on this node", sb.ID)
 	}
-	if err := m.admitMoved(sb); err != nil {
+	if err := mv.admitMoved(sb); err != nil {
 		return err
 	}
 	defer func() {
 		if err != nil {
-			m.cfg.Admission.Release(sb.ID)
+			mv.ledger.Release(sb.ID)
 		}
 	}()
-	if err := os.MkdirAll(m.incomingDir(), 0o700); err != nil {
+	if err := os.MkdirAll(mv.incomingDir(), 0o700); err != nil {
 		return fmt.Errorf("moving in sandbox %s: %w", sb.ID, err)
 	}
 	if err := os.MkdirAll(filepath.Dir(final), 0o700); err != nil {
 		return fmt.Errorf("moving in sandbox %s: %w", sb.ID, err)
 	}
-	staging, err := os.MkdirTemp(m.incomingDir(), sb.ID+"-")
+	staging, err := os.MkdirTemp(mv.incomingDir(), sb.ID+"-")
 	if err != nil {
 		return fmt.Errorf("moving in sandbox %s: %w", sb.ID, err)
 	}
@@ -129,7 +172,7 @@ func (m *Manager) MoveIn(ctx context.Context, sb *Sandbox, receive func(ctx cont
 	defer func() {
 		if err != nil {
 			if rerr := removeAll(left); rerr != nil {
-				m.log.Warn("removing the files of a failed move", "sandbox_id", sb.ID, "err", rerr)
+				mv.log.Warn("removing the files of a failed move", "sandbox_id", sb.ID, "err", rerr)
 			}
 		}
 	}()
@@ -142,11 +185,11 @@ func (m *Manager) MoveIn(ctx context.Context, sb *Sandbox, receive func(ctx cont
 		return fmt.Errorf("moving in sandbox %s: %w", sb.ID, err)
 	}
 	left = final
-	spec := m.vmSpec(sb)
+	spec := mv.host.vmSpec(sb)
 	if err := mover.Moved(ctx, spec); err != nil {
 		return fmt.Errorf("moving in sandbox %s: %w", sb.ID, err)
 	}
-	if !m.cfg.Driver.Saved(spec) {
+	if !mv.driver.Saved(spec) {
 		return fmt.Errorf("moving in sandbox %s: its saved state did not arrive", sb.ID)
 	}
 	if err := commit(ctx); err != nil {
@@ -154,8 +197,8 @@ func (m *Manager) MoveIn(ctx context.Context, sb *Sandbox, receive func(ctx cont
 	}
 	// The commit records the move's event, with both nodes, in its
 	// transaction.
-	m.log.Info("paused sandbox moved to this node", "sandbox_id", sb.ID)
-	m.notify(sb.ID)
+	mv.log.Info("paused sandbox moved to this node", "sandbox_id", sb.ID)
+	mv.host.notify(sb.ID)
 	return nil
 }
 
@@ -163,24 +206,24 @@ func (m *Manager) MoveIn(ctx context.Context, sb *Sandbox, receive func(ctx cont
 // has room for it. Its owner's quota is not checked again: the sandbox was
 // admitted when it was created, and a move takes nothing more. So the room
 // is checked under no owner's name, and the claim then held under its own.
-func (m *Manager) admitMoved(sb *Sandbox) error {
+func (mv *Moves) admitMoved(sb *Sandbox) error {
 	c := claim(sb)
 	anon := c
 	anon.Owner = ""
-	if err := m.cfg.Admission.Reserve(anon); err != nil {
+	if err := mv.ledger.Reserve(anon); err != nil {
 		return err
 	}
-	m.cfg.Admission.Restore(c) // in place of anon's
+	mv.ledger.Restore(c) // in place of anon's
 	return nil
 }
 
 // mover is the driver's vmm.Mover, or the refusal of a driver without one.
-func (m *Manager) mover() (vmm.Mover, error) {
-	if mv, ok := m.cfg.Driver.(vmm.Mover); ok {
+func (mv *Moves) mover() (vmm.Mover, error) {
+	if mv, ok := mv.driver.(vmm.Mover); ok {
 		return mv, nil
 	}
 	return nil, errdefs.New(errdefs.ErrUnavailable, "move_unsupported",
-		"the %s driver cannot move a paused sandbox to another node", m.cfg.Driver.Name())
+		"the %s driver cannot move a paused sandbox to another node", mv.driver.Name())
 }
 
 // errNotOnNode refuses to act on a paused sandbox whose files are on
@@ -213,8 +256,8 @@ func validSandboxID(id string) bool {
 
 // removeIncoming removes what moves cut short by a crash left in the
 // staging directory.
-func (m *Manager) removeIncoming() {
-	if err := os.RemoveAll(m.incomingDir()); err != nil {
-		m.log.Warn("removing the files of moves cut short", "err", err)
+func (mv *Moves) removeIncoming() {
+	if err := os.RemoveAll(mv.incomingDir()); err != nil {
+		mv.log.Warn("removing the files of moves cut short", "err", err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"reflect"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -155,34 +156,55 @@ func (h gateHandler) ServeTCP(ctx context.Context, dst netip.AddrPort, c net.Con
 	})
 }
 
+// Networks keeps the egress policies of sandboxes and applies a change to
+// a running one's gate at once. It reaches the manager through
+// networkHost; Manager.Networks returns the manager's.
+type Networks struct {
+	host          networkHost
+	records       Store
+	egress        *egress.Operator // the operator's ceiling
+	egressDefault egress.Policy    // the policy of a sandbox created without one
+
+	mu sync.Mutex // serializes policy changes (version numbers)
+}
+
+// networkHost is what policies need of the manager: a sandbox as its owner
+// sees it, its instance if it runs here, its events and the clock.
+type networkHost interface {
+	Get(ctx context.Context, owner, id string) (*Sandbox, error)
+	liveInstance(id string) *instance
+	event(id, typ, msg string, data map[string]any)
+	now() time.Time
+}
+
+// Networks is the manager's egress policies.
+func (m *Manager) Networks() *Networks { return m.networks }
+
 // Network returns a sandbox's egress policy and whether it is enforced.
-func (m *Manager) Network(ctx context.Context, owner, id string) (*NetworkStatus, error) {
-	sb, err := m.Get(ctx, owner, id)
+func (nw *Networks) Network(ctx context.Context, owner, id string) (*NetworkStatus, error) {
+	sb, err := nw.host.Get(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
-	n, err := m.cfg.Store.GetNetwork(ctx, sb.ID)
+	n, err := nw.records.GetNetwork(ctx, sb.ID)
 	if errdefs.IsNotFound(err) {
-		n = &Network{Policy: m.cfg.EgressDefault, Version: 1, UpdatedAt: sb.CreatedAt}
+		n = &Network{Policy: nw.egressDefault, Version: 1, UpdatedAt: sb.CreatedAt}
 	} else if err != nil {
 		return nil, err
 	}
-	return m.networkStatus(sb.ID, n), nil
+	return nw.networkStatus(sb.ID, n), nil
 }
 
-func (m *Manager) networkStatus(id string, n *Network) *NetworkStatus {
+func (nw *Networks) networkStatus(id string, n *Network) *NetworkStatus {
 	st := &NetworkStatus{SandboxID: id, Network: *n, Enforced: true, EnforcedVersion: n.Version}
 	// The store keeps the policy asked for; what applies is that within
 	// the operator's ceiling, which may have changed since.
 	if c, err := egress.Compile(n.Policy); err == nil {
-		eff := m.cfg.Egress.Limit(c).Policy
+		eff := nw.egress.Limit(c).Policy
 		st.Limited = !reflect.DeepEqual(eff, c.Policy)
 		st.Network.Policy = eff
 	}
-	m.mu.Lock()
-	in := m.live[id]
-	m.mu.Unlock()
-	if in != nil {
+	if in := nw.host.liveInstance(id); in != nil {
 		if g := in.egressGate(); g != nil {
 			_, v := g.Policy()
 			st.EnforcedVersion, st.Enforced = v, v == n.Version
@@ -200,8 +222,8 @@ func (m *Manager) networkStatus(id string, n *Network) *NetworkStatus {
 
 // SetNetwork replaces a sandbox's egress policy. It applies at once to new
 // connections and cuts open ones it refuses.
-func (m *Manager) SetNetwork(ctx context.Context, owner, id string, p egress.Policy) (*NetworkStatus, error) {
-	sb, err := m.Get(ctx, owner, id)
+func (nw *Networks) SetNetwork(ctx context.Context, owner, id string, p egress.Policy) (*NetworkStatus, error) {
+	sb, err := nw.host.Get(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
@@ -209,30 +231,27 @@ func (m *Manager) SetNetwork(ctx context.Context, owner, id string, p egress.Pol
 	if err != nil {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "%v", err)
 	}
-	m.netMu.Lock()
-	defer m.netMu.Unlock()
+	nw.mu.Lock()
+	defer nw.mu.Unlock()
 	version := int64(1)
-	if cur, err := m.cfg.Store.GetNetwork(ctx, sb.ID); err == nil {
+	if cur, err := nw.records.GetNetwork(ctx, sb.ID); err == nil {
 		version = cur.Version + 1
 	} else if !errdefs.IsNotFound(err) {
 		return nil, err
 	}
-	n := &Network{Policy: c.Policy, Version: version, UpdatedAt: m.now()}
-	if err := m.cfg.Store.PutNetwork(ctx, sb.ID, n); err != nil {
+	n := &Network{Policy: c.Policy, Version: version, UpdatedAt: nw.host.now()}
+	if err := nw.records.PutNetwork(ctx, sb.ID, n); err != nil {
 		return nil, err
 	}
-	m.mu.Lock()
-	in := m.live[sb.ID]
-	m.mu.Unlock()
-	if in != nil {
+	if in := nw.host.liveInstance(sb.ID); in != nil {
 		if g := in.egressGate(); g != nil {
 			g.SetPolicy(c, version)
 		}
 	}
 	// Versions and counts only: a policy can hold hundreds of rules, and
 	// GET …/network shows the one in force.
-	eff := m.cfg.Egress.Limit(c)
-	m.event(sb.ID, "network_changed", "egress policy changed", map[string]any{"version": version, "internet": eff.Internet,
+	eff := nw.egress.Limit(c)
+	nw.host.event(sb.ID, "network_changed", "egress policy changed", map[string]any{"version": version, "internet": eff.Internet,
 		"allowRules": len(eff.Allow), "denyRules": len(eff.Deny)})
-	return m.networkStatus(sb.ID, n), nil
+	return nw.networkStatus(sb.ID, n), nil
 }

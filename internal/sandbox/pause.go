@@ -100,7 +100,7 @@ func (m *Manager) pause(ctx context.Context, id, why string) (*Sandbox, error) {
 	sb, err := m.update(ctx, id, func(s *Sandbox) bool {
 		// An idle pause looks again in the transaction: a call that
 		// began since the sandbox was found idle keeps it running.
-		if changed = s.State == StateRunning && (why != PauseIdle || m.idle(s, now)); changed {
+		if changed = s.State == StateRunning && (why != PauseIdle || m.reaper.idle(s, now)); changed {
 			s.State, s.PausedAt = StatePausing, &now
 		}
 		return changed
@@ -139,7 +139,7 @@ func (m *Manager) pauseLocked(id, why string, record bool) bool {
 	if in != nil {
 		in.cancel() // the watcher lets go; the guest connection goes with the VMM
 		<-in.bootDone
-		m.refreshGuestCPU(in)
+		m.meter.guestClosing(in)
 		m.detach(context.Background(), in)
 		in.mu.Lock()
 		mach = in.machine
@@ -163,7 +163,7 @@ func (m *Manager) pauseLocked(id, why string, record bool) bool {
 	}
 	faultpoint.Hit("pause.saved")
 	if in != nil {
-		m.meterSettle(in, mach, true)
+		m.meter.vmEnded(in, mach)
 		m.forget(in)
 	}
 	if err != nil && !m.cfg.Driver.Saved(m.vmSpec(sb)) {
@@ -297,7 +297,7 @@ func (m *Manager) wake(ctx context.Context, id string, timeout *int) (*Sandbox, 
 		// here would find no state and record it stopped.
 		return nil, errNotOnNode(id)
 	}
-	m.accrueKept(ctx, sb, m.now())
+	m.meter.accrueKept(ctx, sb, m.now())
 	whole := *sb
 	whole.State = StateResuming
 	if err := m.cfg.Admission.Replace(claim(&whole)); err != nil {

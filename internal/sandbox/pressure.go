@@ -15,16 +15,16 @@ import (
 // swap and the OOM killer when its idle sandboxes grow. One a tick: a pause
 // frees its memory within a fraction of a second, and the next tick looks
 // again. It returns the id paused, or "".
-func (m *Manager) relievePressure(ctx context.Context, live []*Sandbox) string {
-	if m.cfg.MemoryFloorMiB <= 0 {
+func (rp *Reaper) relievePressure(ctx context.Context, live []*Sandbox) string {
+	if rp.memoryFloorMiB <= 0 {
 		return ""
 	}
-	read := m.cfg.MemAvailable
+	read := rp.memAvailable
 	if read == nil {
 		read = admission.MemAvailableMiB
 	}
 	avail, err := read()
-	if err != nil || avail >= m.cfg.MemoryFloorMiB {
+	if err != nil || avail >= rp.memoryFloorMiB {
 		return ""
 	}
 	var victim *Sandbox
@@ -34,9 +34,7 @@ func (m *Manager) relievePressure(ctx context.Context, live []*Sandbox) string {
 		if sb.State != StateRunning || sb.Persistent || !sb.AutoWake {
 			continue
 		}
-		m.mu.Lock()
-		in := m.live[sb.ID]
-		m.mu.Unlock()
+		in := rp.host.liveInstance(sb.ID)
 		if in == nil {
 			continue
 		}
@@ -49,13 +47,13 @@ func (m *Manager) relievePressure(ctx context.Context, live []*Sandbox) string {
 		}
 	}
 	if victim == nil {
-		m.log.Warn("host memory is low and no sandbox can be paused", "available_mib", avail, "floor_mib", m.cfg.MemoryFloorMiB)
+		rp.log.Warn("host memory is low and no sandbox can be paused", "available_mib", avail, "floor_mib", rp.memoryFloorMiB)
 		return ""
 	}
-	m.log.Warn("host memory is low; pausing the sandbox idle longest", "sandbox_id", victim.ID,
-		"available_mib", avail, "floor_mib", m.cfg.MemoryFloorMiB)
-	if _, err := m.pause(ctx, victim.ID, PauseMemoryPressure); err != nil {
-		m.log.Error("pausing under memory pressure", "sandbox_id", victim.ID, "err", err)
+	rp.log.Warn("host memory is low; pausing the sandbox idle longest", "sandbox_id", victim.ID,
+		"available_mib", avail, "floor_mib", rp.memoryFloorMiB)
+	if _, err := rp.host.pause(ctx, victim.ID, PauseMemoryPressure); err != nil {
+		rp.log.Error("pausing under memory pressure", "sandbox_id", victim.ID, "err", err)
 		return ""
 	}
 	return victim.ID

@@ -75,8 +75,25 @@ type PreviewStore interface {
 	DeletePreviews(ctx context.Context, sandboxID string, port int) error
 }
 
-func (m *Manager) previews() (PreviewStore, error) {
-	ps, ok := m.cfg.Store.(PreviewStore)
+// Previews keeps the previews of sandboxes. It reads the manager's
+// records through previewHost; Manager.Previews returns the manager's.
+type Previews struct {
+	host    previewHost
+	records Store // a PreviewStore, or this server keeps no previews
+}
+
+// previewHost is what previews need of the manager: a sandbox as its
+// owner sees it, and the clock.
+type previewHost interface {
+	get(ctx context.Context, owner, id string) (*Sandbox, error)
+	now() time.Time
+}
+
+// Previews is the manager's previews.
+func (m *Manager) Previews() *Previews { return m.previews }
+
+func (pv *Previews) store() (PreviewStore, error) {
+	ps, ok := pv.records.(PreviewStore)
 	if !ok {
 		return nil, errdefs.New(errdefs.ErrUnavailable, "previews_unavailable", "this server's store keeps no previews")
 	}
@@ -90,19 +107,19 @@ func previewNotFound(id string, port int) error {
 
 // CreatePreview shares a port of owner's sandbox id, or changes the
 // visibility, lifetime or embed origins of its preview.
-func (m *Manager) CreatePreview(ctx context.Context, owner, id string, spec PreviewSpec) (*Preview, error) {
-	ps, err := m.previews()
+func (pv *Previews) CreatePreview(ctx context.Context, owner, id string, spec PreviewSpec) (*Preview, error) {
+	ps, err := pv.store()
 	if err != nil {
 		return nil, err
 	}
-	sb, err := m.get(ctx, owner, id)
+	sb, err := pv.host.get(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
 	if sb.State == StateDeleted || sb.State == StateDeleting {
 		return nil, errdefs.New(errdefs.ErrConflict, "sandbox_deleted", "sandbox %s is deleted", id)
 	}
-	now := m.now()
+	now := pv.host.now()
 	expires, err := previewExpiry(now, spec.TTL, spec.ExpiresAt)
 	if err != nil {
 		return nil, err
@@ -165,19 +182,19 @@ func previewExpiry(now time.Time, ttl time.Duration, at *time.Time) (*time.Time,
 
 // ListPreviews returns the previews of owner's sandbox id that have not
 // expired, by port.
-func (m *Manager) ListPreviews(ctx context.Context, owner, id string) ([]*Preview, error) {
-	ps, err := m.previews()
+func (pv *Previews) ListPreviews(ctx context.Context, owner, id string) ([]*Preview, error) {
+	ps, err := pv.store()
 	if err != nil {
 		return nil, err
 	}
-	if _, err := m.get(ctx, owner, id); err != nil {
+	if _, err := pv.host.get(ctx, owner, id); err != nil {
 		return nil, err
 	}
 	all, err := ps.ListPreviews(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	now := m.now()
+	now := pv.host.now()
 	out := all[:0]
 	for _, p := range all {
 		if p.live(now) {
@@ -188,28 +205,28 @@ func (m *Manager) ListPreviews(ctx context.Context, owner, id string) ([]*Previe
 }
 
 // GetPreview returns the preview of port of owner's sandbox id.
-func (m *Manager) GetPreview(ctx context.Context, owner, id string, port int) (*Preview, error) {
-	ps, err := m.previews()
+func (pv *Previews) GetPreview(ctx context.Context, owner, id string, port int) (*Preview, error) {
+	ps, err := pv.store()
 	if err != nil {
 		return nil, err
 	}
-	if _, err := m.get(ctx, owner, id); err != nil {
+	if _, err := pv.host.get(ctx, owner, id); err != nil {
 		return nil, err
 	}
 	p, err := ps.GetPreview(ctx, id, port)
-	if errdefs.IsNotFound(err) || (err == nil && !p.live(m.now())) {
+	if errdefs.IsNotFound(err) || (err == nil && !p.live(pv.host.now())) {
 		return nil, previewNotFound(id, port)
 	}
 	return p, err
 }
 
 // DeletePreview stops sharing port; deleting twice is not_found.
-func (m *Manager) DeletePreview(ctx context.Context, owner, id string, port int) (*Preview, error) {
-	p, err := m.GetPreview(ctx, owner, id, port)
+func (pv *Previews) DeletePreview(ctx context.Context, owner, id string, port int) (*Preview, error) {
+	p, err := pv.GetPreview(ctx, owner, id, port)
 	if err != nil {
 		return nil, err
 	}
-	ps, _ := m.previews()
+	ps, _ := pv.store()
 	if err := ps.DeletePreviews(ctx, id, port); err != nil {
 		return nil, err
 	}
@@ -218,13 +235,13 @@ func (m *Manager) DeletePreview(ctx context.Context, owner, id string, port int)
 
 // RotatePreview gives the preview a new secret: every token signed before
 // is refused from now on.
-func (m *Manager) RotatePreview(ctx context.Context, owner, id string, port int) (*Preview, error) {
-	p, err := m.GetPreview(ctx, owner, id, port)
+func (pv *Previews) RotatePreview(ctx context.Context, owner, id string, port int) (*Preview, error) {
+	p, err := pv.GetPreview(ctx, owner, id, port)
 	if err != nil {
 		return nil, err
 	}
-	ps, _ := m.previews()
-	p.Secret, p.UpdatedAt = newPreviewSecret(), m.now()
+	ps, _ := pv.store()
+	p.Secret, p.UpdatedAt = newPreviewSecret(), pv.host.now()
 	if err := ps.PutPreview(ctx, p); err != nil {
 		return nil, err
 	}
@@ -234,8 +251,8 @@ func (m *Manager) RotatePreview(ctx context.Context, owner, id string, port int)
 // OpenPreview returns the live preview of port of sandbox id, of any
 // owner, for serving its host: not found if it does not exist, has
 // expired, or its sandbox is deleted.
-func (m *Manager) OpenPreview(ctx context.Context, id string, port int) (*Preview, error) {
-	ps, err := m.previews()
+func (pv *Previews) OpenPreview(ctx context.Context, id string, port int) (*Preview, error) {
+	ps, err := pv.store()
 	if err != nil {
 		return nil, err
 	}
@@ -247,10 +264,10 @@ func (m *Manager) OpenPreview(ctx context.Context, id string, port int) (*Previe
 	if err != nil {
 		return nil, err
 	}
-	if !p.live(m.now()) {
+	if !p.live(pv.host.now()) {
 		return nil, nf
 	}
-	sb, err := m.cfg.Store.GetSandbox(ctx, p.SandboxID)
+	sb, err := pv.records.GetSandbox(ctx, p.SandboxID)
 	if errdefs.IsNotFound(err) || (err == nil && (sb.State == StateDeleted || sb.State == StateDeleting)) {
 		return nil, nf
 	}

@@ -28,22 +28,22 @@ type DiskStore interface {
 	KeptDisks(ctx context.Context, owner string) (count int, diskMiB int64, err error)
 }
 
-func (m *Manager) retention() time.Duration {
-	if m.cfg.StoppedDiskRetention == 0 {
+func (rp *Reaper) retention() time.Duration {
+	if rp.diskRetention == 0 {
 		return DefaultStoppedDiskRetention
 	}
-	return m.cfg.StoppedDiskRetention
+	return rp.diskRetention
 }
 
 // RunDiskRetention removes the files of stopped sandboxes once they have
 // been stopped for the retention (never, if it is negative), and deletes
 // snapshots whose retention has ended, every minute until ctx ends.
-func (m *Manager) RunDiskRetention(ctx context.Context) {
+func (rp *Reaper) RunDiskRetention(ctx context.Context) {
 	t := time.NewTicker(retentionTick)
 	defer t.Stop()
 	for {
-		m.RemoveStoppedDisks(ctx)
-		m.ExpireSnapshots(ctx)
+		rp.RemoveStoppedDisks(ctx)
+		rp.snapshots.ExpireSnapshots(ctx)
 		select {
 		case <-ctx.Done():
 			return
@@ -57,28 +57,28 @@ func (m *Manager) RunDiskRetention(ctx context.Context) {
 // disk_removed event, and returns their ids. The record stays. The files
 // go first and the mark after, so a crash in between only repeats the
 // (harmless) removal.
-func (m *Manager) RemoveStoppedDisks(ctx context.Context) []string {
-	ds, ok := m.cfg.Store.(DiskStore)
-	if !ok || m.retention() < 0 {
+func (rp *Reaper) RemoveStoppedDisks(ctx context.Context) []string {
+	ds, ok := rp.records.(DiskStore)
+	if !ok || rp.retention() < 0 {
 		return nil
 	}
-	now := m.now()
-	ids, err := ds.StoppedWithDisks(ctx, now.Add(-m.retention()))
+	now := rp.host.now()
+	ids, err := ds.StoppedWithDisks(ctx, now.Add(-rp.retention()))
 	if err != nil {
-		m.log.Error("listing stopped sandboxes' disks", "err", err)
+		rp.log.Error("listing stopped sandboxes' disks", "err", err)
 		return nil
 	}
 	var removed []string
 	for _, id := range ids {
-		ok, err := m.removeStoppedDisk(ctx, ds, id, now)
+		ok, err := rp.removeStoppedDisk(ctx, ds, id, now)
 		if err != nil {
-			m.log.Error("recording a stopped sandbox's disk removed", "sandbox_id", id, "err", err)
+			rp.log.Error("recording a stopped sandbox's disk removed", "sandbox_id", id, "err", err)
 			continue
 		}
 		if ok {
-			m.log.Info("removed a stopped sandbox's disk after the retention", "sandbox_id", id)
-			m.event(id, "disk_removed", "disk removed after the stopped-disk retention",
-				map[string]any{"retentionSeconds": int64(m.retention().Seconds())})
+			rp.log.Info("removed a stopped sandbox's disk after the retention", "sandbox_id", id)
+			rp.host.event(id, "disk_removed", "disk removed after the stopped-disk retention",
+				map[string]any{"retentionSeconds": int64(rp.retention().Seconds())})
 			removed = append(removed, id)
 		}
 	}
@@ -88,15 +88,15 @@ func (m *Manager) RemoveStoppedDisks(ctx context.Context) []string {
 // removeStoppedDisk removes the files of a sandbox that is still stopped,
 // under its VM lock, so that a restart never boots from a disk being
 // removed.
-func (m *Manager) removeStoppedDisk(ctx context.Context, ds DiskStore, id string, now time.Time) (bool, error) {
-	unlock := m.lockOp(id)
+func (rp *Reaper) removeStoppedDisk(ctx context.Context, ds DiskStore, id string, now time.Time) (bool, error) {
+	unlock := rp.host.lockOp(id)
 	defer unlock()
-	sb, err := m.cfg.Store.GetSandbox(ctx, id)
+	sb, err := rp.records.GetSandbox(ctx, id)
 	if err != nil || sb.State != StateStopped {
 		return false, err // restarted meanwhile
 	}
-	m.accrueKept(ctx, sb, now)
-	if err := os.RemoveAll(m.dir(id)); err != nil {
+	rp.meter.accrueKept(ctx, sb, now)
+	if err := os.RemoveAll(rp.host.dir(id)); err != nil {
 		return false, fmt.Errorf("removing the files of sandbox %s: %w", id, err)
 	}
 	return ds.MarkDiskRemoved(ctx, id, now)
@@ -105,8 +105,8 @@ func (m *Manager) removeStoppedDisk(ctx context.Context, ds DiskStore, id string
 // KeptDisks counts owner's stopped sandboxes whose disks are still kept
 // (they are removed after the retention), and the MiB those disks may
 // hold, for quotas: a kept disk takes host disk like a live one.
-func (m *Manager) KeptDisks(ctx context.Context, owner string) (count int, diskMiB int64, err error) {
-	ds, ok := m.cfg.Store.(DiskStore)
+func (rp *Reaper) KeptDisks(ctx context.Context, owner string) (count int, diskMiB int64, err error) {
+	ds, ok := rp.records.(DiskStore)
 	if !ok {
 		return 0, 0, nil
 	}

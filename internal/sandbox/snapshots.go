@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -52,16 +53,52 @@ type SnapshotUpdate struct {
 	IfLabels map[string]string
 }
 
-func (m *Manager) snapshots() (SnapshotStore, error) {
-	ss, ok := m.cfg.Store.(SnapshotStore)
+// Snapshots takes, keeps and expires the snapshots of sandboxes. It
+// drives the sandboxes through snapshotHost; Manager.Snapshots returns the
+// manager's.
+type Snapshots struct {
+	host        snapshotHost
+	records     Store      // a SnapshotStore, or this server keeps no snapshots
+	charges     MeterStore // a deleted snapshot is charged up to its deletion
+	driver      vmm.Driver
+	dataDir     string        // snapshots live in dataDir/snapshots/<id>
+	bootTimeout time.Duration // how long a sandbox starting may take to run
+	log         *slog.Logger
+}
+
+// snapshotHost is what snapshots need of the manager: a sandbox as its
+// owner sees it, brought to running and paused again, its VM's capture,
+// its events and the clock.
+type snapshotHost interface {
+	Get(ctx context.Context, owner, id string) (*Sandbox, error)
+	WaitFor(ctx context.Context, owner, id string, states ...State) (*Sandbox, error)
+	Wake(ctx context.Context, owner, id string, timeout *int) (*Sandbox, error)
+	pause(ctx context.Context, id, why string) (*Sandbox, error)
+	refuseWithVolumes(ctx context.Context, id string) error
+	capture(id, dir string, memory bool) (vmm.SnapshotInfo, error)
+	event(id, typ, msg string, data map[string]any)
+	observeOp(op string, err error)
+	now() time.Time
+}
+
+func newSnapshots(m *Manager) *Snapshots {
+	return &Snapshots{host: m, records: m.cfg.Store, charges: m.cfg.Meter, driver: m.cfg.Driver,
+		dataDir: m.cfg.DataDir, bootTimeout: m.cfg.BootTimeout, log: m.log}
+}
+
+// Snapshots is the manager's snapshots.
+func (m *Manager) Snapshots() *Snapshots { return m.snapshots }
+
+func (sp *Snapshots) store() (SnapshotStore, error) {
+	ss, ok := sp.records.(SnapshotStore)
 	if !ok {
 		return nil, errdefs.New(errdefs.ErrUnavailable, "snapshots_unavailable", "this server's store keeps no snapshots")
 	}
 	return ss, nil
 }
 
-func (m *Manager) snapshotDir(id string) string {
-	return filepath.Join(m.cfg.DataDir, "snapshots", id)
+func (sp *Snapshots) dir(id string) string {
+	return filepath.Join(sp.dataDir, "snapshots", id)
 }
 
 func snapshotNotFound(id string) error {
@@ -85,8 +122,8 @@ func randomUUID() string {
 }
 
 // getSnapshot loads a snapshot of owner's that is not deleted.
-func (m *Manager) getSnapshot(ctx context.Context, owner, id string) (*Snapshot, error) {
-	ss, err := m.snapshots()
+func (sp *Snapshots) getSnapshot(ctx context.Context, owner, id string) (*Snapshot, error) {
+	ss, err := sp.store()
 	if err != nil {
 		return nil, err
 	}
@@ -98,13 +135,13 @@ func (m *Manager) getSnapshot(ctx context.Context, owner, id string) (*Snapshot,
 }
 
 // GetSnapshot implements api.Manager.GetSnapshot.
-func (m *Manager) GetSnapshot(ctx context.Context, owner, id string) (*Snapshot, error) {
-	return m.getSnapshot(ctx, owner, id)
+func (sp *Snapshots) GetSnapshot(ctx context.Context, owner, id string) (*Snapshot, error) {
+	return sp.getSnapshot(ctx, owner, id)
 }
 
 // ListSnapshots implements api.Manager.ListSnapshots.
-func (m *Manager) ListSnapshots(ctx context.Context, opts SnapshotListOptions) ([]*Snapshot, string, error) {
-	ss, err := m.snapshots()
+func (sp *Snapshots) ListSnapshots(ctx context.Context, opts SnapshotListOptions) ([]*Snapshot, string, error) {
+	ss, err := sp.store()
 	if err != nil {
 		return nil, "", err
 	}
@@ -119,25 +156,25 @@ func (m *Manager) ListSnapshots(ctx context.Context, opts SnapshotListOptions) (
 // DataDir/snapshots/<id> for the retention. The guest is stopped for the
 // copy and runs on after; a paused sandbox is woken for it and paused
 // again. It answers once the capture is over, ready or failed.
-func (m *Manager) Snapshot(ctx context.Context, owner, id string, spec SnapshotSpec) (_ *Snapshot, err error) {
-	defer func() { m.observeOp("snapshot", err) }()
-	ss, err := m.snapshots()
+func (sp *Snapshots) Snapshot(ctx context.Context, owner, id string, spec SnapshotSpec) (_ *Snapshot, err error) {
+	defer func() { sp.host.observeOp("snapshot", err) }()
+	ss, err := sp.store()
 	if err != nil {
 		return nil, err
 	}
-	sb, err := m.settleRunning(ctx, owner, id)
+	sb, err := sp.settleRunning(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
-	if err := m.refuseWithVolumes(ctx, sb.ID); err != nil {
+	if err := sp.host.refuseWithVolumes(ctx, sb.ID); err != nil {
 		return nil, err
 	}
 	repause := sb.State == StatePaused
 	if repause {
-		if _, err := m.Wake(ctx, owner, id, nil); err != nil {
+		if _, err := sp.host.Wake(ctx, owner, id, nil); err != nil {
 			return nil, err
 		}
-		if sb, err = m.settleRunning(ctx, owner, id); err != nil {
+		if sb, err = sp.settleRunning(ctx, owner, id); err != nil {
 			return nil, err
 		}
 		if sb.State != StateRunning {
@@ -150,7 +187,7 @@ func (m *Manager) Snapshot(ctx context.Context, owner, id string, spec SnapshotS
 	if spec.RetentionDays == 0 {
 		spec.RetentionDays = DefaultSnapshotRetentionDays
 	}
-	now := m.now()
+	now := sp.host.now()
 	expires := now.Add(time.Duration(spec.RetentionDays) * 24 * time.Hour)
 	sn := &Snapshot{ID: "snap_" + randomHex(10), OwnerKeyID: owner, Name: spec.Name, Labels: spec.Labels,
 		SourceSandboxID: id, Mode: spec.Mode, State: SnapshotCapturing, VCPU: sb.VCPU, MemoryMiB: sb.MemoryMiB,
@@ -159,13 +196,13 @@ func (m *Manager) Snapshot(ctx context.Context, owner, id string, spec SnapshotS
 	if err := ss.InsertSnapshot(ctx, sn); err != nil {
 		return nil, err
 	}
-	info, capErr := m.capture(id, sn)
+	info, capErr := sp.host.capture(id, sp.dir(sn.ID), sn.Mode == SnapshotModeMemory)
 	if repause {
-		if _, err := m.pause(context.WithoutCancel(ctx), id, "snapshot"); err != nil {
-			m.log.Warn("pausing again after a snapshot", "sandbox_id", id, "err", err)
+		if _, err := sp.host.pause(context.WithoutCancel(ctx), id, "snapshot"); err != nil {
+			sp.log.Warn("pausing again after a snapshot", "sandbox_id", id, "err", err)
 		}
 	}
-	readyAt := m.now()
+	readyAt := sp.host.now()
 	sn, err = ss.UpdateSnapshot(context.WithoutCancel(ctx), sn.ID, func(s *Snapshot) bool {
 		if s.State != SnapshotCapturing {
 			return false // deleted meanwhile
@@ -181,25 +218,25 @@ func (m *Manager) Snapshot(ctx context.Context, owner, id string, spec SnapshotS
 		return nil, err
 	}
 	if capErr != nil {
-		m.log.Warn("snapshot capture failed", "sandbox_id", id, "snapshot_id", sn.ID, "err", capErr)
-		_ = os.RemoveAll(m.snapshotDir(sn.ID))
-		m.event(id, "snapshot_failed", "snapshot capture failed", map[string]any{"snapshotId": sn.ID})
+		sp.log.Warn("snapshot capture failed", "sandbox_id", id, "snapshot_id", sn.ID, "err", capErr)
+		_ = os.RemoveAll(sp.dir(sn.ID))
+		sp.host.event(id, "snapshot_failed", "snapshot capture failed", map[string]any{"snapshotId": sn.ID})
 	} else {
-		m.event(id, "snapshot", "snapshot taken", map[string]any{"snapshotId": sn.ID, "mode": sn.Mode, "sizeBytes": sn.SizeBytes})
+		sp.host.event(id, "snapshot", "snapshot taken", map[string]any{"snapshotId": sn.ID, "mode": sn.Mode, "sizeBytes": sn.SizeBytes})
 	}
 	return sn, nil
 }
 
 // settleRunning returns the sandbox once it is not starting, resuming or
 // pausing (waiting at most a boot's time), or its refusal if it cannot run.
-func (m *Manager) settleRunning(ctx context.Context, owner, id string) (*Sandbox, error) {
-	sb, err := m.Get(ctx, owner, id)
+func (sp *Snapshots) settleRunning(ctx context.Context, owner, id string) (*Sandbox, error) {
+	sb, err := sp.host.Get(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
 	if sb.State == StateStarting || sb.State == StateResuming || sb.State == StatePausing {
-		wctx, cancel := context.WithTimeout(ctx, pauseTimeout+m.cfg.BootTimeout)
-		sb, err = m.WaitFor(wctx, owner, id, StateRunning, StatePaused)
+		wctx, cancel := context.WithTimeout(ctx, pauseTimeout+sp.bootTimeout)
+		sb, err = sp.host.WaitFor(wctx, owner, id, StateRunning, StatePaused)
 		cancel()
 		if err != nil {
 			return nil, err
@@ -211,14 +248,13 @@ func (m *Manager) settleRunning(ctx context.Context, owner, id string) (*Sandbox
 	return sb, nil
 }
 
-// capture has the sandbox's VM write the snapshot, under its VM lock so
-// that no pause or stop replaces the VM meanwhile.
-func (m *Manager) capture(id string, sn *Snapshot) (vmm.SnapshotInfo, error) {
+// capture has the sandbox's VM write a snapshot (with memory, or the disk
+// alone) into dir, under its VM lock so that no pause or stop replaces the
+// VM meanwhile.
+func (m *Manager) capture(id, dir string, memory bool) (vmm.SnapshotInfo, error) {
 	unlock := m.lockOp(id)
 	defer unlock()
-	m.mu.Lock()
-	in := m.live[id]
-	m.mu.Unlock()
+	in := m.liveInstance(id)
 	if in == nil {
 		return vmm.SnapshotInfo{}, fmt.Errorf("sandbox %s has no vm", id)
 	}
@@ -228,22 +264,21 @@ func (m *Manager) capture(id string, sn *Snapshot) (vmm.SnapshotInfo, error) {
 	}
 	ctx, cancel := context.WithTimeout(m.ctx, captureTimeout)
 	defer cancel()
-	memory := sn.Mode == SnapshotModeMemory
 	if memory {
 		// Copies must find the agent waiting for a new connection.
 		in.saving.Lock()
 		defer in.saving.Unlock()
 		m.detach(ctx, in)
 	}
-	return mach.Snapshot(ctx, m.snapshotDir(sn.ID), memory)
+	return mach.Snapshot(ctx, dir, memory)
 }
 
 // UpdateSnapshot implements api.Manager.UpdateSnapshot.
-func (m *Manager) UpdateSnapshot(ctx context.Context, owner, id string, u SnapshotUpdate) (*Snapshot, error) {
-	if _, err := m.getSnapshot(ctx, owner, id); err != nil {
+func (sp *Snapshots) UpdateSnapshot(ctx context.Context, owner, id string, u SnapshotUpdate) (*Snapshot, error) {
+	if _, err := sp.getSnapshot(ctx, owner, id); err != nil {
 		return nil, err
 	}
-	ss, _ := m.snapshots()
+	ss, _ := sp.store()
 	fenced := false
 	sn, err := ss.UpdateSnapshot(ctx, id, func(s *Snapshot) bool {
 		if s.State == SnapshotDeleted {
@@ -288,12 +323,12 @@ func sameLabels(a, b map[string]string) bool {
 
 // ExtendSnapshot implements api.Manager.ExtendSnapshot: the snapshot is
 // kept days from now.
-func (m *Manager) ExtendSnapshot(ctx context.Context, owner, id string, days int) (*Snapshot, error) {
-	if _, err := m.getSnapshot(ctx, owner, id); err != nil {
+func (sp *Snapshots) ExtendSnapshot(ctx context.Context, owner, id string, days int) (*Snapshot, error) {
+	if _, err := sp.getSnapshot(ctx, owner, id); err != nil {
 		return nil, err
 	}
-	ss, _ := m.snapshots()
-	exp := m.now().Add(time.Duration(days) * 24 * time.Hour)
+	ss, _ := sp.store()
+	exp := sp.host.now().Add(time.Duration(days) * 24 * time.Hour)
 	sn, err := ss.UpdateSnapshot(ctx, id, func(s *Snapshot) bool {
 		if s.State == SnapshotDeleted {
 			return false
@@ -310,23 +345,23 @@ func (m *Manager) ExtendSnapshot(ctx context.Context, owner, id string, days int
 // DeleteSnapshot implements api.Manager.DeleteSnapshot. The snapshot is
 // gone for its owner at once; its files stay while any sandbox made from
 // it exists (their disks are built on its disk), and go with the last.
-func (m *Manager) DeleteSnapshot(ctx context.Context, owner, id string) error {
-	if _, err := m.getSnapshot(ctx, owner, id); err != nil {
+func (sp *Snapshots) DeleteSnapshot(ctx context.Context, owner, id string) error {
+	if _, err := sp.getSnapshot(ctx, owner, id); err != nil {
 		return err
 	}
-	if err := m.markSnapshotDeleted(ctx, id); err != nil {
+	if err := sp.markSnapshotDeleted(ctx, id); err != nil {
 		return err
 	}
-	m.RemoveUnusedSnapshots(ctx)
+	sp.RemoveUnusedSnapshots(ctx)
 	return nil
 }
 
-func (m *Manager) markSnapshotDeleted(ctx context.Context, id string) error {
-	ss, err := m.snapshots()
+func (sp *Snapshots) markSnapshotDeleted(ctx context.Context, id string) error {
+	ss, err := sp.store()
 	if err != nil {
 		return err
 	}
-	now := m.now()
+	now := sp.host.now()
 	sn, err := ss.UpdateSnapshot(ctx, id, func(s *Snapshot) bool {
 		if s.State == SnapshotDeleted {
 			return false
@@ -336,8 +371,8 @@ func (m *Manager) markSnapshotDeleted(ctx context.Context, id string) error {
 	})
 	if err == nil && sn.ReadyAt != nil {
 		// Charged up to its deletion, not only to the last periodic charge.
-		if err := m.cfg.Meter.AccrueStorage(ctx, sn.ID, metering.KindSnapshot, sn.OwnerKeyID, sn.SizeBytes, sn.CreatedAt, now); err != nil {
-			m.log.Warn("charging a deleted snapshot", "snapshot_id", sn.ID, "err", err)
+		if err := sp.charges.AccrueStorage(ctx, sn.ID, metering.KindSnapshot, sn.OwnerKeyID, sn.SizeBytes, sn.CreatedAt, now); err != nil {
+			sp.log.Warn("charging a deleted snapshot", "snapshot_id", sn.ID, "err", err)
 		}
 	}
 	return err
@@ -346,52 +381,52 @@ func (m *Manager) markSnapshotDeleted(ctx context.Context, id string) error {
 // ExpireSnapshots deletes the snapshots whose retention has ended and
 // removes the files no sandbox needs any more. It returns the ids of the
 // snapshots it deleted.
-func (m *Manager) ExpireSnapshots(ctx context.Context) []string {
-	ss, err := m.snapshots()
+func (sp *Snapshots) ExpireSnapshots(ctx context.Context) []string {
+	ss, err := sp.store()
 	if err != nil {
 		return nil
 	}
-	expired, err := ss.ExpiredSnapshots(ctx, m.now())
+	expired, err := ss.ExpiredSnapshots(ctx, sp.host.now())
 	if err != nil {
-		m.log.Error("listing expired snapshots", "err", err)
+		sp.log.Error("listing expired snapshots", "err", err)
 		return nil
 	}
 	var ids []string
 	for _, sn := range expired {
-		if err := m.markSnapshotDeleted(ctx, sn.ID); err != nil {
-			m.log.Error("deleting an expired snapshot", "snapshot_id", sn.ID, "err", err)
+		if err := sp.markSnapshotDeleted(ctx, sn.ID); err != nil {
+			sp.log.Error("deleting an expired snapshot", "snapshot_id", sn.ID, "err", err)
 			continue
 		}
-		m.log.Info("snapshot retention ended; deleted", "snapshot_id", sn.ID)
+		sp.log.Info("snapshot retention ended; deleted", "snapshot_id", sn.ID)
 		ids = append(ids, sn.ID)
 	}
-	m.RemoveUnusedSnapshots(ctx)
+	sp.RemoveUnusedSnapshots(ctx)
 	return ids
 }
 
 // RemoveUnusedSnapshots removes the files of deleted snapshots that no
 // sandbox but a deleted one was made from.
-func (m *Manager) RemoveUnusedSnapshots(ctx context.Context) {
-	ss, err := m.snapshots()
+func (sp *Snapshots) RemoveUnusedSnapshots(ctx context.Context) {
+	ss, err := sp.store()
 	if err != nil {
 		return
 	}
 	ids, err := ss.UnusedDeletedSnapshots(ctx)
 	if err != nil {
-		m.log.Error("listing unused snapshots", "err", err)
+		sp.log.Error("listing unused snapshots", "err", err)
 		return
 	}
 	for _, id := range ids {
-		if err := removeAll(m.snapshotDir(id)); err != nil {
-			m.log.Error("removing a deleted snapshot's files", "snapshot_id", id, "err", err)
+		if err := removeAll(sp.dir(id)); err != nil {
+			sp.log.Error("removing a deleted snapshot's files", "snapshot_id", id, "err", err)
 			continue
 		}
-		now := m.now()
+		now := sp.host.now()
 		if _, err := ss.UpdateSnapshot(ctx, id, func(s *Snapshot) bool {
 			s.FilesRemovedAt = &now
 			return true
 		}); err != nil {
-			m.log.Error("recording a deleted snapshot's files removed", "snapshot_id", id, "err", err)
+			sp.log.Error("recording a deleted snapshot's files removed", "snapshot_id", id, "err", err)
 		}
 	}
 }
@@ -399,7 +434,7 @@ func (m *Manager) RemoveUnusedSnapshots(ctx context.Context) {
 // copySource checks the snapshot a create names and fills the spec with
 // its shape.
 func (m *Manager) copySource(ctx context.Context, owner string, spec *CreateSpec) (*Snapshot, error) {
-	sn, err := m.getSnapshot(ctx, owner, spec.SnapshotID)
+	sn, err := m.snapshots.getSnapshot(ctx, owner, spec.SnapshotID)
 	if err != nil {
 		return nil, err
 	}
@@ -418,7 +453,7 @@ func (m *Manager) copySource(ctx context.Context, owner string, spec *CreateSpec
 func (m *Manager) bootCopy(ctx context.Context, in *instance, sb *Sandbox, sn *Snapshot, env map[string]string) {
 	spec := m.vmSpec(sb)
 	cctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
-	err := m.cfg.Driver.Clone(cctx, m.snapshotDir(sn.ID), spec)
+	err := m.cfg.Driver.Clone(cctx, m.snapshots.dir(sn.ID), spec)
 	cancel()
 	if err != nil {
 		defer close(in.bootDone)

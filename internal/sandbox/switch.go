@@ -48,7 +48,35 @@ type switchMarker struct {
 	NewRootfs  string `json:"newRootfs"`
 }
 
-func (m *Manager) switchDir(id string) string { return m.dir(id) + ".switch" }
+// switchDir holds the files of a switch of the sandbox whose directory is
+// dir.
+func switchDir(dir string) string { return dir + ".switch" }
+
+// Switcher moves sandboxes to another image (SwitchImage) and carries
+// their /workspace across. The switch itself, under the sandbox's VM lock,
+// is a transition of the manager (switchLocked), which it reaches through
+// switchHost; Manager.Switcher returns the manager's.
+type Switcher struct {
+	host        switchHost
+	volumes     Volumes       // nil: no sandbox holds volumes
+	bootTimeout time.Duration // how long a sandbox starting may take to run
+}
+
+// switchHost is what a switch needs of the manager: a sandbox as its owner
+// sees it, brought to running, the values of its environment, and the
+// switch under the VM lock.
+type switchHost interface {
+	Get(ctx context.Context, owner, id string) (*Sandbox, error)
+	WaitFor(ctx context.Context, owner, id string, states ...State) (*Sandbox, error)
+	Wake(ctx context.Context, owner, id string, timeout *int) (*Sandbox, error)
+	Restart(ctx context.Context, owner, id string) (*Sandbox, error)
+	knownEnv(id string) (map[string]string, bool)
+	switchLocked(ctx context.Context, id string, to switchMarker) (_ *Sandbox, done bool, err error)
+	observeOp(op string, err error)
+}
+
+// Switcher is the manager's switcher of images.
+func (m *Manager) Switcher() *Switcher { return m.switcher }
 
 func switchUndone(id, why string) error {
 	return errdefs.New(errdefs.ErrConflict, "switch_undone",
@@ -63,14 +91,14 @@ func imageName(id string) string {
 	return id
 }
 
-// SwitchImage implements api.Manager.SwitchImage: it moves the sandbox to
+// SwitchImage moves the sandbox to
 // img (nil: the server's default image), keeping /workspace and its
 // volumes, and answers once it runs there. A paused or stopped sandbox is
 // woken or restarted first, to read its /workspace. A failure after the
 // old VM was paused is undone (switch_undone): the old VM resumes.
-func (m *Manager) SwitchImage(ctx context.Context, owner, id string, img *ImageRef) (_ *Sandbox, err error) {
-	defer func() { m.observeOp("switch_image", err) }()
-	sb, err := m.Get(ctx, owner, id)
+func (sw *Switcher) SwitchImage(ctx context.Context, owner, id string, img *ImageRef) (_ *Sandbox, err error) {
+	defer func() { sw.host.observeOp("switch_image", err) }()
+	sb, err := sw.host.Get(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
@@ -86,20 +114,20 @@ func (m *Manager) SwitchImage(ctx context.Context, owner, id string, img *ImageR
 		}
 		to.NewImageID, to.NewRootfs = img.ID, img.Rootfs
 	}
-	if _, known := m.knownEnv(id); !known && len(sb.EnvNames) > 0 {
+	if _, known := sw.host.knownEnv(id); !known && len(sb.EnvNames) > 0 {
 		return nil, envUnavailable("this server no longer knows the values of the sandbox's environment (it restarted), so a new VM of it would lose them")
 	}
 	for range 3 {
-		if err := m.upForSwitch(ctx, owner, id); err != nil {
+		if err := sw.upForSwitch(ctx, owner, id); err != nil {
 			return nil, err
 		}
-		sb, done, err := m.switchLocked(ctx, id, to)
+		sb, done, err := sw.host.switchLocked(ctx, id, to)
 		if done || err != nil {
 			return sb, err
 		}
 		// It paused or stopped between coming up and the lock: again.
 	}
-	sb, err = m.Get(ctx, owner, id)
+	sb, err = sw.host.Get(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
@@ -109,8 +137,8 @@ func (m *Manager) SwitchImage(ctx context.Context, owner, id string, img *ImageR
 
 // upForSwitch brings the sandbox to running: woken if paused, restarted
 // from its kept disk if stopped.
-func (m *Manager) upForSwitch(ctx context.Context, owner, id string) error {
-	sb, err := m.Get(ctx, owner, id)
+func (sw *Switcher) upForSwitch(ctx context.Context, owner, id string) error {
+	sb, err := sw.host.Get(ctx, owner, id)
 	if err != nil {
 		return err
 	}
@@ -118,9 +146,9 @@ func (m *Manager) upForSwitch(ctx context.Context, owner, id string) error {
 	case StateRunning:
 		return nil
 	case StatePaused:
-		_, err = m.Wake(ctx, owner, id, nil)
+		_, err = sw.host.Wake(ctx, owner, id, nil)
 	case StateStopped:
-		_, err = m.Restart(ctx, owner, id)
+		_, err = sw.host.Restart(ctx, owner, id)
 	case StateStarting, StateResuming, StatePausing:
 	default:
 		return Refusal(sb)
@@ -128,9 +156,9 @@ func (m *Manager) upForSwitch(ctx context.Context, owner, id string) error {
 	if err != nil {
 		return err
 	}
-	wctx, cancel := context.WithTimeout(ctx, pauseTimeout+2*m.cfg.BootTimeout)
+	wctx, cancel := context.WithTimeout(ctx, pauseTimeout+2*sw.bootTimeout)
 	defer cancel()
-	sb, err = m.WaitFor(wctx, owner, id, StateRunning, StatePaused)
+	sb, err = sw.host.WaitFor(wctx, owner, id, StateRunning, StatePaused)
 	if err != nil {
 		return err
 	}
@@ -168,11 +196,11 @@ func (m *Manager) switchLocked(ctx context.Context, id string, to switchMarker) 
 	}
 	to.OldImageID, to.OldRootfs = sb.ImageID, sb.Rootfs
 	env, _ := m.knownEnv(id)
-	sdir := m.switchDir(id)
+	sdir := switchDir(m.dir(id))
 
 	// 1. /workspace to the spool, while the old VM runs.
 	_ = os.RemoveAll(sdir)
-	size, err := m.spoolWorkspace(ctx, old, sb, sdir, to)
+	size, err := m.switcher.spoolWorkspace(ctx, old, sb, sdir, to)
 	if err != nil {
 		_ = os.RemoveAll(sdir)
 		log.Warn("switch of image: reading /workspace failed", "err", err)
@@ -253,7 +281,7 @@ func (m *Manager) switchLocked(ctx context.Context, id string, to switchMarker) 
 	faultpoint.Hit("switch.booted")
 
 	// 5. /workspace into it, its volumes, its start command.
-	if err := m.restoreWorkspace(ctx, in, sdir, size); err != nil {
+	if err := m.switcher.restoreWorkspace(ctx, in, sdir, size); err != nil {
 		return m.undoSwitch(id, in, sdir, err)
 	}
 	g := activeGuest{Client: in.guest(), touch: func() { in.touch(m.now()) }}
@@ -312,7 +340,7 @@ func (m *Manager) switchLocked(ctx context.Context, id string, to switchMarker) 
 // as a tar in sdir; it returns the tar's size. The tar is bounded by the
 // sandbox's disk; volumes mounted under /workspace are left out (they are
 // mounted again, not copied).
-func (m *Manager) spoolWorkspace(ctx context.Context, in *instance, sb *Sandbox, sdir string, to switchMarker) (int64, error) {
+func (sw *Switcher) spoolWorkspace(ctx context.Context, in *instance, sb *Sandbox, sdir string, to switchMarker) (int64, error) {
 	if err := os.MkdirAll(sdir, 0o700); err != nil {
 		return 0, err
 	}
@@ -321,7 +349,7 @@ func (m *Manager) spoolWorkspace(ctx context.Context, in *instance, sb *Sandbox,
 		return 0, err
 	}
 	var exclude []string
-	if r, ok := m.cfg.Volumes.(VolumeReattacher); ok {
+	if r, ok := sw.volumes.(VolumeReattacher); ok {
 		paths, err := r.Mounts(ctx, sb.ID)
 		if err != nil {
 			return 0, err
@@ -363,7 +391,7 @@ func (m *Manager) spoolWorkspace(ctx context.Context, in *instance, sb *Sandbox,
 // and gives it to the sandbox user (the agent's unpacking does not keep
 // owners; everything under /workspace is the user's, as what it writes
 // there is).
-func (m *Manager) restoreWorkspace(ctx context.Context, in *instance, sdir string, size int64) error {
+func (sw *Switcher) restoreWorkspace(ctx context.Context, in *instance, sdir string, size int64) error {
 	c := in.guest()
 	if c == nil {
 		return errors.New("the new guest is not connected")
@@ -471,7 +499,7 @@ func (m *Manager) undoSwitch(id string, in *instance, sdir string, cause error) 
 // the files go back, and the record names the old image, pausing, so that
 // the saved state makes it paused. It returns the record to recover.
 func (m *Manager) recoverSwitch(ctx context.Context, sb *Sandbox) *Sandbox {
-	sdir := m.switchDir(sb.ID)
+	sdir := switchDir(m.dir(sb.ID))
 	if _, err := os.Stat(sdir); err != nil {
 		return sb
 	}

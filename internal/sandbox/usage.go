@@ -10,11 +10,11 @@ import (
 )
 
 // Rates are the prices usage is charged at.
-func (m *Manager) Rates() pricing.Rates { return m.cfg.Rates }
+func (mt *Meter) Rates() pricing.Rates { return mt.rates }
 
 // AttachUsage sets the Usage of each sandbox: everything metered for it so
-// far, priced at m's rates.
-func (m *Manager) AttachUsage(ctx context.Context, sbs ...*Sandbox) error {
+// far, priced at mt's rates.
+func (mt *Meter) AttachUsage(ctx context.Context, sbs ...*Sandbox) error {
 	if len(sbs) == 0 {
 		return nil
 	}
@@ -23,13 +23,13 @@ func (m *Manager) AttachUsage(ctx context.Context, sbs ...*Sandbox) error {
 		ids[i] = sb.ID
 	}
 	sums := map[string]*metering.Summary{}
-	err := m.cfg.Meter.EachUsageRow(ctx, metering.Query{ResourceIDs: ids}, func(r metering.Row) error {
+	err := mt.store.EachUsageRow(ctx, metering.Query{ResourceIDs: ids}, func(r metering.Row) error {
 		s := sums[r.ResourceID]
 		if s == nil {
 			s = &metering.Summary{}
 			sums[r.ResourceID] = s
 		}
-		s.Add(r, m.cfg.Rates)
+		s.Add(r, mt.rates)
 		return nil
 	})
 	if err != nil {
@@ -40,7 +40,7 @@ func (m *Manager) AttachUsage(ctx context.Context, sbs ...*Sandbox) error {
 		if s == nil {
 			s = &metering.Summary{}
 		}
-		s.Price(m.cfg.Rates)
+		s.Price(mt.rates)
 		sb.Usage = s
 	}
 	return nil
@@ -48,17 +48,17 @@ func (m *Manager) AttachUsage(ctx context.Context, sbs ...*Sandbox) error {
 
 // EachUsageRow calls fn with each of owner's usage rows that q selects,
 // oldest hour first.
-func (m *Manager) EachUsageRow(ctx context.Context, owner string, q metering.Query, fn func(metering.Row) error) error {
+func (mt *Meter) EachUsageRow(ctx context.Context, owner string, q metering.Query, fn func(metering.Row) error) error {
 	q.Owner = owner // "" is every key's: the API lets only an admin ask
-	return m.cfg.Meter.EachUsageRow(ctx, q, fn)
+	return mt.store.EachUsageRow(ctx, q, fn)
 }
 
 // SettledThrough is the time before which no usage row can change any
 // more: the start of the hour of the oldest open interval, or of the
 // last full meter interval.
-func (m *Manager) SettledThrough(ctx context.Context) (time.Time, error) {
-	t := m.now().Add(-2 * m.meterInterval())
-	oldest, ok, err := m.cfg.Meter.OldestOpenMeter(ctx)
+func (mt *Meter) SettledThrough(ctx context.Context) (time.Time, error) {
+	t := mt.host.now().Add(-2 * mt.every())
+	oldest, ok, err := mt.store.OldestOpenMeter(ctx)
 	if err != nil {
 		return time.Time{}, err
 	}
@@ -70,18 +70,18 @@ func (m *Manager) SettledThrough(ctx context.Context) (time.Time, error) {
 
 // Metrics returns owner's sandbox id and its settled intervals that end
 // in [from, to).
-func (m *Manager) Metrics(ctx context.Context, owner, id string, from, to time.Time) (*Sandbox, []metering.Point, error) {
-	sb, err := m.Get(ctx, owner, id)
+func (mt *Meter) Metrics(ctx context.Context, owner, id string, from, to time.Time) (*Sandbox, []metering.Point, error) {
+	sb, err := mt.host.Get(ctx, owner, id)
 	if err != nil {
 		return nil, nil, err
 	}
-	pts, err := m.cfg.Meter.MeterPoints(ctx, id, from, to)
+	pts, err := mt.store.MeterPoints(ctx, id, from, to)
 	return sb, pts, err
 }
 
 // KeyLimits returns what one key may hold at once and what it holds now.
-func (m *Manager) KeyLimits(owner string) (admission.Quota, admission.Usage) {
-	return m.cfg.Admission.Quota(), m.cfg.Admission.Owner(owner)
+func (mt *Meter) KeyLimits(owner string) (admission.Quota, admission.Usage) {
+	return mt.ledger.Quota(), mt.ledger.Owner(owner)
 }
 
 // Reading is one live sandbox's meters, for monitoring.
@@ -92,19 +92,19 @@ type Reading struct {
 }
 
 // Readings returns the meters of every sandbox that has a VM.
-func (m *Manager) Readings(ctx context.Context) ([]Reading, error) {
-	live, err := m.cfg.Store.ListLive(ctx)
+func (mt *Meter) Readings(ctx context.Context) ([]Reading, error) {
+	live, err := mt.records.ListLive(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if err := m.AttachUsage(ctx, live...); err != nil {
+	if err := mt.AttachUsage(ctx, live...); err != nil {
 		return nil, err
 	}
-	now := m.now()
+	now := mt.host.now()
 	out := make([]Reading, 0, len(live))
 	for _, sb := range live {
 		r := Reading{ID: sb.ID, Owner: sb.OwnerKeyID, Usage: sb.Usage}
-		if pts, err := m.cfg.Meter.MeterPoints(ctx, sb.ID, now.Add(-3*m.meterInterval()), now.Add(time.Second)); err == nil && len(pts) > 0 {
+		if pts, err := mt.store.MeterPoints(ctx, sb.ID, now.Add(-3*mt.every()), now.Add(time.Second)); err == nil && len(pts) > 0 {
 			r.RSSBytes = pts[len(pts)-1].RSSBytes
 		}
 		out = append(out, r)
