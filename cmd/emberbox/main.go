@@ -1,6 +1,3 @@
-// Command emberbox is the Emberbox server and its administration tool:
-// `emberbox serve` runs the API and the sandboxes' VMs, `emberbox keys
-// create` makes API keys, `emberbox image build` builds the guest image.
 package main
 
 import (
