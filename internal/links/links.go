@@ -6,6 +6,15 @@
 // the first part) under a server key kept in the data dir. Revocation bumps
 // a generation number kept per sandbox (Generations); a token carries the
 // generation it was signed under and is refused once that is not current.
+//
+// The claims are sandbox, owner, path, method, expiry, generation, archive,
+// filename, wake, maxBytes and a nonce; the 32-byte key is made once by
+// `LoadKey` in `<data>/link.key` (0600, written to a temporary file and
+// `link(2)`ed into place, so two starting servers agree). `Signer.Open` checks
+// signature, expiry and generation (the store's `link_generations` table);
+// `Revoke` bumps it. Refusals are 403 `link_invalid`, `link_expired`,
+// `link_revoked`. Links live at most 7 days (default 1 h); a key revoked later
+// does not end its links: revoke them with the sandbox's `files:revoke-links`.
 package links
 
 import (

@@ -6,6 +6,12 @@
 // fsync off: it is fast and loses everything when it stops, as a test
 // wants. postgres refuses to run as root, so when the tests run as root
 // the server runs as the user "postgres".
+//
+// `Start(tb)` (stopped by `tb.Cleanup`; skips without the binaries unless
+// `$CI` is set), `New` and `Stop` for a `TestMain`, `Shared`, and
+// `NewDatabase(tb)`, the DSN of a fresh database dropped at cleanup. `initdb`
+// runs with `--locale=C`; the server is ready when a connection succeeds
+// (polled, with a deadline).
 package pgtest
 
 import (

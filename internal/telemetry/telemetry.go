@@ -7,6 +7,10 @@
 // process collectors, so that nothing registered on the global default
 // registry by a library leaks into the exposition. A nil *Metrics is valid
 // and records nothing, so callers need no nil checks.
+//
+// Per-sandbox series are capped at `MaxSandboxSeries`.
+// `deploy/grafana/emberbox.json` is a dashboard over these metrics, checked by
+// a test against the registry.
 package telemetry
 
 import (

@@ -16,6 +16,11 @@
 // bounded per owner and in all, and a begin never eats into a reserve of
 // free space on the staging file system. Errors are errdefs.CodedError
 // with the codes the API answers.
+//
+// `New` removes the `upl_*.part` files no upload owns, left by a crash;
+// `Sweep` (which `Run` calls every minute) ends uploads past their TTL or
+// `MaxAge`. Uploads of the two kinds are never found through each other's
+// calls.
 package upload
 
 import (

@@ -33,4 +33,13 @@
 //
 // The package depends on nothing of the server's: it may be copied or
 // vendored alone.
+//
+// A call is retried at most 4 times; a wait is the answer's Retry-After or
+// `retryAfterMs` (at most 60 s), else 0.5 s doubling to 8 s with jitter, and
+// the deliberate `…_unavailable` codes are never retried. Exec's timeout is
+// 24 hours by default (the server holds it to the lease); it tracks the byte
+// offset across stdout and stderr and resumes a cut stream from
+// `/processes/{pid}/output?cursor=&follow=true`. Terminal wraps the terminal
+// WebSocket as Read, Write, Resize and Close plus the exit code. Nothing
+// under internal/ may be imported here (a housekeeping fence).
 package emberbox
