@@ -76,7 +76,7 @@
 //     or snapshot that is not deleted has its id (`sandboxes.image_id`,
 //     `snapshots.image_id`); a queued or running build is cancelled. The
 //     builder's own cached steps on it (snapshots of owner `system:build`) do
-//     not hold it: a Builder with `ForgetImage` (the `images.Forgetter`
+//     not hold it: a Builder with `ForgetImage` (the `catalog.Forgetter`
 //     interface) is asked to drop them first. Not
 //     deletable by others: the default and other public images (403).
 //   - At a switch (`:switch-image`), the same resolution; see internal/sandbox.

@@ -79,7 +79,7 @@
 //     bounded entry) into `dir/rootfs.img`, sparse again and mode 0644. Nothing of the image is unpacked on the host. The build VM
 //     needs about three times the image's size free on its disk (tar, tree,
 //     ext4 image).
-//   - `Importer` implements `imagebuild.Importer`: `Open`, `Stage` (so
+//   - `Importer` implements `recipebuild.Importer`: `Open`, `Stage` (so
 //     a refused image starts no VM), a build sandbox of the default image through the manager (owner `system:build`,
 //     disk 4 GiB + 8× the compressed layers + 1 GiB, at most 64 GiB; deleted
 //     after), `BuildStaged`, and a `Result` whose digest is

@@ -4,7 +4,7 @@
 // content of the steps up to it, and the last disk exported as the
 // image's raw ext4 root disk. See docs/ARCHITECTURE.md, "Image builds".
 //
-// `imagebuild.Builder` implements `images.Builder` (the contract in
+// `Builder` implements `catalog.Builder` (the contract in
 // `internal/catalog/build.go`): the catalog hands it a `Job` and a `LogSink`
 // and gets back a raw ext4 root disk, its digest and its configuration.
 //
@@ -42,7 +42,7 @@
 //     `--chmod`) whose sha256 goes into the step's key; the agent's unpack
 //     (`file.unarchive`, `os.Root`) checks names and links again.
 //   - Run: each stage runs in a build sandbox created through the manager
-//     (`imagebuild.Manager`, which `*sandbox.Manager` satisfies) as owner
+//     (`recipebuild.Manager`, which `*sandbox.Manager` satisfies) as owner
 //     `system:build` (no API key, so no tenant lists it; admission counts it),
 //     egress `{internet: true}`, shape from `Job.Limits` (default 2 vCPU,
 //     2 GiB, 4 GiB disk, at least the base's `MinDiskMiB`), lease = the
@@ -84,8 +84,8 @@
 //     stage's `ENV`/recipe env, then `Job.Env`; `Job.Start` overrides the
 //     Dockerfile's start, `NoStart` drops it.
 //   - Imports: `SourceImage`/`SourceArchive` jobs and `FROM` a reference
-//     no image of ours has go to `Config.Import` (`imagebuild.Importer`), which
-//     returns an `images.Result` (a kind image/archive job's answer as is; for
+//     no image of ours has go to `Config.Import` (`recipebuild.Importer`), which
+//     returns an `catalog.Result` (a kind image/archive job's answer as is; for
 //     `FROM`, the base the build sandboxes boot, which must outlive the build
 //     because cache snapshots are overlays of it); without one they are
 //     refused with `invalid_request`.
@@ -93,6 +93,6 @@
 //     the build sandboxes a cut build left and the `system:build` snapshots no
 //     cache entry names; a build's own snapshots (cache off) have a one-day
 //     retention in case it is never called.
-//   - Wiring: `imagebuild.New(imagebuild.Config{Manager: mgr, Cache: st,
+//   - Wiring: `recipebuild.New(recipebuild.Config{Manager: mgr, Cache: st,
 //     Import: importer, Logger: log, DefaultDigest: …})`, then `Recover`.
 package recipebuild

@@ -191,7 +191,7 @@
 // use the create boots and no build is tried for a minute. When the catalog
 // releases an image's disk (its last image of that digest deleted, so no
 // sandbox or snapshot of it is left) it calls `Manager.RemoveTemplates`
-// (`images.Service.SetTemplates`, set in `serve`), which removes the disk's
+// (`catalog.Service.SetTemplates`, set in `serve`), which removes the disk's
 // templates; a build of them under way drops its result. At start,
 // templates whose disk (named in `templates/images/<hash>/rootfs`) is gone
 // are swept. The default image's templates are never removed by the server.
