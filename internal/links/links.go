@@ -1,10 +1,10 @@
-// Package links signs and checks the file links of sandboxes: URLs that
-// anyone may use without an API key to download or upload one path until
-// they expire or the sandbox's links are revoked.
+// Package links signs and checks the file links of sandboxes: URLs that anyone
+// may use without an API key to download or upload one path until they expire
+// or the sandbox's links are revoked.
 //
-// A link's token is base64url(JSON claims) "." base64url(HMAC-SHA256 of
-// the first part) under a server key kept in the data dir. Revocation bumps
-// a generation number kept per sandbox (Generations); a token carries the
+// A link's token is base64url(JSON claims) "." base64url(HMAC-SHA256 of the
+// first part) under a server key kept in the data dir. Revocation bumps a
+// generation number kept per sandbox (Generations); a token carries the
 // generation it was signed under and is refused once that is not current.
 //
 // The claims are sandbox, owner, path, method, expiry, generation, archive,
