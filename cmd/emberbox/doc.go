@@ -4,27 +4,27 @@
 //
 // # Commands
 //
-// `cmd/emberbox`: server binary (cobra). `serve` opens the store, writes
-// `admin.key` on a fresh data dir (the file, atomically, before the key's row),
-// settles idempotency keys a crash left pending, ensures image + initramfs,
-// measures the TSC, builds the QEMU driver, sizes admission control from the
-// host and the limit flags (`limits.go`), runs `Manager.Recover`, then the
-// lease clock (`Manager.Run`), an hourly idempotency prune followed by
-// `Store.Compact`, the stopped-disk retention (`Manager.RunDiskRetention`), the
-// meter (`Manager.RunMeter`) and the upload sweep as goroutines it waits for,
-// and the HTTP server, whose `/metrics` (admin keys) is the telemetry registry
-// (also on `--metrics-listen` without a key). On SIGINT/SIGTERM it drains HTTP,
-// stops and waits for those loops, closes the manager (VMs keep running), and
-// only then the store. The store is the data dir's `emberbox.db`, or the
-// PostgreSQL database `--store postgres://…` (or `$EMBERBOX_STORE`, which keeps
-// a password off the command line) names; `keys` and `images` take `--store`
-// too. `keys create|list|revoke|rotate`, `image build`, `images import|publish`
-// (the image catalog's operator tools, see internal/catalog), `cost` (a month
-// of runs priced at every provider's rates, `internal/pricing`), `usage` (a
-// server's `GET /v1/usage` as a table or `--json`), `doctor` (the acceleration
-// and why, and the confinement VMs get, from the driver's `Confinement`;
-// `--json`); `keyStore`/`idempotencyStore` adapt the store. Confinement flags
-// of `serve` (and `doctor`): `--unconfined`, `--vm-uid-base`, `--vm-uid-count`,
+// The server binary uses cobra. `serve` opens the store, writes `admin.key` on
+// a fresh data dir (the file, atomically, before the key's row), settles
+// idempotency keys a crash left pending, ensures image + initramfs, measures
+// the TSC, builds the QEMU driver, sizes admission control from the host and
+// the limit flags (`limits.go`), runs `Manager.Recover`, then the lease clock
+// (`Manager.Run`), an hourly idempotency prune followed by `Store.Compact`, the
+// stopped-disk retention (`Manager.RunDiskRetention`), the meter
+// (`Manager.RunMeter`) and the upload sweep as goroutines it waits for, and the
+// HTTP server, whose `/metrics` (admin keys) is the telemetry registry (also on
+// `--metrics-listen` without a key). On SIGINT/SIGTERM it drains HTTP, stops
+// and waits for those loops, closes the manager (VMs keep running), and only
+// then the store. The store is the data dir's `emberbox.db`, or the PostgreSQL
+// database `--store postgres://…` (or `$EMBERBOX_STORE`, which keeps a password
+// off the command line) names; `keys` and `images` take `--store` too. `keys
+// create|list|revoke|rotate`, `image build`, `images import|publish` (the image
+// catalog's operator tools, see internal/catalog), `cost` (a month of runs
+// priced at every provider's rates, `internal/pricing`), `usage` (a server's
+// `GET /v1/usage` as a table or `--json`), `doctor` (the acceleration and why,
+// and the confinement VMs get, from the driver's `Confinement`; `--json`);
+// `keyStore`/`idempotencyStore` adapt the store. Confinement flags of `serve`
+// (and `doctor`): `--unconfined`, `--vm-uid-base`, `--vm-uid-count`,
 // `--cgroup-parent`. `sandbox
 // ls|create|exec|shell|cp|events|stop|rm|pause|wake` (`sandbox*.go`) are the
 // API for people, built on `sdk/go` only: `exec` streams and exits with the

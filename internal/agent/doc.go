@@ -3,7 +3,7 @@
 // files) over one multiplexed stream, runs commands as the sandbox user, and
 // reaps every process in the guest.
 //
-// Guest service. `Agent` (`ServePort` → `ServeConn` → `handle` → `dispatch` per
+// Its parts: `Agent` (`ServePort` → `ServeConn` → `handle` → `dispatch` per
 // stream); `process`/`processTable` (1 MiB output ring each, 256 ended kept);
 // `procio.go` (pipes or a pty per process) and `stdin.go` (bounded input
 // queues); `reaper` (the only `wait4`); accounts from `/etc/passwd`/`group` (no

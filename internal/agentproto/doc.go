@@ -10,7 +10,7 @@
 // big-endian payload length and the payload. JSON frames carry messages, data
 // frames carry raw bytes (file contents), so large files cross without base64.
 //
-// The shared wire protocol: `Conn` framing, method names,
+// Its parts: `Conn` framing, method names,
 // `Request`/`Reply`/`Event`, request/entry types, error codes, `PortName`,
 // handshake prefixes.
 //

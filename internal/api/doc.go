@@ -5,13 +5,12 @@
 //
 // # Routes
 //
-// `internal/api`: Runtime v1 HTTP API. One `route` table drives the mux,
-// `/v1/openapi.json` and tests; `group` splits colon verbs. `serveRoute`:
-// bearer auth (`Keys`) and rate limits (`gate`), body ≤ 1 MiB,
-// `Idempotency-Key` (`idempotent`/`runReserved`/ `recorder`: JSON answers
-// stored and replayed with `"replayed":true`; 5xx and NDJSON released).
-// `streamEvents` writes NDJSON. `uploads.go`: the handlers of chunked uploads
-// of files > 1 MiB (≤ 4 GiB), staged by `internal/upload` under
+// One `route` table drives the mux, `/v1/openapi.json` and tests; `group`
+// splits colon verbs. `serveRoute`: bearer auth (`Keys`) and rate limits
+// (`gate`), body ≤ 1 MiB, `Idempotency-Key` (`idempotent`/`runReserved`/
+// `recorder`: JSON answers stored and replayed with `"replayed":true`; 5xx and
+// NDJSON released). `streamEvents` writes NDJSON. `uploads.go`: the handlers of
+// chunked uploads of files > 1 MiB (≤ 4 GiB), staged by `internal/upload` under
 // `<data>/uploads` and committed with the guest's `WriteFile`; `files:chmod`
 // calls the guest's `Chmod`. `archive.go`: `files/list?glob=` (the guest's
 // `Glob`), `files:rename`, `GET files/archive` (the guest's tar streamed as it

@@ -13,26 +13,23 @@
 //
 // # Routing
 //
-// `internal/e2b`: E2B's protocol, the server's front handler (it wraps the
-// console and the Runtime API): a request with an `E2b-Sandbox-Id` header (or a
-// `{port}-{id}.{domain}` host under `--e2b-domain`) is sandbox traffic,
-// authenticated by the sandbox's token (`Tokens`: HMAC under `<data>/e2b.key`
-// over purpose, sandbox, owner and a tag of the generation of the owner's
-// secret the caller used, so the owner comes from the token and nothing is
-// stored; `Keys.Generations`, the store's `KeyGenerations`, names the secrets
-// that authenticate now, so revocation, expiry and a rotation's end of grace
-// end the token), resolved with `Manager.Guest`, put in the request context
-// (`sandbox.WithRouted`) and handed to envd (49983), the code interpreter
-// (49999) or a reverse proxy to the guest's port over `Guest.DialPort`; E2B's
-// control-plane paths (`/sandboxes`, `/v2/sandboxes`, …) are served in E2B's
-// shapes and `{code, message}` error shape by `api.Manager` (`control.go`;
-// creates with an `Idempotency-Key` run once, `idempotency.go`); everything
-// else goes on to the Runtime API. Both halves go through the API's rate
-// buckets (`api.RateLimiter`, shared with `api.Config.Limiter`): failed keys
-// and tokens per address, checked before a credential is looked at, and each
-// key's requests in its read or write bucket. A request proxied to a guest's
-// port goes through `api.StripCredentials`. See "Control plane and sandbox
-// traffic" below, and docs/e2b.md and docs/e2b.md.
+// The Handler is the server's front (it wraps the console and the Runtime API).
+// Sandbox traffic is authenticated by the sandbox's token (`Tokens`: an HMAC
+// under `<data>/e2b.key` over purpose, sandbox, owner and a tag of the
+// generation of the owner's secret the caller used, so the owner comes from the
+// token and nothing is stored; `Keys.Generations`, the store's
+// `KeyGenerations`, names the secrets that authenticate now, so revocation,
+// expiry and a rotation's end of grace end the token), resolved with the
+// manager's `Guest`, put in the request context (`sandbox.WithRouted`) and
+// handed to envd (49983), the code interpreter (49999) or a reverse proxy to
+// the guest's port over `Guest.DialPort`. The control-plane paths are served in
+// E2B's `{code, message}` error shape (`control.go`; creates with an
+// `Idempotency-Key` run once, `idempotency.go`); everything else goes on to the
+// Runtime API. Both halves go through the API's rate buckets
+// (`api.RateLimiter`, shared with `api.Config.Limiter`): failed keys and tokens
+// per address, checked before a credential is looked at, and each key's
+// requests in its read or write bucket. A request proxied to a guest's port
+// goes through `api.StripCredentials`. docs/e2b.md lists every route.
 //
 // # Control plane and sandbox traffic
 //

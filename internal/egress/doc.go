@@ -5,7 +5,7 @@
 // checked itself, so a guest cannot rebind a name it was allowed to another
 // address.
 //
-// Host side of a sandbox's network (see below). `Policy`/`Compile` (domain,
+// `Policy`/`Compile` (domain,
 // `*.domain`, IP, CIDR; deny wins), `Operator` (always-refused ranges,
 // operator-opened ranges, name overrides, closed host services such as the API
 // itself, the dialer), `Gate` per sandbox (`Resolve`, `Dial`, `ServeProxy`,

@@ -2,7 +2,7 @@
 // handshake on a fresh connection to the guest, multiplexes calls over one
 // yamux session, and maps the agent's error codes to errdefs classes.
 //
-// Host-side agent client. `Handshake`, then `Client`: one yamux stream per call
+// Its parts: `Handshake`, then `Client`: one yamux stream per call
 // (`Info`, `Configure`, `Exec`, `Spawn`, `Process*`, `Signal`, `Write`,
 // `Resize`, `Stat`, `List`, `Mkdir`, `Remove`, `Chmod`, `WriteFile`,
 // `ReadFile`, `Glob`, `Rename`, `Archive`, `Unarchive`, `WatchStart`,

@@ -4,17 +4,17 @@
 //
 // # Files
 //
-// `internal/sandbox`: lifecycle. `Manager` keeps `live map[string]*instance`
-// (VM + `guest.Client` per sandbox with a VM) and, per sandbox that someone
-// waits for, a channel `WaitFor` sleeps on; `Sandbox` is the durable record.
-// `states.go` is the state table (`States()`: each state, what the API shows,
-// its status, whether it is terminal, and the refusal a guest call gets in it);
-// `guest.go` is `Manager.Guest` and the `Guest` interface with the guest's
-// request and answer types (aliases of the wire structs); `types.go` holds stop
-// reasons, `CreateSpec`, `ListOptions`, limits; `lease.go` the lease clock and
-// idle pause; `recover.go` reattach; `network.go` egress gates; `pause.go`
-// pause and wake (and the per-sandbox VM lock, `lockOp`, that pause, wake,
-// restart, snapshot, a switch of image and the end of a stop or delete take);
+// `Manager` keeps `live map[string]*instance` (VM + `guest.Client` per sandbox
+// with a VM) and, per sandbox that someone waits for, a channel `WaitFor`
+// sleeps on; `Sandbox` is the durable record. `states.go` is the state table
+// (`States()`: each state, what the API shows, its status, whether it is
+// terminal, and the refusal a guest call gets in it); `guest.go` is
+// `Manager.Guest` and the `Guest` interface with the guest's request and answer
+// types (aliases of the wire structs); `types.go` holds stop reasons,
+// `CreateSpec`, `ListOptions`, limits; `lease.go` the lease clock and idle
+// pause; `recover.go` reattach; `network.go` egress gates; `pause.go` pause and
+// wake (and the per-sandbox VM lock, `lockOp`, that pause, wake, restart,
+// snapshot, a switch of image and the end of a stop or delete take);
 // `lifecycle.go` restart and update; `switch.go` switching a sandbox's image;
 // `snapshots.go` snapshots and copies; `fork.go` fork; `retention.go` stopped
 // disks. The manager owns every goroutine it starts (`spawn`: a base context

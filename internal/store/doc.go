@@ -11,9 +11,8 @@
 //
 // # Engines
 //
-// `internal/store`: two engines behind one `*Store` (`Engine()` says which):
-// `Open(ctx, dsn)` takes a SQLite file path or a `postgres://` /
-// `postgresql://` URL.
+// Two engines behind one `*Store` (`Engine()` says which): `Open(ctx, dsn)`
+// takes a SQLite file path or a `postgres://` / `postgresql://` URL.
 //
 //   - SQLite: one file (pure-Go `modernc.org/sqlite`), WAL (checked), IMMEDIATE
 //     transactions, append-only migrations by `user_version`. Opened with

@@ -4,15 +4,19 @@
 // here knows HTTP or the store, and nothing above knows which VMM runs a
 // sandbox.
 //
-// VMM boundary: `Driver` (`Name`, `Accel`, `Start` (`Spec.KeepDisk`: boot the
-// disk already there), `Attach` → `ErrGone`, `Resume`, `Saved`, `Clone`),
-// `Machine` (`Record`, `Accel`, `PID`, `DialGuest`, `Stop`, `Done`, `Pause`,
-// `Snapshot`, `Continue`), `Spec`. Firecracker is planned. `vmm/vmmtest`
-// (imported by tests only): an in-process fake `Driver` whose guest is a real
-// agent over a socketpair (its pause keeps the agent's processes and files and
-// leaves a marker in `Dir`, so `Saved` holds across managers; `FailPauses`,
-// `FailResumes`, `SaveState` for failure and crash tests), and `TestDriver`,
-// the contract suite every driver's tests run.
+// `Driver` boots (`Start`; `Spec.KeepDisk` boots the disk already there),
+// reattaches (`Attach`, or `ErrGone`), resumes saved VMs (`Resume`, `Saved`)
+// and copies snapshots (`Clone`); `Machine` is one running VM: its record,
+// accel and pid, the dial to its guest, stop and done. What only some
+// drivers can do (pause, snapshot and continue a VM, moves (`Mover`), disk
+// export (`DiskExporter`), killing strays (`StrayKiller`)) is an optional
+// interface the caller checks for. Firecracker is planned.
+//
+// vmm/vmmtest (imported by tests only) is an in-process fake `Driver` whose
+// guest is a real agent over a socketpair (its pause keeps the agent's
+// processes and files and leaves a marker in `Dir`, so `Saved` holds across
+// managers; `FailPauses`, `FailResumes`, `SaveState` for failure and crash
+// tests), and `TestDriver`, the contract suite every driver's tests run.
 //
 // # Moving saved VMs
 //

@@ -8,7 +8,7 @@
 //
 // Volumes, attachments and backups (`service.go`, `backups.go`), the host's NBD
 // transmission phase (`nbd.go`); the manager's `sandbox.Volumes` and a
-// `sandbox.Preparer`; see below. `volumestest` is an in-memory store for tests.
+// `sandbox.Preparer`. `volumestest` is an in-memory store for tests.
 //
 // A volume is a disk of its own that outlives sandboxes, attached to one
 // running sandbox at a time.
