@@ -7,15 +7,14 @@
 // memory and rebuilt from the store's live sandboxes and volumes at every
 // start.
 //
-// `Ledger` (`Reserve` checks and holds a
-// `Claim`, `Booted`, `Release` (once), `Restore` without checks, `Total`,
-// `Owner`); `Capacity`, `Quota`, `Config` (per-VM overhead, disk and memory
-// probes with their reserves); `HostCPUs`, `HostMemoryMiB`, `MemAvailableMiB`,
-// `DiskFreeMiB` read the host (`/proc/meminfo`, cgroup v1/v2 limits, `statfs`).
-// It imports only `errdefs`.
+// `Ledger` (`Reserve` checks and holds a `Claim`, `Booted`, `Release` (once),
+// `Restore` without checks, `Total`, `Owner`); `Capacity`, `Quota`, `Config`
+// (per-VM overhead, disk and memory probes with their reserves); `HostCPUs`,
+// `HostMemoryMiB`, `MemAvailableMiB`, `DiskFreeMiB` read the host
+// (`/proc/meminfo`, cgroup v1/v2 limits, `statfs`). It imports only `errdefs`.
 //
-// The server promises only what it has (flags in README
-// "Limits"; why in DESIGN.md D10).
+// The server promises only what it has (flags in README "Limits"; why in
+// DESIGN.md D10).
 //
 //   - Ledger. One `Claim` per live sandbox: owner, vCPUs, memory, disk, and a
 //     boot slot while it boots. `Manager.Create` reserves it before inserting

@@ -10,9 +10,8 @@
 // big-endian payload length and the payload. JSON frames carry messages, data
 // frames carry raw bytes (file contents), so large files cross without base64.
 //
-// Its parts: `Conn` framing, method names,
-// `Request`/`Reply`/`Event`, request/entry types, error codes, `PortName`,
-// handshake prefixes.
+// Its parts: `Conn` framing, method names, `Request`/`Reply`/`Event`,
+// request/entry types, error codes, `PortName`, handshake prefixes.
 //
 // # Protocol
 //
@@ -32,8 +31,8 @@
 //     more (the agent grants 1 MiB); a stream the host has closed is reset
 //     after 5 s if the guest does not close its side.
 //   - Frames: kind byte (`'J'` JSON, `'D'` raw data) + uint32 big-endian length
-//   - payload; `MaxFrame` 4 MiB, refused by both sides. File bytes go in
-//     `'D'` frames ≤ 256 KiB (`DataChunk`): no base64.
+//   - payload; `MaxFrame` 4 MiB, refused by both sides. File bytes go in `'D'`
+//     frames ≤ 256 KiB (`DataChunk`): no base64.
 //   - Methods: `info`, `configure`, `renew`, `exec`, `spawn`,
 //     `process.list|get| output|signal|write|resize`,
 //     `file.read|write|list|stat|mkdir|remove|chmod|glob|rename|

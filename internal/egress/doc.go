@@ -5,12 +5,11 @@
 // checked itself, so a guest cannot rebind a name it was allowed to another
 // address.
 //
-// `Policy`/`Compile` (domain,
-// `*.domain`, IP, CIDR; deny wins), `Operator` (always-refused ranges,
-// operator-opened ranges, name overrides, closed host services such as the API
-// itself, the dialer), `Gate` per sandbox (`Resolve`, `Dial`, `ServeProxy`,
-// `ServeTCP`, `AnswerDNS`, `SetPolicy` cutting refused open connections,
-// counters, `OnRefuse`).
+// `Policy`/`Compile` (domain, `*.domain`, IP, CIDR; deny wins), `Operator`
+// (always-refused ranges, operator-opened ranges, name overrides, closed host
+// services such as the API itself, the dialer), `Gate` per sandbox (`Resolve`,
+// `Dial`, `ServeProxy`, `ServeTCP`, `AnswerDNS`, `SetPolicy` cutting refused
+// open connections, counters, `OnRefuse`).
 //
 //   - Guest relay (`internal/agent/egress.go`, started by PID 1): an HTTP proxy
 //     port `127.0.0.1:10800` (`HTTP(S)_PROXY`, `http(s)_proxy`,

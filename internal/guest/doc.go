@@ -2,14 +2,14 @@
 // handshake on a fresh connection to the guest, multiplexes calls over one
 // yamux session, and maps the agent's error codes to errdefs classes.
 //
-// Its parts: `Handshake`, then `Client`: one yamux stream per call
-// (`Info`, `Configure`, `Exec`, `Spawn`, `Process*`, `Signal`, `Write`,
-// `Resize`, `Stat`, `List`, `Mkdir`, `Remove`, `Chmod`, `WriteFile`,
-// `ReadFile`, `Glob`, `Rename`, `Archive`, `Unarchive`, `WatchStart`,
-// `Watches`, `WatchEvents`, `WatchStop`, `DialPort`), closed when ctx ends;
-// `wireError` maps agent codes to errdefs classes; `limits.go` bounds every
-// answer per method and reports violations; `ServeGuestStreams` serves
-// guest-opened streams within their budgets.
+// Its parts: `Handshake`, then `Client`: one yamux stream per call (`Info`,
+// `Configure`, `Exec`, `Spawn`, `Process*`, `Signal`, `Write`, `Resize`,
+// `Stat`, `List`, `Mkdir`, `Remove`, `Chmod`, `WriteFile`, `ReadFile`, `Glob`,
+// `Rename`, `Archive`, `Unarchive`, `WatchStart`, `Watches`, `WatchEvents`,
+// `WatchStop`, `DialPort`), closed when ctx ends; `wireError` maps agent codes
+// to errdefs classes; `limits.go` bounds every answer per method and reports
+// violations; `ServeGuestStreams` serves guest-opened streams within their
+// budgets.
 //
 // # A call
 //

@@ -7,10 +7,10 @@
 // `Driver` boots (`Start`; `Spec.KeepDisk` boots the disk already there),
 // reattaches (`Attach`, or `ErrGone`), resumes saved VMs (`Resume`, `Saved`)
 // and copies snapshots (`Clone`); `Machine` is one running VM: its record,
-// accel and pid, the dial to its guest, stop and done. What only some
-// drivers can do (pause, snapshot and continue a VM, moves (`Mover`), disk
-// export (`DiskExporter`), killing strays (`StrayKiller`)) is an optional
-// interface the caller checks for. Firecracker is planned.
+// accel and pid, the dial to its guest, stop and done. What only some drivers
+// can do (pause, snapshot and continue a VM, moves (`Mover`), disk export
+// (`DiskExporter`), killing strays (`StrayKiller`)) is an optional interface
+// the caller checks for. Firecracker is planned.
 //
 // vmm/vmmtest (imported by tests only) is an in-process fake `Driver` whose
 // guest is a real agent over a socketpair (its pause keeps the agent's
