@@ -1,7 +1,7 @@
 // Package api serves Emberbox's HTTP API, the Runtime Cloud v1 wire format:
 // routes with colon verbs, camelCase JSON, one error shape, bearer keys,
 // Idempotency-Key, Prefer: wait=N and NDJSON exec streaming. It maps errdefs
-// classes to statuses and leaves every decision about sandboxes to the Manager.
+// classes to statuses and leaves every decision about sandboxes to the manager.
 //
 // # Routes
 //
@@ -36,21 +36,22 @@
 // `limit`), then `end` (with its reason), `paused`, `failure`, or after 110 s
 // `continue` (the SDK reads again from its cursor). `stdin.go` (`:write`,
 // `:resize`) and `terminal.go` (the terminal WebSocket): see "Process input and
-// terminals" below. `Manager` (`manager.go`) is the interface it needs:
-// lifecycle calls, and `Guest(owner, id)`, the only way into a guest, which
-// answers a running sandbox and its `sandbox.Guest` or the refusal of the
-// sandbox's state. Routes that call a guest are marked `Guest` in the route
-// table. `api` speaks the sandbox package's types and never imports
-// `agentproto` or `store`. Paths withruntime 0.35.0 calls that this server has
-// not built (`unavailable.go`: sessions, the products under `/v1/` such as
-// image registries, resize, volume backup policies, webhook deliveries, job
-// imports, a process's traced files) answer 501 with a code ending in
-// `_unavailable`, which the SDK never retries; any other unknown path is 404
-// `route_not_found`. `TestEveryWithruntimeRouteIsKnown` walks every route the
-// SDK can call (`testdata/withruntime_routes.txt`, extracted from the installed
-// SDK's source by `tests/conformance/withruntime_routes.py`, whose test checks
-// the list is complete) and refuses a `route_not_found`. errdefs classes → one
-// JSON error shape (`errors.go`). `volumes.go` serves `/v1/volumes…` and
+// terminals" below. What api needs of the manager it declares itself, as role
+// interfaces by area (lifecycle, guests, snapshots, previews, usage, …); the
+// guests role, `Guest(owner, id)`, is the only way into a guest: it answers a
+// running sandbox and its guest handle or the refusal of the sandbox's state.
+// Routes that call a guest are marked `Guest` in the route table. `api` speaks
+// the sandbox and guest packages' types and never imports `agentproto` or
+// `store`. Paths withruntime 0.35.0 calls that this server has not built
+// (`unavailable.go`: sessions, the products under `/v1/` such as image
+// registries, resize, volume backup policies, webhook deliveries, job imports,
+// a process's traced files) answer 501 with a code ending in `_unavailable`,
+// which the SDK never retries; any other unknown path is 404 `route_not_found`.
+// `TestEveryWithruntimeRouteIsKnown` walks every route the SDK can call
+// (`testdata/withruntime_routes.txt`, extracted from the installed SDK's source
+// by `tests/conformance/withruntime_routes.py`, whose test checks the list is
+// complete) and refuses a `route_not_found`. errdefs classes → one JSON error
+// shape (`errors.go`). `volumes.go` serves `/v1/volumes…` and
 // `/v1/volume-backups…` from a `*volumes.Service` (`Config.Volumes`; nil: 501
 // `volumes_unavailable`).
 //

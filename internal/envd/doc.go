@@ -1,7 +1,7 @@
 // Package envd serves E2B's in-sandbox API ("envd") from the host: the process
 // and filesystem services over Connect RPC, /health and /files. Nothing of it
 // runs in the guest: every call is carried to the agent over the host↔guest
-// stream through sandbox.Guest. A request reaches it already routed and
+// stream through the guest handle. A request reaches it already routed and
 // authenticated (sandbox.RoutedFrom).
 //
 // The .proto files under proto/ match the wire of E2B's own (their descriptors
@@ -13,8 +13,8 @@
 // E2B's in-sandbox API ("envd") is served by the host, never by the guest:
 // `envd.New(logger)` is an `http.Handler` that the E2B router (port 49983 of a
 // sandbox URL) hands requests already authenticated and resolved with
-// `sandbox.WithRouted`; every call goes to the agent through the routed
-// `sandbox.Guest`. It serves:
+// `sandbox.WithRouted`; every call goes to the agent through the routed guest
+// handle. It serves:
 //
 //   - Connect RPC (`connectrpc.com/connect` handlers: Connect, gRPC and
 //     gRPC-Web; JSON and proto codecs; unary, server and client streams;

@@ -56,7 +56,7 @@
 // `net.Conn` with `CloseWrite`. Bounds: `guest.MaxPortConns` (128) connections
 // per sandbox on the host (beyond: 503 `too_many_connections`), 256 in the
 // agent; each holds at most the host's 256 KiB window of unread guest bytes.
-// `sandbox.Guest.DialPort` is the way in; every tunnel connection and every
-// preview dial goes through `Manager.Guest` (state refusals, auto-wake,
+// The guest handle's `DialPort` is the way in; every tunnel connection and
+// every preview dial goes through `Manager.Guest` (state refusals, auto-wake,
 // activity).
 package guest

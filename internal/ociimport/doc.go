@@ -65,8 +65,8 @@
 //     stages the flattened tar in `dir`, gzipped at the fastest level (the `VM`
 //     interface takes sized writes; the guest stream is the slow part), writes
 //     it into a build VM (`VM`: `Run` a script as root, `WriteFile`,
-//     `ReadFile`; `GuestVM` adapts a `sandbox.Guest`), where a script unpacks
-//     it as root (`tar -xzp --numeric-owner --same-owner --xattrs`), adds the
+//     `ReadFile`; `GuestVM` adapts a guest handle), where a script unpacks it
+//     as root (`tar -xzp --numeric-owner --same-owner --xattrs`), adds the
 //     sandbox user like the default image's customize hook (uid/gid 1000
 //     `user`, home `/workspace` from `/etc/skel`, shell bash or sh; an account
 //     the image has at uid or gid 1000 gives way), `/etc/sudoers.d/user` if

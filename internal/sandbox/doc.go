@@ -4,21 +4,21 @@
 //
 // # Files
 //
-// `Manager` keeps `live map[string]*instance` (VM + `guest.Client` per sandbox
+// `Manager` keeps the live instances (a VM and its guest client per sandbox
 // with a VM) and, per sandbox that someone waits for, a channel `WaitFor`
 // sleeps on; `Sandbox` is the durable record. `states.go` is the state table
 // (`States()`: each state, what the API shows, its status, whether it is
-// terminal, and the refusal a guest call gets in it); `guest.go` is
-// `Manager.Guest` and the `Guest` interface with the guest's request and answer
-// types (aliases of the wire structs); `types.go` holds stop reasons,
-// `CreateSpec`, `ListOptions`, limits; `lease.go` the lease clock and idle
-// pause; `recover.go` reattach; `network.go` egress gates; `pause.go` pause and
-// wake (and the per-sandbox VM lock, `lockOp`, that pause, wake, restart,
-// snapshot, a switch of image and the end of a stop or delete take);
-// `lifecycle.go` restart and update; `switch.go` switching a sandbox's image;
-// `snapshots.go` snapshots and copies; `fork.go` fork; `retention.go` stopped
-// disks. The manager owns every goroutine it starts (`spawn`: a base context
-// and a wait group; `Close` cancels and waits; nothing starts after `Close`).
+// terminal, and the refusal a guest call gets in it); `types.go` holds stop
+// reasons, `CreateSpec`, `ListOptions`, limits. Around the state machine, in
+// files named for them: the boot path shared by cold boots, template copies,
+// restores and wakes; templates; the meter, told of every transition; previews,
+// moves, switches of image, snapshots and forks as collaborators; the lease
+// clock and idle pause; recovery; egress gates; pause and wake (and the
+// per-sandbox VM lock that pause, wake, restart, snapshot, a switch of image
+// and the end of a stop or delete take); restart and update; stopped-disk
+// retention. The guest handle a caller gets and its types are internal/guest's.
+// The manager owns every goroutine it starts (a base context and a wait group;
+// `Close` cancels and waits; nothing starts after `Close`).
 //
 // # A create
 //
