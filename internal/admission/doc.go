@@ -18,13 +18,13 @@
 //
 //   - Ledger. One `Claim` per live sandbox: owner, vCPUs, memory, disk, and a
 //     boot slot while it boots. `Manager.Create` reserves it before inserting
-//     the record (and releases it if the insert fails). `m.update` is where
-//     every transition passes, so it keeps the ledger in step with the record
-//     (`account`): `running` gives back the boot slot, `stopped` and `deleted`
-//     give back everything. `Release` is keyed by sandbox id and acts once, so
-//     a stop, a failed boot (→ `markStopped`), a delete (`finishDelete`), a
-//     lost VM at restart, or all of them, release exactly once. `stopping` and
-//     `deleting` still hold: the VM runs until `endVM` returns.
+//     the record (and releases it if the insert fails). The manager's one
+//     update, where every transition passes, keeps the ledger in step with the
+//     record: `running` gives back the boot slot, `stopped` and `deleted` give
+//     back everything. `Release` is keyed by sandbox id and acts once, so a
+//     stop, a failed boot, a delete, a lost VM at restart, or all of them,
+//     release exactly once. `stopping` and `deleting` still hold: the VM runs
+//     until it has ended.
 //   - Restart. The ledger is memory only. `Recover` first `Restore`s a claim
 //     for every sandbox the store lists as live (booting if `starting`),
 //     without checks, then reattaches; sandboxes found gone are released as

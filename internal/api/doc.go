@@ -78,10 +78,10 @@
 // beyond the lease is `time_limit_too_short` (streams: clamped to the lease);
 // non-streamed capture 64 KiB per stream (1 MiB if the timeout is > 60 s).
 //
-// Host: `streamEvents`/`wireEvent` write and flush one NDJSON line per event;
-// `data` is text, plus `base64` for chunks that are not valid UTF-8; `exit`
-// keeps `exitCode: null` (timeout/kill by agent; signal death = −signo). Errors
-// before the first line are JSON errors, after it `error` lines. Spawned
+// On the way back, `streamEvents`/`wireEvent` write and flush one NDJSON line
+// per event; `data` is text, plus `base64` for chunks that are not valid UTF-8;
+// `exit` keeps `exitCode: null` (timeout/kill by agent; signal death = −signo).
+// Errors before the first line are JSON errors, after it `error` lines. Spawned
 // processes are read via `…/processes/{pid}/output?cursor=` (`truncated` =
 // bytes that left the ring).
 //

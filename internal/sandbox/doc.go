@@ -27,20 +27,22 @@
 // (409 `no_capacity` or 429 `quota_exceeded`, nothing recorded), inserts the
 // record in `starting` (env names only; values go to the guest, never to the
 // store) and, in the same transaction, stores its id with the request's
-// Idempotency-Key; registers an `instance`, starts `m.boot(...)` (or, with a
-// template of its shape, `m.bootTemplate`; with `snapshot`, `m.bootCopy`:
-// internal/vmm/qemu, "Saving a guest") in an owned goroutine and returns;
-// `settle` then waits up to `Prefer: wait=N`.
+// Idempotency-Key; registers an `instance`, starts the boot in an owned
+// goroutine (a cold boot; with a template of its shape, a copy of the template;
+// with `snapshot`, a copy of the snapshot: internal/vmm/qemu, "Saving a guest")
+// and returns; the create then waits up to `Prefer: wait=N`.
 //
-// `boot`: up to 2 attempts of `bootOnce`, each bounded by `--boot-timeout`
-// (default 90 s). A failed attempt's console is kept as `console-attemptN.log`.
+// A cold boot makes up to 2 attempts, each bounded by `--boot-timeout` (default
+// 90 s). A failed attempt's console is kept as `console-attemptN.log`.
 //
-// Host: `connect` → `DialGuest` (retries every 50 ms until QEMU made the
+// Then the host connects: `DialGuest` (retries every 50 ms until QEMU made the
 // socket) → `guest.Handshake` (Hello/Ready nonce) → yamux → `Info`; then
-// `Configure{Env}`.
+// `Configure{Env}`. All the ways in (cold boot, template and snapshot copies,
+// restores, wakes) share this one boot path.
 //
 // Record → `running`, `readyAt`, `expiresAt = now + timeoutSeconds`; event
-// `ready`; `go m.watch(in)`. Two failures → `finish(start_failed)`.
+// `ready`; a watcher follows the VM. Two failed attempts → `stopped`
+// (`start_failed`).
 //
 // # A guest call
 //
@@ -69,22 +71,22 @@
 // class `conflict` with 409 and `not found` with 404, in the one error shape,
 // with `details.state` set to the state the API shows.
 //
-// Every transition goes through `m.update` → `store.UpdateSandbox`: the
-// committed record is read, changed and written in one IMMEDIATE transaction,
-// so two transitions never interleave (an `:extend` cannot write `running` back
-// over a stop that came between its read and its write); then only the waiters
-// of that sandbox are woken. Stop reasons: `requested`, `lease_expired`,
-// `deleted`, `start_failed`, `vm_exited`, `lost_on_restart`,
-// `guest_protocol_violation` (see "A hostile guest" below); a stop under way
-// keeps its own reason. `stop` marks `stopping` synchronously; an owned
-// goroutine (`endVM`) cancels the boot and waits for it, closes the client and
-// the gate, `mach.Stop` (15 s bound), and records `stopped`. `Delete` first
-// records `deleting` (the API shows `stopping`), then ends the VM, removes
-// `sandboxes/<id>/` and records `deleted` (then `Get` is 404); each step can be
-// repeated, so a crash anywhere is finished by the next start. `watch` follows
-// a running VM: `mach.Done` → `finish(vm_exited)`; a dropped yamux session only
-// → reconnect (fresh handshake, 5 s per try, backing off with jitter; see "A
-// hostile guest" below).
+// Every transition goes through the manager's one update →
+// `store.UpdateSandbox`: the committed record is read, changed and written in
+// one IMMEDIATE transaction, so two transitions never interleave (an `:extend`
+// cannot write `running` back over a stop that came between its read and its
+// write); then only the waiters of that sandbox are woken. Stop reasons:
+// `requested`, `lease_expired`, `deleted`, `start_failed`, `vm_exited`,
+// `lost_on_restart`, `guest_protocol_violation` (see "A hostile guest" below);
+// a stop under way keeps its own reason. `stop` marks `stopping` synchronously;
+// an owned goroutine (`endVM`) cancels the boot and waits for it, closes the
+// client and the gate, `mach.Stop` (15 s bound), and records `stopped`.
+// `Delete` first records `deleting` (the API shows `stopping`), then ends the
+// VM, removes `sandboxes/<id>/` and records `deleted` (then `Get` is 404); each
+// step can be repeated, so a crash anywhere is finished by the next start.
+// `watch` follows a running VM: `mach.Done` → `finish(vm_exited)`; a dropped
+// yamux session only → reconnect (fresh handshake, 5 s per try, backing off
+// with jitter; see "A hostile guest" below).
 //
 // Lease clock: `Manager.Run` ticks every second; `ExpireLeases` takes each live
 // `running` sandbox with `expiresAt ≤ now` and stops, deletes or pauses it per

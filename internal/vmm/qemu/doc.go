@@ -17,7 +17,7 @@
 //
 // # The command line
 //
-// `bootOnce` → `qemu.Driver.Start`: `qemu-img create -f qcow2 -F raw -b
+// A cold boot → `Driver.Start`: `qemu-img create -f qcow2 -F raw -b
 // <rootfs.img> disk.qcow2 <diskMiB>M` (new on each attempt); the server makes
 // `agent.sock` and `console.sock` listening and QEMU inherits them (fds 3 and
 // 4); its stdout/stderr go to the FIFO `qemu.pipe`, copied into `qemu.log`;
