@@ -3,6 +3,10 @@
 // Started as /init from the initramfs, it loads the virtio modules, mounts the
 // root disk and re-executes itself from there; then it sets the system up and
 // serves the host over a virtio-serial port until the VM is powered off.
+//
+// In the initramfs (`guestinit.IsInitramfs`) it calls `SwitchRoot`; else
+// `agent.New`, `SetupSystem` (PID 1 only), `FindPort`, `ServePort`. A fatal
+// error as PID 1 syncs and powers off.
 package main
 
 import (

@@ -1,11 +1,3 @@
-// Package admission keeps the ledger of what the server has promised its
-// sandboxes (vCPUs, memory, disk and boot slots) and volumes (disk) and
-// decides whether one more fits: on the host, within the free space of the
-// data dir's filesystem, and within its key's quota. The sandbox manager
-// holds a claim from the moment it records a sandbox until the sandbox is
-// stopped or deleted, the volume service from a volume's create to its
-// delete; the ledger is in memory and rebuilt from the store's live
-// sandboxes and volumes at every start.
 package admission
 
 import (

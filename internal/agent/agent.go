@@ -1,7 +1,3 @@
-// Package agent is the guest side of Emberbox: the service emberbox-agent runs
-// as PID 1 inside every sandbox. It answers the host's calls (exec, processes,
-// files) over one multiplexed stream, runs commands as the sandbox user, and
-// reaps every process in the guest.
 package agent
 
 import (

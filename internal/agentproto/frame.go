@@ -1,14 +1,3 @@
-// Package agentproto is the wire protocol between the host and emberbox-agent
-// inside the guest.
-//
-// One byte stream connects them (a virtio-serial port under QEMU, vsock under
-// Firecracker). Each new connection starts with a line handshake (Hello /
-// Ready) that skips any stale bytes left from an earlier connection, after
-// which the stream is a yamux session; the host opens one yamux stream per
-// call. A call is a Request frame from the host followed by method-specific
-// frames in both directions. Frames are length-prefixed: a kind byte, a 32-bit
-// big-endian payload length and the payload. JSON frames carry messages, data
-// frames carry raw bytes (file contents), so large files cross without base64.
 package agentproto
 
 import (

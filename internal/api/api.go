@@ -1,8 +1,3 @@
-// Package api serves Emberbox's HTTP API, the Runtime Cloud v1 wire format:
-// routes with colon verbs, camelCase JSON, one error shape, bearer keys,
-// Idempotency-Key, Prefer: wait=N and NDJSON exec streaming. It maps errdefs
-// classes to statuses and leaves every decision about sandboxes to the
-// Manager.
 package api
 
 import (

@@ -1,8 +1,3 @@
-// Package catalog is the image catalog: images as named, versioned,
-// content-addressed objects owned by API keys, their build queue and
-// logs, and the resolution of an image reference to the disk a sandbox
-// boots. Builds themselves run elsewhere (internal/recipebuild), inside
-// sandbox VMs, through the Builder interface below.
 package catalog
 
 import (

@@ -1,8 +1,15 @@
 // Package cgroup gives each VM a control group of its own, with a memory
-// ceiling, a CPU quota, a limit on tasks and an IO weight: cgroup v2 where
-// the host runs the memory controller on the unified hierarchy, the v1
-// controllers where it does not. It only reads and writes files under the
-// cgroup mounts, so tests run it against a temporary directory.
+// ceiling, a CPU quota, a limit on tasks and an IO weight: cgroup v2 where the
+// host runs the memory controller on the unified hierarchy, the v1 controllers
+// where it does not. It only reads and writes files under the cgroup mounts, so
+// tests run it against a temporary directory.
+//
+// `Detect` reads `/proc/self/mountinfo` and `/proc/self/cgroup`: v2 where the
+// unified hierarchy has the memory controller (`Delegate` enables controllers
+// down to the parent, moving the server into a `server` leaf if it is alone in
+// its group), else the v1 controllers. `Manager` (`Create`, `Remove`,
+// `Version`, `Controllers`, `Parents`) has the implementations `V1` and `V2`;
+// `Group.JoinThread` and `LeaveThread` are for v1.
 package cgroup
 
 import (

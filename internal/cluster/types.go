@@ -1,10 +1,3 @@
-// Package cluster makes several emberbox servers on one PostgreSQL store one
-// service: each registers as a node with a heartbeat, any node answers any
-// API call, a create is placed on a node by the store's view of what each
-// holds, a call for a sandbox of another node is proxied to it over a
-// mutual-TLS channel of the nodes' own, a node that stops answering is
-// declared lost by the others, and a drained node hands its paused
-// sandboxes to the others. See docs/cluster.md.
 package cluster
 
 import (

@@ -1,10 +1,3 @@
-// Package console serves the web console: one HTML page, a small
-// hand-written JavaScript app and its CSS, and a vendored xterm.js, all
-// embedded in the binary. The console is only a client of the HTTP API
-// (/v1): it holds the key in the browser's sessionStorage and sends it as
-// a bearer header, or as a WebSocket subprotocol for the terminal. Nothing
-// it serves loads from another origin, and a strict Content-Security-Policy
-// says so to the browser.
 package console
 
 import (

@@ -1,15 +1,3 @@
-// Package e2b serves E2B's protocol beside the Runtime API, so that E2B's
-// SDKs (and smolagents' executor_type="e2b") work against Emberbox with
-// E2B_API_URL and E2B_SANDBOX_URL pointing at it.
-//
-// It has two halves on the one listener. The control plane (/sandboxes,
-// /v2/sandboxes, …) answers in E2B's shapes and error shape, with Emberbox
-// keys in X-API-KEY; an E2B sandbox is an Emberbox sandbox, made and kept by
-// the same manager. Sandbox traffic, every request naming a sandbox in the
-// E2b-Sandbox-Id and E2b-Sandbox-Port headers (or, with a domain, in a
-// {port}-{id}.{domain} host name), is authenticated by the sandbox's access
-// token and handed to envd (port 49983), the code interpreter (port 49999)
-// or proxied to the guest's own port, all over the host↔guest stream.
 package e2b
 
 import (

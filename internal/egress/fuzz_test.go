@@ -14,7 +14,7 @@ import (
 	"golang.org/x/net/dns/dnsmessage"
 )
 
-// refusedRanges is the always-refused set as ARCHITECTURE.md states it,
+// refusedRanges is the always-refused set as the package doc states it,
 // written out again so the fuzzers check the code against the document,
 // not against itself.
 var refusedRanges = func() []netip.Prefix {

@@ -1,9 +1,3 @@
-// Package egress is the host side of a sandbox's network: the policy that
-// says where a sandbox may connect, the addresses no sandbox may ever reach,
-// and the proxy and DNS resolver that the guest's relay forwards to. Names
-// are resolved on the host and every connection goes to an address the host
-// resolved and checked itself, so a guest cannot rebind a name it was
-// allowed to another address.
 package egress
 
 import (

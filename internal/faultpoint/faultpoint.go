@@ -1,9 +1,14 @@
 // Package faultpoint lets crash tests kill the server at named steps of its
-// work. A step calls Hit with its name; the process dies with SIGKILL there
-// if the environment variable EMBERBOX_FAULTPOINT names that step when the
-// process starts. It is a kill -9 at an exact point, so that tests can show
-// that every step leaves the store and the host in a state the next start
-// can account for. Unset, Hit costs one string comparison.
+// work. A step calls Hit with its name; the process dies with SIGKILL there if
+// the environment variable EMBERBOX_FAULTPOINT names that step when the process
+// starts. It is a kill -9 at an exact point, so that tests can show that every
+// step leaves the store and the host in a state the next start can account for.
+// Unset, Hit costs one string comparison.
+//
+// Steps: `idempotency.reserved`, `create.recorded`, `create.vm_started`,
+// `create.vm_recorded`, `idempotency.answered`, `delete.recorded`,
+// `delete.vm_ended`, `delete.files_removed`, `admin_key.written`,
+// `pause.recorded`, `pause.saved`, `wake.recorded`, `wake.resumed`.
 package faultpoint
 
 import (

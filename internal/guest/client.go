@@ -1,6 +1,3 @@
-// Package guest is the host's client of emberbox-agent: it performs the
-// handshake on a fresh connection to the guest, multiplexes calls over one
-// yamux session, and maps the agent's error codes to errdefs classes.
 package guest
 
 import (

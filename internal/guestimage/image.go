@@ -1,7 +1,3 @@
-// Package guestimage builds and caches the guest image every sandbox boots: a
-// Debian cloud kernel, the few modules its initramfs must load, and a raw
-// ext4 rootfs made by mmdebstrap. Images are keyed by the hash of their
-// recipe, so a changed package list or a new Debian kernel builds a new one.
 package guestimage
 
 import (

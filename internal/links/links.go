@@ -1,11 +1,20 @@
-// Package links signs and checks the file links of sandboxes: URLs that
-// anyone may use without an API key to download or upload one path until
-// they expire or the sandbox's links are revoked.
+// Package links signs and checks the file links of sandboxes: URLs that anyone
+// may use without an API key to download or upload one path until they expire
+// or the sandbox's links are revoked.
 //
-// A link's token is base64url(JSON claims) "." base64url(HMAC-SHA256 of
-// the first part) under a server key kept in the data dir. Revocation bumps
-// a generation number kept per sandbox (Generations); a token carries the
+// A link's token is base64url(JSON claims) "." base64url(HMAC-SHA256 of the
+// first part) under a server key kept in the data dir. Revocation bumps a
+// generation number kept per sandbox (Generations); a token carries the
 // generation it was signed under and is refused once that is not current.
+//
+// The claims are sandbox, owner, path, method, expiry, generation, archive,
+// filename, wake, maxBytes and a nonce; the 32-byte key is made once by
+// `LoadKey` in `<data>/link.key` (0600, written to a temporary file and
+// `link(2)`ed into place, so two starting servers agree). `Signer.Open` checks
+// signature, expiry and generation (the store's `link_generations` table);
+// `Revoke` bumps it. Refusals are 403 `link_invalid`, `link_expired`,
+// `link_revoked`. Links live at most 7 days (default 1 h); a key revoked later
+// does not end its links: revoke them with the sandbox's `files:revoke-links`.
 package links
 
 import (

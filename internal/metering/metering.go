@@ -1,8 +1,3 @@
-// Package metering turns a sandbox's cumulative counters, read on the host
-// at two moments, into the usage of each clock hour between them. It is
-// pure arithmetic: the store applies the result in the same transaction as
-// the cursor it advances, so a crash or a restart never counts an interval
-// twice and never loses one whose counters still exist.
 package metering
 
 import (

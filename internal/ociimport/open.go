@@ -1,11 +1,3 @@
-// Package ociimport imports OCI and Docker images as sandbox root file
-// systems. Open reads an image from a registry, an OCI layout directory or a
-// tar archive on the host (an OCI layout packed as tar, or `docker save`
-// output) with github.com/google/go-containerregistry; Flatten turns its
-// layers into one tar of the final file system with whiteouts applied and
-// every path checked; BuildRootfs unpacks that tar as root inside a build VM,
-// adds the sandbox user and makes the ext4 image there, so nothing from an
-// image is ever unpacked on the host.
 package ociimport
 
 import (

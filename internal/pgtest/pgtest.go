@@ -1,11 +1,17 @@
 // Package pgtest runs a throwaway PostgreSQL server for tests, from the
 // binaries of Debian's postgresql package (/usr/lib/postgresql/*/bin).
 //
-// A Server listens on 127.0.0.1 at a free port and on a unix socket in its
-// own temporary directory, trusts every local connection, and runs with
-// fsync off: it is fast and loses everything when it stops, as a test
-// wants. postgres refuses to run as root, so when the tests run as root
-// the server runs as the user "postgres".
+// A Server listens on 127.0.0.1 at a free port and on a unix socket in its own
+// temporary directory, trusts every local connection, and runs with fsync off:
+// it is fast and loses everything when it stops, as a test wants. postgres
+// refuses to run as root, so when the tests run as root the server runs as the
+// user "postgres".
+//
+// `Start(tb)` (stopped by `tb.Cleanup`; skips without the binaries unless `$CI`
+// is set), `New` and `Stop` for a `TestMain`, `Shared`, and `NewDatabase(tb)`,
+// the DSN of a fresh database dropped at cleanup. `initdb` runs with
+// `--locale=C`; the server is ready when a connection succeeds (polled, with a
+// deadline).
 package pgtest
 
 import (

@@ -1,12 +1,17 @@
-// Package pricing turns metered sandbox usage into money: what Emberbox
-// charges at its operator's rates, and what the same usage would cost at
-// other sandbox providers' published rates.
+// Package pricing turns metered sandbox usage into money: what Emberbox charges
+// at its operator's rates, and what the same usage would cost at other sandbox
+// providers' published rates.
 //
-// Quantities are integers (milliseconds, nanoseconds, bytes, MiB), rates
-// are decimal strings, and every amount is computed exactly with big.Rat.
-// Each reported figure is rounded once, half away from zero, to an integer
-// number of microdollars (1,000,000 = $1); a total is rounded from the exact
-// sum of its parts, never summed from rounded parts.
+// Quantities are integers (milliseconds, nanoseconds, bytes, MiB), rates are
+// decimal strings, and every amount is computed exactly with big.Rat. Each
+// reported figure is rounded once, half away from zero, to an integer number of
+// microdollars (1,000,000 = $1); a total is rounded from the exact sum of its
+// parts, never summed from rounded parts.
+//
+// `Rates` (decimal strings; `DefaultRates` are Runtime's published prices;
+// `Validate`), `Charge` and `BilledCPUNs` (the CPU floor), `EgressMicros`;
+// `Providers()` lists each rival's published rates with their source and the
+// date read, and `Provider.Price` prices usage at them (docs/pricing.md).
 package pricing
 
 import (

@@ -1,8 +1,3 @@
-// Package recipebuild builds images (internal/catalog.Builder): a recipe or
-// a Dockerfile compiled to steps, run as root in a build sandbox of ours
-// (never on the host), each step's disk cached as a disk snapshot by the
-// content of the steps up to it, and the last disk exported as the
-// image's raw ext4 root disk. See docs/ARCHITECTURE.md, "Image builds".
 package recipebuild
 
 import (

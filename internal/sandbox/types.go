@@ -1,6 +1,3 @@
-// Package sandbox manages the lifecycle of sandboxes: creating their VMs,
-// tracking their state in the store, enforcing leases, reattaching after a
-// restart of the server, and relaying calls to their guest agents.
 package sandbox
 
 import (

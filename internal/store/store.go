@@ -1,13 +1,3 @@
-// Package store keeps the server's durable state — API keys, sandbox records,
-// idempotency records and sandbox events — in one embedded SQLite database,
-// or in a PostgreSQL database that the servers of a cluster share.
-//
-// The server may be killed at any moment, so every write is a single
-// transaction, and on SQLite the database runs in WAL mode: after a crash it
-// holds exactly the writes that committed. Queries are written once, in the
-// SQL both engines take, with ? placeholders (engine.go); the schema is one
-// list of SQLite migrations that PostgreSQL's is translated from
-// (pgschema.go). Errors are classified with the internal/errdefs classes.
 package store
 
 import (

@@ -1,12 +1,16 @@
 // Package telemetry holds the server's Prometheus metrics: API requests,
-// sandbox lifecycle operations, boot times, lease expiries, egress
-// refusals, and readings taken from the server at every scrape (sandboxes
-// by state, each sandbox's CPU, memory, egress and charge).
+// sandbox lifecycle operations, boot times, lease expiries, egress refusals,
+// and readings taken from the server at every scrape (sandboxes by state, each
+// sandbox's CPU, memory, egress and charge).
 //
-// The metrics live on a registry of their own, with the Go runtime and
-// process collectors, so that nothing registered on the global default
-// registry by a library leaks into the exposition. A nil *Metrics is valid
-// and records nothing, so callers need no nil checks.
+// The metrics live on a registry of their own, with the Go runtime and process
+// collectors, so that nothing registered on the global default registry by a
+// library leaks into the exposition. A nil *Metrics is valid and records
+// nothing, so callers need no nil checks.
+//
+// Per-sandbox series are capped at `MaxSandboxSeries`.
+// `deploy/grafana/emberbox.json` is a dashboard over these metrics, checked by
+// a test against the registry.
 package telemetry
 
 import (

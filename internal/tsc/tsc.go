@@ -1,7 +1,11 @@
-// Package tsc measures the host's time stamp counter rate. Under QEMU TCG
-// the guest's TSC ticks at the host's rate, and telling the guest kernel
-// that rate (tsc_early_khz=) is what makes it boot reliably and idle
-// cheaply instead of calibrating against emulated timers.
+// Package tsc measures the host's time stamp counter rate. Under QEMU TCG the
+// guest's TSC ticks at the host's rate, and telling the guest kernel that rate
+// (tsc_early_khz=) is what makes it boot reliably and idle cheaply instead of
+// calibrating against emulated timers.
+//
+// `KHz` counts RDTSC against `CLOCK_MONOTONIC_RAW` over 3 × 50 ms windows (the
+// median; each sample from the quickest `clock_gettime` bracket), once, and
+// caches it; off amd64 it falls back to `/proc/cpuinfo` `cpu MHz`.
 package tsc
 
 import (

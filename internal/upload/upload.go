@@ -1,21 +1,25 @@
-// Package upload stages chunked uploads on the host. Each upload has a
-// sparse staging file that chunks are written into at their offsets, so
-// they may come in any order, in parallel and more than once, and nothing
-// but one chunk is ever held in memory. A commit checks that every chunk
-// came and that the SHA-256 matches, then streams the staged bytes to a
-// writer the caller gives (the sandbox's guest).
+// Package upload stages chunked uploads on the host. Each upload has a sparse
+// staging file that chunks are written into at their offsets, so they may come
+// in any order, in parallel and more than once, and nothing but one chunk is
+// ever held in memory. A commit checks that every chunk came and that the
+// SHA-256 matches, then streams the staged bytes to a writer the caller gives
+// (the sandbox's guest).
 //
-// An open-ended upload (Spec.Open: a directory archive, whose length its
-// sender may not know ahead) takes its chunks in sequence instead, has no
-// SHA-256, and its length is what arrived when it is committed; it counts
-// against the byte bounds as it grows, up to MaxSize.
+// An open-ended upload (Spec.Open: a directory archive, whose length its sender
+// may not know ahead) takes its chunks in sequence instead, has no SHA-256, and
+// its length is what arrived when it is committed; it counts against the byte
+// bounds as it grows, up to MaxSize.
 //
-// An upload belongs to the owner (API key) that began it and to one
-// sandbox, ends after TTL without a call and MaxAge after it began, and an
-// owner may have MaxPerOwner open at once. The sizes of open uploads are
-// bounded per owner and in all, and a begin never eats into a reserve of
-// free space on the staging file system. Errors are errdefs.CodedError
-// with the codes the API answers.
+// An upload belongs to the owner (API key) that began it and to one sandbox,
+// ends after TTL without a call and MaxAge after it began, and an owner may
+// have MaxPerOwner open at once. The sizes of open uploads are bounded per
+// owner and in all, and a begin never eats into a reserve of free space on the
+// staging file system. Errors are errdefs.CodedError with the codes the API
+// answers.
+//
+// `New` removes the `upl_*.part` files no upload owns, left by a crash; `Sweep`
+// (which `Run` calls every minute) ends uploads past their TTL or `MaxAge`.
+// Uploads of the two kinds are never found through each other's calls.
 package upload
 
 import (

@@ -1,8 +1,3 @@
-// Package vmm is the boundary between the sandbox manager and the virtual
-// machine monitors that run sandboxes. A Driver boots and reattaches
-// Machines; a Machine is one running VM with a byte stream to its guest
-// agent. Nothing here knows HTTP or the store, and nothing above knows which
-// VMM runs a sandbox.
 package vmm
 
 import (

@@ -1,11 +1,3 @@
-// Package volumes keeps disks that outlive sandboxes. A volume is a sparse
-// raw file on the host, formatted ext4 there when it is made (an empty
-// filesystem the host made itself; host tools never touch a disk a guest
-// has written). Attached to a running sandbox, it reaches the guest as a
-// network block device over the host-guest stream: the agent connects
-// /dev/nbdN and relays its requests on a volume.nbd stream, which this
-// package answers from the file (nbd.go). One sandbox holds a volume at a
-// time.
 package volumes
 
 import (

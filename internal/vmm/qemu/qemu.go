@@ -1,8 +1,3 @@
-// Package qemu runs sandboxes as QEMU microVMs (-M microvm): KVM where
-// /dev/kvm is usable, TCG software emulation elsewhere. The guest's disk is a
-// qcow2 overlay over the shared read-only base image; its agent stream is a
-// virtio-serial port on a unix socket, and its console another socket the
-// driver copies into a bounded log file.
 package qemu
 
 import (
