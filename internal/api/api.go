@@ -194,7 +194,8 @@ type server struct {
 	now         func() time.Time
 }
 
-// New returns the API handler. It panics if Manager or Keys is nil.
+// New returns the API handler. It panics if a role of Manager or Keys is
+// nil.
 func New(cfg Config) http.Handler {
 	return newServer(cfg)
 }
@@ -225,7 +226,7 @@ func (p Previews) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func newServer(cfg Config) *server {
-	if cfg.Manager == nil || cfg.Keys == nil {
+	if !cfg.Manager.complete() || cfg.Keys == nil {
 		panic("api.New: Manager and Keys are required")
 	}
 	s := &server{

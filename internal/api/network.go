@@ -98,7 +98,7 @@ func toNetworkJSON(st *sandbox.NetworkStatus) networkJSON {
 }
 
 func (s *server) networkManager() (NetworkManager, error) {
-	nm, ok := s.mgr.(NetworkManager)
+	nm, ok := s.mgr.Sandboxes.(NetworkManager)
 	if !ok {
 		return nil, errdefs.New(errdefs.ErrUnavailable, "network_unavailable", "this server does not manage egress policies")
 	}

@@ -27,7 +27,7 @@ type PreviewManager interface {
 }
 
 func (s *server) previewManager() (PreviewManager, error) {
-	pm, ok := s.mgr.(PreviewManager)
+	pm, ok := s.mgr.Sandboxes.(PreviewManager)
 	if !ok {
 		return nil, errdefs.New(errdefs.ErrUnavailable, "previews_unavailable", "this server keeps no previews")
 	}

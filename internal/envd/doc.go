@@ -1,7 +1,7 @@
 // Package envd serves E2B's in-sandbox API ("envd") from the host: the
 // process and filesystem services over Connect RPC, /health and /files.
 // Nothing of it runs in the guest: every call is carried to the agent over
-// the host↔guest stream through sandbox.Guest. A request reaches it already
+// the host↔guest stream through guest.Handle. A request reaches it already
 // routed and authenticated (sandbox.RoutedFrom).
 //
 // The .proto files under proto/ match the wire of E2B's own (their

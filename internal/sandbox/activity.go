@@ -66,8 +66,8 @@ func (c *activeConn) CloseWrite() error {
 }
 
 // clientOf returns the guest client behind g.
-func clientOf(g Guest) (*guest.Client, bool) {
-	switch g := g.(type) {
+func clientOf(h guest.Handle) (*guest.Client, bool) {
+	switch g := h.ProcessRunner.(type) {
 	case *guest.Client:
 		return g, true
 	case activeGuest:
