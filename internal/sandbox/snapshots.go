@@ -235,7 +235,7 @@ func (m *Manager) capture(id string, sn *Snapshot) (vmm.SnapshotInfo, error) {
 		defer in.saving.Unlock()
 		m.detach(ctx, in)
 	}
-	return mach.Snapshot(ctx, m.snapshotDir(sn.ID), memory)
+	return vmm.Snapshot(ctx, mach, m.snapshotDir(sn.ID), memory)
 }
 
 // UpdateSnapshot implements api.Manager.UpdateSnapshot.
@@ -470,7 +470,7 @@ func (m *Manager) resumeCopy(ctx context.Context, in *instance, sb *Sandbox, env
 		}
 		return err
 	}
-	if err := mach.Continue(ctx); err != nil {
+	if err := vmm.Continue(ctx, mach); err != nil {
 		_ = mach.Stop(context.Background())
 		return err
 	}
