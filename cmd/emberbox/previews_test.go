@@ -34,7 +34,7 @@ func TestCheckDomains(t *testing.T) {
 // preview domain, to the previews and nothing else; everything else to
 // the API's side.
 func TestPreviewFront(t *testing.T) {
-	_, previews := api.NewWithPreviews(api.Config{Manager: api.Manager{Sandboxes: nopManager{}, Snapshots: nopManager{}, Usage: nopManager{}, Guests: nopManager{}}, Keys: nopKeys{}})
+	_, previews := api.NewWithPreviews(api.Config{Manager: api.Manager{Sandboxes: nopManager{}, Power: nopManager{}, Snapshots: nopManager{}, Usage: nopManager{}, Guests: nopManager{}}, Keys: nopKeys{}})
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Header().Set("X-Side", "api") })
 	front := previewFront(previews, next)
 	for _, c := range []struct {

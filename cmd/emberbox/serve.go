@@ -380,7 +380,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	// caller's rate is one whichever protocol it speaks.
 	limiter := api.NewRateLimiter(adm.rates)
 	acfg := api.Config{
-		Manager: api.Manager{Sandboxes: mgr, Snapshots: mgr, Usage: mgr, Guests: mgr}, Keys: keyStore{st}, Idempotency: idempotencyStore{st}, Events: eventStore{st},
+		Manager: api.Manager{Sandboxes: mgr, Power: mgr, Snapshots: mgr, Usage: mgr, Guests: mgr}, Keys: keyStore{st}, Idempotency: idempotencyStore{st}, Events: eventStore{st},
 		Logger: log, Version: version, Accel: drv.Accel,
 		Confinement: func() any { return drv.Confinement() },
 		Uploads:     uploads, Limiter: limiter, ObserveRequest: metrics.ObserveRequest,

@@ -705,5 +705,5 @@ func (m *fakeManager) ExtendSnapshot(ctx context.Context, owner, id string, days
 
 // rolesOf returns the Manager whose every role is m.
 func rolesOf(m *fakeManager) Manager {
-	return Manager{Sandboxes: m, Snapshots: m, Usage: m, Guests: m}
+	return Manager{Sandboxes: m, Power: m, Snapshots: m, Usage: m, Guests: m}
 }

@@ -34,7 +34,7 @@ type fuzzManager struct{ *fakeManager }
 
 // roles returns the Manager whose every role is m.
 func (m fuzzManager) roles() Manager {
-	return Manager{Sandboxes: m, Snapshots: m, Usage: m, Guests: m}
+	return Manager{Sandboxes: m, Power: m, Snapshots: m, Usage: m, Guests: m}
 }
 
 func (m fuzzManager) Network(ctx context.Context, owner, id string) (*sandbox.NetworkStatus, error) {

@@ -12,6 +12,7 @@ package api
 // the Sandboxes role by type assertion.
 type Manager struct {
 	Sandboxes
+	Power
 	Snapshots
 	Usage
 	Guests
@@ -19,5 +20,5 @@ type Manager struct {
 
 // complete reports whether m fills every role.
 func (m Manager) complete() bool {
-	return m.Sandboxes != nil && m.Snapshots != nil && m.Usage != nil && m.Guests != nil
+	return m.Sandboxes != nil && m.Power != nil && m.Snapshots != nil && m.Usage != nil && m.Guests != nil
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
-// Sandboxes is the lifecycle of sandboxes: records and transitions.
+// Sandboxes makes, reads, changes and deletes sandboxes.
 type Sandboxes interface {
 	// Create records the sandbox and starts booting it in the background; it
 	// returns at once with the sandbox in StateStarting.
@@ -22,15 +22,20 @@ type Sandboxes interface {
 	// state, or ctx ends; it returns the sandbox as it then is (no error when
 	// ctx ends first).
 	WaitFor(ctx context.Context, owner, id string, states ...sandbox.State) (*sandbox.Sandbox, error)
-	// Stop starts stopping the sandbox and returns at once (StateStopping or
-	// StateStopped). Stopping a stopped sandbox is not an error.
-	Stop(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
 	// Delete stops the sandbox if needed and removes its disk; deleting twice
 	// returns the same record.
 	Delete(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
 	// Extend moves the lease to now+d (at most sandbox.MaxExtendAhead ahead).
 	Extend(ctx context.Context, owner, id string, d time.Duration) (*sandbox.Sandbox, error)
+	// Update changes a sandbox's settings.
+	Update(ctx context.Context, owner, id string, u sandbox.UpdateSpec) (*sandbox.Sandbox, error)
+}
 
+// Power runs, pauses and stops the VMs of sandboxes.
+type Power interface {
+	// Stop starts stopping the sandbox and returns at once (StateStopping or
+	// StateStopped). Stopping a stopped sandbox is not an error.
+	Stop(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
 	// Pause records a running sandbox pausing and pauses it in the
 	// background; a pausing or paused one is answered as it is.
 	Pause(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
@@ -44,8 +49,6 @@ type Sandboxes interface {
 	// keeping its /workspace and volumes, and answers once it runs there;
 	// a failure is undone (switch_undone).
 	SwitchImage(ctx context.Context, owner, id string, img *sandbox.ImageRef) (*sandbox.Sandbox, error)
-	// Update changes a sandbox's settings.
-	Update(ctx context.Context, owner, id string, u sandbox.UpdateSpec) (*sandbox.Sandbox, error)
 }
 
 // Snapshots captures sandboxes and keeps what was captured.

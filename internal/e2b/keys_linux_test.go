@@ -116,7 +116,7 @@ func TestRateLimitsSharedWithTheAPI(t *testing.T) {
 		AuthFail: api.Rate{PerSecond: 0.001, Burst: 2},
 	})
 	runtime := func(mgr *sandbox.Manager, k api.Keys) http.Handler {
-		return api.New(api.Config{Manager: api.Manager{Sandboxes: mgr, Snapshots: mgr, Usage: mgr, Guests: mgr}, Keys: k, Limiter: limiter})
+		return api.New(api.Config{Manager: api.Manager{Sandboxes: mgr, Power: mgr, Snapshots: mgr, Usage: mgr, Guests: mgr}, Keys: k, Limiter: limiter})
 	}
 	f := newLimitedFixture(t, limiter, runtime)
 	id, tok := f.createFor("secret-a") // a write: the read bucket stays full
