@@ -1,6 +1,13 @@
 // Package guest is the host's client of emberbox-agent: it performs the
 // handshake on a fresh connection to the guest, multiplexes calls over one
 // yamux session, and maps the agent's error codes to errdefs classes.
+//
+// It also holds what callers above the sandbox manager see of a guest: a
+// Handle, whose roles (ProcessRunner, FileSystem, Watcher, PortDialer,
+// VolumeAttacher) are small interfaces a caller can declare alone, and the
+// request and answer types of those calls. So a package that only talks
+// to a guest (the API's handlers, envd, the interpreter, image builds)
+// depends on this package, not on internal/sandbox or the wire protocol.
 package guest
 
 import (

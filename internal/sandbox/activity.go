@@ -18,7 +18,7 @@ type activeGuest struct {
 	touch func()
 }
 
-// DialPort implements Guest.DialPort.
+// DialPort implements guest.PortDialer.
 func (g activeGuest) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	c, err := g.Client.DialPort(ctx, port)
 	if err != nil {

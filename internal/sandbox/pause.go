@@ -15,7 +15,7 @@ import (
 	"github.com/emberbox/emberbox/internal/vmm"
 )
 
-// pauseTimeout bounds one Machine.Pause: memory goes to disk at disk speed.
+// pauseTimeout bounds one vmm.Pause: memory goes to disk at disk speed.
 const pauseTimeout = 2 * time.Minute
 
 // Pause reasons, in the paused event.

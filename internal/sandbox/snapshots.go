@@ -31,7 +31,7 @@ type SnapshotStore interface {
 	UnusedDeletedSnapshots(ctx context.Context) ([]string, error)
 }
 
-// captureTimeout bounds one Machine.Snapshot.
+// captureTimeout bounds one vmm.Snapshot.
 const captureTimeout = 10 * time.Minute
 
 // SnapshotSpec is a validated snapshot request.

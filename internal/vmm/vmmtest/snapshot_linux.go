@@ -36,7 +36,7 @@ func (d *Driver) FailResumes(n int) {
 	d.failResumes = n
 }
 
-// FailPauses makes the next n calls of Machine.Pause fail, leaving the
+// FailPauses makes the next n calls of Pause fail, leaving the
 // guest running and nothing saved.
 func (d *Driver) FailPauses(n int) {
 	d.mu.Lock()
@@ -166,7 +166,7 @@ func (m *Machine) Continue(ctx context.Context) error {
 	return nil
 }
 
-// Continues reports how many times Machine.Continue was called.
+// Continues reports how many times Continue was called.
 func (d *Driver) Continues() int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
