@@ -125,7 +125,7 @@ func joinCluster(ctx context.Context, o serveOptions, st *store.Store, adm admis
 		return nil, err
 	}
 	return cluster.Join(ctx, cluster.Config{
-		Store: st, CA: ca, Heartbeat: co.heartbeat, Timeout: co.timeout, Logger: log, Fenced: fenced,
+		Store: cluster.Store{Nodes: st, Sandboxes: st}, CA: ca, Heartbeat: co.heartbeat, Timeout: co.timeout, Logger: log, Fenced: fenced,
 		Self: cluster.Node{ID: co.nodeID, Address: addr, APIURL: "http://" + o.listen,
 			MemoryMiB: adm.capacity.MemoryMiB, OverheadMiB: adm.overhead, VCPUs: adm.capacity.VCPU,
 			Accel: accel, Images: []string{digest}, Version: version},

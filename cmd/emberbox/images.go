@@ -22,7 +22,7 @@ func newImagesCommand() *cobra.Command {
 		Short: "Register a raw ext4 disk image (with the guest's user setup) as a ready image; prints its id",
 		Args:  cobra.ExactArgs(1),
 		RunE: withStoreArgs(&dataDir, &storeURL, func(cmd *cobra.Command, st *store.Store, args []string) error {
-			svc, err := catalog.New(catalog.Config{Store: st, DataDir: dataDir})
+			svc, err := catalog.New(catalog.Config{Store: catalog.Store{ImageRecords: st, ImageTags: st, ImageHolders: st, BuildLogs: st}, DataDir: dataDir})
 			if err != nil {
 				return err
 			}
@@ -58,7 +58,7 @@ func newImagesCommand() *cobra.Command {
 		Short: "Make an image visible to every key (--undo: its owner's again)",
 		Args:  cobra.ExactArgs(1),
 		RunE: withStoreArgs(&dataDir, &storeURL, func(cmd *cobra.Command, st *store.Store, args []string) error {
-			svc, err := catalog.New(catalog.Config{Store: st, DataDir: dataDir})
+			svc, err := catalog.New(catalog.Config{Store: catalog.Store{ImageRecords: st, ImageTags: st, ImageHolders: st, BuildLogs: st}, DataDir: dataDir})
 			if err != nil {
 				return err
 			}

@@ -34,7 +34,7 @@ func TestCheckDomains(t *testing.T) {
 // preview domain, to the previews and nothing else; everything else to
 // the API's side.
 func TestPreviewFront(t *testing.T) {
-	_, previews := api.NewWithPreviews(api.Config{Manager: nopManager{}, Keys: nopKeys{}})
+	_, previews := api.NewWithPreviews(api.Config{Manager: api.Manager{Sandboxes: nopManager{}, Power: nopManager{}, Switcher: nopManager{}, Snapshots: nopManager{}, Usage: nopManager{}, Guests: nopManager{}}, Keys: nopKeys{}})
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Header().Set("X-Side", "api") })
 	front := previewFront(previews, next)
 	for _, c := range []struct {
@@ -59,10 +59,12 @@ func TestPreviewFront(t *testing.T) {
 
 // nopManager and nopKeys are never called: the front decides by host.
 type nopManager struct {
-	api.Manager
-	api.UsageManager
-	api.SnapshotManager
-	api.ImageSwitcher
+	api.Sandboxes
+	api.Power
+	api.Switcher
+	api.Snapshots
+	api.Usage
+	api.Guests
 }
 
 type nopKeys struct{ api.Keys }

@@ -54,8 +54,9 @@ func (s *server) buildAPI(context.Context) error {
 	s.limiter = api.NewRateLimiter(s.adm.rates)
 	drv, metrics := s.drv, s.metrics
 	acfg := api.Config{
-		Manager: s.mgr, Usage: s.mgr.Meter(), Snapshots: s.mgr.Snapshots(), Switcher: s.mgr.Switcher(), Previews: s.mgr.Previews(),
-		Network: s.mgr.Networks(), Keys: apistore.Keys{Store: s.st}, Idempotency: apistore.Idempotency{Store: s.st}, Events: apistore.Events{Store: s.st},
+		Manager: api.Manager{Sandboxes: s.mgr, Power: s.mgr, Switcher: s.mgr.Switcher(), Snapshots: s.mgr.Snapshots(),
+			Usage: s.mgr.Meter(), Guests: s.mgr, Previews: s.mgr.Previews(), Network: s.mgr.Networks()},
+		Keys: apistore.Keys{Store: s.st}, Idempotency: apistore.Idempotency{Store: s.st}, Events: apistore.Events{Store: s.st},
 		Logger: s.log, Version: version, Accel: drv.Accel,
 		Confinement: func() any { return drv.Confinement() },
 		Uploads:     s.uploads, Limiter: s.limiter, ObserveRequest: metrics.ObserveRequest,

@@ -72,7 +72,7 @@ func (s *server) openCatalog(context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.imgs, err = catalog.New(catalog.Config{Store: s.st, Events: s.st, DataDir: o.dataDir, Builds: o.imageBuilds, BuildsPerKey: o.limits.buildsPerKey, Logger: s.log,
+	s.imgs, err = catalog.New(catalog.Config{Store: catalog.Store{ImageRecords: s.st, ImageTags: s.st, ImageHolders: s.st, BuildLogs: s.st}, Events: s.st, DataDir: o.dataDir, Builds: o.imageBuilds, BuildsPerKey: o.limits.buildsPerKey, Logger: s.log,
 		DiskFreeMiB: func() (int64, error) { return admission.DiskFreeMiB(o.dataDir) }, DiskReserveMiB: o.limits.diskReserveMiB,
 		DefaultRootfs: s.boot.Rootfs, DefaultDigest: s.boot.RecipeHash, Chunks: chunks})
 	return err

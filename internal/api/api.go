@@ -94,21 +94,6 @@ type IdempotentResult struct {
 type Config struct {
 	Manager Manager // required
 	Keys    Keys    // required
-	// Usage answers the usage routes (sandbox.Manager.Meter); nil means
-	// Manager's own, which must then meter.
-	Usage UsageManager
-	// Snapshots answers the snapshot routes (sandbox.Manager.Snapshots);
-	// nil means Manager's own, which must then keep snapshots.
-	Snapshots SnapshotManager
-	// Switcher answers switches of image (sandbox.Manager.Switcher); nil
-	// means Manager's own, which must then switch.
-	Switcher ImageSwitcher
-	// Previews keeps previews (sandbox.Manager.Previews); nil means
-	// Manager's own if it keeps them, else the routes answer 503.
-	Previews PreviewManager
-	// Network keeps egress policies (sandbox.Manager.Networks); nil means
-	// Manager's own if it enforces them, else the routes answer 503.
-	Network NetworkManager
 	// Idempotency stores answers for Idempotency-Key; nil accepts and
 	// checks the header but remembers nothing.
 	Idempotency Idempotency
@@ -172,11 +157,6 @@ const (
 type server struct {
 	events  Events
 	mgr     Manager
-	usage   UsageManager
-	snaps   SnapshotManager
-	switchr ImageSwitcher
-	preview PreviewManager // nil: previews_unavailable
-	network NetworkManager // nil: network_unavailable
 	keys    Keys
 	idem    Idempotency
 	log     *slog.Logger
@@ -209,7 +189,8 @@ type server struct {
 	now         func() time.Time
 }
 
-// New returns the API handler. It panics if Manager or Keys is nil.
+// New returns the API handler. It panics if a role of Manager or Keys is
+// nil.
 func New(cfg Config) http.Handler {
 	return newServer(cfg)
 }
@@ -240,38 +221,11 @@ func (p Previews) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func newServer(cfg Config) *server {
-	if cfg.Manager == nil || cfg.Keys == nil {
+	if !cfg.Manager.complete() || cfg.Keys == nil {
 		panic("api.New: Manager and Keys are required")
 	}
-	if cfg.Usage == nil {
-		um, ok := cfg.Manager.(UsageManager)
-		if !ok {
-			panic("api.New: Usage is required when the Manager does not meter")
-		}
-		cfg.Usage = um
-	}
-	if cfg.Snapshots == nil {
-		sm, ok := cfg.Manager.(SnapshotManager)
-		if !ok {
-			panic("api.New: Snapshots is required when the Manager keeps no snapshots")
-		}
-		cfg.Snapshots = sm
-	}
-	if cfg.Switcher == nil {
-		is, ok := cfg.Manager.(ImageSwitcher)
-		if !ok {
-			panic("api.New: Switcher is required when the Manager does not switch images")
-		}
-		cfg.Switcher = is
-	}
-	if cfg.Previews == nil {
-		cfg.Previews, _ = cfg.Manager.(PreviewManager)
-	}
-	if cfg.Network == nil {
-		cfg.Network, _ = cfg.Manager.(NetworkManager)
-	}
 	s := &server{
-		mgr: cfg.Manager, usage: cfg.Usage, snaps: cfg.Snapshots, switchr: cfg.Switcher, preview: cfg.Previews, network: cfg.Network, keys: cfg.Keys, idem: cfg.Idempotency, log: cfg.Logger,
+		mgr: cfg.Manager, keys: cfg.Keys, idem: cfg.Idempotency, log: cfg.Logger,
 		version: cfg.Version, accel: cfg.Accel, confine: cfg.Confinement, events: cfg.Events,
 		idemPoll: idemPollInterval, idemPollMax: idemPollMax, now: time.Now,
 		limits: newRateLimiter(cfg.RateLimits), observe: cfg.ObserveRequest,

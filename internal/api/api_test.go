@@ -26,7 +26,7 @@ type testEnv struct {
 func newEnv(t *testing.T) *testEnv {
 	t.Helper()
 	m, idem := newFakeManager(), newFakeIdem()
-	s := newServer(Config{Manager: m, Keys: fakeKeys{}, Idempotency: idem, Version: "test",
+	s := newServer(Config{Manager: rolesOf(m), Keys: fakeKeys{}, Idempotency: idem, Version: "test",
 		Accel: func() string { return "tcg" }, Uploads: newTestUploads(t)})
 	return &testEnv{t: t, m: m, idem: idem, s: s}
 }
@@ -442,7 +442,7 @@ func newTestUploads(t *testing.T) *Uploads {
 }
 
 func TestHealthReportsConfinement(t *testing.T) {
-	s := newServer(Config{Manager: newFakeManager(), Keys: fakeKeys{}, Version: "test",
+	s := newServer(Config{Manager: rolesOf(newFakeManager()), Keys: fakeKeys{}, Version: "test",
 		Accel:       func() string { return "tcg" },
 		Confinement: func() any { return map[string]any{"confined": true, "seccomp": "on"} }})
 	w := httptest.NewRecorder()

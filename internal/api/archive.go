@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/emberbox/emberbox/internal/sandbox"
+	"github.com/emberbox/emberbox/internal/guest"
 )
 
 // Directory archives, glob and rename: the files routes whose work the
@@ -29,9 +29,9 @@ func fileUser(v string) (string, []issue) {
 }
 
 // globFiles answers files/list with a glob: what under path matches it.
-func (s *server) globFiles(w http.ResponseWriter, r *http.Request, c *call, req sandbox.FileRequest, pattern string) error {
-	if len(pattern) > sandbox.MaxGlobLen {
-		return invalid([]issue{{Path: "glob", Message: fmt.Sprintf("must be at most %d bytes", sandbox.MaxGlobLen)}})
+func (s *server) globFiles(w http.ResponseWriter, r *http.Request, c *call, req guest.FileRequest, pattern string) error {
+	if len(pattern) > guest.MaxGlobLen {
+		return invalid([]issue{{Path: "glob", Message: fmt.Sprintf("must be at most %d bytes", guest.MaxGlobLen)}})
 	}
 	if !strings.HasPrefix(req.Path, "/") {
 		req.Path = "/workspace/" + req.Path
@@ -100,8 +100,8 @@ func archiveQuery(r *http.Request, download bool) (p, user string, gz bool, excl
 			}
 		}
 		exclude = q["exclude"]
-		if len(exclude) > sandbox.MaxArchiveExcludes {
-			issues = append(issues, issue{Path: "exclude", Message: fmt.Sprintf("at most %d paths", sandbox.MaxArchiveExcludes)})
+		if len(exclude) > guest.MaxArchiveExcludes {
+			issues = append(issues, issue{Path: "exclude", Message: fmt.Sprintf("at most %d paths", guest.MaxArchiveExcludes)})
 		}
 		for _, e := range exclude {
 			if pathIssue("exclude", e) != nil || strings.HasPrefix(e, "/") {

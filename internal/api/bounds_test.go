@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -21,7 +22,7 @@ func TestCancelledRequestNotReplayed(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var runs atomic.Int32
 	started := make(chan struct{})
-	e.m.execHook = func(func(sandbox.Event) error) error {
+	e.m.execHook = func(func(guest.Event) error) error {
 		if runs.Add(1) == 1 {
 			close(started)
 			<-ctx.Done() // the guest call ends with the request
@@ -79,9 +80,9 @@ func TestLargeAnswerNotReplayed(t *testing.T) {
 	e := newEnv(t)
 	e.idem.maxBody = 64 << 10
 	e.m.add("key_a", "sbx_1", sandbox.StateRunning, time.Hour)
-	e.m.execResult = sandbox.ExecResult{Stdout: []byte(strings.Repeat("x", 64<<10))}
+	e.m.execResult = guest.ExecResult{Stdout: []byte(strings.Repeat("x", 64<<10))}
 	var runs atomic.Int32
-	e.m.execHook = func(func(sandbox.Event) error) error { runs.Add(1); return nil }
+	e.m.execHook = func(func(guest.Event) error) error { runs.Add(1); return nil }
 	first := e.do("POST", "/v1/sandboxes/sbx_1:exec", `{"command":"big"}`, "Idempotency-Key", "k-big")
 	if first.Code != http.StatusOK {
 		t.Fatalf("first: %d %s", first.Code, first.Body)

@@ -13,6 +13,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -57,7 +58,7 @@ type spawnRequest struct {
 
 // commandFields validates what exec and spawn share and fills req.
 func commandFields(command *string, argv []string, cwd string, env map[string]string,
-	stdin, stdinB64 *string, timeoutMs *int64, user string, req *sandbox.ExecRequest) []issue {
+	stdin, stdinB64 *string, timeoutMs *int64, user string, req *guest.ExecRequest) []issue {
 	var issues []issue
 	switch {
 	case command != nil && argv != nil:
@@ -105,7 +106,7 @@ func commandFields(command *string, argv []string, cwd string, env map[string]st
 
 // guest returns the sandbox named by the path and its guest, or the
 // refusal of its state.
-func (s *server) guest(r *http.Request, c *call) (*sandbox.Sandbox, sandbox.Guest, error) {
+func (s *server) guest(r *http.Request, c *call) (*sandbox.Sandbox, guest.Handle, error) {
 	return s.mgr.Guest(r.Context(), c.owner, r.PathValue("id"))
 }
 
@@ -166,7 +167,7 @@ func (s *server) exec(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := decode(c, &body); err != nil {
 		return err
 	}
-	var req sandbox.ExecRequest
+	var req guest.ExecRequest
 	if issues := commandFields(body.Command, body.Argv, body.Cwd, body.Env, body.Stdin, body.StdinBase64,
 		body.TimeoutMs, body.User, &req); len(issues) > 0 {
 		return invalid(sortIssues(issues))
@@ -184,7 +185,7 @@ func (s *server) exec(w http.ResponseWriter, r *http.Request, c *call) error {
 	}
 	req.Stream = body.Stream
 	if body.Stream {
-		s.streamEvents(w, r, false, func(send func(sandbox.Event) error) error {
+		s.streamEvents(w, r, false, func(send func(guest.Event) error) error {
 			_, err := g.Exec(r.Context(), req, send)
 			return err
 		})
@@ -227,12 +228,12 @@ type eventJSON struct {
 // process spawned with outputEncoding base64), also carries its exact
 // bytes as "base64", which withruntime's cursor uses to count bytes
 // ("base64" holds the data, not a flag).
-func wireEvent(ev sandbox.Event, binary bool) (eventJSON, bool) {
+func wireEvent(ev guest.Event, binary bool) (eventJSON, bool) {
 	off := ev.Offset
 	switch ev.Type {
 	case "start":
 		return eventJSON{Type: "start", ProcessID: ev.ProcessID}, true
-	case sandbox.EventStdout, sandbox.EventStderr:
+	case guest.EventStdout, guest.EventStderr:
 		data := text(ev.Data)
 		out := eventJSON{Type: ev.Type, Data: &data, Offset: &off}
 		if binary || !utf8.Valid(ev.Data) {
@@ -271,7 +272,7 @@ const streamHeadersAfter = time.Second
 // flushed at once; with binary every chunk of output carries "base64". Headers go out with the first event, or after
 // streamHeadersAfter; an error before that is a normal JSON error, an error
 // after it an "error" line.
-func (s *server) streamEvents(w http.ResponseWriter, r *http.Request, binary bool, run func(send func(sandbox.Event) error) error) {
+func (s *server) streamEvents(w http.ResponseWriter, r *http.Request, binary bool, run func(send func(guest.Event) error) error) {
 	rc := http.NewResponseController(w)
 	var mu sync.Mutex // guards w, started and finished, shared with the header timer
 	started, finished := false, false
@@ -308,7 +309,7 @@ func (s *server) streamEvents(w http.ResponseWriter, r *http.Request, binary boo
 		}
 		return rc.Flush()
 	}
-	send := func(ev sandbox.Event) error {
+	send := func(ev guest.Event) error {
 		if ev.Type == "error" && ev.Error != nil {
 			return writeLine(eventJSON{Type: "error", Error: &errorJSON{
 				Code: ev.Error.Code, Status: http.StatusBadGateway, Message: ev.Error.Message,
@@ -370,7 +371,7 @@ type processJSON struct {
 	OutputEncoding string `json:"outputEncoding"`
 }
 
-func toProcessJSON(p *sandbox.ProcessInfo) processJSON {
+func toProcessJSON(p *guest.ProcessInfo) processJSON {
 	out := processJSON{ID: p.ID, State: p.State, ExitCode: p.ExitCode, Command: p.Command, Argv: p.Argv,
 		Cwd: p.Cwd, PID: p.PID, StartedAt: optTime(&p.StartedAt), EndedAt: optTime(p.EndedAt),
 		OutputBytes: p.OutputBytes, FirstOffset: p.FirstOffset,
@@ -400,7 +401,7 @@ func (s *server) spawn(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := decode(c, &body); err != nil {
 		return err
 	}
-	req := sandbox.ExecRequest{Detach: true}
+	req := guest.ExecRequest{Detach: true}
 	issues := commandFields(body.Command, body.Argv, body.Cwd, body.Env, body.Stdin, body.StdinBase64,
 		body.TimeoutMs, body.User, &req)
 	issues = append(issues, spawnIO(&body, &req)...)
@@ -454,7 +455,7 @@ func (s *server) getProcess(w http.ResponseWriter, r *http.Request, c *call) err
 
 func (s *server) processOutput(w http.ResponseWriter, r *http.Request, c *call) error {
 	q := r.URL.Query()
-	req := sandbox.ProcessRequest{ID: r.PathValue("pid")}
+	req := guest.ProcessRequest{ID: r.PathValue("pid")}
 	var issues []issue
 	if v := q.Get("cursor"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
@@ -487,7 +488,7 @@ func (s *server) processOutput(w http.ResponseWriter, r *http.Request, c *call) 
 	if err != nil {
 		return err
 	}
-	s.streamEvents(w, r, p.OutputEncoding == "base64", func(send func(sandbox.Event) error) error {
+	s.streamEvents(w, r, p.OutputEncoding == "base64", func(send func(guest.Event) error) error {
 		return g.ProcessOutput(r.Context(), req, send)
 	})
 	return nil

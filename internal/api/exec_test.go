@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 	"github.com/google/go-cmp/cmp"
 )
@@ -16,7 +17,7 @@ func intPtr(n int) *int { return &n }
 func TestExecJSON(t *testing.T) {
 	e := newEnv(t)
 	e.m.add("key_a", "sbx_r", sandbox.StateRunning, time.Hour)
-	e.m.execResult = sandbox.ExecResult{ProcessID: "p1", ExitCode: intPtr(3), Stdout: []byte("hi\n"), Stderr: []byte{0xff, 'x'},
+	e.m.execResult = guest.ExecResult{ProcessID: "p1", ExitCode: intPtr(3), Stdout: []byte("hi\n"), Stderr: []byte{0xff, 'x'},
 		StderrTruncated: true, DurationMs: 12, State: "exited"}
 	w := e.do("POST", "/v1/sandboxes/sbx_r:exec", `{"argv":["ls","-l"],"cwd":"/tmp","env":{"A":"1"},"stdinBase64":"aGk=","user":"sandbox"}`)
 	if w.Code != 200 {
@@ -27,7 +28,7 @@ func TestExecJSON(t *testing.T) {
 	if diff := cmp.Diff(want, decodeBody[map[string]any](t, w)); diff != "" {
 		t.Errorf("result (-want +got):\n%s", diff)
 	}
-	wantReq := sandbox.ExecRequest{Argv: []string{"ls", "-l"}, Cwd: "/tmp", Env: map[string]string{"A": "1"}, Stdin: []byte("hi"),
+	wantReq := guest.ExecRequest{Argv: []string{"ls", "-l"}, Cwd: "/tmp", Env: map[string]string{"A": "1"}, Stdin: []byte("hi"),
 		TimeoutMs: 60000, User: "user", MaxOutput: 64 << 10}
 	if diff := cmp.Diff(wantReq, e.m.lastExec); diff != "" {
 		t.Errorf("exec request (-want +got):\n%s", diff)
@@ -59,7 +60,7 @@ func TestExecTimeouts(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			e := newEnv(t)
 			e.m.add("key_a", "sbx_r", sandbox.StateRunning, tt.lease)
-			e.m.execEvents = []sandbox.Event{{Type: "start", ProcessID: "p"}}
+			e.m.execEvents = []guest.Event{{Type: "start", ProcessID: "p"}}
 			w := e.do("POST", "/v1/sandboxes/sbx_r:exec", tt.body)
 			if w.Code != tt.status {
 				t.Fatalf("status %d, want %d: %s", w.Code, tt.status, w.Body)
@@ -106,13 +107,13 @@ func lines(t *testing.T, body string) []map[string]any {
 func TestExecStream(t *testing.T) {
 	e := newEnv(t)
 	e.m.add("key_a", "sbx_r", sandbox.StateRunning, time.Hour)
-	e.m.execEvents = []sandbox.Event{
+	e.m.execEvents = []guest.Event{
 		{Type: "start", ProcessID: "p1"},
 		{Type: "stdout", Data: []byte("héllo\n"), Offset: 0},
 		{Type: "stderr", Data: []byte{0xff, 0xfe}, Offset: 7},
 		{Type: "truncated", Dropped: 10, Offset: 19},
 		{Type: "stdout", Data: []byte("x"), Offset: 19},
-		{Type: "exit", Exit: &sandbox.ExecResult{State: "timed_out", TimedOut: true, DurationMs: 5}},
+		{Type: "exit", Exit: &guest.ExecResult{State: "timed_out", TimedOut: true, DurationMs: 5}},
 	}
 	w := e.do("POST", "/v1/sandboxes/sbx_r:exec", `{"command":"x","stream":true}`)
 	if w.Code != 200 || w.Header().Get("Content-Type") != "application/x-ndjson" {
@@ -155,7 +156,7 @@ func TestExecStreamErrors(t *testing.T) {
 	t.Run("failure midway is an error line", func(t *testing.T) {
 		e := newEnv(t)
 		e.m.add("key_a", "sbx_r", sandbox.StateRunning, time.Hour)
-		e.m.execEvents = []sandbox.Event{{Type: "start", ProcessID: "p1"}}
+		e.m.execEvents = []guest.Event{{Type: "start", ProcessID: "p1"}}
 		e.m.execErr = errInternalSecret
 		w := e.do("POST", "/v1/sandboxes/sbx_r:exec", `{"command":"x","stream":true}`)
 		got := lines(t, w.Body.String())
@@ -195,9 +196,9 @@ func TestProcesses(t *testing.T) {
 	if w := e.do("POST", "/v1/sandboxes/sbx_r/processes/p1:signal", `{"signal":"kill -9; rm"}`); w.Code != 400 {
 		t.Errorf("bad signal: %d", w.Code)
 	}
-	e.m.execEvents = []sandbox.Event{{Type: "stdout", Data: []byte("a"), Offset: 5}, {Type: "exit", Exit: &sandbox.ExecResult{ExitCode: intPtr(0), State: "exited"}}}
+	e.m.execEvents = []guest.Event{{Type: "stdout", Data: []byte("a"), Offset: 5}, {Type: "exit", Exit: &guest.ExecResult{ExitCode: intPtr(0), State: "exited"}}}
 	w = e.do("GET", "/v1/sandboxes/sbx_r/processes/p1/output?cursor=5&follow=true&waitMs=100", "")
-	if diff := cmp.Diff(sandbox.ProcessRequest{ID: "p1", Cursor: 5, Follow: true, WaitMs: 100}, e.m.outputReq); diff != "" {
+	if diff := cmp.Diff(guest.ProcessRequest{ID: "p1", Cursor: 5, Follow: true, WaitMs: 100}, e.m.outputReq); diff != "" {
 		t.Errorf("output request (-want +got):\n%s", diff)
 	}
 	want := []map[string]any{{"type": "stdout", "data": "a", "offset": 5.0},

@@ -9,13 +9,13 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
-	"github.com/emberbox/emberbox/internal/sandbox"
+	"github.com/emberbox/emberbox/internal/guest"
 )
 
 // fakeWatch is the fake guest's one watch.
 type fakeWatch struct {
-	req    sandbox.WatchRequest
-	events []sandbox.WatchEvent
+	req    guest.WatchRequest
+	events []guest.WatchEvent
 	ended  bool
 }
 
@@ -29,7 +29,7 @@ type fakeArchive struct {
 	cutAfter  int // Archive: bytes sent before the reader fails; 0 never
 }
 
-func (g fakeGuest) Glob(ctx context.Context, root, pattern string, hidden bool, limit int) ([]sandbox.FileEntry, error) {
+func (g fakeGuest) Glob(ctx context.Context, root, pattern string, hidden bool, limit int) ([]guest.FileEntry, error) {
 	m := g.m
 	if _, err := m.Get(ctx, g.owner, g.id); err != nil {
 		return nil, err
@@ -37,7 +37,7 @@ func (g fakeGuest) Glob(ctx context.Context, root, pattern string, hidden bool, 
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.arch.glob = root + " " + pattern
-	var out []sandbox.FileEntry
+	var out []guest.FileEntry
 	for k, data := range m.files {
 		id, p, _ := strings.Cut(k, "\x00")
 		if ok, _ := path.Match(path.Join(root, pattern), p); id == g.id && ok {
@@ -47,7 +47,7 @@ func (g fakeGuest) Glob(ctx context.Context, root, pattern string, hidden bool, 
 	return out, nil
 }
 
-func (g fakeGuest) Rename(ctx context.Context, from, to string, overwrite bool) (*sandbox.FileEntry, error) {
+func (g fakeGuest) Rename(ctx context.Context, from, to string, overwrite bool) (*guest.FileEntry, error) {
 	m := g.m
 	if _, err := m.Get(ctx, g.owner, g.id); err != nil {
 		return nil, err
@@ -87,7 +87,7 @@ func (errReader) Read([]byte) (int, error) {
 	return 0, errdefs.New(errdefs.ErrConflict, "file_not_found", "vanished")
 }
 
-func (g fakeGuest) Unarchive(ctx context.Context, dir, user string, size int64, r io.Reader) (*sandbox.Unpacked, error) {
+func (g fakeGuest) Unarchive(ctx context.Context, dir, user string, size int64, r io.Reader) (*guest.Unpacked, error) {
 	m := g.m
 	if _, err := m.Get(ctx, g.owner, g.id); err != nil {
 		return nil, err
@@ -102,11 +102,11 @@ func (g fakeGuest) Unarchive(ctx context.Context, dir, user string, size int64, 
 	if m.arch.unpackErr != nil {
 		return nil, m.arch.unpackErr
 	}
-	return &sandbox.Unpacked{Entries: 3, Bytes: size}, nil
+	return &guest.Unpacked{Entries: 3, Bytes: size}, nil
 }
 
 // The fake's watches: one list of events the test appends to.
-func (g fakeGuest) WatchStart(ctx context.Context, req sandbox.WatchRequest) (*sandbox.WatchInfo, error) {
+func (g fakeGuest) WatchStart(ctx context.Context, req guest.WatchRequest) (*guest.WatchInfo, error) {
 	m := g.m
 	if _, err := m.Get(ctx, g.owner, g.id); err != nil {
 		return nil, err
@@ -114,21 +114,21 @@ func (g fakeGuest) WatchStart(ctx context.Context, req sandbox.WatchRequest) (*s
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.watch.req = req
-	return &sandbox.WatchInfo{ID: "wat_1", Path: req.Path, Recursive: req.Recursive, Events: req.Events, State: "running"}, nil
+	return &guest.WatchInfo{ID: "wat_1", Path: req.Path, Recursive: req.Recursive, Events: req.Events, State: "running"}, nil
 }
 
-func (g fakeGuest) Watches(ctx context.Context) ([]sandbox.WatchInfo, error) {
-	return []sandbox.WatchInfo{{ID: "wat_1", Path: "/workspace", State: "running"}}, nil
+func (g fakeGuest) Watches(ctx context.Context) ([]guest.WatchInfo, error) {
+	return []guest.WatchInfo{{ID: "wat_1", Path: "/workspace", State: "running"}}, nil
 }
 
-func (g fakeGuest) WatchEvents(ctx context.Context, id string, cursor int64, wait time.Duration) (*sandbox.WatchBatch, error) {
+func (g fakeGuest) WatchEvents(ctx context.Context, id string, cursor int64, wait time.Duration) (*guest.WatchBatch, error) {
 	m := g.m
 	if id != "wat_1" {
 		return nil, errdefs.New(errdefs.ErrNotFound, "watch_not_found", "no watch %s", id)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	b := &sandbox.WatchBatch{Events: []sandbox.WatchEvent{}, NextCursor: cursor}
+	b := &guest.WatchBatch{Events: []guest.WatchEvent{}, NextCursor: cursor}
 	if cursor < int64(len(m.watch.events)) {
 		b.Events = m.watch.events[cursor:]
 		b.NextCursor = int64(len(m.watch.events))

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
-	"github.com/emberbox/emberbox/internal/sandbox"
+	"github.com/emberbox/emberbox/internal/guest"
 )
 
 // fakeTTYID is the process a spawn with a pty starts in the fake guest.
@@ -22,7 +22,7 @@ type fakeStdin struct {
 	eof     bool
 	full    int // appends to refuse with stdin_full before taking one
 	writes  int
-	size    sandbox.PtySize
+	size    guest.PtySize
 	out     []byte // the terminal's output so far
 	exited  bool
 	changed chan struct{}
@@ -35,7 +35,7 @@ func (f *fakeStdin) notifyLocked() {
 	f.changed = make(chan struct{})
 }
 
-func (f *fakeStdin) spawnTTY(req sandbox.ExecRequest) *sandbox.ProcessInfo {
+func (f *fakeStdin) spawnTTY(req guest.ExecRequest) *guest.ProcessInfo {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.size, f.out, f.exited = *req.Pty, []byte("$ "), false
@@ -43,37 +43,37 @@ func (f *fakeStdin) spawnTTY(req sandbox.ExecRequest) *sandbox.ProcessInfo {
 	return f.ttyInfoLocked()
 }
 
-func (f *fakeStdin) ttyInfo() *sandbox.ProcessInfo {
+func (f *fakeStdin) ttyInfo() *guest.ProcessInfo {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.ttyInfoLocked()
 }
 
-func (f *fakeStdin) ttyInfoLocked() *sandbox.ProcessInfo {
+func (f *fakeStdin) ttyInfoLocked() *guest.ProcessInfo {
 	size := f.size
 	state := "running"
 	if f.exited {
 		state = "exited"
 	}
-	return &sandbox.ProcessInfo{ID: fakeTTYID, State: state, Command: "bash -l", Pty: &size, StdinOpen: !f.exited,
+	return &guest.ProcessInfo{ID: fakeTTYID, State: state, Command: "bash -l", Pty: &size, StdinOpen: !f.exited,
 		User: "user", StartedAt: time.Unix(0, 0)}
 }
 
-func (f *fakeStdin) ttyOutput(ctx context.Context, req sandbox.ProcessRequest, onEvent func(sandbox.Event) error) error {
+func (f *fakeStdin) ttyOutput(ctx context.Context, req guest.ProcessRequest, onEvent func(guest.Event) error) error {
 	cursor := req.Cursor
 	for {
 		f.mu.Lock()
 		out, exited, ch := f.out[min(cursor, int64(len(f.out))):], f.exited, f.changed
 		f.mu.Unlock()
 		if len(out) > 0 {
-			if err := onEvent(sandbox.Event{Type: sandbox.EventStdout, Data: bytes.Clone(out), Offset: cursor}); err != nil {
+			if err := onEvent(guest.Event{Type: guest.EventStdout, Data: bytes.Clone(out), Offset: cursor}); err != nil {
 				return err
 			}
 			cursor += int64(len(out))
 			continue
 		}
 		if exited {
-			return onEvent(sandbox.Event{Type: "exit", Offset: cursor, Exit: &sandbox.ExecResult{ExitCode: intPtr(3), State: "exited"}})
+			return onEvent(guest.Event{Type: "exit", Offset: cursor, Exit: &guest.ExecResult{ExitCode: intPtr(3), State: "exited"}})
 		}
 		select {
 		case <-ch:
@@ -83,7 +83,7 @@ func (f *fakeStdin) ttyOutput(ctx context.Context, req sandbox.ProcessRequest, o
 	}
 }
 
-func (g fakeGuest) Write(ctx context.Context, pid string, data []byte, offset *int64, eof bool) (*sandbox.ProcessInfo, error) {
+func (g fakeGuest) Write(ctx context.Context, pid string, data []byte, offset *int64, eof bool) (*guest.ProcessInfo, error) {
 	if _, err := g.m.Get(ctx, g.owner, g.id); err != nil {
 		return nil, err
 	}
@@ -98,7 +98,7 @@ func (g fakeGuest) Write(ctx context.Context, pid string, data []byte, offset *i
 		}
 		if f.full > 0 {
 			f.full--
-			return nil, errdefs.New(errdefs.ErrConflict, sandbox.CodeStdinFull, "full")
+			return nil, errdefs.New(errdefs.ErrConflict, guest.CodeStdinFull, "full")
 		}
 		f.out = append(f.out, data...)
 		if bytes.Contains(f.out, []byte("exit\n")) {
@@ -121,12 +121,12 @@ func (g fakeGuest) Write(ctx context.Context, pid string, data []byte, offset *i
 			f.input = append(f.input, rest...)
 		}
 		f.eof = f.eof || eof
-		return &sandbox.ProcessInfo{ID: "p1", State: "running", StdinOpen: !f.eof, StdinOffset: int64(len(f.input))}, nil
+		return &guest.ProcessInfo{ID: "p1", State: "running", StdinOpen: !f.eof, StdinOffset: int64(len(f.input))}, nil
 	}
 	return nil, errdefs.New(errdefs.ErrNotFound, "process_not_found", "no process %s", pid)
 }
 
-func (g fakeGuest) Resize(ctx context.Context, pid string, size sandbox.PtySize) (*sandbox.ProcessInfo, error) {
+func (g fakeGuest) Resize(ctx context.Context, pid string, size guest.PtySize) (*guest.ProcessInfo, error) {
 	if _, err := g.m.Get(ctx, g.owner, g.id); err != nil {
 		return nil, err
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -34,12 +35,12 @@ type fakeManager struct {
 	waits      []waitCall
 	listOpts   sandbox.ListOptions
 	listNext   string
-	lastExec   sandbox.ExecRequest
-	execResult sandbox.ExecResult
-	execEvents []sandbox.Event
+	lastExec   guest.ExecRequest
+	execResult guest.ExecResult
+	execEvents []guest.Event
 	execErr    error
-	execHook   func(onEvent func(sandbox.Event) error) error // replaces events when set
-	outputReq  sandbox.ProcessRequest
+	execHook   func(onEvent func(guest.Event) error) error // replaces events when set
+	outputReq  guest.ProcessRequest
 	signal     string
 	lastMode   uint32
 	lastChmod  string // path and octal mode
@@ -197,7 +198,7 @@ func (m *fakeManager) Extend(ctx context.Context, owner, id string, d time.Durat
 	return clone(sb), nil
 }
 
-func (g fakeGuest) Exec(ctx context.Context, req sandbox.ExecRequest, onEvent func(sandbox.Event) error) (*sandbox.ExecResult, error) {
+func (g fakeGuest) Exec(ctx context.Context, req guest.ExecRequest, onEvent func(guest.Event) error) (*guest.ExecResult, error) {
 	m, owner, id := g.m, g.owner, g.id
 	m.mu.Lock()
 	_, err := m.getLocked(owner, id)
@@ -223,7 +224,7 @@ func (g fakeGuest) Exec(ctx context.Context, req sandbox.ExecRequest, onEvent fu
 	return &res, nil
 }
 
-func (g fakeGuest) Spawn(ctx context.Context, req sandbox.ExecRequest) (*sandbox.ProcessInfo, error) {
+func (g fakeGuest) Spawn(ctx context.Context, req guest.ExecRequest) (*guest.ProcessInfo, error) {
 	m, owner, id := g.m, g.owner, g.id
 	if _, err := m.Get(ctx, owner, id); err != nil {
 		return nil, err
@@ -234,19 +235,19 @@ func (g fakeGuest) Spawn(ctx context.Context, req sandbox.ExecRequest) (*sandbox
 	if req.Pty != nil {
 		return m.stdin.spawnTTY(req), nil
 	}
-	return &sandbox.ProcessInfo{ID: "p1", State: "running", Command: req.Command, StartedAt: time.Unix(0, 0),
+	return &guest.ProcessInfo{ID: "p1", State: "running", Command: req.Command, StartedAt: time.Unix(0, 0),
 		StdinOpen: req.StdinPipe}, nil
 }
 
-func (g fakeGuest) Processes(ctx context.Context) ([]sandbox.ProcessInfo, error) {
+func (g fakeGuest) Processes(ctx context.Context) ([]guest.ProcessInfo, error) {
 	m, owner, id := g.m, g.owner, g.id
 	if _, err := m.Get(ctx, owner, id); err != nil {
 		return nil, err
 	}
-	return []sandbox.ProcessInfo{{ID: "p1", State: "running"}}, nil
+	return []guest.ProcessInfo{{ID: "p1", State: "running"}}, nil
 }
 
-func (g fakeGuest) Process(ctx context.Context, pid string) (*sandbox.ProcessInfo, error) {
+func (g fakeGuest) Process(ctx context.Context, pid string) (*guest.ProcessInfo, error) {
 	m, owner, id := g.m, g.owner, g.id
 	if _, err := m.Get(ctx, owner, id); err != nil {
 		return nil, err
@@ -259,10 +260,10 @@ func (g fakeGuest) Process(ctx context.Context, pid string) (*sandbox.ProcessInf
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return &sandbox.ProcessInfo{ID: "p1", State: "running", OutputEncoding: m.lastExec.OutputEncoding}, nil
+	return &guest.ProcessInfo{ID: "p1", State: "running", OutputEncoding: m.lastExec.OutputEncoding}, nil
 }
 
-func (g fakeGuest) ProcessOutput(ctx context.Context, req sandbox.ProcessRequest, onEvent func(sandbox.Event) error) error {
+func (g fakeGuest) ProcessOutput(ctx context.Context, req guest.ProcessRequest, onEvent func(guest.Event) error) error {
 	m, owner, id := g.m, g.owner, g.id
 	if _, err := m.Get(ctx, owner, id); err != nil {
 		return err
@@ -282,7 +283,7 @@ func (g fakeGuest) ProcessOutput(ctx context.Context, req sandbox.ProcessRequest
 	return nil
 }
 
-func (g fakeGuest) Signal(ctx context.Context, pid, signal string) (*sandbox.ProcessInfo, error) {
+func (g fakeGuest) Signal(ctx context.Context, pid, signal string) (*guest.ProcessInfo, error) {
 	m, owner, id := g.m, g.owner, g.id
 	if _, err := m.Get(ctx, owner, id); err != nil {
 		return nil, err
@@ -290,15 +291,15 @@ func (g fakeGuest) Signal(ctx context.Context, pid, signal string) (*sandbox.Pro
 	m.mu.Lock()
 	m.signal = signal
 	m.mu.Unlock()
-	return &sandbox.ProcessInfo{ID: pid, State: "killed"}, nil
+	return &guest.ProcessInfo{ID: pid, State: "killed"}, nil
 }
 
-func (m *fakeManager) entry(p string, size int64) *sandbox.FileEntry {
-	return &sandbox.FileEntry{Name: p[strings.LastIndexByte(p, '/')+1:], Path: p, Type: "file", Size: size, Mode: "644",
+func (m *fakeManager) entry(p string, size int64) *guest.FileEntry {
+	return &guest.FileEntry{Name: p[strings.LastIndexByte(p, '/')+1:], Path: p, Type: "file", Size: size, Mode: "644",
 		ModifiedAt: time.Unix(0, 0)}
 }
 
-func (g fakeGuest) ReadFile(ctx context.Context, p string) (*sandbox.FileEntry, io.ReadCloser, error) {
+func (g fakeGuest) ReadFile(ctx context.Context, p string) (*guest.FileEntry, io.ReadCloser, error) {
 	m, owner, id := g.m, g.owner, g.id
 	if _, err := m.Get(ctx, owner, id); err != nil {
 		return nil, nil, err
@@ -312,7 +313,7 @@ func (g fakeGuest) ReadFile(ctx context.Context, p string) (*sandbox.FileEntry, 
 	return m.entry(p, int64(len(data))), io.NopCloser(bytes.NewReader(data)), nil
 }
 
-func (g fakeGuest) WriteFile(ctx context.Context, p string, mode uint32, size int64, r io.Reader) (*sandbox.FileEntry, error) {
+func (g fakeGuest) WriteFile(ctx context.Context, p string, mode uint32, size int64, r io.Reader) (*guest.FileEntry, error) {
 	m, owner, id := g.m, g.owner, g.id
 	if _, err := m.Get(ctx, owner, id); err != nil {
 		return nil, err
@@ -331,15 +332,15 @@ func (g fakeGuest) WriteFile(ctx context.Context, p string, mode uint32, size in
 	return m.entry(p, size), nil
 }
 
-func (g fakeGuest) List(ctx context.Context, req sandbox.FileRequest) ([]sandbox.FileEntry, error) {
+func (g fakeGuest) List(ctx context.Context, req guest.FileRequest) ([]guest.FileEntry, error) {
 	m, owner, id := g.m, g.owner, g.id
 	if _, err := m.Get(ctx, owner, id); err != nil {
 		return nil, err
 	}
-	return []sandbox.FileEntry{*m.entry(req.Path+"/a", 1)}, nil
+	return []guest.FileEntry{*m.entry(req.Path+"/a", 1)}, nil
 }
 
-func (g fakeGuest) Stat(ctx context.Context, p string) (*sandbox.FileEntry, error) {
+func (g fakeGuest) Stat(ctx context.Context, p string) (*guest.FileEntry, error) {
 	m, owner, id := g.m, g.owner, g.id
 	if _, err := m.Get(ctx, owner, id); err != nil {
 		return nil, err
@@ -353,7 +354,7 @@ func (g fakeGuest) Stat(ctx context.Context, p string) (*sandbox.FileEntry, erro
 	return m.entry(p, int64(len(data))), nil
 }
 
-func (g fakeGuest) Mkdir(ctx context.Context, p string, parents bool) (*sandbox.FileEntry, error) {
+func (g fakeGuest) Mkdir(ctx context.Context, p string, parents bool) (*guest.FileEntry, error) {
 	m, owner, id := g.m, g.owner, g.id
 	if _, err := m.Get(ctx, owner, id); err != nil {
 		return nil, err
@@ -375,7 +376,7 @@ func (g fakeGuest) Remove(ctx context.Context, p string, recursive bool) (bool, 
 	return ok, nil
 }
 
-func (g fakeGuest) Chmod(ctx context.Context, p string, mode uint32) (*sandbox.FileEntry, error) {
+func (g fakeGuest) Chmod(ctx context.Context, p string, mode uint32) (*guest.FileEntry, error) {
 	m, owner, id := g.m, g.owner, g.id
 	if _, err := m.Get(ctx, owner, id); err != nil {
 		return nil, err
@@ -402,15 +403,16 @@ type fakeGuest struct {
 }
 
 // Guest refuses as the real manager does, from the same state table.
-func (m *fakeManager) Guest(ctx context.Context, owner, id string) (*sandbox.Sandbox, sandbox.Guest, error) {
+func (m *fakeManager) Guest(ctx context.Context, owner, id string) (*sandbox.Sandbox, guest.Handle, error) {
 	sb, err := m.Get(ctx, owner, id)
 	if err != nil {
-		return nil, nil, err
+		return nil, guest.Handle{}, err
 	}
 	if err := sandbox.Refusal(sb); err != nil {
-		return nil, nil, err
+		return nil, guest.Handle{}, err
 	}
-	return sb, fakeGuest{m: m, owner: owner, id: id}, nil
+	g := fakeGuest{m: m, owner: owner, id: id}
+	return sb, guest.Handle{ProcessRunner: g, FileSystem: g, Watcher: g, PortDialer: g, Volumes: g}, nil
 }
 
 // fakeKeys knows secrets "secret-a" (key_a), "secret-b" (key_b) and
@@ -699,4 +701,9 @@ func (m *fakeManager) ExtendSnapshot(ctx context.Context, owner, id string, days
 	sn.RetentionDays = days
 	c := *sn
 	return &c, nil
+}
+
+// rolesOf returns the Manager whose every role is m.
+func rolesOf(m *fakeManager) Manager {
+	return Manager{Sandboxes: m, Power: m, Switcher: m, Snapshots: m, Usage: m, Guests: m}
 }

@@ -14,7 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
-	"github.com/emberbox/emberbox/internal/sandbox"
+	"github.com/emberbox/emberbox/internal/guest"
 )
 
 // Limits of file requests.
@@ -40,7 +40,7 @@ type fileJSON struct {
 	SymlinkTarget string    `json:"symlinkTarget,omitempty"`
 }
 
-func toFileJSON(e *sandbox.FileEntry) fileJSON {
+func toFileJSON(e *guest.FileEntry) fileJSON {
 	return fileJSON{Name: e.Name, Path: e.Path, Type: e.Type, Size: e.Size, Mode: e.Mode,
 		ModifiedAt: optTime(&e.ModifiedAt), UID: e.UID, GID: e.GID, Owner: e.Owner, Group: e.Group,
 		SymlinkTarget: e.SymlinkTarget}
@@ -174,7 +174,7 @@ func (s *server) writeFile(w http.ResponseWriter, r *http.Request, c *call) erro
 
 func (s *server) listFiles(w http.ResponseWriter, r *http.Request, c *call) error {
 	q := r.URL.Query()
-	req := sandbox.FileRequest{Path: q.Get("path"), Depth: 1}
+	req := guest.FileRequest{Path: q.Get("path"), Depth: 1}
 	if req.Path == "" {
 		req.Path = "/workspace"
 	}
@@ -216,7 +216,7 @@ func (s *server) listFiles(w http.ResponseWriter, r *http.Request, c *call) erro
 }
 
 // writeEntries answers a list of file entries.
-func writeEntries(w http.ResponseWriter, entries []sandbox.FileEntry) {
+func writeEntries(w http.ResponseWriter, entries []guest.FileEntry) {
 	data := make([]fileJSON, 0, len(entries))
 	for i := range entries {
 		data = append(data, toFileJSON(&entries[i]))
@@ -261,7 +261,7 @@ func (s *server) fileMissing(r *http.Request, c *call, id string, err error) boo
 		return false
 	}
 	switch errdefs.Code(err) {
-	case sandbox.CodeFileNotFound:
+	case guest.CodeFileNotFound:
 		return true
 	case "":
 		_, gerr := s.mgr.Get(r.Context(), c.owner, id)

@@ -21,6 +21,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/emberbox/emberbox/internal/egress"
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/interpreter"
 	"github.com/emberbox/emberbox/internal/links"
 	"github.com/emberbox/emberbox/internal/sandbox"
@@ -30,6 +31,11 @@ import (
 // fuzzManager adds egress policies to fakeManager, so the network routes
 // answer too.
 type fuzzManager struct{ *fakeManager }
+
+// roles returns the Manager whose every role is m.
+func (m fuzzManager) roles() Manager {
+	return Manager{Sandboxes: m, Power: m, Switcher: m, Snapshots: m, Usage: m, Guests: m}
+}
 
 func (m fuzzManager) Network(ctx context.Context, owner, id string) (*sandbox.NetworkStatus, error) {
 	if _, err := m.Get(ctx, owner, id); err != nil {
@@ -68,7 +74,7 @@ func newFuzzServer(tb testing.TB) *fuzzServer {
 	// true, so files are not formatted), told of a manager of their own.
 	vols := volumes.New(volumes.Config{Store: volumestest.New(), Backups: volumestest.NewBackups(), DataDir: tb.TempDir(), Mkfs: "true"})
 	vols.SetGuests(newFakeManager())
-	fs.s = newServer(Config{Manager: fuzzManager{newFakeManager()}, Keys: fakeKeys{}, Version: "test",
+	fs.s = newServer(Config{Manager: fuzzManager{newFakeManager()}.roles(), Keys: fakeKeys{}, Version: "test",
 		Accel: func() string { return "tcg" }, Links: signer, Interpreter: interpreter.New(nil),
 		Images: newTestImages(tb, nil), Volumes: vols})
 	return fs
@@ -83,14 +89,14 @@ func (fs *fuzzServer) reset(t *testing.T) *fakeManager {
 	m.add("key_b", "sbx_b", sandbox.StateRunning, time.Minute)
 	m.files["sbx_run\x00/workspace/a.txt"] = []byte("hello\xff\n")
 	zero := 0
-	m.execResult = sandbox.ExecResult{ProcessID: "p1", ExitCode: &zero, Stdout: []byte("hi\n"), Stderr: []byte{0xff}, State: "exited"}
-	m.execEvents = []sandbox.Event{{Type: "start", ProcessID: "p1"}, {Type: "stdout", Data: []byte("hi\xff")}, {Type: "exit", Offset: 3, Exit: &m.execResult}}
+	m.execResult = guest.ExecResult{ProcessID: "p1", ExitCode: &zero, Stdout: []byte("hi\n"), Stderr: []byte{0xff}, State: "exited"}
+	m.execEvents = []guest.Event{{Type: "start", ProcessID: "p1"}, {Type: "stdout", Data: []byte("hi\xff")}, {Type: "exit", Offset: 3, Exit: &m.execResult}}
 	// A new store removes the staging files the last input left.
 	u, err := NewUploads(upload.Config{Dir: fs.dir})
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs.s.mgr, fs.s.idem, fs.s.uploads = fuzzManager{m}, newFakeIdem(), u
+	fs.s.mgr, fs.s.idem, fs.s.uploads = fuzzManager{m}.roles(), newFakeIdem(), u
 	return m
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -131,7 +132,7 @@ func TestIdempotencyReleasedOn5xx(t *testing.T) {
 func TestIdempotencyStreamNotStored(t *testing.T) {
 	e := newEnv(t)
 	e.m.add("key_a", "sbx_r", sandbox.StateRunning, time.Hour)
-	e.m.execEvents = []sandbox.Event{{Type: "start", ProcessID: "p1"}, {Type: "exit", Exit: &sandbox.ExecResult{State: "exited"}}}
+	e.m.execEvents = []guest.Event{{Type: "start", ProcessID: "p1"}, {Type: "exit", Exit: &guest.ExecResult{State: "exited"}}}
 	body := `{"command":"true","stream":true}`
 	for i := range 2 {
 		w := e.do("POST", "/v1/sandboxes/sbx_r:exec", body, "Idempotency-Key", "s")

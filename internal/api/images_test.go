@@ -71,7 +71,7 @@ func newTestImagesWith(tb testing.TB, b catalog.Builder, chunks catalog.ChunkLim
 	if err := os.WriteFile(def, []byte("default"), 0o644); err != nil {
 		tb.Fatal(err)
 	}
-	svc, err := catalog.New(catalog.Config{Store: st, Builder: b, DataDir: dir, DefaultRootfs: def, DefaultDigest: strings.Repeat("d", 64),
+	svc, err := catalog.New(catalog.Config{Store: catalog.Store{ImageRecords: st, ImageTags: st, ImageHolders: st, BuildLogs: st}, Builder: b, DataDir: dir, DefaultRootfs: def, DefaultDigest: strings.Repeat("d", 64),
 		Chunks: chunks})
 	if err != nil {
 		tb.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/interpreter"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
@@ -101,13 +102,13 @@ func toExecutionJSON(ex *interpreter.Execution) executionJSON {
 
 // interpGuest is guest for the interpreter's routes, which a server built
 // without an interpreter refuses (once the sandbox's state would not).
-func (s *server) interpGuest(r *http.Request, c *call) (*sandbox.Sandbox, sandbox.Guest, error) {
+func (s *server) interpGuest(r *http.Request, c *call) (*sandbox.Sandbox, guest.Handle, error) {
 	sb, g, err := s.guest(r, c)
 	if err != nil {
-		return nil, nil, err
+		return nil, guest.Handle{}, err
 	}
 	if s.interp == nil {
-		return nil, nil, newError(http.StatusNotImplemented, "interpreter_unavailable", "This server has no code interpreter.")
+		return nil, guest.Handle{}, newError(http.StatusNotImplemented, "interpreter_unavailable", "This server has no code interpreter.")
 	}
 	return sb, g, nil
 }

@@ -194,7 +194,7 @@ func (s *server) switchImage(w http.ResponseWriter, r *http.Request, c *call) er
 	if err != nil {
 		return err
 	}
-	sb, err := s.switchr.SwitchImage(r.Context(), c.owner, id, ref)
+	sb, err := s.mgr.SwitchImage(r.Context(), c.owner, id, ref)
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 	"unicode"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/links"
 	"github.com/emberbox/emberbox/internal/sandbox"
 	"github.com/emberbox/emberbox/internal/upload"
@@ -147,25 +148,25 @@ func (s *server) revokeLinks(w http.ResponseWriter, r *http.Request, c *call) er
 
 // linkGuest opens a link's token and returns its claims and its sandbox's
 // guest, waking the sandbox first if the link asks to.
-func (s *server) linkGuest(r *http.Request, method string) (*links.Claims, sandbox.Guest, error) {
+func (s *server) linkGuest(r *http.Request, method string) (*links.Claims, guest.Handle, error) {
 	if s.links == nil {
-		return nil, nil, errNoLinks
+		return nil, guest.Handle{}, errNoLinks
 	}
 	cl, err := s.links.Open(r.Context(), r.PathValue("token"))
 	if err != nil {
-		return nil, nil, err
+		return nil, guest.Handle{}, err
 	}
 	if cl.Method != method {
-		return nil, nil, newError(http.StatusMethodNotAllowed, "method_not_allowed", "This link is for "+cl.Method+".")
+		return nil, guest.Handle{}, newError(http.StatusMethodNotAllowed, "method_not_allowed", "This link is for "+cl.Method+".")
 	}
 	if cl.Wake {
 		if err := s.wakeForLink(r.Context(), cl); err != nil {
-			return nil, nil, err
+			return nil, guest.Handle{}, err
 		}
 	}
 	_, g, err := s.mgr.Guest(r.Context(), cl.Owner, cl.SandboxID)
 	if err != nil {
-		return nil, nil, err
+		return nil, guest.Handle{}, err
 	}
 	return cl, g, nil
 }

@@ -1,99 +1,28 @@
 package api
 
-import (
-	"context"
-	"time"
-
-	"github.com/emberbox/emberbox/internal/admission"
-	"github.com/emberbox/emberbox/internal/metering"
-	"github.com/emberbox/emberbox/internal/pricing"
-	"github.com/emberbox/emberbox/internal/sandbox"
-)
-
-// Manager is what the API needs from the sandbox manager. Every method takes
-// the caller's key id as owner: a sandbox of another owner is reported as
+// Manager is what the API needs from the sandbox manager, by area: each
+// role is its own interface, narrow enough to read, and what a handler
+// needs reads from the role it calls. Today one value, *sandbox.Manager,
+// fills every role. Every method takes the
+// caller's key id as owner: a sandbox of another owner is reported as
 // errdefs.ErrNotFound. Errors carry errdefs classes (and often an
 // *errdefs.CodedError with the wire code), which the API maps to statuses.
-type Manager interface {
-	// Create records the sandbox and starts booting it in the background; it
-	// returns at once with the sandbox in StateStarting.
-	Create(ctx context.Context, owner string, spec sandbox.CreateSpec) (*sandbox.Sandbox, error)
-	Get(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
-	List(ctx context.Context, opts sandbox.ListOptions) (sandboxes []*sandbox.Sandbox, nextCursor string, err error)
-	// WaitFor blocks until the sandbox is in one of states, is in a terminal
-	// state, or ctx ends; it returns the sandbox as it then is (no error when
-	// ctx ends first).
-	WaitFor(ctx context.Context, owner, id string, states ...sandbox.State) (*sandbox.Sandbox, error)
-	// Stop starts stopping the sandbox and returns at once (StateStopping or
-	// StateStopped). Stopping a stopped sandbox is not an error.
-	Stop(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
-	// Delete stops the sandbox if needed and removes its disk; deleting twice
-	// returns the same record.
-	Delete(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
-	// Extend moves the lease to now+d (at most sandbox.MaxExtendAhead ahead).
-	Extend(ctx context.Context, owner, id string, d time.Duration) (*sandbox.Sandbox, error)
-
-	// Pause records a running sandbox pausing and pauses it in the
-	// background; a pausing or paused one is answered as it is.
-	Pause(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
-	// Wake admits a paused sandbox again and resumes it in the background
-	// (no_capacity leaves it paused); a running one is not_paused.
-	// timeout, if not nil, is its new time limit in seconds.
-	Wake(ctx context.Context, owner, id string, timeout *int) (*sandbox.Sandbox, error)
-	// Restart boots a stopped sandbox again from its kept disk.
-	Restart(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
-	// Update changes a sandbox's settings.
-	Update(ctx context.Context, owner, id string, u sandbox.UpdateSpec) (*sandbox.Sandbox, error)
-
-	// Fork makes count copies of a sandbox as it is and answers them once
-	// they run.
-	Fork(ctx context.Context, owner, id string, spec sandbox.ForkSpec) ([]*sandbox.Sandbox, error)
-
-	// Guest returns a running sandbox of owner's and its guest agent, or
-	// the coded refusal of the sandbox's state (sandbox.Refusal). Every call
-	// into a guest goes through it.
-	Guest(ctx context.Context, owner, id string) (*sandbox.Sandbox, sandbox.Guest, error)
+//
+// Previews and Network are optional: nil, they are looked for on the
+// Sandboxes role by type assertion, and without them their routes answer
+// 501.
+type Manager struct {
+	Sandboxes
+	Power
+	Switcher
+	Snapshots
+	Usage
+	Guests
+	Previews PreviewManager
+	Network  NetworkManager
 }
 
-// UsageManager is what the API needs of the sandbox manager's meter
-// (sandbox.Meter): usage, metrics and limits, by owner.
-type UsageManager interface {
-	// Rates are the prices usage is charged at.
-	Rates() pricing.Rates
-	// AttachUsage sets each sandbox's Usage: what was metered for it, priced.
-	AttachUsage(ctx context.Context, sbs ...*sandbox.Sandbox) error
-	// EachUsageRow calls fn with each of owner's hourly usage rows that q
-	// selects, oldest first (owner "" is every key's, for an admin).
-	EachUsageRow(ctx context.Context, owner string, q metering.Query, fn func(metering.Row) error) error
-	// SettledThrough is the time before which no usage row changes any more.
-	SettledThrough(ctx context.Context) (time.Time, error)
-	// Metrics returns owner's sandbox and its metered intervals ending in [from, to).
-	Metrics(ctx context.Context, owner, id string, from, to time.Time) (*sandbox.Sandbox, []metering.Point, error)
-	// KeyLimits returns what one key may hold at once and what it holds.
-	KeyLimits(owner string) (admission.Quota, admission.Usage)
-}
-
-// SnapshotManager is what the API needs of the sandbox manager's
-// snapshots (sandbox.Snapshots).
-type SnapshotManager interface {
-	// Snapshot captures a sandbox (memory and disk, or disk alone) and
-	// answers once the capture is over.
-	Snapshot(ctx context.Context, owner, id string, spec sandbox.SnapshotSpec) (*sandbox.Snapshot, error)
-	GetSnapshot(ctx context.Context, owner, id string) (*sandbox.Snapshot, error)
-	ListSnapshots(ctx context.Context, opts sandbox.SnapshotListOptions) ([]*sandbox.Snapshot, string, error)
-	UpdateSnapshot(ctx context.Context, owner, id string, u sandbox.SnapshotUpdate) (*sandbox.Snapshot, error)
-	// DeleteSnapshot deletes a snapshot; its files stay while a sandbox
-	// made from it exists.
-	DeleteSnapshot(ctx context.Context, owner, id string) error
-	// ExtendSnapshot keeps a snapshot days from now.
-	ExtendSnapshot(ctx context.Context, owner, id string, days int) (*sandbox.Snapshot, error)
-}
-
-// ImageSwitcher is what the API needs of the sandbox manager's switcher
-// of images (sandbox.Switcher).
-type ImageSwitcher interface {
-	// SwitchImage moves a sandbox to img (nil: the default image),
-	// keeping its /workspace and volumes, and answers once it runs there;
-	// a failure is undone (switch_undone).
-	SwitchImage(ctx context.Context, owner, id string, img *sandbox.ImageRef) (*sandbox.Sandbox, error)
+// complete reports whether m fills every role.
+func (m Manager) complete() bool {
+	return m.Sandboxes != nil && m.Power != nil && m.Switcher != nil && m.Snapshots != nil && m.Usage != nil && m.Guests != nil
 }

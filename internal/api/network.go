@@ -98,7 +98,10 @@ func toNetworkJSON(st *sandbox.NetworkStatus) networkJSON {
 }
 
 func (s *server) networkManager() (NetworkManager, error) {
-	nm := s.network
+	nm := s.mgr.Network
+	if nm == nil {
+		nm, _ = s.mgr.Sandboxes.(NetworkManager)
+	}
 	if nm == nil {
 		return nil, errdefs.New(errdefs.ErrUnavailable, "network_unavailable", "this server does not manage egress policies")
 	}

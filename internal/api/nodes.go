@@ -103,7 +103,7 @@ func (s *server) checkSpreadFrom(r *http.Request, owner string, raw json.RawMess
 	for _, id := range ids {
 		var err error
 		if strings.HasPrefix(id, "snap_") {
-			_, err = s.snaps.GetSnapshot(r.Context(), owner, id)
+			_, err = s.mgr.GetSnapshot(r.Context(), owner, id)
 		} else {
 			_, err = s.mgr.Get(r.Context(), owner, id)
 		}

@@ -15,7 +15,7 @@ func TestObserveRequest(t *testing.T) {
 	e := newEnv(t)
 	var mu sync.Mutex
 	var got []observed
-	e.s = newServer(Config{Manager: e.m, Keys: fakeKeys{}, Idempotency: e.idem,
+	e.s = newServer(Config{Manager: rolesOf(e.m), Keys: fakeKeys{}, Idempotency: e.idem,
 		ObserveRequest: func(route string, status int, d time.Duration) {
 			if d < 0 {
 				t.Errorf("%s: negative duration %v", route, d)

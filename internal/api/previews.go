@@ -27,7 +27,10 @@ type PreviewManager interface {
 }
 
 func (s *server) previewManager() (PreviewManager, error) {
-	pm := s.preview
+	pm := s.mgr.Previews
+	if pm == nil {
+		pm, _ = s.mgr.Sandboxes.(PreviewManager)
+	}
 	if pm == nil {
 		return nil, errdefs.New(errdefs.ErrUnavailable, "previews_unavailable", "this server keeps no previews")
 	}

@@ -26,7 +26,7 @@ func newLimitedEnv(t *testing.T, rl RateLimits) (*testEnv, *countingKeys, *time.
 	t.Helper()
 	e := newEnv(t)
 	keys := &countingKeys{}
-	e.s = newServer(Config{Manager: e.m, Keys: keys, Idempotency: e.idem, RateLimits: rl})
+	e.s = newServer(Config{Manager: rolesOf(e.m), Keys: keys, Idempotency: e.idem, RateLimits: rl})
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	e.s.now = func() time.Time { return now }
 	return e, keys, &now

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -74,7 +75,7 @@ func TestGuestRoutesRefuseByStateTable(t *testing.T) {
 		id := "sbx_" + string(st.State)
 		e.m.add("key_a", id, st.State, time.Hour)
 		e.m.files[id+"\x00/tmp/x"] = []byte("x")
-		e.m.execResult = sandbox.ExecResult{ExitCode: intPtr(0)}
+		e.m.execResult = guest.ExecResult{ExitCode: intPtr(0)}
 		for _, rt := range routes {
 			req, ok := guestRouteRequests[rt.OpID]
 			if !ok {

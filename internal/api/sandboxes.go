@@ -517,7 +517,7 @@ func (s *server) getSandbox(w http.ResponseWriter, r *http.Request, c *call) err
 			return err
 		}
 	}
-	if err := s.usage.AttachUsage(r.Context(), sb); err != nil {
+	if err := s.mgr.AttachUsage(r.Context(), sb); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
@@ -584,7 +584,7 @@ func (s *server) listSandboxes(w http.ResponseWriter, r *http.Request, c *call) 
 	}
 	sbs, next, err := s.mgr.List(r.Context(), opts)
 	if err == nil {
-		err = s.usage.AttachUsage(r.Context(), sbs...)
+		err = s.mgr.AttachUsage(r.Context(), sbs...)
 	}
 	if err != nil {
 		return err

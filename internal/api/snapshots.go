@@ -73,7 +73,7 @@ func (s *server) snapshotSandbox(w http.ResponseWriter, r *http.Request, c *call
 	if len(issues) > 0 {
 		return invalid(sortIssues(issues))
 	}
-	sn, err := s.snaps.Snapshot(r.Context(), c.owner, r.PathValue("id"), sandbox.SnapshotSpec{
+	sn, err := s.mgr.Snapshot(r.Context(), c.owner, r.PathValue("id"), sandbox.SnapshotSpec{
 		Name: req.Name, Labels: req.Labels, RetentionDays: orDefault(req.RetentionDays, 0), Mode: req.Mode})
 	if err != nil {
 		return err
@@ -137,7 +137,7 @@ func (s *server) listSnapshots(w http.ResponseWriter, r *http.Request, c *call) 
 	if len(issues) > 0 {
 		return invalid(issues)
 	}
-	list, next, err := s.snaps.ListSnapshots(r.Context(), opts)
+	list, next, err := s.mgr.ListSnapshots(r.Context(), opts)
 	if err != nil {
 		return err
 	}
@@ -150,7 +150,7 @@ func (s *server) listSnapshots(w http.ResponseWriter, r *http.Request, c *call) 
 }
 
 func (s *server) getSnapshot(w http.ResponseWriter, r *http.Request, c *call) error {
-	sn, err := s.snaps.GetSnapshot(r.Context(), c.owner, r.PathValue("id"))
+	sn, err := s.mgr.GetSnapshot(r.Context(), c.owner, r.PathValue("id"))
 	if err != nil {
 		return err
 	}
@@ -184,7 +184,7 @@ func (s *server) updateSnapshot(w http.ResponseWriter, r *http.Request, c *call)
 	if len(issues) > 0 {
 		return invalid(sortIssues(issues))
 	}
-	sn, err := s.snaps.UpdateSnapshot(r.Context(), c.owner, r.PathValue("id"),
+	sn, err := s.mgr.UpdateSnapshot(r.Context(), c.owner, r.PathValue("id"),
 		sandbox.SnapshotUpdate{Name: req.Name, Labels: req.Labels, IfLabels: req.IfLabels})
 	if err != nil {
 		return err
@@ -198,7 +198,7 @@ func (s *server) deleteSnapshot(w http.ResponseWriter, r *http.Request, c *call)
 		return err
 	}
 	id := r.PathValue("id")
-	if err := s.snaps.DeleteSnapshot(r.Context(), c.owner, id); err != nil {
+	if err := s.mgr.DeleteSnapshot(r.Context(), c.owner, id); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"id": id, "state": sandbox.SnapshotDeleted})
@@ -220,7 +220,7 @@ func (s *server) extendSnapshot(w http.ResponseWriter, r *http.Request, c *call)
 	if issues := retentionIssues(nil, req.RetentionDays); len(issues) > 0 {
 		return invalid(issues)
 	}
-	sn, err := s.snaps.ExtendSnapshot(r.Context(), c.owner, r.PathValue("id"), *req.RetentionDays)
+	sn, err := s.mgr.ExtendSnapshot(r.Context(), c.owner, r.PathValue("id"), *req.RetentionDays)
 	if err != nil {
 		return err
 	}

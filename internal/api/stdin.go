@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"net/http"
 
-	"github.com/emberbox/emberbox/internal/sandbox"
+	"github.com/emberbox/emberbox/internal/guest"
 )
 
 // maxWriteBody bounds the body of …:write: withruntime sends input in
@@ -20,14 +20,14 @@ type ptyJSON struct {
 
 // ptyIssues checks a terminal size at path.
 func ptyIssues(path string, p *ptyJSON) []issue {
-	if p.Cols < 1 || p.Rows < 1 || p.Cols > sandbox.MaxPtySide || p.Rows > sandbox.MaxPtySide {
-		return []issue{{Path: path, Message: fmt.Sprintf("cols and rows must be from 1 to %d", sandbox.MaxPtySide)}}
+	if p.Cols < 1 || p.Rows < 1 || p.Cols > guest.MaxPtySide || p.Rows > guest.MaxPtySide {
+		return []issue{{Path: path, Message: fmt.Sprintf("cols and rows must be from 1 to %d", guest.MaxPtySide)}}
 	}
 	return nil
 }
 
 // spawnIO validates what a spawn asks of its input and output and fills req.
-func spawnIO(body *spawnRequest, req *sandbox.ExecRequest) []issue {
+func spawnIO(body *spawnRequest, req *guest.ExecRequest) []issue {
 	var issues []issue
 	switch body.OutputEncoding {
 	case "", "utf8", "base64":
@@ -44,7 +44,7 @@ func spawnIO(body *spawnRequest, req *sandbox.ExecRequest) []issue {
 	}
 	if body.Pty != nil {
 		issues = append(issues, ptyIssues("pty", body.Pty)...)
-		req.Pty = &sandbox.PtySize{Cols: body.Pty.Cols, Rows: body.Pty.Rows}
+		req.Pty = &guest.PtySize{Cols: body.Pty.Cols, Rows: body.Pty.Rows}
 		req.StdinPipe = false // a terminal takes input by itself
 	}
 	if (req.StdinPipe || req.Pty != nil) && (body.Stdin != nil || body.StdinBase64 != nil) {
@@ -89,7 +89,7 @@ func (s *server) writeProcess(w http.ResponseWriter, r *http.Request, c *call) e
 	case body.Data != nil:
 		data = []byte(*body.Data)
 	}
-	if len(data) > sandbox.MaxStdinBuffer {
+	if len(data) > guest.MaxStdinBuffer {
 		issues = append(issues, issue{Path: "base64", Message: "must be at most 1 MiB at a time"})
 	}
 	if body.Offset != nil && *body.Offset < 0 {
@@ -122,7 +122,7 @@ func (s *server) resizeProcess(w http.ResponseWriter, r *http.Request, c *call) 
 	if err != nil {
 		return err
 	}
-	p, err := g.Resize(r.Context(), r.PathValue("pid"), sandbox.PtySize{Cols: body.Cols, Rows: body.Rows})
+	p, err := g.Resize(r.Context(), r.PathValue("pid"), guest.PtySize{Cols: body.Cols, Rows: body.Rows})
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -28,7 +29,7 @@ func TestSpawnInputAndTerminal(t *testing.T) {
 	if w.Code != 200 {
 		t.Fatalf("spawn on a pty: %d %s", w.Code, w.Body)
 	}
-	if p := e.m.lastExec.Pty; p == nil || *p != (sandbox.PtySize{Cols: 120, Rows: 40}) || e.m.lastExec.User != "root" {
+	if p := e.m.lastExec.Pty; p == nil || *p != (guest.PtySize{Cols: 120, Rows: 40}) || e.m.lastExec.User != "root" {
 		t.Errorf("spawn request: %+v", e.m.lastExec)
 	}
 	got := decodeBody[map[string]any](t, w)
@@ -53,7 +54,7 @@ func TestSpawnInputAndTerminal(t *testing.T) {
 func TestProcessOutputBase64(t *testing.T) {
 	e := newEnv(t)
 	e.m.add("key_a", "sbx_r", sandbox.StateRunning, time.Hour)
-	e.m.execEvents = []sandbox.Event{{Type: "stdout", Data: []byte("hi\n"), Offset: 0}}
+	e.m.execEvents = []guest.Event{{Type: "stdout", Data: []byte("hi\n"), Offset: 0}}
 	for _, enc := range []string{"utf8", "base64"} {
 		if w := e.do("POST", "/v1/sandboxes/sbx_r/processes", `{"command":"x","outputEncoding":"`+enc+`"}`); w.Code != 200 {
 			t.Fatalf("spawn: %d %s", w.Code, w.Body)
@@ -93,7 +94,7 @@ func TestWriteProcess(t *testing.T) {
 	write(`{"base64":"not base64!","offset":6}`, 400, "invalid_request", 0)
 	write(`{"data":"x","offset":-1}`, 400, "invalid_request", 0)
 	// withruntime sends 1 MiB chunks: base64 in JSON is over the usual body limit.
-	big := strings.Repeat("y", sandbox.MaxStdinBuffer)
+	big := strings.Repeat("y", guest.MaxStdinBuffer)
 	write(`{"base64":"`+b64(big)+`","offset":6}`, 200, "", int64(6+len(big)))
 	write(`{"base64":"`+b64(big+"z")+`","offset":0}`, 400, "invalid_request", 0)
 	write(fmt.Sprintf(`{"data":"!","offset":%d,"eof":true}`, 6+len(big)), 200, "", int64(7+len(big)))

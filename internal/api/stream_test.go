@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -22,12 +23,12 @@ func TestStreamOverRealConnection(t *testing.T) {
 	srv := httptest.NewServer(e.s)
 	defer srv.Close()
 	// The command is silent until gate closes, then prints and exits.
-	e.m.execHook = func(onEvent func(sandbox.Event) error) error {
+	e.m.execHook = func(onEvent func(guest.Event) error) error {
 		<-gate
-		if err := onEvent(sandbox.Event{Type: "start", ProcessID: "p1"}); err != nil {
+		if err := onEvent(guest.Event{Type: "start", ProcessID: "p1"}); err != nil {
 			return err
 		}
-		return onEvent(sandbox.Event{Type: "exit", Exit: &sandbox.ExecResult{ExitCode: intPtr(0), State: "exited"}})
+		return onEvent(guest.Event{Type: "exit", Exit: &guest.ExecResult{ExitCode: intPtr(0), State: "exited"}})
 	}
 	req, _ := http.NewRequest("POST", srv.URL+"/v1/sandboxes/sbx_r:exec", strings.NewReader(`{"command":"x","stream":true}`))
 	req.Header.Set("Authorization", "Bearer secret-a")

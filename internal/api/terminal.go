@@ -14,7 +14,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
-	"github.com/emberbox/emberbox/internal/sandbox"
+	"github.com/emberbox/emberbox/internal/guest"
 )
 
 // Terminal limits.
@@ -61,14 +61,14 @@ func (t *terminalSlots) release(id string) {
 
 // terminalQuery is what GET …/terminal asks for.
 type terminalQuery struct {
-	size      sandbox.PtySize
-	req       sandbox.ExecRequest
+	size      guest.PtySize
+	req       guest.ExecRequest
 	processID string
 }
 
 func parseTerminalQuery(r *http.Request) (*terminalQuery, error) {
 	q := r.URL.Query()
-	tq := &terminalQuery{size: sandbox.PtySize{Cols: 80, Rows: 24}, processID: q.Get("processId")}
+	tq := &terminalQuery{size: guest.PtySize{Cols: 80, Rows: 24}, processID: q.Get("processId")}
 	var issues []issue
 	for _, f := range []struct {
 		name string
@@ -76,8 +76,8 @@ func parseTerminalQuery(r *http.Request) (*terminalQuery, error) {
 	}{{"cols", &tq.size.Cols}, {"rows", &tq.size.Rows}} {
 		if v := q.Get(f.name); v != "" {
 			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 || n > sandbox.MaxPtySide {
-				issues = append(issues, issue{Path: f.name, Message: fmt.Sprintf("must be from 1 to %d", sandbox.MaxPtySide)})
+			if err != nil || n < 1 || n > guest.MaxPtySide {
+				issues = append(issues, issue{Path: f.name, Message: fmt.Sprintf("must be from 1 to %d", guest.MaxPtySide)})
 			}
 			*f.dst = n
 		}
@@ -128,7 +128,7 @@ func (s *server) terminal(w http.ResponseWriter, r *http.Request, c *call) error
 	defer s.terminals.release(sb.ID)
 
 	ctx := r.Context()
-	var p *sandbox.ProcessInfo
+	var p *guest.ProcessInfo
 	spawned := false
 	if tq.processID != "" {
 		if p, err = g.Process(ctx, tq.processID); err != nil {
@@ -176,7 +176,7 @@ type terminalEvent struct {
 
 // runTerminal carries one attached terminal until the process ends (exit
 // frame, normal closure) or the client goes (the process keeps running).
-func (s *server) runTerminal(ctx context.Context, conn *websocket.Conn, g sandbox.Guest, p *sandbox.ProcessInfo) {
+func (s *server) runTerminal(ctx context.Context, conn *websocket.Conn, g guest.Handle, p *guest.ProcessInfo) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer conn.CloseNow()
@@ -199,9 +199,9 @@ func (s *server) runTerminal(ctx context.Context, conn *websocket.Conn, g sandbo
 		defer close(outputDone)
 		defer cancel()
 		exited := false
-		err := g.ProcessOutput(ctx, sandbox.ProcessRequest{ID: p.ID, Follow: true}, func(ev sandbox.Event) error {
+		err := g.ProcessOutput(ctx, guest.ProcessRequest{ID: p.ID, Follow: true}, func(ev guest.Event) error {
 			switch ev.Type {
-			case sandbox.EventStdout, sandbox.EventStderr:
+			case guest.EventStdout, guest.EventStderr:
 				return conn.Write(ctx, websocket.MessageBinary, ev.Data)
 			case "exit":
 				exited = true
@@ -236,10 +236,10 @@ func (s *server) runTerminal(ctx context.Context, conn *websocket.Conn, g sandbo
 			if json.Unmarshal(data, &ev) != nil || ev.Type != "resize" {
 				continue // nothing else comes as text
 			}
-			if ev.Cols < 1 || ev.Rows < 1 || ev.Cols > sandbox.MaxPtySide || ev.Rows > sandbox.MaxPtySide {
+			if ev.Cols < 1 || ev.Rows < 1 || ev.Cols > guest.MaxPtySide || ev.Rows > guest.MaxPtySide {
 				continue
 			}
-			_, err = g.Resize(ctx, p.ID, sandbox.PtySize{Cols: ev.Cols, Rows: ev.Rows})
+			_, err = g.Resize(ctx, p.ID, guest.PtySize{Cols: ev.Cols, Rows: ev.Rows})
 		}
 		if err != nil && ctx.Err() == nil && !errdefs.IsConflict(err) {
 			// The guest is unreachable; the output side says so.
@@ -252,11 +252,11 @@ func (s *server) runTerminal(ctx context.Context, conn *websocket.Conn, g sandbo
 
 // typeInto appends data to the terminal's input in pieces, each taken
 // whole by the guest, waiting while its input buffer is full.
-func typeInto(ctx context.Context, g sandbox.Guest, id string, data []byte) error {
+func typeInto(ctx context.Context, g guest.Handle, id string, data []byte) error {
 	for len(data) > 0 {
 		piece := data[:min(len(data), terminalInputPiece)]
 		_, err := g.Write(ctx, id, piece, nil, false)
-		if errdefs.Code(err) == sandbox.CodeStdinFull {
+		if errdefs.Code(err) == guest.CodeStdinFull {
 			select {
 			case <-time.After(inputFullWait):
 				continue

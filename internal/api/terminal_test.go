@@ -11,6 +11,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -67,7 +68,7 @@ func TestTerminal(t *testing.T) {
 	if ready := readJSONFrame(t, ctx, c); ready["type"] != "ready" || ready["processId"] != fakeTTYID {
 		t.Fatalf("first frame: %v", ready)
 	}
-	if req := e.m.lastExec; req.Pty == nil || *req.Pty != (sandbox.PtySize{Cols: 100, Rows: 30}) || req.Command != "bash" ||
+	if req := e.m.lastExec; req.Pty == nil || *req.Pty != (guest.PtySize{Cols: 100, Rows: 30}) || req.Command != "bash" ||
 		req.Cwd != "/tmp" || req.User != "root" || !req.Detach {
 		t.Fatalf("spawned %+v", req)
 	}
@@ -88,7 +89,7 @@ func TestTerminal(t *testing.T) {
 		e.m.stdin.mu.Lock()
 		size := e.m.stdin.size
 		e.m.stdin.mu.Unlock()
-		if size == (sandbox.PtySize{Cols: 132, Rows: 50}) {
+		if size == (guest.PtySize{Cols: 132, Rows: 50}) {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -10,7 +10,7 @@ import (
 	"strings"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
-	"github.com/emberbox/emberbox/internal/sandbox"
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/upload"
 )
 
@@ -33,7 +33,7 @@ type Uploads = upload.Store[committed]
 // committed is what a commit wrote: a file's entry, or what an archive
 // put in place.
 type committed struct {
-	entry    *sandbox.FileEntry
+	entry    *guest.FileEntry
 	unpacked *unpackedJSON
 }
 

@@ -141,13 +141,13 @@ func (s *server) getUsage(w http.ResponseWriter, r *http.Request, c *call) error
 	if err != nil {
 		return err
 	}
-	rates := s.usage.Rates()
+	rates := s.mgr.Rates()
 	var total metering.Summary
 	groups := map[string]*metering.Summary{}
 	kinds := map[string]string{}
 	var order []string
 	// Rows are hours: a range covers the hours it touches.
-	err = s.usage.EachUsageRow(r.Context(), owner, metering.Query{From: from.Truncate(time.Hour), To: to}, func(row metering.Row) error {
+	err = s.mgr.EachUsageRow(r.Context(), owner, metering.Query{From: from.Truncate(time.Hour), To: to}, func(row metering.Row) error {
 		total.Add(row, rates)
 		key := row.ResourceID
 		switch groupBy {
@@ -259,7 +259,7 @@ func (s *server) exportUsage(w http.ResponseWriter, r *http.Request, c *call) er
 	}
 	// A row is an hour's: it is in the range if its hour starts in it.
 	var rows []metering.Row // at most limit + 1
-	err = s.usage.EachUsageRow(r.Context(), owner, metering.Query{From: since, To: until,
+	err = s.mgr.EachUsageRow(r.Context(), owner, metering.Query{From: since, To: until,
 		AfterHour: afterHour, AfterID: afterID, Limit: limit + 1}, func(row metering.Row) error {
 		rows = append(rows, row)
 		return nil
@@ -274,11 +274,11 @@ func (s *server) exportUsage(w http.ResponseWriter, r *http.Request, c *call) er
 		cur := exportCursor(last.Hour, last.ResourceID)
 		next = &cur
 	}
-	final, err := s.usage.SettledThrough(r.Context())
+	final, err := s.mgr.SettledThrough(r.Context())
 	if err != nil {
 		return err
 	}
-	rates := s.usage.Rates()
+	rates := s.mgr.Rates()
 	var b strings.Builder
 	cw := csv.NewWriter(&b)
 	if cursor == "" {
@@ -350,7 +350,7 @@ func (s *server) compareUsage(w http.ResponseWriter, r *http.Request, c *call) e
 	if len(issues) > 0 {
 		return invalid(issues)
 	}
-	rates := s.usage.Rates()
+	rates := s.mgr.Rates()
 	now := s.now().UTC()
 	sum, err := s.summarize(r, c.owner, metering.Query{From: now.Add(-time.Duration(days) * 24 * time.Hour).Truncate(time.Hour)})
 	if err != nil {
@@ -401,9 +401,9 @@ func (s *server) compareUsage(w http.ResponseWriter, r *http.Request, c *call) e
 
 // summarize adds up owner's rows that q selects, priced.
 func (s *server) summarize(r *http.Request, owner string, q metering.Query) (metering.Summary, error) {
-	rates := s.usage.Rates()
+	rates := s.mgr.Rates()
 	var sum metering.Summary
-	err := s.usage.EachUsageRow(r.Context(), owner, q, func(row metering.Row) error {
+	err := s.mgr.EachUsageRow(r.Context(), owner, q, func(row metering.Row) error {
 		sum.Add(row, rates)
 		return nil
 	})
@@ -446,7 +446,7 @@ func (s *server) getLimits(w http.ResponseWriter, r *http.Request, c *call) erro
 	if err != nil {
 		return err
 	}
-	quota, used := s.usage.KeyLimits(c.owner)
+	quota, used := s.mgr.KeyLimits(c.owner)
 	row := func(limit, label, unit string, max, used int64) map[string]any {
 		var m any
 		if max > 0 {
@@ -516,7 +516,7 @@ func (s *server) sandboxMetrics(w http.ResponseWriter, r *http.Request, c *call)
 	if spec.step < time.Hour {
 		var pts []metering.Point
 		var err error
-		if sb, pts, err = s.usage.Metrics(r.Context(), c.owner, id, from, now.Add(time.Second)); err != nil {
+		if sb, pts, err = s.mgr.Metrics(r.Context(), c.owner, id, from, now.Add(time.Second)); err != nil {
 			return err
 		}
 		for _, p := range pts {
@@ -532,10 +532,10 @@ func (s *server) sandboxMetrics(w http.ResponseWriter, r *http.Request, c *call)
 		}
 	} else {
 		var err error
-		if sb, _, err = s.usage.Metrics(r.Context(), c.owner, id, now, now); err != nil {
+		if sb, _, err = s.mgr.Metrics(r.Context(), c.owner, id, now, now); err != nil {
 			return err
 		}
-		err = s.usage.EachUsageRow(r.Context(), c.owner, metering.Query{ResourceIDs: []string{id}, From: from}, func(row metering.Row) error {
+		err = s.mgr.EachUsageRow(r.Context(), c.owner, metering.Query{ResourceIDs: []string{id}, From: from}, func(row metering.Row) error {
 			i := int(row.Hour.Sub(from) / spec.step)
 			if i < 0 || i >= n || row.RunningMs == 0 {
 				return nil
@@ -596,13 +596,13 @@ func (s *server) sandboxUsage(w http.ResponseWriter, r *http.Request, c *call) e
 	if err != nil {
 		return err
 	}
-	if err := s.usage.AttachUsage(r.Context(), sb); err != nil {
+	if err := s.mgr.AttachUsage(r.Context(), sb); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, struct {
 		SandboxID string    `json:"sandboxId"`
 		Rates     ratesJSON `json:"rates"`
 		usageJSON
-	}{SandboxID: sb.ID, Rates: toRatesJSON(s.usage.Rates()), usageJSON: toUsageJSON(sb.Usage)})
+	}{SandboxID: sb.ID, Rates: toRatesJSON(s.mgr.Rates()), usageJSON: toUsageJSON(sb.Usage)})
 	return nil
 }

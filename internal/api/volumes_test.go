@@ -7,12 +7,13 @@ import (
 	"testing"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 	"github.com/emberbox/emberbox/internal/volumes"
 	"github.com/emberbox/emberbox/internal/volumes/volumestest"
 )
 
-func (g fakeGuest) AttachVolume(ctx context.Context, req sandbox.VolumeRequest) error {
+func (g fakeGuest) AttachVolume(ctx context.Context, req guest.VolumeRequest) error {
 	g.m.mu.Lock()
 	defer g.m.mu.Unlock()
 	g.m.mounts[req.AttachmentID] = g.id + "\x00" + req.Path
@@ -23,7 +24,7 @@ func (g fakeGuest) DetachVolume(ctx context.Context, attachmentID string) error 
 	g.m.mu.Lock()
 	defer g.m.mu.Unlock()
 	if g.m.volumeBusy {
-		return &errdefs.CodedError{Class: errdefs.ErrConflict, Code: sandbox.CodeVolumeBusy, Message: "/data is in use"}
+		return &errdefs.CodedError{Class: errdefs.ErrConflict, Code: guest.CodeVolumeBusy, Message: "/data is in use"}
 	}
 	delete(g.m.mounts, attachmentID)
 	return nil
@@ -39,7 +40,7 @@ func (g fakeGuest) FreezeVolume(ctx context.Context, attachmentID string, freeze
 	return nil
 }
 
-var _ sandbox.VolumeGuest = fakeGuest{}
+var _ guest.VolumeAttacher = fakeGuest{}
 
 // newVolumeEnv is newEnv with a volume service on an in-memory store
 // (mkfs replaced by true: the file is not formatted).
@@ -48,7 +49,7 @@ func newVolumeEnv(t *testing.T) (*testEnv, *volumes.Service) {
 	m, idem := newFakeManager(), newFakeIdem()
 	vols := volumes.New(volumes.Config{Store: volumestest.New(), Backups: volumestest.NewBackups(), DataDir: t.TempDir(), Mkfs: "true"})
 	vols.SetGuests(m)
-	s := newServer(Config{Manager: m, Keys: fakeKeys{}, Idempotency: idem, Version: "test",
+	s := newServer(Config{Manager: rolesOf(m), Keys: fakeKeys{}, Idempotency: idem, Version: "test",
 		Accel: func() string { return "tcg" }, Uploads: newTestUploads(t), Volumes: vols})
 	return &testEnv{t: t, m: m, idem: idem, s: s}, vols
 }

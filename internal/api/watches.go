@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -60,14 +61,14 @@ type watchJSON struct {
 	ExpiresAt *jsonTime `json:"expiresAt"`
 }
 
-func toWatchJSON(in *sandbox.WatchInfo) watchJSON {
+func toWatchJSON(in *guest.WatchInfo) watchJSON {
 	return watchJSON{ID: in.ID, Path: in.Path, Recursive: in.Recursive, Events: in.Events, Cursor: in.Cursor,
 		Dirs: in.Dirs, State: in.State, Reason: in.Reason, CreatedAt: optTime(&in.CreatedAt), ExpiresAt: optTime(in.ExpiresAt)}
 }
 
-func (req *watchRequest) toGuest() (sandbox.WatchRequest, []issue) {
+func (req *watchRequest) toGuest() (guest.WatchRequest, []issue) {
 	issues := pathIssue("path", req.Path)
-	out := sandbox.WatchRequest{ID: req.ID, Path: req.Path, Recursive: req.Recursive, Include: req.Include,
+	out := guest.WatchRequest{ID: req.ID, Path: req.Path, Recursive: req.Recursive, Include: req.Include,
 		Exclude: req.Exclude, TimeoutMs: req.TimeoutMs}
 	for _, e := range req.Events {
 		t, ok := watchEventTypes[e]
@@ -77,18 +78,18 @@ func (req *watchRequest) toGuest() (sandbox.WatchRequest, []issue) {
 		}
 		out.Events = append(out.Events, t)
 	}
-	if len(req.Include) > sandbox.MaxWatchPatterns || len(req.Exclude) > sandbox.MaxWatchPatterns {
-		issues = append(issues, issue{Path: "include", Message: fmt.Sprintf("at most %d include and exclude patterns each", sandbox.MaxWatchPatterns)})
+	if len(req.Include) > guest.MaxWatchPatterns || len(req.Exclude) > guest.MaxWatchPatterns {
+		issues = append(issues, issue{Path: "include", Message: fmt.Sprintf("at most %d include and exclude patterns each", guest.MaxWatchPatterns)})
 	}
-	if t := req.TimeoutMs; t != nil && (*t < 0 || *t > sandbox.MaxWatchTimeoutMs) {
-		issues = append(issues, issue{Path: "timeoutMs", Message: fmt.Sprintf("must be from 0 (until stopped) to %d", int64(sandbox.MaxWatchTimeoutMs))})
+	if t := req.TimeoutMs; t != nil && (*t < 0 || *t > guest.MaxWatchTimeoutMs) {
+		issues = append(issues, issue{Path: "timeoutMs", Message: fmt.Sprintf("must be from 0 (until stopped) to %d", int64(guest.MaxWatchTimeoutMs))})
 	}
 	if b := req.BatchMs; b != nil && (*b < 0 || *b > maxBatchMs) {
 		issues = append(issues, issue{Path: "batchMs", Message: fmt.Sprintf("must be from 0 to %d", maxBatchMs)})
 	}
 	if m := req.MaxWatches; m != nil {
-		if *m < 1 || *m > sandbox.MaxWatchDirs {
-			issues = append(issues, issue{Path: "maxWatches", Message: fmt.Sprintf("must be from 1 to %d directories", sandbox.MaxWatchDirs)})
+		if *m < 1 || *m > guest.MaxWatchDirs {
+			issues = append(issues, issue{Path: "maxWatches", Message: fmt.Sprintf("must be from 1 to %d directories", guest.MaxWatchDirs)})
 		}
 		out.MaxDirs = *m
 	}
@@ -154,15 +155,15 @@ func (s *server) stopWatch(w http.ResponseWriter, r *http.Request, c *call) erro
 }
 
 type watchBatchJSON struct {
-	Events     []sandbox.WatchEvent `json:"events"`
-	NextCursor int64                `json:"nextCursor"`
-	Notices    []map[string]any     `json:"notices,omitempty"`
-	Ended      bool                 `json:"ended,omitempty"`
+	Events     []guest.WatchEvent `json:"events"`
+	NextCursor int64              `json:"nextCursor"`
+	Notices    []map[string]any   `json:"notices,omitempty"`
+	Ended      bool               `json:"ended,omitempty"`
 }
 
 // notices are a batch's notices as the SDK reads them, with "end" last
 // when the watch ended.
-func notices(b *sandbox.WatchBatch) []map[string]any {
+func notices(b *guest.WatchBatch) []map[string]any {
 	var out []map[string]any
 	for _, n := range b.Notices {
 		m := map[string]any{"k": n.K}
@@ -232,7 +233,7 @@ func (s *server) watchEvents(w http.ResponseWriter, r *http.Request, c *call) er
 
 // followWatch streams a watch's events as NDJSON lines: {"k":"events"},
 // notices, then one of "end", "paused", "failure" or "continue".
-func (s *server) followWatch(w http.ResponseWriter, r *http.Request, c *call, g sandbox.Guest, id string, b *sandbox.WatchBatch) {
+func (s *server) followWatch(w http.ResponseWriter, r *http.Request, c *call, g guest.Handle, id string, b *guest.WatchBatch) {
 	rc := http.NewResponseController(w)
 	_ = rc.SetWriteDeadline(time.Time{})
 	h := w.Header()

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -36,7 +37,7 @@ func TestWatchRoutes(t *testing.T) {
 	}
 	at := time.Now().UTC()
 	e.m.mu.Lock()
-	e.m.watch.events = []sandbox.WatchEvent{{Type: "create", Path: "/workspace/a", At: at}, {Type: "modify", Path: "/workspace/a", At: at}}
+	e.m.watch.events = []guest.WatchEvent{{Type: "create", Path: "/workspace/a", At: at}, {Type: "modify", Path: "/workspace/a", At: at}}
 	e.m.mu.Unlock()
 	w = e.do("GET", "/v1/sandboxes/sbx_r/files/watches/wat_1/events?cursor=1&waitMs=0", "")
 	batch := decodeBody[watchBatchJSON](t, w)

@@ -106,9 +106,22 @@ type ListOptions struct {
 	Cursor string // the last id of the previous page
 }
 
-// Store keeps the catalog; internal/store implements it. Errors carry
-// errdefs classes: a missing image is ErrNotFound.
-type Store interface {
+// Store keeps the catalog, by role; internal/store's one value fills
+// every role. Errors carry errdefs classes: a missing image is ErrNotFound.
+type Store struct {
+	ImageRecords
+	ImageTags
+	ImageHolders
+	BuildLogs
+}
+
+// complete reports whether st fills every role.
+func (st Store) complete() bool {
+	return st.ImageRecords != nil && st.ImageTags != nil && st.ImageHolders != nil && st.BuildLogs != nil
+}
+
+// ImageRecords keeps the images.
+type ImageRecords interface {
 	// CreateImage records img, giving it the next version of its owner
 	// and name (img.Version is set).
 	CreateImage(ctx context.Context, img *Image) error
@@ -132,18 +145,30 @@ type Store interface {
 	// PublicImage returns the public image named name by tag (or, with
 	// version > 0, by version), of any owner.
 	PublicImage(ctx context.Context, name, tag string, version int) (*Image, error)
+}
+
+// ImageTags keeps the name:tag pointers at images.
+type ImageTags interface {
 	// SetTag points owner's name:tag at id, moving it from another version.
 	SetTag(ctx context.Context, owner, name, tag, id string) error
 	// RemoveTag removes name:tag if it points at id; removed says whether.
 	RemoveTag(ctx context.Context, owner, name, tag, id string) (removed bool, err error)
 	// RemoveTags removes every tag of an image.
 	RemoveTags(ctx context.Context, id string) error
+}
+
+// ImageHolders counts what still holds an image.
+type ImageHolders interface {
 	// ImageUsers counts the sandboxes and snapshots (not deleted) made
 	// from image id; internal counts the snapshots among them of internal
 	// owners ("system:…": the builder's step cache).
 	ImageUsers(ctx context.Context, id string) (sandboxes, snapshots, internal int, err error)
 	// DigestUsers counts the images not deleted whose digest is digest.
 	DigestUsers(ctx context.Context, digest string) (int, error)
+}
+
+// BuildLogs keeps the build log of each image.
+type BuildLogs interface {
 	// AppendImageLog appends lines (Seq is assigned) and returns the last seq.
 	AppendImageLog(ctx context.Context, id string, lines []LogLine) (int64, error)
 	// ImageLog returns up to limit lines after seq after.

@@ -111,7 +111,7 @@ func newEnvWith(t *testing.T, dir string, set func(*catalog.Config)) *env {
 	}
 	b := &fakeBuilder{release: make(chan struct{})}
 	ev := &events{}
-	cfg := catalog.Config{Store: st, Builder: b, DataDir: dir, DefaultRootfs: def, DefaultDigest: strings.Repeat("d", 64),
+	cfg := catalog.Config{Store: catalog.Store{ImageRecords: st, ImageTags: st, ImageHolders: st, BuildLogs: st}, Builder: b, DataDir: dir, DefaultRootfs: def, DefaultDigest: strings.Repeat("d", 64),
 		Events: ev}
 	set(&cfg)
 	svc, err := catalog.New(cfg)
@@ -290,7 +290,7 @@ func TestNoBuilder(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	svc, err := catalog.New(catalog.Config{Store: st, DataDir: dir})
+	svc, err := catalog.New(catalog.Config{Store: catalog.Store{ImageRecords: st, ImageTags: st, ImageHolders: st, BuildLogs: st}, DataDir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}

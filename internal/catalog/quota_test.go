@@ -29,7 +29,7 @@ func openCatalogWith(t *testing.T, dir string, st *store.Store, edit func(*catal
 	if err := os.WriteFile(def, []byte("default"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cfg := catalog.Config{Store: st, Builder: &fakeBuilder{release: make(chan struct{})}, DataDir: dir,
+	cfg := catalog.Config{Store: catalog.Store{ImageRecords: st, ImageTags: st, ImageHolders: st, BuildLogs: st}, Builder: &fakeBuilder{release: make(chan struct{})}, DataDir: dir,
 		DefaultRootfs: def, DefaultDigest: strings.Repeat("d", 64), BuildsPerKey: 2}
 	edit(&cfg)
 	svc, err := catalog.New(cfg)

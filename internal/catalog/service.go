@@ -100,7 +100,7 @@ type Service struct {
 
 // New returns the catalog. Call Recover, then Run.
 func New(cfg Config) (*Service, error) {
-	if cfg.Store == nil || cfg.DataDir == "" {
+	if !cfg.Store.complete() || cfg.DataDir == "" {
 		return nil, errors.New("images.New: Store and DataDir are required")
 	}
 	if cfg.Builds <= 0 {

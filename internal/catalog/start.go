@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -73,10 +74,17 @@ type startPreparer struct{ s *Service }
 
 func (startPreparer) Name() string { return "image_start" }
 
+// startGuest is what a start command needs of the guest: its process and
+// the port that says it is ready.
+type startGuest interface {
+	guest.ProcessRunner
+	guest.PortDialer
+}
+
 // Prepare implements sandbox.Preparer. It runs again after a server
 // restart (and for a copy of a memory snapshot), so a start command
 // already running is not started twice.
-func (p startPreparer) Prepare(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Guest) error {
+func (p startPreparer) Prepare(ctx context.Context, sb *sandbox.Sandbox, g guest.Handle) error {
 	// Internal owners ("system:build": build sandboxes) build on an
 	// image; they do not serve it.
 	if sb.ImageID == "" || strings.HasPrefix(sb.OwnerKeyID, "system:") {
@@ -110,8 +118,8 @@ func (p startPreparer) Prepare(ctx context.Context, sb *sandbox.Sandbox, g sandb
 
 // execAs is an exec request that runs command as the image's user, in
 // its workdir, with its env.
-func execAs(img *Image, command string) sandbox.ExecRequest {
-	req := sandbox.ExecRequest{Command: command, Cwd: img.Workdir, Env: img.Env}
+func execAs(img *Image, command string) guest.ExecRequest {
+	req := guest.ExecRequest{Command: command, Cwd: img.Workdir, Env: img.Env}
 	switch img.User {
 	case "", "user":
 	case "root", "0":
@@ -126,7 +134,7 @@ func execAs(img *Image, command string) sandbox.ExecRequest {
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
-func (s *Service) runStart(ctx context.Context, img *Image, g sandbox.Guest) StartReport {
+func (s *Service) runStart(ctx context.Context, img *Image, g startGuest) StartReport {
 	st := img.Start
 	rep := StartReport{Command: st.Command}
 	begin := time.Now()
@@ -176,7 +184,7 @@ func (s *Service) runStart(ctx context.Context, img *Image, g sandbox.Guest) Sta
 }
 
 // readyOnce checks readiness once; stop says why waiting is pointless.
-func (s *Service) readyOnce(ctx context.Context, img *Image, g sandbox.Guest, procID string) (ready bool, stop string) {
+func (s *Service) readyOnce(ctx context.Context, img *Image, g startGuest, procID string) (ready bool, stop string) {
 	st := img.Start
 	if pi, err := g.Process(ctx, procID); err == nil && pi.State != "running" {
 		code := -1

@@ -10,41 +10,47 @@ import (
 
 	"github.com/emberbox/emberbox/internal/catalog"
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
 // fakeGuest answers what the start preparer calls; the rest is unused.
 type fakeGuest struct {
-	sandbox.Guest
+	guest.Handle
 	mu        sync.Mutex
-	spawned   []sandbox.ExecRequest
+	spawned   []guest.ExecRequest
 	listenAt  time.Time // DialPort succeeds from then on
 	exitEarly bool
 }
 
-func (g *fakeGuest) Spawn(ctx context.Context, req sandbox.ExecRequest) (*sandbox.ProcessInfo, error) {
+// handle returns g as a guest handle.
+func (g *fakeGuest) handle() guest.Handle {
+	return guest.Handle{ProcessRunner: g, FileSystem: g, Watcher: g, PortDialer: g}
+}
+
+func (g *fakeGuest) Spawn(ctx context.Context, req guest.ExecRequest) (*guest.ProcessInfo, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.spawned = append(g.spawned, req)
-	return &sandbox.ProcessInfo{ID: "p1", State: "running", Command: req.Command}, nil
+	return &guest.ProcessInfo{ID: "p1", State: "running", Command: req.Command}, nil
 }
 
-func (g *fakeGuest) Processes(ctx context.Context) ([]sandbox.ProcessInfo, error) {
+func (g *fakeGuest) Processes(ctx context.Context) ([]guest.ProcessInfo, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	var out []sandbox.ProcessInfo
+	var out []guest.ProcessInfo
 	for _, r := range g.spawned {
-		out = append(out, sandbox.ProcessInfo{ID: "p1", State: "running", Command: r.Command})
+		out = append(out, guest.ProcessInfo{ID: "p1", State: "running", Command: r.Command})
 	}
 	return out, nil
 }
 
-func (g *fakeGuest) Process(ctx context.Context, id string) (*sandbox.ProcessInfo, error) {
+func (g *fakeGuest) Process(ctx context.Context, id string) (*guest.ProcessInfo, error) {
 	if g.exitEarly {
 		code := 3
-		return &sandbox.ProcessInfo{ID: id, State: "exited", ExitCode: &code}, nil
+		return &guest.ProcessInfo{ID: id, State: "exited", ExitCode: &code}, nil
 	}
-	return &sandbox.ProcessInfo{ID: id, State: "running"}, nil
+	return &guest.ProcessInfo{ID: id, State: "running"}, nil
 }
 
 func (g *fakeGuest) DialPort(ctx context.Context, port int) (net.Conn, error) {
@@ -70,7 +76,7 @@ func TestStartCommand(t *testing.T) {
 
 	g := &fakeGuest{listenAt: time.Now().Add(500 * time.Millisecond)}
 	sb := &sandbox.Sandbox{ID: "sbx_1", ImageID: img.ID}
-	if err := p.Prepare(ctx, sb, g); err != nil {
+	if err := p.Prepare(ctx, sb, g.handle()); err != nil {
 		t.Fatal(err)
 	}
 	rep, ok := e.svc.StartReport("sbx_1")
@@ -81,13 +87,13 @@ func TestStartCommand(t *testing.T) {
 		t.Errorf("spawned %+v", g.spawned)
 	}
 	// Again (a restart): the running command is not started twice.
-	if err := p.Prepare(ctx, sb, g); err != nil || len(g.spawned) != 1 {
+	if err := p.Prepare(ctx, sb, g.handle()); err != nil || len(g.spawned) != 1 {
 		t.Errorf("second prepare: %v, %d spawns", err, len(g.spawned))
 	}
 
 	// Never ready: the sandbox runs, the report says why.
 	never := &fakeGuest{listenAt: time.Now().Add(time.Hour)}
-	if err := p.Prepare(ctx, &sandbox.Sandbox{ID: "sbx_2", ImageID: img.ID}, never); err != nil {
+	if err := p.Prepare(ctx, &sandbox.Sandbox{ID: "sbx_2", ImageID: img.ID}, never.handle()); err != nil {
 		t.Fatal(err)
 	}
 	if rep, _ := e.svc.StartReport("sbx_2"); rep.Ready || rep.Error == "" {
@@ -96,17 +102,17 @@ func TestStartCommand(t *testing.T) {
 	// Exits before it is ready: said at once.
 	exits := &fakeGuest{listenAt: time.Now().Add(time.Hour), exitEarly: true}
 	begin := time.Now()
-	_ = p.Prepare(ctx, &sandbox.Sandbox{ID: "sbx_3", ImageID: img.ID}, exits)
+	_ = p.Prepare(ctx, &sandbox.Sandbox{ID: "sbx_3", ImageID: img.ID}, exits.handle())
 	if rep, _ := e.svc.StartReport("sbx_3"); rep.Ready || rep.Error != "the command exited with code 3 before it was ready" || time.Since(begin) > 3*time.Second {
 		t.Errorf("exited: %+v after %s", rep, time.Since(begin))
 	}
 	// A build sandbox (an internal owner) builds on the image: no start.
 	build := &fakeGuest{}
-	if err := p.Prepare(ctx, &sandbox.Sandbox{ID: "sbx_5", OwnerKeyID: "system:build", ImageID: img.ID}, build); err != nil || len(build.spawned) != 0 {
+	if err := p.Prepare(ctx, &sandbox.Sandbox{ID: "sbx_5", OwnerKeyID: "system:build", ImageID: img.ID}, build.handle()); err != nil || len(build.spawned) != 0 {
 		t.Errorf("a build sandbox ran the start command: %v %d", err, len(build.spawned))
 	}
 	// A sandbox of the default image has no start command.
-	if err := p.Prepare(ctx, &sandbox.Sandbox{ID: "sbx_4"}, g); err != nil {
+	if err := p.Prepare(ctx, &sandbox.Sandbox{ID: "sbx_4"}, g.handle()); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := e.svc.StartReport("sbx_4"); ok {

@@ -202,7 +202,7 @@ func testNode(t *testing.T, st *fakeStore, ca *CA, id string, memMiB int64, loca
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := Join(context.Background(), Config{Store: st, CA: ca, Heartbeat: time.Second, Timeout: 5 * time.Second,
+	c, err := Join(context.Background(), Config{Store: Store{Nodes: st, Sandboxes: st}, CA: ca, Heartbeat: time.Second, Timeout: 5 * time.Second,
 		Self: Node{ID: id, Address: ln.Addr().String(), MemoryMiB: memMiB}})
 	if err != nil {
 		t.Fatal(err)

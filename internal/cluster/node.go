@@ -14,8 +14,15 @@ import (
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
-// Store is what the cluster needs of the shared store (store.Store).
-type Store interface {
+// Store is what the cluster needs of the shared store, by role; the
+// store's one value (store.Store) fills both.
+type Store struct {
+	Nodes
+	Sandboxes
+}
+
+// Nodes keeps the cluster's members and settings.
+type Nodes interface {
 	RegisterNode(ctx context.Context, n *Node) (int64, error)
 	SetNode(id string, epoch int64)
 	Heartbeat(ctx context.Context, id string, epoch int64) error
@@ -25,9 +32,13 @@ type Store interface {
 	StaleNodes(ctx context.Context, cutoff time.Time) ([]string, error)
 	DeclareLost(ctx context.Context, id string, cutoff time.Time, by string) ([]string, error)
 	SetNodeDraining(ctx context.Context, id string, draining bool) (*Node, error)
+	ClusterSetting(ctx context.Context, name string, put func() (string, error)) (string, error)
+}
+
+// Sandboxes is the shared record of sandboxes: where each is and what it is.
+type Sandboxes interface {
 	MoveSandbox(ctx context.Context, id, from, to string) error
 	OwnerNode(ctx context.Context, table, id string) (string, error)
-	ClusterSetting(ctx context.Context, name string, put func() (string, error)) (string, error)
 	GetSandbox(ctx context.Context, id string) (*sandbox.Sandbox, error)
 	ListSandboxes(ctx context.Context, opts sandbox.ListOptions) ([]*sandbox.Sandbox, string, error)
 }

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/api"
+	"github.com/emberbox/emberbox/internal/guest"
+	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
 // Ports of E2B's in-sandbox services.
@@ -23,7 +25,9 @@ const (
 // authenticate, so that the tokens issued to a secret's caller end with
 // that secret.
 type Keys interface {
-	api.Keys
+	// Authenticate returns the key whose secret this is, or an error of
+	// class errdefs.ErrNotFound for an unknown, revoked or expired key.
+	Authenticate(ctx context.Context, secret string) (api.Key, error)
 	// Generations returns the generations (api.Key.Generation) of key
 	// id's secrets that authenticate now: the current secret's and,
 	// during a rotation's grace, the one before's. A revoked, expired or
@@ -31,11 +35,44 @@ type Keys interface {
 	Generations(ctx context.Context, id string) ([]string, error)
 }
 
+// Manager is what E2B's protocol calls in the sandbox manager. Every
+// method takes the caller's key id as owner, as api.Sandboxes' do. An
+// api.NetworkManager among its abilities (found by type assertion) sets
+// egress policies.
+type Manager interface {
+	Create(ctx context.Context, owner string, spec sandbox.CreateSpec) (*sandbox.Sandbox, error)
+	Get(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
+	List(ctx context.Context, opts sandbox.ListOptions) (sandboxes []*sandbox.Sandbox, nextCursor string, err error)
+	// WaitFor blocks until the sandbox is in one of states, is in a
+	// terminal state, or ctx ends.
+	WaitFor(ctx context.Context, owner, id string, states ...sandbox.State) (*sandbox.Sandbox, error)
+	Delete(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
+	Extend(ctx context.Context, owner, id string, d time.Duration) (*sandbox.Sandbox, error)
+	Update(ctx context.Context, owner, id string, u sandbox.UpdateSpec) (*sandbox.Sandbox, error)
+	Pause(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
+	// Wake resumes a paused sandbox; timeout, if not nil, is its new time
+	// limit in seconds.
+	Wake(ctx context.Context, owner, id string, timeout *int) (*sandbox.Sandbox, error)
+	// Guest returns a running sandbox and its guest, or the coded refusal
+	// of its state.
+	Guest(ctx context.Context, owner, id string) (*sandbox.Sandbox, guest.Handle, error)
+}
+
+// Idempotency remembers the answers to creates sent with an
+// Idempotency-Key, per API key (see api.Idempotency).
+type Idempotency interface {
+	// Reserve claims key for a request with this fingerprint: reserved
+	// if it was free, else rec is the existing record.
+	Reserve(ctx context.Context, keyID, key, fingerprint string) (rec *api.IdempotentResult, reserved bool, err error)
+	Complete(ctx context.Context, keyID, key string, status int, contentType string, body []byte) error
+	Release(ctx context.Context, keyID, key string) error
+}
+
 // Config configures the handler New returns.
 type Config struct {
-	Manager api.Manager // required
-	Keys    Keys        // required
-	Tokens  *Tokens     // required
+	Manager Manager // required
+	Keys    Keys    // required
+	Tokens  *Tokens // required
 	// Network keeps egress policies (sandbox.Manager.Networks); nil means
 	// Manager's own if it enforces them.
 	Network api.NetworkManager
@@ -45,7 +82,7 @@ type Config struct {
 	Limiter *api.RateLimiter
 	// Idempotency makes a create sent with an Idempotency-Key run once;
 	// nil runs every create.
-	Idempotency api.Idempotency
+	Idempotency Idempotency
 	// Envd serves port 49983 (E2B's envd); Interpreter port 49999 (E2B's
 	// code interpreter). Both read the target from sandbox.RoutedFrom.
 	// Nil answers 502 on that port.

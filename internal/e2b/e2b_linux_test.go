@@ -15,6 +15,7 @@ import (
 
 	"github.com/emberbox/emberbox/internal/api"
 	"github.com/emberbox/emberbox/internal/e2b"
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 	"github.com/emberbox/emberbox/internal/store"
 	"github.com/emberbox/emberbox/internal/vmm/vmmtest"
@@ -110,7 +111,7 @@ func newLimitedFixture(t testing.TB, limiter *api.RateLimiter, next func(*sandbo
 			return
 		}
 		f.routed <- rt
-		res, err := rt.Guest.Exec(r.Context(), sandbox.ExecRequest{Command: "echo routed"}, nil)
+		res, err := rt.Guest.Exec(r.Context(), guest.ExecRequest{Command: "echo routed"}, nil)
 		if err != nil {
 			http.Error(w, err.Error(), 500)
 			return

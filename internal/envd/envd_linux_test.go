@@ -58,7 +58,7 @@ func newAgentEnv(t *testing.T, cfg agent.Config, home string) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt := sandbox.Routed{Sandbox: &sandbox.Sandbox{ID: "sb-test"}, Guest: c, Home: home}
+	rt := sandbox.Routed{Sandbox: &sandbox.Sandbox{ID: "sb-test"}, Guest: c.Handle(), Home: home}
 	srv := envd.New(nil)
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		srv.ServeHTTP(w, r.WithContext(sandbox.WithRouted(r.Context(), rt)))

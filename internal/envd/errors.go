@@ -7,7 +7,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
-	"github.com/emberbox/emberbox/internal/sandbox"
+	"github.com/emberbox/emberbox/internal/guest"
 )
 
 var (
@@ -48,7 +48,7 @@ func rpcCode(err error) connect.Code {
 			return connect.CodeAlreadyExists
 		case "is_a_directory", "not_a_directory":
 			return connect.CodeInvalidArgument
-		case "no_space", sandbox.CodeStdinFull:
+		case "no_space", guest.CodeStdinFull:
 			return connect.CodeResourceExhausted
 		}
 		return connect.CodeFailedPrecondition

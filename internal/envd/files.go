@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -75,7 +76,7 @@ func filesTarget(w http.ResponseWriter, r *http.Request) (sandbox.Routed, *http.
 		httpError(w, http.StatusBadRequest, "username is too long")
 		return rt, r, false
 	}
-	return rt, r.WithContext(sandbox.WithFileUser(r.Context(), user)), true
+	return rt, r.WithContext(guest.WithFileUser(r.Context(), user)), true
 }
 
 // upload answers POST /files (as username=): multipart/form-data with one or more "file"
@@ -185,7 +186,7 @@ func (s *Server) uploadBody(r *http.Request, rt sandbox.Routed, dst string) (*up
 }
 
 // writeSpooled writes what src holds, of a size unknown until read, to p.
-func writeSpooled(r *http.Request, g sandbox.Guest, p string, src io.Reader) (*uploaded, error) {
+func writeSpooled(r *http.Request, g guest.Handle, p string, src io.Reader) (*uploaded, error) {
 	f, n, err := spool(src)
 	if err != nil {
 		return nil, err

@@ -15,6 +15,7 @@ import (
 
 	"github.com/emberbox/emberbox/internal/envd/proto/filesystem"
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -97,7 +98,7 @@ func (f *filesystemService) ListDir(ctx context.Context, req *connect.Request[fi
 		return nil, err
 	}
 	depth := int(min(max(req.Msg.GetDepth(), 1), maxListDepth))
-	list, err := rt.Guest.List(ctx, sandbox.FileRequest{Path: p, Depth: depth, Hidden: true, Limit: maxListEntries})
+	list, err := rt.Guest.List(ctx, guest.FileRequest{Path: p, Depth: depth, Hidden: true, Limit: maxListEntries})
 	if err != nil {
 		return nil, rpcError(err)
 	}
@@ -132,7 +133,7 @@ func pathTarget(ctx context.Context, h http.Header, p string) (context.Context, 
 		return ctx, rt, "", err
 	}
 	p, err = checkPath(p)
-	return sandbox.WithFileUser(ctx, user), rt, inHome(rt, user, p), err
+	return guest.WithFileUser(ctx, user), rt, inHome(rt, user, p), err
 }
 
 // checkPath refuses what no guest path can be; the guest resolves the
@@ -151,7 +152,7 @@ func checkPath(p string) (string, error) {
 
 // entryInfo is a guest's file entry as envd describes one: mode holds the
 // permission bits, permissions Go's rendering of the whole mode.
-func entryInfo(e *sandbox.FileEntry) *filesystem.EntryInfo {
+func entryInfo(e *guest.FileEntry) *filesystem.EntryInfo {
 	perm, _ := strconv.ParseUint(e.Mode, 8, 32)
 	mode := fs.FileMode(perm & 0o777)
 	if perm&0o4000 != 0 {

@@ -4,6 +4,7 @@ import (
 	"maps"
 	"path"
 
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -34,7 +35,7 @@ func inHome(rt sandbox.Routed, user, p string) string {
 // starts in the account's own home, the directory the layout's home links
 // to, so a guest booted before the link existed still runs it; a shell
 // then names it by $PWD, the layout's path, when the link is there.
-func layoutExec(rt sandbox.Routed, er *sandbox.ExecRequest) {
+func layoutExec(rt sandbox.Routed, er *guest.ExecRequest) {
 	h := homeFor(rt, er.User)
 	if h == "" {
 		return

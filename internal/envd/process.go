@@ -15,6 +15,7 @@ import (
 
 	"github.com/emberbox/emberbox/internal/envd/proto/process"
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -56,7 +57,7 @@ func (p *processService) Start(ctx context.Context, req *connect.Request[process
 	if len(req.Msg.GetTag()) > maxTagLen {
 		return invalidArg(fmt.Sprintf("tag is longer than %d bytes", maxTagLen))
 	}
-	er := sandbox.ExecRequest{
+	er := guest.ExecRequest{
 		Argv:      append([]string{cfg.GetCmd()}, cfg.GetArgs()...),
 		Env:       cfg.GetEnvs(),
 		Cwd:       cfg.GetCwd(),
@@ -79,7 +80,7 @@ func (p *processService) Start(ctx context.Context, req *connect.Request[process
 		er.TimeoutMs = max(1, time.Until(dl).Milliseconds())
 	}
 	send := func(ev *process.ProcessEvent) error { return stream.Send(&process.StartResponse{Event: ev}) }
-	tagged := func(info *sandbox.ProcessInfo) {
+	tagged := func(info *guest.ProcessInfo) {
 		if req.Msg.Tag != nil {
 			p.s.tags.put(rt.Sandbox.ID, req.Msg.GetTag(), info.ID)
 		}
@@ -102,14 +103,14 @@ func (p *processService) Start(ctx context.Context, req *connect.Request[process
 // output reaches the client with backpressure, none lost however fast it
 // comes, as with envd. A client that goes detaches from it; the process
 // runs on, and is found by pid or tag as any other.
-func startStreamed(ctx context.Context, g sandbox.Guest, er sandbox.ExecRequest, every time.Duration, started func(*sandbox.ProcessInfo), send func(*process.ProcessEvent) error) error {
+func startStreamed(ctx context.Context, g guest.Handle, er guest.ExecRequest, every time.Duration, started func(*guest.ProcessInfo), send func(*process.ProcessEvent) error) error {
 	er.Stream = true
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
 	emit := newEmitter(ctx, cancel, &wg, send)
 	ended := false
-	res, err := g.Exec(ctx, er, func(ev sandbox.Event) error {
+	res, err := g.Exec(ctx, er, func(ev guest.Event) error {
 		switch ev.Type {
 		case "start":
 			info, err := g.Process(ctx, ev.ProcessID)
@@ -314,14 +315,14 @@ func (p *processService) CloseStdin(ctx context.Context, req *connect.Request[pr
 // lookup finds the running process a selector names: by its pid in the
 // guest (the newest running one, should a pid have been reused), or by a
 // tag given at its start.
-func (s *Server) lookup(ctx context.Context, rt sandbox.Routed, sel *process.ProcessSelector) (*sandbox.ProcessInfo, error) {
+func (s *Server) lookup(ctx context.Context, rt sandbox.Routed, sel *process.ProcessSelector) (*guest.ProcessInfo, error) {
 	switch v := sel.GetSelector().(type) {
 	case *process.ProcessSelector_Pid:
 		list, err := rt.Guest.Processes(ctx)
 		if err != nil {
 			return nil, rpcError(err)
 		}
-		var found *sandbox.ProcessInfo
+		var found *guest.ProcessInfo
 		for i := range list {
 			p := &list[i]
 			pid, ok := e2bPID(p.PID)
@@ -354,7 +355,7 @@ func (s *Server) lookup(ctx context.Context, rt sandbox.Routed, sel *process.Pro
 // follow sends a process's start event, then its output from cursor and
 // its end, with keep-alive events while it is quiet. A process on a
 // terminal has its output as pty data.
-func follow(ctx context.Context, g sandbox.Guest, info *sandbox.ProcessInfo, cursor int64, every time.Duration, send func(*process.ProcessEvent) error) error {
+func follow(ctx context.Context, g guest.Handle, info *guest.ProcessInfo, cursor int64, every time.Duration, send func(*process.ProcessEvent) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
@@ -365,7 +366,7 @@ func follow(ctx context.Context, g sandbox.Guest, info *sandbox.ProcessInfo, cur
 	}
 	pty := info.Pty != nil
 	ended := false
-	err := g.ProcessOutput(ctx, sandbox.ProcessRequest{ID: info.ID, Cursor: cursor, Follow: true}, func(ev sandbox.Event) error {
+	err := g.ProcessOutput(ctx, guest.ProcessRequest{ID: info.ID, Cursor: cursor, Follow: true}, func(ev guest.Event) error {
 		if ev.Type == "exit" {
 			ended = true
 			return emit.send(endEvent(ev.Exit))
@@ -430,17 +431,17 @@ func (e *emitter) start(pid uint32, every time.Duration) error {
 }
 
 // dataEvent is a guest's output event as envd's, or nil for none.
-func dataEvent(ev sandbox.Event, pty bool) *process.ProcessEvent {
+func dataEvent(ev guest.Event, pty bool) *process.ProcessEvent {
 	if len(ev.Data) == 0 {
 		return nil
 	}
 	var data process.ProcessEvent_DataEvent
 	switch {
-	case ev.Type == sandbox.EventStdout && pty:
+	case ev.Type == guest.EventStdout && pty:
 		data.Output = &process.ProcessEvent_DataEvent_Pty{Pty: ev.Data}
-	case ev.Type == sandbox.EventStdout:
+	case ev.Type == guest.EventStdout:
 		data.Output = &process.ProcessEvent_DataEvent_Stdout{Stdout: ev.Data}
-	case ev.Type == sandbox.EventStderr:
+	case ev.Type == guest.EventStderr:
 		data.Output = &process.ProcessEvent_DataEvent_Stderr{Stderr: ev.Data}
 	default:
 		return nil
@@ -450,7 +451,7 @@ func dataEvent(ev sandbox.Event, pty bool) *process.ProcessEvent {
 
 // endEvent is envd's end of a process: Go's ProcessState as it reports
 // it. A process the guest ended (timeout, kill) died of SIGKILL.
-func endEvent(r *sandbox.ExecResult) *process.ProcessEvent {
+func endEvent(r *guest.ExecResult) *process.ProcessEvent {
 	end := &process.ProcessEvent_EndEvent{ExitCode: -1, Status: "signal: " + syscall.SIGKILL.String()}
 	if r != nil && r.ExitCode != nil {
 		switch c := *r.ExitCode; {
@@ -475,12 +476,12 @@ func e2bPID(pid int) (uint32, bool) {
 	return uint32(pid), true
 }
 
-func ptySize(p *process.PTY) (*sandbox.PtySize, error) {
+func ptySize(p *process.PTY) (*guest.PtySize, error) {
 	cols, rows := p.GetSize().GetCols(), p.GetSize().GetRows()
-	if cols < 1 || rows < 1 || cols > sandbox.MaxPtySide || rows > sandbox.MaxPtySide {
-		return nil, invalidArg(fmt.Sprintf("pty size must be from 1 to %d on each side", sandbox.MaxPtySide))
+	if cols < 1 || rows < 1 || cols > guest.MaxPtySide || rows > guest.MaxPtySide {
+		return nil, invalidArg(fmt.Sprintf("pty size must be from 1 to %d on each side", guest.MaxPtySide))
 	}
-	return &sandbox.PtySize{Cols: int(cols), Rows: int(rows)}, nil
+	return &guest.PtySize{Cols: int(cols), Rows: int(rows)}, nil
 }
 
 func inputBytes(in *process.ProcessInput) []byte {
@@ -501,11 +502,11 @@ func keepAliveEvery(h http.Header) time.Duration {
 
 // typeInto appends data to a process's input in pieces, each taken whole
 // by the guest, waiting while its input buffer is full.
-func typeInto(ctx context.Context, g sandbox.Guest, id string, data []byte) error {
+func typeInto(ctx context.Context, g guest.Handle, id string, data []byte) error {
 	for len(data) > 0 {
 		piece := data[:min(len(data), inputPiece)]
 		_, err := g.Write(ctx, id, piece, nil, false)
-		if errdefs.Code(err) == sandbox.CodeStdinFull {
+		if errdefs.Code(err) == guest.CodeStdinFull {
 			t := time.NewTimer(inputFullWait)
 			select {
 			case <-t.C:

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/emberbox/emberbox/internal/envd/proto/process"
-	"github.com/emberbox/emberbox/internal/sandbox"
+	"github.com/emberbox/emberbox/internal/guest"
 )
 
 func TestTableForgetsOldest(t *testing.T) {
@@ -57,15 +57,15 @@ func TestUserFrom(t *testing.T) {
 func TestEndEvent(t *testing.T) {
 	code := func(c int) *int { return &c }
 	for _, tc := range []struct {
-		r      *sandbox.ExecResult
+		r      *guest.ExecResult
 		code   int32
 		exited bool
 		status string
 	}{
-		{&sandbox.ExecResult{ExitCode: code(0)}, 0, true, "exit status 0"},
-		{&sandbox.ExecResult{ExitCode: code(2)}, 2, true, "exit status 2"},
-		{&sandbox.ExecResult{ExitCode: code(-15)}, -1, false, "signal: terminated"},
-		{&sandbox.ExecResult{State: "timed_out"}, -1, false, "signal: killed"},
+		{&guest.ExecResult{ExitCode: code(0)}, 0, true, "exit status 0"},
+		{&guest.ExecResult{ExitCode: code(2)}, 2, true, "exit status 2"},
+		{&guest.ExecResult{ExitCode: code(-15)}, -1, false, "signal: terminated"},
+		{&guest.ExecResult{State: "timed_out"}, -1, false, "signal: killed"},
 		{nil, -1, false, "signal: killed"},
 	} {
 		end := endEvent(tc.r).GetEvent().(*process.ProcessEvent_End).End

@@ -12,6 +12,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/emberbox/emberbox/internal/envd/proto/filesystem"
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -23,7 +24,7 @@ const (
 	// A polled watcher (CreateWatcher) lives until removed, at most a day:
 	// a client that forgets it does not hold one of the guest's few
 	// watches forever.
-	watcherLifetime = sandbox.MaxWatchTimeoutMs
+	watcherLifetime = guest.MaxWatchTimeoutMs
 	stopTimeout     = 10 * time.Second
 )
 
@@ -52,7 +53,7 @@ func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[f
 	}
 	lifetime := int64(0) // until stopped, below
 	if dl, ok := ctx.Deadline(); ok {
-		lifetime = min(max(1, time.Until(dl).Milliseconds()), sandbox.MaxWatchTimeoutMs)
+		lifetime = min(max(1, time.Until(dl).Milliseconds()), guest.MaxWatchTimeoutMs)
 	}
 	w, err := startWatch(ctx, rt, p, req.Msg.GetRecursive(), lifetime)
 	if err != nil {
@@ -168,7 +169,7 @@ func (f *filesystemService) RemoveWatcher(ctx context.Context, req *connect.Requ
 
 // startWatch watches the directory p: a path that is missing is NotFound,
 // one that is not a directory InvalidArgument, as with envd.
-func startWatch(ctx context.Context, rt sandbox.Routed, p string, recursive bool, lifetimeMs int64) (*sandbox.WatchInfo, error) {
+func startWatch(ctx context.Context, rt sandbox.Routed, p string, recursive bool, lifetimeMs int64) (*guest.WatchInfo, error) {
 	e, err := rt.Guest.Stat(ctx, p)
 	if err != nil {
 		return nil, rpcError(err)
@@ -176,7 +177,7 @@ func startWatch(ctx context.Context, rt sandbox.Routed, p string, recursive bool
 	if e.Type != typeDirectory {
 		return nil, invalidArg(fmt.Sprintf("path %s is not a directory", p))
 	}
-	w, err := rt.Guest.WatchStart(ctx, sandbox.WatchRequest{Path: e.Path, Recursive: recursive, TimeoutMs: &lifetimeMs})
+	w, err := rt.Guest.WatchStart(ctx, guest.WatchRequest{Path: e.Path, Recursive: recursive, TimeoutMs: &lifetimeMs})
 	if err != nil {
 		return nil, rpcError(err)
 	}
@@ -185,7 +186,7 @@ func startWatch(ctx context.Context, rt sandbox.Routed, p string, recursive bool
 
 // fsEvents are the guest's events as envd's: named relative to the
 // watched directory, with the entry when asked (and still there).
-func fsEvents(ctx context.Context, rt sandbox.Routed, root string, evs []sandbox.WatchEvent, withEntry bool) []*filesystem.FilesystemEvent {
+func fsEvents(ctx context.Context, rt sandbox.Routed, root string, evs []guest.WatchEvent, withEntry bool) []*filesystem.FilesystemEvent {
 	out := make([]*filesystem.FilesystemEvent, 0, len(evs))
 	for _, ev := range evs {
 		typ, ok := eventTypes[ev.Type]

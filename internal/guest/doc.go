@@ -2,6 +2,13 @@
 // handshake on a fresh connection to the guest, multiplexes calls over one
 // yamux session, and maps the agent's error codes to errdefs classes.
 //
+// It also holds what callers above the sandbox manager see of a guest: a
+// Handle, whose roles (ProcessRunner, FileSystem, Watcher, PortDialer,
+// VolumeAttacher) are small interfaces a caller can declare alone, and the
+// request and answer types of those calls. So a package that only talks
+// to a guest (the API's handlers, envd, the interpreter, image builds)
+// uses this package's types, not the wire protocol's.
+//
 // Its parts: `Handshake`, then `Client`: one yamux stream per call (`Info`,
 // `Configure`, `Exec`, `Spawn`, `Process*`, `Signal`, `Write`, `Resize`,
 // `Stat`, `List`, `Mkdir`, `Remove`, `Chmod`, `WriteFile`, `ReadFile`, `Glob`,

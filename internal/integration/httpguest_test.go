@@ -17,15 +17,15 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/emberbox/emberbox/internal/sandbox"
+	"github.com/emberbox/emberbox/internal/guest"
 )
 
-// httpGuest is a sandbox.Guest over a running server's Runtime API: the
+// httpGuest is a guest.Handle over a running server's Runtime API: the
 // process routes and the tunnel WebSocket. It lets a test drive
 // in-process code that needs a guest (the interpreter's E2B handler)
 // against a real VM. Only the methods the interpreter calls exist.
 type httpGuest struct {
-	sandbox.Guest
+	guest.Handle
 	base, key, id string
 	hc            *http.Client
 }
@@ -38,8 +38,8 @@ type httpProcess struct {
 	EndedAt   *time.Time `json:"endedAt"`
 }
 
-func (p httpProcess) info() *sandbox.ProcessInfo {
-	info := &sandbox.ProcessInfo{ID: p.ID, Argv: p.Argv, ExitCode: p.ExitCode, EndedAt: p.EndedAt}
+func (p httpProcess) info() *guest.ProcessInfo {
+	info := &guest.ProcessInfo{ID: p.ID, Argv: p.Argv, ExitCode: p.ExitCode, EndedAt: p.EndedAt}
 	if p.StartedAt != nil {
 		info.StartedAt = *p.StartedAt
 	}
@@ -73,7 +73,7 @@ func (g *httpGuest) do(ctx context.Context, method, path string, body, out any) 
 	return json.Unmarshal(data, out)
 }
 
-func (g *httpGuest) Spawn(ctx context.Context, req sandbox.ExecRequest) (*sandbox.ProcessInfo, error) {
+func (g *httpGuest) Spawn(ctx context.Context, req guest.ExecRequest) (*guest.ProcessInfo, error) {
 	var p httpProcess
 	err := g.do(ctx, "POST", "/processes", map[string]any{"argv": req.Argv, "cwd": req.Cwd, "env": req.Env,
 		"stdin": string(req.Stdin)}, &p)
@@ -83,7 +83,7 @@ func (g *httpGuest) Spawn(ctx context.Context, req sandbox.ExecRequest) (*sandbo
 	return p.info(), nil
 }
 
-func (g *httpGuest) Process(ctx context.Context, id string) (*sandbox.ProcessInfo, error) {
+func (g *httpGuest) Process(ctx context.Context, id string) (*guest.ProcessInfo, error) {
 	var p httpProcess
 	if err := g.do(ctx, "GET", "/processes/"+id, nil, &p); err != nil {
 		return nil, err
@@ -91,21 +91,21 @@ func (g *httpGuest) Process(ctx context.Context, id string) (*sandbox.ProcessInf
 	return p.info(), nil
 }
 
-func (g *httpGuest) Processes(ctx context.Context) ([]sandbox.ProcessInfo, error) {
+func (g *httpGuest) Processes(ctx context.Context) ([]guest.ProcessInfo, error) {
 	var list struct {
 		Data []httpProcess `json:"data"`
 	}
 	if err := g.do(ctx, "GET", "/processes", nil, &list); err != nil {
 		return nil, err
 	}
-	out := make([]sandbox.ProcessInfo, 0, len(list.Data))
+	out := make([]guest.ProcessInfo, 0, len(list.Data))
 	for _, p := range list.Data {
 		out = append(out, *p.info())
 	}
 	return out, nil
 }
 
-func (g *httpGuest) Signal(ctx context.Context, id, signal string) (*sandbox.ProcessInfo, error) {
+func (g *httpGuest) Signal(ctx context.Context, id, signal string) (*guest.ProcessInfo, error) {
 	var p httpProcess
 	if err := g.do(ctx, "POST", "/processes/"+id+":signal", map[string]string{"signal": signal}, &p); err != nil {
 		return nil, err
@@ -113,7 +113,7 @@ func (g *httpGuest) Signal(ctx context.Context, id, signal string) (*sandbox.Pro
 	return p.info(), nil
 }
 
-func (g *httpGuest) ProcessOutput(ctx context.Context, req sandbox.ProcessRequest, onEvent func(sandbox.Event) error) error {
+func (g *httpGuest) ProcessOutput(ctx context.Context, req guest.ProcessRequest, onEvent func(guest.Event) error) error {
 	path := fmt.Sprintf("%s/v1/sandboxes/%s/processes/%s/output?cursor=%d&waitMs=%d", g.base, g.id, req.ID, req.Cursor, req.WaitMs)
 	hr, err := http.NewRequestWithContext(ctx, "GET", path, nil)
 	if err != nil {
@@ -141,7 +141,7 @@ func (g *httpGuest) ProcessOutput(ctx context.Context, req sandbox.ProcessReques
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
 			return err
 		}
-		out := sandbox.Event{Type: ev.Type}
+		out := guest.Event{Type: ev.Type}
 		if ev.Data != nil {
 			out.Data = []byte(*ev.Data)
 		} else if ev.Base64 != "" {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/catalog"
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/guestimage"
 	"github.com/emberbox/emberbox/internal/recipebuild"
 	"github.com/emberbox/emberbox/internal/sandbox"
@@ -100,7 +101,7 @@ func TestImageBuild(t *testing.T) {
 		return catalog.Job{ImageID: "img-" + kind, Owner: "key_a", Kind: kind, Cache: true, WorkDir: publicDir(t)}
 	}
 	// boot creates a sandbox of the image (nil: the default image).
-	boot := func(t *testing.T, res *catalog.Result) (string, sandbox.Guest) {
+	boot := func(t *testing.T, res *catalog.Result) (string, guest.Handle) {
 		t.Helper()
 		t0 := time.Now()
 		spec := sandbox.CreateSpec{VCPU: 1, MemoryMiB: 1024, DiskMiB: 4096, TimeoutSeconds: 1800, OnLeaseEnd: sandbox.LeaseEndDelete}
@@ -127,9 +128,9 @@ func TestImageBuild(t *testing.T) {
 		}
 		return sb.ID, g
 	}
-	run := func(t *testing.T, g sandbox.Guest, cmd string) string {
+	run := func(t *testing.T, g guest.Handle, cmd string) string {
 		t.Helper()
-		res, err := g.Exec(ctx, sandbox.ExecRequest{Command: cmd, TimeoutMs: 120_000}, nil)
+		res, err := g.Exec(ctx, guest.ExecRequest{Command: cmd, TimeoutMs: 120_000}, nil)
 		if err != nil {
 			t.Fatalf("%s: %v", cmd, err)
 		}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/interpreter"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
@@ -335,7 +336,7 @@ func TestInterpreter(t *testing.T) {
 		// Service, reaching the VM's guest through the Runtime API.
 		g := &httpGuest{base: s.URL, key: s.AdminKey, id: sb.ID, hc: c.hc}
 		h := interpreter.New(nil).E2BHandler()
-		routed := sandbox.Routed{Sandbox: &sandbox.Sandbox{ID: sb.ID}, Guest: g}
+		routed := sandbox.Routed{Sandbox: &sandbox.Sandbox{ID: sb.ID}, Guest: guest.Handle{ProcessRunner: g, FileSystem: g, Watcher: g, PortDialer: g}}
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			h.ServeHTTP(w, r.WithContext(sandbox.WithRouted(r.Context(), routed)))
 		}))

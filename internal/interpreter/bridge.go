@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
-	"github.com/emberbox/emberbox/internal/sandbox"
+	"github.com/emberbox/emberbox/internal/guest"
 )
 
 //go:embed bridge.py
@@ -94,19 +94,19 @@ const bridgeMarker = "# Emberbox interpreter bridge"
 
 // isBridge reports whether a guest process runs a bridge (of any
 // version of this server).
-func isBridge(p sandbox.ProcessInfo) bool {
+func isBridge(p guest.ProcessInfo) bool {
 	return len(p.Argv) == 4 && p.Argv[0] == "python3" && p.Argv[2] == "-c" && strings.HasPrefix(p.Argv[3], bridgeMarker)
 }
 
 // spawnBridge starts a bridge in g with cwd and env and reads where it
 // listens. It returns the process and the kernel's working directory.
-func spawnBridge(ctx context.Context, g sandbox.Guest, cwd string, env map[string]string) (proc, string, error) {
+func spawnBridge(ctx context.Context, g Guest, cwd string, env map[string]string) (proc, string, error) {
 	var raw [16]byte
 	if _, err := rand.Read(raw[:]); err != nil {
 		return proc{}, "", fmt.Errorf("making a bridge token: %w", err)
 	}
 	token := hex.EncodeToString(raw[:])
-	info, err := g.Spawn(ctx, sandbox.ExecRequest{
+	info, err := g.Spawn(ctx, guest.ExecRequest{
 		Argv: []string{"python3", "-u", "-c", bridgeSource}, Cwd: cwd, Env: env,
 		Stdin: []byte(token + "\n"), Detach: true,
 	})
@@ -125,13 +125,13 @@ func spawnBridge(ctx context.Context, g sandbox.Guest, cwd string, env map[strin
 
 // alive reports whether p is still running in g, and is the process it
 // was: a reboot starts process ids again.
-func (p proc) alive(ctx context.Context, g sandbox.Guest) bool {
+func (p proc) alive(ctx context.Context, g Guest) bool {
 	info, err := g.Process(ctx, p.pid)
 	return err == nil && info.ExitCode == nil && info.EndedAt == nil && info.StartedAt.Equal(p.started) && isBridge(*info)
 }
 
 // kill ends p (its kernel notices its parent is gone and exits too).
-func (p proc) kill(ctx context.Context, g sandbox.Guest) {
+func (p proc) kill(ctx context.Context, g Guest) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	_, _ = g.Signal(ctx, p.pid, "KILL")
@@ -139,7 +139,7 @@ func (p proc) kill(ctx context.Context, g sandbox.Guest) {
 
 // connect opens a connection to p and waits up to wait for its kernel to
 // be ready.
-func (p proc) connect(ctx context.Context, g sandbox.Guest, wait time.Duration) (*bridge, error) {
+func (p proc) connect(ctx context.Context, g Guest, wait time.Duration) (*bridge, error) {
 	conn, err := g.DialPort(ctx, p.port)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to the interpreter: %w", err)
@@ -181,7 +181,7 @@ func failed(format string, args ...any) error {
 }
 
 // readPort reads the bridge's first stdout line, {"port": N, "cwd": dir}.
-func readPort(ctx context.Context, g sandbox.Guest, pid string) (int, string, error) {
+func readPort(ctx context.Context, g Guest, pid string) (int, string, error) {
 	ctx, cancel := context.WithTimeout(ctx, portWait)
 	defer cancel()
 	var out, errOut bytes.Buffer
@@ -201,11 +201,11 @@ func readPort(ctx context.Context, g sandbox.Guest, pid string) (int, string, er
 		if out.Len() > maxPortLine {
 			return 0, "", failed("the interpreter started wrongly: %q", clip(out.String(), 256))
 		}
-		err := g.ProcessOutput(ctx, sandbox.ProcessRequest{ID: pid, Cursor: cursor, WaitMs: 1000}, func(ev sandbox.Event) error {
+		err := g.ProcessOutput(ctx, guest.ProcessRequest{ID: pid, Cursor: cursor, WaitMs: 1000}, func(ev guest.Event) error {
 			switch ev.Type {
-			case sandbox.EventStdout:
+			case guest.EventStdout:
 				out.Write(ev.Data)
-			case sandbox.EventStderr:
+			case guest.EventStderr:
 				if errOut.Len() < maxPortLine {
 					errOut.Write(ev.Data)
 				}

@@ -17,7 +17,7 @@ import (
 // The operations on contexts the routes call; service.go keeps them.
 
 // Create starts a new context in sb.
-func (s *Service) Create(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Guest, req CreateRequest) (ContextInfo, error) {
+func (s *Service) Create(ctx context.Context, sb *sandbox.Sandbox, g Guest, req CreateRequest) (ContextInfo, error) {
 	if err := checkLanguage(req.Language); err != nil {
 		return ContextInfo{}, err
 	}
@@ -44,7 +44,7 @@ func (s *Service) Create(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Gue
 
 // List returns sb's contexts, oldest first. A context whose connection
 // ended is connected again first, and forgotten if its process is gone.
-func (s *Service) List(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Guest) []ContextInfo {
+func (s *Service) List(ctx context.Context, sb *sandbox.Sandbox, g Guest) []ContextInfo {
 	s.mu.Lock()
 	var ks []*kctx
 	if bx := s.boxes[sb.ID]; bx != nil {
@@ -107,7 +107,7 @@ func (s *Service) Interrupt(sandboxID, id string) (bool, error) {
 
 // Restart starts a context's kernel again with empty state, interrupting
 // a cell that runs. The default context is started if it was not.
-func (s *Service) Restart(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Guest, id string) (ContextInfo, error) {
+func (s *Service) Restart(ctx context.Context, sb *sandbox.Sandbox, g Guest, id string) (ContextInfo, error) {
 	k := s.lookup(sb.ID, id)
 	if k == nil {
 		if id != DefaultContext {
@@ -177,7 +177,7 @@ func (s *Service) Restart(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Gu
 }
 
 // Delete ends a context and its kernel; false if there was none.
-func (s *Service) Delete(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Guest, id string) bool {
+func (s *Service) Delete(ctx context.Context, sb *sandbox.Sandbox, g Guest, id string) bool {
 	s.mu.Lock()
 	var k *kctx
 	if bx := s.boxes[sb.ID]; bx != nil {

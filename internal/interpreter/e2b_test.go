@@ -16,11 +16,11 @@ import (
 
 // e2bServer serves E2BHandler as the router would: with the sandbox in
 // the request's context.
-func e2bServer(t *testing.T, s *Service, sb *sandbox.Sandbox, g sandbox.Guest) *httptest.Server {
+func e2bServer(t *testing.T, s *Service, sb *sandbox.Sandbox, g *fakeGuest) *httptest.Server {
 	t.Helper()
 	h := s.E2BHandler()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h.ServeHTTP(w, r.WithContext(sandbox.WithRouted(r.Context(), sandbox.Routed{Sandbox: sb, Guest: g})))
+		h.ServeHTTP(w, r.WithContext(sandbox.WithRouted(r.Context(), sandbox.Routed{Sandbox: sb, Guest: g.handle()})))
 	}))
 	t.Cleanup(srv.Close)
 	return srv

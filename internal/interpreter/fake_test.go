@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
-	"github.com/emberbox/emberbox/internal/sandbox"
+	"github.com/emberbox/emberbox/internal/guest"
 )
 
 // fakeGuest runs fake bridges: Spawn records a process, ProcessOutput
@@ -20,16 +20,21 @@ import (
 // bridge's protocol with scripted cells (see fakeProc.execute). Its
 // processes outlive their connections, as a paused and woken guest's do.
 type fakeGuest struct {
-	sandbox.Guest // methods the interpreter never calls panic
+	guest.Handle // methods the interpreter never calls panic
 
 	t       *testing.T
 	mu      sync.Mutex
-	spawned []sandbox.ExecRequest
+	spawned []guest.ExecRequest
 	procs   []*fakeProc
 }
 
+// handle returns g as a guest handle.
+func (g *fakeGuest) handle() guest.Handle {
+	return guest.Handle{ProcessRunner: g, FileSystem: g, Watcher: g, PortDialer: g}
+}
+
 type fakeProc struct {
-	info  sandbox.ProcessInfo
+	info  guest.ProcessInfo
 	port  int
 	token string
 
@@ -42,13 +47,13 @@ type fakeProc struct {
 	vars      map[string]string
 }
 
-func (g *fakeGuest) Spawn(_ context.Context, req sandbox.ExecRequest) (*sandbox.ProcessInfo, error) {
+func (g *fakeGuest) Spawn(_ context.Context, req guest.ExecRequest) (*guest.ProcessInfo, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.spawned = append(g.spawned, req)
 	n := len(g.spawned)
 	p := &fakeProc{
-		info: sandbox.ProcessInfo{ID: fmt.Sprintf("p%d", n), Argv: req.Argv, StartedAt: time.Unix(int64(1000+n), 0).UTC(),
+		info: guest.ProcessInfo{ID: fmt.Sprintf("p%d", n), Argv: req.Argv, StartedAt: time.Unix(int64(1000+n), 0).UTC(),
 			State: "running"},
 		port: 40000 + n, token: strings.TrimSpace(string(req.Stdin)), alive: true,
 		jobs: make(chan map[string]any, 8), interrupt: make(chan struct{}, 1), vars: map[string]string{},
@@ -70,16 +75,16 @@ func (g *fakeGuest) proc(match func(*fakeProc) bool) *fakeProc {
 	return nil
 }
 
-func (g *fakeGuest) ProcessOutput(_ context.Context, req sandbox.ProcessRequest, onEvent func(sandbox.Event) error) error {
+func (g *fakeGuest) ProcessOutput(_ context.Context, req guest.ProcessRequest, onEvent func(guest.Event) error) error {
 	p := g.proc(func(p *fakeProc) bool { return p.info.ID == req.ID })
 	line := fmt.Sprintf(`{"port": %d, "cwd": "/workspace"}`+"\n", p.port)
 	if req.Cursor >= int64(len(line)) {
 		return nil
 	}
-	return onEvent(sandbox.Event{Type: sandbox.EventStdout, Data: []byte(line), Offset: 0})
+	return onEvent(guest.Event{Type: guest.EventStdout, Data: []byte(line), Offset: 0})
 }
 
-func (g *fakeGuest) Process(_ context.Context, id string) (*sandbox.ProcessInfo, error) {
+func (g *fakeGuest) Process(_ context.Context, id string) (*guest.ProcessInfo, error) {
 	p := g.proc(func(p *fakeProc) bool { return p.info.ID == id })
 	if p == nil {
 		return nil, errdefs.New(errdefs.ErrNotFound, "process_not_found", "no process %s", id)
@@ -95,14 +100,14 @@ func (g *fakeGuest) Process(_ context.Context, id string) (*sandbox.ProcessInfo,
 	return &info, nil
 }
 
-func (g *fakeGuest) Processes(ctx context.Context) ([]sandbox.ProcessInfo, error) {
+func (g *fakeGuest) Processes(ctx context.Context) ([]guest.ProcessInfo, error) {
 	g.mu.Lock()
 	ids := make([]string, 0, len(g.procs))
 	for _, p := range g.procs {
 		ids = append(ids, p.info.ID)
 	}
 	g.mu.Unlock()
-	var out []sandbox.ProcessInfo
+	var out []guest.ProcessInfo
 	for _, id := range ids {
 		info, _ := g.Process(ctx, id)
 		out = append(out, *info)
@@ -110,7 +115,7 @@ func (g *fakeGuest) Processes(ctx context.Context) ([]sandbox.ProcessInfo, error
 	return out, nil
 }
 
-func (g *fakeGuest) Signal(_ context.Context, id, _ string) (*sandbox.ProcessInfo, error) {
+func (g *fakeGuest) Signal(_ context.Context, id, _ string) (*guest.ProcessInfo, error) {
 	if p := g.proc(func(p *fakeProc) bool { return p.info.ID == id }); p != nil {
 		p.kill()
 	}

@@ -24,7 +24,7 @@ const (
 // execution's Error, not Run's; Run's errors are about the context (not
 // found, cannot start, busy past ctx). An error from emit stops further
 // calls to it and counts as the client gone.
-func (s *Service) Run(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Guest, req RunRequest, emit func(Event) error) (*Execution, error) {
+func (s *Service) Run(ctx context.Context, sb *sandbox.Sandbox, g Guest, req RunRequest, emit func(Event) error) (*Execution, error) {
 	if err := checkLanguage(req.Language); err != nil {
 		return nil, err
 	}
@@ -58,7 +58,7 @@ func (s *Service) Run(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Guest,
 }
 
 // runIn runs req in k once it has k's slot and a connection to its bridge.
-func (s *Service) runIn(ctx context.Context, g sandbox.Guest, k *kctx, req RunRequest, emit func(Event) error) (*Execution, error) {
+func (s *Service) runIn(ctx context.Context, g Guest, k *kctx, req RunRequest, emit func(Event) error) (*Execution, error) {
 	select {
 	case k.slot <- struct{}{}:
 	case <-ctx.Done():
@@ -95,7 +95,7 @@ func (s *Service) runIn(ctx context.Context, g sandbox.Guest, k *kctx, req RunRe
 // A connection that ends during the cell ends the run as lost; the
 // context stays (its kernel may well go on: a paused sandbox). It returns
 // nil if the cell could not be sent.
-func (s *Service) drive(ctx context.Context, g sandbox.Guest, k *kctx, b *bridge, req RunRequest, emit func(Event) error) *Execution {
+func (s *Service) drive(ctx context.Context, g Guest, k *kctx, b *bridge, req RunRequest, emit func(Event) error) *Execution {
 	env := req.Env
 	if env == nil {
 		env = map[string]string{}

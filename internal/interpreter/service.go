@@ -10,8 +10,16 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
+
+// Guest is what the interpreter calls in a sandbox's guest: it spawns and
+// watches the kernel bridge and reaches it on its port.
+type Guest interface {
+	guest.ProcessRunner
+	guest.PortDialer
+}
 
 // Bounds of contexts.
 const (
@@ -136,7 +144,7 @@ func (k *kctx) detachedSince() time.Time {
 // bridge returns k's connection, connecting again to its process if the
 // last one ended (a sandbox paused and woken keeps its processes, not its
 // connections); errProcessGone if the process is not there any more.
-func (k *kctx) bridge(ctx context.Context, g sandbox.Guest) (*bridge, error) {
+func (k *kctx) bridge(ctx context.Context, g Guest) (*bridge, error) {
 	k.cmu.Lock()
 	defer k.cmu.Unlock()
 	if k.b != nil && k.b.alive() {
@@ -217,7 +225,7 @@ func (s *Service) sweepLocked(now time.Time) {
 }
 
 // boxFor returns sb's box once its strays are gone, with s.mu held.
-func (s *Service) boxFor(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Guest) *box {
+func (s *Service) boxFor(ctx context.Context, sb *sandbox.Sandbox, g Guest) *box {
 	for {
 		s.mu.Lock()
 		s.sweepLocked(time.Now())
@@ -238,7 +246,7 @@ func (s *Service) boxFor(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Gue
 
 // killStrays ends the bridges running in sb that this Service did not
 // start; it runs before this Service starts any there.
-func (s *Service) killStrays(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Guest) {
+func (s *Service) killStrays(ctx context.Context, sb *sandbox.Sandbox, g Guest) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	procs, err := g.Processes(ctx)
@@ -256,7 +264,7 @@ func (s *Service) killStrays(ctx context.Context, sb *sandbox.Sandbox, g sandbox
 
 // open returns the context id of sb, starting it if it is the default
 // one (or spec is given, to create it); it waits for a start under way.
-func (s *Service) open(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Guest, id string, spec *CreateRequest) (*kctx, error) {
+func (s *Service) open(ctx context.Context, sb *sandbox.Sandbox, g Guest, id string, spec *CreateRequest) (*kctx, error) {
 	bx := s.boxFor(ctx, sb, g) // s.mu held
 	k := bx.contexts[id]
 	if k != nil && k.failedStart() {
@@ -316,7 +324,7 @@ func (s *Service) open(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Guest
 }
 
 // start starts k's bridge and connects to it.
-func (s *Service) start(ctx context.Context, g sandbox.Guest, k *kctx, spec *CreateRequest) error {
+func (s *Service) start(ctx context.Context, g Guest, k *kctx, spec *CreateRequest) error {
 	p, cwd, err := spawnBridge(ctx, g, spec.Cwd, spec.Env)
 	if err != nil {
 		return err

@@ -17,7 +17,7 @@ func newTestService(t *testing.T) (*Service, *sandbox.Sandbox, *fakeGuest) {
 	return New(nil), &sandbox.Sandbox{ID: "sbx_1"}, &fakeGuest{t: t}
 }
 
-func run(t *testing.T, s *Service, sb *sandbox.Sandbox, g sandbox.Guest, req RunRequest) (*Execution, []Event) {
+func run(t *testing.T, s *Service, sb *sandbox.Sandbox, g Guest, req RunRequest) (*Execution, []Event) {
 	t.Helper()
 	var events []Event
 	ex, err := s.Run(context.Background(), sb, g, req, func(ev Event) error {

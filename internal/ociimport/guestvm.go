@@ -6,14 +6,22 @@ import (
 	"io"
 	"strings"
 
-	"github.com/emberbox/emberbox/internal/sandbox"
+	"github.com/emberbox/emberbox/internal/guest"
 )
 
 // GuestVM is a VM over a sandbox's guest agent (Manager.Guest): scripts
 // run as root through exec, files move through the agent's file calls as
 // root.
 type GuestVM struct {
-	G sandbox.Guest
+	G VMGuest
+}
+
+// VMGuest is what a GuestVM calls in the guest: a guest.Handle or its
+// client has it.
+type VMGuest interface {
+	Exec(ctx context.Context, req guest.ExecRequest, onEvent func(guest.Event) error) (*guest.ExecResult, error)
+	WriteFile(ctx context.Context, path string, mode uint32, size int64, r io.Reader) (*guest.FileEntry, error)
+	ReadFile(ctx context.Context, path string) (*guest.FileEntry, io.ReadCloser, error)
 }
 
 // maxTail is how much of a failed script's output its error carries.
@@ -23,9 +31,9 @@ const maxTail = 2048
 func (v GuestVM) Run(ctx context.Context, script string, log io.Writer) error {
 	tail := &tailBuffer{max: maxTail}
 	w := io.MultiWriter(log, tail)
-	res, err := v.G.Exec(ctx, sandbox.ExecRequest{
+	res, err := v.G.Exec(ctx, guest.ExecRequest{
 		Argv: []string{"/bin/sh", "-c", script}, User: "root", Cwd: "/", Stream: true,
-	}, func(ev sandbox.Event) error {
+	}, func(ev guest.Event) error {
 		if ev.Type == "stdout" || ev.Type == "stderr" {
 			_, _ = w.Write(ev.Data)
 		}
@@ -46,13 +54,13 @@ func (v GuestVM) Run(ctx context.Context, script string, log io.Writer) error {
 
 // WriteFile implements VM.
 func (v GuestVM) WriteFile(ctx context.Context, path string, r io.Reader, size int64) error {
-	_, err := v.G.WriteFile(sandbox.WithFileUser(ctx, "root"), path, 0o600, size, r)
+	_, err := v.G.WriteFile(guest.WithFileUser(ctx, "root"), path, 0o600, size, r)
 	return err
 }
 
 // ReadFile implements VM.
 func (v GuestVM) ReadFile(ctx context.Context, path string, w io.Writer) (int64, error) {
-	_, rc, err := v.G.ReadFile(sandbox.WithFileUser(ctx, "root"), path)
+	_, rc, err := v.G.ReadFile(guest.WithFileUser(ctx, "root"), path)
 	if err != nil {
 		return 0, err
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/emberbox/emberbox/internal/catalog"
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -22,7 +23,7 @@ import (
 type Manager interface {
 	Create(ctx context.Context, owner string, spec sandbox.CreateSpec) (*sandbox.Sandbox, error)
 	WaitFor(ctx context.Context, owner, id string, states ...sandbox.State) (*sandbox.Sandbox, error)
-	Guest(ctx context.Context, owner, id string) (*sandbox.Sandbox, sandbox.Guest, error)
+	Guest(ctx context.Context, owner, id string) (*sandbox.Sandbox, guest.Handle, error)
 	Delete(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
 }
 
@@ -176,7 +177,7 @@ func isNotEmpty(err error) bool {
 
 // sandbox starts a build sandbox with room for img and returns its guest
 // and a func that deletes it.
-func (imp *Importer) sandbox(ctx context.Context, job catalog.Job, img *Image, log catalog.LogSink) (sandbox.Guest, func(), error) {
+func (imp *Importer) sandbox(ctx context.Context, job catalog.Job, img *Image, log catalog.LogSink) (guest.Handle, func(), error) {
 	compressed := img.CompressedSize()
 	if compressed == 0 && job.ArchivePath != "" {
 		if st, err := os.Stat(job.ArchivePath); err == nil {
@@ -201,7 +202,7 @@ func (imp *Importer) sandbox(ctx context.Context, job catalog.Job, img *Image, l
 	}
 	sb, err := imp.Manager.Create(ctx, imp.Owner, spec)
 	if err != nil {
-		return nil, nil, fmt.Errorf("starting an import sandbox: %w", err)
+		return guest.Handle{}, nil, fmt.Errorf("starting an import sandbox: %w", err)
 	}
 	done := func() {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
@@ -212,13 +213,13 @@ func (imp *Importer) sandbox(ctx context.Context, job catalog.Job, img *Image, l
 	if err == nil && got.State != sandbox.StateRunning {
 		err = fmt.Errorf("it is %s (%s)", got.State, got.StopReason)
 	}
-	var g sandbox.Guest
+	var g guest.Handle
 	if err == nil {
 		_, g, err = imp.Manager.Guest(ctx, imp.Owner, sb.ID)
 	}
 	if err != nil {
 		done()
-		return nil, nil, fmt.Errorf("starting an import sandbox: %w", err)
+		return guest.Handle{}, nil, fmt.Errorf("starting an import sandbox: %w", err)
 	}
 	log.Line("build", fmt.Sprintf("import sandbox %s running (%d MiB disk)", sb.ID, disk))
 	return g, done, nil

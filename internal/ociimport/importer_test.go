@@ -23,6 +23,7 @@ import (
 
 	"github.com/emberbox/emberbox/internal/catalog"
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/ociimport"
 	"github.com/emberbox/emberbox/internal/recipebuild"
 	"github.com/emberbox/emberbox/internal/sandbox"
@@ -36,7 +37,7 @@ type fakeManager struct {
 	created []sandbox.CreateSpec
 	deleted []string
 	fail    error
-	guest   sandbox.Guest // nil: a fakeGuest
+	guest   *flatGuest // nil: a fakeGuest
 }
 
 func (m *fakeManager) Create(ctx context.Context, owner string, spec sandbox.CreateSpec) (*sandbox.Sandbox, error) {
@@ -53,11 +54,11 @@ func (m *fakeManager) WaitFor(ctx context.Context, owner, id string, states ...s
 	return &sandbox.Sandbox{ID: id, State: sandbox.StateRunning}, nil
 }
 
-func (m *fakeManager) Guest(ctx context.Context, owner, id string) (*sandbox.Sandbox, sandbox.Guest, error) {
+func (m *fakeManager) Guest(ctx context.Context, owner, id string) (*sandbox.Sandbox, guest.Handle, error) {
 	if m.guest != nil {
-		return &sandbox.Sandbox{ID: id}, m.guest, nil
+		return &sandbox.Sandbox{ID: id}, m.guest.handle(), nil
 	}
-	return &sandbox.Sandbox{ID: id}, &fakeGuest{}, nil
+	return &sandbox.Sandbox{ID: id}, (&fakeGuest{}).handle(), nil
 }
 
 func (m *fakeManager) Delete(ctx context.Context, owner, id string) (*sandbox.Sandbox, error) {
@@ -68,30 +69,35 @@ func (m *fakeManager) Delete(ctx context.Context, owner, id string) (*sandbox.Sa
 }
 
 // fakeGuest runs no script and answers the image's tar.
-type fakeGuest struct{ sandbox.Guest }
+type fakeGuest struct{ guest.Handle }
 
-func (g *fakeGuest) Exec(ctx context.Context, req sandbox.ExecRequest, onEvent func(sandbox.Event) error) (*sandbox.ExecResult, error) {
+// handle returns g as a guest handle.
+func (g *fakeGuest) handle() guest.Handle {
+	return guest.Handle{ProcessRunner: g, FileSystem: g, Watcher: g, PortDialer: g}
+}
+
+func (g *fakeGuest) Exec(ctx context.Context, req guest.ExecRequest, onEvent func(guest.Event) error) (*guest.ExecResult, error) {
 	if req.User != "root" {
 		return nil, errors.New("not as root")
 	}
 	zero := 0
 	if onEvent != nil {
-		onEvent(sandbox.Event{Type: "stdout", Data: []byte("rootfs: made\n")})
+		onEvent(guest.Event{Type: "stdout", Data: []byte("rootfs: made\n")})
 	}
-	return &sandbox.ExecResult{ExitCode: &zero}, nil
+	return &guest.ExecResult{ExitCode: &zero}, nil
 }
 
-func (g *fakeGuest) WriteFile(ctx context.Context, path string, mode uint32, size int64, r io.Reader) (*sandbox.FileEntry, error) {
+func (g *fakeGuest) WriteFile(ctx context.Context, path string, mode uint32, size int64, r io.Reader) (*guest.FileEntry, error) {
 	n, err := io.Copy(io.Discard, r)
 	if n != size {
 		return nil, errors.New("short")
 	}
-	return &sandbox.FileEntry{Path: path, Size: n}, err
+	return &guest.FileEntry{Path: path, Size: n}, err
 }
 
-func (g *fakeGuest) ReadFile(ctx context.Context, path string) (*sandbox.FileEntry, io.ReadCloser, error) {
+func (g *fakeGuest) ReadFile(ctx context.Context, path string) (*guest.FileEntry, io.ReadCloser, error) {
 	b := fakeImageTar
-	return &sandbox.FileEntry{Path: path, Size: int64(len(b))}, io.NopCloser(bytes.NewReader(b)), nil
+	return &guest.FileEntry{Path: path, Size: int64(len(b))}, io.NopCloser(bytes.NewReader(b)), nil
 }
 
 var fakeImageTar []byte
@@ -201,7 +207,12 @@ type flatGuest struct {
 	flat []byte
 }
 
-func (g *flatGuest) WriteFile(ctx context.Context, path string, mode uint32, size int64, r io.Reader) (*sandbox.FileEntry, error) {
+// handle returns g as a guest handle.
+func (g *flatGuest) handle() guest.Handle {
+	return guest.Handle{ProcessRunner: g, FileSystem: g, Watcher: g, PortDialer: g}
+}
+
+func (g *flatGuest) WriteFile(ctx context.Context, path string, mode uint32, size int64, r io.Reader) (*guest.FileEntry, error) {
 	zr, err := gzip.NewReader(r)
 	if err != nil {
 		return nil, err
@@ -213,10 +224,10 @@ func (g *flatGuest) WriteFile(ctx context.Context, path string, mode uint32, siz
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.flat = b
-	return &sandbox.FileEntry{Path: path, Size: size}, nil
+	return &guest.FileEntry{Path: path, Size: size}, nil
 }
 
-func (g *flatGuest) ReadFile(ctx context.Context, path string) (*sandbox.FileEntry, io.ReadCloser, error) {
+func (g *flatGuest) ReadFile(ctx context.Context, path string) (*guest.FileEntry, io.ReadCloser, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	var buf bytes.Buffer
@@ -226,7 +237,7 @@ func (g *flatGuest) ReadFile(ctx context.Context, path string) (*sandbox.FileEnt
 	}
 	tw.Write(g.flat)
 	tw.Close()
-	return &sandbox.FileEntry{Path: path, Size: int64(buf.Len())}, io.NopCloser(&buf), nil
+	return &guest.FileEntry{Path: path, Size: int64(buf.Len())}, io.NopCloser(&buf), nil
 }
 
 // A poisoned image (a popular image's config, backdoored layer bytes),

@@ -9,6 +9,7 @@ import (
 
 	"github.com/emberbox/emberbox/internal/catalog"
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -21,7 +22,7 @@ const Owner = "system:build"
 type Manager interface {
 	Create(ctx context.Context, owner string, spec sandbox.CreateSpec) (*sandbox.Sandbox, error)
 	WaitFor(ctx context.Context, owner, id string, states ...sandbox.State) (*sandbox.Sandbox, error)
-	Guest(ctx context.Context, owner, id string) (*sandbox.Sandbox, sandbox.Guest, error)
+	Guest(ctx context.Context, owner, id string) (*sandbox.Sandbox, guest.Handle, error)
 	Delete(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
 	List(ctx context.Context, opts sandbox.ListOptions) ([]*sandbox.Sandbox, string, error)
 }

@@ -15,7 +15,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/emberbox/emberbox/internal/sandbox"
+	"github.com/emberbox/emberbox/internal/guest"
 )
 
 // The build context is a gzipped tar the client uploaded: hostile input.
@@ -398,7 +398,7 @@ func removeOps(ops []copyOp) {
 const typeDirectory = "directory"
 
 // singleFileOp stages one file read from a stage's guest as dir/name.
-func singleFileOp(workDir string, spec *copySpec, dir, name string, fe *sandbox.FileEntry, r io.Reader) ([]copyOp, error) {
+func singleFileOp(workDir string, spec *copySpec, dir, name string, fe *guest.FileEntry, r io.Reader) ([]copyOp, error) {
 	if fe.Size < 0 || fe.Size > maxCopyBytes {
 		return nil, fmt.Errorf("copying %s from a stage: %d bytes is over %d", fe.Path, fe.Size, int64(maxCopyBytes))
 	}

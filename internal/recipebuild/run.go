@@ -17,6 +17,7 @@ import (
 	"github.com/emberbox/emberbox/internal/catalog"
 	"github.com/emberbox/emberbox/internal/egress"
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -367,7 +368,7 @@ func (bd *build) lookup(ctx context.Context, key string) string {
 }
 
 // sandbox starts a build sandbox from src and waits until it runs.
-func (bd *build) sandbox(ctx context.Context, src source, st *stage) (*sandbox.Sandbox, sandbox.Guest, error) {
+func (bd *build) sandbox(ctx context.Context, src source, st *stage) (*sandbox.Sandbox, guest.Handle, error) {
 	cfg := bd.b.cfg
 	lim := bd.job.Limits
 	spec := sandbox.CreateSpec{
@@ -390,7 +391,7 @@ func (bd *build) sandbox(ctx context.Context, src source, st *stage) (*sandbox.S
 	}
 	sb, err := cfg.Manager.Create(ctx, Owner, spec)
 	if err != nil {
-		return nil, nil, fmt.Errorf("starting a build sandbox: %w", err)
+		return nil, guest.Handle{}, fmt.Errorf("starting a build sandbox: %w", err)
 	}
 	got, err := cfg.Manager.WaitFor(ctx, Owner, sb.ID, sandbox.StateRunning, sandbox.StateStopped, sandbox.StateDeleted)
 	if err == nil && got.State != sandbox.StateRunning {
@@ -405,7 +406,7 @@ func (bd *build) sandbox(ctx context.Context, src source, st *stage) (*sandbox.S
 		err = gerr
 	}
 	bd.deleteSandbox(sb.ID)
-	return nil, nil, fmt.Errorf("starting a build sandbox: %w", err)
+	return nil, guest.Handle{}, fmt.Errorf("starting a build sandbox: %w", err)
 }
 
 func orInt(v, def int) int {
@@ -425,9 +426,9 @@ func (bd *build) deleteSandbox(id string) {
 
 // capture snapshots the sandbox's disk under key: into the cache, or kept
 // for this build alone.
-func (bd *build) capture(ctx context.Context, g sandbox.Guest, id, key string) (string, error) {
+func (bd *build) capture(ctx context.Context, g guest.Handle, id, key string) (string, error) {
 	// What the guest wrote reaches the disk before the copy.
-	if _, err := g.Exec(ctx, sandbox.ExecRequest{Argv: []string{"sync"}, User: "root"}, nil); err != nil {
+	if _, err := g.Exec(ctx, guest.ExecRequest{Argv: []string{"sync"}, User: "root"}, nil); err != nil {
 		return "", fmt.Errorf("syncing the disk: %w", err)
 	}
 	// A cached step lives until evicted; a build's own snapshot (cache
@@ -473,7 +474,7 @@ func (bd *build) capture(ctx context.Context, g sandbox.Guest, id, key string) (
 }
 
 // runStep runs one step in the guest.
-func (bd *build) runStep(ctx context.Context, g sandbox.Guest, s *step, baseEnv map[string]string) error {
+func (bd *build) runStep(ctx context.Context, g guest.Handle, s *step, baseEnv map[string]string) error {
 	switch {
 	case s.run != nil:
 		env := map[string]string{}
@@ -513,18 +514,18 @@ func asUser(user string, argv []string) ([]string, string) {
 }
 
 // exec runs argv as root, its output streamed to the log line by line.
-func (bd *build) exec(ctx context.Context, g sandbox.Guest, argv []string, cwd string, env map[string]string) error {
+func (bd *build) exec(ctx context.Context, g guest.Handle, argv []string, cwd string, env map[string]string) error {
 	return bd.execAs(ctx, g, argv, cwd, env, "root")
 }
 
 // execAs runs argv as user ("root" or "user").
-func (bd *build) execAs(ctx context.Context, g sandbox.Guest, argv []string, cwd string, env map[string]string, user string) error {
-	out := map[string]*lineBuf{sandbox.EventStdout: {stream: "stdout", log: bd.log}, sandbox.EventStderr: {stream: "stderr", log: bd.log}}
-	req := sandbox.ExecRequest{Argv: argv, Cwd: cwd, Env: env, User: user, Stream: true}
+func (bd *build) execAs(ctx context.Context, g guest.Handle, argv []string, cwd string, env map[string]string, user string) error {
+	out := map[string]*lineBuf{guest.EventStdout: {stream: "stdout", log: bd.log}, guest.EventStderr: {stream: "stderr", log: bd.log}}
+	req := guest.ExecRequest{Argv: argv, Cwd: cwd, Env: env, User: user, Stream: true}
 	if dl, ok := ctx.Deadline(); ok {
 		req.TimeoutMs = max(time.Until(dl).Milliseconds(), 1)
 	}
-	res, err := g.Exec(ctx, req, func(ev sandbox.Event) error {
+	res, err := g.Exec(ctx, req, func(ev guest.Event) error {
 		if lb := out[ev.Type]; lb != nil {
 			lb.write(ev.Data)
 		}
@@ -578,7 +579,7 @@ func (l *lineBuf) flush() {
 
 // copyIn unpacks a copy's archives into the guest as root, then gives
 // them their owner.
-func (bd *build) copyIn(ctx context.Context, g sandbox.Guest, c *copySpec) error {
+func (bd *build) copyIn(ctx context.Context, g guest.Handle, c *copySpec) error {
 	for _, op := range c.ops {
 		if err := bd.exec(ctx, g, []string{"mkdir", "-p", "--", op.dir}, "/", nil); err != nil {
 			return fmt.Errorf("making %s: %w", op.dir, err)
@@ -587,7 +588,7 @@ func (bd *build) copyIn(ctx context.Context, g sandbox.Guest, c *copySpec) error
 		if err != nil {
 			return err
 		}
-		_, err = g.Unarchive(sandbox.WithFileUser(ctx, "root"), op.dir, "root", op.size, f)
+		_, err = g.Unarchive(guest.WithFileUser(ctx, "root"), op.dir, "root", op.size, f)
 		f.Close()
 		if err != nil {
 			return fmt.Errorf("copying into %s: %w", op.dir, err)
@@ -622,8 +623,8 @@ func (bd *build) copyIn(ctx context.Context, g sandbox.Guest, c *copySpec) error
 }
 
 // export copies out of a finished stage what later stages COPY --from it.
-func (bd *build) export(ctx context.Context, g sandbox.Guest, st *stage) error {
-	rctx := sandbox.WithFileUser(ctx, "root")
+func (bd *build) export(ctx context.Context, g guest.Handle, st *stage) error {
+	rctx := guest.WithFileUser(ctx, "root")
 	for _, c := range st.exports {
 		rename := len(c.srcs) == 1 && !strings.HasSuffix(c.dest, "/")
 		dest := strings.TrimSuffix(c.dest, "/")

@@ -18,7 +18,7 @@ type activeGuest struct {
 	touch func()
 }
 
-// DialPort implements Guest.DialPort.
+// DialPort implements guest.PortDialer.
 func (g activeGuest) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	c, err := g.Client.DialPort(ctx, port)
 	if err != nil {
@@ -66,8 +66,8 @@ func (c *activeConn) CloseWrite() error {
 }
 
 // clientOf returns the guest client behind g.
-func clientOf(g Guest) (*guest.Client, bool) {
-	switch g := g.(type) {
+func clientOf(h guest.Handle) (*guest.Client, bool) {
+	switch g := h.ProcessRunner.(type) {
 	case *guest.Client:
 		return g, true
 	case activeGuest:

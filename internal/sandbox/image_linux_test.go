@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -74,9 +75,9 @@ type preparer struct {
 
 func (p *preparer) Name() string { return p.name }
 
-func (p *preparer) Prepare(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Guest) error {
+func (p *preparer) Prepare(ctx context.Context, sb *sandbox.Sandbox, g guest.Handle) error {
 	// It really talks to the guest before the sandbox runs.
-	res, err := g.Exec(ctx, sandbox.ExecRequest{Command: "echo prepared"}, nil)
+	res, err := g.Exec(ctx, guest.ExecRequest{Command: "echo prepared"}, nil)
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/emberbox/emberbox/internal/agentproto"
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 	"github.com/emberbox/emberbox/internal/store"
 	"github.com/emberbox/emberbox/internal/vmm/vmmtest"
@@ -298,7 +299,7 @@ func TestRecoverFinishesInterruptedDelete(t *testing.T) {
 }
 
 // exec runs a command in a sandbox through the manager's one way in.
-func exec(ctx context.Context, m *sandbox.Manager, owner, id string, req sandbox.ExecRequest) (*sandbox.ExecResult, error) {
+func exec(ctx context.Context, m *sandbox.Manager, owner, id string, req guest.ExecRequest) (*guest.ExecResult, error) {
 	_, g, err := m.Guest(ctx, owner, id)
 	if err != nil {
 		return nil, err

@@ -15,7 +15,7 @@ import (
 	"github.com/emberbox/emberbox/internal/vmm"
 )
 
-// pauseTimeout bounds one Machine.Pause: memory goes to disk at disk speed.
+// pauseTimeout bounds one vmm.Pause: memory goes to disk at disk speed.
 const pauseTimeout = 2 * time.Minute
 
 // Pause reasons, in the paused event.
@@ -148,7 +148,7 @@ func (m *Manager) pauseLocked(id, why string, record bool) bool {
 	start := time.Now()
 	if mach != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), pauseTimeout)
-		err = mach.Pause(ctx)
+		err = vmm.Pause(ctx, mach)
 		cancel()
 	} else {
 		err = errors.New("no vm to pause")
@@ -206,7 +206,7 @@ func (m *Manager) recordPaused(id string) bool {
 func (m *Manager) carryOn(old *instance, mach vmm.Machine) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := mach.Continue(ctx); err != nil {
+	if err := vmm.Continue(ctx, mach); err != nil {
 		m.log.Warn("letting the vm run after a failed pause", "sandbox_id", old.id, "err", err)
 	}
 	m.closeGate(old)
@@ -359,7 +359,7 @@ func (m *Manager) finishWake(sb *Sandbox) {
 	}
 	// Recorded: only now may the guest run (a crash before this leaves a
 	// VM that never ran, and its state, for the next start to use).
-	if err := mach.Continue(ctx); err != nil {
+	if err := vmm.Continue(ctx, mach); err != nil {
 		m.wakeFailed(in, sb, mach, err)
 		return
 	}
@@ -433,7 +433,7 @@ func (m *Manager) wakeFailed(in *instance, sb *Sandbox, mach vmm.Machine, cause 
 	m.event(sb.ID, "wake_failed", "wake failed", nil)
 	if mach != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), pauseTimeout)
-		if err := mach.Pause(ctx); err != nil {
+		if err := vmm.Pause(ctx, mach); err != nil {
 			log.Warn("pausing again after a failed wake", "err", err)
 			_ = mach.Stop(ctx)
 		}

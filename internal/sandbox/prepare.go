@@ -3,6 +3,8 @@ package sandbox
 import (
 	"context"
 	"fmt"
+
+	"github.com/emberbox/emberbox/internal/guest"
 )
 
 // A Preparer readies a freshly started sandbox before it is reported
@@ -13,7 +15,7 @@ import (
 type Preparer interface {
 	// Name says what it prepares, for events and errors.
 	Name() string
-	Prepare(ctx context.Context, sb *Sandbox, g Guest) error
+	Prepare(ctx context.Context, sb *Sandbox, g guest.Handle) error
 }
 
 // prepareReady runs the preparers on a sandbox whose agent answers, then
@@ -27,7 +29,7 @@ func (m *Manager) prepareReady(ctx context.Context, in *instance, sb *Sandbox, d
 			m.spawn(func() { _, _ = m.stop(m.ctx, sb.ID, ReasonStartFailed, false) })
 			return
 		}
-		g := activeGuest{Client: c, touch: func() { in.touch(m.now()) }}
+		g := activeGuest{Client: c, touch: func() { in.touch(m.now()) }}.handle()
 		for _, p := range m.cfg.Preparers {
 			if err := p.Prepare(ctx, sb, g); err != nil {
 				if ctx.Err() != nil || m.closing.Load() {

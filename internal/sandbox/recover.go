@@ -194,7 +194,7 @@ func (m *Manager) continueWake(in *instance, sb *Sandbox) {
 	defer unlock()
 	ctx, cancel := context.WithTimeout(in.ctx, m.cfg.BootTimeout)
 	defer cancel()
-	if err := in.machine.Continue(ctx); err != nil {
+	if err := vmm.Continue(ctx, in.machine); err != nil {
 		m.log.Warn("letting a resumed vm run after a restart", "sandbox_id", sb.ID, "err", err)
 	}
 	if err := m.attachResumed(ctx, in, in.machine, agentproto.RenewRequest{}); err != nil {

@@ -32,7 +32,7 @@ type SnapshotStore interface {
 	UnusedDeletedSnapshots(ctx context.Context) ([]string, error)
 }
 
-// captureTimeout bounds one Machine.Snapshot.
+// captureTimeout bounds one vmm.Snapshot.
 const captureTimeout = 10 * time.Minute
 
 // SnapshotSpec is a validated snapshot request.
@@ -270,7 +270,7 @@ func (m *Manager) capture(id, dir string, memory bool) (vmm.SnapshotInfo, error)
 		defer in.saving.Unlock()
 		m.detach(ctx, in)
 	}
-	return mach.Snapshot(ctx, dir, memory)
+	return vmm.Snapshot(ctx, mach, dir, memory)
 }
 
 // UpdateSnapshot implements api.Manager.UpdateSnapshot.
@@ -505,7 +505,7 @@ func (m *Manager) resumeCopy(ctx context.Context, in *instance, sb *Sandbox, env
 		}
 		return err
 	}
-	if err := mach.Continue(ctx); err != nil {
+	if err := vmm.Continue(ctx, mach); err != nil {
 		_ = mach.Stop(context.Background())
 		return err
 	}

@@ -284,7 +284,7 @@ func (m *Manager) switchLocked(ctx context.Context, id string, to switchMarker) 
 	if err := m.switcher.restoreWorkspace(ctx, in, sdir, size); err != nil {
 		return m.undoSwitch(id, in, sdir, err)
 	}
-	g := activeGuest{Client: in.guest(), touch: func() { in.touch(m.now()) }}
+	g := activeGuest{Client: in.guest(), touch: func() { in.touch(m.now()) }}.handle()
 	if r, ok := m.cfg.Volumes.(VolumeReattacher); ok && m.cfg.Volumes.Holds(ctx, id) {
 		if err := r.Reattach(ctx, id, g); err != nil {
 			return m.undoSwitch(id, in, sdir, fmt.Errorf("mounting its volumes: %w", err))

@@ -416,7 +416,7 @@ func (m *Manager) buildTemplate(ctx context.Context, rootfs string, s shape, fin
 		return fmt.Errorf("template guest: detaching: %w", err)
 	}
 	snap := filepath.Join(work, "snap")
-	if _, err := mach.Snapshot(wctx, snap, true); err != nil {
+	if _, err := vmm.Snapshot(wctx, mach, snap, true); err != nil {
 		return err
 	}
 	if err := os.WriteFile(filepath.Join(snap, templateMarker), nil, 0o644); err != nil {

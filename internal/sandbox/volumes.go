@@ -22,23 +22,8 @@ type VolumeMount struct {
 // MaxCreateVolumes bounds the volumes of one create.
 const MaxCreateVolumes = 4
 
-// VolumeRequest is the guest's volume.attach request.
-type VolumeRequest = agentproto.VolumeRequest
-
 // VolumeBlockSize is the block size of a volume's device in the guest.
 const VolumeBlockSize = agentproto.VolumeBlockSize
-
-// CodeVolumeBusy is the guest's refusal to detach a mount in use.
-const CodeVolumeBusy = agentproto.CodeBusy
-
-// VolumeGuest is the capability of a Guest to attach volumes (found by type
-// assertion: the real agent's client has it).
-type VolumeGuest interface {
-	AttachVolume(ctx context.Context, req VolumeRequest) error
-	DetachVolume(ctx context.Context, attachmentID string) error
-	// FreezeVolume freezes (or thaws) its filesystem for a copy.
-	FreezeVolume(ctx context.Context, attachmentID string, freeze bool) error
-}
 
 // Volumes is what the manager needs from the volume service
 // (internal/volumes). The service attaches a create's volumes itself, as a
@@ -62,7 +47,7 @@ type Volumes interface {
 type VolumeReattacher interface {
 	// Mounts are the guest paths of the volumes the sandbox holds.
 	Mounts(ctx context.Context, sandboxID string) ([]string, error)
-	Reattach(ctx context.Context, sandboxID string, g Guest) error
+	Reattach(ctx context.Context, sandboxID string, g guest.Handle) error
 }
 
 // ServeVolume implements guest.VolumeHandler for a sandbox's streams.

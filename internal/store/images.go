@@ -11,7 +11,7 @@ import (
 	"github.com/emberbox/emberbox/internal/errdefs"
 )
 
-var _ catalog.Store = (*Store)(nil)
+var _ = catalog.Store{ImageRecords: (*Store)(nil), ImageTags: (*Store)(nil), ImageHolders: (*Store)(nil), BuildLogs: (*Store)(nil)}
 
 // "user" is quoted: a reserved word in PostgreSQL (a bare user is the
 // session's user name).

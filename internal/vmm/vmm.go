@@ -3,6 +3,7 @@ package vmm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"time"
 )
@@ -45,7 +46,7 @@ type Driver interface {
 	// Resume starts the VM whose state a Pause saved in spec.Dir, or that
 	// Clone prepared there, with that state loaded and the guest not yet
 	// running: the caller records the machine, then lets the guest go on
-	// with Machine.Continue, which consumes the state. So a crash between
+	// with Continue (Continuer), which consumes the state. So a crash between
 	// the two leaves a VM that never ran and a state that still matches
 	// (Saved is true): the VM can be ended and the state resumed again.
 	Resume(ctx context.Context, spec Spec) (Machine, error)
@@ -53,14 +54,14 @@ type Driver interface {
 	// Resume can start (written by Pause or Clone, not yet consumed).
 	Saved(spec Spec) bool
 	// Clone prepares spec.Dir as a copy of the snapshot in snapDir (made
-	// by Machine.Snapshot): its own disk over the snapshot's and, when the
+	// by Snapshot): its own disk over the snapshot's and, when the
 	// snapshot has memory, its own copy of that memory and device state,
 	// so that Saved is true and Resume starts it. A snapshot without
 	// memory leaves only the disk; Start with KeepDisk boots it.
 	Clone(ctx context.Context, snapDir string, spec Spec) error
 }
 
-// SnapshotInfo describes what Machine.Snapshot wrote.
+// SnapshotInfo describes what a Snapshotter wrote.
 type SnapshotInfo struct {
 	Memory    bool  // it holds memory and device state, not only the disk
 	SizeBytes int64 // bytes allocated on the host's disk
@@ -99,17 +100,34 @@ type Machine interface {
 	Stop(ctx context.Context) error
 	// Done is closed when the VMM process has exited.
 	Done() <-chan struct{}
+}
 
+// The optional abilities of a Machine, each its own interface found by
+// type assertion (as io.Copy finds an io.WriterTo): a driver that cannot
+// pause, snapshot or continue a VM leaves the method out, and the
+// functions Pause, Snapshot and Continue answer errors.ErrUnsupported.
+
+// Pauser is a Machine that can pause.
+type Pauser interface {
 	// Pause stops the guest, saves its device state in its Dir beside its
 	// memory and disk, all consistent with one another, and ends the VMM:
 	// afterwards the VM holds no host memory or CPU, and Driver.Resume
 	// continues it. Called again on a reattached machine whose pause was
 	// cut short, it finishes the pause.
 	Pause(ctx context.Context) error
+}
+
+// Snapshotter is a Machine that can copy its guest while it runs.
+type Snapshotter interface {
 	// Snapshot saves a consistent copy of the guest into dir (created by
 	// the call): the disk always, and memory with device state when
 	// memory is true. The guest is stopped for the copy and runs on after.
 	Snapshot(ctx context.Context, dir string, memory bool) (SnapshotInfo, error)
+}
+
+// Continuer is a Machine that Driver.Resume returned, or one a crash left
+// stopped, that can let its guest run on.
+type Continuer interface {
 	// Continue lets the guest of a machine that Resume returned run,
 	// consuming the saved state first (afterwards Saved is false): the
 	// guest goes on where it stopped, with its memory, processes and disk;
@@ -117,6 +135,33 @@ type Machine interface {
 	// crash of the server left stopped with no saved state (recovery of a
 	// pause or wake cut short). It is safe to repeat.
 	Continue(ctx context.Context) error
+}
+
+// Pause pauses m (see Pauser).
+func Pause(ctx context.Context, m Machine) error {
+	p, ok := m.(Pauser)
+	if !ok {
+		return fmt.Errorf("pausing a VM: %w", errors.ErrUnsupported)
+	}
+	return p.Pause(ctx)
+}
+
+// Snapshot copies m's guest into dir (see Snapshotter).
+func Snapshot(ctx context.Context, m Machine, dir string, memory bool) (SnapshotInfo, error) {
+	s, ok := m.(Snapshotter)
+	if !ok {
+		return SnapshotInfo{}, fmt.Errorf("snapshotting a VM: %w", errors.ErrUnsupported)
+	}
+	return s.Snapshot(ctx, dir, memory)
+}
+
+// Continue lets m's guest run on (see Continuer).
+func Continue(ctx context.Context, m Machine) error {
+	c, ok := m.(Continuer)
+	if !ok {
+		return fmt.Errorf("continuing a VM: %w", errors.ErrUnsupported)
+	}
+	return c.Continue(ctx)
 }
 
 // StrayKiller is implemented by drivers that can find and end a VM of a
@@ -128,7 +173,7 @@ type StrayKiller interface {
 }
 
 // DiskExporter is implemented by drivers that can write a snapshot's disk
-// (made by Machine.Snapshot in snapDir) out as a raw disk image: the
+// (made by Snapshot in snapDir) out as a raw disk image: the
 // image builder turns a build's last snapshot into a root disk. The
 // driver owns its disk formats, so the conversion is its job.
 type DiskExporter interface {

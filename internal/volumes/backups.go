@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
-	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
 // Backups are copies of a volume's file kept on this server under
@@ -130,7 +129,7 @@ func (s *Service) freeze(ctx context.Context, owner string, v *Volume) (func(), 
 	if err != nil {
 		return nil, err
 	}
-	vg, ok := g.(sandbox.VolumeGuest)
+	vg, ok := g.Volumes, g.Volumes != nil
 	if !ok {
 		return nil, errdefs.New(errdefs.ErrUnavailable, "volumes_unavailable", "this sandbox's agent cannot freeze volumes")
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -39,7 +40,7 @@ const (
 
 // Guests finds a running sandbox's guest: sandbox.Manager.Guest.
 type Guests interface {
-	Guest(ctx context.Context, owner, id string) (*sandbox.Sandbox, sandbox.Guest, error)
+	Guest(ctx context.Context, owner, id string) (*sandbox.Sandbox, guest.Handle, error)
 }
 
 // Config configures a Service.
@@ -309,17 +310,17 @@ func (s *Service) Attach(ctx context.Context, owner, id, sandboxID, path string)
 
 // attachIn asks the guest to attach a recorded attachment; a failure ends
 // it (the volume is free again).
-func (s *Service) attachIn(ctx context.Context, g sandbox.Guest, a *Attachment) (*Attachment, error) {
+func (s *Service) attachIn(ctx context.Context, g guest.Handle, a *Attachment) (*Attachment, error) {
 	v, err := s.cfg.Store.GetVolume(ctx, a.VolumeID)
 	if err != nil {
 		return nil, err
 	}
-	vg, ok := g.(sandbox.VolumeGuest)
+	vg, ok := g.Volumes, g.Volumes != nil
 	if !ok {
 		err = errdefs.New(errdefs.ErrUnavailable, "volumes_unavailable", "this sandbox's agent cannot attach volumes")
 	} else {
 		actx, cancel := context.WithTimeout(ctx, attachTimeout)
-		err = vg.AttachVolume(actx, sandbox.VolumeRequest{AttachmentID: a.ID, Path: a.Path, SizeBytes: int64(v.SizeMiB) << 20})
+		err = vg.AttachVolume(actx, guest.VolumeRequest{AttachmentID: a.ID, Path: a.Path, SizeBytes: int64(v.SizeMiB) << 20})
 		cancel()
 	}
 	if err != nil {
@@ -366,7 +367,7 @@ func (s *Service) Detach(ctx context.Context, owner, volumeID, attachmentID stri
 		}
 		return nil, err
 	}
-	vg, ok := g.(sandbox.VolumeGuest)
+	vg, ok := g.Volumes, g.Volumes != nil
 	if !ok {
 		return nil, errdefs.New(errdefs.ErrUnavailable, "volumes_unavailable", "this sandbox's agent cannot detach volumes")
 	}
@@ -374,7 +375,7 @@ func (s *Service) Detach(ctx context.Context, owner, volumeID, attachmentID stri
 	err = vg.DetachVolume(dctx, a.ID)
 	cancel()
 	if err != nil {
-		if errdefs.Code(err) == sandbox.CodeVolumeBusy {
+		if errdefs.Code(err) == guest.CodeVolumeBusy {
 			return nil, errdefs.New(errdefs.ErrConflict, "volume_busy", "%s", err.Error()).
 				WithHint("stop what uses the mount (cd out of it, close its files), then detach again")
 		}
@@ -448,7 +449,7 @@ func (s *Service) Claim(ctx context.Context, sb *sandbox.Sandbox, mounts []sandb
 
 // Prepare attaches the volumes a create claimed (a sandbox.Preparer): the
 // sandbox runs only once they are mounted.
-func (s *Service) Prepare(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Guest) error {
+func (s *Service) Prepare(ctx context.Context, sb *sandbox.Sandbox, g guest.Handle) error {
 	held, err := s.cfg.Store.HeldAttachments(ctx, sb.ID)
 	if err != nil {
 		return err
@@ -468,12 +469,12 @@ func (s *Service) Prepare(ctx context.Context, sb *sandbox.Sandbox, g sandbox.Gu
 // switch of image) mounts every volume it holds at the same paths. A
 // failure is returned and changes no attachment: the switch is undone and
 // the old VM, resumed, still has them mounted.
-func (s *Service) Reattach(ctx context.Context, sandboxID string, g sandbox.Guest) error {
+func (s *Service) Reattach(ctx context.Context, sandboxID string, g guest.Handle) error {
 	held, err := s.cfg.Store.HeldAttachments(ctx, sandboxID)
 	if err != nil {
 		return err
 	}
-	vg, ok := g.(sandbox.VolumeGuest)
+	vg, ok := g.Volumes, g.Volumes != nil
 	for _, a := range held {
 		if a.State != AttachAttached {
 			continue // attaching: Prepare attaches it; detaching: on its way out
@@ -486,7 +487,7 @@ func (s *Service) Reattach(ctx context.Context, sandboxID string, g sandbox.Gues
 			return err
 		}
 		actx, cancel := context.WithTimeout(ctx, attachTimeout)
-		err = vg.AttachVolume(actx, sandbox.VolumeRequest{AttachmentID: a.ID, Path: a.Path, SizeBytes: int64(v.SizeMiB) << 20})
+		err = vg.AttachVolume(actx, guest.VolumeRequest{AttachmentID: a.ID, Path: a.Path, SizeBytes: int64(v.SizeMiB) << 20})
 		cancel()
 		if err != nil {
 			return fmt.Errorf("attaching volume %s at %s: %w", a.VolumeID, a.Path, err)

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/nbd"
 	"github.com/emberbox/emberbox/internal/sandbox"
 	"github.com/emberbox/emberbox/internal/volumes"
@@ -21,14 +22,14 @@ import (
 
 // hostileGuest answers attach and detach as a guest whose root keeps the
 // volume's NBD stream open after it says it let go; onAttach (nil: none)
-// runs inside an attach and answers it. The rest of sandbox.Guest is
+// runs inside an attach and answers it. The rest of guest.Handle is
 // never called here.
 type hostileGuest struct {
-	sandbox.Guest
+	guest.Handle
 	onAttach func(attachmentID string) error
 }
 
-func (g hostileGuest) AttachVolume(_ context.Context, req sandbox.VolumeRequest) error {
+func (g hostileGuest) AttachVolume(_ context.Context, req guest.VolumeRequest) error {
 	if g.onAttach != nil {
 		return g.onAttach(req.AttachmentID)
 	}
@@ -39,8 +40,8 @@ func (hostileGuest) FreezeVolume(context.Context, string, bool) error { return n
 
 type oneGuest struct{ g hostileGuest }
 
-func (o oneGuest) Guest(_ context.Context, owner, id string) (*sandbox.Sandbox, sandbox.Guest, error) {
-	return &sandbox.Sandbox{ID: id, OwnerKeyID: owner}, o.g, nil
+func (o oneGuest) Guest(_ context.Context, owner, id string) (*sandbox.Sandbox, guest.Handle, error) {
+	return &sandbox.Sandbox{ID: id, OwnerKeyID: owner}, guest.Handle{ProcessRunner: o.g, FileSystem: o.g, Watcher: o.g, PortDialer: o.g, Volumes: o.g}, nil
 }
 
 const (

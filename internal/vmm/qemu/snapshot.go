@@ -72,7 +72,14 @@ func (d *Driver) Saved(spec vmm.Spec) bool {
 	return err == nil && st.Mode().IsRegular()
 }
 
-// Pause implements vmm.Machine.Pause.
+// A VM of this driver has every optional ability of a vmm.Machine.
+var (
+	_ vmm.Pauser      = (*machine)(nil)
+	_ vmm.Snapshotter = (*machine)(nil)
+	_ vmm.Continuer   = (*machine)(nil)
+)
+
+// Pause implements vmm.Pauser.
 func (m *machine) Pause(ctx context.Context) error {
 	select {
 	case <-m.exited:
@@ -191,7 +198,7 @@ func (m *machine) load(ctx context.Context) error {
 	return q.loadState(ctx, stateFD, m.exited)
 }
 
-// Continue implements vmm.Machine.Continue: the saved state is renamed
+// Continue implements vmm.Continuer: the saved state is renamed
 // away (and the directory synced) before the guest runs, as from then on
 // the RAM file moves past it.
 func (m *machine) Continue(ctx context.Context) error {
@@ -227,7 +234,7 @@ func (m *machine) Continue(ctx context.Context) error {
 	return nil
 }
 
-// Snapshot implements vmm.Machine.Snapshot.
+// Snapshot implements vmm.Snapshotter.
 func (m *machine) Snapshot(ctx context.Context, dir string, memory bool) (info vmm.SnapshotInfo, err error) {
 	if m.rootfs == "" {
 		return info, errors.New("snapshot: the machine does not know its base image")

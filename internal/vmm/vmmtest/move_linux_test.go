@@ -20,7 +20,7 @@ func TestFakeMove(t *testing.T) {
 	if _, err := d.MoveFiles(spec); err == nil {
 		t.Error("MoveFiles of a running machine succeeded")
 	}
-	if err := m.Pause(ctx); err != nil {
+	if err := vmm.Pause(ctx, m); err != nil {
 		t.Fatal(err)
 	}
 	files, err := d.MoveFiles(spec)
@@ -53,7 +53,7 @@ func TestFakeMove(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Continue(ctx); err != nil || d.Saved(moved) {
+	if err := vmm.Continue(ctx, r); err != nil || d.Saved(moved) {
 		t.Fatalf("Continue of the moved machine: %v, Saved %v", err, d.Saved(moved))
 	}
 	c, err := r.DialGuest(ctx)

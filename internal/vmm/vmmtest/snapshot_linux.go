@@ -36,7 +36,7 @@ func (d *Driver) FailResumes(n int) {
 	d.failResumes = n
 }
 
-// FailPauses makes the next n calls of Machine.Pause fail, leaving the
+// FailPauses makes the next n calls of Pause fail, leaving the
 // guest running and nothing saved.
 func (d *Driver) FailPauses(n int) {
 	d.mu.Lock()
@@ -109,7 +109,14 @@ func writeSaved(dir, id string) error {
 	return os.Rename(tmp, filepath.Join(dir, savedFile))
 }
 
-// Pause implements vmm.Machine.Pause: the state is saved and the machine
+// A VM of this driver has every optional ability of a vmm.Machine.
+var (
+	_ vmm.Pauser      = (*Machine)(nil)
+	_ vmm.Snapshotter = (*Machine)(nil)
+	_ vmm.Continuer   = (*Machine)(nil)
+)
+
+// Pause implements vmm.Pauser: the state is saved and the machine
 // ends; the agent's processes and files stay, as a real guest's memory.
 func (m *Machine) Pause(ctx context.Context) error {
 	m.d.mu.Lock()
@@ -129,7 +136,7 @@ func (m *Machine) Pause(ctx context.Context) error {
 	return nil
 }
 
-// Snapshot implements vmm.Machine.Snapshot.
+// Snapshot implements vmm.Snapshotter.
 func (m *Machine) Snapshot(ctx context.Context, dir string, memory bool) (vmm.SnapshotInfo, error) {
 	if m.Stopped() {
 		return vmm.SnapshotInfo{}, errStopped
@@ -144,7 +151,7 @@ func (m *Machine) Snapshot(ctx context.Context, dir string, memory bool) (vmm.Sn
 	return vmm.SnapshotInfo{Memory: memory, SizeBytes: int64(len(b))}, nil
 }
 
-// Continue implements vmm.Machine.Continue: it consumes the saved state
+// Continue implements vmm.Continuer: it consumes the saved state
 // and counts the call (the fake's guest itself never stops).
 func (m *Machine) Continue(ctx context.Context) error {
 	if m.Stopped() {
@@ -159,7 +166,7 @@ func (m *Machine) Continue(ctx context.Context) error {
 	return nil
 }
 
-// Continues reports how many times Machine.Continue was called.
+// Continues reports how many times Continue was called.
 func (d *Driver) Continues() int {
 	d.mu.Lock()
 	defer d.mu.Unlock()

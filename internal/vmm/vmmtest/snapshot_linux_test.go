@@ -21,11 +21,11 @@ func TestFakePauseResumeClone(t *testing.T) {
 		t.Fatal("Saved before any pause")
 	}
 	snapDir := filepath.Join(t.TempDir(), "snap")
-	if info, err := m.Snapshot(ctx, snapDir, true); err != nil || !info.Memory {
+	if info, err := vmm.Snapshot(ctx, m, snapDir, true); err != nil || !info.Memory {
 		t.Fatalf("Snapshot: %+v, %v", info, err)
 	}
 	rec := m.Record()
-	if err := m.Pause(ctx); err != nil {
+	if err := vmm.Pause(ctx, m); err != nil {
 		t.Fatal(err)
 	}
 	if !d.Saved(spec) {
@@ -45,7 +45,7 @@ func TestFakePauseResumeClone(t *testing.T) {
 	if !d.Saved(spec) {
 		t.Error("Resume consumed the state: only Continue may")
 	}
-	if err := m2.Continue(ctx); err != nil || d.Continues() != 1 {
+	if err := vmm.Continue(ctx, m2); err != nil || d.Continues() != 1 {
 		t.Errorf("Continue: %v, %d calls", err, d.Continues())
 	}
 	if d.Saved(spec) {
@@ -66,7 +66,7 @@ func TestFakePauseResumeClone(t *testing.T) {
 		t.Fatal(err)
 	}
 	diskSnap := filepath.Join(t.TempDir(), "disk")
-	if _, err := m2.Snapshot(ctx, diskSnap, false); err != nil {
+	if _, err := vmm.Snapshot(ctx, m2, diskSnap, false); err != nil {
 		t.Fatal(err)
 	}
 	dc := vmm.Spec{ID: "sbx_d", Dir: filepath.Join(t.TempDir(), "sbx_d"), KeepDisk: true}

@@ -58,7 +58,7 @@ func testPause(t *testing.T, d vmm.Driver, newSpec func(t *testing.T) vmm.Spec) 
 	}
 	for i := range 2 {
 		ctx, cancel := context.WithTimeout(t.Context(), stepTimeout)
-		if err := m.Pause(ctx); err != nil {
+		if err := vmm.Pause(ctx, m); err != nil {
 			cancel()
 			t.Fatalf("Pause %d: %v", i, err)
 		}
@@ -80,7 +80,7 @@ func testPause(t *testing.T, d vmm.Driver, newSpec func(t *testing.T) vmm.Spec) 
 
 	snap := t.TempDir()
 	ctx, cancel := context.WithTimeout(t.Context(), stepTimeout)
-	info, err := m.Snapshot(ctx, snap, true)
+	info, err := vmm.Snapshot(ctx, m, snap, true)
 	cancel()
 	if err != nil {
 		t.Fatalf("Snapshot: %v", err)
@@ -127,7 +127,7 @@ func testPause(t *testing.T, d vmm.Driver, newSpec func(t *testing.T) vmm.Spec) 
 func testMove(t *testing.T, d vmm.Driver, mv vmm.Mover, m vmm.Machine, spec vmm.Spec, snap, pid string) {
 	ctx, cancel := context.WithTimeout(t.Context(), stepTimeout)
 	defer cancel()
-	if err := m.Pause(ctx); err != nil {
+	if err := vmm.Pause(ctx, m); err != nil {
 		t.Fatalf("Pause before the move: %v", err)
 	}
 	waitClosed(t, m.Done(), "Done after Pause")
@@ -238,7 +238,7 @@ func resume(t *testing.T, d vmm.Driver, spec vmm.Spec) vmm.Machine {
 	if !d.Saved(spec) {
 		t.Error("Resume consumed the saved state before Continue")
 	}
-	if err := m.Continue(ctx); err != nil {
+	if err := vmm.Continue(ctx, m); err != nil {
 		t.Fatalf("Continue: %v", err)
 	}
 	t.Cleanup(func() {
