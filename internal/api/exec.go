@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -410,46 +411,30 @@ func (s *server) spawn(w http.ResponseWriter, r *http.Request, c *call) error {
 	if body.TimeoutMs != nil {
 		req.TimeoutMs = *body.TimeoutMs
 	}
-	_, g, err := s.guest(r, c)
-	if err != nil {
-		return err
-	}
-	p, err := g.Spawn(r.Context(), req)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toProcessJSON(p))
-	return nil
+	return guestJSON(s, w, r, c, func(ctx context.Context, g sandbox.Guest) (*sandbox.ProcessInfo, error) {
+		return g.Spawn(ctx, req)
+	}, toProcessJSON)
 }
 
 func (s *server) listProcesses(w http.ResponseWriter, r *http.Request, c *call) error {
-	_, g, err := s.guest(r, c)
-	if err != nil {
-		return err
-	}
-	ps, err := g.Processes(r.Context())
-	if err != nil {
-		return err
-	}
+	return guestJSON(s, w, r, c, func(ctx context.Context, g sandbox.Guest) ([]sandbox.ProcessInfo, error) {
+		return g.Processes(ctx)
+	}, processesJSON)
+}
+
+// processesJSON is the wire form of a list of processes.
+func processesJSON(ps []sandbox.ProcessInfo) dataJSON[processJSON] {
 	data := make([]processJSON, 0, len(ps))
 	for i := range ps {
 		data = append(data, toProcessJSON(&ps[i]))
 	}
-	writeJSON(w, http.StatusOK, dataJSON[processJSON]{Data: data})
-	return nil
+	return dataJSON[processJSON]{Data: data}
 }
 
 func (s *server) getProcess(w http.ResponseWriter, r *http.Request, c *call) error {
-	_, g, err := s.guest(r, c)
-	if err != nil {
-		return err
-	}
-	p, err := g.Process(r.Context(), r.PathValue("pid"))
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toProcessJSON(p))
-	return nil
+	return guestJSON(s, w, r, c, func(ctx context.Context, g sandbox.Guest) (*sandbox.ProcessInfo, error) {
+		return g.Process(ctx, r.PathValue("pid"))
+	}, toProcessJSON)
 }
 
 func (s *server) processOutput(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -510,14 +495,7 @@ func (s *server) signalProcess(w http.ResponseWriter, r *http.Request, c *call) 
 	if !signalRE.MatchString(req.Signal) {
 		return invalid([]issue{{Path: "signal", Message: `must be a signal name such as "SIGTERM" or a number`}})
 	}
-	_, g, err := s.guest(r, c)
-	if err != nil {
-		return err
-	}
-	p, err := g.Signal(r.Context(), r.PathValue("pid"), req.Signal)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toProcessJSON(p))
-	return nil
+	return guestJSON(s, w, r, c, func(ctx context.Context, g sandbox.Guest) (*sandbox.ProcessInfo, error) {
+		return g.Signal(ctx, r.PathValue("pid"), req.Signal)
+	}, toProcessJSON)
 }
