@@ -419,16 +419,7 @@ func (s *server) spawn(w http.ResponseWriter, r *http.Request, c *call) error {
 func (s *server) listProcesses(w http.ResponseWriter, r *http.Request, c *call) error {
 	return guestJSON(s, w, r, c, func(ctx context.Context, g sandbox.Guest) ([]sandbox.ProcessInfo, error) {
 		return g.Processes(ctx)
-	}, processesJSON)
-}
-
-// processesJSON is the wire form of a list of processes.
-func processesJSON(ps []sandbox.ProcessInfo) dataJSON[processJSON] {
-	data := make([]processJSON, 0, len(ps))
-	for i := range ps {
-		data = append(data, toProcessJSON(&ps[i]))
-	}
-	return dataJSON[processJSON]{Data: data}
+	}, func(ps []sandbox.ProcessInfo) dataJSON[processJSON] { return dataOf(ps, toProcessJSON) })
 }
 
 func (s *server) getProcess(w http.ResponseWriter, r *http.Request, c *call) error {

@@ -204,11 +204,7 @@ func (s *server) listFiles(w http.ResponseWriter, r *http.Request, c *call) erro
 
 // entriesJSON is the wire form of a list of file entries.
 func entriesJSON(entries []sandbox.FileEntry) dataJSON[fileJSON] {
-	data := make([]fileJSON, 0, len(entries))
-	for i := range entries {
-		data = append(data, toFileJSON(&entries[i]))
-	}
-	return dataJSON[fileJSON]{Data: data}
+	return dataOf(entries, toFileJSON)
 }
 
 type existsJSON struct {

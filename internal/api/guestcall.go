@@ -39,13 +39,3 @@ func guestJSON[T, J any](s *server, w http.ResponseWriter, r *http.Request, c *c
 	v, err := call(r.Context(), g)
 	return reply(w, v, err, toJSON)
 }
-
-// reply answers v, made wire-shaped by toJSON, as JSON with 200, or
-// returns err, the call's failure, untouched.
-func reply[T, J any](w http.ResponseWriter, v T, err error, toJSON func(T) J) error {
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toJSON(v))
-	return nil
-}

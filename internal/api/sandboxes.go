@@ -662,11 +662,7 @@ func (s *server) extendSandbox(w http.ResponseWriter, r *http.Request, c *call) 
 		return invalid(issues)
 	}
 	sb, err := s.mgr.Extend(r.Context(), c.owner, r.PathValue("id"), time.Duration(*req.Seconds)*time.Second)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
-	return nil
+	return reply(w, sb, err, s.sandboxJSON)
 }
 
 func (s *server) health(w http.ResponseWriter, r *http.Request, c *call) error {

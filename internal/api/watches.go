@@ -119,16 +119,7 @@ func (s *server) startWatch(w http.ResponseWriter, r *http.Request, c *call) err
 func (s *server) listWatches(w http.ResponseWriter, r *http.Request, c *call) error {
 	return guestJSON(s, w, r, c, func(ctx context.Context, g sandbox.Guest) ([]sandbox.WatchInfo, error) {
 		return g.Watches(ctx)
-	}, watchesJSON)
-}
-
-// watchesJSON is the wire form of a list of watches.
-func watchesJSON(ins []sandbox.WatchInfo) dataJSON[watchJSON] {
-	data := make([]watchJSON, 0, len(ins))
-	for i := range ins {
-		data = append(data, toWatchJSON(&ins[i]))
-	}
-	return dataJSON[watchJSON]{Data: data}
+	}, func(ins []sandbox.WatchInfo) dataJSON[watchJSON] { return dataOf(ins, toWatchJSON) })
 }
 
 func (s *server) stopWatch(w http.ResponseWriter, r *http.Request, c *call) error {
