@@ -90,19 +90,10 @@ func (s *Store) EvictBuildCache(ctx context.Context, keep int) ([]string, error)
 	if err != nil {
 		return nil, fmt.Errorf("evicting build steps: %w", err)
 	}
-	defer rows.Close()
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, fmt.Errorf("evicting build steps: %w", err)
-		}
-		ids = append(ids, id)
-	}
-	if err := rows.Err(); err != nil {
+	ids, err := scanRows(rows, scanString) // closes rows before the commit
+	if err != nil {
 		return nil, fmt.Errorf("evicting build steps: %w", err)
 	}
-	rows.Close()
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("evicting build steps: %w", err)
 	}

@@ -16,16 +16,8 @@ func (s *Store) StoppedWithDisks(ctx context.Context, endedBefore time.Time) ([]
 	if err != nil {
 		return nil, fmt.Errorf("listing stopped sandboxes' disks: %w", err)
 	}
-	defer rows.Close()
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, fmt.Errorf("listing stopped sandboxes' disks: %w", err)
-		}
-		ids = append(ids, id)
-	}
-	if err := rows.Err(); err != nil {
+	ids, err := scanRows(rows, scanString)
+	if err != nil {
 		return nil, fmt.Errorf("listing stopped sandboxes' disks: %w", err)
 	}
 	return ids, nil

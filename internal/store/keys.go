@@ -129,14 +129,15 @@ func (s *Store) AuthenticateKey(ctx context.Context, secret string) (Key, error)
 // GetKey returns the key with id. A missing key is an error of class
 // errdefs.ErrNotFound.
 func (s *Store) GetKey(ctx context.Context, id string) (Key, error) {
-	k, err := scanKey(s.db.QueryRowContext(ctx, `SELECT `+keyColumns+` FROM api_keys WHERE id = ?`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return Key{}, errdefs.New(errdefs.ErrNotFound, "key_not_found", "no key %q", id)
-	}
-	if err != nil {
-		return Key{}, fmt.Errorf("reading key %s: %w", id, err)
-	}
-	return k, nil
+	return keyTable.read(ctx, s.db, id)
+}
+
+// keyTable reads API keys by id.
+var keyTable = table[Key]{
+	noun:     "key",
+	byID:     `SELECT ` + keyColumns + ` FROM api_keys WHERE id = ?`,
+	scan:     scanKey,
+	notFound: func(id string) error { return errdefs.New(errdefs.ErrNotFound, "key_not_found", "no key %q", id) },
 }
 
 // ListKeys returns all API keys, revoked and expired ones included, oldest
@@ -146,16 +147,8 @@ func (s *Store) ListKeys(ctx context.Context) ([]Key, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing keys: %w", err)
 	}
-	defer rows.Close()
-	var keys []Key
-	for rows.Next() {
-		k, err := scanKey(rows)
-		if err != nil {
-			return nil, fmt.Errorf("listing keys: %w", err)
-		}
-		keys = append(keys, k)
-	}
-	if err := rows.Err(); err != nil {
+	keys, err := scanRows(rows, scanKey)
+	if err != nil {
 		return nil, fmt.Errorf("listing keys: %w", err)
 	}
 	return keys, nil

@@ -260,16 +260,11 @@ func (s *Store) StaleNodes(ctx context.Context, cutoff time.Time) ([]string, err
 	if err != nil {
 		return nil, fmt.Errorf("listing silent nodes: %w", err)
 	}
-	defer rows.Close()
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, fmt.Errorf("listing silent nodes: %w", err)
-		}
-		ids = append(ids, id)
+	ids, err := scanRows(rows, scanString)
+	if err != nil {
+		return nil, fmt.Errorf("listing silent nodes: %w", err)
 	}
-	return ids, rows.Err()
+	return ids, nil
 }
 
 // DeclareLost marks node id down, in one transaction, if it is still not
@@ -299,17 +294,8 @@ func (s *Store) DeclareLost(ctx context.Context, id string, cutoff time.Time, by
 	if err != nil {
 		return nil, fmt.Errorf("declaring node %s lost: %w", id, err)
 	}
-	var ids []string
-	for rows.Next() {
-		var sid string
-		if err := rows.Scan(&sid); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("declaring node %s lost: %w", id, err)
-		}
-		ids = append(ids, sid)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+	ids, err := scanRows(rows, scanString)
+	if err != nil {
 		return nil, fmt.Errorf("declaring node %s lost: %w", id, err)
 	}
 	data, _ := json.Marshal(map[string]any{"node": id, "declaredBy": by})

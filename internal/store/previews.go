@@ -64,16 +64,8 @@ func (s *Store) ListPreviews(ctx context.Context, sandboxID string) ([]*sandbox.
 	if err != nil {
 		return nil, fmt.Errorf("listing previews of %s: %w", sandboxID, err)
 	}
-	defer rows.Close()
-	var out []*sandbox.Preview
-	for rows.Next() {
-		p, err := scanPreview(rows)
-		if err != nil {
-			return nil, fmt.Errorf("listing previews of %s: %w", sandboxID, err)
-		}
-		out = append(out, p)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := scanRows(rows, scanPreview)
+	if err != nil {
 		return nil, fmt.Errorf("listing previews of %s: %w", sandboxID, err)
 	}
 	return out, nil

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -104,15 +103,15 @@ func sandboxNotFound(id string) error {
 // GetSandbox returns the sandbox with the given id, of any owner and in any
 // state. A missing sandbox is an error of class errdefs.ErrNotFound.
 func (s *Store) GetSandbox(ctx context.Context, id string) (*sandbox.Sandbox, error) {
-	row := s.db.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ?`, id)
-	sb, err := scanSandbox(row)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("getting sandbox: %w", sandboxNotFound(id))
-	}
-	if err != nil {
-		return nil, fmt.Errorf("getting sandbox %s: %w", id, err)
-	}
-	return sb, nil
+	return sandboxTable.get(ctx, s.db, "getting", id)
+}
+
+// sandboxTable reads sandboxes by id.
+var sandboxTable = table[*sandbox.Sandbox]{
+	noun:     "sandbox",
+	byID:     `SELECT ` + sandboxColumns + ` FROM sandboxes WHERE id = ?`,
+	scan:     scanSandbox,
+	notFound: sandboxNotFound,
 }
 
 // UpdateSandbox changes the record of sandbox id in one transaction: it
@@ -126,32 +125,13 @@ func (s *Store) GetSandbox(ctx context.Context, id string) (*sandbox.Sandbox, er
 // "name_taken". fn runs with the database's write lock held: it must not
 // block.
 func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(sb *sandbox.Sandbox) bool) (*sandbox.Sandbox, error) {
-	tx, err := s.db.BeginTx(ctx, nil) // IMMEDIATE: the write lock is taken before the read
-	if err != nil {
-		return nil, fmt.Errorf("updating sandbox %s: %w", id, err)
-	}
-	defer tx.Rollback()
-	sb, err := scanSandbox(tx.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ?`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("updating sandbox: %w", sandboxNotFound(id))
-	}
-	if err != nil {
-		return nil, fmt.Errorf("updating sandbox %s: %w", id, err)
-	}
-	if err := s.checkOwner(ctx, tx, sb.NodeID); err != nil {
-		return nil, fmt.Errorf("updating sandbox %s: %w", id, err)
-	}
-	if !fn(sb) {
-		return sb, nil
-	}
-	sb.ID = id
-	if err := updateSandbox(ctx, tx, sb); err != nil {
-		return nil, err
-	}
-	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("updating sandbox %s: %w", id, err)
-	}
-	return sb, nil
+	return sandboxTable.update(ctx, s.db, id,
+		func(tx *txHandle, sb *sandbox.Sandbox) error { return s.checkOwner(ctx, tx, sb.NodeID) },
+		fn,
+		func(tx *txHandle, sb *sandbox.Sandbox) error {
+			sb.ID = id
+			return updateSandbox(ctx, tx, sb)
+		})
 }
 
 // execer is a *sql.DB or a *sql.Tx.
@@ -321,19 +301,7 @@ func (s *Store) querySandboxes(ctx context.Context, query string, args ...any) (
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	var list []*sandbox.Sandbox
-	for rows.Next() {
-		sb, err := scanSandbox(rows)
-		if err != nil {
-			return nil, err
-		}
-		list = append(list, sb)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return list, nil
+	return scanRows(rows, scanSandbox)
 }
 
 func scanSandbox(row interface{ Scan(...any) error }) (*sandbox.Sandbox, error) {

@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -47,14 +46,15 @@ func (s *Store) InsertSnapshot(ctx context.Context, sn *sandbox.Snapshot) error 
 
 // GetSnapshot returns a snapshot of any owner, deleted ones included.
 func (s *Store) GetSnapshot(ctx context.Context, id string) (*sandbox.Snapshot, error) {
-	sn, err := scanSnapshot(s.db.QueryRowContext(ctx, `SELECT `+snapshotColumns+` FROM snapshots WHERE id = ?`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("getting snapshot: %w", snapshotNotFound(id))
-	}
-	if err != nil {
-		return nil, fmt.Errorf("getting snapshot %s: %w", id, err)
-	}
-	return sn, nil
+	return snapshotTable.get(ctx, s.db, "getting", id)
+}
+
+// snapshotTable reads snapshots by id.
+var snapshotTable = table[*sandbox.Snapshot]{
+	noun:     "snapshot",
+	byID:     `SELECT ` + snapshotColumns + ` FROM snapshots WHERE id = ?`,
+	scan:     scanSnapshot,
+	notFound: snapshotNotFound,
 }
 
 // UpdateSnapshot changes a snapshot's record in one transaction, as
@@ -62,36 +62,20 @@ func (s *Store) GetSnapshot(ctx context.Context, id string) (*sandbox.Snapshot, 
 // is written if it returns false. ID, owner, source, mode, shape and
 // creation time never change.
 func (s *Store) UpdateSnapshot(ctx context.Context, id string, fn func(sn *sandbox.Snapshot) bool) (*sandbox.Snapshot, error) {
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return nil, fmt.Errorf("updating snapshot %s: %w", id, err)
-	}
-	defer tx.Rollback()
-	sn, err := scanSnapshot(tx.QueryRowContext(ctx, `SELECT `+snapshotColumns+` FROM snapshots WHERE id = ?`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("updating snapshot: %w", snapshotNotFound(id))
-	}
-	if err != nil {
-		return nil, fmt.Errorf("updating snapshot %s: %w", id, err)
-	}
-	if !fn(sn) {
-		return sn, nil
-	}
-	labels, err := jsonOrNull(sn.Labels, sn.Labels == nil)
-	if err != nil {
-		return nil, fmt.Errorf("updating snapshot %s: encoding labels: %w", id, err)
-	}
-	if _, err := tx.ExecContext(ctx, `UPDATE snapshots SET name = ?, labels = ?, state = ?, error = ?,
-		size_bytes = ?, retention_days = ?, ready_at = ?, expires_at = ?, deleted_at = ?, files_removed_at = ?
-		WHERE id = ?`,
-		sn.Name, labels, sn.State, sn.Error, sn.SizeBytes, sn.RetentionDays, formatTimePtr(sn.ReadyAt),
-		formatTimePtr(sn.ExpiresAt), formatTimePtr(sn.DeletedAt), formatTimePtr(sn.FilesRemovedAt), id); err != nil {
-		return nil, fmt.Errorf("updating snapshot %s: %w", id, err)
-	}
-	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("updating snapshot %s: %w", id, err)
-	}
-	return sn, nil
+	return snapshotTable.update(ctx, s.db, id, nil, fn, func(tx *txHandle, sn *sandbox.Snapshot) error {
+		labels, err := jsonOrNull(sn.Labels, sn.Labels == nil)
+		if err != nil {
+			return fmt.Errorf("updating snapshot %s: encoding labels: %w", id, err)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE snapshots SET name = ?, labels = ?, state = ?, error = ?,
+			size_bytes = ?, retention_days = ?, ready_at = ?, expires_at = ?, deleted_at = ?, files_removed_at = ?
+			WHERE id = ?`,
+			sn.Name, labels, sn.State, sn.Error, sn.SizeBytes, sn.RetentionDays, formatTimePtr(sn.ReadyAt),
+			formatTimePtr(sn.ExpiresAt), formatTimePtr(sn.DeletedAt), formatTimePtr(sn.FilesRemovedAt), id); err != nil {
+			return fmt.Errorf("updating snapshot %s: %w", id, err)
+		}
+		return nil
+	})
 }
 
 // ListSnapshots returns one page of the snapshots matching opts that are
@@ -172,16 +156,11 @@ func (s *Store) UnusedDeletedSnapshots(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing unused deleted snapshots: %w", err)
 	}
-	defer rows.Close()
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, fmt.Errorf("listing unused deleted snapshots: %w", err)
-		}
-		ids = append(ids, id)
+	ids, err := scanRows(rows, scanString)
+	if err != nil {
+		return nil, fmt.Errorf("listing unused deleted snapshots: %w", err)
 	}
-	return ids, rows.Err()
+	return ids, nil
 }
 
 func (s *Store) querySnapshots(ctx context.Context, query string, args ...any) ([]*sandbox.Snapshot, error) {
@@ -189,16 +168,7 @@ func (s *Store) querySnapshots(ctx context.Context, query string, args ...any) (
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	var list []*sandbox.Snapshot
-	for rows.Next() {
-		sn, err := scanSnapshot(rows)
-		if err != nil {
-			return nil, err
-		}
-		list = append(list, sn)
-	}
-	return list, rows.Err()
+	return scanRows(rows, scanSnapshot)
 }
 
 func scanSnapshot(row interface{ Scan(...any) error }) (*sandbox.Snapshot, error) {

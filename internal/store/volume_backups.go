@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -33,14 +32,15 @@ func (s *Store) PutBackup(ctx context.Context, b *volumes.Backup) error {
 
 // GetBackup returns a backup of any owner.
 func (s *Store) GetBackup(ctx context.Context, id string) (*volumes.Backup, error) {
-	b, err := scanBackup(s.db.QueryRowContext(ctx, `SELECT `+backupColumns+` FROM volume_backups WHERE id = ?`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, errdefs.New(errdefs.ErrNotFound, "backup_not_found", "no backup %s", id)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading backup %s: %w", id, err)
-	}
-	return b, nil
+	return backupTable.read(ctx, s.db, id)
+}
+
+// backupTable reads volume backups by id.
+var backupTable = table[*volumes.Backup]{
+	noun:     "backup",
+	byID:     `SELECT ` + backupColumns + ` FROM volume_backups WHERE id = ?`,
+	scan:     scanBackup,
+	notFound: func(id string) error { return errdefs.New(errdefs.ErrNotFound, "backup_not_found", "no backup %s", id) },
 }
 
 // ListBackups returns a page of an owner's backups (not deleted unless
@@ -99,16 +99,11 @@ func (s *Store) backups(ctx context.Context, rest string, args ...any) ([]*volum
 	if err != nil {
 		return nil, fmt.Errorf("listing backups: %w", err)
 	}
-	defer rows.Close()
-	var out []*volumes.Backup
-	for rows.Next() {
-		b, err := scanBackup(rows)
-		if err != nil {
-			return nil, fmt.Errorf("listing backups: %w", err)
-		}
-		out = append(out, b)
+	out, err := scanRows(rows, scanBackup)
+	if err != nil {
+		return nil, fmt.Errorf("listing backups: %w", err)
 	}
-	return out, rows.Err()
+	return out, nil
 }
 
 func scanBackup(row interface{ Scan(...any) error }) (*volumes.Backup, error) {

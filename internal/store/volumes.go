@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 
@@ -49,14 +48,15 @@ type queryer interface {
 }
 
 func getVolume(ctx context.Context, q queryer, id string) (*volumes.Volume, error) {
-	v, err := scanVolume(q.QueryRowContext(ctx, `SELECT `+volumeColumns+` FROM volumes WHERE id = ?`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, volumeNotFound(id)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading volume %s: %w", id, err)
-	}
-	return v, nil
+	return volumeTable.read(ctx, q, id)
+}
+
+// volumeTable reads volumes by id.
+var volumeTable = table[*volumes.Volume]{
+	noun:     "volume",
+	byID:     `SELECT ` + volumeColumns + ` FROM volumes WHERE id = ?`,
+	scan:     scanVolume,
+	notFound: volumeNotFound,
 }
 
 func volumeNotFound(id string) error {
@@ -88,16 +88,8 @@ func (s *Store) ListVolumes(ctx context.Context, o volumes.ListOptions) ([]*volu
 	if err != nil {
 		return nil, "", fmt.Errorf("listing volumes: %w", err)
 	}
-	defer rows.Close()
-	var out []*volumes.Volume
-	for rows.Next() {
-		v, err := scanVolume(rows)
-		if err != nil {
-			return nil, "", fmt.Errorf("listing volumes: %w", err)
-		}
-		out = append(out, v)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := scanRows(rows, scanVolume)
+	if err != nil {
 		return nil, "", fmt.Errorf("listing volumes: %w", err)
 	}
 	next := ""
@@ -114,16 +106,8 @@ func (s *Store) LiveVolumes(ctx context.Context) ([]*volumes.Volume, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing live volumes: %w", err)
 	}
-	defer rows.Close()
-	var out []*volumes.Volume
-	for rows.Next() {
-		v, err := scanVolume(rows)
-		if err != nil {
-			return nil, fmt.Errorf("listing live volumes: %w", err)
-		}
-		out = append(out, v)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := scanRows(rows, scanVolume)
+	if err != nil {
 		return nil, fmt.Errorf("listing live volumes: %w", err)
 	}
 	return out, nil
@@ -239,14 +223,19 @@ func (s *Store) GetAttachment(ctx context.Context, id string) (*volumes.Attachme
 }
 
 func getAttachment(ctx context.Context, q queryer, id string) (*volumes.Attachment, error) {
-	a, err := scanAttachment(q.QueryRowContext(ctx, `SELECT `+attachmentColumns+` FROM volume_attachments WHERE id = ?`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, errdefs.New(errdefs.ErrNotFound, "attachment_not_found", "no attachment %s", id)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading attachment %s: %w", id, err)
-	}
-	return a, nil
+	return attachmentTable.read(ctx, q, id)
+}
+
+// attachmentTable reads volume attachments by id.
+var attachmentTable = table[*volumes.Attachment]{
+	noun:     "attachment",
+	byID:     `SELECT ` + attachmentColumns + ` FROM volume_attachments WHERE id = ?`,
+	scan:     scanAttachment,
+	notFound: attachmentNotFound,
+}
+
+func attachmentNotFound(id string) error {
+	return errdefs.New(errdefs.ErrNotFound, "attachment_not_found", "no attachment %s", id)
 }
 
 // HeldAttachments lists a sandbox's attachments not yet detached, oldest
@@ -257,16 +246,11 @@ func (s *Store) HeldAttachments(ctx context.Context, sandboxID string) ([]*volum
 	if err != nil {
 		return nil, fmt.Errorf("listing attachments of %s: %w", sandboxID, err)
 	}
-	defer rows.Close()
-	var out []*volumes.Attachment
-	for rows.Next() {
-		a, err := scanAttachment(rows)
-		if err != nil {
-			return nil, fmt.Errorf("listing attachments of %s: %w", sandboxID, err)
-		}
-		out = append(out, a)
+	out, err := scanRows(rows, scanAttachment)
+	if err != nil {
+		return nil, fmt.Errorf("listing attachments of %s: %w", sandboxID, err)
 	}
-	return out, rows.Err()
+	return out, nil
 }
 
 func scanVolume(row interface{ Scan(...any) error }) (*volumes.Volume, error) {

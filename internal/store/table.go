@@ -1,0 +1,116 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+)
+
+// rowScanner is a *sql.Row or *sql.Rows: what a table's scan function
+// reads one record from.
+type rowScanner = interface {
+	Scan(dest ...any) error
+}
+
+// table says how the records of one table are read by id, so that the
+// read, the not-found mapping and the read-modify-write transaction are
+// written once for every table.
+type table[T any] struct {
+	noun     string // how errors name a record: "sandbox"
+	byID     string // SELECT <columns> FROM <table> WHERE id = ?
+	scan     func(rowScanner) (T, error)
+	notFound func(id string) error
+}
+
+// get reads record id on q (the store's handle or one of its
+// transactions) for doing ("getting", "updating"): a missing record is
+// "<doing> <noun>: <notFound>", another failure "<doing> <noun> <id>: <err>".
+func (t *table[T]) get(ctx context.Context, q queryer, doing, id string) (T, error) {
+	v, err := t.scan(q.QueryRowContext(ctx, t.byID, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		var zero T
+		return zero, fmt.Errorf("%s %s: %w", doing, t.noun, t.notFound(id))
+	}
+	if err != nil {
+		var zero T
+		return zero, fmt.Errorf("%s %s %s: %w", doing, t.noun, id, err)
+	}
+	return v, nil
+}
+
+// read reads record id on q: a missing record is notFound itself,
+// another failure "reading <noun> <id>: <err>".
+func (t *table[T]) read(ctx context.Context, q queryer, id string) (T, error) {
+	v, err := t.scan(q.QueryRowContext(ctx, t.byID, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		var zero T
+		return zero, t.notFound(id)
+	}
+	if err != nil {
+		var zero T
+		return zero, fmt.Errorf("reading %s %s: %w", t.noun, id, err)
+	}
+	return v, nil
+}
+
+// update changes record id in one write transaction: it reads the
+// committed record, lets vet refuse it (nil: no vetting) and fn change
+// it, and unless fn returns false writes it back with write and commits,
+// so that no other change can come between the read and the write. fn
+// runs with the write lock held: it must not block. It returns the record
+// as it is afterwards. write's errors are returned as they are; the
+// others are "updating <noun> <id>: <err>" (see get for a missing one).
+func (t *table[T]) update(ctx context.Context, db *dbHandle, id string,
+	vet func(tx *txHandle, v T) error, fn func(v T) bool, write func(tx *txHandle, v T) error) (T, error) {
+	var zero T
+	tx, err := db.BeginTx(ctx, nil) // IMMEDIATE: the write lock is taken before the read
+	if err != nil {
+		return zero, fmt.Errorf("updating %s %s: %w", t.noun, id, err)
+	}
+	defer tx.Rollback()
+	v, err := t.get(ctx, tx, "updating", id)
+	if err != nil {
+		return zero, err
+	}
+	if vet != nil {
+		if err := vet(tx, v); err != nil {
+			return zero, fmt.Errorf("updating %s %s: %w", t.noun, id, err)
+		}
+	}
+	if !fn(v) {
+		return v, nil
+	}
+	if err := write(tx, v); err != nil {
+		return zero, err
+	}
+	if err := tx.Commit(); err != nil {
+		return zero, fmt.Errorf("updating %s %s: %w", t.noun, id, err)
+	}
+	return v, nil
+}
+
+// scanRows reads every row of rows with scan and closes rows; no rows is
+// a nil slice.
+func scanRows[T any](rows *sql.Rows, scan func(rowScanner) (T, error)) ([]T, error) {
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// scanString reads a row of one text column, such as an id.
+func scanString(row rowScanner) (string, error) {
+	var s string
+	err := row.Scan(&s)
+	return s, err
+}
