@@ -85,12 +85,9 @@ func (s *Store) EvictBuildCache(ctx context.Context, keep int) ([]string, error)
 		return nil, fmt.Errorf("evicting build steps: %w", err)
 	}
 	defer tx.Rollback()
-	rows, err := tx.QueryContext(ctx, `DELETE FROM build_cache WHERE key NOT IN
+	// queryRows has closed its rows by the time it returns, before the commit.
+	ids, err := queryRows(ctx, tx, scanString, `DELETE FROM build_cache WHERE key NOT IN
 		(SELECT key FROM build_cache ORDER BY used_at DESC, key LIMIT ?) RETURNING snapshot_id`, keep)
-	if err != nil {
-		return nil, fmt.Errorf("evicting build steps: %w", err)
-	}
-	ids, err := scanRows(rows, scanString) // closes rows before the commit
 	if err != nil {
 		return nil, fmt.Errorf("evicting build steps: %w", err)
 	}

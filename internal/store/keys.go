@@ -133,21 +133,16 @@ func (s *Store) GetKey(ctx context.Context, id string) (Key, error) {
 }
 
 // keyTable reads API keys by id.
-var keyTable = table[Key]{
-	noun:     "key",
-	byID:     `SELECT ` + keyColumns + ` FROM api_keys WHERE id = ?`,
-	scan:     scanKey,
-	notFound: func(id string) error { return errdefs.New(errdefs.ErrNotFound, "key_not_found", "no key %q", id) },
+var keyTable = newTable("key", "api_keys", keyColumns, scanKey, keyNotFound)
+
+func keyNotFound(id string) error {
+	return errdefs.New(errdefs.ErrNotFound, "key_not_found", "no key %q", id)
 }
 
 // ListKeys returns all API keys, revoked and expired ones included, oldest
 // first.
 func (s *Store) ListKeys(ctx context.Context) ([]Key, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT `+keyColumns+` FROM api_keys ORDER BY created_at, id`)
-	if err != nil {
-		return nil, fmt.Errorf("listing keys: %w", err)
-	}
-	keys, err := scanRows(rows, scanKey)
+	keys, err := queryRows(ctx, s.db, scanKey, `SELECT `+keyColumns+` FROM api_keys ORDER BY created_at, id`)
 	if err != nil {
 		return nil, fmt.Errorf("listing keys: %w", err)
 	}

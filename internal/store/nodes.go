@@ -255,12 +255,8 @@ func (s *Store) Place(ctx context.Context, p cluster.Placement) ([]*cluster.Node
 // StaleNodes returns the nodes not down whose last heartbeat is before
 // cutoff.
 func (s *Store) StaleNodes(ctx context.Context, cutoff time.Time) ([]string, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id FROM nodes WHERE state <> 'down' AND heartbeat_at < ? ORDER BY id`,
+	ids, err := queryRows(ctx, s.db, scanString, `SELECT id FROM nodes WHERE state <> 'down' AND heartbeat_at < ? ORDER BY id`,
 		formatTime(cutoff))
-	if err != nil {
-		return nil, fmt.Errorf("listing silent nodes: %w", err)
-	}
-	ids, err := scanRows(rows, scanString)
 	if err != nil {
 		return nil, fmt.Errorf("listing silent nodes: %w", err)
 	}
@@ -289,12 +285,8 @@ func (s *Store) DeclareLost(ctx context.Context, id string, cutoff time.Time, by
 	if n, err := res.RowsAffected(); err != nil || n == 0 {
 		return nil, err
 	}
-	rows, err := tx.QueryContext(ctx, `SELECT id FROM sandboxes
+	ids, err := queryRows(ctx, tx, scanString, `SELECT id FROM sandboxes
 		WHERE node_id = ? AND state NOT IN ('stopped', 'deleted') ORDER BY id`, id)
-	if err != nil {
-		return nil, fmt.Errorf("declaring node %s lost: %w", id, err)
-	}
-	ids, err := scanRows(rows, scanString)
 	if err != nil {
 		return nil, fmt.Errorf("declaring node %s lost: %w", id, err)
 	}

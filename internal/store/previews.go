@@ -60,11 +60,7 @@ func (s *Store) onePreview(ctx context.Context, where string, args ...any) (*san
 
 // ListPreviews returns a sandbox's previews by port.
 func (s *Store) ListPreviews(ctx context.Context, sandboxID string) ([]*sandbox.Preview, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT `+previewColumns+` FROM previews WHERE sandbox_id = ? ORDER BY port`, sandboxID)
-	if err != nil {
-		return nil, fmt.Errorf("listing previews of %s: %w", sandboxID, err)
-	}
-	out, err := scanRows(rows, scanPreview)
+	out, err := queryRows(ctx, s.db, scanPreview, `SELECT `+previewColumns+` FROM previews WHERE sandbox_id = ? ORDER BY port`, sandboxID)
 	if err != nil {
 		return nil, fmt.Errorf("listing previews of %s: %w", sandboxID, err)
 	}

@@ -107,12 +107,7 @@ func (s *Store) GetSandbox(ctx context.Context, id string) (*sandbox.Sandbox, er
 }
 
 // sandboxTable reads sandboxes by id.
-var sandboxTable = table[*sandbox.Sandbox]{
-	noun:     "sandbox",
-	byID:     `SELECT ` + sandboxColumns + ` FROM sandboxes WHERE id = ?`,
-	scan:     scanSandbox,
-	notFound: sandboxNotFound,
-}
+var sandboxTable = newTable("sandbox", "sandboxes", sandboxColumns, scanSandbox, sandboxNotFound)
 
 // UpdateSandbox changes the record of sandbox id in one transaction: it
 // reads the committed record, lets fn change it, and writes the mutable
@@ -297,11 +292,7 @@ func (s *Store) ListLive(ctx context.Context) ([]*sandbox.Sandbox, error) {
 }
 
 func (s *Store) querySandboxes(ctx context.Context, query string, args ...any) ([]*sandbox.Sandbox, error) {
-	rows, err := s.db.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	return scanRows(rows, scanSandbox)
+	return queryRows(ctx, s.db, scanSandbox, query, args...)
 }
 
 func scanSandbox(row interface{ Scan(...any) error }) (*sandbox.Sandbox, error) {

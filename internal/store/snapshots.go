@@ -50,12 +50,7 @@ func (s *Store) GetSnapshot(ctx context.Context, id string) (*sandbox.Snapshot, 
 }
 
 // snapshotTable reads snapshots by id.
-var snapshotTable = table[*sandbox.Snapshot]{
-	noun:     "snapshot",
-	byID:     `SELECT ` + snapshotColumns + ` FROM snapshots WHERE id = ?`,
-	scan:     scanSnapshot,
-	notFound: snapshotNotFound,
-}
+var snapshotTable = newTable("snapshot", "snapshots", snapshotColumns, scanSnapshot, snapshotNotFound)
 
 // UpdateSnapshot changes a snapshot's record in one transaction, as
 // UpdateSandbox does a sandbox's: fn sees the committed record and nothing
@@ -148,7 +143,7 @@ func (s *Store) ExpiredSnapshots(ctx context.Context, now time.Time) ([]*sandbox
 // files can go.
 func (s *Store) UnusedDeletedSnapshots(ctx context.Context) ([]string, error) {
 	cond, args := s.localOnly()
-	rows, err := s.db.QueryContext(ctx, `SELECT id FROM snapshots AS sn
+	ids, err := queryRows(ctx, s.db, scanString, `SELECT id FROM snapshots AS sn
 		WHERE state = 'deleted' AND files_removed_at IS NULL
 		AND NOT EXISTS (SELECT 1 FROM sandboxes
 			WHERE snapshot_id = sn.id AND state <> 'deleted' AND disk_removed_at IS NULL)`+cond+`
@@ -156,19 +151,11 @@ func (s *Store) UnusedDeletedSnapshots(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing unused deleted snapshots: %w", err)
 	}
-	ids, err := scanRows(rows, scanString)
-	if err != nil {
-		return nil, fmt.Errorf("listing unused deleted snapshots: %w", err)
-	}
 	return ids, nil
 }
 
 func (s *Store) querySnapshots(ctx context.Context, query string, args ...any) ([]*sandbox.Snapshot, error) {
-	rows, err := s.db.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	return scanRows(rows, scanSnapshot)
+	return queryRows(ctx, s.db, scanSnapshot, query, args...)
 }
 
 func scanSnapshot(row interface{ Scan(...any) error }) (*sandbox.Snapshot, error) {

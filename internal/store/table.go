@@ -23,6 +23,13 @@ type table[T any] struct {
 	notFound func(id string) error
 }
 
+// newTable describes the table name, whose columns scan reads into one
+// record and whose missing records are notFound; noun names a record in
+// errors.
+func newTable[T any](noun, name, columns string, scan func(rowScanner) (T, error), notFound func(id string) error) *table[T] {
+	return &table[T]{noun: noun, byID: `SELECT ` + columns + ` FROM ` + name + ` WHERE id = ?`, scan: scan, notFound: notFound}
+}
+
 // get reads record id on q (the store's handle or one of its
 // transactions) for doing ("getting", "updating"): a missing record is
 // "<doing> <noun>: <notFound>", another failure "<doing> <noun> <id>: <err>".
@@ -88,6 +95,16 @@ func (t *table[T]) update(ctx context.Context, db *dbHandle, id string,
 		return zero, fmt.Errorf("updating %s %s: %w", t.noun, id, err)
 	}
 	return v, nil
+}
+
+// queryRows runs query on q (the store's handle or one of its
+// transactions) and reads every row it returns with scan.
+func queryRows[T any](ctx context.Context, q querier, scan func(rowScanner) (T, error), query string, args ...any) ([]T, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return scanRows(rows, scan)
 }
 
 // scanRows reads every row of rows with scan and closes rows; no rows is

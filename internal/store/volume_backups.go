@@ -36,11 +36,10 @@ func (s *Store) GetBackup(ctx context.Context, id string) (*volumes.Backup, erro
 }
 
 // backupTable reads volume backups by id.
-var backupTable = table[*volumes.Backup]{
-	noun:     "backup",
-	byID:     `SELECT ` + backupColumns + ` FROM volume_backups WHERE id = ?`,
-	scan:     scanBackup,
-	notFound: func(id string) error { return errdefs.New(errdefs.ErrNotFound, "backup_not_found", "no backup %s", id) },
+var backupTable = newTable("backup", "volume_backups", backupColumns, scanBackup, backupNotFound)
+
+func backupNotFound(id string) error {
+	return errdefs.New(errdefs.ErrNotFound, "backup_not_found", "no backup %s", id)
 }
 
 // ListBackups returns a page of an owner's backups (not deleted unless
@@ -95,11 +94,7 @@ func (s *Store) BackupUsage(ctx context.Context, owner, volumeID string) (volume
 }
 
 func (s *Store) backups(ctx context.Context, rest string, args ...any) ([]*volumes.Backup, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT `+backupColumns+` FROM volume_backups `+rest, args...)
-	if err != nil {
-		return nil, fmt.Errorf("listing backups: %w", err)
-	}
-	out, err := scanRows(rows, scanBackup)
+	out, err := queryRows(ctx, s.db, scanBackup, `SELECT `+backupColumns+` FROM volume_backups `+rest, args...)
 	if err != nil {
 		return nil, fmt.Errorf("listing backups: %w", err)
 	}

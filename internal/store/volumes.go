@@ -40,24 +40,15 @@ func orEmpty(m map[string]string) map[string]string {
 
 // GetVolume returns a volume of any owner.
 func (s *Store) GetVolume(ctx context.Context, id string) (*volumes.Volume, error) {
-	return getVolume(ctx, s.db, id)
+	return volumeTable.read(ctx, s.db, id)
 }
 
 type queryer interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-func getVolume(ctx context.Context, q queryer, id string) (*volumes.Volume, error) {
-	return volumeTable.read(ctx, q, id)
-}
-
 // volumeTable reads volumes by id.
-var volumeTable = table[*volumes.Volume]{
-	noun:     "volume",
-	byID:     `SELECT ` + volumeColumns + ` FROM volumes WHERE id = ?`,
-	scan:     scanVolume,
-	notFound: volumeNotFound,
-}
+var volumeTable = newTable("volume", "volumes", volumeColumns, scanVolume, volumeNotFound)
 
 func volumeNotFound(id string) error {
 	return errdefs.New(errdefs.ErrNotFound, "volume_not_found", "no volume %s", id)
@@ -83,12 +74,8 @@ func (s *Store) ListVolumes(ctx context.Context, o volumes.ListOptions) ([]*volu
 	if limit <= 0 || limit > 100 {
 		limit = 50
 	}
-	rows, err := s.db.QueryContext(ctx, `SELECT `+volumeColumns+` FROM volumes WHERE `+strings.Join(where, " AND ")+
+	out, err := queryRows(ctx, s.db, scanVolume, `SELECT `+volumeColumns+` FROM volumes WHERE `+strings.Join(where, " AND ")+
 		` ORDER BY id DESC LIMIT ?`, append(args, limit+1)...)
-	if err != nil {
-		return nil, "", fmt.Errorf("listing volumes: %w", err)
-	}
-	out, err := scanRows(rows, scanVolume)
 	if err != nil {
 		return nil, "", fmt.Errorf("listing volumes: %w", err)
 	}
@@ -102,11 +89,7 @@ func (s *Store) ListVolumes(ctx context.Context, o volumes.ListOptions) ([]*volu
 
 // LiveVolumes lists every owner's volumes not deleted.
 func (s *Store) LiveVolumes(ctx context.Context) ([]*volumes.Volume, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT `+volumeColumns+` FROM volumes WHERE state != 'deleted' ORDER BY id`)
-	if err != nil {
-		return nil, fmt.Errorf("listing live volumes: %w", err)
-	}
-	out, err := scanRows(rows, scanVolume)
+	out, err := queryRows(ctx, s.db, scanVolume, `SELECT `+volumeColumns+` FROM volumes WHERE state != 'deleted' ORDER BY id`)
 	if err != nil {
 		return nil, fmt.Errorf("listing live volumes: %w", err)
 	}
@@ -120,7 +103,7 @@ func (s *Store) UpdateVolume(ctx context.Context, id, from string, sizeMiB int, 
 		return nil, err
 	}
 	defer tx.Rollback()
-	v, err := getVolume(ctx, tx, id)
+	v, err := volumeTable.read(ctx, tx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -156,7 +139,7 @@ func (s *Store) BeginAttach(ctx context.Context, a *volumes.Attachment) error {
 		return err
 	}
 	defer tx.Rollback()
-	v, err := getVolume(ctx, tx, a.VolumeID)
+	v, err := volumeTable.read(ctx, tx, a.VolumeID)
 	if err != nil {
 		return err
 	}
@@ -186,7 +169,7 @@ func (s *Store) SetAttachment(ctx context.Context, id, state, errText string) (*
 		return nil, err
 	}
 	defer tx.Rollback()
-	a, err := getAttachment(ctx, tx, id)
+	a, err := attachmentTable.read(ctx, tx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -219,20 +202,11 @@ func (s *Store) SetAttachment(ctx context.Context, id, state, errText string) (*
 
 // GetAttachment returns an attachment.
 func (s *Store) GetAttachment(ctx context.Context, id string) (*volumes.Attachment, error) {
-	return getAttachment(ctx, s.db, id)
-}
-
-func getAttachment(ctx context.Context, q queryer, id string) (*volumes.Attachment, error) {
-	return attachmentTable.read(ctx, q, id)
+	return attachmentTable.read(ctx, s.db, id)
 }
 
 // attachmentTable reads volume attachments by id.
-var attachmentTable = table[*volumes.Attachment]{
-	noun:     "attachment",
-	byID:     `SELECT ` + attachmentColumns + ` FROM volume_attachments WHERE id = ?`,
-	scan:     scanAttachment,
-	notFound: attachmentNotFound,
-}
+var attachmentTable = newTable("attachment", "volume_attachments", attachmentColumns, scanAttachment, attachmentNotFound)
 
 func attachmentNotFound(id string) error {
 	return errdefs.New(errdefs.ErrNotFound, "attachment_not_found", "no attachment %s", id)
@@ -241,12 +215,8 @@ func attachmentNotFound(id string) error {
 // HeldAttachments lists a sandbox's attachments not yet detached, oldest
 // first.
 func (s *Store) HeldAttachments(ctx context.Context, sandboxID string) ([]*volumes.Attachment, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT `+attachmentColumns+` FROM volume_attachments
+	out, err := queryRows(ctx, s.db, scanAttachment, `SELECT `+attachmentColumns+` FROM volume_attachments
 		WHERE sandbox_id = ? AND state != ? ORDER BY created_at, id`, sandboxID, volumes.AttachDetached)
-	if err != nil {
-		return nil, fmt.Errorf("listing attachments of %s: %w", sandboxID, err)
-	}
-	out, err := scanRows(rows, scanAttachment)
 	if err != nil {
 		return nil, fmt.Errorf("listing attachments of %s: %w", sandboxID, err)
 	}
