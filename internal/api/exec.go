@@ -75,6 +75,25 @@ func commandFields(command *string, argv []string, cwd string, env map[string]st
 	}
 	req.Argv, req.Cwd, req.Env = argv, cwd, env
 	issues = append(issues, envIssues("env", env)...)
+	issues = append(issues, stdinFields(stdin, stdinB64, req)...)
+	if timeoutMs != nil && (*timeoutMs < 1 || *timeoutMs > maxExecTimeoutMs) {
+		issues = append(issues, issue{Path: "timeoutMs", Message: fmt.Sprintf("must be from 1 to %d", maxExecTimeoutMs)})
+	}
+	switch user {
+	case "", "root":
+		req.User = user
+	case "sandbox", "user": // withruntime says "sandbox"; the agent says "user"
+		req.User = "user"
+	default:
+		issues = append(issues, issue{Path: "user", Message: `must be "sandbox" or "root"`})
+	}
+	return issues
+}
+
+// stdinFields checks a command's input, as text or base64, and fills
+// req.Stdin.
+func stdinFields(stdin, stdinB64 *string, req *sandbox.ExecRequest) []issue {
+	var issues []issue
 	switch {
 	case stdin != nil && stdinB64 != nil:
 		issues = append(issues, issue{Path: "stdin", Message: "give stdin or stdinBase64, not both"})
@@ -89,17 +108,6 @@ func commandFields(command *string, argv []string, cwd string, env map[string]st
 	}
 	if len(req.Stdin) > maxBody {
 		issues = append(issues, issue{Path: "stdin", Message: "must be at most 1 MiB"})
-	}
-	if timeoutMs != nil && (*timeoutMs < 1 || *timeoutMs > maxExecTimeoutMs) {
-		issues = append(issues, issue{Path: "timeoutMs", Message: fmt.Sprintf("must be from 1 to %d", maxExecTimeoutMs)})
-	}
-	switch user {
-	case "", "root":
-		req.User = user
-	case "sandbox", "user": // withruntime says "sandbox"; the agent says "user"
-		req.User = "user"
-	default:
-		issues = append(issues, issue{Path: "user", Message: `must be "sandbox" or "root"`})
 	}
 	return issues
 }

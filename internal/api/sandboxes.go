@@ -175,6 +175,12 @@ func spreadIDs(raw json.RawMessage) ([]string, bool) {
 
 // unsupportedIssues lists fields set to something this server cannot do.
 func (req *createRequest) unsupportedIssues() []issue {
+	return append(req.unsupportedSettings(), req.unavailableFeatures()...)
+}
+
+// unsupportedSettings lists settings with a value this server does not
+// offer.
+func (req *createRequest) unsupportedSettings() []issue {
 	var issues []issue
 	no := func(path, msg string) { issues = append(issues, issue{Path: path, Message: msg}) }
 	if req.Region != "" && req.Region != "local" {
@@ -197,6 +203,14 @@ func (req *createRequest) unsupportedIssues() []issue {
 	if req.CPUFloorMillis != nil && *req.CPUFloorMillis < 0 {
 		no("cpuFloorMillis", "must not be negative")
 	}
+	return issues
+}
+
+// unavailableFeatures lists features asked for that this server, as it
+// is configured, does not have.
+func (req *createRequest) unavailableFeatures() []issue {
+	var issues []issue
+	no := func(path, msg string) { issues = append(issues, issue{Path: path, Message: msg}) }
 	for _, f := range []struct {
 		path string
 		raw  json.RawMessage
