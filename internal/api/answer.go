@@ -13,6 +13,16 @@ func reply[T, J any](w http.ResponseWriter, v T, err error, toJSON func(T) J) er
 	return nil
 }
 
+// replyPage answers a page of items, each made wire-shaped by toJSON, as
+// JSON with 200, or returns err untouched.
+func replyPage[T, J any](w http.ResponseWriter, items []T, next string, err error, toJSON func(T) J) error {
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, pageOf(items, next, toJSON))
+	return nil
+}
+
 // pageOf is a page of items, each made wire-shaped by toJSON; next is
 // the cursor of the page after it ("" for none).
 func pageOf[T, J any](items []T, next string, toJSON func(T) J) listJSON[J] {

@@ -627,14 +627,7 @@ func (s *server) stopSandbox(w http.ResponseWriter, r *http.Request, c *call) er
 		return err
 	}
 	sb, err := s.mgr.Stop(r.Context(), c.owner, r.PathValue("id"))
-	if err != nil {
-		return err
-	}
-	if sb, err = s.settle(r.Context(), c.owner, sb, preferWait(r), sandbox.StateStopped); err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
-	return nil
+	return s.answerSettled(w, r, c, sb, err, sandbox.StateStopped)
 }
 
 type deletedJSON struct {

@@ -134,11 +134,7 @@ func (s *server) listSnapshots(w http.ResponseWriter, r *http.Request, c *call) 
 		return invalid(issues)
 	}
 	list, next, err := s.mgr.ListSnapshots(r.Context(), opts)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, pageOf(list, next, toSnapshotJSON))
-	return nil
+	return replyPage(w, list, next, err, toSnapshotJSON)
 }
 
 func (s *server) getSnapshot(w http.ResponseWriter, r *http.Request, c *call) error {

@@ -137,11 +137,7 @@ func (s *server) listVolumes(w http.ResponseWriter, r *http.Request, c *call) er
 		return invalid(issues)
 	}
 	list, next, err := s.vols.List(r.Context(), opts)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, pageOf(list, next, toVolumeJSON))
-	return nil
+	return replyPage(w, list, next, err, toVolumeJSON)
 }
 
 func (s *server) resizeVolume(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -332,11 +328,7 @@ func (s *server) listBackups(w http.ResponseWriter, r *http.Request, c *call) er
 		return invalid(issues)
 	}
 	list, next, err := s.vols.ListBackups(r.Context(), opts)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, pageOf(list, next, toBackupJSON))
-	return nil
+	return replyPage(w, list, next, err, toBackupJSON)
 }
 
 func (s *server) getBackup(w http.ResponseWriter, r *http.Request, c *call) error {
