@@ -176,13 +176,9 @@ func updateSandbox(ctx context.Context, db execer, sb *sandbox.Sandbox) error {
 // stopped sandboxes are left out unless opts.IncludeStopped is set, and
 // deleted ones are always left out.
 func (s *Store) ListSandboxes(ctx context.Context, opts sandbox.ListOptions) ([]*sandbox.Sandbox, string, error) {
-	limit := opts.Limit
-	switch {
-	case limit == 0:
-		limit = DefaultListLimit
-	case limit < 0 || limit > MaxListLimit:
-		return nil, "", errdefs.New(errdefs.ErrInvalidArgument, "invalid_limit",
-			"limit must be between 1 and %d", MaxListLimit)
+	limit, err := pageLimit(opts.Limit)
+	if err != nil {
+		return nil, "", err
 	}
 
 	var (

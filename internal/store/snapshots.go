@@ -76,12 +76,9 @@ func (s *Store) UpdateSnapshot(ctx context.Context, id string, fn func(sn *sandb
 // ListSnapshots returns one page of the snapshots matching opts that are
 // not deleted, newest first, and the cursor of the next page.
 func (s *Store) ListSnapshots(ctx context.Context, opts sandbox.SnapshotListOptions) ([]*sandbox.Snapshot, string, error) {
-	limit := opts.Limit
-	switch {
-	case limit == 0:
-		limit = DefaultListLimit
-	case limit < 0 || limit > MaxListLimit:
-		return nil, "", errdefs.New(errdefs.ErrInvalidArgument, "invalid_limit", "limit must be between 1 and %d", MaxListLimit)
+	limit, err := pageLimit(opts.Limit)
+	if err != nil {
+		return nil, "", err
 	}
 	where := []string{"state <> 'deleted'"}
 	var args []any

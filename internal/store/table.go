@@ -5,6 +5,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
+
+	"github.com/emberbox/emberbox/internal/errdefs"
 )
 
 // rowScanner is a *sql.Row or *sql.Rows: what a table's scan function
@@ -130,4 +133,58 @@ func scanString(row rowScanner) (string, error) {
 	var s string
 	err := row.Scan(&s)
 	return s, err
+}
+
+// pageLimit is the size of a page of sandboxes or snapshots asked for
+// with limit: DefaultListLimit for 0, at most MaxListLimit.
+func pageLimit(limit int) (int, error) {
+	switch {
+	case limit == 0:
+		return DefaultListLimit, nil
+	case limit < 0 || limit > MaxListLimit:
+		return 0, errdefs.New(errdefs.ErrInvalidArgument, "invalid_limit", "limit must be between 1 and %d", MaxListLimit)
+	}
+	return limit, nil
+}
+
+// ownerPage selects a page of one owner's records by id, newest first:
+// where and args (the last one the LIMIT, one more than the page holds, to
+// tell whether another page follows), and the page's size.
+type ownerPage struct {
+	where string
+	args  []any
+	limit int
+}
+
+// newOwnerPage selects owner's records in state (any but deleted for ""),
+// with column = value when value is set, before cursor when it is set, at
+// most limit of them (50 unless limit is 1 to 100).
+func newOwnerPage(owner, state, column, value, cursor string, limit int) ownerPage {
+	where, args := []string{"owner_key_id = ?"}, []any{owner}
+	if state != "" {
+		where, args = append(where, "state = ?"), append(args, state)
+	} else {
+		where = append(where, "state != 'deleted'")
+	}
+	if value != "" {
+		where, args = append(where, column+" = ?"), append(args, value)
+	}
+	if cursor != "" {
+		where, args = append(where, "id < ?"), append(args, cursor)
+	}
+	if limit <= 0 || limit > 100 {
+		limit = 50
+	}
+	return ownerPage{where: strings.Join(where, " AND "), args: append(args, limit+1), limit: limit}
+}
+
+// cutPage cuts the one record read past a page of limit off out and
+// returns the cursor of the next page: the id of the page's last record,
+// or "" if out was the last page.
+func cutPage[T any](out []T, limit int, id func(T) string) ([]T, string) {
+	if len(out) <= limit {
+		return out, ""
+	}
+	out = out[:limit]
+	return out, id(out[limit-1])
 }

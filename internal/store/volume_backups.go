@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
@@ -45,31 +44,12 @@ func backupNotFound(id string) error {
 // ListBackups returns a page of an owner's backups (not deleted unless
 // asked for), newest first.
 func (s *Store) ListBackups(ctx context.Context, o volumes.BackupListOptions) ([]*volumes.Backup, string, error) {
-	where, args := []string{"owner_key_id = ?"}, []any{o.OwnerKeyID}
-	if o.State != "" {
-		where, args = append(where, "state = ?"), append(args, o.State)
-	} else {
-		where = append(where, "state != 'deleted'")
-	}
-	if o.VolumeID != "" {
-		where, args = append(where, "volume_id = ?"), append(args, o.VolumeID)
-	}
-	if o.Cursor != "" {
-		where, args = append(where, "id < ?"), append(args, o.Cursor)
-	}
-	limit := o.Limit
-	if limit <= 0 || limit > 100 {
-		limit = 50
-	}
-	out, err := s.backups(ctx, `WHERE `+strings.Join(where, " AND ")+` ORDER BY id DESC LIMIT ?`, append(args, limit+1)...)
+	pg := newOwnerPage(o.OwnerKeyID, o.State, "volume_id", o.VolumeID, o.Cursor, o.Limit)
+	out, err := s.backups(ctx, `WHERE `+pg.where+` ORDER BY id DESC LIMIT ?`, pg.args...)
 	if err != nil {
 		return nil, "", err
 	}
-	next := ""
-	if len(out) > limit {
-		out = out[:limit]
-		next = out[limit-1].ID
-	}
+	out, next := cutPage(out, pg.limit, func(b *volumes.Backup) string { return b.ID })
 	return out, next, nil
 }
 

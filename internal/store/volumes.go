@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"strings"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/volumes"
@@ -57,33 +56,13 @@ func volumeNotFound(id string) error {
 // ListVolumes returns a page of an owner's volumes (deleted ones only when
 // asked for by state), newest first.
 func (s *Store) ListVolumes(ctx context.Context, o volumes.ListOptions) ([]*volumes.Volume, string, error) {
-	where := []string{"owner_key_id = ?"}
-	args := []any{o.OwnerKeyID}
-	if o.State != "" {
-		where, args = append(where, "state = ?"), append(args, o.State)
-	} else {
-		where = append(where, "state != 'deleted'")
-	}
-	if o.Name != "" {
-		where, args = append(where, "name = ?"), append(args, o.Name)
-	}
-	if o.Cursor != "" {
-		where, args = append(where, "id < ?"), append(args, o.Cursor)
-	}
-	limit := o.Limit
-	if limit <= 0 || limit > 100 {
-		limit = 50
-	}
-	out, err := queryRows(ctx, s.db, scanVolume, `SELECT `+volumeColumns+` FROM volumes WHERE `+strings.Join(where, " AND ")+
-		` ORDER BY id DESC LIMIT ?`, append(args, limit+1)...)
+	pg := newOwnerPage(o.OwnerKeyID, o.State, "name", o.Name, o.Cursor, o.Limit)
+	out, err := queryRows(ctx, s.db, scanVolume, `SELECT `+volumeColumns+` FROM volumes WHERE `+pg.where+
+		` ORDER BY id DESC LIMIT ?`, pg.args...)
 	if err != nil {
 		return nil, "", fmt.Errorf("listing volumes: %w", err)
 	}
-	next := ""
-	if len(out) > limit {
-		out = out[:limit]
-		next = out[limit-1].ID
-	}
+	out, next := cutPage(out, pg.limit, func(v *volumes.Volume) string { return v.ID })
 	return out, next, nil
 }
 
