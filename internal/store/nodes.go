@@ -435,7 +435,7 @@ func (s *Store) LostSandboxes(ctx context.Context) ([]*sandbox.Sandbox, error) {
 	if n == nil {
 		return nil, nil
 	}
-	list, err := s.querySandboxes(ctx, `SELECT `+sandboxColumns+` FROM sandboxes
+	list, err := queryRows(ctx, s.db, scanSandbox, `SELECT `+sandboxColumns+` FROM sandboxes
 		WHERE node_id = ? AND state = 'stopped' AND stop_reason = ? AND disk_removed_at IS NULL ORDER BY id`,
 		n.id, sandbox.ReasonNodeLost)
 	if err != nil {

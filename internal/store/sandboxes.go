@@ -230,16 +230,11 @@ func (s *Store) ListSandboxes(ctx context.Context, opts sandbox.ListOptions) ([]
 	// One extra row tells whether there is a next page.
 	args = append(args, limit+1)
 
-	list, err := s.querySandboxes(ctx, query, args...)
+	list, err := queryRows(ctx, s.db, scanSandbox, query, args...)
 	if err != nil {
 		return nil, "", fmt.Errorf("listing sandboxes: %w", err)
 	}
-	var next string
-	if len(list) > limit {
-		list = list[:limit]
-		last := list[len(list)-1]
-		next = encodeCursor(formatTime(last.CreatedAt), last.ID)
-	}
+	list, next := cutPage(list, limit, func(sb *sandbox.Sandbox) string { return encodeCursor(formatTime(sb.CreatedAt), sb.ID) })
 	return list, next, nil
 }
 
@@ -279,16 +274,12 @@ func (s *Store) labelMatch(k, v string) (string, []any, error) {
 // On a node of a cluster (SetNode) it returns that node's alone.
 func (s *Store) ListLive(ctx context.Context) ([]*sandbox.Sandbox, error) {
 	cond, args := s.localOnly()
-	list, err := s.querySandboxes(ctx, `SELECT `+sandboxColumns+` FROM sandboxes
+	list, err := queryRows(ctx, s.db, scanSandbox, `SELECT `+sandboxColumns+` FROM sandboxes
 		WHERE state NOT IN ('stopped', 'deleted')`+cond+` ORDER BY created_at, id`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("listing live sandboxes: %w", err)
 	}
 	return list, nil
-}
-
-func (s *Store) querySandboxes(ctx context.Context, query string, args ...any) ([]*sandbox.Sandbox, error) {
-	return queryRows(ctx, s.db, scanSandbox, query, args...)
 }
 
 func scanSandbox(row interface{ Scan(...any) error }) (*sandbox.Sandbox, error) {

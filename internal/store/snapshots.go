@@ -107,17 +107,12 @@ func (s *Store) ListSnapshots(ctx context.Context, opts sandbox.SnapshotListOpti
 		args = append(args, created, created, id)
 	}
 	args = append(args, limit+1)
-	list, err := s.querySnapshots(ctx, `SELECT `+snapshotColumns+` FROM snapshots WHERE `+
+	list, err := queryRows(ctx, s.db, scanSnapshot, `SELECT `+snapshotColumns+` FROM snapshots WHERE `+
 		strings.Join(where, " AND ")+` ORDER BY created_at DESC, id DESC LIMIT ?`, args...)
 	if err != nil {
 		return nil, "", fmt.Errorf("listing snapshots: %w", err)
 	}
-	var next string
-	if len(list) > limit {
-		list = list[:limit]
-		last := list[len(list)-1]
-		next = encodeCursor(formatTime(last.CreatedAt), last.ID)
-	}
+	list, next := cutPage(list, limit, func(sn *sandbox.Snapshot) string { return encodeCursor(formatTime(sn.CreatedAt), sn.ID) })
 	return list, next, nil
 }
 
@@ -125,7 +120,7 @@ func (s *Store) ListSnapshots(ctx context.Context, opts sandbox.SnapshotListOpti
 // ended before now.
 func (s *Store) ExpiredSnapshots(ctx context.Context, now time.Time) ([]*sandbox.Snapshot, error) {
 	cond, args := s.localOnly()
-	list, err := s.querySnapshots(ctx, `SELECT `+snapshotColumns+` FROM snapshots
+	list, err := queryRows(ctx, s.db, scanSnapshot, `SELECT `+snapshotColumns+` FROM snapshots
 		WHERE state <> 'deleted' AND expires_at IS NOT NULL AND expires_at <= ?`+cond+` ORDER BY expires_at`,
 		append([]any{formatTime(now)}, args...)...)
 	if err != nil {
@@ -149,10 +144,6 @@ func (s *Store) UnusedDeletedSnapshots(ctx context.Context) ([]string, error) {
 		return nil, fmt.Errorf("listing unused deleted snapshots: %w", err)
 	}
 	return ids, nil
-}
-
-func (s *Store) querySnapshots(ctx context.Context, query string, args ...any) ([]*sandbox.Snapshot, error) {
-	return queryRows(ctx, s.db, scanSnapshot, query, args...)
 }
 
 func scanSnapshot(row interface{ Scan(...any) error }) (*sandbox.Snapshot, error) {

@@ -179,12 +179,12 @@ func newOwnerPage(owner, state, column, value, cursor string, limit int) ownerPa
 }
 
 // cutPage cuts the one record read past a page of limit off out and
-// returns the cursor of the next page: the id of the page's last record,
-// or "" if out was the last page.
-func cutPage[T any](out []T, limit int, id func(T) string) ([]T, string) {
+// returns the cursor of the next page, made by cursor from the page's
+// last record, or "" if out was the last page.
+func cutPage[T any](out []T, limit int, cursor func(T) string) ([]T, string) {
 	if len(out) <= limit {
 		return out, ""
 	}
 	out = out[:limit]
-	return out, id(out[limit-1])
+	return out, cursor(out[limit-1])
 }
