@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -44,16 +45,9 @@ func (s *server) globFiles(w http.ResponseWriter, r *http.Request, c *call, req 
 		}
 		pattern = rel
 	}
-	_, g, err := s.guest(r, c)
-	if err != nil {
-		return err
-	}
-	entries, err := g.Glob(r.Context(), req.Path, pattern, req.Hidden, req.Limit)
-	if err != nil {
-		return err
-	}
-	writeEntries(w, entries)
-	return nil
+	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) ([]guest.FileEntry, error) {
+		return g.Glob(ctx, req.Path, pattern, req.Hidden, req.Limit)
+	}, entriesJSON)
 }
 
 type renameRequest struct {
@@ -65,24 +59,15 @@ type renameRequest struct {
 // rename moves a file or directory as the sandbox user with rename(2):
 // within one file system, refusing to replace unless overwrite.
 func (s *server) rename(w http.ResponseWriter, r *http.Request, c *call) error {
-	var req renameRequest
-	if err := decode(c, &req); err != nil {
-		return err
-	}
-	issues := append(pathIssue("from", req.From), pathIssue("to", req.To)...)
-	if len(issues) > 0 {
-		return invalid(issues)
-	}
-	_, g, err := s.guest(r, c)
+	req, err := decodeChecked(c, func(req *renameRequest) []issue {
+		return append(pathIssue("from", req.From), pathIssue("to", req.To)...)
+	})
 	if err != nil {
 		return err
 	}
-	entry, err := g.Rename(r.Context(), req.From, req.To, req.Overwrite)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toFileJSON(entry))
-	return nil
+	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.FileEntry, error) {
+		return g.Rename(ctx, req.From, req.To, req.Overwrite)
+	}, toFileJSON)
 }
 
 // archiveQuery reads path, user and, for a download, gzip and exclude.
@@ -165,14 +150,9 @@ func (s *server) uploadArchive(w http.ResponseWriter, r *http.Request, c *call) 
 	if err != nil {
 		return err
 	}
-	_, g, err := s.guest(r, c)
-	if err != nil {
-		return err
-	}
-	u, err := g.Unarchive(r.Context(), p, user, int64(len(c.body)), bytes.NewReader(c.body))
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, unpackedJSON{Path: p, Entries: u.Entries, Bytes: u.Bytes})
-	return nil
+	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.Unpacked, error) {
+		return g.Unarchive(ctx, p, user, int64(len(c.body)), bytes.NewReader(c.body))
+	}, func(u *guest.Unpacked) unpackedJSON {
+		return unpackedJSON{Path: p, Entries: u.Entries, Bytes: u.Bytes}
+	})
 }

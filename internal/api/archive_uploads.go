@@ -131,17 +131,5 @@ func (s *server) commitArchiveUpload(w http.ResponseWriter, r *http.Request, c *
 }
 
 func (s *server) abortArchiveUpload(w http.ResponseWriter, r *http.Request, c *call) error {
-	if err := decode(c, &struct{}{}); err != nil {
-		return err
-	}
-	st, err := s.uploadStore()
-	if err != nil {
-		return err
-	}
-	id := r.PathValue("uploadId")
-	if err := st.AbortOpen(c.owner, r.PathValue("id"), id); err != nil {
-		return uploadError(err)
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"aborted": true, "uploadId": id})
-	return nil
+	return s.abortStaged(w, r, c, true)
 }

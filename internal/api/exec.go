@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -75,6 +76,25 @@ func commandFields(command *string, argv []string, cwd string, env map[string]st
 	}
 	req.Argv, req.Cwd, req.Env = argv, cwd, env
 	issues = append(issues, envIssues("env", env)...)
+	issues = append(issues, stdinFields(stdin, stdinB64, req)...)
+	if timeoutMs != nil && (*timeoutMs < 1 || *timeoutMs > maxExecTimeoutMs) {
+		issues = append(issues, issue{Path: "timeoutMs", Message: fmt.Sprintf("must be from 1 to %d", maxExecTimeoutMs)})
+	}
+	switch user {
+	case "", "root":
+		req.User = user
+	case "sandbox", "user": // withruntime says "sandbox"; the agent says "user"
+		req.User = "user"
+	default:
+		issues = append(issues, issue{Path: "user", Message: `must be "sandbox" or "root"`})
+	}
+	return issues
+}
+
+// stdinFields checks a command's input, as text or base64, and fills
+// req.Stdin.
+func stdinFields(stdin, stdinB64 *string, req *guest.ExecRequest) []issue {
+	var issues []issue
 	switch {
 	case stdin != nil && stdinB64 != nil:
 		issues = append(issues, issue{Path: "stdin", Message: "give stdin or stdinBase64, not both"})
@@ -89,17 +109,6 @@ func commandFields(command *string, argv []string, cwd string, env map[string]st
 	}
 	if len(req.Stdin) > maxBody {
 		issues = append(issues, issue{Path: "stdin", Message: "must be at most 1 MiB"})
-	}
-	if timeoutMs != nil && (*timeoutMs < 1 || *timeoutMs > maxExecTimeoutMs) {
-		issues = append(issues, issue{Path: "timeoutMs", Message: fmt.Sprintf("must be from 1 to %d", maxExecTimeoutMs)})
-	}
-	switch user {
-	case "", "root":
-		req.User = user
-	case "sandbox", "user": // withruntime says "sandbox"; the agent says "user"
-		req.User = "user"
-	default:
-		issues = append(issues, issue{Path: "user", Message: `must be "sandbox" or "root"`})
 	}
 	return issues
 }
@@ -411,46 +420,21 @@ func (s *server) spawn(w http.ResponseWriter, r *http.Request, c *call) error {
 	if body.TimeoutMs != nil {
 		req.TimeoutMs = *body.TimeoutMs
 	}
-	_, g, err := s.guest(r, c)
-	if err != nil {
-		return err
-	}
-	p, err := g.Spawn(r.Context(), req)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toProcessJSON(p))
-	return nil
+	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.ProcessInfo, error) {
+		return g.Spawn(ctx, req)
+	}, toProcessJSON)
 }
 
 func (s *server) listProcesses(w http.ResponseWriter, r *http.Request, c *call) error {
-	_, g, err := s.guest(r, c)
-	if err != nil {
-		return err
-	}
-	ps, err := g.Processes(r.Context())
-	if err != nil {
-		return err
-	}
-	data := make([]processJSON, 0, len(ps))
-	for i := range ps {
-		data = append(data, toProcessJSON(&ps[i]))
-	}
-	writeJSON(w, http.StatusOK, dataJSON[processJSON]{Data: data})
-	return nil
+	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) ([]guest.ProcessInfo, error) {
+		return g.Processes(ctx)
+	}, func(ps []guest.ProcessInfo) dataJSON[processJSON] { return dataOf(ps, toProcessJSON) })
 }
 
 func (s *server) getProcess(w http.ResponseWriter, r *http.Request, c *call) error {
-	_, g, err := s.guest(r, c)
-	if err != nil {
-		return err
-	}
-	p, err := g.Process(r.Context(), r.PathValue("pid"))
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toProcessJSON(p))
-	return nil
+	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.ProcessInfo, error) {
+		return g.Process(ctx, r.PathValue("pid"))
+	}, toProcessJSON)
 }
 
 func (s *server) processOutput(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -511,14 +495,7 @@ func (s *server) signalProcess(w http.ResponseWriter, r *http.Request, c *call) 
 	if !signalRE.MatchString(req.Signal) {
 		return invalid([]issue{{Path: "signal", Message: `must be a signal name such as "SIGTERM" or a number`}})
 	}
-	_, g, err := s.guest(r, c)
-	if err != nil {
-		return err
-	}
-	p, err := g.Signal(r.Context(), r.PathValue("pid"), req.Signal)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toProcessJSON(p))
-	return nil
+	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.ProcessInfo, error) {
+		return g.Signal(ctx, r.PathValue("pid"), req.Signal)
+	}, toProcessJSON)
 }

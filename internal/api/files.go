@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -160,16 +161,9 @@ func (s *server) writeFile(w http.ResponseWriter, r *http.Request, c *call) erro
 		}
 		mode = m
 	}
-	_, g, err := s.mgr.Guest(r.Context(), c.owner, r.PathValue("id"))
-	if err != nil {
-		return err
-	}
-	entry, err := g.WriteFile(r.Context(), p, mode, int64(len(c.body)), bytes.NewReader(c.body))
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toFileJSON(entry))
-	return nil
+	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.FileEntry, error) {
+		return g.WriteFile(ctx, p, mode, int64(len(c.body)), bytes.NewReader(c.body))
+	}, toFileJSON)
 }
 
 func (s *server) listFiles(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -203,25 +197,14 @@ func (s *server) listFiles(w http.ResponseWriter, r *http.Request, c *call) erro
 	if pattern := q.Get("glob"); pattern != "" {
 		return s.globFiles(w, r, c, req, pattern)
 	}
-	_, g, err := s.mgr.Guest(r.Context(), c.owner, r.PathValue("id"))
-	if err != nil {
-		return err
-	}
-	entries, err := g.List(r.Context(), req)
-	if err != nil {
-		return err
-	}
-	writeEntries(w, entries)
-	return nil
+	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) ([]guest.FileEntry, error) {
+		return g.List(ctx, req)
+	}, entriesJSON)
 }
 
-// writeEntries answers a list of file entries.
-func writeEntries(w http.ResponseWriter, entries []guest.FileEntry) {
-	data := make([]fileJSON, 0, len(entries))
-	for i := range entries {
-		data = append(data, toFileJSON(&entries[i]))
-	}
-	writeJSON(w, http.StatusOK, dataJSON[fileJSON]{Data: data})
+// entriesJSON is the wire form of a list of file entries.
+func entriesJSON(entries []guest.FileEntry) dataJSON[fileJSON] {
+	return dataOf(entries, toFileJSON)
 }
 
 type existsJSON struct {
@@ -276,23 +259,13 @@ type mkdirRequest struct {
 }
 
 func (s *server) mkdir(w http.ResponseWriter, r *http.Request, c *call) error {
-	var req mkdirRequest
-	if err := decode(c, &req); err != nil {
-		return err
-	}
-	if issues := pathIssue("path", req.Path); issues != nil {
-		return invalid(issues)
-	}
-	_, g, err := s.mgr.Guest(r.Context(), c.owner, r.PathValue("id"))
+	req, err := decodeChecked(c, func(req *mkdirRequest) []issue { return pathIssue("path", req.Path) })
 	if err != nil {
 		return err
 	}
-	entry, err := g.Mkdir(r.Context(), req.Path, req.Parents)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toFileJSON(entry))
-	return nil
+	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.FileEntry, error) {
+		return g.Mkdir(ctx, req.Path, req.Parents)
+	}, toFileJSON)
 }
 
 type removeRequest struct {
@@ -301,23 +274,13 @@ type removeRequest struct {
 }
 
 func (s *server) removeFile(w http.ResponseWriter, r *http.Request, c *call) error {
-	var req removeRequest
-	if err := decode(c, &req); err != nil {
-		return err
-	}
-	if issues := pathIssue("path", req.Path); issues != nil {
-		return invalid(issues)
-	}
-	_, g, err := s.mgr.Guest(r.Context(), c.owner, r.PathValue("id"))
+	req, err := decodeChecked(c, func(req *removeRequest) []issue { return pathIssue("path", req.Path) })
 	if err != nil {
 		return err
 	}
-	removed, err := g.Remove(r.Context(), req.Path, req.Recursive)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, map[string]bool{"removed": removed})
-	return nil
+	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) (bool, error) {
+		return g.Remove(ctx, req.Path, req.Recursive)
+	}, func(removed bool) map[string]bool { return map[string]bool{"removed": removed} })
 }
 
 type chmodRequest struct {
@@ -340,19 +303,13 @@ func (s *server) chmod(w http.ResponseWriter, r *http.Request, c *call) error {
 	if len(issues) > 0 {
 		return invalid(issues)
 	}
-	_, g, err := s.guest(r, c)
-	if err != nil {
-		return err
-	}
-	entry, err := g.Chmod(r.Context(), req.Path, mode)
-	if errdefs.Code(err) == "permission_denied" {
-		ae := toAPIError(err)
-		ae.Hint = "The sandbox user can change only the modes of files it owns."
-		return ae
-	}
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toFileJSON(entry))
-	return nil
+	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.FileEntry, error) {
+		entry, err := g.Chmod(ctx, req.Path, mode)
+		if errdefs.Code(err) == "permission_denied" {
+			ae := toAPIError(err)
+			ae.Hint = "The sandbox user can change only the modes of files it owns."
+			return nil, ae
+		}
+		return entry, err
+	}, toFileJSON)
 }

@@ -182,11 +182,7 @@ func (s *server) listImages(w http.ResponseWriter, r *http.Request, c *call) err
 		list = list[:limit]
 		next = list[limit-1].ID
 	}
-	out := listJSON[imageJSON]{Data: make([]imageJSON, 0, len(list)), NextCursor: optString(next)}
-	for _, img := range list {
-		out.Data = append(out.Data, toImageJSON(img))
-	}
-	writeJSON(w, http.StatusOK, out)
+	writeJSON(w, http.StatusOK, pageOf(list, next, toImageJSON))
 	return nil
 }
 
@@ -210,11 +206,7 @@ func (s *server) getImage(w http.ResponseWriter, r *http.Request, c *call) error
 		return err
 	}
 	img, err := svc.Get(r.Context(), c.owner, id)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toImageJSON(img))
-	return nil
+	return reply(w, img, err, toImageJSON)
 }
 
 func (s *server) resolveImage(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -227,11 +219,7 @@ func (s *server) resolveImage(w http.ResponseWriter, r *http.Request, c *call) e
 		return invalid([]issue{{Path: "ref", Message: "is required: an id, name, name:tag or name@version"}})
 	}
 	img, err := svc.Resolve(r.Context(), c.owner, ref)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toImageJSON(img))
-	return nil
+	return reply(w, img, err, toImageJSON)
 }
 
 type tagRequest struct {
@@ -280,11 +268,7 @@ func (s *server) deleteImage(w http.ResponseWriter, r *http.Request, c *call) er
 		return err
 	}
 	img, err := svc.Delete(r.Context(), c.owner, id)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toImageJSON(img))
-	return nil
+	return reply(w, img, err, toImageJSON)
 }
 
 type logLineJSON struct {

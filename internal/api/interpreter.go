@@ -141,11 +141,7 @@ func (s *server) interpreterRun(w http.ResponseWriter, r *http.Request, c *call)
 	}
 	if !body.Stream {
 		ex, err := s.interp.Run(r.Context(), sb, g, req, nil)
-		if err != nil {
-			return err
-		}
-		writeJSON(w, http.StatusOK, toExecutionJSON(ex))
-		return nil
+		return reply(w, ex, err, toExecutionJSON)
 	}
 	st := newLineStream(w)
 	ex, err := s.interp.Run(r.Context(), sb, g, req, func(ev interpreter.Event) error {
@@ -188,12 +184,9 @@ func (s *server) listInterpreterContexts(w http.ResponseWriter, r *http.Request,
 }
 
 func (s *server) createInterpreterContext(w http.ResponseWriter, r *http.Request, c *call) error {
-	var body contextRequest
-	if err := decode(c, &body); err != nil {
+	body, err := decodeChecked(c, func(body *contextRequest) []issue { return envIssues("env", body.Env) })
+	if err != nil {
 		return err
-	}
-	if issues := envIssues("env", body.Env); len(issues) > 0 {
-		return invalid(issues)
 	}
 	sb, g, err := s.interpGuest(r, c)
 	if err != nil {
@@ -201,11 +194,7 @@ func (s *server) createInterpreterContext(w http.ResponseWriter, r *http.Request
 	}
 	ci, err := s.interp.Create(r.Context(), sb, g, interpreter.CreateRequest{ID: body.ID, Language: body.Language,
 		Cwd: body.Cwd, Env: body.Env})
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toContextJSON(ci))
-	return nil
+	return reply(w, ci, err, toContextJSON)
 }
 
 func (s *server) restartInterpreterContext(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -214,11 +203,7 @@ func (s *server) restartInterpreterContext(w http.ResponseWriter, r *http.Reques
 		return err
 	}
 	ci, err := s.interp.Restart(r.Context(), sb, g, r.PathValue("ctx"))
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toContextJSON(ci))
-	return nil
+	return reply(w, ci, err, toContextJSON)
 }
 
 func (s *server) interruptInterpreterContext(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -227,11 +212,7 @@ func (s *server) interruptInterpreterContext(w http.ResponseWriter, r *http.Requ
 		return err
 	}
 	ok, err := s.interp.Interrupt(sb.ID, r.PathValue("ctx"))
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, map[string]bool{"interrupted": ok})
-	return nil
+	return reply(w, ok, err, func(ok bool) map[string]bool { return map[string]bool{"interrupted": ok} })
 }
 
 func (s *server) deleteInterpreterContext(w http.ResponseWriter, r *http.Request, c *call) error {

@@ -122,11 +122,7 @@ func (s *server) updateSandbox(w http.ResponseWriter, r *http.Request, c *call) 
 		return err
 	}
 	sb, err := s.mgr.Update(r.Context(), c.owner, r.PathValue("id"), u)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
-	return nil
+	return reply(w, sb, err, s.sandboxJSON)
 }
 
 func validLeaseEnd(v string) bool {
@@ -195,9 +191,5 @@ func (s *server) switchImage(w http.ResponseWriter, r *http.Request, c *call) er
 		return err
 	}
 	sb, err := s.mgr.SwitchImage(r.Context(), c.owner, id, ref)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
-	return nil
+	return reply(w, sb, err, s.sandboxJSON)
 }

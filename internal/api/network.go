@@ -114,11 +114,7 @@ func (s *server) getNetwork(w http.ResponseWriter, r *http.Request, c *call) err
 		return err
 	}
 	st, err := nm.Network(r.Context(), c.owner, r.PathValue("id"))
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toNetworkJSON(st))
-	return nil
+	return reply(w, st, err, toNetworkJSON)
 }
 
 func (s *server) putNetwork(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -135,9 +131,5 @@ func (s *server) putNetwork(w http.ResponseWriter, r *http.Request, c *call) err
 		return err
 	}
 	st, err := nm.SetNetwork(r.Context(), c.owner, r.PathValue("id"), p)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toNetworkJSON(st))
-	return nil
+	return reply(w, st, err, toNetworkJSON)
 }

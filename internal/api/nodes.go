@@ -86,11 +86,7 @@ func (s *server) setDraining(w http.ResponseWriter, r *http.Request, c *call, dr
 		return err
 	}
 	n, err := s.nodes.SetNodeDraining(r.Context(), r.PathValue("id"), draining)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toNodeJSON(n))
-	return nil
+	return reply(w, n, err, toNodeJSON)
 }
 
 // checkSpreadFrom refuses spreadFrom ids that are not the caller's own

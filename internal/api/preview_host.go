@@ -45,17 +45,10 @@ func parsePreviewDomain(s string) (previewDomain, error) {
 	d := previewDomain{scheme: "https"}
 	host := s
 	if strings.Contains(s, "://") {
-		u, err := url.Parse(s)
-		if err != nil {
-			return d, fmt.Errorf("preview domain %q: %w", s, err)
+		var err error
+		if d.scheme, host, err = previewDomainURL(s); err != nil {
+			return previewDomain{scheme: "https"}, err
 		}
-		if u.Scheme != "http" && u.Scheme != "https" {
-			return d, fmt.Errorf("preview domain %q: the scheme must be http or https", s)
-		}
-		if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
-			return d, fmt.Errorf("preview domain %q: only a scheme, a domain and a port, no path", s)
-		}
-		d.scheme, host = u.Scheme, u.Host
 	}
 	name, port, hasPort := strings.Cut(host, ":")
 	if hasPort {
@@ -73,6 +66,22 @@ func parsePreviewDomain(s string) (previewDomain, error) {
 	}
 	d.name = name
 	return d, nil
+}
+
+// previewDomainURL reads the scheme and host of a preview domain given as
+// a URL, which must name nothing else.
+func previewDomainURL(s string) (scheme, host string, err error) {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "", "", fmt.Errorf("preview domain %q: %w", s, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return "", "", fmt.Errorf("preview domain %q: the scheme must be http or https", s)
+	}
+	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return "", "", fmt.Errorf("preview domain %q: only a scheme, a domain and a port, no path", s)
+	}
+	return u.Scheme, u.Host, nil
 }
 
 // validDomainName accepts lowercase LDH labels, dot-separated.

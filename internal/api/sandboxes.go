@@ -175,6 +175,12 @@ func spreadIDs(raw json.RawMessage) ([]string, bool) {
 
 // unsupportedIssues lists fields set to something this server cannot do.
 func (req *createRequest) unsupportedIssues() []issue {
+	return append(req.unsupportedSettings(), req.unavailableFeatures()...)
+}
+
+// unsupportedSettings lists settings with a value this server does not
+// offer.
+func (req *createRequest) unsupportedSettings() []issue {
 	var issues []issue
 	no := func(path, msg string) { issues = append(issues, issue{Path: path, Message: msg}) }
 	if req.Region != "" && req.Region != "local" {
@@ -197,6 +203,14 @@ func (req *createRequest) unsupportedIssues() []issue {
 	if req.CPUFloorMillis != nil && *req.CPUFloorMillis < 0 {
 		no("cpuFloorMillis", "must not be negative")
 	}
+	return issues
+}
+
+// unavailableFeatures lists features asked for that this server, as it
+// is configured, does not have.
+func (req *createRequest) unavailableFeatures() []issue {
+	var issues []issue
+	no := func(path, msg string) { issues = append(issues, issue{Path: path, Message: msg}) }
 	for _, f := range []struct {
 		path string
 		raw  json.RawMessage
@@ -613,14 +627,7 @@ func (s *server) stopSandbox(w http.ResponseWriter, r *http.Request, c *call) er
 		return err
 	}
 	sb, err := s.mgr.Stop(r.Context(), c.owner, r.PathValue("id"))
-	if err != nil {
-		return err
-	}
-	if sb, err = s.settle(r.Context(), c.owner, sb, preferWait(r), sandbox.StateStopped); err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
-	return nil
+	return s.answerSettled(w, r, c, sb, err, sandbox.StateStopped)
 }
 
 type deletedJSON struct {
@@ -662,11 +669,7 @@ func (s *server) extendSandbox(w http.ResponseWriter, r *http.Request, c *call) 
 		return invalid(issues)
 	}
 	sb, err := s.mgr.Extend(r.Context(), c.owner, r.PathValue("id"), time.Duration(*req.Seconds)*time.Second)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
-	return nil
+	return reply(w, sb, err, s.sandboxJSON)
 }
 
 func (s *server) health(w http.ResponseWriter, r *http.Request, c *call) error {

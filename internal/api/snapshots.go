@@ -75,11 +75,7 @@ func (s *server) snapshotSandbox(w http.ResponseWriter, r *http.Request, c *call
 	}
 	sn, err := s.mgr.Snapshot(r.Context(), c.owner, r.PathValue("id"), sandbox.SnapshotSpec{
 		Name: req.Name, Labels: req.Labels, RetentionDays: orDefault(req.RetentionDays, 0), Mode: req.Mode})
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toSnapshotJSON(sn))
-	return nil
+	return reply(w, sn, err, toSnapshotJSON)
 }
 
 type forkRequest struct {
@@ -138,24 +134,12 @@ func (s *server) listSnapshots(w http.ResponseWriter, r *http.Request, c *call) 
 		return invalid(issues)
 	}
 	list, next, err := s.mgr.ListSnapshots(r.Context(), opts)
-	if err != nil {
-		return err
-	}
-	out := listJSON[snapshotJSON]{Data: make([]snapshotJSON, 0, len(list)), NextCursor: optString(next)}
-	for _, sn := range list {
-		out.Data = append(out.Data, toSnapshotJSON(sn))
-	}
-	writeJSON(w, http.StatusOK, out)
-	return nil
+	return replyPage(w, list, next, err, toSnapshotJSON)
 }
 
 func (s *server) getSnapshot(w http.ResponseWriter, r *http.Request, c *call) error {
 	sn, err := s.mgr.GetSnapshot(r.Context(), c.owner, r.PathValue("id"))
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toSnapshotJSON(sn))
-	return nil
+	return reply(w, sn, err, toSnapshotJSON)
 }
 
 // snapshotUpdateRequest: a name or labels left out stay; name null clears.
@@ -186,11 +170,7 @@ func (s *server) updateSnapshot(w http.ResponseWriter, r *http.Request, c *call)
 	}
 	sn, err := s.mgr.UpdateSnapshot(r.Context(), c.owner, r.PathValue("id"),
 		sandbox.SnapshotUpdate{Name: req.Name, Labels: req.Labels, IfLabels: req.IfLabels})
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toSnapshotJSON(sn))
-	return nil
+	return reply(w, sn, err, toSnapshotJSON)
 }
 
 func (s *server) deleteSnapshot(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -221,9 +201,5 @@ func (s *server) extendSnapshot(w http.ResponseWriter, r *http.Request, c *call)
 		return invalid(issues)
 	}
 	sn, err := s.mgr.ExtendSnapshot(r.Context(), c.owner, r.PathValue("id"), *req.RetentionDays)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toSnapshotJSON(sn))
-	return nil
+	return reply(w, sn, err, toSnapshotJSON)
 }

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"encoding/base64"
 	"fmt"
 	"net/http"
@@ -98,34 +99,19 @@ func (s *server) writeProcess(w http.ResponseWriter, r *http.Request, c *call) e
 	if len(issues) > 0 {
 		return invalid(sortIssues(issues))
 	}
-	_, g, err := s.guest(r, c)
-	if err != nil {
-		return err
-	}
-	p, err := g.Write(r.Context(), r.PathValue("pid"), data, body.Offset, body.EOF)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, writeAnswer{processJSON: toProcessJSON(p), Offset: p.StdinOffset})
-	return nil
+	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.ProcessInfo, error) {
+		return g.Write(ctx, r.PathValue("pid"), data, body.Offset, body.EOF)
+	}, func(p *guest.ProcessInfo) writeAnswer {
+		return writeAnswer{processJSON: toProcessJSON(p), Offset: p.StdinOffset}
+	})
 }
 
 func (s *server) resizeProcess(w http.ResponseWriter, r *http.Request, c *call) error {
-	var body ptyJSON
-	if err := decode(c, &body); err != nil {
-		return err
-	}
-	if issues := ptyIssues("cols", &body); len(issues) > 0 {
-		return invalid(issues)
-	}
-	_, g, err := s.guest(r, c)
+	body, err := decodeChecked(c, func(body *ptyJSON) []issue { return ptyIssues("cols", body) })
 	if err != nil {
 		return err
 	}
-	p, err := g.Resize(r.Context(), r.PathValue("pid"), guest.PtySize{Cols: body.Cols, Rows: body.Rows})
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toProcessJSON(p))
-	return nil
+	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.ProcessInfo, error) {
+		return g.Resize(ctx, r.PathValue("pid"), guest.PtySize{Cols: body.Cols, Rows: body.Rows})
+	}, toProcessJSON)
 }

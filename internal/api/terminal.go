@@ -180,7 +180,26 @@ func (s *server) runTerminal(ctx context.Context, conn *websocket.Conn, g guest.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer conn.CloseNow()
-	sendJSON := func(ev terminalEvent) error {
+	sendJSON := terminalSender(ctx, conn)
+	if err := sendJSON(terminalEvent{Type: "ready", ProcessID: p.ID}); err != nil {
+		return
+	}
+
+	outputDone := make(chan struct{})
+	go func() {
+		defer close(outputDone)
+		defer cancel()
+		terminalOutput(ctx, conn, g, p.ID, sendJSON)
+	}()
+	terminalInput(ctx, conn, g, p.ID)
+	cancel()
+	<-outputDone
+}
+
+// terminalSender returns what sends a JSON frame on conn, keeping
+// "exitCode": null on an exit frame, which omitempty would drop.
+func terminalSender(ctx context.Context, conn *websocket.Conn) func(ev terminalEvent) error {
+	return func(ev terminalEvent) error {
 		b, err := json.Marshal(ev)
 		if err != nil {
 			return err
@@ -190,47 +209,49 @@ func (s *server) runTerminal(ctx context.Context, conn *websocket.Conn, g guest.
 		}
 		return conn.Write(ctx, websocket.MessageText, b)
 	}
-	if err := sendJSON(terminalEvent{Type: "ready", ProcessID: p.ID}); err != nil {
-		return
-	}
+}
 
-	outputDone := make(chan struct{})
-	go func() {
-		defer close(outputDone)
-		defer cancel()
-		exited := false
-		err := g.ProcessOutput(ctx, guest.ProcessRequest{ID: p.ID, Follow: true}, func(ev guest.Event) error {
-			switch ev.Type {
-			case guest.EventStdout, guest.EventStderr:
-				return conn.Write(ctx, websocket.MessageBinary, ev.Data)
-			case "exit":
-				exited = true
-				var code *int
-				if ev.Exit != nil {
-					code = ev.Exit.ExitCode
-				}
-				return sendJSON(terminalEvent{Type: "exit", ExitCode: code})
+// terminalOutput sends the process's output to conn as binary frames
+// until it exits (an exit frame and a normal closure) or its output is
+// lost (an error frame); a ctx ended first (the client went) sends nothing.
+func terminalOutput(ctx context.Context, conn *websocket.Conn, g guest.Handle, id string, sendJSON func(terminalEvent) error) {
+	exited := false
+	err := g.ProcessOutput(ctx, guest.ProcessRequest{ID: id, Follow: true}, func(ev guest.Event) error {
+		switch ev.Type {
+		case guest.EventStdout, guest.EventStderr:
+			return conn.Write(ctx, websocket.MessageBinary, ev.Data)
+		case "exit":
+			exited = true
+			var code *int
+			if ev.Exit != nil {
+				code = ev.Exit.ExitCode
 			}
-			return nil // "truncated": what left the guest's buffer is not replayed
-		})
-		switch {
-		case exited:
-			_ = conn.Close(websocket.StatusNormalClosure, "exited")
-		case ctx.Err() == nil:
-			ae := toAPIError(err)
-			_ = sendJSON(terminalEvent{Type: "error", Error: &errorJSON{Code: ae.Code, Status: ae.Status, Message: ae.Message}})
-			_ = conn.Close(websocket.StatusInternalError, "lost the terminal's output")
+			return sendJSON(terminalEvent{Type: "exit", ExitCode: code})
 		}
-	}()
+		return nil // "truncated": what left the guest's buffer is not replayed
+	})
+	switch {
+	case exited:
+		_ = conn.Close(websocket.StatusNormalClosure, "exited")
+	case ctx.Err() == nil:
+		ae := toAPIError(err)
+		_ = sendJSON(terminalEvent{Type: "error", Error: &errorJSON{Code: ae.Code, Status: ae.Status, Message: ae.Message}})
+		_ = conn.Close(websocket.StatusInternalError, "lost the terminal's output")
+	}
+}
 
+// terminalInput types the client's binary frames into the process and
+// applies its resize frames, until the client goes or the guest cannot
+// be reached.
+func terminalInput(ctx context.Context, conn *websocket.Conn, g guest.Handle, id string) {
 	for {
 		typ, data, err := conn.Read(ctx)
 		if err != nil {
-			break
+			return
 		}
 		switch typ {
 		case websocket.MessageBinary:
-			err = typeInto(ctx, g, p.ID, data)
+			err = typeInto(ctx, g, id, data)
 		case websocket.MessageText:
 			var ev terminalEvent
 			if json.Unmarshal(data, &ev) != nil || ev.Type != "resize" {
@@ -239,15 +260,13 @@ func (s *server) runTerminal(ctx context.Context, conn *websocket.Conn, g guest.
 			if ev.Cols < 1 || ev.Rows < 1 || ev.Cols > guest.MaxPtySide || ev.Rows > guest.MaxPtySide {
 				continue
 			}
-			_, err = g.Resize(ctx, p.ID, guest.PtySize{Cols: ev.Cols, Rows: ev.Rows})
+			_, err = g.Resize(ctx, id, guest.PtySize{Cols: ev.Cols, Rows: ev.Rows})
 		}
 		if err != nil && ctx.Err() == nil && !errdefs.IsConflict(err) {
 			// The guest is unreachable; the output side says so.
-			break
+			return
 		}
 	}
-	cancel()
-	<-outputDone
 }
 
 // typeInto appends data to the terminal's input in pieces, each taken

@@ -227,6 +227,12 @@ func (s *server) commitUpload(w http.ResponseWriter, r *http.Request, c *call) e
 }
 
 func (s *server) abortUpload(w http.ResponseWriter, r *http.Request, c *call) error {
+	return s.abortStaged(w, r, c, false)
+}
+
+// abortStaged answers the abort of a staged upload: a file's, or with
+// archive a directory archive's.
+func (s *server) abortStaged(w http.ResponseWriter, r *http.Request, c *call, archive bool) error {
 	if err := decode(c, &struct{}{}); err != nil {
 		return err
 	}
@@ -234,8 +240,12 @@ func (s *server) abortUpload(w http.ResponseWriter, r *http.Request, c *call) er
 	if err != nil {
 		return err
 	}
+	abort := st.Abort
+	if archive {
+		abort = st.AbortOpen
+	}
 	id := r.PathValue("uploadId")
-	if err := st.Abort(c.owner, r.PathValue("id"), id); err != nil {
+	if err := abort(c.owner, r.PathValue("id"), id); err != nil {
 		return uploadError(err)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"aborted": true, "uploadId": id})

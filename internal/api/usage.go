@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -113,18 +114,54 @@ func usageScope(r *http.Request, c *call) (string, error) {
 // getUsage serves GET /v1/usage: usage from..to (default: this month so
 // far), in total and grouped by sandbox, key or day.
 func (s *server) getUsage(w http.ResponseWriter, r *http.Request, c *call) error {
-	q := r.URL.Query()
+	from, to, groupBy, err := s.usageRange(r.URL.Query())
+	if err != nil {
+		return err
+	}
+	owner, err := usageScope(r, c)
+	if err != nil {
+		return err
+	}
+	rates := s.mgr.Rates()
+	// Rows are hours: a range covers the hours it touches.
+	sums, err := s.sumUsage(r, owner, metering.Query{From: from.Truncate(time.Hour), To: to}, groupBy, rates)
+	if err != nil {
+		return err
+	}
+	sums.total.Price(rates)
+	slices.Sort(sums.order)
+	out := usageAnswerJSON{From: jsonTime(from), To: jsonTime(to), GroupBy: groupBy, Rates: toRatesJSON(rates), Totals: toUsageJSON(&sums.total),
+		Groups: []usageGroupJSON{}, Spent: micros(sums.total.Charge.TotalMicros), Credited: "0", Held: "0", Expired: "0", TakenBack: "0"}
+	for _, k := range sums.order {
+		g := sums.groups[k]
+		g.Price(rates)
+		kind := ""
+		if groupBy == "sandbox" {
+			kind = sums.kinds[k]
+		}
+		out.Groups = append(out.Groups, usageGroupJSON{Key: k, Kind: kind, usageJSON: toUsageJSON(g)})
+	}
+	out.Outbound.Bytes = sums.total.EgressBytes
+	out.Outbound.AllowanceBytes = rates.EgressFreeBytes
+	out.Outbound.ChargedMicros = micros(rates.EgressMicros(sums.total.EgressBytes))
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// usageRange reads the from, to and groupBy of GET /v1/usage, with their
+// defaults: this month so far, grouped by sandbox.
+func (s *server) usageRange(q url.Values) (from, to time.Time, groupBy string, err error) {
 	var issues []issue
 	now := s.now().UTC()
 	monthStart := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
-	from, to := timeParam(q, "from", false, &issues), timeParam(q, "to", false, &issues)
+	from, to = timeParam(q, "from", false, &issues), timeParam(q, "to", false, &issues)
 	if from.IsZero() {
 		from = monthStart
 	}
 	if to.IsZero() {
 		to = now.Add(time.Hour) // the current hour's row too
 	}
-	groupBy := q.Get("groupBy")
+	groupBy = q.Get("groupBy")
 	if groupBy == "" {
 		groupBy = "sandbox"
 	}
@@ -135,20 +172,24 @@ func (s *server) getUsage(w http.ResponseWriter, r *http.Request, c *call) error
 		issues = append(issues, issue{Path: "to", Message: "must be after from"})
 	}
 	if len(issues) > 0 {
-		return invalid(issues)
+		return time.Time{}, time.Time{}, "", invalid(issues)
 	}
-	owner, err := usageScope(r, c)
-	if err != nil {
-		return err
-	}
-	rates := s.mgr.Rates()
-	var total metering.Summary
-	groups := map[string]*metering.Summary{}
-	kinds := map[string]string{}
-	var order []string
-	// Rows are hours: a range covers the hours it touches.
-	err = s.mgr.EachUsageRow(r.Context(), owner, metering.Query{From: from.Truncate(time.Hour), To: to}, func(row metering.Row) error {
-		total.Add(row, rates)
+	return from, to, groupBy, nil
+}
+
+// usageSums are the usage rows of a range summed in total and by group.
+type usageSums struct {
+	total  metering.Summary
+	groups map[string]*metering.Summary
+	kinds  map[string]string // the kind of resource of each group's first row
+	order  []string          // the groups' keys, as first seen
+}
+
+// sumUsage sums owner's usage rows that q selects, grouped by groupBy.
+func (s *server) sumUsage(r *http.Request, owner string, q metering.Query, groupBy string, rates pricing.Rates) (*usageSums, error) {
+	sums := &usageSums{groups: map[string]*metering.Summary{}, kinds: map[string]string{}}
+	err := s.mgr.EachUsageRow(r.Context(), owner, q, func(row metering.Row) error {
+		sums.total.Add(row, rates)
 		key := row.ResourceID
 		switch groupBy {
 		case "key":
@@ -156,62 +197,50 @@ func (s *server) getUsage(w http.ResponseWriter, r *http.Request, c *call) error
 		case "day":
 			key = row.Hour.Format(time.DateOnly)
 		}
-		g := groups[key]
+		g := sums.groups[key]
 		if g == nil {
 			g = &metering.Summary{}
-			groups[key] = g
-			order = append(order, key)
-			kinds[key] = row.Kind
+			sums.groups[key] = g
+			sums.order = append(sums.order, key)
+			sums.kinds[key] = row.Kind
 		}
 		g.Add(row, rates)
 		return nil
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	total.Price(rates)
-	slices.Sort(order)
-	type group struct {
-		Key  string `json:"key"`
-		Kind string `json:"kind,omitempty"`
-		usageJSON
-	}
-	out := struct {
-		From     jsonTime  `json:"from"`
-		To       jsonTime  `json:"to"`
-		GroupBy  string    `json:"groupBy"`
-		Rates    ratesJSON `json:"rates"`
-		Totals   usageJSON `json:"totals"`
-		Groups   []group   `json:"groups"`
-		Spent    string    `json:"spent"`
-		Credited string    `json:"credited"`
-		Held     string    `json:"held"`
-		Expired  string    `json:"expired"`
-		// Available is null: a self-hosted server has no credit.
-		Available *string `json:"available"`
-		TakenBack string  `json:"takenBack"`
-		Trial     *int64  `json:"trial"`
-		Outbound  struct {
-			Bytes          int64  `json:"bytes"`
-			AllowanceBytes int64  `json:"allowanceBytes"`
-			ChargedMicros  string `json:"chargedMicros"`
-		} `json:"outbound"`
-	}{From: jsonTime(from), To: jsonTime(to), GroupBy: groupBy, Rates: toRatesJSON(rates), Totals: toUsageJSON(&total),
-		Groups: []group{}, Spent: micros(total.Charge.TotalMicros), Credited: "0", Held: "0", Expired: "0", TakenBack: "0"}
-	for _, k := range order {
-		g := groups[k]
-		g.Price(rates)
-		kind := ""
-		if groupBy == "sandbox" {
-			kind = kinds[k]
-		}
-		out.Groups = append(out.Groups, group{Key: k, Kind: kind, usageJSON: toUsageJSON(g)})
-	}
-	out.Outbound.Bytes = total.EgressBytes
-	out.Outbound.AllowanceBytes = rates.EgressFreeBytes
-	out.Outbound.ChargedMicros = micros(rates.EgressMicros(total.EgressBytes))
-	writeJSON(w, http.StatusOK, out)
-	return nil
+	return sums, nil
+}
+
+// usageGroupJSON is one group of GET /v1/usage.
+type usageGroupJSON struct {
+	Key  string `json:"key"`
+	Kind string `json:"kind,omitempty"`
+	usageJSON
+}
+
+// usageAnswerJSON is the answer of GET /v1/usage.
+type usageAnswerJSON struct {
+	From     jsonTime         `json:"from"`
+	To       jsonTime         `json:"to"`
+	GroupBy  string           `json:"groupBy"`
+	Rates    ratesJSON        `json:"rates"`
+	Totals   usageJSON        `json:"totals"`
+	Groups   []usageGroupJSON `json:"groups"`
+	Spent    string           `json:"spent"`
+	Credited string           `json:"credited"`
+	Held     string           `json:"held"`
+	Expired  string           `json:"expired"`
+	// Available is null: a self-hosted server has no credit.
+	Available *string `json:"available"`
+	TakenBack string  `json:"takenBack"`
+	Trial     *int64  `json:"trial"`
+	Outbound  struct {
+		Bytes          int64  `json:"bytes"`
+		AllowanceBytes int64  `json:"allowanceBytes"`
+		ChargedMicros  string `json:"chargedMicros"`
+	} `json:"outbound"`
 }
 
 // Export pages.
@@ -490,6 +519,60 @@ type metricPoint struct {
 	MemoryBytes     *int64   `json:"memoryBytes"`     // resident memory of its VM
 }
 
+// metricStep is what was measured of a sandbox in one step of its
+// metrics.
+type metricStep struct {
+	span       time.Duration
+	cpu, guest int64
+	rss        int64
+	seen       bool
+}
+
+// metricSteps reads sandbox id and what was measured of it from from to
+// now, in n steps of step: from its metered intervals for steps under an
+// hour, else from its hourly usage rows.
+func (s *server) metricSteps(r *http.Request, c *call, id string, step time.Duration, from, now time.Time, n int) (*sandbox.Sandbox, []metricStep, error) {
+	steps := make([]metricStep, n)
+	if step < time.Hour {
+		sb, pts, err := s.mgr.Metrics(r.Context(), c.owner, id, from, now.Add(time.Second))
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, p := range pts {
+			i := int(p.At.Sub(from) / step)
+			if i < 0 || i >= n {
+				continue
+			}
+			a := &steps[i]
+			a.span += p.Span
+			a.cpu += p.CPUNs
+			a.guest += p.GuestCPUNs
+			a.rss, a.seen = max(a.rss, p.RSSBytes), true
+		}
+		return sb, steps, nil
+	}
+	sb, _, err := s.mgr.Metrics(r.Context(), c.owner, id, now, now)
+	if err != nil {
+		return nil, nil, err
+	}
+	err = s.mgr.EachUsageRow(r.Context(), c.owner, metering.Query{ResourceIDs: []string{id}, From: from}, func(row metering.Row) error {
+		i := int(row.Hour.Sub(from) / step)
+		if i < 0 || i >= n || row.RunningMs == 0 {
+			return nil
+		}
+		a := &steps[i]
+		a.span += time.Duration(row.RunningMs) * time.Millisecond
+		a.cpu += row.CPUNs
+		a.guest += row.GuestCPUNs
+		a.rss, a.seen = max(a.rss, row.RSSMaxBytes), true
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return sb, steps, nil
+}
+
 // sandboxMetrics serves GET /v1/sandboxes/{id}/metrics?range=: its CPU
 // and memory as the host measured them, one point per step.
 func (s *server) sandboxMetrics(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -503,53 +586,10 @@ func (s *server) sandboxMetrics(w http.ResponseWriter, r *http.Request, c *call)
 	}
 	now := s.now().UTC()
 	from := now.Add(-spec.span).Truncate(spec.step)
-	id := r.PathValue("id")
-	type acc struct {
-		span       time.Duration
-		cpu, guest int64
-		rss        int64
-		seen       bool
-	}
 	n := int(now.Sub(from)/spec.step) + 1
-	steps := make([]acc, n)
-	var sb *sandbox.Sandbox
-	if spec.step < time.Hour {
-		var pts []metering.Point
-		var err error
-		if sb, pts, err = s.mgr.Metrics(r.Context(), c.owner, id, from, now.Add(time.Second)); err != nil {
-			return err
-		}
-		for _, p := range pts {
-			i := int(p.At.Sub(from) / spec.step)
-			if i < 0 || i >= n {
-				continue
-			}
-			a := &steps[i]
-			a.span += p.Span
-			a.cpu += p.CPUNs
-			a.guest += p.GuestCPUNs
-			a.rss, a.seen = max(a.rss, p.RSSBytes), true
-		}
-	} else {
-		var err error
-		if sb, _, err = s.mgr.Metrics(r.Context(), c.owner, id, now, now); err != nil {
-			return err
-		}
-		err = s.mgr.EachUsageRow(r.Context(), c.owner, metering.Query{ResourceIDs: []string{id}, From: from}, func(row metering.Row) error {
-			i := int(row.Hour.Sub(from) / spec.step)
-			if i < 0 || i >= n || row.RunningMs == 0 {
-				return nil
-			}
-			a := &steps[i]
-			a.span += time.Duration(row.RunningMs) * time.Millisecond
-			a.cpu += row.CPUNs
-			a.guest += row.GuestCPUNs
-			a.rss, a.seen = max(a.rss, row.RSSMaxBytes), true
-			return nil
-		})
-		if err != nil {
-			return err
-		}
+	sb, steps, err := s.metricSteps(r, c, r.PathValue("id"), spec.step, from, now, n)
+	if err != nil {
+		return err
 	}
 	vcpu := float64(max(sb.VCPU, 1))
 	round := func(x float64) *float64 { v := math.Round(x*100) / 100; return &v }

@@ -109,11 +109,7 @@ func (s *server) createVolume(w http.ResponseWriter, r *http.Request, c *call) e
 	}
 	v, err := s.vols.Create(r.Context(), c.owner, volumes.CreateSpec{Name: req.Name, Labels: req.Labels,
 		SizeMiB: orDefault(req.SizeMiB, 0), FromBackup: req.FromBackup})
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toVolumeJSON(v))
-	return nil
+	return reply(w, v, err, toVolumeJSON)
 }
 
 func (s *server) getVolume(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -121,11 +117,7 @@ func (s *server) getVolume(w http.ResponseWriter, r *http.Request, c *call) erro
 		return err
 	}
 	v, err := s.vols.Get(r.Context(), c.owner, r.PathValue("id"))
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toVolumeJSON(v))
-	return nil
+	return reply(w, v, err, toVolumeJSON)
 }
 
 func (s *server) listVolumes(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -145,15 +137,7 @@ func (s *server) listVolumes(w http.ResponseWriter, r *http.Request, c *call) er
 		return invalid(issues)
 	}
 	list, next, err := s.vols.List(r.Context(), opts)
-	if err != nil {
-		return err
-	}
-	out := listJSON[volumeJSON]{Data: make([]volumeJSON, 0, len(list)), NextCursor: optString(next)}
-	for _, v := range list {
-		out.Data = append(out.Data, toVolumeJSON(v))
-	}
-	writeJSON(w, http.StatusOK, out)
-	return nil
+	return replyPage(w, list, next, err, toVolumeJSON)
 }
 
 func (s *server) resizeVolume(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -168,11 +152,7 @@ func (s *server) resizeVolume(w http.ResponseWriter, r *http.Request, c *call) e
 		return invalid([]issue{{Path: "sizeMiB", Message: "is required"}})
 	}
 	v, err := s.vols.Resize(r.Context(), c.owner, r.PathValue("id"), *req.SizeMiB)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toVolumeJSON(v))
-	return nil
+	return reply(w, v, err, toVolumeJSON)
 }
 
 func (s *server) deleteVolume(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -180,11 +160,7 @@ func (s *server) deleteVolume(w http.ResponseWriter, r *http.Request, c *call) e
 		return err
 	}
 	v, err := s.vols.Delete(r.Context(), c.owner, r.PathValue("id"))
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toVolumeJSON(v))
-	return nil
+	return reply(w, v, err, toVolumeJSON)
 }
 
 func (s *server) attachVolume(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -209,11 +185,7 @@ func (s *server) attachVolume(w http.ResponseWriter, r *http.Request, c *call) e
 		return invalid(issues)
 	}
 	a, err := s.vols.Attach(r.Context(), c.owner, r.PathValue("id"), req.SandboxID, req.Path)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toAttachmentJSON(a))
-	return nil
+	return reply(w, a, err, toAttachmentJSON)
 }
 
 func (s *server) detachVolume(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -224,11 +196,7 @@ func (s *server) detachVolume(w http.ResponseWriter, r *http.Request, c *call) e
 		return err
 	}
 	a, err := s.vols.Detach(r.Context(), c.owner, r.PathValue("id"), r.PathValue("aid"))
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toAttachmentJSON(a))
-	return nil
+	return reply(w, a, err, toAttachmentJSON)
 }
 
 func (s *server) getVolumeAttachment(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -236,11 +204,7 @@ func (s *server) getVolumeAttachment(w http.ResponseWriter, r *http.Request, c *
 		return err
 	}
 	a, err := s.vols.Attachment(r.Context(), c.owner, r.PathValue("id"), r.PathValue("aid"))
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toAttachmentJSON(a))
-	return nil
+	return reply(w, a, err, toAttachmentJSON)
 }
 
 // volumeMountJSON is one entry of a create's volumes.
@@ -344,11 +308,7 @@ func (s *server) backupVolume(w http.ResponseWriter, r *http.Request, c *call) e
 		return invalid(sortIssues(issues))
 	}
 	b, err := s.vols.Backup(r.Context(), c.owner, r.PathValue("id"), req.Name, orDefault(req.RetentionDays, 0))
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toBackupJSON(b))
-	return nil
+	return reply(w, b, err, toBackupJSON)
 }
 
 func (s *server) listBackups(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -368,15 +328,7 @@ func (s *server) listBackups(w http.ResponseWriter, r *http.Request, c *call) er
 		return invalid(issues)
 	}
 	list, next, err := s.vols.ListBackups(r.Context(), opts)
-	if err != nil {
-		return err
-	}
-	out := listJSON[backupJSON]{Data: make([]backupJSON, 0, len(list)), NextCursor: optString(next)}
-	for _, b := range list {
-		out.Data = append(out.Data, toBackupJSON(b))
-	}
-	writeJSON(w, http.StatusOK, out)
-	return nil
+	return replyPage(w, list, next, err, toBackupJSON)
 }
 
 func (s *server) getBackup(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -384,11 +336,7 @@ func (s *server) getBackup(w http.ResponseWriter, r *http.Request, c *call) erro
 		return err
 	}
 	b, err := s.vols.GetBackup(r.Context(), c.owner, r.PathValue("id"))
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toBackupJSON(b))
-	return nil
+	return reply(w, b, err, toBackupJSON)
 }
 
 func (s *server) deleteBackup(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -396,9 +344,5 @@ func (s *server) deleteBackup(w http.ResponseWriter, r *http.Request, c *call) e
 		return err
 	}
 	b, err := s.vols.DeleteBackup(r.Context(), c.owner, r.PathValue("id"))
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toBackupJSON(b))
-	return nil
+	return reply(w, b, err, toBackupJSON)
 }

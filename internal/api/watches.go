@@ -112,46 +112,24 @@ func (s *server) startWatch(w http.ResponseWriter, r *http.Request, c *call) err
 		return newError(http.StatusNotImplemented, "webhooks_unavailable", "This server does not send webhooks.").
 			withHint("Read the watch's events with GET …/files/watches/{id}/events instead.")
 	}
-	_, g, err := s.guest(r, c)
-	if err != nil {
-		return err
-	}
-	in, err := g.WatchStart(r.Context(), gr)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, toWatchJSON(in))
-	return nil
+	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.WatchInfo, error) {
+		return g.WatchStart(ctx, gr)
+	}, toWatchJSON)
 }
 
 func (s *server) listWatches(w http.ResponseWriter, r *http.Request, c *call) error {
-	_, g, err := s.guest(r, c)
-	if err != nil {
-		return err
-	}
-	ins, err := g.Watches(r.Context())
-	if err != nil {
-		return err
-	}
-	data := make([]watchJSON, 0, len(ins))
-	for i := range ins {
-		data = append(data, toWatchJSON(&ins[i]))
-	}
-	writeJSON(w, http.StatusOK, dataJSON[watchJSON]{Data: data})
-	return nil
+	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) ([]guest.WatchInfo, error) {
+		return g.Watches(ctx)
+	}, func(ins []guest.WatchInfo) dataJSON[watchJSON] { return dataOf(ins, toWatchJSON) })
 }
 
 func (s *server) stopWatch(w http.ResponseWriter, r *http.Request, c *call) error {
-	_, g, err := s.guest(r, c)
-	if err != nil {
-		return err
-	}
-	stopped, err := g.WatchStop(r.Context(), r.PathValue("watchId"))
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"stopped": stopped, "id": r.PathValue("watchId")})
-	return nil
+	id := r.PathValue("watchId")
+	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) (bool, error) {
+		return g.WatchStop(ctx, id)
+	}, func(stopped bool) map[string]any {
+		return map[string]any{"stopped": stopped, "id": id}
+	})
 }
 
 type watchBatchJSON struct {

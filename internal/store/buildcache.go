@@ -85,24 +85,12 @@ func (s *Store) EvictBuildCache(ctx context.Context, keep int) ([]string, error)
 		return nil, fmt.Errorf("evicting build steps: %w", err)
 	}
 	defer tx.Rollback()
-	rows, err := tx.QueryContext(ctx, `DELETE FROM build_cache WHERE key NOT IN
+	// queryRows has closed its rows by the time it returns, before the commit.
+	ids, err := queryRows(ctx, tx, scanString, `DELETE FROM build_cache WHERE key NOT IN
 		(SELECT key FROM build_cache ORDER BY used_at DESC, key LIMIT ?) RETURNING snapshot_id`, keep)
 	if err != nil {
 		return nil, fmt.Errorf("evicting build steps: %w", err)
 	}
-	defer rows.Close()
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, fmt.Errorf("evicting build steps: %w", err)
-		}
-		ids = append(ids, id)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("evicting build steps: %w", err)
-	}
-	rows.Close()
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("evicting build steps: %w", err)
 	}

@@ -10,22 +10,10 @@ import (
 // before endedBefore and whose files are still on disk, oldest first.
 func (s *Store) StoppedWithDisks(ctx context.Context, endedBefore time.Time) ([]string, error) {
 	cond, args := s.localOnly()
-	rows, err := s.db.QueryContext(ctx, `SELECT id FROM sandboxes
+	ids, err := queryRows(ctx, s.db, scanString, `SELECT id FROM sandboxes
 		WHERE state = 'stopped' AND disk_removed_at IS NULL AND ended_at < ?`+cond+` ORDER BY ended_at`,
 		append([]any{formatTime(endedBefore)}, args...)...)
 	if err != nil {
-		return nil, fmt.Errorf("listing stopped sandboxes' disks: %w", err)
-	}
-	defer rows.Close()
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, fmt.Errorf("listing stopped sandboxes' disks: %w", err)
-		}
-		ids = append(ids, id)
-	}
-	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("listing stopped sandboxes' disks: %w", err)
 	}
 	return ids, nil

@@ -129,33 +129,21 @@ func (s *Store) AuthenticateKey(ctx context.Context, secret string) (Key, error)
 // GetKey returns the key with id. A missing key is an error of class
 // errdefs.ErrNotFound.
 func (s *Store) GetKey(ctx context.Context, id string) (Key, error) {
-	k, err := scanKey(s.db.QueryRowContext(ctx, `SELECT `+keyColumns+` FROM api_keys WHERE id = ?`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return Key{}, errdefs.New(errdefs.ErrNotFound, "key_not_found", "no key %q", id)
-	}
-	if err != nil {
-		return Key{}, fmt.Errorf("reading key %s: %w", id, err)
-	}
-	return k, nil
+	return keyTable.read(ctx, s.db, id)
+}
+
+// keyTable reads API keys by id.
+var keyTable = newTable("key", "api_keys", keyColumns, scanKey, keyNotFound)
+
+func keyNotFound(id string) error {
+	return errdefs.New(errdefs.ErrNotFound, "key_not_found", "no key %q", id)
 }
 
 // ListKeys returns all API keys, revoked and expired ones included, oldest
 // first.
 func (s *Store) ListKeys(ctx context.Context) ([]Key, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT `+keyColumns+` FROM api_keys ORDER BY created_at, id`)
+	keys, err := queryRows(ctx, s.db, scanKey, `SELECT `+keyColumns+` FROM api_keys ORDER BY created_at, id`)
 	if err != nil {
-		return nil, fmt.Errorf("listing keys: %w", err)
-	}
-	defer rows.Close()
-	var keys []Key
-	for rows.Next() {
-		k, err := scanKey(rows)
-		if err != nil {
-			return nil, fmt.Errorf("listing keys: %w", err)
-		}
-		keys = append(keys, k)
-	}
-	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("listing keys: %w", err)
 	}
 	return keys, nil

@@ -255,21 +255,12 @@ func (s *Store) Place(ctx context.Context, p cluster.Placement) ([]*cluster.Node
 // StaleNodes returns the nodes not down whose last heartbeat is before
 // cutoff.
 func (s *Store) StaleNodes(ctx context.Context, cutoff time.Time) ([]string, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id FROM nodes WHERE state <> 'down' AND heartbeat_at < ? ORDER BY id`,
+	ids, err := queryRows(ctx, s.db, scanString, `SELECT id FROM nodes WHERE state <> 'down' AND heartbeat_at < ? ORDER BY id`,
 		formatTime(cutoff))
 	if err != nil {
 		return nil, fmt.Errorf("listing silent nodes: %w", err)
 	}
-	defer rows.Close()
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, fmt.Errorf("listing silent nodes: %w", err)
-		}
-		ids = append(ids, id)
-	}
-	return ids, rows.Err()
+	return ids, nil
 }
 
 // DeclareLost marks node id down, in one transaction, if it is still not
@@ -294,22 +285,9 @@ func (s *Store) DeclareLost(ctx context.Context, id string, cutoff time.Time, by
 	if n, err := res.RowsAffected(); err != nil || n == 0 {
 		return nil, err
 	}
-	rows, err := tx.QueryContext(ctx, `SELECT id FROM sandboxes
+	ids, err := queryRows(ctx, tx, scanString, `SELECT id FROM sandboxes
 		WHERE node_id = ? AND state NOT IN ('stopped', 'deleted') ORDER BY id`, id)
 	if err != nil {
-		return nil, fmt.Errorf("declaring node %s lost: %w", id, err)
-	}
-	var ids []string
-	for rows.Next() {
-		var sid string
-		if err := rows.Scan(&sid); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("declaring node %s lost: %w", id, err)
-		}
-		ids = append(ids, sid)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("declaring node %s lost: %w", id, err)
 	}
 	data, _ := json.Marshal(map[string]any{"node": id, "declaredBy": by})
@@ -457,7 +435,7 @@ func (s *Store) LostSandboxes(ctx context.Context) ([]*sandbox.Sandbox, error) {
 	if n == nil {
 		return nil, nil
 	}
-	list, err := s.querySandboxes(ctx, `SELECT `+sandboxColumns+` FROM sandboxes
+	list, err := queryRows(ctx, s.db, scanSandbox, `SELECT `+sandboxColumns+` FROM sandboxes
 		WHERE node_id = ? AND state = 'stopped' AND stop_reason = ? AND disk_removed_at IS NULL ORDER BY id`,
 		n.id, sandbox.ReasonNodeLost)
 	if err != nil {

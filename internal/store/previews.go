@@ -60,20 +60,8 @@ func (s *Store) onePreview(ctx context.Context, where string, args ...any) (*san
 
 // ListPreviews returns a sandbox's previews by port.
 func (s *Store) ListPreviews(ctx context.Context, sandboxID string) ([]*sandbox.Preview, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT `+previewColumns+` FROM previews WHERE sandbox_id = ? ORDER BY port`, sandboxID)
+	out, err := queryRows(ctx, s.db, scanPreview, `SELECT `+previewColumns+` FROM previews WHERE sandbox_id = ? ORDER BY port`, sandboxID)
 	if err != nil {
-		return nil, fmt.Errorf("listing previews of %s: %w", sandboxID, err)
-	}
-	defer rows.Close()
-	var out []*sandbox.Preview
-	for rows.Next() {
-		p, err := scanPreview(rows)
-		if err != nil {
-			return nil, fmt.Errorf("listing previews of %s: %w", sandboxID, err)
-		}
-		out = append(out, p)
-	}
-	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("listing previews of %s: %w", sandboxID, err)
 	}
 	return out, nil

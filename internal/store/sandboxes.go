@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -104,16 +103,11 @@ func sandboxNotFound(id string) error {
 // GetSandbox returns the sandbox with the given id, of any owner and in any
 // state. A missing sandbox is an error of class errdefs.ErrNotFound.
 func (s *Store) GetSandbox(ctx context.Context, id string) (*sandbox.Sandbox, error) {
-	row := s.db.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ?`, id)
-	sb, err := scanSandbox(row)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("getting sandbox: %w", sandboxNotFound(id))
-	}
-	if err != nil {
-		return nil, fmt.Errorf("getting sandbox %s: %w", id, err)
-	}
-	return sb, nil
+	return sandboxTable.get(ctx, s.db, "getting", id)
 }
+
+// sandboxTable reads sandboxes by id.
+var sandboxTable = newTable("sandbox", "sandboxes", sandboxColumns, scanSandbox, sandboxNotFound)
 
 // UpdateSandbox changes the record of sandbox id in one transaction: it
 // reads the committed record, lets fn change it, and writes the mutable
@@ -126,32 +120,13 @@ func (s *Store) GetSandbox(ctx context.Context, id string) (*sandbox.Sandbox, er
 // "name_taken". fn runs with the database's write lock held: it must not
 // block.
 func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(sb *sandbox.Sandbox) bool) (*sandbox.Sandbox, error) {
-	tx, err := s.db.BeginTx(ctx, nil) // IMMEDIATE: the write lock is taken before the read
-	if err != nil {
-		return nil, fmt.Errorf("updating sandbox %s: %w", id, err)
-	}
-	defer tx.Rollback()
-	sb, err := scanSandbox(tx.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ?`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("updating sandbox: %w", sandboxNotFound(id))
-	}
-	if err != nil {
-		return nil, fmt.Errorf("updating sandbox %s: %w", id, err)
-	}
-	if err := s.checkOwner(ctx, tx, sb.NodeID); err != nil {
-		return nil, fmt.Errorf("updating sandbox %s: %w", id, err)
-	}
-	if !fn(sb) {
-		return sb, nil
-	}
-	sb.ID = id
-	if err := updateSandbox(ctx, tx, sb); err != nil {
-		return nil, err
-	}
-	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("updating sandbox %s: %w", id, err)
-	}
-	return sb, nil
+	return sandboxTable.update(ctx, s.db, id,
+		func(tx *txHandle, sb *sandbox.Sandbox) error { return s.checkOwner(ctx, tx, sb.NodeID) },
+		fn,
+		func(tx *txHandle, sb *sandbox.Sandbox) error {
+			sb.ID = id
+			return updateSandbox(ctx, tx, sb)
+		})
 }
 
 // execer is a *sql.DB or a *sql.Tx.
@@ -201,13 +176,9 @@ func updateSandbox(ctx context.Context, db execer, sb *sandbox.Sandbox) error {
 // stopped sandboxes are left out unless opts.IncludeStopped is set, and
 // deleted ones are always left out.
 func (s *Store) ListSandboxes(ctx context.Context, opts sandbox.ListOptions) ([]*sandbox.Sandbox, string, error) {
-	limit := opts.Limit
-	switch {
-	case limit == 0:
-		limit = DefaultListLimit
-	case limit < 0 || limit > MaxListLimit:
-		return nil, "", errdefs.New(errdefs.ErrInvalidArgument, "invalid_limit",
-			"limit must be between 1 and %d", MaxListLimit)
+	limit, err := pageLimit(opts.Limit)
+	if err != nil {
+		return nil, "", err
 	}
 
 	var (
@@ -259,16 +230,11 @@ func (s *Store) ListSandboxes(ctx context.Context, opts sandbox.ListOptions) ([]
 	// One extra row tells whether there is a next page.
 	args = append(args, limit+1)
 
-	list, err := s.querySandboxes(ctx, query, args...)
+	list, err := queryRows(ctx, s.db, scanSandbox, query, args...)
 	if err != nil {
 		return nil, "", fmt.Errorf("listing sandboxes: %w", err)
 	}
-	var next string
-	if len(list) > limit {
-		list = list[:limit]
-		last := list[len(list)-1]
-		next = encodeCursor(formatTime(last.CreatedAt), last.ID)
-	}
+	list, next := cutPage(list, limit, func(sb *sandbox.Sandbox) string { return encodeCursor(formatTime(sb.CreatedAt), sb.ID) })
 	return list, next, nil
 }
 
@@ -308,30 +274,10 @@ func (s *Store) labelMatch(k, v string) (string, []any, error) {
 // On a node of a cluster (SetNode) it returns that node's alone.
 func (s *Store) ListLive(ctx context.Context) ([]*sandbox.Sandbox, error) {
 	cond, args := s.localOnly()
-	list, err := s.querySandboxes(ctx, `SELECT `+sandboxColumns+` FROM sandboxes
+	list, err := queryRows(ctx, s.db, scanSandbox, `SELECT `+sandboxColumns+` FROM sandboxes
 		WHERE state NOT IN ('stopped', 'deleted')`+cond+` ORDER BY created_at, id`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("listing live sandboxes: %w", err)
-	}
-	return list, nil
-}
-
-func (s *Store) querySandboxes(ctx context.Context, query string, args ...any) ([]*sandbox.Sandbox, error) {
-	rows, err := s.db.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var list []*sandbox.Sandbox
-	for rows.Next() {
-		sb, err := scanSandbox(rows)
-		if err != nil {
-			return nil, err
-		}
-		list = append(list, sb)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
 	}
 	return list, nil
 }

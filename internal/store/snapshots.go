@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -47,62 +46,39 @@ func (s *Store) InsertSnapshot(ctx context.Context, sn *sandbox.Snapshot) error 
 
 // GetSnapshot returns a snapshot of any owner, deleted ones included.
 func (s *Store) GetSnapshot(ctx context.Context, id string) (*sandbox.Snapshot, error) {
-	sn, err := scanSnapshot(s.db.QueryRowContext(ctx, `SELECT `+snapshotColumns+` FROM snapshots WHERE id = ?`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("getting snapshot: %w", snapshotNotFound(id))
-	}
-	if err != nil {
-		return nil, fmt.Errorf("getting snapshot %s: %w", id, err)
-	}
-	return sn, nil
+	return snapshotTable.get(ctx, s.db, "getting", id)
 }
+
+// snapshotTable reads snapshots by id.
+var snapshotTable = newTable("snapshot", "snapshots", snapshotColumns, scanSnapshot, snapshotNotFound)
 
 // UpdateSnapshot changes a snapshot's record in one transaction, as
 // UpdateSandbox does a sandbox's: fn sees the committed record and nothing
 // is written if it returns false. ID, owner, source, mode, shape and
 // creation time never change.
 func (s *Store) UpdateSnapshot(ctx context.Context, id string, fn func(sn *sandbox.Snapshot) bool) (*sandbox.Snapshot, error) {
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return nil, fmt.Errorf("updating snapshot %s: %w", id, err)
-	}
-	defer tx.Rollback()
-	sn, err := scanSnapshot(tx.QueryRowContext(ctx, `SELECT `+snapshotColumns+` FROM snapshots WHERE id = ?`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("updating snapshot: %w", snapshotNotFound(id))
-	}
-	if err != nil {
-		return nil, fmt.Errorf("updating snapshot %s: %w", id, err)
-	}
-	if !fn(sn) {
-		return sn, nil
-	}
-	labels, err := jsonOrNull(sn.Labels, sn.Labels == nil)
-	if err != nil {
-		return nil, fmt.Errorf("updating snapshot %s: encoding labels: %w", id, err)
-	}
-	if _, err := tx.ExecContext(ctx, `UPDATE snapshots SET name = ?, labels = ?, state = ?, error = ?,
-		size_bytes = ?, retention_days = ?, ready_at = ?, expires_at = ?, deleted_at = ?, files_removed_at = ?
-		WHERE id = ?`,
-		sn.Name, labels, sn.State, sn.Error, sn.SizeBytes, sn.RetentionDays, formatTimePtr(sn.ReadyAt),
-		formatTimePtr(sn.ExpiresAt), formatTimePtr(sn.DeletedAt), formatTimePtr(sn.FilesRemovedAt), id); err != nil {
-		return nil, fmt.Errorf("updating snapshot %s: %w", id, err)
-	}
-	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("updating snapshot %s: %w", id, err)
-	}
-	return sn, nil
+	return snapshotTable.update(ctx, s.db, id, nil, fn, func(tx *txHandle, sn *sandbox.Snapshot) error {
+		labels, err := jsonOrNull(sn.Labels, sn.Labels == nil)
+		if err != nil {
+			return fmt.Errorf("updating snapshot %s: encoding labels: %w", id, err)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE snapshots SET name = ?, labels = ?, state = ?, error = ?,
+			size_bytes = ?, retention_days = ?, ready_at = ?, expires_at = ?, deleted_at = ?, files_removed_at = ?
+			WHERE id = ?`,
+			sn.Name, labels, sn.State, sn.Error, sn.SizeBytes, sn.RetentionDays, formatTimePtr(sn.ReadyAt),
+			formatTimePtr(sn.ExpiresAt), formatTimePtr(sn.DeletedAt), formatTimePtr(sn.FilesRemovedAt), id); err != nil {
+			return fmt.Errorf("updating snapshot %s: %w", id, err)
+		}
+		return nil
+	})
 }
 
 // ListSnapshots returns one page of the snapshots matching opts that are
 // not deleted, newest first, and the cursor of the next page.
 func (s *Store) ListSnapshots(ctx context.Context, opts sandbox.SnapshotListOptions) ([]*sandbox.Snapshot, string, error) {
-	limit := opts.Limit
-	switch {
-	case limit == 0:
-		limit = DefaultListLimit
-	case limit < 0 || limit > MaxListLimit:
-		return nil, "", errdefs.New(errdefs.ErrInvalidArgument, "invalid_limit", "limit must be between 1 and %d", MaxListLimit)
+	limit, err := pageLimit(opts.Limit)
+	if err != nil {
+		return nil, "", err
 	}
 	where := []string{"state <> 'deleted'"}
 	var args []any
@@ -131,17 +107,12 @@ func (s *Store) ListSnapshots(ctx context.Context, opts sandbox.SnapshotListOpti
 		args = append(args, created, created, id)
 	}
 	args = append(args, limit+1)
-	list, err := s.querySnapshots(ctx, `SELECT `+snapshotColumns+` FROM snapshots WHERE `+
+	list, err := queryRows(ctx, s.db, scanSnapshot, `SELECT `+snapshotColumns+` FROM snapshots WHERE `+
 		strings.Join(where, " AND ")+` ORDER BY created_at DESC, id DESC LIMIT ?`, args...)
 	if err != nil {
 		return nil, "", fmt.Errorf("listing snapshots: %w", err)
 	}
-	var next string
-	if len(list) > limit {
-		list = list[:limit]
-		last := list[len(list)-1]
-		next = encodeCursor(formatTime(last.CreatedAt), last.ID)
-	}
+	list, next := cutPage(list, limit, func(sn *sandbox.Snapshot) string { return encodeCursor(formatTime(sn.CreatedAt), sn.ID) })
 	return list, next, nil
 }
 
@@ -149,7 +120,7 @@ func (s *Store) ListSnapshots(ctx context.Context, opts sandbox.SnapshotListOpti
 // ended before now.
 func (s *Store) ExpiredSnapshots(ctx context.Context, now time.Time) ([]*sandbox.Snapshot, error) {
 	cond, args := s.localOnly()
-	list, err := s.querySnapshots(ctx, `SELECT `+snapshotColumns+` FROM snapshots
+	list, err := queryRows(ctx, s.db, scanSnapshot, `SELECT `+snapshotColumns+` FROM snapshots
 		WHERE state <> 'deleted' AND expires_at IS NOT NULL AND expires_at <= ?`+cond+` ORDER BY expires_at`,
 		append([]any{formatTime(now)}, args...)...)
 	if err != nil {
@@ -164,7 +135,7 @@ func (s *Store) ExpiredSnapshots(ctx context.Context, now time.Time) ([]*sandbox
 // files can go.
 func (s *Store) UnusedDeletedSnapshots(ctx context.Context) ([]string, error) {
 	cond, args := s.localOnly()
-	rows, err := s.db.QueryContext(ctx, `SELECT id FROM snapshots AS sn
+	ids, err := queryRows(ctx, s.db, scanString, `SELECT id FROM snapshots AS sn
 		WHERE state = 'deleted' AND files_removed_at IS NULL
 		AND NOT EXISTS (SELECT 1 FROM sandboxes
 			WHERE snapshot_id = sn.id AND state <> 'deleted' AND disk_removed_at IS NULL)`+cond+`
@@ -172,33 +143,7 @@ func (s *Store) UnusedDeletedSnapshots(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing unused deleted snapshots: %w", err)
 	}
-	defer rows.Close()
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, fmt.Errorf("listing unused deleted snapshots: %w", err)
-		}
-		ids = append(ids, id)
-	}
-	return ids, rows.Err()
-}
-
-func (s *Store) querySnapshots(ctx context.Context, query string, args ...any) ([]*sandbox.Snapshot, error) {
-	rows, err := s.db.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var list []*sandbox.Snapshot
-	for rows.Next() {
-		sn, err := scanSnapshot(rows)
-		if err != nil {
-			return nil, err
-		}
-		list = append(list, sn)
-	}
-	return list, rows.Err()
+	return ids, nil
 }
 
 func scanSnapshot(row interface{ Scan(...any) error }) (*sandbox.Snapshot, error) {

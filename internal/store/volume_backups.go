@@ -3,9 +3,7 @@ package store
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
@@ -33,44 +31,25 @@ func (s *Store) PutBackup(ctx context.Context, b *volumes.Backup) error {
 
 // GetBackup returns a backup of any owner.
 func (s *Store) GetBackup(ctx context.Context, id string) (*volumes.Backup, error) {
-	b, err := scanBackup(s.db.QueryRowContext(ctx, `SELECT `+backupColumns+` FROM volume_backups WHERE id = ?`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, errdefs.New(errdefs.ErrNotFound, "backup_not_found", "no backup %s", id)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading backup %s: %w", id, err)
-	}
-	return b, nil
+	return backupTable.read(ctx, s.db, id)
+}
+
+// backupTable reads volume backups by id.
+var backupTable = newTable("backup", "volume_backups", backupColumns, scanBackup, backupNotFound)
+
+func backupNotFound(id string) error {
+	return errdefs.New(errdefs.ErrNotFound, "backup_not_found", "no backup %s", id)
 }
 
 // ListBackups returns a page of an owner's backups (not deleted unless
 // asked for), newest first.
 func (s *Store) ListBackups(ctx context.Context, o volumes.BackupListOptions) ([]*volumes.Backup, string, error) {
-	where, args := []string{"owner_key_id = ?"}, []any{o.OwnerKeyID}
-	if o.State != "" {
-		where, args = append(where, "state = ?"), append(args, o.State)
-	} else {
-		where = append(where, "state != 'deleted'")
-	}
-	if o.VolumeID != "" {
-		where, args = append(where, "volume_id = ?"), append(args, o.VolumeID)
-	}
-	if o.Cursor != "" {
-		where, args = append(where, "id < ?"), append(args, o.Cursor)
-	}
-	limit := o.Limit
-	if limit <= 0 || limit > 100 {
-		limit = 50
-	}
-	out, err := s.backups(ctx, `WHERE `+strings.Join(where, " AND ")+` ORDER BY id DESC LIMIT ?`, append(args, limit+1)...)
+	pg := newOwnerPage(o.OwnerKeyID, o.State, "volume_id", o.VolumeID, o.Cursor, o.Limit)
+	out, err := s.backups(ctx, `WHERE `+pg.where+` ORDER BY id DESC LIMIT ?`, pg.args...)
 	if err != nil {
 		return nil, "", err
 	}
-	next := ""
-	if len(out) > limit {
-		out = out[:limit]
-		next = out[limit-1].ID
-	}
+	out, next := cutPage(out, pg.limit, func(b *volumes.Backup) string { return b.ID })
 	return out, next, nil
 }
 
@@ -95,20 +74,11 @@ func (s *Store) BackupUsage(ctx context.Context, owner, volumeID string) (volume
 }
 
 func (s *Store) backups(ctx context.Context, rest string, args ...any) ([]*volumes.Backup, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT `+backupColumns+` FROM volume_backups `+rest, args...)
+	out, err := queryRows(ctx, s.db, scanBackup, `SELECT `+backupColumns+` FROM volume_backups `+rest, args...)
 	if err != nil {
 		return nil, fmt.Errorf("listing backups: %w", err)
 	}
-	defer rows.Close()
-	var out []*volumes.Backup
-	for rows.Next() {
-		b, err := scanBackup(rows)
-		if err != nil {
-			return nil, fmt.Errorf("listing backups: %w", err)
-		}
-		out = append(out, b)
-	}
-	return out, rows.Err()
+	return out, nil
 }
 
 func scanBackup(row interface{ Scan(...any) error }) (*volumes.Backup, error) {

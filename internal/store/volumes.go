@@ -4,9 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/volumes"
@@ -41,23 +39,15 @@ func orEmpty(m map[string]string) map[string]string {
 
 // GetVolume returns a volume of any owner.
 func (s *Store) GetVolume(ctx context.Context, id string) (*volumes.Volume, error) {
-	return getVolume(ctx, s.db, id)
+	return volumeTable.read(ctx, s.db, id)
 }
 
 type queryer interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-func getVolume(ctx context.Context, q queryer, id string) (*volumes.Volume, error) {
-	v, err := scanVolume(q.QueryRowContext(ctx, `SELECT `+volumeColumns+` FROM volumes WHERE id = ?`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, volumeNotFound(id)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading volume %s: %w", id, err)
-	}
-	return v, nil
-}
+// volumeTable reads volumes by id.
+var volumeTable = newTable("volume", "volumes", volumeColumns, scanVolume, volumeNotFound)
 
 func volumeNotFound(id string) error {
 	return errdefs.New(errdefs.ErrNotFound, "volume_not_found", "no volume %s", id)
@@ -66,64 +56,20 @@ func volumeNotFound(id string) error {
 // ListVolumes returns a page of an owner's volumes (deleted ones only when
 // asked for by state), newest first.
 func (s *Store) ListVolumes(ctx context.Context, o volumes.ListOptions) ([]*volumes.Volume, string, error) {
-	where := []string{"owner_key_id = ?"}
-	args := []any{o.OwnerKeyID}
-	if o.State != "" {
-		where, args = append(where, "state = ?"), append(args, o.State)
-	} else {
-		where = append(where, "state != 'deleted'")
-	}
-	if o.Name != "" {
-		where, args = append(where, "name = ?"), append(args, o.Name)
-	}
-	if o.Cursor != "" {
-		where, args = append(where, "id < ?"), append(args, o.Cursor)
-	}
-	limit := o.Limit
-	if limit <= 0 || limit > 100 {
-		limit = 50
-	}
-	rows, err := s.db.QueryContext(ctx, `SELECT `+volumeColumns+` FROM volumes WHERE `+strings.Join(where, " AND ")+
-		` ORDER BY id DESC LIMIT ?`, append(args, limit+1)...)
+	pg := newOwnerPage(o.OwnerKeyID, o.State, "name", o.Name, o.Cursor, o.Limit)
+	out, err := queryRows(ctx, s.db, scanVolume, `SELECT `+volumeColumns+` FROM volumes WHERE `+pg.where+
+		` ORDER BY id DESC LIMIT ?`, pg.args...)
 	if err != nil {
 		return nil, "", fmt.Errorf("listing volumes: %w", err)
 	}
-	defer rows.Close()
-	var out []*volumes.Volume
-	for rows.Next() {
-		v, err := scanVolume(rows)
-		if err != nil {
-			return nil, "", fmt.Errorf("listing volumes: %w", err)
-		}
-		out = append(out, v)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, "", fmt.Errorf("listing volumes: %w", err)
-	}
-	next := ""
-	if len(out) > limit {
-		out = out[:limit]
-		next = out[limit-1].ID
-	}
+	out, next := cutPage(out, pg.limit, func(v *volumes.Volume) string { return v.ID })
 	return out, next, nil
 }
 
 // LiveVolumes lists every owner's volumes not deleted.
 func (s *Store) LiveVolumes(ctx context.Context) ([]*volumes.Volume, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT `+volumeColumns+` FROM volumes WHERE state != 'deleted' ORDER BY id`)
+	out, err := queryRows(ctx, s.db, scanVolume, `SELECT `+volumeColumns+` FROM volumes WHERE state != 'deleted' ORDER BY id`)
 	if err != nil {
-		return nil, fmt.Errorf("listing live volumes: %w", err)
-	}
-	defer rows.Close()
-	var out []*volumes.Volume
-	for rows.Next() {
-		v, err := scanVolume(rows)
-		if err != nil {
-			return nil, fmt.Errorf("listing live volumes: %w", err)
-		}
-		out = append(out, v)
-	}
-	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("listing live volumes: %w", err)
 	}
 	return out, nil
@@ -136,7 +82,7 @@ func (s *Store) UpdateVolume(ctx context.Context, id, from string, sizeMiB int, 
 		return nil, err
 	}
 	defer tx.Rollback()
-	v, err := getVolume(ctx, tx, id)
+	v, err := volumeTable.read(ctx, tx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -172,7 +118,7 @@ func (s *Store) BeginAttach(ctx context.Context, a *volumes.Attachment) error {
 		return err
 	}
 	defer tx.Rollback()
-	v, err := getVolume(ctx, tx, a.VolumeID)
+	v, err := volumeTable.read(ctx, tx, a.VolumeID)
 	if err != nil {
 		return err
 	}
@@ -202,7 +148,7 @@ func (s *Store) SetAttachment(ctx context.Context, id, state, errText string) (*
 		return nil, err
 	}
 	defer tx.Rollback()
-	a, err := getAttachment(ctx, tx, id)
+	a, err := attachmentTable.read(ctx, tx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -235,38 +181,25 @@ func (s *Store) SetAttachment(ctx context.Context, id, state, errText string) (*
 
 // GetAttachment returns an attachment.
 func (s *Store) GetAttachment(ctx context.Context, id string) (*volumes.Attachment, error) {
-	return getAttachment(ctx, s.db, id)
+	return attachmentTable.read(ctx, s.db, id)
 }
 
-func getAttachment(ctx context.Context, q queryer, id string) (*volumes.Attachment, error) {
-	a, err := scanAttachment(q.QueryRowContext(ctx, `SELECT `+attachmentColumns+` FROM volume_attachments WHERE id = ?`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, errdefs.New(errdefs.ErrNotFound, "attachment_not_found", "no attachment %s", id)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading attachment %s: %w", id, err)
-	}
-	return a, nil
+// attachmentTable reads volume attachments by id.
+var attachmentTable = newTable("attachment", "volume_attachments", attachmentColumns, scanAttachment, attachmentNotFound)
+
+func attachmentNotFound(id string) error {
+	return errdefs.New(errdefs.ErrNotFound, "attachment_not_found", "no attachment %s", id)
 }
 
 // HeldAttachments lists a sandbox's attachments not yet detached, oldest
 // first.
 func (s *Store) HeldAttachments(ctx context.Context, sandboxID string) ([]*volumes.Attachment, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT `+attachmentColumns+` FROM volume_attachments
+	out, err := queryRows(ctx, s.db, scanAttachment, `SELECT `+attachmentColumns+` FROM volume_attachments
 		WHERE sandbox_id = ? AND state != ? ORDER BY created_at, id`, sandboxID, volumes.AttachDetached)
 	if err != nil {
 		return nil, fmt.Errorf("listing attachments of %s: %w", sandboxID, err)
 	}
-	defer rows.Close()
-	var out []*volumes.Attachment
-	for rows.Next() {
-		a, err := scanAttachment(rows)
-		if err != nil {
-			return nil, fmt.Errorf("listing attachments of %s: %w", sandboxID, err)
-		}
-		out = append(out, a)
-	}
-	return out, rows.Err()
+	return out, nil
 }
 
 func scanVolume(row interface{ Scan(...any) error }) (*volumes.Volume, error) {
