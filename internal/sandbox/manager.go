@@ -476,30 +476,34 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ 
 	if err := m.checkLimits(spec); err != nil {
 		return nil, err
 	}
+	var u undo
+	defer u.run()
 	// Held from here until the record says stopped or deleted (account).
 	if err := m.cfg.Admission.Reserve(claim(sb)); err != nil {
 		return nil, err
 	}
+	u.add(func() { m.cfg.Admission.Release(sb.ID) })
 	if len(spec.Volumes) > 0 {
 		if m.cfg.Volumes == nil {
-			m.cfg.Admission.Release(sb.ID)
 			return nil, errdefs.New(errdefs.ErrUnavailable, "volumes_unavailable", "this server does not offer volumes")
 		}
 		if err := m.cfg.Volumes.Claim(ctx, sb, spec.Volumes); err != nil {
-			m.cfg.Admission.Release(sb.ID)
 			return nil, err
 		}
 	}
+	u.add(func() { m.releaseVolumes(sb.ID) })
 	if err := m.cfg.Store.InsertSandbox(ctx, sb, spec.IdempotencyKey); err != nil {
-		m.cfg.Admission.Release(sb.ID)
-		m.releaseVolumes(sb.ID)
 		return nil, err
 	}
+	// The record holds the claim and the volumes now: recording it
+	// stopped gives them back (account, markStopped). Never leave a
+	// record that looks like it is starting.
+	u.keep()
+	u.add(func() { m.finish(m.newInstance(sb.ID), ReasonStartFailed) })
 	if err := m.cfg.Store.PutNetwork(ctx, sb.ID, &Network{Policy: compiled.Policy, Version: 1, UpdatedAt: sb.CreatedAt}); err != nil {
-		// Never leave a record that looks like it is starting.
-		m.finish(m.newInstance(sb.ID), ReasonStartFailed)
 		return nil, err
 	}
+	u.keep()
 	in := m.newInstance(sb.ID)
 	in.gate = m.newGate(sb.ID, compiled, 1)
 	m.mu.Lock()
