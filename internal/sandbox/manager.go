@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -18,7 +17,6 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/admission"
-	"github.com/emberbox/emberbox/internal/agentproto"
 	"github.com/emberbox/emberbox/internal/egress"
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/faultpoint"
@@ -536,161 +534,6 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ 
 		close(in.bootDone)
 	}
 	return sb, nil
-}
-
-func (m *Manager) vmSpec(sb *Sandbox) vmm.Spec {
-	return vmm.Spec{
-		ID: sb.ID, Dir: m.dir(sb.ID), VCPU: sb.VCPU, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB,
-		Kernel: m.cfg.Boot.Kernel, Initrd: m.cfg.Boot.Initrd, Rootfs: m.rootfs(sb),
-	}
-}
-
-// rootfs is the base disk sb boots: its image's, or the default one.
-func (m *Manager) rootfs(sb *Sandbox) string {
-	if sb.Rootfs != "" {
-		return sb.Rootfs
-	}
-	return m.cfg.Boot.Rootfs
-}
-
-// boot starts the VM and waits for its agent, retrying once: a TCG guest can
-// still hang early in boot, and a fresh VM nearly always comes up.
-// With keepDisk it boots from the disk the sandbox already has (restart).
-func (m *Manager) boot(ctx context.Context, in *instance, sb *Sandbox, env map[string]string, keepDisk bool) {
-	defer close(in.bootDone)
-	log := m.log.With("sandbox_id", sb.ID)
-	var lastErr error
-	for attempt := 1; attempt <= 2; attempt++ {
-		start := time.Now()
-		err := m.bootOnce(ctx, in, sb, env, keepDisk)
-		if err == nil {
-			log.Info("sandbox ready", "attempt", attempt, "took", time.Since(start).Round(time.Millisecond))
-			m.prepareReady(ctx, in, sb, map[string]any{"attempt": attempt, "bootMs": time.Since(start).Milliseconds()})
-			return
-		}
-		lastErr = err
-		log.Warn("boot attempt failed", "attempt", attempt, "err", err)
-		m.event(sb.ID, "boot_failed", err.Error(), map[string]any{"attempt": attempt})
-		// Keep this attempt's console for whoever investigates.
-		_ = os.Rename(filepath.Join(m.dir(sb.ID), "console.log"), filepath.Join(m.dir(sb.ID), fmt.Sprintf("console-attempt%d.log", attempt)))
-		if ctx.Err() != nil {
-			return // stopped or deleted while booting; that path records the end
-		}
-	}
-	log.Error("sandbox failed to start", "err", lastErr)
-	m.finish(in, ReasonStartFailed)
-}
-
-// ready records that a sandbox's agent answers and starts its lease (an
-// extension asked for while it booted is kept if it ends later).
-func (m *Manager) ready(in *instance, data map[string]any) {
-	now := m.now()
-	changed := false
-	_, err := m.update(context.Background(), in.id, func(s *Sandbox) bool {
-		if s.State != StateStarting {
-			return false // stopped or deleted while booting
-		}
-		expires := m.leaseEnd(s, now)
-		if expires != nil && s.ExpiresAt != nil && s.ExpiresAt.After(*expires) {
-			expires = s.ExpiresAt
-		}
-		if end := m.lifetimeEnd(s); expires != nil && !end.IsZero() && expires.After(end) {
-			expires = &end
-		}
-		s.State, s.ReadyAt, s.ExpiresAt = StateRunning, &now, expires
-		changed = true
-		return true
-	})
-	if err != nil {
-		m.log.Error("recording ready sandbox", "sandbox_id", in.id, "err", err)
-	}
-	if !changed {
-		return
-	}
-	in.touch(now)
-	m.observeReady(data)
-	m.event(in.id, "ready", "sandbox is running", data)
-	m.spawn(func() { m.watch(in) })
-}
-
-func (m *Manager) bootOnce(ctx context.Context, in *instance, sb *Sandbox, env map[string]string, keepDisk bool) error {
-	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
-	defer cancel()
-	spec := m.vmSpec(sb)
-	spec.KeepDisk = keepDisk
-	mach, err := m.cfg.Driver.Start(ctx, spec)
-	if err != nil {
-		return err
-	}
-	faultpoint.Hit("create.vm_started")
-	in.mu.Lock()
-	in.machine = mach
-	in.mu.Unlock()
-	starting := false
-	if _, err := m.update(context.Background(), sb.ID, func(s *Sandbox) bool {
-		if starting = s.State == StateStarting; !starting {
-			return false
-		}
-		s.VM, s.Accel = mach.Record(), mach.Accel()
-		return true
-	}); err != nil || !starting {
-		_ = mach.Stop(context.Background())
-		if err == nil {
-			err = errors.New("stopped while booting")
-		}
-		return err
-	}
-	faultpoint.Hit("create.vm_recorded")
-	c, err := m.connect(ctx, in, mach)
-	if err == nil {
-		err = c.Configure(ctx, agentproto.ConfigureRequest{Env: env, CACerts: m.cfg.ExtraCAs})
-		if err != nil {
-			c.Close()
-		}
-	}
-	if err != nil {
-		if m.closing.Load() {
-			// The server is shutting down, not failing this boot: the
-			// VM and its record stay for the next process to resume.
-			return fmt.Errorf("server shutting down: %w", err)
-		}
-		_ = mach.Stop(context.Background())
-		in.mu.Lock()
-		in.machine = nil
-		in.mu.Unlock()
-		if ctx.Err() != nil {
-			return fmt.Errorf("agent did not report ready within %s: %w", m.cfg.BootTimeout, err)
-		}
-		return err
-	}
-	in.mu.Lock()
-	in.client = c
-	in.mu.Unlock()
-	return nil
-}
-
-// connect dials the guest and completes the handshake; the agent answers
-// once the guest has booted.
-func (m *Manager) connect(ctx context.Context, in *instance, mach vmm.Machine) (*guest.Client, error) {
-	conn, err := mach.DialGuest(ctx)
-	if err != nil {
-		return nil, err
-	}
-	c, err := guest.Handshake(ctx, conn)
-	if err != nil {
-		conn.Close()
-		return nil, err
-	}
-	c.SetViolationHandler(func(v guest.Violation) { m.guestViolation(in, v) })
-	c.ServeGuestStreams(m.egressHandler(in))
-	if _, err := c.Info(ctx); err != nil {
-		c.Close()
-		if ctx.Err() == nil && errdefs.Code(err) == "guest_unavailable" {
-			m.guestViolation(in, guest.Violation{Method: "session", Problem: "ended before answering info"})
-		}
-		return nil, err
-	}
-	return c, nil
 }
 
 // watch follows a running sandbox: if its VM exits on its own the sandbox

@@ -167,22 +167,14 @@ func (m *Manager) resumeBoot(ctx context.Context, in *instance, sb *Sandbox) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
 	defer cancel()
-	c, err := m.connect(ctx, in, in.machine)
-	if err == nil {
-		if err = c.Configure(ctx, agentproto.ConfigureRequest{CACerts: m.cfg.ExtraCAs}); err != nil {
-			c.Close()
-		}
-	}
-	if err != nil {
+	plan := bootPlan{in: in, mach: in.machine, ready: configure(agentproto.ConfigureRequest{CACerts: m.cfg.ExtraCAs})}
+	if _, err := m.bootGuest(ctx, plan); err != nil {
 		if m.closing.Load() {
 			return // shutting down: the next start resumes this boot again
 		}
 		m.spawn(func() { _, _ = m.stop(m.ctx, sb.ID, ReasonStartFailed, false) })
 		return
 	}
-	in.mu.Lock()
-	in.client = c
-	in.mu.Unlock()
 	m.prepareReady(in.ctx, in, sb, map[string]any{"resumedAfterRestart": true})
 }
 
@@ -197,7 +189,7 @@ func (m *Manager) continueWake(in *instance, sb *Sandbox) {
 	if err := in.machine.Continue(ctx); err != nil {
 		m.log.Warn("letting a resumed vm run after a restart", "sandbox_id", sb.ID, "err", err)
 	}
-	if err := m.attachResumed(ctx, in, in.machine, agentproto.RenewRequest{}); err != nil {
+	if _, err := m.bootGuest(ctx, bootPlan{in: in, mach: in.machine, restored: true}); err != nil {
 		m.wakeFailed(in, sb, in.machine, err)
 		return
 	}
