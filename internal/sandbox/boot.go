@@ -327,3 +327,40 @@ func (m *Manager) connectRestored(ctx context.Context, in *instance, mach vmm.Ma
 		}
 	}
 }
+
+// bootTemplate starts a sandbox as a copy of the template in dir, and
+// boots it if that fails: a template is an optimisation, never a reason
+// for a create to fail.
+//
+// templates.pin pinned dir for this create; the pin goes once the
+// sandbox's directory names the template (templateUse) or the copy was given up.
+func (m *Manager) bootTemplate(ctx context.Context, in *instance, sb *Sandbox, dir string, env map[string]string) {
+	start := time.Now()
+	spec := m.vmSpec(sb)
+	use := filepath.Join(spec.Dir, templateUse)
+	err := os.MkdirAll(spec.Dir, 0o700)
+	if err == nil {
+		err = os.WriteFile(use, []byte(dir+"\n"), 0o600)
+	}
+	m.templates.unpin(dir)
+	if err == nil {
+		cctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
+		err = m.cfg.Driver.Clone(cctx, dir, spec)
+		cancel()
+	}
+	if err == nil {
+		if err = m.resumeCopy(ctx, in, sb, env); err == nil {
+			m.prepareReady(ctx, in, sb, map[string]any{"template": true, "resumeMs": time.Since(start).Milliseconds()})
+			close(in.bootDone)
+			return
+		}
+	}
+	if ctx.Err() != nil || m.closing.Load() {
+		close(in.bootDone)
+		return // stopped, deleted or shutting down: that path records the end
+	}
+	m.log.Warn("restoring a template failed; booting instead", "sandbox_id", sb.ID, "err", err)
+	m.event(sb.ID, "template_failed", err.Error(), nil)
+	_ = os.Remove(use) // the boot makes a disk of its own, over the image's
+	m.boot(ctx, in, sb, env, false)
+}

@@ -143,7 +143,7 @@ type Manager struct {
 
 	netMu sync.Mutex // serializes policy changes (version numbers)
 
-	templates templateSet
+	templates *templatePool
 
 	// Test hooks (export_test.go): testHookBeforeUpdate runs as an update
 	// begins; testHookUpdate inside every update that changes something,
@@ -242,9 +242,11 @@ func New(cfg Config) *Manager {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Manager{cfg: cfg, log: log, ctx: ctx, cancel: cancel,
+	m := &Manager{cfg: cfg, log: log, ctx: ctx, cancel: cancel,
 		live: map[string]*instance{}, changed: map[string]chan struct{}{}, ops: map[string]*opLock{},
 		envs: map[string]map[string]string{}}
+	m.templates = newTemplatePool(ctx, &m.cfg, log, m.spawn, m.bootGuest)
+	return m
 }
 
 // spawn runs f in a goroutine the manager owns: Close waits for it. After
@@ -518,13 +520,13 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ 
 		if spec.Image != nil {
 			minDisk = spec.Image.MinDiskMiB
 		}
-		if dir, ok := m.template(sb.Rootfs, shapeOf(sb), minDisk); ok {
+		if dir, ok := m.templates.pin(sb.Rootfs, shapeOf(sb), minDisk); ok {
 			start = func() { m.bootTemplate(in.ctx, in, sb, dir, spec.Env) }
 		} else {
 			// The template is built once this boot is done, not beside it.
 			start = func() {
 				m.boot(in.ctx, in, sb, spec.Env, false)
-				m.wantTemplate(sb.Rootfs, shapeOf(sb), minDisk)
+				m.templates.want(sb.Rootfs, shapeOf(sb), minDisk)
 			}
 		}
 	}
