@@ -2,16 +2,12 @@ package sandbox
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -294,12 +290,6 @@ func (m *Manager) dir(id string) string { return filepath.Join(m.dirRoot(), id) 
 // dirRoot holds one directory per sandbox with files on this server.
 func (m *Manager) dirRoot() string { return filepath.Join(m.cfg.DataDir, "sandboxes") }
 
-func newID() string {
-	var b [10]byte
-	_, _ = rand.Read(b[:])
-	return "sbx_" + hex.EncodeToString(b[:])
-}
-
 func notFound(id string) error {
 	return errdefs.New(errdefs.ErrNotFound, "not_found", "no sandbox %q", id)
 }
@@ -342,200 +332,10 @@ func (m *Manager) update(ctx context.Context, id string, fn func(sb *Sandbox) bo
 	return sb, nil
 }
 
-// account keeps the admission ledger in step with the record, as every
-// transition goes through update: a sandbox gives back its boot slot when
-// it runs, all but its disk when it enters paused, and everything when it
-// is stopped or deleted (the ledger releases once however often this is
-// called). Entering paused happens only under the sandbox's VM lock, which
-// a stop or delete takes before it can release, so the shrink never
-// follows a release.
-func (m *Manager) account(sb *Sandbox, entered bool) {
-	switch sb.State {
-	case StateRunning:
-		m.cfg.Admission.Booted(sb.ID)
-	case StatePaused:
-		if entered {
-			m.cfg.Admission.Restore(claim(sb))
-		}
-	case StateStopped, StateDeleted:
-		m.cfg.Admission.Release(sb.ID)
-	}
-}
-
-// LabelQuotaKey, on a sandbox of an internal owner ("system:…": image
-// build and import sandboxes), names the API key whose quotas it counts
-// against: the key whose work it does. On a tenant's sandbox it means
-// nothing, so no key can charge another.
-const LabelQuotaKey = "emberbox.quota/key"
-
-// quotaOwner is the key sb counts against in the admission ledger.
-func quotaOwner(sb *Sandbox) string {
-	if k := sb.Labels[LabelQuotaKey]; k != "" && strings.HasPrefix(sb.OwnerKeyID, "system:") {
-		return k
-	}
-	return sb.OwnerKeyID
-}
-
-// claim is what sb holds in the admission ledger: a paused sandbox holds
-// its disk alone, as it has no VM.
-func claim(sb *Sandbox) admission.Claim {
-	c := admission.Claim{ID: sb.ID, Owner: quotaOwner(sb), Booting: sb.State == StateStarting || sb.State == StateResuming,
-		Resources: admission.Resources{VCPU: sb.VCPU, MemoryMiB: int64(sb.MemoryMiB), DiskMiB: int64(sb.DiskMiB)}}
-	if sb.State == StatePaused {
-		c.VCPU, c.MemoryMiB, c.Booting = 0, 0, false
-	}
-	return c
-}
-
-// checkLimits refuses a spec beyond the operator's limits of one sandbox,
-// naming each field and its limit.
-func (m *Manager) checkLimits(spec CreateSpec) error {
-	lim := m.cfg.Limits
-	var issues []map[string]string
-	over := func(field string, v, max int, unit string) {
-		if max > 0 && v > max {
-			issues = append(issues, map[string]string{"path": field, "message": fmt.Sprintf("must be at most %d%s on this server", max, unit)})
-		}
-	}
-	over("diskMiB", spec.DiskMiB, lim.MaxDiskMiB, "")
-	over("memoryMiB", spec.MemoryMiB, lim.MaxMemoryMiB, "")
-	over("timeoutSeconds", spec.TimeoutSeconds, int(lim.MaxLifetime/time.Second), " (the maximum lifetime of a sandbox)")
-	over("vcpu", spec.VCPU, lim.MaxVCPU, "")
-	if len(issues) == 0 {
-		return nil
-	}
-	msg := "The request is not valid."
-	if len(issues) == 1 {
-		msg = issues[0]["path"] + ": " + issues[0]["message"]
-	}
-	e := errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "%s", msg).
-		WithHint("Ask for a sandbox within the limits in details.issues.")
-	e.Details = map[string]any{"issues": issues}
-	return e
-}
-
-// lifetimeEnd is the latest a lease of sb may end, or the zero time.
-func (m *Manager) lifetimeEnd(sb *Sandbox) time.Time {
-	if m.cfg.Limits.MaxLifetime <= 0 {
-		return time.Time{}
-	}
-	return sb.CreatedAt.Add(m.cfg.Limits.MaxLifetime)
-}
-
 func (m *Manager) event(id, typ, msg string, data map[string]any) {
 	if err := m.cfg.Store.AppendEvent(context.Background(), id, typ, msg, data); err != nil {
 		m.log.Warn("recording event", "sandbox_id", id, "err", err)
 	}
-}
-
-// Create implements api.Manager.Create.
-func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ *Sandbox, err error) {
-	defer func() { m.observeOp("create", err) }()
-	var source *Snapshot
-	if spec.SnapshotID != "" {
-		var err error
-		if source, err = m.copySource(ctx, owner, &spec); err != nil {
-			return nil, err
-		}
-	}
-	names := make([]string, 0, len(spec.Env))
-	for k := range spec.Env {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	sb := &Sandbox{
-		ID: newID(), OwnerKeyID: owner, Name: spec.Name, Labels: spec.Labels, EnvNames: names,
-		VCPU: spec.VCPU, MemoryMiB: spec.MemoryMiB, DiskMiB: spec.DiskMiB,
-		TimeoutSeconds: spec.TimeoutSeconds, OnLeaseEnd: spec.OnLeaseEnd,
-		State: StateStarting, Accel: m.cfg.Driver.Accel(), Driver: m.cfg.Driver.Name(),
-		CreatedAt: m.now(), AutoWake: spec.AutoWake == nil || *spec.AutoWake,
-		IdlePauseSeconds: spec.IdlePauseSeconds, Persistent: spec.Persistent, SnapshotID: spec.SnapshotID,
-	}
-	switch {
-	case source != nil:
-		sb.ImageID, sb.Rootfs = source.ImageID, source.Rootfs
-	case spec.Image != nil:
-		if spec.Image.Rootfs == "" {
-			return nil, fmt.Errorf("create: image %s has no root disk", spec.Image.ID)
-		}
-		if spec.DiskMiB < spec.Image.MinDiskMiB {
-			return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request",
-				"diskMiB: image %s needs a disk of at least %d MiB", spec.Image.ID, spec.Image.MinDiskMiB).
-				WithHint("ask for a larger diskMiB, or leave it out")
-		}
-		sb.ImageID, sb.Rootfs = spec.Image.ID, spec.Image.Rootfs
-	}
-	pol := m.cfg.EgressDefault
-	if spec.Network != nil {
-		pol = *spec.Network
-	}
-	compiled, err := egress.Compile(pol)
-	if err != nil {
-		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "network: %v", err)
-	}
-	if err := m.checkLimits(spec); err != nil {
-		return nil, err
-	}
-	var u undo
-	defer u.run()
-	// Held from here until the record says stopped or deleted (account).
-	if err := m.cfg.Admission.Reserve(claim(sb)); err != nil {
-		return nil, err
-	}
-	u.add(func() { m.cfg.Admission.Release(sb.ID) })
-	if len(spec.Volumes) > 0 {
-		if m.cfg.Volumes == nil {
-			return nil, errdefs.New(errdefs.ErrUnavailable, "volumes_unavailable", "this server does not offer volumes")
-		}
-		if err := m.cfg.Volumes.Claim(ctx, sb, spec.Volumes); err != nil {
-			return nil, err
-		}
-	}
-	u.add(func() { m.releaseVolumes(sb.ID) })
-	if err := m.cfg.Store.InsertSandbox(ctx, sb, spec.IdempotencyKey); err != nil {
-		return nil, err
-	}
-	// The record holds the claim and the volumes now: recording it
-	// stopped gives them back (account, markStopped). Never leave a
-	// record that looks like it is starting.
-	u.keep()
-	u.add(func() { m.finish(m.newInstance(sb.ID), ReasonStartFailed) })
-	if err := m.cfg.Store.PutNetwork(ctx, sb.ID, &Network{Policy: compiled.Policy, Version: 1, UpdatedAt: sb.CreatedAt}); err != nil {
-		return nil, err
-	}
-	u.keep()
-	in := m.newInstance(sb.ID)
-	in.gate = m.newGate(sb.ID, compiled, 1)
-	m.mu.Lock()
-	m.live[sb.ID] = in
-	m.mu.Unlock()
-	m.rememberEnv(sb.ID, spec.Env)
-	m.event(sb.ID, "created", "sandbox created", map[string]any{"vcpu": sb.VCPU, "memoryMiB": sb.MemoryMiB})
-	faultpoint.Hit("create.recorded")
-	start := func() { m.boot(in.ctx, in, sb, spec.Env, false) }
-	if source != nil {
-		start = func() { m.bootCopy(in.ctx, in, sb, source, spec.Env) }
-	} else {
-		minDisk := 0
-		if spec.Image != nil {
-			minDisk = spec.Image.MinDiskMiB
-		}
-		if dir, ok := m.templates.pin(sb.Rootfs, shapeOf(sb), minDisk); ok {
-			start = func() { m.bootTemplate(in.ctx, in, sb, dir, spec.Env) }
-		} else {
-			// The template is built once this boot is done, not beside it.
-			start = func() {
-				m.boot(in.ctx, in, sb, spec.Env, false)
-				m.templates.want(sb.Rootfs, shapeOf(sb), minDisk)
-			}
-		}
-	}
-	if !m.spawn(start) {
-		// Shutting down: the record stays starting with no VM, and the
-		// next start records it stopped (lost_on_restart).
-		close(in.bootDone)
-	}
-	return sb, nil
 }
 
 // watch follows a running sandbox: if its VM exits on its own the sandbox
@@ -894,43 +694,4 @@ func removeAll(dir string) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return err
-}
-
-// Extend implements api.Manager.Extend.
-func (m *Manager) Extend(ctx context.Context, owner, id string, d time.Duration) (*Sandbox, error) {
-	sb, err := m.get(ctx, owner, id)
-	if err != nil {
-		return nil, err
-	}
-	if sb.State != StateRunning && sb.State != StateStarting {
-		return nil, Refusal(sb)
-	}
-	if sb.Persistent || sb.TimeoutSeconds == 0 {
-		return sb, nil // no time limit: nothing to extend
-	}
-	if d <= 0 || d > MaxExtendAhead {
-		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "seconds must be between 1 and %d", int(MaxExtendAhead.Seconds()))
-	}
-	exp := m.now().Add(d)
-	end := m.lifetimeEnd(sb)
-	if !end.IsZero() && exp.After(end) {
-		if sb.ExpiresAt != nil && !sb.ExpiresAt.Before(end) {
-			e := errdefs.New(errdefs.ErrConflict, "lifetime_exceeded",
-				"the sandbox's lease already ends at its maximum lifetime of %s", m.cfg.Limits.MaxLifetime).
-				WithHint("Create a new sandbox to keep working after this one ends.")
-			e.Details = map[string]any{"maxLifetimeSeconds": int64(m.cfg.Limits.MaxLifetime / time.Second)}
-			return nil, e
-		}
-		exp = end // as far as the lifetime allows
-	}
-	return m.update(ctx, id, func(s *Sandbox) bool {
-		if s.State.Terminal() || s.State == StateStopping {
-			return false
-		}
-		if s.ExpiresAt != nil && !s.ExpiresAt.Before(exp) {
-			return false // never shortens
-		}
-		s.ExpiresAt = &exp
-		return true
-	})
 }
