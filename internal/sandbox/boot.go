@@ -124,6 +124,18 @@ func configure(req agentproto.ConfigureRequest) func(context.Context, vmm.Machin
 	}
 }
 
+// resumeVM is a bootPlan's start for sb's VM from its saved memory;
+// what names the VM in an error.
+func (m *Manager) resumeVM(sb *Sandbox, what string) func(context.Context) (vmm.Machine, error) {
+	return func(ctx context.Context) (vmm.Machine, error) {
+		mach, err := m.cfg.Driver.Resume(ctx, m.vmSpec(sb))
+		if err != nil {
+			return nil, fmt.Errorf("resuming %s: %w", what, err)
+		}
+		return mach, nil
+	}
+}
+
 // recordStarting names mach in the record of a starting sandbox. A
 // sandbox no longer starting (stopped or deleted meanwhile) refuses it
 // with the error refusal.

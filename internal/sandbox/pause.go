@@ -3,7 +3,6 @@ package sandbox
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 
@@ -336,14 +335,8 @@ func (m *Manager) finishWake(sb *Sandbox) {
 	ctx, cancel := context.WithTimeout(in.ctx, m.cfg.BootTimeout)
 	defer cancel()
 	b, err := m.bootGuest(ctx, bootPlan{
-		in: in,
-		start: func(ctx context.Context) (vmm.Machine, error) {
-			mach, err := m.cfg.Driver.Resume(ctx, m.vmSpec(sb))
-			if err != nil {
-				return nil, fmt.Errorf("resuming the vm: %w", err)
-			}
-			return mach, nil
-		},
+		in:      in,
+		start:   m.resumeVM(sb, "the vm"),
 		started: "wake.resumed",
 		record: func(mach vmm.Machine) error {
 			_, err := m.update(context.Background(), sb.ID, func(s *Sandbox) bool {

@@ -452,14 +452,8 @@ func (m *Manager) resumeCopy(ctx context.Context, in *instance, sb *Sandbox, env
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
 	defer cancel()
 	b, err := m.bootGuest(ctx, bootPlan{
-		in: in,
-		start: func(ctx context.Context) (vmm.Machine, error) {
-			mach, err := m.cfg.Driver.Resume(ctx, m.vmSpec(sb))
-			if err != nil {
-				return nil, fmt.Errorf("resuming the copy: %w", err)
-			}
-			return mach, nil
-		},
+		in:       in,
+		start:    m.resumeVM(sb, "the copy"),
 		record:   func(mach vmm.Machine) error { return m.recordStarting(sb.ID, mach, "stopped while resuming") },
 		paused:   true,
 		restored: true,
