@@ -47,37 +47,7 @@ func (m *Manager) recoverOne(ctx context.Context, sb *Sandbox) {
 		err = vmm.ErrGone
 	}
 	if err != nil {
-		if !errors.Is(err, vmm.ErrGone) {
-			log.Warn("reattaching", "err", err)
-		}
-		// A boot cut short by a crash may have left a VM that no record
-		// names (its record was not yet saved): end it.
-		if k, ok := m.cfg.Driver.(vmm.StrayKiller); ok {
-			if n, err := k.KillStray(ctx, m.vmSpec(sb)); err != nil {
-				log.Warn("ending stray vm", "err", err)
-			} else if n > 0 {
-				log.Info("ended stray vm left by an interrupted boot", "count", n)
-			}
-		}
-		if (sb.State == StatePausing || sb.State == StateResuming) && m.cfg.Driver.Saved(m.vmSpec(sb)) {
-			// The pause got as far as saving, or the wake not as far as
-			// using the saved state: paused either way.
-			log.Info("recording an interrupted pause or wake paused", "state", sb.State)
-			m.recordPaused(sb.ID)
-			return
-		}
-		if sb.State == StateDeleting {
-			log.Info("finishing an interrupted delete")
-			m.spawn(func() { m.logErr(m.finishDelete(m.ctx, sb.ID)) })
-			return
-		}
-		log.Info("sandbox's vm is gone; marking it stopped")
-		// Its counters went with it: what it used since the last settle
-		// is lost, and nothing more is charged.
-		if err := m.cfg.Meter.DropMeter(ctx, sb.ID); err != nil {
-			log.Warn("dropping the meter of a lost vm", "err", err)
-		}
-		m.markStopped(sb.ID, ReasonLostOnRestart)
+		m.recoverGone(ctx, sb, err)
 		return
 	}
 	if sb.State == StateResuming && m.cfg.Driver.Saved(m.vmSpec(sb)) {
@@ -119,6 +89,44 @@ func (m *Manager) recoverOne(ctx context.Context, sb *Sandbox) {
 	if !started && sb.State == StateStarting {
 		close(in.bootDone)
 	}
+}
+
+// recoverGone accounts for a live sandbox whose VM could not be
+// reattached (err): a pause or wake cut short is paused if its state was
+// saved, a delete is finished, and anything else is stopped.
+func (m *Manager) recoverGone(ctx context.Context, sb *Sandbox, err error) {
+	log := m.log.With("sandbox_id", sb.ID)
+	if !errors.Is(err, vmm.ErrGone) {
+		log.Warn("reattaching", "err", err)
+	}
+	// A boot cut short by a crash may have left a VM that no record
+	// names (its record was not yet saved): end it.
+	if k, ok := m.cfg.Driver.(vmm.StrayKiller); ok {
+		if n, err := k.KillStray(ctx, m.vmSpec(sb)); err != nil {
+			log.Warn("ending stray vm", "err", err)
+		} else if n > 0 {
+			log.Info("ended stray vm left by an interrupted boot", "count", n)
+		}
+	}
+	if (sb.State == StatePausing || sb.State == StateResuming) && m.cfg.Driver.Saved(m.vmSpec(sb)) {
+		// The pause got as far as saving, or the wake not as far as
+		// using the saved state: paused either way.
+		log.Info("recording an interrupted pause or wake paused", "state", sb.State)
+		m.recordPaused(sb.ID)
+		return
+	}
+	if sb.State == StateDeleting {
+		log.Info("finishing an interrupted delete")
+		m.spawn(func() { m.logErr(m.finishDelete(m.ctx, sb.ID)) })
+		return
+	}
+	log.Info("sandbox's vm is gone; marking it stopped")
+	// Its counters went with it: what it used since the last settle
+	// is lost, and nothing more is charged.
+	if err := m.cfg.Meter.DropMeter(ctx, sb.ID); err != nil {
+		log.Warn("dropping the meter of a lost vm", "err", err)
+	}
+	m.markStopped(sb.ID, ReasonLostOnRestart)
 }
 
 // logErr logs the error of a background delete.
