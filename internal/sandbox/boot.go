@@ -16,12 +16,19 @@ import (
 	"github.com/emberbox/emberbox/internal/vmm"
 )
 
-// A bootPlan is one way a VM comes up to an agent that answers: a cold
-// boot (create, restart, a disk snapshot's copy), a copy of a template or
-// of a memory snapshot, a wake, a VM found booting or waking after a
-// restart of the server, and a template's build. bootGuest runs every one
-// of them; the caller undoes a failure, as only it knows whether the VM is
-// to stop, pause again or stay for the next process of the server.
+// A bootPlan is one way a VM comes up to an agent that answers. bootGuest
+// runs every one of them:
+//
+//   - a cold boot (create, restart, a disk snapshot's copy): boot, bootOnce;
+//   - a copy of a template or of a memory snapshot (create, fork):
+//     bootTemplate, bootCopy, resumeCopy;
+//   - a wake: finishWake;
+//   - a VM found booting or waking after a restart of the server:
+//     resumeBoot, continueWake;
+//   - a template's build: templatePool.build.
+//
+// The caller undoes a failure, as only it knows whether the VM is to stop,
+// pause again or stay for the next process of the server.
 type bootPlan struct {
 	// in is the sandbox's instance: it gets the machine once started and
 	// the client once ready. nil for a template's build VM, which has no
