@@ -56,11 +56,11 @@ func (m *Manager) ImageTemplateReady(rootfs string, vcpu, memoryMiB, diskMiB int
 
 // TemplateDir is the directory of the template of rootfs and a shape.
 func (m *Manager) TemplateDir(rootfs string, vcpu, memoryMiB, diskMiB int) string {
-	return m.templateDir(rootfs, shape{vcpu, memoryMiB, diskMiB})
+	return m.templates.dir(rootfs, shape{vcpu, memoryMiB, diskMiB})
 }
 
 // ImageTemplatesDir is the directory of every template of rootfs.
-func (m *Manager) ImageTemplatesDir(rootfs string) string { return m.imageTemplates(rootfs) }
+func (m *Manager) ImageTemplatesDir(rootfs string) string { return m.templates.imageDir(rootfs) }
 
 // RetryFullTemplates lets the next create look again for room under the
 // cap of image templates at once.
@@ -83,7 +83,7 @@ func (m *Manager) TemplatesFull() bool {
 func (m *Manager) TemplatesInUse() map[string]bool {
 	m.templates.mu.Lock()
 	defer m.templates.mu.Unlock()
-	return m.templatesInUseLocked()
+	return m.templates.inUseLocked()
 }
 
 // CallsInFlight is the number of calls into sandbox id's guest that hold

@@ -39,8 +39,10 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, spec ForkSpec) (_ 
 	if err != nil {
 		return nil, err
 	}
+	var u undo
+	defer u.run()
+	u.add(func() { m.dropForkSnapshot(ctx, sn.ID, spec.KeepSnapshot) })
 	if sn.State != SnapshotReady {
-		m.dropForkSnapshot(ctx, sn.ID, spec.KeepSnapshot)
 		e := errdefs.New(errdefs.ErrConflict, "snapshot_failed", "the fork's snapshot of %s failed", id)
 		e.Details = map[string]any{"snapshotId": sn.ID}
 		return nil, e
@@ -60,16 +62,18 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, spec ForkSpec) (_ 
 		}
 		sb, err := m.Create(ctx, owner, cs)
 		if err != nil {
-			for _, c := range copies {
-				if _, derr := m.delete(context.WithoutCancel(ctx), c.ID, ReasonDeleted); derr != nil {
-					m.log.Error("deleting a copy of a failed fork", "sandbox_id", c.ID, "err", derr)
-				}
-			}
-			m.dropForkSnapshot(ctx, sn.ID, spec.KeepSnapshot)
 			return nil, err
 		}
+		u.add(func() {
+			if _, err := m.delete(context.WithoutCancel(ctx), sb.ID, ReasonDeleted); err != nil {
+				m.log.Error("deleting a copy of a failed fork", "sandbox_id", sb.ID, "err", err)
+			}
+		})
 		copies = append(copies, sb)
 	}
+	// The copies stay, and are waited for below; the snapshot goes now
+	// unless it is kept (its files stay while a copy uses them).
+	u.keep()
 	m.dropForkSnapshot(ctx, sn.ID, spec.KeepSnapshot)
 	wctx, cancel := context.WithTimeout(ctx, 2*m.cfg.BootTimeout+10*time.Second)
 	defer cancel()

@@ -185,6 +185,9 @@ func (m *Manager) Restart(ctx context.Context, owner, id string) (_ *Sandbox, er
 	if err := m.cfg.Admission.Reserve(claim(&starting)); err != nil {
 		return nil, err
 	}
+	var u undo
+	defer u.run()
+	u.add(func() { m.cfg.Admission.Release(id) })
 	env, known := m.knownEnv(id)
 	changed := false
 	sb, err = m.update(ctx, id, func(s *Sandbox) bool {
@@ -198,9 +201,9 @@ func (m *Manager) Restart(ctx context.Context, owner, id string) (_ *Sandbox, er
 		return changed
 	})
 	if err != nil || !changed {
-		m.cfg.Admission.Release(id)
 		return sb, err
 	}
+	u.keep() // the record holds the claim now (account)
 	in := m.newInstance(id)
 	in.gate = m.restoreGate(ctx, id)
 	m.mu.Lock()

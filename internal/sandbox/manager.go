@@ -2,23 +2,17 @@ package sandbox
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/emberbox/emberbox/internal/admission"
-	"github.com/emberbox/emberbox/internal/agentproto"
 	"github.com/emberbox/emberbox/internal/egress"
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/faultpoint"
@@ -143,7 +137,7 @@ type Manager struct {
 	ops     map[string]*opLock           // per sandbox whose VM is being changed (pause.go)
 	envs    map[string]map[string]string // env values per sandbox, memory only (lifecycle.go)
 
-	templates templateSet
+	templates *templatePool
 
 	meter     *Meter     // observes transitions to charge usage (meter.go)
 	previews  *Previews  // previews.go
@@ -260,6 +254,7 @@ func New(cfg Config) *Manager {
 	m.reaper = newReaper(m)
 	m.switcher = &Switcher{host: m, volumes: cfg.Volumes, bootTimeout: cfg.BootTimeout}
 	m.networks = &Networks{host: m, records: cfg.Store, egress: cfg.Egress, egressDefault: cfg.EgressDefault}
+	m.templates = newTemplatePool(ctx, &m.cfg, log, m.spawn, m.bootGuest)
 	return m
 }
 
@@ -308,12 +303,6 @@ func (m *Manager) dir(id string) string { return filepath.Join(m.dirRoot(), id) 
 // dirRoot holds one directory per sandbox with files on this server.
 func (m *Manager) dirRoot() string { return filepath.Join(m.cfg.DataDir, "sandboxes") }
 
-func newID() string {
-	var b [10]byte
-	_, _ = rand.Read(b[:])
-	return "sbx_" + hex.EncodeToString(b[:])
-}
-
 func notFound(id string) error {
 	return errdefs.New(errdefs.ErrNotFound, "not_found", "no sandbox %q", id)
 }
@@ -356,351 +345,10 @@ func (m *Manager) update(ctx context.Context, id string, fn func(sb *Sandbox) bo
 	return sb, nil
 }
 
-// account keeps the admission ledger in step with the record, as every
-// transition goes through update: a sandbox gives back its boot slot when
-// it runs, all but its disk when it enters paused, and everything when it
-// is stopped or deleted (the ledger releases once however often this is
-// called). Entering paused happens only under the sandbox's VM lock, which
-// a stop or delete takes before it can release, so the shrink never
-// follows a release.
-func (m *Manager) account(sb *Sandbox, entered bool) {
-	switch sb.State {
-	case StateRunning:
-		m.cfg.Admission.Booted(sb.ID)
-	case StatePaused:
-		if entered {
-			m.cfg.Admission.Restore(claim(sb))
-		}
-	case StateStopped, StateDeleted:
-		m.cfg.Admission.Release(sb.ID)
-	}
-}
-
-// LabelQuotaKey, on a sandbox of an internal owner ("system:…": image
-// build and import sandboxes), names the API key whose quotas it counts
-// against: the key whose work it does. On a tenant's sandbox it means
-// nothing, so no key can charge another.
-const LabelQuotaKey = "emberbox.quota/key"
-
-// quotaOwner is the key sb counts against in the admission ledger.
-func quotaOwner(sb *Sandbox) string {
-	if k := sb.Labels[LabelQuotaKey]; k != "" && strings.HasPrefix(sb.OwnerKeyID, "system:") {
-		return k
-	}
-	return sb.OwnerKeyID
-}
-
-// claim is what sb holds in the admission ledger: a paused sandbox holds
-// its disk alone, as it has no VM.
-func claim(sb *Sandbox) admission.Claim {
-	c := admission.Claim{ID: sb.ID, Owner: quotaOwner(sb), Booting: sb.State == StateStarting || sb.State == StateResuming,
-		Resources: admission.Resources{VCPU: sb.VCPU, MemoryMiB: int64(sb.MemoryMiB), DiskMiB: int64(sb.DiskMiB)}}
-	if sb.State == StatePaused {
-		c.VCPU, c.MemoryMiB, c.Booting = 0, 0, false
-	}
-	return c
-}
-
-// checkLimits refuses a spec beyond the operator's limits of one sandbox,
-// naming each field and its limit.
-func (m *Manager) checkLimits(spec CreateSpec) error {
-	lim := m.cfg.Limits
-	var issues []map[string]string
-	over := func(field string, v, max int, unit string) {
-		if max > 0 && v > max {
-			issues = append(issues, map[string]string{"path": field, "message": fmt.Sprintf("must be at most %d%s on this server", max, unit)})
-		}
-	}
-	over("diskMiB", spec.DiskMiB, lim.MaxDiskMiB, "")
-	over("memoryMiB", spec.MemoryMiB, lim.MaxMemoryMiB, "")
-	over("timeoutSeconds", spec.TimeoutSeconds, int(lim.MaxLifetime/time.Second), " (the maximum lifetime of a sandbox)")
-	over("vcpu", spec.VCPU, lim.MaxVCPU, "")
-	if len(issues) == 0 {
-		return nil
-	}
-	msg := "The request is not valid."
-	if len(issues) == 1 {
-		msg = issues[0]["path"] + ": " + issues[0]["message"]
-	}
-	e := errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "%s", msg).
-		WithHint("Ask for a sandbox within the limits in details.issues.")
-	e.Details = map[string]any{"issues": issues}
-	return e
-}
-
-// lifetimeEnd is the latest a lease of sb may end, or the zero time.
-func (m *Manager) lifetimeEnd(sb *Sandbox) time.Time {
-	if m.cfg.Limits.MaxLifetime <= 0 {
-		return time.Time{}
-	}
-	return sb.CreatedAt.Add(m.cfg.Limits.MaxLifetime)
-}
-
 func (m *Manager) event(id, typ, msg string, data map[string]any) {
 	if err := m.cfg.Store.AppendEvent(context.Background(), id, typ, msg, data); err != nil {
 		m.log.Warn("recording event", "sandbox_id", id, "err", err)
 	}
-}
-
-// Create implements api.Manager.Create.
-func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ *Sandbox, err error) {
-	defer func() { m.observeOp("create", err) }()
-	var source *Snapshot
-	if spec.SnapshotID != "" {
-		var err error
-		if source, err = m.copySource(ctx, owner, &spec); err != nil {
-			return nil, err
-		}
-	}
-	names := make([]string, 0, len(spec.Env))
-	for k := range spec.Env {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	sb := &Sandbox{
-		ID: newID(), OwnerKeyID: owner, Name: spec.Name, Labels: spec.Labels, EnvNames: names,
-		VCPU: spec.VCPU, MemoryMiB: spec.MemoryMiB, DiskMiB: spec.DiskMiB,
-		TimeoutSeconds: spec.TimeoutSeconds, OnLeaseEnd: spec.OnLeaseEnd,
-		State: StateStarting, Accel: m.cfg.Driver.Accel(), Driver: m.cfg.Driver.Name(),
-		CreatedAt: m.now(), AutoWake: spec.AutoWake == nil || *spec.AutoWake,
-		IdlePauseSeconds: spec.IdlePauseSeconds, Persistent: spec.Persistent, SnapshotID: spec.SnapshotID,
-	}
-	switch {
-	case source != nil:
-		sb.ImageID, sb.Rootfs = source.ImageID, source.Rootfs
-	case spec.Image != nil:
-		if spec.Image.Rootfs == "" {
-			return nil, fmt.Errorf("create: image %s has no root disk", spec.Image.ID)
-		}
-		if spec.DiskMiB < spec.Image.MinDiskMiB {
-			return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request",
-				"diskMiB: image %s needs a disk of at least %d MiB", spec.Image.ID, spec.Image.MinDiskMiB).
-				WithHint("ask for a larger diskMiB, or leave it out")
-		}
-		sb.ImageID, sb.Rootfs = spec.Image.ID, spec.Image.Rootfs
-	}
-	pol := m.cfg.EgressDefault
-	if spec.Network != nil {
-		pol = *spec.Network
-	}
-	compiled, err := egress.Compile(pol)
-	if err != nil {
-		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "network: %v", err)
-	}
-	if err := m.checkLimits(spec); err != nil {
-		return nil, err
-	}
-	// Held from here until the record says stopped or deleted (account).
-	if err := m.cfg.Admission.Reserve(claim(sb)); err != nil {
-		return nil, err
-	}
-	if len(spec.Volumes) > 0 {
-		if m.cfg.Volumes == nil {
-			m.cfg.Admission.Release(sb.ID)
-			return nil, errdefs.New(errdefs.ErrUnavailable, "volumes_unavailable", "this server does not offer volumes")
-		}
-		if err := m.cfg.Volumes.Claim(ctx, sb, spec.Volumes); err != nil {
-			m.cfg.Admission.Release(sb.ID)
-			return nil, err
-		}
-	}
-	if err := m.cfg.Store.InsertSandbox(ctx, sb, spec.IdempotencyKey); err != nil {
-		m.cfg.Admission.Release(sb.ID)
-		m.releaseVolumes(sb.ID)
-		return nil, err
-	}
-	if err := m.cfg.Store.PutNetwork(ctx, sb.ID, &Network{Policy: compiled.Policy, Version: 1, UpdatedAt: sb.CreatedAt}); err != nil {
-		// Never leave a record that looks like it is starting.
-		m.finish(m.newInstance(sb.ID), ReasonStartFailed)
-		return nil, err
-	}
-	in := m.newInstance(sb.ID)
-	in.gate = m.newGate(sb.ID, compiled, 1)
-	m.mu.Lock()
-	m.live[sb.ID] = in
-	m.mu.Unlock()
-	m.rememberEnv(sb.ID, spec.Env)
-	m.event(sb.ID, "created", "sandbox created", map[string]any{"vcpu": sb.VCPU, "memoryMiB": sb.MemoryMiB})
-	faultpoint.Hit("create.recorded")
-	start := func() { m.boot(in.ctx, in, sb, spec.Env, false) }
-	if source != nil {
-		start = func() { m.bootCopy(in.ctx, in, sb, source, spec.Env) }
-	} else {
-		minDisk := 0
-		if spec.Image != nil {
-			minDisk = spec.Image.MinDiskMiB
-		}
-		if dir, ok := m.template(sb.Rootfs, shapeOf(sb), minDisk); ok {
-			start = func() { m.bootTemplate(in.ctx, in, sb, dir, spec.Env) }
-		} else {
-			// The template is built once this boot is done, not beside it.
-			start = func() {
-				m.boot(in.ctx, in, sb, spec.Env, false)
-				m.wantTemplate(sb.Rootfs, shapeOf(sb), minDisk)
-			}
-		}
-	}
-	if !m.spawn(start) {
-		// Shutting down: the record stays starting with no VM, and the
-		// next start records it stopped (lost_on_restart).
-		close(in.bootDone)
-	}
-	return sb, nil
-}
-
-func (m *Manager) vmSpec(sb *Sandbox) vmm.Spec {
-	return vmm.Spec{
-		ID: sb.ID, Dir: m.dir(sb.ID), VCPU: sb.VCPU, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB,
-		Kernel: m.cfg.Boot.Kernel, Initrd: m.cfg.Boot.Initrd, Rootfs: m.rootfs(sb),
-	}
-}
-
-// rootfs is the base disk sb boots: its image's, or the default one.
-func (m *Manager) rootfs(sb *Sandbox) string {
-	if sb.Rootfs != "" {
-		return sb.Rootfs
-	}
-	return m.cfg.Boot.Rootfs
-}
-
-// boot starts the VM and waits for its agent, retrying once: a TCG guest can
-// still hang early in boot, and a fresh VM nearly always comes up.
-// With keepDisk it boots from the disk the sandbox already has (restart).
-func (m *Manager) boot(ctx context.Context, in *instance, sb *Sandbox, env map[string]string, keepDisk bool) {
-	defer close(in.bootDone)
-	log := m.log.With("sandbox_id", sb.ID)
-	var lastErr error
-	for attempt := 1; attempt <= 2; attempt++ {
-		start := time.Now()
-		err := m.bootOnce(ctx, in, sb, env, keepDisk)
-		if err == nil {
-			log.Info("sandbox ready", "attempt", attempt, "took", time.Since(start).Round(time.Millisecond))
-			m.prepareReady(ctx, in, sb, map[string]any{"attempt": attempt, "bootMs": time.Since(start).Milliseconds()})
-			return
-		}
-		lastErr = err
-		log.Warn("boot attempt failed", "attempt", attempt, "err", err)
-		m.event(sb.ID, "boot_failed", err.Error(), map[string]any{"attempt": attempt})
-		// Keep this attempt's console for whoever investigates.
-		_ = os.Rename(filepath.Join(m.dir(sb.ID), "console.log"), filepath.Join(m.dir(sb.ID), fmt.Sprintf("console-attempt%d.log", attempt)))
-		if ctx.Err() != nil {
-			return // stopped or deleted while booting; that path records the end
-		}
-	}
-	log.Error("sandbox failed to start", "err", lastErr)
-	m.finish(in, ReasonStartFailed)
-}
-
-// ready records that a sandbox's agent answers and starts its lease (an
-// extension asked for while it booted is kept if it ends later).
-func (m *Manager) ready(in *instance, data map[string]any) {
-	now := m.now()
-	changed := false
-	_, err := m.update(context.Background(), in.id, func(s *Sandbox) bool {
-		if s.State != StateStarting {
-			return false // stopped or deleted while booting
-		}
-		expires := m.leaseEnd(s, now)
-		if expires != nil && s.ExpiresAt != nil && s.ExpiresAt.After(*expires) {
-			expires = s.ExpiresAt
-		}
-		if end := m.lifetimeEnd(s); expires != nil && !end.IsZero() && expires.After(end) {
-			expires = &end
-		}
-		s.State, s.ReadyAt, s.ExpiresAt = StateRunning, &now, expires
-		changed = true
-		return true
-	})
-	if err != nil {
-		m.log.Error("recording ready sandbox", "sandbox_id", in.id, "err", err)
-	}
-	if !changed {
-		return
-	}
-	in.touch(now)
-	m.observeReady(data)
-	m.event(in.id, "ready", "sandbox is running", data)
-	m.spawn(func() { m.watch(in) })
-}
-
-func (m *Manager) bootOnce(ctx context.Context, in *instance, sb *Sandbox, env map[string]string, keepDisk bool) error {
-	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
-	defer cancel()
-	spec := m.vmSpec(sb)
-	spec.KeepDisk = keepDisk
-	mach, err := m.cfg.Driver.Start(ctx, spec)
-	if err != nil {
-		return err
-	}
-	faultpoint.Hit("create.vm_started")
-	in.mu.Lock()
-	in.machine = mach
-	in.mu.Unlock()
-	starting := false
-	if _, err := m.update(context.Background(), sb.ID, func(s *Sandbox) bool {
-		if starting = s.State == StateStarting; !starting {
-			return false
-		}
-		s.VM, s.Accel = mach.Record(), mach.Accel()
-		return true
-	}); err != nil || !starting {
-		_ = mach.Stop(context.Background())
-		if err == nil {
-			err = errors.New("stopped while booting")
-		}
-		return err
-	}
-	faultpoint.Hit("create.vm_recorded")
-	c, err := m.connect(ctx, in, mach)
-	if err == nil {
-		err = c.Configure(ctx, agentproto.ConfigureRequest{Env: env, CACerts: m.cfg.ExtraCAs})
-		if err != nil {
-			c.Close()
-		}
-	}
-	if err != nil {
-		if m.closing.Load() {
-			// The server is shutting down, not failing this boot: the
-			// VM and its record stay for the next process to resume.
-			return fmt.Errorf("server shutting down: %w", err)
-		}
-		_ = mach.Stop(context.Background())
-		in.mu.Lock()
-		in.machine = nil
-		in.mu.Unlock()
-		if ctx.Err() != nil {
-			return fmt.Errorf("agent did not report ready within %s: %w", m.cfg.BootTimeout, err)
-		}
-		return err
-	}
-	in.mu.Lock()
-	in.client = c
-	in.mu.Unlock()
-	return nil
-}
-
-// connect dials the guest and completes the handshake; the agent answers
-// once the guest has booted.
-func (m *Manager) connect(ctx context.Context, in *instance, mach vmm.Machine) (*guest.Client, error) {
-	conn, err := mach.DialGuest(ctx)
-	if err != nil {
-		return nil, err
-	}
-	c, err := guest.Handshake(ctx, conn)
-	if err != nil {
-		conn.Close()
-		return nil, err
-	}
-	c.SetViolationHandler(func(v guest.Violation) { m.guestViolation(in, v) })
-	c.ServeGuestStreams(m.egressHandler(in))
-	if _, err := c.Info(ctx); err != nil {
-		c.Close()
-		if ctx.Err() == nil && errdefs.Code(err) == "guest_unavailable" {
-			m.guestViolation(in, guest.Violation{Method: "session", Problem: "ended before answering info"})
-		}
-		return nil, err
-	}
-	return c, nil
 }
 
 // watch follows a running sandbox: if its VM exits on its own the sandbox
@@ -1059,43 +707,4 @@ func removeAll(dir string) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return err
-}
-
-// Extend implements api.Manager.Extend.
-func (m *Manager) Extend(ctx context.Context, owner, id string, d time.Duration) (*Sandbox, error) {
-	sb, err := m.get(ctx, owner, id)
-	if err != nil {
-		return nil, err
-	}
-	if sb.State != StateRunning && sb.State != StateStarting {
-		return nil, Refusal(sb)
-	}
-	if sb.Persistent || sb.TimeoutSeconds == 0 {
-		return sb, nil // no time limit: nothing to extend
-	}
-	if d <= 0 || d > MaxExtendAhead {
-		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "seconds must be between 1 and %d", int(MaxExtendAhead.Seconds()))
-	}
-	exp := m.now().Add(d)
-	end := m.lifetimeEnd(sb)
-	if !end.IsZero() && exp.After(end) {
-		if sb.ExpiresAt != nil && !sb.ExpiresAt.Before(end) {
-			e := errdefs.New(errdefs.ErrConflict, "lifetime_exceeded",
-				"the sandbox's lease already ends at its maximum lifetime of %s", m.cfg.Limits.MaxLifetime).
-				WithHint("Create a new sandbox to keep working after this one ends.")
-			e.Details = map[string]any{"maxLifetimeSeconds": int64(m.cfg.Limits.MaxLifetime / time.Second)}
-			return nil, e
-		}
-		exp = end // as far as the lifetime allows
-	}
-	return m.update(ctx, id, func(s *Sandbox) bool {
-		if s.State.Terminal() || s.State == StateStopping {
-			return false
-		}
-		if s.ExpiresAt != nil && !s.ExpiresAt.Before(exp) {
-			return false // never shortens
-		}
-		s.ExpiresAt = &exp
-		return true
-	})
 }

@@ -2,16 +2,12 @@ package sandbox
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 
-	"github.com/emberbox/emberbox/internal/agentproto"
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/faultpoint"
-	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/vmm"
 )
 
@@ -338,63 +334,28 @@ func (m *Manager) finishWake(sb *Sandbox) {
 	m.mu.Unlock()
 	ctx, cancel := context.WithTimeout(in.ctx, m.cfg.BootTimeout)
 	defer cancel()
-	mach, err := m.cfg.Driver.Resume(ctx, m.vmSpec(sb))
+	b, err := m.bootGuest(ctx, bootPlan{
+		in:      in,
+		start:   m.resumeVM(sb, "the vm"),
+		started: "wake.resumed",
+		record: func(mach vmm.Machine) error {
+			_, err := m.update(context.Background(), sb.ID, func(s *Sandbox) bool {
+				if s.State != StateResuming {
+					return false
+				}
+				s.VM, s.Accel = mach.Record(), mach.Accel()
+				return true
+			})
+			return err
+		},
+		paused: true, restored: true,
+	})
 	if err != nil {
-		m.wakeFailed(in, sb, nil, fmt.Errorf("resuming the vm: %w", err))
-		return
-	}
-	faultpoint.Hit("wake.resumed")
-	in.mu.Lock()
-	in.machine = mach
-	in.mu.Unlock()
-	if _, err := m.update(context.Background(), sb.ID, func(s *Sandbox) bool {
-		if s.State != StateResuming {
-			return false
-		}
-		s.VM, s.Accel = mach.Record(), mach.Accel()
-		return true
-	}); err != nil {
-		m.wakeFailed(in, sb, mach, err)
-		return
-	}
-	// Recorded: only now may the guest run (a crash before this leaves a
-	// VM that never ran, and its state, for the next start to use).
-	if err := vmm.Continue(ctx, mach); err != nil {
-		m.wakeFailed(in, sb, mach, err)
-		return
-	}
-	if err := m.attachResumed(ctx, in, mach, agentproto.RenewRequest{}); err != nil {
-		m.wakeFailed(in, sb, mach, err)
+		m.wakeFailed(in, sb, b.mach, err)
 		return
 	}
 	m.log.Info("sandbox woken", "sandbox_id", sb.ID, "took", time.Since(start).Round(time.Millisecond))
 	m.running(in, "woken", map[string]any{"wakeMs": time.Since(start).Milliseconds()})
-}
-
-// attachResumed connects to a guest that goes on from saved memory and
-// renews what it must not keep from its past: its randomness and its
-// clock, and whatever else renew names (a copy's identity).
-func (m *Manager) attachResumed(ctx context.Context, in *instance, mach vmm.Machine, renew agentproto.RenewRequest) error {
-	c, err := m.connectRestored(ctx, in, mach)
-	if err != nil {
-		return fmt.Errorf("connecting to the resumed guest: %w", err)
-	}
-	renew.Seed = make([]byte, 32)
-	_, _ = rand.Read(renew.Seed)
-	renew.UnixNano = time.Now().UnixNano() // the host's real clock, whatever m.now says
-	if err := c.Renew(ctx, renew); err != nil {
-		if errdefs.Code(err) != agentproto.CodeUnknownMethod {
-			c.Close()
-			return fmt.Errorf("renewing the resumed guest: %w", err)
-		}
-		// An agent from before renew: it runs, with its old randomness
-		// and a clock that catches up on its own.
-		m.guestWarn(in, "the guest agent cannot renew its randomness and clock (unknown_method)")
-	}
-	in.mu.Lock()
-	in.client = c
-	in.mu.Unlock()
-	return nil
 }
 
 // running records a resuming sandbox running with a new lease and starts
@@ -512,23 +473,3 @@ func (in *instance) hold(ctx context.Context, now func() time.Time) {
 
 // working reports whether a call into the sandbox's guest is in flight.
 func (in *instance) working() bool { return in.busy.Load() > 0 }
-
-// restoredTry bounds one connection attempt to a guest restored from saved
-// memory. Its agent answers within a few hundred milliseconds when it was
-// saved detached; one saved in a session (a crash came before the detach)
-// may first have to end that session, and a new connection is what gets
-// its attention soonest.
-const restoredTry = 2 * time.Second
-
-// connectRestored connects to a restored guest, on a new connection every
-// restoredTry, until ctx ends.
-func (m *Manager) connectRestored(ctx context.Context, in *instance, mach vmm.Machine) (*guest.Client, error) {
-	for {
-		tctx, cancel := context.WithTimeout(ctx, restoredTry)
-		c, err := m.connect(tctx, in, mach)
-		cancel()
-		if err == nil || ctx.Err() != nil || isDone(mach.Done()) {
-			return c, err
-		}
-	}
-}

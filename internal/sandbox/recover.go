@@ -47,37 +47,7 @@ func (m *Manager) recoverOne(ctx context.Context, sb *Sandbox) {
 		err = vmm.ErrGone
 	}
 	if err != nil {
-		if !errors.Is(err, vmm.ErrGone) {
-			log.Warn("reattaching", "err", err)
-		}
-		// A boot cut short by a crash may have left a VM that no record
-		// names (its record was not yet saved): end it.
-		if k, ok := m.cfg.Driver.(vmm.StrayKiller); ok {
-			if n, err := k.KillStray(ctx, m.vmSpec(sb)); err != nil {
-				log.Warn("ending stray vm", "err", err)
-			} else if n > 0 {
-				log.Info("ended stray vm left by an interrupted boot", "count", n)
-			}
-		}
-		if (sb.State == StatePausing || sb.State == StateResuming) && m.cfg.Driver.Saved(m.vmSpec(sb)) {
-			// The pause got as far as saving, or the wake not as far as
-			// using the saved state: paused either way.
-			log.Info("recording an interrupted pause or wake paused", "state", sb.State)
-			m.recordPaused(sb.ID)
-			return
-		}
-		if sb.State == StateDeleting {
-			log.Info("finishing an interrupted delete")
-			m.spawn(func() { m.logErr(m.finishDelete(m.ctx, sb.ID)) })
-			return
-		}
-		log.Info("sandbox's vm is gone; marking it stopped")
-		// Its counters went with it: what it used since the last settle
-		// is lost, and nothing more is charged.
-		if err := m.cfg.Meter.DropMeter(ctx, sb.ID); err != nil {
-			log.Warn("dropping the meter of a lost vm", "err", err)
-		}
-		m.markStopped(sb.ID, ReasonLostOnRestart)
+		m.recoverGone(ctx, sb, err)
 		return
 	}
 	if sb.State == StateResuming && m.cfg.Driver.Saved(m.vmSpec(sb)) {
@@ -119,6 +89,44 @@ func (m *Manager) recoverOne(ctx context.Context, sb *Sandbox) {
 	if !started && sb.State == StateStarting {
 		close(in.bootDone)
 	}
+}
+
+// recoverGone accounts for a live sandbox whose VM could not be
+// reattached (err): a pause or wake cut short is paused if its state was
+// saved, a delete is finished, and anything else is stopped.
+func (m *Manager) recoverGone(ctx context.Context, sb *Sandbox, err error) {
+	log := m.log.With("sandbox_id", sb.ID)
+	if !errors.Is(err, vmm.ErrGone) {
+		log.Warn("reattaching", "err", err)
+	}
+	// A boot cut short by a crash may have left a VM that no record
+	// names (its record was not yet saved): end it.
+	if k, ok := m.cfg.Driver.(vmm.StrayKiller); ok {
+		if n, err := k.KillStray(ctx, m.vmSpec(sb)); err != nil {
+			log.Warn("ending stray vm", "err", err)
+		} else if n > 0 {
+			log.Info("ended stray vm left by an interrupted boot", "count", n)
+		}
+	}
+	if (sb.State == StatePausing || sb.State == StateResuming) && m.cfg.Driver.Saved(m.vmSpec(sb)) {
+		// The pause got as far as saving, or the wake not as far as
+		// using the saved state: paused either way.
+		log.Info("recording an interrupted pause or wake paused", "state", sb.State)
+		m.recordPaused(sb.ID)
+		return
+	}
+	if sb.State == StateDeleting {
+		log.Info("finishing an interrupted delete")
+		m.spawn(func() { m.logErr(m.finishDelete(m.ctx, sb.ID)) })
+		return
+	}
+	log.Info("sandbox's vm is gone; marking it stopped")
+	// Its counters went with it: what it used since the last settle
+	// is lost, and nothing more is charged.
+	if err := m.cfg.Meter.DropMeter(ctx, sb.ID); err != nil {
+		log.Warn("dropping the meter of a lost vm", "err", err)
+	}
+	m.markStopped(sb.ID, ReasonLostOnRestart)
 }
 
 // logErr logs the error of a background delete.
@@ -167,22 +175,14 @@ func (m *Manager) resumeBoot(ctx context.Context, in *instance, sb *Sandbox) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
 	defer cancel()
-	c, err := m.connect(ctx, in, in.machine)
-	if err == nil {
-		if err = c.Configure(ctx, agentproto.ConfigureRequest{CACerts: m.cfg.ExtraCAs}); err != nil {
-			c.Close()
-		}
-	}
-	if err != nil {
+	plan := bootPlan{in: in, mach: in.machine, ready: configure(agentproto.ConfigureRequest{CACerts: m.cfg.ExtraCAs})}
+	if _, err := m.bootGuest(ctx, plan); err != nil {
 		if m.closing.Load() {
 			return // shutting down: the next start resumes this boot again
 		}
 		m.spawn(func() { _, _ = m.stop(m.ctx, sb.ID, ReasonStartFailed, false) })
 		return
 	}
-	in.mu.Lock()
-	in.client = c
-	in.mu.Unlock()
 	m.prepareReady(in.ctx, in, sb, map[string]any{"resumedAfterRestart": true})
 }
 
@@ -197,7 +197,7 @@ func (m *Manager) continueWake(in *instance, sb *Sandbox) {
 	if err := vmm.Continue(ctx, in.machine); err != nil {
 		m.log.Warn("letting a resumed vm run after a restart", "sandbox_id", sb.ID, "err", err)
 	}
-	if err := m.attachResumed(ctx, in, in.machine, agentproto.RenewRequest{}); err != nil {
+	if _, err := m.bootGuest(ctx, bootPlan{in: in, mach: in.machine, restored: true}); err != nil {
 		m.wakeFailed(in, sb, in.machine, err)
 		return
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/emberbox/emberbox/internal/agentproto"
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/metering"
 	"github.com/emberbox/emberbox/internal/vmm"
 )
@@ -485,42 +486,27 @@ func (m *Manager) bootCopy(ctx context.Context, in *instance, sb *Sandbox, sn *S
 func (m *Manager) resumeCopy(ctx context.Context, in *instance, sb *Sandbox, env map[string]string) error {
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
 	defer cancel()
-	mach, err := m.cfg.Driver.Resume(ctx, m.vmSpec(sb))
-	if err != nil {
-		return fmt.Errorf("resuming the copy: %w", err)
+	b, err := m.bootGuest(ctx, bootPlan{
+		in:       in,
+		start:    m.resumeVM(sb, "the copy"),
+		record:   func(mach vmm.Machine) error { return m.recordStarting(sb.ID, mach, "stopped while resuming") },
+		paused:   true,
+		restored: true,
+		renew:    agentproto.RenewRequest{Hostname: hostname(sb), MachineID: randomHex(16), BootID: randomUUID()},
+		ready: func(ctx context.Context, _ vmm.Machine, c *guest.Client) error {
+			if len(env) == 0 {
+				return nil
+			}
+			if err := c.Configure(ctx, agentproto.ConfigureRequest{Env: env}); err != nil {
+				return fmt.Errorf("configuring the copy: %w", err)
+			}
+			return nil
+		},
+	})
+	if err != nil && b.mach != nil {
+		_ = b.mach.Stop(context.Background())
 	}
-	in.mu.Lock()
-	in.machine = mach
-	in.mu.Unlock()
-	starting := false
-	if _, err := m.update(context.Background(), sb.ID, func(s *Sandbox) bool {
-		if starting = s.State == StateStarting; starting {
-			s.VM, s.Accel = mach.Record(), mach.Accel()
-		}
-		return starting
-	}); err != nil || !starting {
-		_ = mach.Stop(context.Background())
-		if err == nil {
-			err = fmt.Errorf("stopped while resuming")
-		}
-		return err
-	}
-	if err := vmm.Continue(ctx, mach); err != nil {
-		_ = mach.Stop(context.Background())
-		return err
-	}
-	renew := agentproto.RenewRequest{Hostname: hostname(sb), MachineID: randomHex(16), BootID: randomUUID()}
-	if err := m.attachResumed(ctx, in, mach, renew); err != nil {
-		_ = mach.Stop(context.Background())
-		return err
-	}
-	if len(env) > 0 {
-		if err := in.guest().Configure(ctx, agentproto.ConfigureRequest{Env: env}); err != nil {
-			_ = mach.Stop(context.Background())
-			return fmt.Errorf("configuring the copy: %w", err)
-		}
-	}
-	return nil
+	return err
 }
 
 // hostname is a copy's host name: its name made a valid RFC 1123 label

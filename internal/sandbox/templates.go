@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -71,8 +72,17 @@ func shapeOf(sb *Sandbox) shape { return shape{sb.VCPU, sb.MemoryMiB, sb.DiskMiB
 // when Config.ImageTemplates is zero.
 const DefaultImageTemplates = 8
 
-// templateSet tracks the templates of this server.
-type templateSet struct {
+// templatePool keeps the templates of this server: it builds them, pins
+// the ones creates are copying and removes the ones no longer wanted.
+type templatePool struct {
+	cfg *Config // the manager's
+	log *slog.Logger
+	// What it needs of the manager: the context of its goroutines (ends
+	// at Close), a goroutine it owns, and its boot helper.
+	ctx   context.Context
+	spawn func(f func()) bool
+	boot  func(ctx context.Context, p bootPlan) (booted, error)
+
 	rootOnce sync.Once
 	root     string // templateRoot of the default image
 
@@ -84,6 +94,11 @@ type templateSet struct {
 	gen      map[string]int       // per custom disk, bumped when its templates are removed
 	fullAt   time.Time            // when the cap last stopped a build
 	pending  []pendingTemplate    // asked for while another was built; built in turn
+}
+
+func newTemplatePool(ctx context.Context, cfg *Config, log *slog.Logger, spawn func(func()) bool,
+	boot func(context.Context, bootPlan) (booted, error)) *templatePool {
+	return &templatePool{cfg: cfg, log: log, ctx: ctx, spawn: spawn, boot: boot}
 }
 
 // pendingTemplate is a template a create asked for while another was
@@ -122,62 +137,60 @@ const templateUse = "template.use"
 // image's disk, so that templates of a disk gone are found.
 const imageRootfsFile = "rootfs"
 
-func (m *Manager) imageTemplatesBase() string {
-	return filepath.Join(m.cfg.DataDir, "templates", "images")
+func (t *templatePool) imageBase() string {
+	return filepath.Join(t.cfg.DataDir, "templates", "images")
 }
 
-// imageTemplates is the directory of every template of a custom image's
+// imageDir is the directory of every template of a custom image's
 // disk, whatever the boot files.
-func (m *Manager) imageTemplates(rootfs string) string {
+func (t *templatePool) imageDir(rootfs string) string {
 	h := sha256.Sum256([]byte(rootfs))
-	return filepath.Join(m.imageTemplatesBase(), hex.EncodeToString(h[:])[:16])
+	return filepath.Join(t.imageBase(), hex.EncodeToString(h[:])[:16])
 }
 
-// templateRoot is the directory of the templates of a root disk ("": the
+// rootOf is the directory of the templates of a root disk ("": the
 // default image's) for this server's boot files and CA bundle. Those do
 // not change while the server runs, nor does a custom image's disk (its
 // path names its content), so it is worked out once per disk, not at
 // every create.
-func (m *Manager) templateRoot(rootfs string) string {
+func (t *templatePool) rootOf(rootfs string) string {
 	if rootfs == "" {
-		m.templates.rootOnce.Do(func() {
-			m.templates.root = filepath.Join(m.cfg.DataDir, "templates", m.hashTemplateRoot(m.cfg.Boot.Rootfs))
+		t.rootOnce.Do(func() {
+			t.root = filepath.Join(t.cfg.DataDir, "templates", t.key(t.cfg.Boot.Rootfs))
 		})
-		return m.templates.root
+		return t.root
 	}
-	t := &m.templates
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return m.templateRootLocked(rootfs)
+	return t.rootOfLocked(rootfs)
 }
 
-func (m *Manager) templateRootLocked(rootfs string) string {
-	t := &m.templates
+func (t *templatePool) rootOfLocked(rootfs string) string {
 	if r, ok := t.roots[rootfs]; ok {
 		return r
 	}
 	if t.roots == nil {
 		t.roots = map[string]string{}
 	}
-	r := filepath.Join(m.imageTemplates(rootfs), m.hashTemplateRoot(rootfs))
+	r := filepath.Join(t.imageDir(rootfs), t.key(rootfs))
 	t.roots[rootfs] = r
 	return r
 }
 
-func (m *Manager) hashTemplateRoot(rootfs string) string {
+func (t *templatePool) key(rootfs string) string {
 	h := sha256.New()
-	for _, f := range []string{m.cfg.Boot.Kernel, m.cfg.Boot.Initrd, rootfs} {
+	for _, f := range []string{t.cfg.Boot.Kernel, t.cfg.Boot.Initrd, rootfs} {
 		st, err := os.Stat(f)
 		if err == nil {
 			fmt.Fprintf(h, "%s:%d:%d\n", f, st.Size(), st.ModTime().UnixNano())
 		}
 	}
-	fmt.Fprintf(h, "%s\n%s\n", m.cfg.Driver.Name(), m.cfg.ExtraCAs)
+	fmt.Fprintf(h, "%s\n%s\n", t.cfg.Driver.Name(), t.cfg.ExtraCAs)
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
-func (m *Manager) templateDir(rootfs string, s shape) string {
-	return filepath.Join(m.templateRoot(rootfs), s.String())
+func (t *templatePool) dir(rootfs string, s shape) string {
+	return filepath.Join(t.rootOf(rootfs), s.String())
 }
 
 // defaultShape is the shape templates are made for: a create of another
@@ -196,29 +209,28 @@ func templateShape(rootfs string, minDiskMiB int) shape {
 	return s
 }
 
-func (m *Manager) imageTemplateCap() int {
-	if m.cfg.ImageTemplates == 0 {
+func (t *templatePool) imageCap() int {
+	if t.cfg.ImageTemplates == 0 {
 		return DefaultImageTemplates
 	}
-	return max(m.cfg.ImageTemplates, 0)
+	return max(t.cfg.ImageTemplates, 0)
 }
 
-// templated reports whether a create of root disk rootfs ("": the
+// serves reports whether a create of root disk rootfs ("": the
 // default image's, whose sandboxes need minDiskMiB) and shape s is served
 // by a template.
-func (m *Manager) templated(rootfs string, s shape, minDiskMiB int) bool {
-	return m.cfg.Templates && s == templateShape(rootfs, minDiskMiB) && (rootfs == "" || m.imageTemplateCap() > 0)
+func (t *templatePool) serves(rootfs string, s shape, minDiskMiB int) bool {
+	return t.cfg.Templates && s == templateShape(rootfs, minDiskMiB) && (rootfs == "" || t.imageCap() > 0)
 }
 
-// template returns the directory of the template of root disk rootfs
-// ("": the default image's) and shape s if it is built, pinned until
-// unpinTemplate; minDiskMiB is the image's disk.
-func (m *Manager) template(rootfs string, s shape, minDiskMiB int) (string, bool) {
-	if !m.templated(rootfs, s, minDiskMiB) {
+// pin returns the directory of the template of root disk rootfs ("":
+// the default image's) and shape s if it is built, pinned until unpin;
+// minDiskMiB is the image's disk.
+func (t *templatePool) pin(rootfs string, s shape, minDiskMiB int) (string, bool) {
+	if !t.serves(rootfs, s, minDiskMiB) {
 		return "", false
 	}
-	dir := m.templateDir(rootfs, s)
-	t := &m.templates
+	dir := t.dir(rootfs, s)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if _, err := os.Stat(filepath.Join(dir, templateMarker)); err == nil {
@@ -235,23 +247,21 @@ func (m *Manager) template(rootfs string, s shape, minDiskMiB int) (string, bool
 	return "", false
 }
 
-// wantTemplate starts building (or queues) the template of rootfs and s
+// want starts building (or queues) the template of rootfs and s
 // if a create of them would use one and it is not built.
-func (m *Manager) wantTemplate(rootfs string, s shape, minDiskMiB int) {
-	if !m.templated(rootfs, s, minDiskMiB) {
+func (t *templatePool) want(rootfs string, s shape, minDiskMiB int) {
+	if !t.serves(rootfs, s, minDiskMiB) {
 		return
 	}
-	dir := m.templateDir(rootfs, s)
-	t := &m.templates
+	dir := t.dir(rootfs, s)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if _, err := os.Stat(filepath.Join(dir, templateMarker)); err != nil {
-		m.buildTemplateLocked(rootfs, s, dir)
+		t.buildLocked(rootfs, s, dir)
 	}
 }
 
-func (m *Manager) unpinTemplate(dir string) {
-	t := &m.templates
+func (t *templatePool) unpin(dir string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.pins[dir]--; t.pins[dir] <= 0 {
@@ -263,16 +273,17 @@ func (m *Manager) unpinTemplate(dir string) {
 // the background, so that the first creates need not boot, and removes
 // the templates of custom images' disks that are gone (a crash between
 // the catalog's removal of a disk and of its templates).
-func (m *Manager) PrepareTemplate() {
-	if !m.cfg.Templates {
+func (m *Manager) PrepareTemplate() { m.templates.prepare() }
+
+func (t *templatePool) prepare() {
+	if !t.cfg.Templates {
 		return
 	}
-	m.sweepImageTemplates()
-	m.wantTemplate("", defaultShape, 0)
+	t.sweep()
+	t.want("", defaultShape, 0)
 }
 
-func (m *Manager) buildTemplateLocked(rootfs string, s shape, dir string) {
-	t := &m.templates
+func (t *templatePool) buildLocked(rootfs string, s shape, dir string) {
 	if t.building == nil {
 		t.building, t.failed = map[string]bool{}, map[string]time.Time{}
 	}
@@ -286,27 +297,27 @@ func (m *Manager) buildTemplateLocked(rootfs string, s shape, dir string) {
 		}
 		return
 	}
-	if rootfs != "" && !m.makeRoomLocked() {
+	if rootfs != "" && !t.makeRoomLocked() {
 		return
 	}
 	t.building[dir] = true
 	gen := t.gen[rootfs]
-	if !m.spawn(func() {
+	if !t.spawn(func() {
 		start := time.Now()
-		err := m.buildTemplate(m.ctx, rootfs, s, dir, gen)
+		err := t.build(t.ctx, rootfs, s, dir, gen)
 		t.mu.Lock()
 		delete(t.building, dir)
 		if err != nil {
 			t.failed[dir] = time.Now()
 		}
-		m.nextTemplateLocked()
+		t.nextLocked()
 		t.mu.Unlock()
-		log := m.log.With("shape", s)
+		log := t.log.With("shape", s)
 		if rootfs != "" {
 			log = log.With("image_rootfs", rootfs)
 		}
 		if err != nil {
-			if m.ctx.Err() == nil {
+			if t.ctx.Err() == nil {
 				log.Warn("building a template failed; creates of its image and shape boot", "err", err)
 			}
 			return
@@ -317,18 +328,17 @@ func (m *Manager) buildTemplateLocked(rootfs string, s shape, dir string) {
 	}
 }
 
-// nextTemplateLocked starts the build of the next template asked for
+// nextLocked starts the build of the next template asked for
 // while another was built, if any is still missing. The caller holds
-// templates.mu.
-func (m *Manager) nextTemplateLocked() {
-	t := &m.templates
+// t.mu.
+func (t *templatePool) nextLocked() {
 	for len(t.pending) > 0 && len(t.building) == 0 {
 		p := t.pending[0]
 		t.pending = t.pending[1:]
 		if _, err := os.Stat(filepath.Join(p.dir, templateMarker)); err == nil {
 			continue
 		}
-		m.buildTemplateLocked(p.rootfs, p.s, p.dir)
+		t.buildLocked(p.rootfs, p.s, p.dir)
 	}
 }
 
@@ -336,25 +346,25 @@ func (m *Manager) nextTemplateLocked() {
 // while it ran (the image was deleted): its result is dropped.
 var errTemplateDropped = errors.New("the image's templates were removed while it was built")
 
-// buildTemplate boots a VM of shape s from root disk rootfs ("": the
+// build boots a VM of shape s from root disk rootfs ("": the
 // default), waits for its agent, installs the CA bundle, detaches,
 // snapshots its memory and disk into the template's directory final and
 // ends the VM. gen is the disk's removal count when the build began: if
 // its templates were removed since, the result is dropped.
-func (m *Manager) buildTemplate(ctx context.Context, rootfs string, s shape, final string, gen int) error {
+func (t *templatePool) build(ctx context.Context, rootfs string, s shape, final string, gen int) error {
 	work := final + ".build"
 	// A build a crash of the server cut short may have left its VM.
-	m.killTemplateStrays(ctx)
+	t.killStrays(ctx)
 	_ = os.RemoveAll(work)
 	if err := os.MkdirAll(work, 0o755); err != nil {
 		return err
 	}
 	defer os.RemoveAll(work)
-	base := m.cfg.Boot.Rootfs
+	base := t.cfg.Boot.Rootfs
 	if rootfs != "" {
 		base = rootfs
 		// Names the disk, for the sweep of templates of disks gone.
-		if err := os.WriteFile(filepath.Join(m.imageTemplates(rootfs), imageRootfsFile), []byte(rootfs+"\n"), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(t.imageDir(rootfs), imageRootfsFile), []byte(rootfs+"\n"), 0o644); err != nil {
 			return err
 		}
 	}
@@ -363,7 +373,7 @@ func (m *Manager) buildTemplate(ctx context.Context, rootfs string, s shape, fin
 	spec := vmm.Spec{
 		ID: "tpl_" + hex.EncodeToString(id[:]), Dir: filepath.Join(work, "vm"),
 		VCPU: s.VCPU, MemoryMiB: s.MemoryMiB, DiskMiB: s.DiskMiB,
-		Kernel: m.cfg.Boot.Kernel, Initrd: m.cfg.Boot.Initrd, Rootfs: base,
+		Kernel: t.cfg.Boot.Kernel, Initrd: t.cfg.Boot.Initrd, Rootfs: base,
 	}
 	if err := os.WriteFile(filepath.Join(work, "id"), []byte(spec.ID), 0o600); err != nil {
 		return err
@@ -371,58 +381,34 @@ func (m *Manager) buildTemplate(ctx context.Context, rootfs string, s shape, fin
 	// The build VM is promised its resources like a sandbox, and waits for
 	// a later create when there is no room; it takes no boot slot, which
 	// are the creates' own.
-	if err := m.cfg.Admission.Reserve(admission.Claim{ID: spec.ID,
+	if err := t.cfg.Admission.Reserve(admission.Claim{ID: spec.ID,
 		Resources: admission.Resources{VCPU: s.VCPU, MemoryMiB: int64(s.MemoryMiB), DiskMiB: int64(s.DiskMiB)}}); err != nil {
 		return fmt.Errorf("no room to build a template: %w", err)
 	}
-	defer m.cfg.Admission.Release(spec.ID)
-	bctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
+	defer t.cfg.Admission.Release(spec.ID)
+	bctx, cancel := context.WithTimeout(ctx, t.cfg.BootTimeout)
 	defer cancel()
-	mach, err := m.cfg.Driver.Start(bctx, spec)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
-		defer cancel()
-		_ = mach.Stop(sctx)
-	}()
-	conn, err := mach.DialGuest(bctx)
-	if err != nil {
-		return err
-	}
-	c, err := guest.Handshake(bctx, conn)
-	if err != nil {
-		conn.Close()
-		return fmt.Errorf("template guest: %w", err)
-	}
-	// Booted: what follows is bounded on its own, not by the boot's time.
-	wctx, wcancel := context.WithTimeout(ctx, templateWork)
-	defer wcancel()
-	if err := c.Configure(wctx, agentproto.ConfigureRequest{CACerts: m.cfg.ExtraCAs}); err != nil {
-		c.Close()
-		return fmt.Errorf("template guest: %w", err)
-	}
-	// The first command of every copy pays for what the template never
-	// ran (its files read from disk, under TCG slowly): run the path of a
-	// first command once, so that copies find it in their page cache.
-	for _, cmd := range []string{"true", "echo warm"} {
-		if _, err := c.Exec(wctx, agentproto.ExecRequest{Command: cmd, Stream: true, TimeoutMs: 60000}, func(agentproto.Event) error { return nil }); err != nil {
-			c.Close()
-			return fmt.Errorf("template guest: warming up: %w", err)
-		}
-	}
-	if err := c.Detach(wctx); err != nil {
-		return fmt.Errorf("template guest: detaching: %w", err)
-	}
 	snap := filepath.Join(work, "snap")
-	if _, err := vmm.Snapshot(wctx, mach, snap, true); err != nil {
+	b, err := t.boot(bctx, bootPlan{
+		start: func(ctx context.Context) (vmm.Machine, error) { return t.cfg.Driver.Start(ctx, spec) },
+		ready: func(_ context.Context, mach vmm.Machine, c *guest.Client) error {
+			// Booted: what follows is bounded on its own, not by the
+			// boot's time.
+			wctx, cancel := context.WithTimeout(ctx, templateWork)
+			defer cancel()
+			return t.save(wctx, mach, c, snap)
+		},
+	})
+	if b.mach != nil {
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+			defer cancel()
+			_ = b.mach.Stop(sctx)
+		}()
+	}
+	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(snap, templateMarker), nil, 0o644); err != nil {
-		return err
-	}
-	t := &m.templates
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.gen[rootfs] != gen {
@@ -435,78 +421,65 @@ func (m *Manager) buildTemplate(ctx context.Context, rootfs string, s shape, fin
 	return os.Rename(snap, final)
 }
 
-// killTemplateStrays ends the VMs of template builds that a crash of the
+// save readies the guest of a template's build VM (the CA bundle, a warm
+// page cache), detaches it and snapshots the VM's memory and disk into
+// snap, marked as a template.
+func (t *templatePool) save(ctx context.Context, mach vmm.Machine, c *guest.Client, snap string) error {
+	if err := c.Configure(ctx, agentproto.ConfigureRequest{CACerts: t.cfg.ExtraCAs}); err != nil {
+		return fmt.Errorf("template guest: %w", err)
+	}
+	// The first command of every copy pays for what the template never
+	// ran (its files read from disk, under TCG slowly): run the path of a
+	// first command once, so that copies find it in their page cache.
+	for _, cmd := range []string{"true", "echo warm"} {
+		if _, err := c.Exec(ctx, agentproto.ExecRequest{Command: cmd, Stream: true, TimeoutMs: 60000}, func(agentproto.Event) error { return nil }); err != nil {
+			return fmt.Errorf("template guest: warming up: %w", err)
+		}
+	}
+	if err := c.Detach(ctx); err != nil {
+		return fmt.Errorf("template guest: detaching: %w", err)
+	}
+	if _, err := vmm.Snapshot(ctx, mach, snap, true); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(snap, templateMarker), nil, 0o644)
+}
+
+// killStrays ends the VMs of template builds that a crash of the
 // server left running: the build VMs are disposable, and only one build
 // runs at a time, so none of them is in use when a build starts.
-func (m *Manager) killTemplateStrays(ctx context.Context) {
-	k, ok := m.cfg.Driver.(vmm.StrayKiller)
+func (t *templatePool) killStrays(ctx context.Context) {
+	k, ok := t.cfg.Driver.(vmm.StrayKiller)
 	if !ok {
 		return
 	}
-	root := filepath.Join(m.cfg.DataDir, "templates")
+	root := filepath.Join(t.cfg.DataDir, "templates")
 	builds, _ := filepath.Glob(filepath.Join(root, "*", "*.build"))
-	images, _ := filepath.Glob(filepath.Join(m.imageTemplatesBase(), "*", "*", "*.build"))
+	images, _ := filepath.Glob(filepath.Join(t.imageBase(), "*", "*", "*.build"))
 	for _, b := range append(builds, images...) {
 		if id, err := os.ReadFile(filepath.Join(b, "id")); err == nil {
 			if n, err := k.KillStray(ctx, vmm.Spec{ID: string(id), Dir: filepath.Join(b, "vm")}); err == nil && n > 0 {
-				m.log.Info("ended a template build's vm left by a crash", "count", n)
+				t.log.Info("ended a template build's vm left by a crash", "count", n)
 			}
 		}
 		_ = os.RemoveAll(b)
 	}
 }
 
-// bootTemplate starts a sandbox as a copy of the template in dir, and
-// boots it if that fails: a template is an optimisation, never a reason
-// for a create to fail.
-//
-// template pinned dir for this create; the pin goes once the sandbox's
-// directory names the template (templateUse) or the copy was given up.
-func (m *Manager) bootTemplate(ctx context.Context, in *instance, sb *Sandbox, dir string, env map[string]string) {
-	start := time.Now()
-	spec := m.vmSpec(sb)
-	use := filepath.Join(spec.Dir, templateUse)
-	err := os.MkdirAll(spec.Dir, 0o700)
-	if err == nil {
-		err = os.WriteFile(use, []byte(dir+"\n"), 0o600)
-	}
-	m.unpinTemplate(dir)
-	if err == nil {
-		cctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
-		err = m.cfg.Driver.Clone(cctx, dir, spec)
-		cancel()
-	}
-	if err == nil {
-		if err = m.resumeCopy(ctx, in, sb, env); err == nil {
-			m.prepareReady(ctx, in, sb, map[string]any{"template": true, "resumeMs": time.Since(start).Milliseconds()})
-			close(in.bootDone)
-			return
-		}
-	}
-	if ctx.Err() != nil || m.closing.Load() {
-		close(in.bootDone)
-		return // stopped, deleted or shutting down: that path records the end
-	}
-	m.log.Warn("restoring a template failed; booting instead", "sandbox_id", sb.ID, "err", err)
-	m.event(sb.ID, "template_failed", err.Error(), nil)
-	_ = os.Remove(use) // the boot makes a disk of its own, over the image's
-	m.boot(ctx, in, sb, env, false)
-}
-
-// templatesInUseLocked is the set of template directories that a create
+// inUseLocked is the set of template directories that a create
 // is copying or a sandbox's directory names (templateUse): a sandbox's
 // disk is over its template's disk until the sandbox's files go (delete,
-// or the stopped-disk retention). The caller holds templates.mu, under
+// or the stopped-disk retention). The caller holds t.mu, under
 // which pins are taken before a sandbox's file is written.
-func (m *Manager) templatesInUseLocked() map[string]bool {
+func (t *templatePool) inUseLocked() map[string]bool {
 	used := map[string]bool{}
-	for dir := range m.templates.pins {
+	for dir := range t.pins {
 		used[dir] = true
 	}
-	files, _ := filepath.Glob(filepath.Join(m.cfg.DataDir, "sandboxes", "*", templateUse))
+	files, _ := filepath.Glob(filepath.Join(t.cfg.DataDir, "sandboxes", "*", templateUse))
 	// A switch of image keeps the old VM's directory aside until the new
 	// VM runs, and puts it back if the switch is undone.
-	aside, _ := filepath.Glob(filepath.Join(m.cfg.DataDir, "sandboxes", "*.switch", switchOldDir, templateUse))
+	aside, _ := filepath.Glob(filepath.Join(t.cfg.DataDir, "sandboxes", "*.switch", switchOldDir, templateUse))
 	for _, f := range append(files, aside...) {
 		if b, err := os.ReadFile(f); err == nil {
 			used[filepath.Clean(strings.TrimSpace(string(b)))] = true
@@ -517,14 +490,13 @@ func (m *Manager) templatesInUseLocked() map[string]bool {
 
 // makeRoomLocked removes the least recently used custom images' templates
 // that no sandbox uses until there is room for one more under the cap,
-// and reports whether there is. The caller holds templates.mu.
-func (m *Manager) makeRoomLocked() bool {
-	t := &m.templates
+// and reports whether there is. The caller holds t.mu.
+func (t *templatePool) makeRoomLocked() bool {
 	if time.Since(t.fullAt) < templateFullRetry {
 		return false
 	}
-	markers, _ := filepath.Glob(filepath.Join(m.imageTemplatesBase(), "*", "*", "*", templateMarker))
-	limit := m.imageTemplateCap()
+	markers, _ := filepath.Glob(filepath.Join(t.imageBase(), "*", "*", "*", templateMarker))
+	limit := t.imageCap()
 	if len(markers) < limit {
 		return true
 	}
@@ -539,7 +511,7 @@ func (m *Manager) makeRoomLocked() bool {
 		}
 	}
 	sort.Slice(ts, func(i, j int) bool { return ts[i].used.Before(ts[j].used) })
-	inUse := m.templatesInUseLocked()
+	inUse := t.inUseLocked()
 	n := len(ts)
 	for _, k := range ts {
 		if n < limit {
@@ -549,16 +521,16 @@ func (m *Manager) makeRoomLocked() bool {
 			continue
 		}
 		if err := os.RemoveAll(k.dir); err != nil {
-			m.log.Warn("removing an image's template", "dir", k.dir, "err", err)
+			t.log.Warn("removing an image's template", "dir", k.dir, "err", err)
 			continue
 		}
 		_ = os.Remove(filepath.Dir(k.dir)) // its boot key's directory, if empty now
-		m.log.Info("removed the least recently used image template", "dir", k.dir, "last_used", k.used)
+		t.log.Info("removed the least recently used image template", "dir", k.dir, "last_used", k.used)
 		n--
 	}
 	if n >= limit {
 		t.fullAt = time.Now()
-		m.log.Info("every image template kept is in use; the image's creates boot", "cap", limit)
+		t.log.Info("every image template kept is in use; the image's creates boot", "cap", limit)
 		return false
 	}
 	return true
@@ -568,11 +540,12 @@ func (m *Manager) makeRoomLocked() bool {
 // The image catalog calls it when it releases the disk, once no image,
 // sandbox or snapshot uses it, so no sandbox's disk is over them; a
 // template build of the disk under way drops its result.
-func (m *Manager) RemoveTemplates(rootfs string) error {
+func (m *Manager) RemoveTemplates(rootfs string) error { return m.templates.remove(rootfs) }
+
+func (t *templatePool) remove(rootfs string) error {
 	if rootfs == "" {
 		return nil
 	}
-	t := &m.templates
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.gen == nil {
@@ -581,7 +554,7 @@ func (m *Manager) RemoveTemplates(rootfs string) error {
 	t.gen[rootfs]++
 	delete(t.roots, rootfs) // a disk stored again at the path gets its templates anew
 	t.pending = slices.DeleteFunc(t.pending, func(p pendingTemplate) bool { return p.rootfs == rootfs })
-	dir := m.imageTemplates(rootfs)
+	dir := t.imageDir(rootfs)
 	// A build under way keeps its work directory (its VM's files) and
 	// removes it itself.
 	builds, _ := filepath.Glob(filepath.Join(dir, "*", "*.build"))
@@ -614,13 +587,12 @@ func (m *Manager) RemoveTemplates(rootfs string) error {
 	return nil
 }
 
-// sweepImageTemplates removes the templates of custom images' disks that
+// sweep removes the templates of custom images' disks that
 // are gone and that no sandbox uses.
-func (m *Manager) sweepImageTemplates() {
-	t := &m.templates
+func (t *templatePool) sweep() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	files, _ := filepath.Glob(filepath.Join(m.imageTemplatesBase(), "*", imageRootfsFile))
+	files, _ := filepath.Glob(filepath.Join(t.imageBase(), "*", imageRootfsFile))
 	var inUse map[string]bool
 	for _, f := range files {
 		b, err := os.ReadFile(f)
@@ -633,7 +605,7 @@ func (m *Manager) sweepImageTemplates() {
 		}
 		dir := filepath.Dir(f)
 		if inUse == nil {
-			inUse = m.templatesInUseLocked()
+			inUse = t.inUseLocked()
 		}
 		used := false
 		for u := range inUse {
@@ -645,9 +617,9 @@ func (m *Manager) sweepImageTemplates() {
 			continue
 		}
 		if err := os.RemoveAll(dir); err != nil {
-			m.log.Warn("removing the templates of an image disk gone", "dir", dir, "err", err)
+			t.log.Warn("removing the templates of an image disk gone", "dir", dir, "err", err)
 			continue
 		}
-		m.log.Info("removed the templates of an image disk gone", "rootfs", rootfs)
+		t.log.Info("removed the templates of an image disk gone", "rootfs", rootfs)
 	}
 }
