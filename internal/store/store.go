@@ -12,6 +12,7 @@ import (
 	"time"
 
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
+	sqlite3 "modernc.org/sqlite/lib"
 )
 
 // Store is the server's durable state. It is safe for concurrent use.
@@ -48,7 +49,6 @@ func openSQLite(ctx context.Context, path string) (*Store, error) {
 	// and a read-then-write transaction cannot fail with SQLITE_BUSY midway.
 	q := url.Values{}
 	q.Add("_pragma", "busy_timeout(5000)")
-	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "synchronous(NORMAL)")
 	q.Add("_pragma", "foreign_keys(ON)")
 	// The log is cut back to this after a checkpoint, so a burst of writes
@@ -78,9 +78,9 @@ func (s *Store) Close() error {
 }
 
 func (s *Store) init(ctx context.Context) error {
-	var mode string
-	if err := s.db.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil {
-		return err
+	mode, err := s.walMode(ctx)
+	if err != nil {
+		return fmt.Errorf("setting journal_mode: %w", err)
 	}
 	// SQLite silently keeps the old mode where WAL is impossible (some
 	// network file systems); without WAL the crash-safety story changes.
@@ -90,7 +90,32 @@ func (s *Store) init(ctx context.Context) error {
 	if err := s.incrementalVacuum(ctx); err != nil {
 		return err
 	}
-	return s.migrate(ctx)
+	if err := s.migrate(ctx); err != nil {
+		return fmt.Errorf("migrating: %w", err)
+	}
+	return nil
+}
+
+// walMode switches the database to write-ahead logging, which the file
+// keeps from then on, and returns the mode it is in. It is set once here,
+// not as a pragma on every pooled connection: while another process opens
+// the same new file and converts it, SQLite answers SQLITE_BUSY at once
+// without calling the busy handler, so the switch is retried for as long
+// as busy_timeout would have waited.
+func (s *Store) walMode(ctx context.Context) (string, error) {
+	deadline := time.Now().Add(5 * time.Second)
+	for wait := time.Millisecond; ; wait = min(2*wait, 100*time.Millisecond) {
+		var mode string
+		err := s.db.QueryRowContext(ctx, "PRAGMA journal_mode = WAL").Scan(&mode)
+		if err == nil || sqliteCode(err)&0xff != sqlite3.SQLITE_BUSY || time.Now().After(deadline) {
+			return mode, err
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(wait):
+		}
+	}
 }
 
 // incrementalVacuum switches the database to auto_vacuum=INCREMENTAL, so
