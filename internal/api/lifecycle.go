@@ -9,7 +9,7 @@ import (
 
 // answerSettled answers a lifecycle call: its error, or sb once it reaches
 // want within the caller's Prefer: wait.
-func (s *server) answerSettled(w http.ResponseWriter, r *http.Request, c *call, sb *sandbox.Sandbox, err error, want sandbox.State) error {
+func (s sandboxesAPI) answerSettled(w http.ResponseWriter, r *http.Request, c *call, sb *sandbox.Sandbox, err error, want sandbox.State) error {
 	if err != nil {
 		return err
 	}
@@ -22,7 +22,7 @@ func (s *server) answerSettled(w http.ResponseWriter, r *http.Request, c *call, 
 
 // pauseSandbox answers POST /v1/sandboxes/{id}:pause; with Prefer: wait it
 // waits for paused.
-func (s *server) pauseSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s sandboxesAPI) pauseSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := decode(c, &struct{}{}); err != nil {
 		return err
 	}
@@ -36,7 +36,7 @@ type wakeRequest struct {
 
 // wakeSandbox answers POST /v1/sandboxes/{id}:wake; with Prefer: wait it
 // waits for running.
-func (s *server) wakeSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s sandboxesAPI) wakeSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
 	var req wakeRequest
 	if err := decode(c, &req); err != nil {
 		return err
@@ -49,7 +49,7 @@ func (s *server) wakeSandbox(w http.ResponseWriter, r *http.Request, c *call) er
 }
 
 // restartSandbox answers POST /v1/sandboxes/{id}:restart.
-func (s *server) restartSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s sandboxesAPI) restartSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := decode(c, &struct{}{}); err != nil {
 		return err
 	}
@@ -112,7 +112,7 @@ func (req *updateRequest) spec() (sandbox.UpdateSpec, error) {
 }
 
 // updateSandbox answers POST /v1/sandboxes/{id}:update.
-func (s *server) updateSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s sandboxesAPI) updateSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
 	var req updateRequest
 	if err := decode(c, &req); err != nil {
 		return err
@@ -163,7 +163,7 @@ type switchImageRequest struct {
 // switchImage answers POST /v1/sandboxes/{id}:switch-image once the
 // sandbox runs on the new image, or with switch_undone once it runs on its
 // old one again. Images are off in a cluster, and so is this.
-func (s *server) switchImage(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s sandboxesAPI) switchImage(w http.ResponseWriter, r *http.Request, c *call) error {
 	var req switchImageRequest
 	if err := decode(c, &req); err != nil {
 		return err
