@@ -62,7 +62,7 @@
 // `Idempotency-Key`, `idempotent` reserves (owner, key, fingerprint); a retry
 // waits for, replays, or (other fingerprint) gets 422.
 //
-// `createSandbox`: strict decode; `createRequest.spec()` validates and fills
+// `sandboxesAPI.create`: strict decode; `createRequest.spec()` validates and fills
 // defaults (2 vCPU, 4096 MiB memory, 4096 MiB disk with min 3072; no lease and
 // a 300 s idle pause unless `timeoutSeconds` is given; onLeaseEnd `stop`).
 // `getOrCreate` first looks for a live sandbox of that name.

@@ -425,19 +425,19 @@ func (s processes) spawn(w http.ResponseWriter, r *http.Request, c *call) error 
 	}, toProcessJSON)
 }
 
-func (s processes) listProcesses(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s processes) list(w http.ResponseWriter, r *http.Request, c *call) error {
 	return guestJSON(s.server, w, r, c, func(ctx context.Context, g guest.Handle) ([]guest.ProcessInfo, error) {
 		return g.Processes(ctx)
 	}, func(ps []guest.ProcessInfo) dataJSON[processJSON] { return dataOf(ps, toProcessJSON) })
 }
 
-func (s processes) getProcess(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s processes) get(w http.ResponseWriter, r *http.Request, c *call) error {
 	return guestJSON(s.server, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.ProcessInfo, error) {
 		return g.Process(ctx, r.PathValue("pid"))
 	}, toProcessJSON)
 }
 
-func (s processes) processOutput(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s processes) output(w http.ResponseWriter, r *http.Request, c *call) error {
 	q := r.URL.Query()
 	req := guest.ProcessRequest{ID: r.PathValue("pid")}
 	var issues []issue
@@ -484,7 +484,7 @@ type signalRequest struct {
 
 var signalRE = regexp.MustCompile(`^(SIG)?[A-Z][A-Z0-9+-]*$|^[0-9]{1,2}$`)
 
-func (s processes) signalProcess(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s processes) signal(w http.ResponseWriter, r *http.Request, c *call) error {
 	var req signalRequest
 	if err := decode(c, &req); err != nil {
 		return err

@@ -72,7 +72,7 @@ func queryPath(r *http.Request) (string, error) {
 	return p, nil
 }
 
-func (s files) readFile(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s files) read(w http.ResponseWriter, r *http.Request, c *call) error {
 	p, err := queryPath(r)
 	if err != nil {
 		return err
@@ -148,7 +148,7 @@ func parseMode(v string) (uint32, bool) {
 	return uint32(m), true
 }
 
-func (s files) writeFile(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s files) write(w http.ResponseWriter, r *http.Request, c *call) error {
 	p, err := queryPath(r)
 	if err != nil {
 		return err
@@ -166,7 +166,7 @@ func (s files) writeFile(w http.ResponseWriter, r *http.Request, c *call) error 
 	}, toFileJSON)
 }
 
-func (s files) listFiles(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s files) list(w http.ResponseWriter, r *http.Request, c *call) error {
 	q := r.URL.Query()
 	req := guest.FileRequest{Path: q.Get("path"), Depth: 1}
 	if req.Path == "" {
@@ -211,7 +211,7 @@ type existsJSON struct {
 	Exists bool `json:"exists"`
 }
 
-func (s files) statFile(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s files) stat(w http.ResponseWriter, r *http.Request, c *call) error {
 	p, err := queryPath(r)
 	if err != nil {
 		return err
@@ -273,7 +273,7 @@ type removeRequest struct {
 	Recursive bool   `json:"recursive"`
 }
 
-func (s files) removeFile(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s files) remove(w http.ResponseWriter, r *http.Request, c *call) error {
 	req, err := decodeChecked(c, func(req *removeRequest) []issue { return pathIssue("path", req.Path) })
 	if err != nil {
 		return err

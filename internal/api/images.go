@@ -106,7 +106,7 @@ func (s *server) imagesOn() (*catalog.Service, error) {
 	return s.images, nil
 }
 
-func (s imagesAPI) createImage(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s imagesAPI) create(w http.ResponseWriter, r *http.Request, c *call) error {
 	svc, err := s.imagesOn()
 	if err != nil {
 		return err
@@ -153,7 +153,7 @@ func (s imagesAPI) createImage(w http.ResponseWriter, r *http.Request, c *call) 
 	return nil
 }
 
-func (s imagesAPI) listImages(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s imagesAPI) list(w http.ResponseWriter, r *http.Request, c *call) error {
 	svc, err := s.imagesOn()
 	if err != nil {
 		return err
@@ -200,7 +200,7 @@ func (s imagesAPI) imageOf(r *http.Request) (*catalog.Service, string, error) {
 	return svc, id, nil
 }
 
-func (s imagesAPI) getImage(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s imagesAPI) get(w http.ResponseWriter, r *http.Request, c *call) error {
 	svc, id, err := s.imageOf(r)
 	if err != nil {
 		return err
@@ -209,7 +209,7 @@ func (s imagesAPI) getImage(w http.ResponseWriter, r *http.Request, c *call) err
 	return reply(w, img, err, toImageJSON)
 }
 
-func (s imagesAPI) resolveImage(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s imagesAPI) resolve(w http.ResponseWriter, r *http.Request, c *call) error {
 	svc, err := s.imagesOn()
 	if err != nil {
 		return err
@@ -226,11 +226,11 @@ type tagRequest struct {
 	Tag string `json:"tag"`
 }
 
-func (s imagesAPI) tagImage(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s imagesAPI) tag(w http.ResponseWriter, r *http.Request, c *call) error {
 	return s.changeTag(w, r, c, true)
 }
 
-func (s imagesAPI) untagImage(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s imagesAPI) untag(w http.ResponseWriter, r *http.Request, c *call) error {
 	return s.changeTag(w, r, c, false)
 }
 
@@ -259,7 +259,7 @@ func (s imagesAPI) changeTag(w http.ResponseWriter, r *http.Request, c *call, ad
 	return nil
 }
 
-func (s imagesAPI) deleteImage(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s imagesAPI) delete(w http.ResponseWriter, r *http.Request, c *call) error {
 	svc, id, err := s.imageOf(r)
 	if err != nil {
 		return err
@@ -289,7 +289,7 @@ const logFollowMax = 5 * time.Minute
 
 const logPageLines = 1000
 
-func (s imagesAPI) imageLogs(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s imagesAPI) logs(w http.ResponseWriter, r *http.Request, c *call) error {
 	svc, id, err := s.imageOf(r)
 	if err != nil {
 		return err
@@ -386,7 +386,7 @@ func (s imagesAPI) putChunk(w http.ResponseWriter, r *http.Request, c *call) err
 	return nil
 }
 
-// createImage resolves a sandbox create's image field: the image to boot
+// createImageSpec resolves a sandbox create's image field: the image to boot
 // (nil for the default image) with its environment under the create's.
 func (s *server) createImageSpec(r *http.Request, owner string, raw json.RawMessage, req *createRequest,
 	spec *sandbox.CreateSpec) error {

@@ -79,7 +79,7 @@ func (req *linkRequest) check() []issue {
 	return issues
 }
 
-func (s linksAPI) makeLink(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s linksAPI) make(w http.ResponseWriter, r *http.Request, c *call) error {
 	var req linkRequest
 	if err := decode(c, &req); err != nil {
 		return err
@@ -125,7 +125,7 @@ func publicBase(r *http.Request) string {
 	return scheme + "://" + r.Host
 }
 
-func (s linksAPI) revokeLinks(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s linksAPI) revoke(w http.ResponseWriter, r *http.Request, c *call) error {
 	if len(c.body) > 0 {
 		if err := decode(c, &struct{}{}); err != nil {
 			return err
@@ -187,9 +187,9 @@ func (s linksAPI) wakeForLink(ctx context.Context, cl *links.Claims) error {
 	return err
 }
 
-// linkDownload serves a GET link: the file (one byte range if asked), or
+// download serves a GET link: the file (one byte range if asked), or
 // the directory as .tar.gz.
-func (s linksAPI) linkDownload(w http.ResponseWriter, r *http.Request, _ *call) error {
+func (s linksAPI) download(w http.ResponseWriter, r *http.Request, _ *call) error {
 	cl, g, err := s.linkGuest(r, http.MethodGet)
 	if err != nil {
 		return err
@@ -296,9 +296,9 @@ func parseRange(spec string, size int64) (start, n int64, ok bool) {
 	return first, end - first + 1, true
 }
 
-// linkUpload serves a PUT link: the body, whose Content-Length is
+// upload serves a PUT link: the body, whose Content-Length is
 // required, atomically replaces the file.
-func (s linksAPI) linkUpload(w http.ResponseWriter, r *http.Request, _ *call) error {
+func (s linksAPI) upload(w http.ResponseWriter, r *http.Request, _ *call) error {
 	cl, g, err := s.linkGuest(r, http.MethodPut)
 	if err != nil {
 		return err

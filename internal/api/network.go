@@ -108,7 +108,7 @@ func (s networkAPI) networkManager() (NetworkManager, error) {
 	return nm, nil
 }
 
-func (s networkAPI) getNetwork(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s networkAPI) get(w http.ResponseWriter, r *http.Request, c *call) error {
 	nm, err := s.networkManager()
 	if err != nil {
 		return err
@@ -117,7 +117,7 @@ func (s networkAPI) getNetwork(w http.ResponseWriter, r *http.Request, c *call) 
 	return reply(w, st, err, toNetworkJSON)
 }
 
-func (s networkAPI) putNetwork(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s networkAPI) put(w http.ResponseWriter, r *http.Request, c *call) error {
 	var req networkRequest
 	if err := decode(c, &req); err != nil {
 		return err

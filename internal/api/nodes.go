@@ -57,7 +57,7 @@ func (s nodesAPI) adminNodes(c *call) error {
 	return nil
 }
 
-func (s nodesAPI) listNodes(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s nodesAPI) list(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := s.adminNodes(c); err != nil {
 		return err
 	}
@@ -73,11 +73,11 @@ func (s nodesAPI) listNodes(w http.ResponseWriter, r *http.Request, c *call) err
 	return nil
 }
 
-func (s nodesAPI) drainNode(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s nodesAPI) drain(w http.ResponseWriter, r *http.Request, c *call) error {
 	return s.setDraining(w, r, c, true)
 }
 
-func (s nodesAPI) undrainNode(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s nodesAPI) undrain(w http.ResponseWriter, r *http.Request, c *call) error {
 	return s.setDraining(w, r, c, false)
 }
 

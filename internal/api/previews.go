@@ -137,7 +137,7 @@ func tokenBounds(ttl *int64, at *string) (time.Duration, *time.Time, []issue) {
 	return d, t, issues
 }
 
-func (s previewsAPI) createPreview(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s previewsAPI) create(w http.ResponseWriter, r *http.Request, c *call) error {
 	var req previewRequest
 	if err := decode(c, &req); err != nil {
 		return err
@@ -210,7 +210,7 @@ func (s previewsAPI) answerPreview(w http.ResponseWriter, r *http.Request, p *sa
 	return nil
 }
 
-func (s previewsAPI) listPreviews(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s previewsAPI) list(w http.ResponseWriter, r *http.Request, c *call) error {
 	pm, err := s.previewManager()
 	if err != nil {
 		return err
@@ -231,7 +231,7 @@ func (s previewsAPI) listPreviews(w http.ResponseWriter, r *http.Request, c *cal
 	return nil
 }
 
-func (s previewsAPI) getPreview(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s previewsAPI) get(w http.ResponseWriter, r *http.Request, c *call) error {
 	port, err := portParam(r)
 	if err != nil {
 		return err
@@ -264,7 +264,7 @@ func (s previewsAPI) getPreview(w http.ResponseWriter, r *http.Request, c *call)
 	return s.answerPreview(w, r, p, ttl, at)
 }
 
-func (s previewsAPI) rotatePreview(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s previewsAPI) rotate(w http.ResponseWriter, r *http.Request, c *call) error {
 	port, err := portParam(r)
 	if err != nil {
 		return err
@@ -280,7 +280,7 @@ func (s previewsAPI) rotatePreview(w http.ResponseWriter, r *http.Request, c *ca
 	return s.answerPreview(w, r, p, 0, nil)
 }
 
-func (s previewsAPI) deletePreview(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s previewsAPI) delete(w http.ResponseWriter, r *http.Request, c *call) error {
 	port, err := portParam(r)
 	if err != nil {
 		return err

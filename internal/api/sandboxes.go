@@ -421,7 +421,7 @@ func (s *server) settle(ctx context.Context, owner string, sb *sandbox.Sandbox, 
 	return got, nil
 }
 
-func (s sandboxesAPI) createSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s sandboxesAPI) create(w http.ResponseWriter, r *http.Request, c *call) error {
 	var req createRequest
 	if err := decode(c, &req); err != nil {
 		return err
@@ -503,7 +503,7 @@ var knownStates = map[sandbox.State]bool{
 	sandbox.StateStopped: true, sandbox.StateDeleted: true,
 }
 
-func (s sandboxesAPI) getSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s sandboxesAPI) get(w http.ResponseWriter, r *http.Request, c *call) error {
 	id := r.PathValue("id")
 	q := r.URL.Query()
 	var issues []issue
@@ -549,7 +549,7 @@ type listJSON[T any] struct {
 	NextCursor *string `json:"nextCursor"`
 }
 
-func (s sandboxesAPI) listSandboxes(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s sandboxesAPI) list(w http.ResponseWriter, r *http.Request, c *call) error {
 	q := r.URL.Query()
 	opts := sandbox.ListOptions{OwnerKeyID: c.owner, Name: q.Get("name"), Cursor: q.Get("cursor"), Limit: 50}
 	var issues []issue
@@ -622,7 +622,7 @@ func boolParam(v string) (bool, error) {
 	return strconv.ParseBool(v)
 }
 
-func (s sandboxesAPI) stopSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s sandboxesAPI) stop(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := decode(c, &struct{}{}); err != nil {
 		return err
 	}
@@ -637,7 +637,7 @@ type deletedJSON struct {
 	DeletedAt *jsonTime `json:"deletedAt"`
 }
 
-func (s sandboxesAPI) deleteSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s sandboxesAPI) delete(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := decode(c, &struct{}{}); err != nil {
 		return err
 	}
@@ -656,7 +656,7 @@ type extendRequest struct {
 	Seconds *int `json:"seconds"`
 }
 
-func (s sandboxesAPI) extendSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s sandboxesAPI) extend(w http.ResponseWriter, r *http.Request, c *call) error {
 	var req extendRequest
 	if err := decode(c, &req); err != nil {
 		return err

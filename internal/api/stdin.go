@@ -71,7 +71,7 @@ type writeAnswer struct {
 	Offset int64 `json:"offset"`
 }
 
-func (s processes) writeProcess(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s processes) write(w http.ResponseWriter, r *http.Request, c *call) error {
 	var body writeRequest
 	if err := decode(c, &body); err != nil {
 		return err
@@ -106,7 +106,7 @@ func (s processes) writeProcess(w http.ResponseWriter, r *http.Request, c *call)
 	})
 }
 
-func (s processes) resizeProcess(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s processes) resize(w http.ResponseWriter, r *http.Request, c *call) error {
 	body, err := decodeChecked(c, func(body *ptyJSON) []issue { return ptyIssues("cols", body) })
 	if err != nil {
 		return err

@@ -106,7 +106,7 @@ type beginUploadJSON struct {
 	ExpiresAt  *jsonTime `json:"expiresAt"`
 }
 
-func (s uploadsAPI) beginUpload(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s uploadsAPI) begin(w http.ResponseWriter, r *http.Request, c *call) error {
 	var req beginUploadRequest
 	if err := decode(c, &req); err != nil {
 		return err
@@ -182,7 +182,7 @@ type chunkJSON struct {
 	Chunks         int    `json:"chunks"`
 }
 
-func (s uploadsAPI) putUploadChunk(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s uploadsAPI) putChunk(w http.ResponseWriter, r *http.Request, c *call) error {
 	st, err := s.uploadStore()
 	if err != nil {
 		return err
@@ -200,7 +200,7 @@ func (s uploadsAPI) putUploadChunk(w http.ResponseWriter, r *http.Request, c *ca
 	return nil
 }
 
-func (s uploadsAPI) commitUpload(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s uploadsAPI) commit(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := decode(c, &struct{}{}); err != nil {
 		return err
 	}
@@ -226,7 +226,7 @@ func (s uploadsAPI) commitUpload(w http.ResponseWriter, r *http.Request, c *call
 	return nil
 }
 
-func (s uploadsAPI) abortUpload(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s uploadsAPI) abort(w http.ResponseWriter, r *http.Request, c *call) error {
 	return s.abortStaged(w, r, c, false)
 }
 

@@ -111,9 +111,9 @@ func usageScope(r *http.Request, c *call) (string, error) {
 	}
 }
 
-// getUsage serves GET /v1/usage: usage from..to (default: this month so
+// get serves GET /v1/usage: usage from..to (default: this month so
 // far), in total and grouped by sandbox, key or day.
-func (s usageAPI) getUsage(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s usageAPI) get(w http.ResponseWriter, r *http.Request, c *call) error {
 	from, to, groupBy, err := s.usageRange(r.URL.Query())
 	if err != nil {
 		return err
@@ -253,9 +253,9 @@ var exportHeader = []string{"hour", "resource_type", "resource_id", "key_id", "r
 	"memory_gib_seconds", "active_cpu_seconds", "billed_cpu_seconds", "guest_cpu_seconds", "storage_gib_seconds",
 	"egress_bytes", "ingress_bytes", "runs", "cpu_micros", "memory_micros", "storage_micros", "charged_micros", "final"}
 
-// exportUsage serves GET /v1/usage/export: settled usage rows, one per
+// export serves GET /v1/usage/export: settled usage rows, one per
 // resource and clock hour, as CSV pages.
-func (s usageAPI) exportUsage(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s usageAPI) export(w http.ResponseWriter, r *http.Request, c *call) error {
 	q := r.URL.Query()
 	var issues []issue
 	since, until := timeParam(q, "since", true, &issues), timeParam(q, "until", true, &issues)
@@ -351,10 +351,10 @@ func parseExportCursor(s string) (time.Time, string, bool) {
 	return time.Unix(n, 0).UTC(), id, true
 }
 
-// compareUsage serves GET /v1/usage/compare: the caller's usage over the
+// compare serves GET /v1/usage/compare: the caller's usage over the
 // last days priced here and at a rival's published rates. With no usage,
 // the product page's example workload is priced instead (basis example).
-func (s usageAPI) compareUsage(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s usageAPI) compare(w http.ResponseWriter, r *http.Request, c *call) error {
 	q := r.URL.Query()
 	var issues []issue
 	id := q.Get("provider")

@@ -84,7 +84,7 @@ func (s volumesAPI) volumesOff() error {
 	return nil
 }
 
-func (s volumesAPI) createVolume(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s volumesAPI) create(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := s.volumesOff(); err != nil {
 		return err
 	}
@@ -112,7 +112,7 @@ func (s volumesAPI) createVolume(w http.ResponseWriter, r *http.Request, c *call
 	return reply(w, v, err, toVolumeJSON)
 }
 
-func (s volumesAPI) getVolume(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s volumesAPI) get(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := s.volumesOff(); err != nil {
 		return err
 	}
@@ -120,7 +120,7 @@ func (s volumesAPI) getVolume(w http.ResponseWriter, r *http.Request, c *call) e
 	return reply(w, v, err, toVolumeJSON)
 }
 
-func (s volumesAPI) listVolumes(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s volumesAPI) list(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := s.volumesOff(); err != nil {
 		return err
 	}
@@ -140,7 +140,7 @@ func (s volumesAPI) listVolumes(w http.ResponseWriter, r *http.Request, c *call)
 	return replyPage(w, list, next, err, toVolumeJSON)
 }
 
-func (s volumesAPI) resizeVolume(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s volumesAPI) resize(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := s.volumesOff(); err != nil {
 		return err
 	}
@@ -155,7 +155,7 @@ func (s volumesAPI) resizeVolume(w http.ResponseWriter, r *http.Request, c *call
 	return reply(w, v, err, toVolumeJSON)
 }
 
-func (s volumesAPI) deleteVolume(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s volumesAPI) delete(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := s.volumesOff(); err != nil {
 		return err
 	}
@@ -163,7 +163,7 @@ func (s volumesAPI) deleteVolume(w http.ResponseWriter, r *http.Request, c *call
 	return reply(w, v, err, toVolumeJSON)
 }
 
-func (s volumesAPI) attachVolume(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s volumesAPI) attach(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := s.volumesOff(); err != nil {
 		return err
 	}
@@ -188,7 +188,7 @@ func (s volumesAPI) attachVolume(w http.ResponseWriter, r *http.Request, c *call
 	return reply(w, a, err, toAttachmentJSON)
 }
 
-func (s volumesAPI) detachVolume(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s volumesAPI) detach(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := s.volumesOff(); err != nil {
 		return err
 	}
@@ -199,7 +199,7 @@ func (s volumesAPI) detachVolume(w http.ResponseWriter, r *http.Request, c *call
 	return reply(w, a, err, toAttachmentJSON)
 }
 
-func (s volumesAPI) getVolumeAttachment(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s volumesAPI) getAttachment(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := s.volumesOff(); err != nil {
 		return err
 	}
@@ -294,7 +294,7 @@ type backupVolumeRequest struct {
 	Name          string `json:"name"`
 }
 
-func (s volumesAPI) backupVolume(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s volumesAPI) backup(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := s.volumesOff(); err != nil {
 		return err
 	}

@@ -99,7 +99,7 @@ func (req *watchRequest) toGuest() (guest.WatchRequest, []issue) {
 	return out, issues
 }
 
-func (s watches) startWatch(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s watches) start(w http.ResponseWriter, r *http.Request, c *call) error {
 	var req watchRequest
 	if err := decode(c, &req); err != nil {
 		return err
@@ -117,13 +117,13 @@ func (s watches) startWatch(w http.ResponseWriter, r *http.Request, c *call) err
 	}, toWatchJSON)
 }
 
-func (s watches) listWatches(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s watches) list(w http.ResponseWriter, r *http.Request, c *call) error {
 	return guestJSON(s.server, w, r, c, func(ctx context.Context, g guest.Handle) ([]guest.WatchInfo, error) {
 		return g.Watches(ctx)
 	}, func(ins []guest.WatchInfo) dataJSON[watchJSON] { return dataOf(ins, toWatchJSON) })
 }
 
-func (s watches) stopWatch(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s watches) stop(w http.ResponseWriter, r *http.Request, c *call) error {
 	id := r.PathValue("watchId")
 	return guestJSON(s.server, w, r, c, func(ctx context.Context, g guest.Handle) (bool, error) {
 		return g.WatchStop(ctx, id)
