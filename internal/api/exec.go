@@ -281,7 +281,7 @@ const streamHeadersAfter = time.Second
 // flushed at once; with binary every chunk of output carries "base64". Headers go out with the first event, or after
 // streamHeadersAfter; an error before that is a normal JSON error, an error
 // after it an "error" line.
-func (s *server) streamEvents(w http.ResponseWriter, r *http.Request, binary bool, run func(send func(guest.Event) error) error) {
+func (s processes) streamEvents(w http.ResponseWriter, r *http.Request, binary bool, run func(send func(guest.Event) error) error) {
 	rc := http.NewResponseController(w)
 	var mu sync.Mutex // guards w, started and finished, shared with the header timer
 	started, finished := false, false
