@@ -6,7 +6,13 @@
 // # Routes
 //
 // One `route` table drives the mux, `/v1/openapi.json` and tests; `group`
-// splits colon verbs. `serveRoute`: bearer auth (`Keys`) and rate limits
+// splits colon verbs. Its handlers live on one small type per area
+// (areas.go: `sandboxesAPI`, `snapshots`, `files`, `uploadsAPI`,
+// `processes`, `sockets`, `watches`, `interpreterAPI`, `imagesAPI`,
+// `volumesAPI`, `previewsAPI`, `linksAPI`, `networkAPI`, `usageAPI`,
+// `nodesAPI`), each holding the `server`, which keeps what every route
+// shares and the helpers of more than one area; `previewHost` serves the
+// previews' hosts. `serveRoute`: bearer auth (`Keys`) and rate limits
 // (`gate`), body ≤ 1 MiB, `Idempotency-Key` (`idempotent`/`runReserved`/
 // `recorder`: JSON answers stored and replayed with `"replayed":true`; 5xx and
 // NDJSON released). `streamEvents` writes NDJSON. `uploads.go`: the handlers of
