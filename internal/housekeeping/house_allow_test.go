@@ -22,7 +22,6 @@ var houseAllowlist = []allowance{
 	{funcLines, "internal/pricing.providers", 160, "the price table: one entry per provider and rate, with its source"},
 	{funcLines, "internal/sandbox.Manager.switchLocked", 157, ""},
 	{funcLines, "sdk/go.Client.Exec", 81, ""},
-	{typeMethods, "internal/api.server", 159, ""},
 	{typeMethods, "internal/sandbox.Manager", 105, ""},
 	{typeMethods, "internal/store.Store", 120, ""},
 }
