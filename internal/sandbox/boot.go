@@ -227,11 +227,11 @@ func (m *Manager) ready(in *instance, data map[string]any) {
 		if s.State != StateStarting {
 			return false // stopped or deleted while booting
 		}
-		expires := m.leaseEnd(s, now)
+		expires := m.cfg.Limits.leaseEnd(s, now)
 		if expires != nil && s.ExpiresAt != nil && s.ExpiresAt.After(*expires) {
 			expires = s.ExpiresAt
 		}
-		if end := m.lifetimeEnd(s); expires != nil && !end.IsZero() && expires.After(end) {
+		if end := m.cfg.Limits.lifetimeEnd(s); expires != nil && !end.IsZero() && expires.After(end) {
 			expires = &end
 		}
 		s.State, s.ReadyAt, s.ExpiresAt = StateRunning, &now, expires

@@ -35,7 +35,7 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ 
 	if err != nil {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "network: %v", err)
 	}
-	if err := m.checkLimits(spec); err != nil {
+	if err := m.cfg.Limits.check(spec); err != nil {
 		return nil, err
 	}
 	var u undo
@@ -88,10 +88,9 @@ func newID() string {
 	return "sbx_" + hex.EncodeToString(b[:])
 }
 
-// checkLimits refuses a spec beyond the operator's limits of one sandbox,
+// check refuses a spec beyond the operator's limits of one sandbox,
 // naming each field and its limit.
-func (m *Manager) checkLimits(spec CreateSpec) error {
-	lim := m.cfg.Limits
+func (lim Limits) check(spec CreateSpec) error {
 	var issues []map[string]string
 	over := func(field string, v, max int, unit string) {
 		if max > 0 && v > max {

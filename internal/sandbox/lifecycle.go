@@ -97,7 +97,7 @@ func (m *Manager) Update(ctx context.Context, owner, id string, u UpdateSpec) (*
 			s.TimeoutSeconds = *u.TimeoutSeconds
 		}
 		if (u.TimeoutSeconds != nil || u.Persistent != nil) && (s.State == StateRunning || s.State == StateStarting) {
-			s.ExpiresAt = m.leaseEnd(s, now)
+			s.ExpiresAt = m.cfg.Limits.leaseEnd(s, now)
 		}
 		return true
 	})

@@ -338,7 +338,7 @@ func (m *Manager) update(ctx context.Context, id string, fn func(sb *Sandbox) bo
 		return nil, fmt.Errorf("saving sandbox %s: %w", id, err)
 	}
 	// The ledger first: a waiter woken by the change may create at once.
-	m.account(sb, entered)
+	account(m.cfg.Admission, sb, entered)
 	if changed {
 		m.notify(id)
 	}

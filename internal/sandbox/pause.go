@@ -366,7 +366,7 @@ func (m *Manager) running(in *instance, event string, data map[string]any) {
 	changed := false
 	_, err := m.update(context.Background(), in.id, func(s *Sandbox) bool {
 		if changed = s.State == StateResuming; changed {
-			s.State, s.PausedAt, s.ExpiresAt = StateRunning, nil, m.leaseEnd(s, now)
+			s.State, s.PausedAt, s.ExpiresAt = StateRunning, nil, m.cfg.Limits.leaseEnd(s, now)
 			if s.ReadyAt == nil {
 				s.ReadyAt = &now
 			}
@@ -430,12 +430,12 @@ func (m *Manager) wakeForCall(ctx context.Context, owner string, sb *Sandbox) er
 
 // leaseEnd is when a lease that starts at now ends: nil for a persistent
 // sandbox or one without a time limit; never past the maximum lifetime.
-func (m *Manager) leaseEnd(s *Sandbox, now time.Time) *time.Time {
+func (l Limits) leaseEnd(s *Sandbox, now time.Time) *time.Time {
 	if s.Persistent || s.TimeoutSeconds <= 0 {
 		return nil
 	}
 	end := now.Add(time.Duration(s.TimeoutSeconds) * time.Second)
-	if life := m.lifetimeEnd(s); !life.IsZero() && end.After(life) {
+	if life := l.lifetimeEnd(s); !life.IsZero() && end.After(life) {
 		end = life
 	}
 	return &end

@@ -74,7 +74,11 @@ func (m *Manager) recoverOne(ctx context.Context, sb *Sandbox) {
 	var started bool
 	switch sb.State {
 	case StateDeleting:
-		started = m.spawn(func() { m.logErr(m.finishDelete(m.ctx, sb.ID)) })
+		started = m.spawn(func() {
+			if _, err := m.finishDelete(m.ctx, sb.ID); err != nil {
+				m.log.Error("finishing delete", "err", err)
+			}
+		})
 	case StateStopping:
 		started = m.spawn(func() { _, _ = m.stop(m.ctx, sb.ID, sb.StopReason, true) })
 	case StateStarting:
@@ -117,7 +121,11 @@ func (m *Manager) recoverGone(ctx context.Context, sb *Sandbox, err error) {
 	}
 	if sb.State == StateDeleting {
 		log.Info("finishing an interrupted delete")
-		m.spawn(func() { m.logErr(m.finishDelete(m.ctx, sb.ID)) })
+		m.spawn(func() {
+			if _, err := m.finishDelete(m.ctx, sb.ID); err != nil {
+				m.log.Error("finishing delete", "err", err)
+			}
+		})
 		return
 	}
 	log.Info("sandbox's vm is gone; marking it stopped")
@@ -127,13 +135,6 @@ func (m *Manager) recoverGone(ctx context.Context, sb *Sandbox, err error) {
 		log.Warn("dropping the meter of a lost vm", "err", err)
 	}
 	m.markStopped(sb.ID, ReasonLostOnRestart)
-}
-
-// logErr logs the error of a background delete.
-func (m *Manager) logErr(_ *Sandbox, err error) {
-	if err != nil {
-		m.log.Error("finishing delete", "err", err)
-	}
 }
 
 // finishDeletes completes deletions that a server older than the deleting

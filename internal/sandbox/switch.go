@@ -306,7 +306,7 @@ func (m *Manager) switchLocked(ctx context.Context, id string, to switchMarker) 
 		committed = true
 		s.ImageID, s.Rootfs = to.NewImageID, to.NewRootfs
 		if running = s.State == StateStarting; running {
-			s.State, s.ReadyAt, s.PausedAt, s.ExpiresAt = StateRunning, &now, nil, m.leaseEnd(s, now)
+			s.State, s.ReadyAt, s.PausedAt, s.ExpiresAt = StateRunning, &now, nil, m.cfg.Limits.leaseEnd(s, now)
 		}
 		return true
 	})
