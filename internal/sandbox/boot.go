@@ -245,7 +245,7 @@ func (m *Manager) ready(in *instance, data map[string]any) {
 		return
 	}
 	in.touch(now)
-	m.observeReady(data)
+	m.outcomes.ready(data)
 	m.event(in.id, "ready", "sandbox is running", data)
 	m.spawn(func() { m.watch(in) })
 }

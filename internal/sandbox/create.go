@@ -15,7 +15,7 @@ import (
 
 // Create implements api.Manager.Create.
 func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ *Sandbox, err error) {
-	defer func() { m.observeOp("create", err) }()
+	defer func() { m.outcomes.op("create", err) }()
 	var source *Snapshot
 	if spec.SnapshotID != "" {
 		var err error
@@ -53,7 +53,7 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ 
 			return nil, err
 		}
 	}
-	u.add(func() { m.releaseVolumes(sb.ID) })
+	u.add(func() { m.volumes.release(sb.ID) })
 	if err := m.cfg.Store.InsertSandbox(ctx, sb, spec.IdempotencyKey); err != nil {
 		return nil, err
 	}

@@ -26,7 +26,7 @@ type ForkSpec struct {
 // creates are; if one is refused, the copies made so far are deleted and
 // the refusal answered.
 func (m *Manager) Fork(ctx context.Context, owner, id string, spec ForkSpec) (_ []*Sandbox, err error) {
-	defer func() { m.observeOp("fork", err) }()
+	defer func() { m.outcomes.op("fork", err) }()
 	if spec.Count < 1 || spec.Count > MaxForkCount {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "count must be from 1 to %d", MaxForkCount)
 	}

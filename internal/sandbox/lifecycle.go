@@ -151,7 +151,7 @@ func (m *Manager) updateEnv(ctx context.Context, owner string, sb *Sandbox, chan
 // kept boots again from it (its memory is not kept). A running or starting
 // one is answered as it is; a paused one is woken.
 func (m *Manager) Restart(ctx context.Context, owner, id string) (_ *Sandbox, err error) {
-	defer func() { m.observeOp("restart", err) }()
+	defer func() { m.outcomes.op("restart", err) }()
 	sb, err := m.Get(ctx, owner, id)
 	if err != nil {
 		return nil, err

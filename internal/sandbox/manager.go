@@ -139,6 +139,9 @@ type Manager struct {
 
 	templates *templatePool
 
+	outcomes outcomes    // observe.go
+	volumes  volumeHooks // volumes.go
+
 	meter     *Meter     // observes transitions to charge usage (meter.go)
 	previews  *Previews  // previews.go
 	moves     *Moves     // move.go, fence.go
@@ -247,12 +250,14 @@ func New(cfg Config) *Manager {
 	m := &Manager{cfg: cfg, log: log, ctx: ctx, cancel: cancel,
 		live: map[string]*instance{}, changed: map[string]chan struct{}{}, ops: map[string]*opLock{},
 		envs: map[string]map[string]string{}}
+	m.outcomes = outcomes{obs: cfg.Observer}
+	m.volumes = volumeHooks{vols: cfg.Volumes, log: log}
 	m.meter = newMeter(m)
 	m.previews = &Previews{host: m, records: cfg.Store}
 	m.moves = newMoves(m)
 	m.snapshots = newSnapshots(m)
 	m.reaper = newReaper(m)
-	m.switcher = &Switcher{host: m, volumes: cfg.Volumes, bootTimeout: cfg.BootTimeout}
+	m.switcher = &Switcher{host: m, volumes: cfg.Volumes, bootTimeout: cfg.BootTimeout, outcomes: m.outcomes}
 	m.networks = &Networks{host: m, records: cfg.Store, egress: cfg.Egress, egressDefault: cfg.EgressDefault}
 	m.templates = newTemplatePool(ctx, &m.cfg, log, m.spawn, m.bootGuest)
 	return m
@@ -464,7 +469,7 @@ func (m *Manager) markStopped(id, reason string) {
 		m.log.Error("recording stopped sandbox", "sandbox_id", id, "err", err)
 	}
 	if changed {
-		m.releaseVolumes(id)
+		m.volumes.release(id)
 		m.event(id, "stopped", "sandbox stopped", map[string]any{"reason": reason})
 	}
 }
@@ -533,7 +538,7 @@ func (m *Manager) WaitFor(ctx context.Context, owner, id string, states ...State
 
 // Stop implements api.Manager.Stop.
 func (m *Manager) Stop(ctx context.Context, owner, id string) (_ *Sandbox, err error) {
-	defer func() { m.observeOp("stop", err) }()
+	defer func() { m.outcomes.op("stop", err) }()
 	if _, err := m.get(ctx, owner, id); err != nil {
 		return nil, err
 	}
@@ -595,7 +600,7 @@ func (m *Manager) endVM(id string) {
 	in.mu.Unlock()
 	if c != nil {
 		m.meter.guestClosing(in) // the guest's last word on its busy time
-		m.syncVolumes(id, c)
+		m.volumes.sync(id, c)
 		c.Close()
 	}
 	m.closeGate(in)
@@ -616,7 +621,7 @@ func (m *Manager) endVM(id string) {
 
 // Delete implements api.Manager.Delete.
 func (m *Manager) Delete(ctx context.Context, owner, id string) (_ *Sandbox, err error) {
-	defer func() { m.observeOp("delete", err) }()
+	defer func() { m.outcomes.op("delete", err) }()
 	sb, err := m.get(ctx, owner, id)
 	if err != nil {
 		return nil, err
@@ -666,7 +671,7 @@ func (m *Manager) finishDelete(ctx context.Context, id string) (*Sandbox, error)
 	}
 	faultpoint.Hit("delete.files_removed")
 	m.rememberEnv(id, nil)
-	m.releaseVolumes(id)
+	m.volumes.release(id)
 	if ps, ok := m.cfg.Store.(PreviewStore); ok {
 		// Its URLs are refused already (OpenPreview); this drops the rows.
 		if err := ps.DeletePreviews(ctx, id, 0); err != nil {

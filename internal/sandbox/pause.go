@@ -65,7 +65,7 @@ func notPaused(sb *Sandbox) error {
 // pausing and paused in the background; a pausing or paused one is
 // answered as it is (pausing twice is one pause).
 func (m *Manager) Pause(ctx context.Context, owner, id string) (_ *Sandbox, err error) {
-	defer func() { m.observeOp("pause", err) }()
+	defer func() { m.outcomes.op("pause", err) }()
 	sb, err := m.Get(ctx, owner, id)
 	if err != nil {
 		return nil, err
@@ -248,7 +248,7 @@ func (m *Manager) forget(in *instance) {
 // its pause is over; a resuming one is answered as it is; a running one
 // gets not_paused.
 func (m *Manager) Wake(ctx context.Context, owner, id string, timeout *int) (_ *Sandbox, err error) {
-	defer func() { m.observeOp("wake", err) }()
+	defer func() { m.outcomes.op("wake", err) }()
 	sb, err := m.Get(ctx, owner, id)
 	if err != nil {
 		return nil, err
@@ -380,7 +380,7 @@ func (m *Manager) running(in *instance, event string, data map[string]any) {
 		return
 	}
 	in.touch(now)
-	m.observeReady(data)
+	m.outcomes.ready(data)
 	m.event(in.id, event, "sandbox is running", data)
 	m.spawn(func() { m.watch(in) })
 }

@@ -65,6 +65,8 @@ type Snapshots struct {
 	dataDir     string        // snapshots live in dataDir/snapshots/<id>
 	bootTimeout time.Duration // how long a sandbox starting may take to run
 	log         *slog.Logger
+	volumes     volumeHooks // refuse snapshots of sandboxes holding volumes
+	outcomes    outcomes
 }
 
 // snapshotHost is what snapshots need of the manager: a sandbox as its
@@ -75,16 +77,15 @@ type snapshotHost interface {
 	WaitFor(ctx context.Context, owner, id string, states ...State) (*Sandbox, error)
 	Wake(ctx context.Context, owner, id string, timeout *int) (*Sandbox, error)
 	pause(ctx context.Context, id, why string) (*Sandbox, error)
-	refuseWithVolumes(ctx context.Context, id string) error
 	capture(id, dir string, memory bool) (vmm.SnapshotInfo, error)
 	event(id, typ, msg string, data map[string]any)
-	observeOp(op string, err error)
 	now() time.Time
 }
 
 func newSnapshots(m *Manager) *Snapshots {
 	return &Snapshots{host: m, records: m.cfg.Store, charges: m.cfg.Meter, driver: m.cfg.Driver,
-		dataDir: m.cfg.DataDir, bootTimeout: m.cfg.BootTimeout, log: m.log}
+		dataDir: m.cfg.DataDir, bootTimeout: m.cfg.BootTimeout, log: m.log,
+		volumes: m.volumes, outcomes: m.outcomes}
 }
 
 // Snapshots is the manager's snapshots.
@@ -158,7 +159,7 @@ func (sp *Snapshots) ListSnapshots(ctx context.Context, opts SnapshotListOptions
 // copy and runs on after; a paused sandbox is woken for it and paused
 // again. It answers once the capture is over, ready or failed.
 func (sp *Snapshots) Snapshot(ctx context.Context, owner, id string, spec SnapshotSpec) (_ *Snapshot, err error) {
-	defer func() { sp.host.observeOp("snapshot", err) }()
+	defer func() { sp.outcomes.op("snapshot", err) }()
 	ss, err := sp.store()
 	if err != nil {
 		return nil, err
@@ -167,7 +168,7 @@ func (sp *Snapshots) Snapshot(ctx context.Context, owner, id string, spec Snapsh
 	if err != nil {
 		return nil, err
 	}
-	if err := sp.host.refuseWithVolumes(ctx, sb.ID); err != nil {
+	if err := sp.volumes.refuse(ctx, sb.ID); err != nil {
 		return nil, err
 	}
 	repause := sb.State == StatePaused

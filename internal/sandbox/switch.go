@@ -60,6 +60,7 @@ type Switcher struct {
 	host        switchHost
 	volumes     Volumes       // nil: no sandbox holds volumes
 	bootTimeout time.Duration // how long a sandbox starting may take to run
+	outcomes    outcomes
 }
 
 // switchHost is what a switch needs of the manager: a sandbox as its owner
@@ -72,7 +73,6 @@ type switchHost interface {
 	Restart(ctx context.Context, owner, id string) (*Sandbox, error)
 	knownEnv(id string) (map[string]string, bool)
 	switchLocked(ctx context.Context, id string, to switchMarker) (_ *Sandbox, done bool, err error)
-	observeOp(op string, err error)
 }
 
 // Switcher is the manager's switcher of images.
@@ -97,7 +97,7 @@ func imageName(id string) string {
 // woken or restarted first, to read its /workspace. A failure after the
 // old VM was paused is undone (switch_undone): the old VM resumes.
 func (sw *Switcher) SwitchImage(ctx context.Context, owner, id string, img *ImageRef) (_ *Sandbox, err error) {
-	defer func() { sw.host.observeOp("switch_image", err) }()
+	defer func() { sw.outcomes.op("switch_image", err) }()
 	sb, err := sw.host.Get(ctx, owner, id)
 	if err != nil {
 		return nil, err
@@ -210,7 +210,7 @@ func (m *Manager) switchLocked(ctx context.Context, id string, to switchMarker) 
 	faultpoint.Hit("switch.spooled")
 
 	// 2. Pause the old VM (volumes flushed first: the new VM mounts them).
-	m.syncVolumes(id, old.guest())
+	m.volumes.sync(id, old.guest())
 	now := m.now()
 	paused := false
 	if _, err := m.update(ctx, id, func(s *Sandbox) bool {
@@ -328,7 +328,7 @@ func (m *Manager) switchLocked(ctx context.Context, id string, to switchMarker) 
 	m.event(id, "image_switched", fmt.Sprintf("sandbox switched from image %s to %s", imageName(to.OldImageID), imageName(to.NewImageID)), data)
 	if running {
 		in.touch(now)
-		m.observeReady(data)
+		m.outcomes.ready(data)
 		m.spawn(func() { m.watch(in) })
 	}
 	// Not running: a stop came meanwhile, and its endVM (waiting for the
