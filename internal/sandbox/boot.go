@@ -292,12 +292,12 @@ func (m *Manager) connect(ctx context.Context, in *instance, mach vmm.Machine) (
 	if err != nil {
 		return nil, err
 	}
-	c.SetViolationHandler(func(v guest.Violation) { m.guestViolation(in, v) })
-	c.ServeGuestStreams(m.egressHandler(in))
+	c.SetViolationHandler(func(v guest.Violation) { m.conduct.violation(in, v) })
+	c.ServeGuestStreams(m.gates.handler(in))
 	if _, err := c.Info(ctx); err != nil {
 		c.Close()
 		if ctx.Err() == nil && errdefs.Code(err) == "guest_unavailable" {
-			m.guestViolation(in, guest.Violation{Method: "session", Problem: "ended before answering info"})
+			m.conduct.violation(in, guest.Violation{Method: "session", Problem: "ended before answering info"})
 		}
 		return nil, err
 	}
@@ -322,7 +322,7 @@ func (m *Manager) attachResumed(ctx context.Context, in *instance, mach vmm.Mach
 		}
 		// An agent from before renew: it runs, with its old randomness
 		// and a clock that catches up on its own.
-		m.guestWarn(in, "the guest agent cannot renew its randomness and clock (unknown_method)")
+		m.conduct.warn(in, "the guest agent cannot renew its randomness and clock (unknown_method)")
 	}
 	return c, nil
 }

@@ -67,7 +67,7 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ 
 	}
 	u.keep()
 	in := m.newInstance(sb.ID)
-	in.gate = m.newGate(sb.ID, compiled, 1)
+	in.gate = m.gates.open(sb.ID, compiled, 1)
 	m.mu.Lock()
 	m.live[sb.ID] = in
 	m.mu.Unlock()

@@ -25,6 +25,6 @@ func (m *Manager) detach(ctx context.Context, in *instance) {
 	ctx, cancel := context.WithTimeout(ctx, detachTimeout)
 	defer cancel()
 	if err := c.Detach(ctx); err != nil {
-		m.guestWarn(in, "detaching from the guest before saving it", "err", err)
+		m.conduct.warn(in, "detaching from the guest before saving it", "err", err)
 	}
 }

@@ -31,7 +31,7 @@ func ReportGuestViolation(m *Manager, id string, v guest.Violation) bool {
 	if in == nil {
 		return false
 	}
-	m.guestViolation(in, v)
+	m.conduct.violation(in, v)
 	return true
 }
 

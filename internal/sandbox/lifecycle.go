@@ -205,7 +205,7 @@ func (m *Manager) Restart(ctx context.Context, owner, id string) (_ *Sandbox, er
 	}
 	u.keep() // the record holds the claim now (account)
 	in := m.newInstance(id)
-	in.gate = m.restoreGate(ctx, id)
+	in.gate = m.gates.restore(ctx, id)
 	m.mu.Lock()
 	m.live[id] = in
 	m.mu.Unlock()

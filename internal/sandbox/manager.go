@@ -141,6 +141,8 @@ type Manager struct {
 
 	outcomes outcomes    // observe.go
 	volumes  volumeHooks // volumes.go
+	gates    *gates      // the per-VM egress gates; network.go
+	conduct  conduct     // guestsafety.go
 
 	meter     *Meter     // observes transitions to charge usage (meter.go)
 	previews  *Previews  // previews.go
@@ -252,6 +254,9 @@ func New(cfg Config) *Manager {
 		envs: map[string]map[string]string{}}
 	m.outcomes = outcomes{obs: cfg.Observer}
 	m.volumes = volumeHooks{vols: cfg.Volumes, log: log}
+	m.gates = &gates{host: m, egress: cfg.Egress, egressDefault: cfg.EgressDefault, records: cfg.Store,
+		obs: cfg.Observer, vols: cfg.Volumes, log: log}
+	m.conduct = conduct{host: m, log: log}
 	m.meter = newMeter(m)
 	m.previews = &Previews{host: m, records: cfg.Store}
 	m.moves = newMoves(m)
@@ -382,7 +387,7 @@ func (m *Manager) watch(in *instance) {
 				c, since = nc, time.Now()
 			} else {
 				failures++
-				m.guestWarn(in, "connecting to guest", "err", err, "attempt", failures)
+				m.conduct.warn(in, "connecting to guest", "err", err, "attempt", failures)
 			}
 		}
 		var cdone <-chan struct{}
@@ -422,8 +427,8 @@ func (m *Manager) watch(in *instance) {
 				case <-time.After(100 * time.Millisecond):
 				}
 				failures++
-				m.guestViolation(in, guest.Violation{Method: "session", Problem: "ended right after the handshake"})
-				m.guestWarn(in, "guest connection lost right after the handshake; reconnecting", "attempt", failures)
+				m.conduct.violation(in, guest.Violation{Method: "session", Problem: "ended right after the handshake"})
+				m.conduct.warn(in, "guest connection lost right after the handshake; reconnecting", "attempt", failures)
 				select {
 				case <-in.ctx.Done():
 				case <-time.After(backoff(failures)):
@@ -431,7 +436,7 @@ func (m *Manager) watch(in *instance) {
 				continue
 			}
 			failures = 0
-			m.guestWarn(in, "guest connection lost; reconnecting")
+			m.conduct.warn(in, "guest connection lost; reconnecting")
 		case <-retry:
 		}
 	}
@@ -440,7 +445,7 @@ func (m *Manager) watch(in *instance) {
 // finish records that a sandbox's VM has ended, unless a stop or delete got
 // there first, and forgets the instance.
 func (m *Manager) finish(in *instance, reason string) {
-	m.closeGate(in)
+	m.gates.close(in)
 	m.mu.Lock()
 	if m.live[in.id] == in {
 		delete(m.live, in.id)
@@ -488,7 +493,7 @@ func (m *Manager) Close() {
 	m.cancel()
 	for _, in := range live {
 		in.cancel()
-		m.closeGate(in)
+		m.gates.close(in)
 		if c := in.guest(); c != nil {
 			c.Close()
 		}
@@ -603,7 +608,7 @@ func (m *Manager) endVM(id string) {
 		m.volumes.sync(id, c)
 		c.Close()
 	}
-	m.closeGate(in)
+	m.gates.close(in)
 	if mach != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		if err := mach.Stop(sctx); err != nil {

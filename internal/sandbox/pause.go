@@ -205,11 +205,11 @@ func (m *Manager) carryOn(old *instance, mach vmm.Machine) {
 	if err := vmm.Continue(ctx, mach); err != nil {
 		m.log.Warn("letting the vm run after a failed pause", "sandbox_id", old.id, "err", err)
 	}
-	m.closeGate(old)
+	m.gates.close(old)
 	in := m.newInstance(old.id)
 	close(in.bootDone)
 	in.machine = mach
-	in.gate = m.restoreGate(ctx, old.id)
+	in.gate = m.gates.restore(ctx, old.id)
 	in.touch(m.now())
 	m.mu.Lock()
 	m.live[old.id] = in
@@ -234,7 +234,7 @@ func (m *Manager) forget(in *instance) {
 	if c := in.guest(); c != nil {
 		c.Close()
 	}
-	m.closeGate(in)
+	m.gates.close(in)
 	m.mu.Lock()
 	if m.live[in.id] == in {
 		delete(m.live, in.id)
@@ -328,7 +328,7 @@ func (m *Manager) finishWake(sb *Sandbox) {
 	start := time.Now()
 	in := m.newInstance(sb.ID)
 	defer close(in.bootDone)
-	in.gate = m.restoreGate(m.ctx, sb.ID)
+	in.gate = m.gates.restore(m.ctx, sb.ID)
 	m.mu.Lock()
 	m.live[sb.ID] = in
 	m.mu.Unlock()

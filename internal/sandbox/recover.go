@@ -65,7 +65,7 @@ func (m *Manager) recoverOne(ctx context.Context, sb *Sandbox) {
 	if sb.State != StateStarting {
 		close(in.bootDone)
 	}
-	in.gate = m.restoreGate(ctx, sb.ID)
+	in.gate = m.gates.restore(ctx, sb.ID)
 	m.mu.Lock()
 	m.live[sb.ID] = in
 	m.mu.Unlock()

@@ -259,7 +259,7 @@ func (m *Manager) switchLocked(ctx context.Context, id string, to switchMarker) 
 	next := *sb
 	next.ImageID, next.Rootfs, next.State = to.NewImageID, to.NewRootfs, StateStarting
 	in := m.newInstance(id)
-	in.gate = m.restoreGate(ctx, id)
+	in.gate = m.gates.restore(ctx, id)
 	m.mu.Lock()
 	m.live[id] = in
 	m.mu.Unlock()
