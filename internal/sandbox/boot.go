@@ -135,7 +135,7 @@ func configure(req agentproto.ConfigureRequest) func(context.Context, vmm.Machin
 // what names the VM in an error.
 func (m *Manager) resumeVM(sb *Sandbox, what string) func(context.Context) (vmm.Machine, error) {
 	return func(ctx context.Context) (vmm.Machine, error) {
-		mach, err := m.cfg.Driver.Resume(ctx, m.vmSpec(sb))
+		mach, err := m.cfg.Driver.Resume(ctx, m.files.vmSpec(sb))
 		if err != nil {
 			return nil, fmt.Errorf("resuming %s: %w", what, err)
 		}
@@ -175,21 +175,6 @@ func handshake(ctx context.Context, mach vmm.Machine) (*guest.Client, error) {
 	return c, nil
 }
 
-func (m *Manager) vmSpec(sb *Sandbox) vmm.Spec {
-	return vmm.Spec{
-		ID: sb.ID, Dir: m.dir(sb.ID), VCPU: sb.VCPU, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB,
-		Kernel: m.cfg.Boot.Kernel, Initrd: m.cfg.Boot.Initrd, Rootfs: m.rootfs(sb),
-	}
-}
-
-// rootfs is the base disk sb boots: its image's, or the default one.
-func (m *Manager) rootfs(sb *Sandbox) string {
-	if sb.Rootfs != "" {
-		return sb.Rootfs
-	}
-	return m.cfg.Boot.Rootfs
-}
-
 // boot starts the VM and waits for its agent, retrying once: a TCG guest can
 // still hang early in boot, and a fresh VM nearly always comes up.
 // With keepDisk it boots from the disk the sandbox already has (restart).
@@ -209,7 +194,7 @@ func (m *Manager) boot(ctx context.Context, in *instance, sb *Sandbox, env map[s
 		log.Warn("boot attempt failed", "attempt", attempt, "err", err)
 		m.event(sb.ID, "boot_failed", err.Error(), map[string]any{"attempt": attempt})
 		// Keep this attempt's console for whoever investigates.
-		_ = os.Rename(filepath.Join(m.dir(sb.ID), "console.log"), filepath.Join(m.dir(sb.ID), fmt.Sprintf("console-attempt%d.log", attempt)))
+		_ = os.Rename(filepath.Join(m.files.dir(sb.ID), "console.log"), filepath.Join(m.files.dir(sb.ID), fmt.Sprintf("console-attempt%d.log", attempt)))
 		if ctx.Err() != nil {
 			return // stopped or deleted while booting; that path records the end
 		}
@@ -253,7 +238,7 @@ func (m *Manager) ready(in *instance, data map[string]any) {
 func (m *Manager) bootOnce(ctx context.Context, in *instance, sb *Sandbox, env map[string]string, keepDisk bool) error {
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
 	defer cancel()
-	spec := m.vmSpec(sb)
+	spec := m.files.vmSpec(sb)
 	spec.KeepDisk = keepDisk
 	b, err := m.bootGuest(ctx, bootPlan{
 		in:      in,
@@ -355,7 +340,7 @@ func (m *Manager) connectRestored(ctx context.Context, in *instance, mach vmm.Ma
 // sandbox's directory names the template (templateUse) or the copy was given up.
 func (m *Manager) bootTemplate(ctx context.Context, in *instance, sb *Sandbox, dir string, env map[string]string) {
 	start := time.Now()
-	spec := m.vmSpec(sb)
+	spec := m.files.vmSpec(sb)
 	use := filepath.Join(spec.Dir, templateUse)
 	err := os.MkdirAll(spec.Dir, 0o700)
 	if err == nil {

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"maps"
 	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -139,10 +138,11 @@ type Manager struct {
 
 	templates *templatePool
 
-	outcomes outcomes    // observe.go
-	volumes  volumeHooks // volumes.go
-	gates    *gates      // the per-VM egress gates; network.go
-	conduct  conduct     // guestsafety.go
+	files    sandboxFiles // files.go
+	outcomes outcomes     // observe.go
+	volumes  volumeHooks  // volumes.go
+	gates    *gates       // the per-VM egress gates; network.go
+	conduct  conduct      // guestsafety.go
 
 	meter     *Meter     // observes transitions to charge usage (meter.go)
 	previews  *Previews  // previews.go
@@ -249,7 +249,7 @@ func New(cfg Config) *Manager {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &Manager{cfg: cfg, log: log, ctx: ctx, cancel: cancel,
+	m := &Manager{cfg: cfg, log: log, ctx: ctx, cancel: cancel, files: sandboxFiles{dataDir: cfg.DataDir, boot: cfg.Boot},
 		live: map[string]*instance{}, changed: map[string]chan struct{}{}, ops: map[string]*opLock{},
 		envs: map[string]map[string]string{}}
 	m.outcomes = outcomes{obs: cfg.Observer}
@@ -307,11 +307,6 @@ func (m *Manager) changes(id string) <-chan struct{} {
 	}
 	return ch
 }
-
-func (m *Manager) dir(id string) string { return filepath.Join(m.dirRoot(), id) }
-
-// dirRoot holds one directory per sandbox with files on this server.
-func (m *Manager) dirRoot() string { return filepath.Join(m.cfg.DataDir, "sandboxes") }
 
 func notFound(id string) error {
 	return errdefs.New(errdefs.ErrNotFound, "not_found", "no sandbox %q", id)
@@ -670,7 +665,7 @@ func (m *Manager) delete(ctx context.Context, id, reason string) (*Sandbox, erro
 func (m *Manager) finishDelete(ctx context.Context, id string) (*Sandbox, error) {
 	m.endVM(id)
 	faultpoint.Hit("delete.vm_ended")
-	if err := removeAll(m.dir(id)); err != nil {
+	if err := removeAll(m.files.dir(id)); err != nil {
 		// The record stays deleting, and the next start tries again.
 		return nil, fmt.Errorf("removing the files of sandbox %s: %w", id, err)
 	}

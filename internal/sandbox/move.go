@@ -27,6 +27,7 @@ import (
 // the fences of a node that comes back or is fenced (fence.go).
 type Moves struct {
 	host    moveHost
+	files   sandboxFiles
 	meter   *Meter
 	records Store
 	driver  vmm.Driver
@@ -37,15 +38,11 @@ type Moves struct {
 }
 
 // moveHost is what moves and fences need of the manager: a sandbox's VM
-// lock, spec, directory and instance, word of a change, the clock, and
-// its close.
+// lock and instance, word of a change, the clock, and its close.
 type moveHost interface {
 	lockOp(id string) (unlock func())
-	vmSpec(sb *Sandbox) vmm.Spec
 	liveInstance(id string) *instance
 	instances() []*instance
-	dir(id string) string
-	dirRoot() string
 	rememberEnv(id string, env map[string]string)
 	notify(id string)
 	now() time.Time
@@ -54,7 +51,7 @@ type moveHost interface {
 
 func newMoves(m *Manager) *Moves {
 	return &Moves{host: m, meter: m.meter, records: m.cfg.Store, driver: m.cfg.Driver, ledger: m.cfg.Admission,
-		volumes: m.cfg.Volumes, dataDir: m.cfg.DataDir, log: m.log}
+		volumes: m.cfg.Volumes, dataDir: m.cfg.DataDir, log: m.log, files: m.files}
 }
 
 // Moves is the manager's moves and fences, for a cluster node.
@@ -93,7 +90,7 @@ func (mv *Moves) MoveOut(ctx context.Context, id string, send func(ctx context.C
 	if sb.State != StatePaused {
 		return notPausedForMove(sb)
 	}
-	spec := mv.host.vmSpec(sb)
+	spec := mv.files.vmSpec(sb)
 	live := mv.host.liveInstance(id) != nil
 	if live || !mv.driver.Saved(spec) || !mv.ledger.Held(id) {
 		return errNotOnNode(id)
@@ -115,7 +112,7 @@ func (mv *Moves) MoveOut(ctx context.Context, id string, send func(ctx context.C
 	// The sandbox is the other node's now: nothing of it stays here.
 	mv.ledger.Release(id)
 	mv.host.rememberEnv(id, nil)
-	if err := removeAll(mv.host.dir(id)); err != nil {
+	if err := removeAll(mv.files.dir(id)); err != nil {
 		mv.log.Warn("removing the files of a sandbox moved to another node", "sandbox_id", id, "err", err)
 	}
 	mv.log.Info("paused sandbox moved to another node", "sandbox_id", id)
@@ -145,7 +142,7 @@ func (mv *Moves) MoveIn(ctx context.Context, sb *Sandbox, receive func(ctx conte
 	}
 	unlock := mv.host.lockOp(sb.ID)
 	defer unlock()
-	final := mv.host.dir(sb.ID)
+	final := mv.files.dir(sb.ID)
 	live := mv.host.liveInstance(sb.ID) != nil
 	if _, err := os.Lstat(final); live || !errors.Is(err, os.ErrNotExist) {
 		return errdefs.New(errdefs.ErrConflict, "already_on_node", "sandbox %s already has files on this node", sb.ID)
@@ -185,7 +182,7 @@ func (mv *Moves) MoveIn(ctx context.Context, sb *Sandbox, receive func(ctx conte
 		return fmt.Errorf("moving in sandbox %s: %w", sb.ID, err)
 	}
 	left = final
-	spec := mv.host.vmSpec(sb)
+	spec := mv.files.vmSpec(sb)
 	if err := mover.Moved(ctx, spec); err != nil {
 		return fmt.Errorf("moving in sandbox %s: %w", sb.ID, err)
 	}

@@ -162,7 +162,7 @@ func (m *Manager) pauseLocked(id, why string, record bool) bool {
 		m.meter.vmEnded(in, mach)
 		m.forget(in)
 	}
-	if err != nil && !m.cfg.Driver.Saved(m.vmSpec(sb)) {
+	if err != nil && !m.cfg.Driver.Saved(m.files.vmSpec(sb)) {
 		m.markStopped(id, ReasonPauseFailed)
 		return false
 	}
@@ -404,7 +404,7 @@ func (m *Manager) wakeFailed(in *instance, sb *Sandbox, mach vmm.Machine, cause 
 	if m.closing.Load() {
 		return // shutting down: the record says resuming and Recover decides
 	}
-	if m.cfg.Driver.Saved(m.vmSpec(sb)) {
+	if m.cfg.Driver.Saved(m.files.vmSpec(sb)) {
 		m.recordPaused(sb.ID)
 		return
 	}

@@ -42,7 +42,7 @@ func (m *Manager) recoverOne(ctx context.Context, sb *Sandbox) {
 	var mach vmm.Machine
 	var err error
 	if len(sb.VM) > 0 {
-		mach, err = m.cfg.Driver.Attach(ctx, m.vmSpec(sb), sb.VM)
+		mach, err = m.cfg.Driver.Attach(ctx, m.files.vmSpec(sb), sb.VM)
 	} else {
 		err = vmm.ErrGone
 	}
@@ -50,7 +50,7 @@ func (m *Manager) recoverOne(ctx context.Context, sb *Sandbox) {
 		m.recoverGone(ctx, sb, err)
 		return
 	}
-	if sb.State == StateResuming && m.cfg.Driver.Saved(m.vmSpec(sb)) {
+	if sb.State == StateResuming && m.cfg.Driver.Saved(m.files.vmSpec(sb)) {
 		// A VM that runs beside a saved state it has not used: the saved
 		// state is the truth; this VM may not have gone far enough to be.
 		log.Info("ending a vm of an interrupted wake; its saved state stays")
@@ -106,13 +106,13 @@ func (m *Manager) recoverGone(ctx context.Context, sb *Sandbox, err error) {
 	// A boot cut short by a crash may have left a VM that no record
 	// names (its record was not yet saved): end it.
 	if k, ok := m.cfg.Driver.(vmm.StrayKiller); ok {
-		if n, err := k.KillStray(ctx, m.vmSpec(sb)); err != nil {
+		if n, err := k.KillStray(ctx, m.files.vmSpec(sb)); err != nil {
 			log.Warn("ending stray vm", "err", err)
 		} else if n > 0 {
 			log.Info("ended stray vm left by an interrupted boot", "count", n)
 		}
 	}
-	if (sb.State == StatePausing || sb.State == StateResuming) && m.cfg.Driver.Saved(m.vmSpec(sb)) {
+	if (sb.State == StatePausing || sb.State == StateResuming) && m.cfg.Driver.Saved(m.files.vmSpec(sb)) {
 		// The pause got as far as saving, or the wake not as far as
 		// using the saved state: paused either way.
 		log.Info("recording an interrupted pause or wake paused", "state", sb.State)

@@ -453,7 +453,7 @@ func (m *Manager) copySource(ctx context.Context, owner string, spec *CreateSpec
 // renewed (its own randomness, clock, hostname, machine-id and boot id),
 // and a disk snapshot's copy boots from its disk.
 func (m *Manager) bootCopy(ctx context.Context, in *instance, sb *Sandbox, sn *Snapshot, env map[string]string) {
-	spec := m.vmSpec(sb)
+	spec := m.files.vmSpec(sb)
 	cctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
 	err := m.cfg.Driver.Clone(cctx, m.snapshots.dir(sn.ID), spec)
 	cancel()

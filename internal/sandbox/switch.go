@@ -196,7 +196,7 @@ func (m *Manager) switchLocked(ctx context.Context, id string, to switchMarker) 
 	}
 	to.OldImageID, to.OldRootfs = sb.ImageID, sb.Rootfs
 	env, _ := m.knownEnv(id)
-	sdir := switchDir(m.dir(id))
+	sdir := switchDir(m.files.dir(id))
 
 	// 1. /workspace to the spool, while the old VM runs.
 	_ = os.RemoveAll(sdir)
@@ -238,7 +238,7 @@ func (m *Manager) switchLocked(ctx context.Context, id string, to switchMarker) 
 	faultpoint.Hit("switch.paused")
 
 	// 3. The old VM's files aside, the record starting on the new image.
-	if err := os.Rename(m.dir(id), filepath.Join(sdir, switchOldDir)); err != nil {
+	if err := os.Rename(m.files.dir(id), filepath.Join(sdir, switchOldDir)); err != nil {
 		return m.undoSwitch(id, nil, sdir, fmt.Errorf("keeping the old disk: %w", err))
 	}
 	faultpoint.Hit("switch.moved")
@@ -461,10 +461,10 @@ func (m *Manager) undoSwitch(id string, in *instance, sdir string, cause error) 
 	}
 	oldDir := filepath.Join(sdir, switchOldDir)
 	if _, err := os.Stat(oldDir); err == nil {
-		if err := removeAll(m.dir(id)); err != nil {
+		if err := removeAll(m.files.dir(id)); err != nil {
 			log.Error("removing the new disk of a failed switch", "err", err)
 		}
-		if err := os.Rename(oldDir, m.dir(id)); err != nil {
+		if err := os.Rename(oldDir, m.files.dir(id)); err != nil {
 			// Recover tries again at the next start.
 			log.Error("putting the old disk back after a failed switch", "err", err)
 			return nil, true, fmt.Errorf("undoing the switch of sandbox %s: %w", id, err)
@@ -499,7 +499,7 @@ func (m *Manager) undoSwitch(id string, in *instance, sdir string, cause error) 
 // the files go back, and the record names the old image, pausing, so that
 // the saved state makes it paused. It returns the record to recover.
 func (m *Manager) recoverSwitch(ctx context.Context, sb *Sandbox) *Sandbox {
-	sdir := switchDir(m.dir(sb.ID))
+	sdir := switchDir(m.files.dir(sb.ID))
 	if _, err := os.Stat(sdir); err != nil {
 		return sb
 	}
@@ -516,22 +516,22 @@ func (m *Manager) recoverSwitch(ctx context.Context, sb *Sandbox) *Sandbox {
 	}
 	log.Info("undoing a switch of image cut short", "to", imageName(mk.NewImageID))
 	if len(sb.VM) > 0 {
-		if mach, err := m.cfg.Driver.Attach(ctx, m.vmSpec(sb), sb.VM); err == nil {
+		if mach, err := m.cfg.Driver.Attach(ctx, m.files.vmSpec(sb), sb.VM); err == nil {
 			if err := mach.Stop(ctx); err != nil {
 				log.Warn("stopping the new vm of a switch cut short", "err", err)
 			}
 		}
 	}
 	if k, ok := m.cfg.Driver.(vmm.StrayKiller); ok {
-		if _, err := k.KillStray(ctx, m.vmSpec(sb)); err != nil {
+		if _, err := k.KillStray(ctx, m.files.vmSpec(sb)); err != nil {
 			log.Warn("ending a stray vm of a switch cut short", "err", err)
 		}
 	}
-	if err := removeAll(m.dir(sb.ID)); err != nil {
+	if err := removeAll(m.files.dir(sb.ID)); err != nil {
 		log.Error("removing the new disk of a switch cut short", "err", err)
 		return sb
 	}
-	if err := os.Rename(oldDir, m.dir(sb.ID)); err != nil {
+	if err := os.Rename(oldDir, m.files.dir(sb.ID)); err != nil {
 		log.Error("putting the old disk back after a switch cut short", "err", err)
 		return sb
 	}
