@@ -71,7 +71,7 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ 
 	m.mu.Lock()
 	m.live[sb.ID] = in
 	m.mu.Unlock()
-	m.rememberEnv(sb.ID, spec.Env)
+	m.envs.remember(sb.ID, spec.Env)
 	m.event(sb.ID, "created", "sandbox created", map[string]any{"vcpu": sb.VCPU, "memoryMiB": sb.MemoryMiB})
 	faultpoint.Hit("create.recorded")
 	if !m.spawn(m.bootPath(in, sb, source, spec)) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/emberbox/emberbox/internal/agentproto"
@@ -27,23 +28,30 @@ type UpdateSpec struct {
 	OnLeaseEnd     *string
 }
 
-// rememberEnv keeps the values of a sandbox's environment in memory (never
+// envMemory keeps the values of sandboxes' environments in memory (never
 // in the store), so that an update of one variable can send the guest the
 // whole set and a restart can send it again.
-func (m *Manager) rememberEnv(id string, env map[string]string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if env == nil {
-		delete(m.envs, id)
-		return
-	}
-	m.envs[id] = maps.Clone(env)
+type envMemory struct {
+	mu   sync.Mutex
+	envs map[string]map[string]string // per sandbox
 }
 
-func (m *Manager) knownEnv(id string) (map[string]string, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	env, ok := m.envs[id]
+// remember keeps env as sandbox id's; nil forgets it.
+func (em *envMemory) remember(id string, env map[string]string) {
+	em.mu.Lock()
+	defer em.mu.Unlock()
+	if env == nil {
+		delete(em.envs, id)
+		return
+	}
+	em.envs[id] = maps.Clone(env)
+}
+
+// known returns a copy of sandbox id's env, if this process knows it.
+func (em *envMemory) known(id string) (map[string]string, bool) {
+	em.mu.Lock()
+	defer em.mu.Unlock()
+	env, ok := em.envs[id]
 	return maps.Clone(env), ok
 }
 
@@ -118,7 +126,7 @@ func (m *Manager) Update(ctx context.Context, owner, id string, u UpdateSpec) (*
 // autoWake is woken), and this server must know the values: they are kept
 // in memory only, so not after a restart of the server.
 func (m *Manager) updateEnv(ctx context.Context, owner string, sb *Sandbox, change map[string]*string) ([]string, error) {
-	env, ok := m.knownEnv(sb.ID)
+	env, ok := m.envs.known(sb.ID)
 	if !ok && len(sb.EnvNames) > 0 {
 		return nil, envUnavailable("this server no longer knows the values of the sandbox's environment (it restarted), so it cannot change one without losing the others")
 	}
@@ -143,7 +151,7 @@ func (m *Manager) updateEnv(ctx context.Context, owner string, sb *Sandbox, chan
 	if err := c.Configure(ctx, agentproto.ConfigureRequest{Env: env}); err != nil {
 		return nil, err
 	}
-	m.rememberEnv(sb.ID, env)
+	m.envs.remember(sb.ID, env)
 	return slices.Sorted(maps.Keys(env)), nil
 }
 
@@ -188,7 +196,7 @@ func (m *Manager) Restart(ctx context.Context, owner, id string) (_ *Sandbox, er
 	var u undo
 	defer u.run()
 	u.add(func() { m.cfg.Admission.Release(id) })
-	env, known := m.knownEnv(id)
+	env, known := m.envs.known(id)
 	changed := false
 	sb, err = m.update(ctx, id, func(s *Sandbox) bool {
 		if changed = s.State == StateStopped && s.DiskRemovedAt == nil; changed {

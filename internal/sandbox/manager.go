@@ -129,15 +129,15 @@ type Manager struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu      sync.Mutex
-	closed  bool                         // no goroutine starts once set
-	live    map[string]*instance         // sandboxes with a VM (starting, running, stopping)
-	changed map[string]chan struct{}     // per sandbox, closed when it changes; only while someone waits
-	ops     map[string]*opLock           // per sandbox whose VM is being changed (pause.go)
-	envs    map[string]map[string]string // env values per sandbox, memory only (lifecycle.go)
+	mu     sync.Mutex
+	closed bool                 // no goroutine starts once set
+	live   map[string]*instance // sandboxes with a VM (starting, running, stopping)
+	ops    map[string]*opLock   // per sandbox whose VM is being changed (pause.go)
 
 	templates *templatePool
 
+	waiters  *waiters     // WaitFor's
+	envs     *envMemory   // env values per sandbox, memory only (lifecycle.go)
 	files    sandboxFiles // files.go
 	outcomes outcomes     // observe.go
 	volumes  volumeHooks  // volumes.go
@@ -250,8 +250,8 @@ func New(cfg Config) *Manager {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{cfg: cfg, log: log, ctx: ctx, cancel: cancel, files: sandboxFiles{dataDir: cfg.DataDir, boot: cfg.Boot},
-		live: map[string]*instance{}, changed: map[string]chan struct{}{}, ops: map[string]*opLock{},
-		envs: map[string]map[string]string{}}
+		live: map[string]*instance{}, ops: map[string]*opLock{},
+		waiters: &waiters{changed: map[string]chan struct{}{}}, envs: &envMemory{envs: map[string]map[string]string{}}}
 	m.outcomes = outcomes{obs: cfg.Observer}
 	m.volumes = volumeHooks{vols: cfg.Volumes, log: log}
 	m.gates = &gates{host: m, egress: cfg.Egress, egressDefault: cfg.EgressDefault, records: cfg.Store,
@@ -262,7 +262,7 @@ func New(cfg Config) *Manager {
 	m.moves = newMoves(m)
 	m.snapshots = newSnapshots(m)
 	m.reaper = newReaper(m)
-	m.switcher = &Switcher{host: m, volumes: cfg.Volumes, bootTimeout: cfg.BootTimeout, outcomes: m.outcomes}
+	m.switcher = &Switcher{host: m, volumes: cfg.Volumes, bootTimeout: cfg.BootTimeout, outcomes: m.outcomes, envs: m.envs}
 	m.networks = &Networks{host: m, records: cfg.Store, egress: cfg.Egress, egressDefault: cfg.EgressDefault}
 	m.templates = newTemplatePool(ctx, &m.cfg, log, m.spawn, m.bootGuest)
 	return m
@@ -286,24 +286,30 @@ func (m *Manager) spawn(f func()) bool {
 
 func (m *Manager) now() time.Time { return m.cfg.Now().UTC().Truncate(time.Millisecond) }
 
+// waiters wakes those who wait for a sandbox to change (WaitFor).
+type waiters struct {
+	mu      sync.Mutex
+	changed map[string]chan struct{} // per sandbox, closed when it changes; only while someone waits
+}
+
 // notify wakes the waiters of sandbox id.
-func (m *Manager) notify(id string) {
-	m.mu.Lock()
-	if ch, ok := m.changed[id]; ok {
+func (w *waiters) notify(id string) {
+	w.mu.Lock()
+	if ch, ok := w.changed[id]; ok {
 		close(ch)
-		delete(m.changed, id)
+		delete(w.changed, id)
 	}
-	m.mu.Unlock()
+	w.mu.Unlock()
 }
 
 // changes returns a channel closed at the next change of sandbox id.
-func (m *Manager) changes(id string) <-chan struct{} {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	ch, ok := m.changed[id]
+func (w *waiters) changes(id string) <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ch, ok := w.changed[id]
 	if !ok {
 		ch = make(chan struct{})
-		m.changed[id] = ch
+		w.changed[id] = ch
 	}
 	return ch
 }
@@ -345,7 +351,7 @@ func (m *Manager) update(ctx context.Context, id string, fn func(sb *Sandbox) bo
 	// The ledger first: a waiter woken by the change may create at once.
 	account(m.cfg.Admission, sb, entered)
 	if changed {
-		m.notify(id)
+		m.waiters.notify(id)
 	}
 	return sb, nil
 }
@@ -519,7 +525,7 @@ func (m *Manager) List(ctx context.Context, opts ListOptions) ([]*Sandbox, strin
 // WaitFor implements api.Manager.WaitFor.
 func (m *Manager) WaitFor(ctx context.Context, owner, id string, states ...State) (*Sandbox, error) {
 	for {
-		ch := m.changes(id)
+		ch := m.waiters.changes(id)
 		sb, err := m.get(ctx, owner, id)
 		if err != nil {
 			return nil, err
@@ -670,7 +676,7 @@ func (m *Manager) finishDelete(ctx context.Context, id string) (*Sandbox, error)
 		return nil, fmt.Errorf("removing the files of sandbox %s: %w", id, err)
 	}
 	faultpoint.Hit("delete.files_removed")
-	m.rememberEnv(id, nil)
+	m.envs.remember(id, nil)
 	m.volumes.release(id)
 	if ps, ok := m.cfg.Store.(PreviewStore); ok {
 		// Its URLs are refused already (OpenPreview); this drops the rows.

@@ -28,6 +28,8 @@ import (
 type Moves struct {
 	host    moveHost
 	files   sandboxFiles
+	envs    *envMemory // a moved sandbox's env is forgotten here
+	waiters *waiters
 	meter   *Meter
 	records Store
 	driver  vmm.Driver
@@ -38,20 +40,19 @@ type Moves struct {
 }
 
 // moveHost is what moves and fences need of the manager: a sandbox's VM
-// lock and instance, word of a change, the clock, and its close.
+// lock and instance, the clock, and its close.
 type moveHost interface {
 	lockOp(id string) (unlock func())
 	liveInstance(id string) *instance
 	instances() []*instance
-	rememberEnv(id string, env map[string]string)
-	notify(id string)
 	now() time.Time
 	Close()
 }
 
 func newMoves(m *Manager) *Moves {
 	return &Moves{host: m, meter: m.meter, records: m.cfg.Store, driver: m.cfg.Driver, ledger: m.cfg.Admission,
-		volumes: m.cfg.Volumes, dataDir: m.cfg.DataDir, log: m.log, files: m.files}
+		volumes: m.cfg.Volumes, dataDir: m.cfg.DataDir, log: m.log, files: m.files,
+		envs: m.envs, waiters: m.waiters}
 }
 
 // Moves is the manager's moves and fences, for a cluster node.
@@ -111,12 +112,12 @@ func (mv *Moves) MoveOut(ctx context.Context, id string, send func(ctx context.C
 	}
 	// The sandbox is the other node's now: nothing of it stays here.
 	mv.ledger.Release(id)
-	mv.host.rememberEnv(id, nil)
+	mv.envs.remember(id, nil)
 	if err := removeAll(mv.files.dir(id)); err != nil {
 		mv.log.Warn("removing the files of a sandbox moved to another node", "sandbox_id", id, "err", err)
 	}
 	mv.log.Info("paused sandbox moved to another node", "sandbox_id", id)
-	mv.host.notify(id)
+	mv.waiters.notify(id)
 	return nil
 }
 
@@ -195,7 +196,7 @@ func (mv *Moves) MoveIn(ctx context.Context, sb *Sandbox, receive func(ctx conte
 	// The commit records the move's event, with both nodes, in its
 	// transaction.
 	mv.log.Info("paused sandbox moved to this node", "sandbox_id", sb.ID)
-	mv.host.notify(sb.ID)
+	mv.waiters.notify(sb.ID)
 	return nil
 }
 

@@ -61,17 +61,16 @@ type Switcher struct {
 	volumes     Volumes       // nil: no sandbox holds volumes
 	bootTimeout time.Duration // how long a sandbox starting may take to run
 	outcomes    outcomes
+	envs        *envMemory // a switch needs the env values to carry them over
 }
 
 // switchHost is what a switch needs of the manager: a sandbox as its owner
-// sees it, brought to running, the values of its environment, and the
-// switch under the VM lock.
+// sees it, brought to running, and the switch under the VM lock.
 type switchHost interface {
 	Get(ctx context.Context, owner, id string) (*Sandbox, error)
 	WaitFor(ctx context.Context, owner, id string, states ...State) (*Sandbox, error)
 	Wake(ctx context.Context, owner, id string, timeout *int) (*Sandbox, error)
 	Restart(ctx context.Context, owner, id string) (*Sandbox, error)
-	knownEnv(id string) (map[string]string, bool)
 	switchLocked(ctx context.Context, id string, to switchMarker) (_ *Sandbox, done bool, err error)
 }
 
@@ -114,7 +113,7 @@ func (sw *Switcher) SwitchImage(ctx context.Context, owner, id string, img *Imag
 		}
 		to.NewImageID, to.NewRootfs = img.ID, img.Rootfs
 	}
-	if _, known := sw.host.knownEnv(id); !known && len(sb.EnvNames) > 0 {
+	if _, known := sw.envs.known(id); !known && len(sb.EnvNames) > 0 {
 		return nil, envUnavailable("this server no longer knows the values of the sandbox's environment (it restarted), so a new VM of it would lose them")
 	}
 	for range 3 {
@@ -195,7 +194,7 @@ func (m *Manager) switchLocked(ctx context.Context, id string, to switchMarker) 
 		return nil, false, nil
 	}
 	to.OldImageID, to.OldRootfs = sb.ImageID, sb.Rootfs
-	env, _ := m.knownEnv(id)
+	env, _ := m.envs.known(id)
 	sdir := switchDir(m.files.dir(id))
 
 	// 1. /workspace to the spool, while the old VM runs.
