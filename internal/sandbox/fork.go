@@ -34,7 +34,7 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, spec ForkSpec) (_ 
 	if err != nil {
 		return nil, err
 	}
-	sn, err := m.snapshots.Snapshot(ctx, owner, id, SnapshotSpec{Mode: SnapshotModeMemory,
+	sn, err := m.Snapshots.Snapshot(ctx, owner, id, SnapshotSpec{Mode: SnapshotModeMemory,
 		Labels: map[string]string{"emberbox.fork": id}, RetentionDays: 1})
 	if err != nil {
 		return nil, err
@@ -93,8 +93,8 @@ func (m *Manager) dropForkSnapshot(ctx context.Context, id string, keep bool) {
 		return
 	}
 	ctx = context.WithoutCancel(ctx)
-	if err := m.snapshots.markSnapshotDeleted(ctx, id); err != nil {
+	if err := m.Snapshots.markSnapshotDeleted(ctx, id); err != nil {
 		m.log.Error("deleting a fork's snapshot", "snapshot_id", id, "err", err)
 	}
-	m.snapshots.RemoveUnusedSnapshots(ctx)
+	m.Snapshots.RemoveUnusedSnapshots(ctx)
 }

@@ -40,13 +40,10 @@ type reaperHost interface {
 }
 
 func newReaper(m *Manager) *Reaper {
-	return &Reaper{host: m, meter: m.meter, snapshots: m.snapshots, records: m.cfg.Store, observer: m.cfg.Observer,
+	return &Reaper{host: m, meter: m.Meter, snapshots: m.Snapshots, records: m.cfg.Store, observer: m.cfg.Observer,
 		memoryFloorMiB: m.cfg.MemoryFloorMiB, memAvailable: m.cfg.MemAvailable, diskRetention: m.cfg.StoppedDiskRetention,
 		log: m.log, ctx: m.ctx, files: m.files}
 }
-
-// Reaper is the manager's reaper: the lease clock and the retentions.
-func (m *Manager) Reaper() *Reaper { return m.reaper }
 
 // leaseTick is how often the lease clock looks for expired leases; a lease
 // ends at most this late.

@@ -183,11 +183,11 @@ func (m *Manager) Restart(ctx context.Context, owner, id string) (_ *Sandbox, er
 	}
 	if sb.DiskRemovedAt != nil {
 		e := errdefs.New(errdefs.ErrConflict, "disk_removed", "sandbox %s's disk was removed %s after it stopped",
-			id, m.reaper.retention()).WithHint("create a new sandbox; a stopped one keeps its disk only for the retention")
+			id, m.Reaper.retention()).WithHint("create a new sandbox; a stopped one keeps its disk only for the retention")
 		e.Details = map[string]any{"diskRemovedAt": sb.DiskRemovedAt.Format(time.RFC3339)}
 		return nil, e
 	}
-	m.meter.accrueKept(ctx, sb, m.now())
+	m.Meter.accrueKept(ctx, sb, m.now())
 	starting := *sb
 	starting.State = StateStarting
 	if err := m.cfg.Admission.Reserve(claim(&starting)); err != nil {

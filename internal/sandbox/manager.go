@@ -144,13 +144,15 @@ type Manager struct {
 	gates    *gates       // the per-VM egress gates; network.go
 	conduct  conduct      // guestsafety.go
 
-	meter     *Meter     // observes transitions to charge usage (meter.go)
-	previews  *Previews  // previews.go
-	moves     *Moves     // move.go, fence.go
-	snapshots *Snapshots // snapshots.go
-	reaper    *Reaper    // lease.go, pressure.go, retention.go
-	switcher  *Switcher  // switch.go
-	networks  *Networks  // network.go
+	// The collaborators that serve callers beside the state machine; New
+	// sets them and nothing replaces them.
+	Meter     *Meter     // observes transitions to charge usage (meter.go)
+	Previews  *Previews  // previews.go
+	Moves     *Moves     // move.go, fence.go
+	Snapshots *Snapshots // snapshots.go
+	Reaper    *Reaper    // lease.go, pressure.go, retention.go
+	Switcher  *Switcher  // switch.go
+	Networks  *Networks  // network.go
 
 	// Test hooks (export_test.go): testHookBeforeUpdate runs as an update
 	// begins; testHookUpdate inside every update that changes something,
@@ -217,7 +219,7 @@ func (in *instance) guest() *guest.Client {
 }
 
 // New returns a Manager. Call Recover before serving requests and
-// Reaper().Run to enforce leases.
+// Reaper.Run to enforce leases.
 func New(cfg Config) *Manager {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -257,13 +259,13 @@ func New(cfg Config) *Manager {
 	m.gates = &gates{host: m, egress: cfg.Egress, egressDefault: cfg.EgressDefault, records: cfg.Store,
 		obs: cfg.Observer, vols: cfg.Volumes, log: log}
 	m.conduct = conduct{host: m, log: log}
-	m.meter = newMeter(m)
-	m.previews = &Previews{host: m, records: cfg.Store}
-	m.moves = newMoves(m)
-	m.snapshots = newSnapshots(m)
-	m.reaper = newReaper(m)
-	m.switcher = &Switcher{host: m, volumes: cfg.Volumes, bootTimeout: cfg.BootTimeout, outcomes: m.outcomes, envs: m.envs}
-	m.networks = &Networks{host: m, records: cfg.Store, egress: cfg.Egress, egressDefault: cfg.EgressDefault}
+	m.Meter = newMeter(m)
+	m.Previews = &Previews{host: m, records: cfg.Store}
+	m.Moves = newMoves(m)
+	m.Snapshots = newSnapshots(m)
+	m.Reaper = newReaper(m)
+	m.Switcher = &Switcher{host: m, volumes: cfg.Volumes, bootTimeout: cfg.BootTimeout, outcomes: m.outcomes, envs: m.envs}
+	m.Networks = &Networks{host: m, records: cfg.Store, egress: cfg.Egress, egressDefault: cfg.EgressDefault}
 	m.templates = newTemplatePool(ctx, &m.cfg, log, m.spawn, m.bootGuest)
 	return m
 }
@@ -370,7 +372,7 @@ func (m *Manager) watch(in *instance) {
 	mach, c := in.machine, in.client
 	in.mu.Unlock()
 	if sb, err := m.cfg.Store.GetSandbox(in.ctx, in.id); err == nil && sb.State == StateRunning {
-		m.meter.vmRunning(in, mach, sb)
+		m.Meter.vmRunning(in, mach, sb)
 	}
 	var failures int    // attempts in a row that failed or did not last
 	var since time.Time // when the session in c began (zero: at boot)
@@ -408,7 +410,7 @@ func (m *Manager) watch(in *instance) {
 			if in.ctx.Err() != nil {
 				return // ended by a stop, delete or pause, which records it
 			}
-			m.meter.vmEnded(in, mach)
+			m.Meter.vmEnded(in, mach)
 			m.finish(in, ReasonVMExited)
 			return
 		case <-cdone:
@@ -605,7 +607,7 @@ func (m *Manager) endVM(id string) {
 	mach, c := in.machine, in.client
 	in.mu.Unlock()
 	if c != nil {
-		m.meter.guestClosing(in) // the guest's last word on its busy time
+		m.Meter.guestClosing(in) // the guest's last word on its busy time
 		m.volumes.sync(id, c)
 		c.Close()
 	}
@@ -616,7 +618,7 @@ func (m *Manager) endVM(id string) {
 			m.log.Error("stopping vm", "sandbox_id", id, "err", err)
 		}
 		cancel()
-		m.meter.vmEnded(in, mach)
+		m.Meter.vmEnded(in, mach)
 	}
 	m.mu.Lock()
 	if m.live[id] == in {
@@ -643,7 +645,7 @@ func (m *Manager) Delete(ctx context.Context, owner, id string) (_ *Sandbox, err
 // then ends its VM, removes its files and records it deleted.
 func (m *Manager) delete(ctx context.Context, id, reason string) (*Sandbox, error) {
 	if kept, err := m.cfg.Store.GetSandbox(ctx, id); err == nil {
-		m.meter.accrueKept(ctx, kept, m.now()) // a paused or stopped one's disk, up to its end
+		m.Meter.accrueKept(ctx, kept, m.now()) // a paused or stopped one's disk, up to its end
 	}
 	sb, err := m.update(ctx, id, func(s *Sandbox) bool {
 		if s.State == StateDeleted || s.State == StateDeleting {
@@ -700,7 +702,7 @@ func (m *Manager) finishDelete(ctx context.Context, id string) (*Sandbox, error)
 	if changed {
 		m.event(id, "deleted", "sandbox deleted", map[string]any{"reason": sb.StopReason})
 		if sb.SnapshotID != "" {
-			m.snapshots.RemoveUnusedSnapshots(ctx) // it may have been the last user of a deleted snapshot
+			m.Snapshots.RemoveUnusedSnapshots(ctx) // it may have been the last user of a deleted snapshot
 		}
 	}
 	return sb, err

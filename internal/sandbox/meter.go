@@ -56,9 +56,6 @@ func newMeter(m *Manager) *Meter {
 		interval: m.cfg.MeterInterval, ledger: m.cfg.Admission, log: m.log, ctx: m.ctx, files: m.files}
 }
 
-// Meter is the manager's meter: usage, metrics and the metering loop.
-func (m *Manager) Meter() *Meter { return m.meter }
-
 // DefaultMeterInterval is how often running sandboxes are read when the
 // configuration names no interval.
 const DefaultMeterInterval = 15 * time.Second

@@ -50,13 +50,10 @@ type moveHost interface {
 }
 
 func newMoves(m *Manager) *Moves {
-	return &Moves{host: m, meter: m.meter, records: m.cfg.Store, driver: m.cfg.Driver, ledger: m.cfg.Admission,
+	return &Moves{host: m, meter: m.Meter, records: m.cfg.Store, driver: m.cfg.Driver, ledger: m.cfg.Admission,
 		volumes: m.cfg.Volumes, dataDir: m.cfg.DataDir, log: m.log, files: m.files,
 		envs: m.envs, waiters: m.waiters}
 }
-
-// Moves is the manager's moves and fences, for a cluster node.
-func (m *Manager) Moves() *Moves { return m.moves }
 
 // liveInstance is the instance of sandbox id, if this process runs its VM.
 func (m *Manager) liveInstance(id string) *instance {

@@ -196,9 +196,6 @@ type networkHost interface {
 	now() time.Time
 }
 
-// Networks is the manager's egress policies.
-func (m *Manager) Networks() *Networks { return m.networks }
-
 // Network returns a sandbox's egress policy and whether it is enforced.
 func (nw *Networks) Network(ctx context.Context, owner, id string) (*NetworkStatus, error) {
 	sb, err := nw.host.Get(ctx, owner, id)

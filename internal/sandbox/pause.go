@@ -96,7 +96,7 @@ func (m *Manager) pause(ctx context.Context, id, why string) (*Sandbox, error) {
 	sb, err := m.update(ctx, id, func(s *Sandbox) bool {
 		// An idle pause looks again in the transaction: a call that
 		// began since the sandbox was found idle keeps it running.
-		if changed = s.State == StateRunning && (why != PauseIdle || m.reaper.idle(s, now)); changed {
+		if changed = s.State == StateRunning && (why != PauseIdle || m.Reaper.idle(s, now)); changed {
 			s.State, s.PausedAt = StatePausing, &now
 		}
 		return changed
@@ -135,7 +135,7 @@ func (m *Manager) pauseLocked(id, why string, record bool) bool {
 	if in != nil {
 		in.cancel() // the watcher lets go; the guest connection goes with the VMM
 		<-in.bootDone
-		m.meter.guestClosing(in)
+		m.Meter.guestClosing(in)
 		m.detach(context.Background(), in)
 		in.mu.Lock()
 		mach = in.machine
@@ -159,7 +159,7 @@ func (m *Manager) pauseLocked(id, why string, record bool) bool {
 	}
 	faultpoint.Hit("pause.saved")
 	if in != nil {
-		m.meter.vmEnded(in, mach)
+		m.Meter.vmEnded(in, mach)
 		m.forget(in)
 	}
 	if err != nil && !m.cfg.Driver.Saved(m.files.vmSpec(sb)) {
@@ -293,7 +293,7 @@ func (m *Manager) wake(ctx context.Context, id string, timeout *int) (*Sandbox, 
 		// here would find no state and record it stopped.
 		return nil, errNotOnNode(id)
 	}
-	m.meter.accrueKept(ctx, sb, m.now())
+	m.Meter.accrueKept(ctx, sb, m.now())
 	whole := *sb
 	whole.State = StateResuming
 	if err := m.cfg.Admission.Replace(claim(&whole)); err != nil {

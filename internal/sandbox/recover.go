@@ -17,7 +17,7 @@ import (
 // that was being deleted is deleted. Leases that ended meanwhile are
 // enforced by the next tick of Run.
 func (m *Manager) Recover(ctx context.Context) error {
-	m.moves.removeIncoming() // moves cut short: their old node still has them
+	m.Moves.removeIncoming() // moves cut short: their old node still has them
 	live, err := m.cfg.Store.ListLive(ctx)
 	if err != nil {
 		return fmt.Errorf("listing live sandboxes: %w", err)

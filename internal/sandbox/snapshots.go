@@ -88,9 +88,6 @@ func newSnapshots(m *Manager) *Snapshots {
 		volumes: m.volumes, outcomes: m.outcomes}
 }
 
-// Snapshots is the manager's snapshots.
-func (m *Manager) Snapshots() *Snapshots { return m.snapshots }
-
 func (sp *Snapshots) store() (SnapshotStore, error) {
 	ss, ok := sp.records.(SnapshotStore)
 	if !ok {
@@ -436,7 +433,7 @@ func (sp *Snapshots) RemoveUnusedSnapshots(ctx context.Context) {
 // copySource checks the snapshot a create names and fills the spec with
 // its shape.
 func (m *Manager) copySource(ctx context.Context, owner string, spec *CreateSpec) (*Snapshot, error) {
-	sn, err := m.snapshots.getSnapshot(ctx, owner, spec.SnapshotID)
+	sn, err := m.Snapshots.getSnapshot(ctx, owner, spec.SnapshotID)
 	if err != nil {
 		return nil, err
 	}
@@ -455,7 +452,7 @@ func (m *Manager) copySource(ctx context.Context, owner string, spec *CreateSpec
 func (m *Manager) bootCopy(ctx context.Context, in *instance, sb *Sandbox, sn *Snapshot, env map[string]string) {
 	spec := m.files.vmSpec(sb)
 	cctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
-	err := m.cfg.Driver.Clone(cctx, m.snapshots.dir(sn.ID), spec)
+	err := m.cfg.Driver.Clone(cctx, m.Snapshots.dir(sn.ID), spec)
 	cancel()
 	if err != nil {
 		defer close(in.bootDone)

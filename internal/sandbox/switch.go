@@ -74,9 +74,6 @@ type switchHost interface {
 	switchLocked(ctx context.Context, id string, to switchMarker) (_ *Sandbox, done bool, err error)
 }
 
-// Switcher is the manager's switcher of images.
-func (m *Manager) Switcher() *Switcher { return m.switcher }
-
 func switchUndone(id, why string) error {
 	return errdefs.New(errdefs.ErrConflict, "switch_undone",
 		"the switch of sandbox %s's image was undone: %s", id, why).
@@ -199,7 +196,7 @@ func (m *Manager) switchLocked(ctx context.Context, id string, to switchMarker) 
 
 	// 1. /workspace to the spool, while the old VM runs.
 	_ = os.RemoveAll(sdir)
-	size, err := m.switcher.spoolWorkspace(ctx, old, sb, sdir, to)
+	size, err := m.Switcher.spoolWorkspace(ctx, old, sb, sdir, to)
 	if err != nil {
 		_ = os.RemoveAll(sdir)
 		log.Warn("switch of image: reading /workspace failed", "err", err)
@@ -280,7 +277,7 @@ func (m *Manager) switchLocked(ctx context.Context, id string, to switchMarker) 
 	faultpoint.Hit("switch.booted")
 
 	// 5. /workspace into it, its volumes, its start command.
-	if err := m.switcher.restoreWorkspace(ctx, in, sdir, size); err != nil {
+	if err := m.Switcher.restoreWorkspace(ctx, in, sdir, size); err != nil {
 		return m.undoSwitch(id, in, sdir, err)
 	}
 	g := activeGuest{Client: in.guest(), touch: func() { in.touch(m.now()) }}.handle()
