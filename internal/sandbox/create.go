@@ -19,7 +19,7 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ 
 	var source *Snapshot
 	if spec.SnapshotID != "" {
 		var err error
-		if source, err = m.copySource(ctx, owner, &spec); err != nil {
+		if source, err = m.Snapshots.copySource(ctx, owner, &spec); err != nil {
 			return nil, err
 		}
 	}

@@ -80,45 +80,49 @@ func (m *Manager) Update(ctx context.Context, owner, id string, u UpdateSpec) (*
 		if s.State == StateDeleting || s.State == StateDeleted {
 			return false
 		}
-		if u.Name != nil {
-			s.Name = *u.Name
-		}
-		if u.Labels != nil {
-			s.Labels = u.Labels
-		}
-		if envNames != nil {
-			s.EnvNames = envNames
-		}
-		if u.AutoWake != nil {
-			s.AutoWake = *u.AutoWake
-		}
-		if u.IdlePauseSeconds != nil {
-			s.IdlePauseSeconds = *u.IdlePauseSeconds
-		}
-		if u.Persistent != nil {
-			s.Persistent = *u.Persistent
-		}
-		if u.OnLeaseEnd != nil {
-			s.OnLeaseEnd = *u.OnLeaseEnd
-		}
-		if u.TimeoutSeconds != nil {
-			s.TimeoutSeconds = *u.TimeoutSeconds
-		}
-		if (u.TimeoutSeconds != nil || u.Persistent != nil) && (s.State == StateRunning || s.State == StateStarting) {
-			s.ExpiresAt = m.cfg.Limits.leaseEnd(s, now)
-		}
+		u.apply(s, envNames, m.cfg.Limits, now)
 		return true
 	})
 	if err != nil {
 		return nil, err
 	}
-	m.mu.Lock()
-	in := m.live[id]
-	m.mu.Unlock()
-	if in != nil && u.IdlePauseSeconds != nil {
+	if in := m.liveInstance(id); in != nil && u.IdlePauseSeconds != nil {
 		in.touch(now) // counted from now
 	}
 	return sb, nil
+}
+
+// apply writes the settings u changes into s (envNames, if not nil, as its
+// variable names); a new lease or timeout starts at now for a sandbox
+// that runs.
+func (u UpdateSpec) apply(s *Sandbox, envNames []string, lim Limits, now time.Time) {
+	if u.Name != nil {
+		s.Name = *u.Name
+	}
+	if u.Labels != nil {
+		s.Labels = u.Labels
+	}
+	if envNames != nil {
+		s.EnvNames = envNames
+	}
+	if u.AutoWake != nil {
+		s.AutoWake = *u.AutoWake
+	}
+	if u.IdlePauseSeconds != nil {
+		s.IdlePauseSeconds = *u.IdlePauseSeconds
+	}
+	if u.Persistent != nil {
+		s.Persistent = *u.Persistent
+	}
+	if u.OnLeaseEnd != nil {
+		s.OnLeaseEnd = *u.OnLeaseEnd
+	}
+	if u.TimeoutSeconds != nil {
+		s.TimeoutSeconds = *u.TimeoutSeconds
+	}
+	if (u.TimeoutSeconds != nil || u.Persistent != nil) && (s.State == StateRunning || s.State == StateStarting) {
+		s.ExpiresAt = lim.leaseEnd(s, now)
+	}
 }
 
 // updateEnv sends the guest its whole environment with the change and

@@ -432,8 +432,8 @@ func (sp *Snapshots) RemoveUnusedSnapshots(ctx context.Context) {
 
 // copySource checks the snapshot a create names and fills the spec with
 // its shape.
-func (m *Manager) copySource(ctx context.Context, owner string, spec *CreateSpec) (*Snapshot, error) {
-	sn, err := m.Snapshots.getSnapshot(ctx, owner, spec.SnapshotID)
+func (sp *Snapshots) copySource(ctx context.Context, owner string, spec *CreateSpec) (*Snapshot, error) {
+	sn, err := sp.getSnapshot(ctx, owner, spec.SnapshotID)
 	if err != nil {
 		return nil, err
 	}
