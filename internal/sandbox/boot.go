@@ -102,9 +102,9 @@ func (m *Manager) bootGuest(ctx context.Context, p bootPlan) (booted, error) {
 	case p.in == nil:
 		c, err = handshake(ctx, b.mach)
 	case p.restored:
-		c, err = m.attachResumed(ctx, p.in, b.mach, p.renew)
+		c, err = m.link.attachResumed(ctx, p.in, b.mach, p.renew)
 	default:
-		c, err = m.connect(ctx, p.in, b.mach)
+		c, err = m.link.connect(ctx, p.in, b.mach)
 	}
 	if err != nil {
 		return b, err
@@ -270,19 +270,26 @@ func (m *Manager) bootOnce(ctx context.Context, in *instance, sb *Sandbox, env m
 	return err
 }
 
+// guestLink connects to the guest of a sandbox's VM: the handshake, the
+// guest's own streams through the sandbox's gate, its conduct watched.
+type guestLink struct {
+	conduct conduct
+	gates   *gates
+}
+
 // connect dials the guest and completes the handshake; the agent answers
 // once the guest has booted.
-func (m *Manager) connect(ctx context.Context, in *instance, mach vmm.Machine) (*guest.Client, error) {
+func (l guestLink) connect(ctx context.Context, in *instance, mach vmm.Machine) (*guest.Client, error) {
 	c, err := handshake(ctx, mach)
 	if err != nil {
 		return nil, err
 	}
-	c.SetViolationHandler(func(v guest.Violation) { m.conduct.violation(in, v) })
-	c.ServeGuestStreams(m.gates.handler(in))
+	c.SetViolationHandler(func(v guest.Violation) { l.conduct.violation(in, v) })
+	c.ServeGuestStreams(l.gates.handler(in))
 	if _, err := c.Info(ctx); err != nil {
 		c.Close()
 		if ctx.Err() == nil && errdefs.Code(err) == "guest_unavailable" {
-			m.conduct.violation(in, guest.Violation{Method: "session", Problem: "ended before answering info"})
+			l.conduct.violation(in, guest.Violation{Method: "session", Problem: "ended before answering info"})
 		}
 		return nil, err
 	}
@@ -292,8 +299,8 @@ func (m *Manager) connect(ctx context.Context, in *instance, mach vmm.Machine) (
 // attachResumed connects to a guest that goes on from saved memory and
 // renews what it must not keep from its past: its randomness and its
 // clock, and whatever else renew names (a copy's identity).
-func (m *Manager) attachResumed(ctx context.Context, in *instance, mach vmm.Machine, renew agentproto.RenewRequest) (*guest.Client, error) {
-	c, err := m.connectRestored(ctx, in, mach)
+func (l guestLink) attachResumed(ctx context.Context, in *instance, mach vmm.Machine, renew agentproto.RenewRequest) (*guest.Client, error) {
+	c, err := l.connectRestored(ctx, in, mach)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to the resumed guest: %w", err)
 	}
@@ -307,7 +314,7 @@ func (m *Manager) attachResumed(ctx context.Context, in *instance, mach vmm.Mach
 		}
 		// An agent from before renew: it runs, with its old randomness
 		// and a clock that catches up on its own.
-		m.conduct.warn(in, "the guest agent cannot renew its randomness and clock (unknown_method)")
+		l.conduct.warn(in, "the guest agent cannot renew its randomness and clock (unknown_method)")
 	}
 	return c, nil
 }
@@ -321,10 +328,10 @@ const restoredTry = 2 * time.Second
 
 // connectRestored connects to a restored guest, on a new connection every
 // restoredTry, until ctx ends.
-func (m *Manager) connectRestored(ctx context.Context, in *instance, mach vmm.Machine) (*guest.Client, error) {
+func (l guestLink) connectRestored(ctx context.Context, in *instance, mach vmm.Machine) (*guest.Client, error) {
 	for {
 		tctx, cancel := context.WithTimeout(ctx, restoredTry)
-		c, err := m.connect(tctx, in, mach)
+		c, err := l.connect(tctx, in, mach)
 		cancel()
 		if err == nil || ctx.Err() != nil || isDone(mach.Done()) {
 			return c, err

@@ -61,12 +61,12 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ 
 	// stopped gives them back (account, markStopped). Never leave a
 	// record that looks like it is starting.
 	u.keep()
-	u.add(func() { m.finish(m.newInstance(sb.ID), ReasonStartFailed) })
+	u.add(func() { m.finish(newInstance(m.ctx, sb.ID), ReasonStartFailed) })
 	if err := m.cfg.Store.PutNetwork(ctx, sb.ID, &Network{Policy: compiled.Policy, Version: 1, UpdatedAt: sb.CreatedAt}); err != nil {
 		return nil, err
 	}
 	u.keep()
-	in := m.newInstance(sb.ID)
+	in := newInstance(m.ctx, sb.ID)
 	in.gate = m.gates.open(sb.ID, compiled, 1)
 	m.mu.Lock()
 	m.live[sb.ID] = in

@@ -216,7 +216,7 @@ func (m *Manager) Restart(ctx context.Context, owner, id string) (_ *Sandbox, er
 		return sb, err
 	}
 	u.keep() // the record holds the claim now (account)
-	in := m.newInstance(id)
+	in := newInstance(m.ctx, id)
 	in.gate = m.gates.restore(ctx, id)
 	m.mu.Lock()
 	m.live[id] = in

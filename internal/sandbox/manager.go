@@ -143,6 +143,7 @@ type Manager struct {
 	volumes  volumeHooks  // volumes.go
 	gates    *gates       // the per-VM egress gates; network.go
 	conduct  conduct      // guestsafety.go
+	link     guestLink    // boot.go
 
 	// The collaborators that serve callers beside the state machine; New
 	// sets them and nothing replaces them.
@@ -193,8 +194,10 @@ type instance struct {
 	detached atomic.Bool // the session's end was asked for by the host
 }
 
-func (m *Manager) newInstance(id string) *instance {
-	ctx, cancel := context.WithCancel(m.ctx)
+// newInstance returns the instance of sandbox id, whose context ends with
+// parent's.
+func newInstance(parent context.Context, id string) *instance {
+	ctx, cancel := context.WithCancel(parent)
 	return &instance{id: id, ctx: ctx, cancel: cancel, bootDone: make(chan struct{})}
 }
 
@@ -259,6 +262,7 @@ func New(cfg Config) *Manager {
 	m.gates = &gates{host: m, egress: cfg.Egress, egressDefault: cfg.EgressDefault, records: cfg.Store,
 		obs: cfg.Observer, vols: cfg.Volumes, log: log}
 	m.conduct = conduct{host: m, log: log}
+	m.link = guestLink{conduct: m.conduct, gates: m.gates}
 	m.Meter = newMeter(m)
 	m.Previews = &Previews{host: m, records: cfg.Store}
 	m.Moves = newMoves(m)
@@ -380,7 +384,7 @@ func (m *Manager) watch(in *instance) {
 		if c == nil {
 			in.saving.Lock()
 			ctx, cancel := context.WithTimeout(in.ctx, reconnectTry)
-			nc, err := m.connect(ctx, in, mach)
+			nc, err := m.link.connect(ctx, in, mach)
 			cancel()
 			in.saving.Unlock()
 			if err == nil {

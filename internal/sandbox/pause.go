@@ -136,7 +136,7 @@ func (m *Manager) pauseLocked(id, why string, record bool) bool {
 		in.cancel() // the watcher lets go; the guest connection goes with the VMM
 		<-in.bootDone
 		m.Meter.guestClosing(in)
-		m.detach(context.Background(), in)
+		m.link.detach(context.Background(), in)
 		in.mu.Lock()
 		mach = in.machine
 		in.mu.Unlock()
@@ -206,7 +206,7 @@ func (m *Manager) carryOn(old *instance, mach vmm.Machine) {
 		m.log.Warn("letting the vm run after a failed pause", "sandbox_id", old.id, "err", err)
 	}
 	m.gates.close(old)
-	in := m.newInstance(old.id)
+	in := newInstance(m.ctx, old.id)
 	close(in.bootDone)
 	in.machine = mach
 	in.gate = m.gates.restore(ctx, old.id)
@@ -326,7 +326,7 @@ func (m *Manager) wake(ctx context.Context, id string, timeout *int) (*Sandbox, 
 // the sandbox paused if its saved state is still there, else stopped.
 func (m *Manager) finishWake(sb *Sandbox) {
 	start := time.Now()
-	in := m.newInstance(sb.ID)
+	in := newInstance(m.ctx, sb.ID)
 	defer close(in.bootDone)
 	in.gate = m.gates.restore(m.ctx, sb.ID)
 	m.mu.Lock()

@@ -60,7 +60,7 @@ func (m *Manager) recoverOne(ctx context.Context, sb *Sandbox) {
 		m.recordPaused(sb.ID)
 		return
 	}
-	in := m.newInstance(sb.ID)
+	in := newInstance(m.ctx, sb.ID)
 	in.machine = mach
 	if sb.State != StateStarting {
 		close(in.bootDone)

@@ -67,17 +67,20 @@ type Snapshots struct {
 	log         *slog.Logger
 	volumes     volumeHooks // refuse snapshots of sandboxes holding volumes
 	outcomes    outcomes
+	link        guestLink       // detaches a guest whose memory is captured
+	ctx         context.Context // the manager's: ends at its Close
 }
 
 // snapshotHost is what snapshots need of the manager: a sandbox as its
-// owner sees it, brought to running and paused again, its VM's capture,
-// its events and the clock.
+// owner sees it, brought to running and paused again, its VM lock and
+// instance for a capture, its events and the clock.
 type snapshotHost interface {
 	Get(ctx context.Context, owner, id string) (*Sandbox, error)
 	WaitFor(ctx context.Context, owner, id string, states ...State) (*Sandbox, error)
 	Wake(ctx context.Context, owner, id string, timeout *int) (*Sandbox, error)
 	pause(ctx context.Context, id, why string) (*Sandbox, error)
-	capture(id, dir string, memory bool) (vmm.SnapshotInfo, error)
+	lockOp(id string) (unlock func())
+	liveInstance(id string) *instance
 	event(id, typ, msg string, data map[string]any)
 	now() time.Time
 }
@@ -85,7 +88,7 @@ type snapshotHost interface {
 func newSnapshots(m *Manager) *Snapshots {
 	return &Snapshots{host: m, records: m.cfg.Store, charges: m.cfg.Meter, driver: m.cfg.Driver,
 		dataDir: m.cfg.DataDir, bootTimeout: m.cfg.BootTimeout, log: m.log,
-		volumes: m.volumes, outcomes: m.outcomes}
+		volumes: m.volumes, outcomes: m.outcomes, link: m.link, ctx: m.ctx}
 }
 
 func (sp *Snapshots) store() (SnapshotStore, error) {
@@ -195,7 +198,7 @@ func (sp *Snapshots) Snapshot(ctx context.Context, owner, id string, spec Snapsh
 	if err := ss.InsertSnapshot(ctx, sn); err != nil {
 		return nil, err
 	}
-	info, capErr := sp.host.capture(id, sp.dir(sn.ID), sn.Mode == SnapshotModeMemory)
+	info, capErr := sp.capture(id, sp.dir(sn.ID), sn.Mode == SnapshotModeMemory)
 	if repause {
 		if _, err := sp.host.pause(context.WithoutCancel(ctx), id, "snapshot"); err != nil {
 			sp.log.Warn("pausing again after a snapshot", "sandbox_id", id, "err", err)
@@ -250,10 +253,10 @@ func (sp *Snapshots) settleRunning(ctx context.Context, owner, id string) (*Sand
 // capture has the sandbox's VM write a snapshot (with memory, or the disk
 // alone) into dir, under its VM lock so that no pause or stop replaces the
 // VM meanwhile.
-func (m *Manager) capture(id, dir string, memory bool) (vmm.SnapshotInfo, error) {
-	unlock := m.lockOp(id)
+func (sp *Snapshots) capture(id, dir string, memory bool) (vmm.SnapshotInfo, error) {
+	unlock := sp.host.lockOp(id)
 	defer unlock()
-	in := m.liveInstance(id)
+	in := sp.host.liveInstance(id)
 	if in == nil {
 		return vmm.SnapshotInfo{}, fmt.Errorf("sandbox %s has no vm", id)
 	}
@@ -261,13 +264,13 @@ func (m *Manager) capture(id, dir string, memory bool) (vmm.SnapshotInfo, error)
 	if mach == nil {
 		return vmm.SnapshotInfo{}, fmt.Errorf("sandbox %s has no vm", id)
 	}
-	ctx, cancel := context.WithTimeout(m.ctx, captureTimeout)
+	ctx, cancel := context.WithTimeout(sp.ctx, captureTimeout)
 	defer cancel()
 	if memory {
 		// Copies must find the agent waiting for a new connection.
 		in.saving.Lock()
 		defer in.saving.Unlock()
-		m.detach(ctx, in)
+		sp.link.detach(ctx, in)
 	}
 	return vmm.Snapshot(ctx, mach, dir, memory)
 }

@@ -315,7 +315,7 @@ func (sw *imageSwitch) setAside(ctx context.Context) error {
 // the new instance, live in the manager, even when the boot failed.
 func (sw *imageSwitch) bootNew(ctx context.Context) (*instance, error) {
 	m := sw.m
-	in := m.newInstance(sw.id)
+	in := newInstance(m.ctx, sw.id)
 	in.gate = m.gates.restore(ctx, sw.id)
 	m.mu.Lock()
 	m.live[sw.id] = in
