@@ -100,7 +100,7 @@ func (s *server) startManager(context.Context) error {
 	}
 	mgr := sandbox.New(mcfg)
 	s.mgr = mgr
-	s.imgs.SetTemplates(mgr)
+	s.imgs.SetTemplates(mgr.Templates)
 	s.fencedMgr.Store(mgr)
 	// The manager lets go of its sandboxes (they keep running) after the
 	// background loops have stopped, before the store closes.
@@ -115,7 +115,7 @@ func (s *server) recoverManager(ctx context.Context) error {
 	if err := s.mgr.Recover(ctx); err != nil {
 		return err
 	}
-	s.mgr.PrepareTemplate()
+	s.mgr.Templates.Prepare()
 	return nil
 }
 

@@ -25,7 +25,7 @@ import (
 //   - a wake: finishWake;
 //   - a VM found booting or waking after a restart of the server:
 //     resumeBoot, continueWake;
-//   - a template's build: templatePool.build.
+//   - a template's build: Templates.build.
 //
 // The caller undoes a failure, as only it knows whether the VM is to stop,
 // pause again or stay for the next process of the server.
@@ -353,7 +353,7 @@ func (m *Manager) bootTemplate(ctx context.Context, in *instance, sb *Sandbox, d
 	if err == nil {
 		err = os.WriteFile(use, []byte(dir+"\n"), 0o600)
 	}
-	m.templates.unpin(dir)
+	m.Templates.unpin(dir)
 	if err == nil {
 		cctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
 		err = m.cfg.Driver.Clone(cctx, dir, spec)

@@ -157,12 +157,12 @@ func (m *Manager) bootPath(in *instance, sb *Sandbox, source *Snapshot, spec Cre
 	if spec.Image != nil {
 		minDisk = spec.Image.MinDiskMiB
 	}
-	if dir, ok := m.templates.pin(sb.Rootfs, shapeOf(sb), minDisk); ok {
+	if dir, ok := m.Templates.pin(sb.Rootfs, shapeOf(sb), minDisk); ok {
 		return func() { m.bootTemplate(in.ctx, in, sb, dir, spec.Env) }
 	}
 	// The template is built once this boot is done, not beside it.
 	return func() {
 		m.boot(in.ctx, in, sb, spec.Env, false)
-		m.templates.want(sb.Rootfs, shapeOf(sb), minDisk)
+		m.Templates.want(sb.Rootfs, shapeOf(sb), minDisk)
 	}
 }

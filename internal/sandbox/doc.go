@@ -188,7 +188,7 @@
 // of image keeps aside in `<id>.switch/old/`) is removed; if all are in use the
 // create boots and no build is tried for a minute. When the catalog releases an
 // image's disk (its last image of that digest deleted, so no sandbox or
-// snapshot of it is left) it calls `Manager.RemoveTemplates`
+// snapshot of it is left) it calls `Templates.RemoveTemplates`
 // (`catalog.Service.SetTemplates`, set in `serve`), which removes the disk's
 // templates; a build of them under way drops its result. At start, templates
 // whose disk (named in `templates/images/<hash>/rootfs`) is gone are swept. The

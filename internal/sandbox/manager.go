@@ -134,8 +134,6 @@ type Manager struct {
 	live   map[string]*instance // sandboxes with a VM (starting, running, stopping)
 	ops    map[string]*opLock   // per sandbox whose VM is being changed (pause.go)
 
-	templates *templatePool
-
 	waiters  *waiters     // WaitFor's
 	envs     *envMemory   // env values per sandbox, memory only (lifecycle.go)
 	files    sandboxFiles // files.go
@@ -154,6 +152,7 @@ type Manager struct {
 	Reaper    *Reaper    // lease.go, pressure.go, retention.go
 	Switcher  *Switcher  // switch.go
 	Networks  *Networks  // network.go
+	Templates *Templates // templates.go
 
 	// Test hooks (export_test.go): testHookBeforeUpdate runs as an update
 	// begins; testHookUpdate inside every update that changes something,
@@ -270,7 +269,7 @@ func New(cfg Config) *Manager {
 	m.Reaper = newReaper(m)
 	m.Switcher = &Switcher{host: m, volumes: cfg.Volumes, bootTimeout: cfg.BootTimeout, outcomes: m.outcomes, envs: m.envs}
 	m.Networks = &Networks{host: m, records: cfg.Store, egress: cfg.Egress, egressDefault: cfg.EgressDefault}
-	m.templates = newTemplatePool(ctx, &m.cfg, log, m.spawn, m.bootGuest)
+	m.Templates = newTemplates(ctx, &m.cfg, log, m.spawn, m.bootGuest)
 	return m
 }
 
