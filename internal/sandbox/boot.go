@@ -131,11 +131,11 @@ func configure(req agentproto.ConfigureRequest) func(context.Context, vmm.Machin
 	}
 }
 
-// resumeVM is a bootPlan's start for sb's VM from its saved memory;
-// what names the VM in an error.
-func (m *Manager) resumeVM(sb *Sandbox, what string) func(context.Context) (vmm.Machine, error) {
+// resumeVM is a bootPlan's start for sb's VM from its saved memory, by
+// driver; what names the VM in an error.
+func resumeVM(driver vmm.Driver, files sandboxFiles, sb *Sandbox, what string) func(context.Context) (vmm.Machine, error) {
 	return func(ctx context.Context) (vmm.Machine, error) {
-		mach, err := m.cfg.Driver.Resume(ctx, m.files.vmSpec(sb))
+		mach, err := driver.Resume(ctx, files.vmSpec(sb))
 		if err != nil {
 			return nil, fmt.Errorf("resuming %s: %w", what, err)
 		}

@@ -142,6 +142,7 @@ type Manager struct {
 	gates    *gates       // the per-VM egress gates; network.go
 	conduct  conduct      // guestsafety.go
 	link     guestLink    // boot.go
+	calls    guestCalls   // guest.go
 
 	// The collaborators that serve callers beside the state machine; New
 	// sets them and nothing replaces them.
@@ -262,6 +263,7 @@ func New(cfg Config) *Manager {
 		obs: cfg.Observer, vols: cfg.Volumes, log: log}
 	m.conduct = conduct{host: m, log: log}
 	m.link = guestLink{conduct: m.conduct, gates: m.gates}
+	m.calls = guestCalls{host: m, records: cfg.Store, bootTimeout: cfg.BootTimeout}
 	m.Meter = newMeter(m)
 	m.Previews = &Previews{host: m, records: cfg.Store}
 	m.Moves = newMoves(m)

@@ -336,7 +336,7 @@ func (m *Manager) finishWake(sb *Sandbox) {
 	defer cancel()
 	b, err := m.bootGuest(ctx, bootPlan{
 		in:      in,
-		start:   m.resumeVM(sb, "the vm"),
+		start:   resumeVM(m.cfg.Driver, m.files, sb, "the vm"),
 		started: "wake.resumed",
 		record: func(mach vmm.Machine) error {
 			_, err := m.update(context.Background(), sb.ID, func(s *Sandbox) bool {
@@ -409,23 +409,6 @@ func (m *Manager) wakeFailed(in *instance, sb *Sandbox, mach vmm.Machine, cause 
 		return
 	}
 	m.markStopped(sb.ID, ReasonWakeFailed)
-}
-
-// wakeForCall wakes a paused sandbox whose autoWake is on for a guest call
-// and waits until it runs or is paused again (the wake failed, or another
-// pause came first); the caller looks again.
-func (m *Manager) wakeForCall(ctx context.Context, owner string, sb *Sandbox) error {
-	if sb.State == StatePaused {
-		if _, err := m.wake(ctx, sb.ID, nil); err != nil {
-			return err
-		}
-	}
-	wctx, cancel := context.WithTimeout(ctx, pauseTimeout+m.cfg.BootTimeout)
-	defer cancel()
-	if _, err := m.WaitFor(wctx, owner, sb.ID, StateRunning, StatePaused); err != nil {
-		return err
-	}
-	return ctx.Err()
 }
 
 // leaseEnd is when a lease that starts at now ends: nil for a persistent

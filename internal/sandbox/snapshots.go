@@ -489,7 +489,7 @@ func (m *Manager) resumeCopy(ctx context.Context, in *instance, sb *Sandbox, env
 	defer cancel()
 	b, err := m.bootGuest(ctx, bootPlan{
 		in:       in,
-		start:    m.resumeVM(sb, "the copy"),
+		start:    resumeVM(m.cfg.Driver, m.files, sb, "the copy"),
 		record:   func(mach vmm.Machine) error { return m.recordStarting(sb.ID, mach, "stopped while resuming") },
 		paused:   true,
 		restored: true,
