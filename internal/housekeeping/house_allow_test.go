@@ -11,8 +11,6 @@ var houseAllowlist = []allowance{
 	{funcComplexity, "internal/catalog.Service.finish", 22, ""},
 	{funcComplexity, "internal/cluster.Cluster.place", 26, ""},
 	{funcComplexity, "internal/e2b.newSandbox.spec", 21, ""},
-	{funcComplexity, "internal/sandbox.Manager.Update", 22, ""},
-	{funcComplexity, "internal/sandbox.Manager.switchLocked", 35, ""},
 	{funcComplexity, "internal/vmm/vmmtest.testLifecycle", 24, ""},
 	{funcComplexity, "internal/volumes.serveNBD", 25, ""},
 	{funcComplexity, "sdk/go.Client.Exec", 22, ""},
@@ -20,9 +18,7 @@ var houseAllowlist = []allowance{
 	{funcLines, "internal/cluster.Cluster.place", 84, ""},
 	{funcLines, "internal/guest.Handshake", 83, ""},
 	{funcLines, "internal/pricing.providers", 160, "the price table: one entry per provider and rate, with its source"},
-	{funcLines, "internal/sandbox.Manager.switchLocked", 157, ""},
 	{funcLines, "sdk/go.Client.Exec", 81, ""},
 	{typeMethods, "internal/api.server", 159, ""},
-	{typeMethods, "internal/sandbox.Manager", 105, ""},
 	{typeMethods, "internal/store.Store", 120, ""},
 }
