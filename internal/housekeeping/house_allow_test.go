@@ -7,11 +7,7 @@ package housekeeping
 //
 //	go test -run TestHouseRules ./internal/housekeeping/ -update
 var houseAllowlist = []allowance{
-	{funcComplexity, "internal/sandbox.Manager.Update", 22, ""},
-	{funcComplexity, "internal/sandbox.Manager.switchLocked", 35, ""},
 	{funcLines, "internal/api.server.routeTable", 299, "the route table: one entry per route, read by the mux and the OpenAPI document"},
 	{funcLines, "internal/pricing.providers", 160, "the price table: one entry per provider and rate, with its source"},
-	{funcLines, "internal/sandbox.Manager.switchLocked", 157, ""},
-	{typeMethods, "internal/sandbox.Manager", 105, ""},
 	{typeMethods, "internal/store.Store", 120, ""},
 }
