@@ -9,5 +9,4 @@ package housekeeping
 var houseAllowlist = []allowance{
 	{funcLines, "internal/api.server.routeTable", 299, "the route table: one entry per route, read by the mux and the OpenAPI document"},
 	{funcLines, "internal/pricing.providers", 160, "the price table: one entry per provider and rate, with its source"},
-	{typeMethods, "internal/store.Store", 120, ""},
 }
