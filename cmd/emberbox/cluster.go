@@ -180,7 +180,7 @@ func (s *server) joinIfNode(ctx context.Context) error {
 	}
 	fenced := func(err error) {
 		if m := s.fencedMgr.Load(); m != nil {
-			m.Moves().StandDown(context.WithoutCancel(ctx))
+			m.Moves.StandDown(context.WithoutCancel(ctx))
 		}
 		s.standDown(fmt.Errorf("this node was declared lost by the cluster and stood down: %w", err))
 	}
@@ -202,12 +202,12 @@ func (s *server) endLostVMs(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if n := s.mgr.Moves().EndVMs(ctx, lost); n > 0 {
+	if n := s.mgr.Moves.EndVMs(ctx, lost); n > 0 {
 		s.log.Warn("ended vms of sandboxes the cluster declared lost", "count", n)
 	}
 	// Files of paused sandboxes a drain moved away just before this
 	// node died.
-	if _, err := s.mgr.Moves().RemoveMovedAway(ctx, s.st.MovedAway); err != nil {
+	if _, err := s.mgr.Moves.RemoveMovedAway(ctx, s.st.MovedAway); err != nil {
 		return err
 	}
 	return nil
@@ -250,7 +250,7 @@ func (s *server) routeCluster(context.Context) error {
 	})
 	s.bg.run(cl.Run)
 	mgr := s.mgr
-	s.bg.run(func(ctx context.Context) { cl.RunDrain(ctx, mgr.Moves()) })
+	s.bg.run(func(ctx context.Context) { cl.RunDrain(ctx, mgr.Moves) })
 	// A Runtime API call is authenticated and rate-limited here, at
 	// the node the client reached, before it is forwarded; the channel
 	// carries the client's address, so the serving node's limits

@@ -54,8 +54,8 @@ func (s *server) buildAPI(context.Context) error {
 	s.limiter = api.NewRateLimiter(s.adm.rates)
 	drv, metrics := s.drv, s.metrics
 	acfg := api.Config{
-		Manager: api.Manager{Sandboxes: s.mgr, Power: s.mgr, Switcher: s.mgr.Switcher(), Snapshots: s.mgr.Snapshots(),
-			Usage: s.mgr.Meter(), Guests: s.mgr, Previews: s.mgr.Previews(), Network: s.mgr.Networks()},
+		Manager: api.Manager{Sandboxes: s.mgr, Power: s.mgr, Switcher: s.mgr.Switcher, Snapshots: s.mgr.Snapshots,
+			Usage: s.mgr.Meter, Guests: s.mgr, Previews: s.mgr.Previews, Network: s.mgr.Networks},
 		Keys: apistore.Keys{Store: s.st}, Idempotency: apistore.Idempotency{Store: s.st}, Events: apistore.Events{Store: s.st},
 		Logger: s.log, Version: version, Accel: drv.Accel,
 		Confinement: func() any { return drv.Confinement() },
@@ -123,7 +123,7 @@ func (s *server) buildFront(ctx context.Context) error {
 	}
 	log := s.log
 	s.front = e2b.New(e2b.Config{
-		Manager: s.mgr, Network: s.mgr.Networks(), Keys: apistore.Keys{Store: s.st}, Tokens: tokens, Limiter: s.limiter, Idempotency: apistore.Idempotency{Store: s.st}, Domain: s.o.e2bDomain,
+		Manager: s.mgr, Network: s.mgr.Networks, Keys: apistore.Keys{Store: s.st}, Tokens: tokens, Limiter: s.limiter, Idempotency: apistore.Idempotency{Store: s.st}, Domain: s.o.e2bDomain,
 		EnvdVersion: envd.Version, Envd: envd.New(log), Interpreter: s.interp.E2BHandler(), Next: root, Logger: log,
 	})
 	return nil

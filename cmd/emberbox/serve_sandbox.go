@@ -100,7 +100,7 @@ func (s *server) startManager(context.Context) error {
 	}
 	mgr := sandbox.New(mcfg)
 	s.mgr = mgr
-	s.imgs.SetTemplates(mgr)
+	s.imgs.SetTemplates(mgr.Templates)
 	s.fencedMgr.Store(mgr)
 	// The manager lets go of its sandboxes (they keep running) after the
 	// background loops have stopped, before the store closes.
@@ -115,7 +115,7 @@ func (s *server) recoverManager(ctx context.Context) error {
 	if err := s.mgr.Recover(ctx); err != nil {
 		return err
 	}
-	s.mgr.PrepareTemplate()
+	s.mgr.Templates.Prepare()
 	return nil
 }
 
@@ -144,7 +144,7 @@ func (s *server) startBuilds(ctx context.Context) error {
 	registryAllowed := func(a netip.Addr) bool { return o.registryAllowPrivate || !s.egress.op.Forbidden(a) }
 	importer := &ociimport.Importer{Manager: mgr, Owner: recipebuild.Owner, BaseDir: filepath.Join(o.dataDir, "images", "imports"),
 		Transport: ociimport.GuardedTransport(registryAllowed)}
-	builder := recipebuild.New(recipebuild.Config{Manager: mgr, Snapshots: mgr.Snapshots(), Cache: s.st, Import: importer, Logger: s.log, DefaultDigest: s.boot.RecipeHash})
+	builder := recipebuild.New(recipebuild.Config{Manager: mgr, Snapshots: mgr.Snapshots, Cache: s.st, Import: importer, Logger: s.log, DefaultDigest: s.boot.RecipeHash})
 	if s.isNode {
 		return nil
 	}
@@ -164,10 +164,10 @@ func (s *server) startBuilds(ctx context.Context) error {
 // the metrics at them.
 func (s *server) startLoops(context.Context) error {
 	mgr, st, log := s.mgr, s.st, s.log
-	s.bg.run(func(ctx context.Context) { _ = mgr.Reaper().Run(ctx) })
+	s.bg.run(func(ctx context.Context) { _ = mgr.Reaper.Run(ctx) })
 	s.bg.run(func(ctx context.Context) { pruneIdempotency(ctx, st, log) })
-	s.bg.run(mgr.Reaper().RunDiskRetention)
-	s.bg.run(mgr.Meter().Run)
+	s.bg.run(mgr.Reaper.RunDiskRetention)
+	s.bg.run(mgr.Meter.Run)
 	s.metrics.SetSources(telemetrySources(st, mgr))
 	return nil
 }
@@ -177,7 +177,7 @@ func telemetrySources(st *store.Store, mgr *sandbox.Manager) telemetry.Sources {
 	return telemetry.Sources{
 		SandboxStates: st.CountSandboxes,
 		Sandboxes: func(ctx context.Context) ([]telemetry.SandboxReading, error) {
-			rs, err := mgr.Meter().Readings(ctx)
+			rs, err := mgr.Meter.Readings(ctx)
 			if err != nil {
 				return nil, err
 			}

@@ -217,7 +217,7 @@ func (p Previews) Target(r *http.Request) (sandboxID string, ok bool) {
 
 // ServeHTTP serves a request for a preview's host.
 func (p Previews) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	p.s.serve(w, r, http.HandlerFunc(p.s.servePreviewHost))
+	p.s.serve(w, r, http.HandlerFunc(previewHost{p.s}.servePreviewHost))
 }
 
 func newServer(cfg Config) *server {
@@ -245,7 +245,7 @@ func newServer(cfg Config) *server {
 		panic("api.New: " + err.Error())
 	}
 	s.previewDomain = pd
-	s.previewTransport = s.newPreviewTransport()
+	s.previewTransport = previewHost{s}.newPreviewTransport()
 	s.routes = s.routeTable()
 	s.mux = s.buildMux()
 	doc, err := json.Marshal(s.openAPI())

@@ -30,7 +30,7 @@ func fileUser(v string) (string, []issue) {
 }
 
 // globFiles answers files/list with a glob: what under path matches it.
-func (s *server) globFiles(w http.ResponseWriter, r *http.Request, c *call, req guest.FileRequest, pattern string) error {
+func (s files) globFiles(w http.ResponseWriter, r *http.Request, c *call, req guest.FileRequest, pattern string) error {
 	if len(pattern) > guest.MaxGlobLen {
 		return invalid([]issue{{Path: "glob", Message: fmt.Sprintf("must be at most %d bytes", guest.MaxGlobLen)}})
 	}
@@ -45,7 +45,7 @@ func (s *server) globFiles(w http.ResponseWriter, r *http.Request, c *call, req 
 		}
 		pattern = rel
 	}
-	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) ([]guest.FileEntry, error) {
+	return guestJSON(s.server, w, r, c, func(ctx context.Context, g guest.Handle) ([]guest.FileEntry, error) {
 		return g.Glob(ctx, req.Path, pattern, req.Hidden, req.Limit)
 	}, entriesJSON)
 }
@@ -58,14 +58,14 @@ type renameRequest struct {
 
 // rename moves a file or directory as the sandbox user with rename(2):
 // within one file system, refusing to replace unless overwrite.
-func (s *server) rename(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s files) rename(w http.ResponseWriter, r *http.Request, c *call) error {
 	req, err := decodeChecked(c, func(req *renameRequest) []issue {
 		return append(pathIssue("from", req.From), pathIssue("to", req.To)...)
 	})
 	if err != nil {
 		return err
 	}
-	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.FileEntry, error) {
+	return guestJSON(s.server, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.FileEntry, error) {
 		return g.Rename(ctx, req.From, req.To, req.Overwrite)
 	}, toFileJSON)
 }
@@ -105,7 +105,7 @@ func archiveQuery(r *http.Request, download bool) (p, user string, gz bool, excl
 // guest as it goes. Its length is not known ahead, so none is promised; a
 // failure after the first byte breaks the connection rather than end the
 // body as if it were complete.
-func (s *server) downloadArchive(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s files) downloadArchive(w http.ResponseWriter, r *http.Request, c *call) error {
 	p, user, gz, exclude, err := archiveQuery(r, true)
 	if err != nil {
 		return err
@@ -145,12 +145,12 @@ type unpackedJSON struct {
 
 // uploadArchive unpacks a tar or tar.gz body (at most 1 MiB; gzip is told
 // by its magic) into a directory, made if missing.
-func (s *server) uploadArchive(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s files) uploadArchive(w http.ResponseWriter, r *http.Request, c *call) error {
 	p, user, _, _, err := archiveQuery(r, false)
 	if err != nil {
 		return err
 	}
-	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.Unpacked, error) {
+	return guestJSON(s.server, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.Unpacked, error) {
 		return g.Unarchive(ctx, p, user, int64(len(c.body)), bytes.NewReader(c.body))
 	}, func(u *guest.Unpacked) unpackedJSON {
 		return unpackedJSON{Path: p, Entries: u.Entries, Bytes: u.Bytes}

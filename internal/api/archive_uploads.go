@@ -37,7 +37,7 @@ type beginArchiveUploadJSON struct {
 	ExpiresAt  *jsonTime `json:"expiresAt"`
 }
 
-func (s *server) beginArchiveUpload(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s uploadsAPI) beginArchiveUpload(w http.ResponseWriter, r *http.Request, c *call) error {
 	var req beginArchiveUploadRequest
 	if err := decode(c, &req); err != nil {
 		return err
@@ -81,7 +81,7 @@ type archiveChunkJSON struct {
 	NextOffset     int64  `json:"nextOffset"`
 }
 
-func (s *server) putArchiveChunk(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s uploadsAPI) putArchiveChunk(w http.ResponseWriter, r *http.Request, c *call) error {
 	st, err := s.uploadStore()
 	if err != nil {
 		return err
@@ -99,7 +99,7 @@ func (s *server) putArchiveChunk(w http.ResponseWriter, r *http.Request, c *call
 	return nil
 }
 
-func (s *server) commitArchiveUpload(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s uploadsAPI) commitArchiveUpload(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := decode(c, &struct{}{}); err != nil {
 		return err
 	}
@@ -130,6 +130,6 @@ func (s *server) commitArchiveUpload(w http.ResponseWriter, r *http.Request, c *
 	return nil
 }
 
-func (s *server) abortArchiveUpload(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s uploadsAPI) abortArchiveUpload(w http.ResponseWriter, r *http.Request, c *call) error {
 	return s.abortStaged(w, r, c, true)
 }

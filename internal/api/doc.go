@@ -6,7 +6,13 @@
 // # Routes
 //
 // One `route` table drives the mux, `/v1/openapi.json` and tests; `group`
-// splits colon verbs. `serveRoute`: bearer auth (`Keys`) and rate limits
+// splits colon verbs. Its handlers live on one small type per area
+// (areas.go: `sandboxesAPI`, `snapshots`, `files`, `uploadsAPI`,
+// `processes`, `sockets`, `watches`, `interpreterAPI`, `imagesAPI`,
+// `volumesAPI`, `previewsAPI`, `linksAPI`, `networkAPI`, `usageAPI`,
+// `nodesAPI`), each holding the `server`, which keeps what every route
+// shares and the helpers of more than one area; `previewHost` serves the
+// previews' hosts. `serveRoute`: bearer auth (`Keys`) and rate limits
 // (`gate`), body ≤ 1 MiB, `Idempotency-Key` (`idempotent`/`runReserved`/
 // `recorder`: JSON answers stored and replayed with `"replayed":true`; 5xx and
 // NDJSON released). `streamEvents` writes NDJSON. `uploads.go`: the handlers of
@@ -62,7 +68,7 @@
 // `Idempotency-Key`, `idempotent` reserves (owner, key, fingerprint); a retry
 // waits for, replays, or (other fingerprint) gets 422.
 //
-// `createSandbox`: strict decode; `createRequest.spec()` validates and fills
+// `sandboxesAPI.create`: strict decode; `createRequest.spec()` validates and fills
 // defaults (2 vCPU, 4096 MiB memory, 4096 MiB disk with min 3072; no lease and
 // a 300 s idle pause unless `timeoutSeconds` is given; onLeaseEnd `stop`).
 // `getOrCreate` first looks for a live sandbox of that name.

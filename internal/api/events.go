@@ -47,7 +47,7 @@ type sandboxEventJSON struct {
 // sandbox, refused egress included. A page holds the newest events before
 // the cursor, oldest first, at most limit of them and maxEventPage bytes;
 // nextCursor, when there are older ones, asks for the page before it.
-func (s *server) listEvents(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s sandboxesAPI) listEvents(w http.ResponseWriter, r *http.Request, c *call) error {
 	q := r.URL.Query()
 	limit := defaultEventLimit
 	if v := q.Get("limit"); v != "" {

@@ -127,7 +127,7 @@ func (s *server) guest(r *http.Request, c *call) (*sandbox.Sandbox, guest.Handle
 // names no timeout (STREAMED_EXEC_TIMEOUT_MS; the Go SDK does the same), so a
 // refusal would break every streamed exec. There the timeout is clamped to
 // the lease instead, which ends the command no later than the sandbox would.
-func (s *server) execTimeout(sb *sandbox.Sandbox, asked *int64, stream bool) (int64, error) {
+func (s processes) execTimeout(sb *sandbox.Sandbox, asked *int64, stream bool) (int64, error) {
 	left := int64(-1) // no lease
 	if sb.ExpiresAt != nil {
 		left = sb.ExpiresAt.Sub(s.now()).Milliseconds()
@@ -171,7 +171,7 @@ type execResultJSON struct {
 	ProcessID       string `json:"processId"`
 }
 
-func (s *server) exec(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s processes) exec(w http.ResponseWriter, r *http.Request, c *call) error {
 	var body execRequest
 	if err := decode(c, &body); err != nil {
 		return err
@@ -281,7 +281,7 @@ const streamHeadersAfter = time.Second
 // flushed at once; with binary every chunk of output carries "base64". Headers go out with the first event, or after
 // streamHeadersAfter; an error before that is a normal JSON error, an error
 // after it an "error" line.
-func (s *server) streamEvents(w http.ResponseWriter, r *http.Request, binary bool, run func(send func(guest.Event) error) error) {
+func (s processes) streamEvents(w http.ResponseWriter, r *http.Request, binary bool, run func(send func(guest.Event) error) error) {
 	rc := http.NewResponseController(w)
 	var mu sync.Mutex // guards w, started and finished, shared with the header timer
 	started, finished := false, false
@@ -405,7 +405,7 @@ func toProcessJSON(p *guest.ProcessInfo) processJSON {
 	return out
 }
 
-func (s *server) spawn(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s processes) spawn(w http.ResponseWriter, r *http.Request, c *call) error {
 	var body spawnRequest
 	if err := decode(c, &body); err != nil {
 		return err
@@ -420,24 +420,24 @@ func (s *server) spawn(w http.ResponseWriter, r *http.Request, c *call) error {
 	if body.TimeoutMs != nil {
 		req.TimeoutMs = *body.TimeoutMs
 	}
-	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.ProcessInfo, error) {
+	return guestJSON(s.server, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.ProcessInfo, error) {
 		return g.Spawn(ctx, req)
 	}, toProcessJSON)
 }
 
-func (s *server) listProcesses(w http.ResponseWriter, r *http.Request, c *call) error {
-	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) ([]guest.ProcessInfo, error) {
+func (s processes) list(w http.ResponseWriter, r *http.Request, c *call) error {
+	return guestJSON(s.server, w, r, c, func(ctx context.Context, g guest.Handle) ([]guest.ProcessInfo, error) {
 		return g.Processes(ctx)
 	}, func(ps []guest.ProcessInfo) dataJSON[processJSON] { return dataOf(ps, toProcessJSON) })
 }
 
-func (s *server) getProcess(w http.ResponseWriter, r *http.Request, c *call) error {
-	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.ProcessInfo, error) {
+func (s processes) get(w http.ResponseWriter, r *http.Request, c *call) error {
+	return guestJSON(s.server, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.ProcessInfo, error) {
 		return g.Process(ctx, r.PathValue("pid"))
 	}, toProcessJSON)
 }
 
-func (s *server) processOutput(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s processes) output(w http.ResponseWriter, r *http.Request, c *call) error {
 	q := r.URL.Query()
 	req := guest.ProcessRequest{ID: r.PathValue("pid")}
 	var issues []issue
@@ -484,7 +484,7 @@ type signalRequest struct {
 
 var signalRE = regexp.MustCompile(`^(SIG)?[A-Z][A-Z0-9+-]*$|^[0-9]{1,2}$`)
 
-func (s *server) signalProcess(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s processes) signal(w http.ResponseWriter, r *http.Request, c *call) error {
 	var req signalRequest
 	if err := decode(c, &req); err != nil {
 		return err
@@ -495,7 +495,7 @@ func (s *server) signalProcess(w http.ResponseWriter, r *http.Request, c *call) 
 	if !signalRE.MatchString(req.Signal) {
 		return invalid([]issue{{Path: "signal", Message: `must be a signal name such as "SIGTERM" or a number`}})
 	}
-	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.ProcessInfo, error) {
+	return guestJSON(s.server, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.ProcessInfo, error) {
 		return g.Signal(ctx, r.PathValue("pid"), req.Signal)
 	}, toProcessJSON)
 }

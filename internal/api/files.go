@@ -72,7 +72,7 @@ func queryPath(r *http.Request) (string, error) {
 	return p, nil
 }
 
-func (s *server) readFile(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s files) read(w http.ResponseWriter, r *http.Request, c *call) error {
 	p, err := queryPath(r)
 	if err != nil {
 		return err
@@ -148,7 +148,7 @@ func parseMode(v string) (uint32, bool) {
 	return uint32(m), true
 }
 
-func (s *server) writeFile(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s files) write(w http.ResponseWriter, r *http.Request, c *call) error {
 	p, err := queryPath(r)
 	if err != nil {
 		return err
@@ -161,12 +161,12 @@ func (s *server) writeFile(w http.ResponseWriter, r *http.Request, c *call) erro
 		}
 		mode = m
 	}
-	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.FileEntry, error) {
+	return guestJSON(s.server, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.FileEntry, error) {
 		return g.WriteFile(ctx, p, mode, int64(len(c.body)), bytes.NewReader(c.body))
 	}, toFileJSON)
 }
 
-func (s *server) listFiles(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s files) list(w http.ResponseWriter, r *http.Request, c *call) error {
 	q := r.URL.Query()
 	req := guest.FileRequest{Path: q.Get("path"), Depth: 1}
 	if req.Path == "" {
@@ -197,7 +197,7 @@ func (s *server) listFiles(w http.ResponseWriter, r *http.Request, c *call) erro
 	if pattern := q.Get("glob"); pattern != "" {
 		return s.globFiles(w, r, c, req, pattern)
 	}
-	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) ([]guest.FileEntry, error) {
+	return guestJSON(s.server, w, r, c, func(ctx context.Context, g guest.Handle) ([]guest.FileEntry, error) {
 		return g.List(ctx, req)
 	}, entriesJSON)
 }
@@ -211,7 +211,7 @@ type existsJSON struct {
 	Exists bool `json:"exists"`
 }
 
-func (s *server) statFile(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s files) stat(w http.ResponseWriter, r *http.Request, c *call) error {
 	p, err := queryPath(r)
 	if err != nil {
 		return err
@@ -239,7 +239,7 @@ func (s *server) statFile(w http.ResponseWriter, r *http.Request, c *call) error
 // fileMissing tells a missing file apart from a missing sandbox, both of
 // class not-found: a file_not_found code is the file; another code is not;
 // a bare class is the file only if the sandbox can be read.
-func (s *server) fileMissing(r *http.Request, c *call, id string, err error) bool {
+func (s files) fileMissing(r *http.Request, c *call, id string, err error) bool {
 	if !errdefs.IsNotFound(err) {
 		return false
 	}
@@ -258,12 +258,12 @@ type mkdirRequest struct {
 	Parents bool   `json:"parents"`
 }
 
-func (s *server) mkdir(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s files) mkdir(w http.ResponseWriter, r *http.Request, c *call) error {
 	req, err := decodeChecked(c, func(req *mkdirRequest) []issue { return pathIssue("path", req.Path) })
 	if err != nil {
 		return err
 	}
-	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.FileEntry, error) {
+	return guestJSON(s.server, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.FileEntry, error) {
 		return g.Mkdir(ctx, req.Path, req.Parents)
 	}, toFileJSON)
 }
@@ -273,12 +273,12 @@ type removeRequest struct {
 	Recursive bool   `json:"recursive"`
 }
 
-func (s *server) removeFile(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s files) remove(w http.ResponseWriter, r *http.Request, c *call) error {
 	req, err := decodeChecked(c, func(req *removeRequest) []issue { return pathIssue("path", req.Path) })
 	if err != nil {
 		return err
 	}
-	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) (bool, error) {
+	return guestJSON(s.server, w, r, c, func(ctx context.Context, g guest.Handle) (bool, error) {
 		return g.Remove(ctx, req.Path, req.Recursive)
 	}, func(removed bool) map[string]bool { return map[string]bool{"removed": removed} })
 }
@@ -290,7 +290,7 @@ type chmodRequest struct {
 
 // chmod sets a file's permission bits as the sandbox user (the files API
 // writes as that user, so it owns what it wrote) and answers the new entry.
-func (s *server) chmod(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s files) chmod(w http.ResponseWriter, r *http.Request, c *call) error {
 	var req chmodRequest
 	if err := decode(c, &req); err != nil {
 		return err
@@ -303,7 +303,7 @@ func (s *server) chmod(w http.ResponseWriter, r *http.Request, c *call) error {
 	if len(issues) > 0 {
 		return invalid(issues)
 	}
-	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.FileEntry, error) {
+	return guestJSON(s.server, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.FileEntry, error) {
 		entry, err := g.Chmod(ctx, req.Path, mode)
 		if errdefs.Code(err) == "permission_denied" {
 			ae := toAPIError(err)

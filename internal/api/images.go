@@ -106,7 +106,7 @@ func (s *server) imagesOn() (*catalog.Service, error) {
 	return s.images, nil
 }
 
-func (s *server) createImage(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s imagesAPI) create(w http.ResponseWriter, r *http.Request, c *call) error {
 	svc, err := s.imagesOn()
 	if err != nil {
 		return err
@@ -153,7 +153,7 @@ func (s *server) createImage(w http.ResponseWriter, r *http.Request, c *call) er
 	return nil
 }
 
-func (s *server) listImages(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s imagesAPI) list(w http.ResponseWriter, r *http.Request, c *call) error {
 	svc, err := s.imagesOn()
 	if err != nil {
 		return err
@@ -188,7 +188,7 @@ func (s *server) listImages(w http.ResponseWriter, r *http.Request, c *call) err
 
 // imageOf returns the catalog and the {id} of an image route; the
 // registries routes share its shape and are not built here.
-func (s *server) imageOf(r *http.Request) (*catalog.Service, string, error) {
+func (s imagesAPI) imageOf(r *http.Request) (*catalog.Service, string, error) {
 	svc, err := s.imagesOn()
 	if err != nil {
 		return nil, "", err
@@ -200,7 +200,7 @@ func (s *server) imageOf(r *http.Request) (*catalog.Service, string, error) {
 	return svc, id, nil
 }
 
-func (s *server) getImage(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s imagesAPI) get(w http.ResponseWriter, r *http.Request, c *call) error {
 	svc, id, err := s.imageOf(r)
 	if err != nil {
 		return err
@@ -209,7 +209,7 @@ func (s *server) getImage(w http.ResponseWriter, r *http.Request, c *call) error
 	return reply(w, img, err, toImageJSON)
 }
 
-func (s *server) resolveImage(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s imagesAPI) resolve(w http.ResponseWriter, r *http.Request, c *call) error {
 	svc, err := s.imagesOn()
 	if err != nil {
 		return err
@@ -226,15 +226,15 @@ type tagRequest struct {
 	Tag string `json:"tag"`
 }
 
-func (s *server) tagImage(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s imagesAPI) tag(w http.ResponseWriter, r *http.Request, c *call) error {
 	return s.changeTag(w, r, c, true)
 }
 
-func (s *server) untagImage(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s imagesAPI) untag(w http.ResponseWriter, r *http.Request, c *call) error {
 	return s.changeTag(w, r, c, false)
 }
 
-func (s *server) changeTag(w http.ResponseWriter, r *http.Request, c *call, add bool) error {
+func (s imagesAPI) changeTag(w http.ResponseWriter, r *http.Request, c *call, add bool) error {
 	svc, id, err := s.imageOf(r)
 	if err != nil {
 		return err
@@ -259,7 +259,7 @@ func (s *server) changeTag(w http.ResponseWriter, r *http.Request, c *call, add 
 	return nil
 }
 
-func (s *server) deleteImage(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s imagesAPI) delete(w http.ResponseWriter, r *http.Request, c *call) error {
 	svc, id, err := s.imageOf(r)
 	if err != nil {
 		return err
@@ -289,7 +289,7 @@ const logFollowMax = 5 * time.Minute
 
 const logPageLines = 1000
 
-func (s *server) imageLogs(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s imagesAPI) logs(w http.ResponseWriter, r *http.Request, c *call) error {
 	svc, id, err := s.imageOf(r)
 	if err != nil {
 		return err
@@ -356,7 +356,7 @@ type missingRequest struct {
 	Digests []string `json:"digests"`
 }
 
-func (s *server) missingChunks(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s imagesAPI) missingChunks(w http.ResponseWriter, r *http.Request, c *call) error {
 	svc, err := s.imagesOn()
 	if err != nil {
 		return err
@@ -373,7 +373,7 @@ func (s *server) missingChunks(w http.ResponseWriter, r *http.Request, c *call) 
 	return nil
 }
 
-func (s *server) putChunk(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s imagesAPI) putChunk(w http.ResponseWriter, r *http.Request, c *call) error {
 	svc, err := s.imagesOn()
 	if err != nil {
 		return err
@@ -386,7 +386,7 @@ func (s *server) putChunk(w http.ResponseWriter, r *http.Request, c *call) error
 	return nil
 }
 
-// createImage resolves a sandbox create's image field: the image to boot
+// createImageSpec resolves a sandbox create's image field: the image to boot
 // (nil for the default image) with its environment under the create's.
 func (s *server) createImageSpec(r *http.Request, owner string, raw json.RawMessage, req *createRequest,
 	spec *sandbox.CreateSpec) error {

@@ -102,7 +102,7 @@ func toExecutionJSON(ex *interpreter.Execution) executionJSON {
 
 // interpGuest is guest for the interpreter's routes, which a server built
 // without an interpreter refuses (once the sandbox's state would not).
-func (s *server) interpGuest(r *http.Request, c *call) (*sandbox.Sandbox, guest.Handle, error) {
+func (s interpreterAPI) interpGuest(r *http.Request, c *call) (*sandbox.Sandbox, guest.Handle, error) {
 	sb, g, err := s.guest(r, c)
 	if err != nil {
 		return nil, guest.Handle{}, err
@@ -113,7 +113,7 @@ func (s *server) interpGuest(r *http.Request, c *call) (*sandbox.Sandbox, guest.
 	return sb, g, nil
 }
 
-func (s *server) interpreterRun(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s interpreterAPI) run(w http.ResponseWriter, r *http.Request, c *call) error {
 	var body runRequest
 	if err := decode(c, &body); err != nil {
 		return err
@@ -170,7 +170,7 @@ func (s *server) interpreterRun(w http.ResponseWriter, r *http.Request, c *call)
 	return nil
 }
 
-func (s *server) listInterpreterContexts(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s interpreterAPI) listContexts(w http.ResponseWriter, r *http.Request, c *call) error {
 	sb, g, err := s.interpGuest(r, c)
 	if err != nil {
 		return err
@@ -183,7 +183,7 @@ func (s *server) listInterpreterContexts(w http.ResponseWriter, r *http.Request,
 	return nil
 }
 
-func (s *server) createInterpreterContext(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s interpreterAPI) createContext(w http.ResponseWriter, r *http.Request, c *call) error {
 	body, err := decodeChecked(c, func(body *contextRequest) []issue { return envIssues("env", body.Env) })
 	if err != nil {
 		return err
@@ -197,7 +197,7 @@ func (s *server) createInterpreterContext(w http.ResponseWriter, r *http.Request
 	return reply(w, ci, err, toContextJSON)
 }
 
-func (s *server) restartInterpreterContext(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s interpreterAPI) restartContext(w http.ResponseWriter, r *http.Request, c *call) error {
 	sb, g, err := s.interpGuest(r, c)
 	if err != nil {
 		return err
@@ -206,7 +206,7 @@ func (s *server) restartInterpreterContext(w http.ResponseWriter, r *http.Reques
 	return reply(w, ci, err, toContextJSON)
 }
 
-func (s *server) interruptInterpreterContext(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s interpreterAPI) interruptContext(w http.ResponseWriter, r *http.Request, c *call) error {
 	sb, _, err := s.interpGuest(r, c)
 	if err != nil {
 		return err
@@ -215,7 +215,7 @@ func (s *server) interruptInterpreterContext(w http.ResponseWriter, r *http.Requ
 	return reply(w, ok, err, func(ok bool) map[string]bool { return map[string]bool{"interrupted": ok} })
 }
 
-func (s *server) deleteInterpreterContext(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s interpreterAPI) deleteContext(w http.ResponseWriter, r *http.Request, c *call) error {
 	sb, g, err := s.interpGuest(r, c)
 	if err != nil {
 		return err
@@ -224,9 +224,9 @@ func (s *server) deleteInterpreterContext(w http.ResponseWriter, r *http.Request
 	return nil
 }
 
-// interpreterResult answers a result too large to go inline; this server
+// result answers a result too large to go inline; this server
 // sends every result inline, so there are none.
-func (s *server) interpreterResult(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s interpreterAPI) result(w http.ResponseWriter, r *http.Request, c *call) error {
 	if _, _, err := s.interpGuest(r, c); err != nil {
 		return err
 	}

@@ -9,7 +9,7 @@ import (
 
 // answerSettled answers a lifecycle call: its error, or sb once it reaches
 // want within the caller's Prefer: wait.
-func (s *server) answerSettled(w http.ResponseWriter, r *http.Request, c *call, sb *sandbox.Sandbox, err error, want sandbox.State) error {
+func (s sandboxesAPI) answerSettled(w http.ResponseWriter, r *http.Request, c *call, sb *sandbox.Sandbox, err error, want sandbox.State) error {
 	if err != nil {
 		return err
 	}
@@ -20,9 +20,9 @@ func (s *server) answerSettled(w http.ResponseWriter, r *http.Request, c *call, 
 	return nil
 }
 
-// pauseSandbox answers POST /v1/sandboxes/{id}:pause; with Prefer: wait it
+// pause answers POST /v1/sandboxes/{id}:pause; with Prefer: wait it
 // waits for paused.
-func (s *server) pauseSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s sandboxesAPI) pause(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := decode(c, &struct{}{}); err != nil {
 		return err
 	}
@@ -34,9 +34,9 @@ type wakeRequest struct {
 	TimeoutSeconds *int `json:"timeoutSeconds"`
 }
 
-// wakeSandbox answers POST /v1/sandboxes/{id}:wake; with Prefer: wait it
+// wake answers POST /v1/sandboxes/{id}:wake; with Prefer: wait it
 // waits for running.
-func (s *server) wakeSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s sandboxesAPI) wake(w http.ResponseWriter, r *http.Request, c *call) error {
 	var req wakeRequest
 	if err := decode(c, &req); err != nil {
 		return err
@@ -48,8 +48,8 @@ func (s *server) wakeSandbox(w http.ResponseWriter, r *http.Request, c *call) er
 	return s.answerSettled(w, r, c, sb, err, sandbox.StateRunning)
 }
 
-// restartSandbox answers POST /v1/sandboxes/{id}:restart.
-func (s *server) restartSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+// restart answers POST /v1/sandboxes/{id}:restart.
+func (s sandboxesAPI) restart(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := decode(c, &struct{}{}); err != nil {
 		return err
 	}
@@ -111,8 +111,8 @@ func (req *updateRequest) spec() (sandbox.UpdateSpec, error) {
 		IdlePauseSeconds: idle, Persistent: req.Persistent, TimeoutSeconds: req.TimeoutSeconds, OnLeaseEnd: onEnd}, nil
 }
 
-// updateSandbox answers POST /v1/sandboxes/{id}:update.
-func (s *server) updateSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+// update answers POST /v1/sandboxes/{id}:update.
+func (s sandboxesAPI) update(w http.ResponseWriter, r *http.Request, c *call) error {
 	var req updateRequest
 	if err := decode(c, &req); err != nil {
 		return err
@@ -163,7 +163,7 @@ type switchImageRequest struct {
 // switchImage answers POST /v1/sandboxes/{id}:switch-image once the
 // sandbox runs on the new image, or with switch_undone once it runs on its
 // old one again. Images are off in a cluster, and so is this.
-func (s *server) switchImage(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s sandboxesAPI) switchImage(w http.ResponseWriter, r *http.Request, c *call) error {
 	var req switchImageRequest
 	if err := decode(c, &req); err != nil {
 		return err

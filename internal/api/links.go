@@ -79,7 +79,7 @@ func (req *linkRequest) check() []issue {
 	return issues
 }
 
-func (s *server) makeLink(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s linksAPI) make(w http.ResponseWriter, r *http.Request, c *call) error {
 	var req linkRequest
 	if err := decode(c, &req); err != nil {
 		return err
@@ -125,7 +125,7 @@ func publicBase(r *http.Request) string {
 	return scheme + "://" + r.Host
 }
 
-func (s *server) revokeLinks(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s linksAPI) revoke(w http.ResponseWriter, r *http.Request, c *call) error {
 	if len(c.body) > 0 {
 		if err := decode(c, &struct{}{}); err != nil {
 			return err
@@ -148,7 +148,7 @@ func (s *server) revokeLinks(w http.ResponseWriter, r *http.Request, c *call) er
 
 // linkGuest opens a link's token and returns its claims and its sandbox's
 // guest, waking the sandbox first if the link asks to.
-func (s *server) linkGuest(r *http.Request, method string) (*links.Claims, guest.Handle, error) {
+func (s linksAPI) linkGuest(r *http.Request, method string) (*links.Claims, guest.Handle, error) {
 	if s.links == nil {
 		return nil, guest.Handle{}, errNoLinks
 	}
@@ -173,7 +173,7 @@ func (s *server) linkGuest(r *http.Request, method string) (*links.Claims, guest
 
 // wakeForLink wakes the link's sandbox if it is paused (Guest itself wakes
 // one whose autoWake is on) and waits for it to run.
-func (s *server) wakeForLink(ctx context.Context, cl *links.Claims) error {
+func (s linksAPI) wakeForLink(ctx context.Context, cl *links.Claims) error {
 	sb, err := s.mgr.Get(ctx, cl.Owner, cl.SandboxID)
 	if err != nil || !sb.State.Paused() || sb.AutoWake {
 		return err
@@ -187,9 +187,9 @@ func (s *server) wakeForLink(ctx context.Context, cl *links.Claims) error {
 	return err
 }
 
-// linkDownload serves a GET link: the file (one byte range if asked), or
+// download serves a GET link: the file (one byte range if asked), or
 // the directory as .tar.gz.
-func (s *server) linkDownload(w http.ResponseWriter, r *http.Request, _ *call) error {
+func (s linksAPI) download(w http.ResponseWriter, r *http.Request, _ *call) error {
 	cl, g, err := s.linkGuest(r, http.MethodGet)
 	if err != nil {
 		return err
@@ -296,9 +296,9 @@ func parseRange(spec string, size int64) (start, n int64, ok bool) {
 	return first, end - first + 1, true
 }
 
-// linkUpload serves a PUT link: the body, whose Content-Length is
+// upload serves a PUT link: the body, whose Content-Length is
 // required, atomically replaces the file.
-func (s *server) linkUpload(w http.ResponseWriter, r *http.Request, _ *call) error {
+func (s linksAPI) upload(w http.ResponseWriter, r *http.Request, _ *call) error {
 	cl, g, err := s.linkGuest(r, http.MethodPut)
 	if err != nil {
 		return err

@@ -97,7 +97,7 @@ func toNetworkJSON(st *sandbox.NetworkStatus) networkJSON {
 	}
 }
 
-func (s *server) networkManager() (NetworkManager, error) {
+func (s networkAPI) networkManager() (NetworkManager, error) {
 	nm := s.mgr.Network
 	if nm == nil {
 		nm, _ = s.mgr.Sandboxes.(NetworkManager)
@@ -108,7 +108,7 @@ func (s *server) networkManager() (NetworkManager, error) {
 	return nm, nil
 }
 
-func (s *server) getNetwork(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s networkAPI) get(w http.ResponseWriter, r *http.Request, c *call) error {
 	nm, err := s.networkManager()
 	if err != nil {
 		return err
@@ -117,7 +117,7 @@ func (s *server) getNetwork(w http.ResponseWriter, r *http.Request, c *call) err
 	return reply(w, st, err, toNetworkJSON)
 }
 
-func (s *server) putNetwork(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s networkAPI) put(w http.ResponseWriter, r *http.Request, c *call) error {
 	var req networkRequest
 	if err := decode(c, &req); err != nil {
 		return err

@@ -47,7 +47,7 @@ func errNotClustered() error {
 		"this server is not a node of a cluster").WithHint("run emberbox serve with --store postgres://… to make one")
 }
 
-func (s *server) adminNodes(c *call) error {
+func (s nodesAPI) adminNodes(c *call) error {
 	if s.nodes == nil {
 		return errNotClustered()
 	}
@@ -57,7 +57,7 @@ func (s *server) adminNodes(c *call) error {
 	return nil
 }
 
-func (s *server) listNodes(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s nodesAPI) list(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := s.adminNodes(c); err != nil {
 		return err
 	}
@@ -73,15 +73,15 @@ func (s *server) listNodes(w http.ResponseWriter, r *http.Request, c *call) erro
 	return nil
 }
 
-func (s *server) drainNode(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s nodesAPI) drain(w http.ResponseWriter, r *http.Request, c *call) error {
 	return s.setDraining(w, r, c, true)
 }
 
-func (s *server) undrainNode(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s nodesAPI) undrain(w http.ResponseWriter, r *http.Request, c *call) error {
 	return s.setDraining(w, r, c, false)
 }
 
-func (s *server) setDraining(w http.ResponseWriter, r *http.Request, c *call, draining bool) error {
+func (s nodesAPI) setDraining(w http.ResponseWriter, r *http.Request, c *call, draining bool) error {
 	if err := s.adminNodes(c); err != nil {
 		return err
 	}

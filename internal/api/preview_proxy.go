@@ -26,13 +26,17 @@ import (
 // the guest; whatever the guest answers, nothing that reaches past the
 // preview's own origin reaches the browser.
 
+// previewHost serves the hosts of previews, beside the API's routes: the
+// proxy, its transport and the checks before it.
+type previewHost struct{ *server }
+
 // previewHostSuffix marks the transport's dial addresses:
 // <sandbox id>.preview:<port>.
 const previewHostSuffix = ".preview"
 
 // newPreviewTransport is the transport of every preview: its connections
 // are guest streams, pooled per preview.
-func (s *server) newPreviewTransport() *http.Transport {
+func (s previewHost) newPreviewTransport() *http.Transport {
 	return &http.Transport{
 		DialContext:            s.dialPreview,
 		MaxIdleConnsPerHost:    4,
@@ -43,7 +47,7 @@ func (s *server) newPreviewTransport() *http.Transport {
 }
 
 // dialPreview connects to the port of the preview the address names.
-func (s *server) dialPreview(ctx context.Context, _, addr string) (net.Conn, error) {
+func (s previewHost) dialPreview(ctx context.Context, _, addr string) (net.Conn, error) {
 	host, portText, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("preview address %q: %w", addr, err)
@@ -78,7 +82,7 @@ func (s *server) dialPreview(ctx context.Context, _, addr string) (net.Conn, err
 }
 
 // servePreviewHost serves a request that came for a preview's host.
-func (s *server) servePreviewHost(w http.ResponseWriter, r *http.Request) {
+func (s previewHost) servePreviewHost(w http.ResponseWriter, r *http.Request) {
 	id, port, _, ok := s.previewDomain.parseHost(r.Host)
 	if !ok {
 		s.writeError(w, r, newError(http.StatusNotFound, "preview_not_found", "This host names no preview.").
@@ -128,7 +132,7 @@ func (s *server) servePreviewHost(w http.ResponseWriter, r *http.Request) {
 // previewAllowed checks a request to a private preview: the owner's key
 // as a bearer token, or a token of the preview in the header, the query
 // (then kept as a cookie of the preview's host) or the cookie.
-func (s *server) previewAllowed(w http.ResponseWriter, r *http.Request, p *sandbox.Preview) error {
+func (s previewHost) previewAllowed(w http.ResponseWriter, r *http.Request, p *sandbox.Preview) error {
 	if p.Visibility == sandbox.PreviewPublic {
 		return nil
 	}
@@ -159,7 +163,7 @@ func (s *server) previewAllowed(w http.ResponseWriter, r *http.Request, p *sandb
 // previewPaused answers for a preview whose sandbox is paused without
 // autoWake: a visitor does not wake it at its owner's cost. It reports
 // whether it answered.
-func (s *server) previewPaused(w http.ResponseWriter, r *http.Request, p *sandbox.Preview) bool {
+func (s previewHost) previewPaused(w http.ResponseWriter, r *http.Request, p *sandbox.Preview) bool {
 	sb, err := s.mgr.Get(r.Context(), p.OwnerKeyID, p.SandboxID)
 	if err != nil || !sb.State.Paused() || sb.AutoWake {
 		return false // Guest answers anything else

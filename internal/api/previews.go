@@ -75,11 +75,11 @@ const (
 
 // previewURL is the address a preview is served at, on a host of its
 // own under the preview domain.
-func (s *server) previewURL(r *http.Request, p *sandbox.Preview) string {
+func (s previewsAPI) previewURL(r *http.Request, p *sandbox.Preview) string {
 	return s.previewDomain.url(p.SandboxID, p.Port, r.Host)
 }
 
-func (s *server) toPreviewJSON(r *http.Request, p *sandbox.Preview, tokenExp time.Time) previewJSON {
+func (s previewsAPI) toPreviewJSON(r *http.Request, p *sandbox.Preview, tokenExp time.Time) previewJSON {
 	out := previewJSON{
 		ID: p.ID, SandboxID: p.SandboxID, Port: p.Port, Visibility: p.Visibility, URL: s.previewURL(r, p),
 		TokenHeader: strings.ToLower(previewTokenHeader), ExpiresAt: utcPtr(p.ExpiresAt), EmbedOrigins: p.EmbedOrigins,
@@ -137,7 +137,7 @@ func tokenBounds(ttl *int64, at *string) (time.Duration, *time.Time, []issue) {
 	return d, t, issues
 }
 
-func (s *server) createPreview(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s previewsAPI) create(w http.ResponseWriter, r *http.Request, c *call) error {
 	var req previewRequest
 	if err := decode(c, &req); err != nil {
 		return err
@@ -201,7 +201,7 @@ func validOrigin(o string) bool {
 	return true
 }
 
-func (s *server) answerPreview(w http.ResponseWriter, r *http.Request, p *sandbox.Preview, ttl time.Duration, at *time.Time) error {
+func (s previewsAPI) answerPreview(w http.ResponseWriter, r *http.Request, p *sandbox.Preview, ttl time.Duration, at *time.Time) error {
 	exp, err := p.TokenExpiry(s.now(), ttl, at)
 	if err != nil {
 		return err
@@ -210,7 +210,7 @@ func (s *server) answerPreview(w http.ResponseWriter, r *http.Request, p *sandbo
 	return nil
 }
 
-func (s *server) listPreviews(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s previewsAPI) list(w http.ResponseWriter, r *http.Request, c *call) error {
 	pm, err := s.previewManager()
 	if err != nil {
 		return err
@@ -231,7 +231,7 @@ func (s *server) listPreviews(w http.ResponseWriter, r *http.Request, c *call) e
 	return nil
 }
 
-func (s *server) getPreview(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s previewsAPI) get(w http.ResponseWriter, r *http.Request, c *call) error {
 	port, err := portParam(r)
 	if err != nil {
 		return err
@@ -264,7 +264,7 @@ func (s *server) getPreview(w http.ResponseWriter, r *http.Request, c *call) err
 	return s.answerPreview(w, r, p, ttl, at)
 }
 
-func (s *server) rotatePreview(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s previewsAPI) rotate(w http.ResponseWriter, r *http.Request, c *call) error {
 	port, err := portParam(r)
 	if err != nil {
 		return err
@@ -280,7 +280,7 @@ func (s *server) rotatePreview(w http.ResponseWriter, r *http.Request, c *call) 
 	return s.answerPreview(w, r, p, 0, nil)
 }
 
-func (s *server) deletePreview(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s previewsAPI) delete(w http.ResponseWriter, r *http.Request, c *call) error {
 	port, err := portParam(r)
 	if err != nil {
 		return err

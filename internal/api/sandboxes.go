@@ -421,7 +421,7 @@ func (s *server) settle(ctx context.Context, owner string, sb *sandbox.Sandbox, 
 	return got, nil
 }
 
-func (s *server) createSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s sandboxesAPI) create(w http.ResponseWriter, r *http.Request, c *call) error {
 	var req createRequest
 	if err := decode(c, &req); err != nil {
 		return err
@@ -474,7 +474,7 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request, c *call) 
 
 // findForGetOrCreate returns owner's sandbox named name made ready to
 // use, or nil when a new one must be created.
-func (s *server) findForGetOrCreate(ctx context.Context, owner, name string) (*sandbox.Sandbox, error) {
+func (s sandboxesAPI) findForGetOrCreate(ctx context.Context, owner, name string) (*sandbox.Sandbox, error) {
 	found, _, err := s.mgr.List(ctx, sandbox.ListOptions{OwnerKeyID: owner, Name: name, Limit: 1,
 		States: []sandbox.State{sandbox.StateStarting, sandbox.StateRunning, sandbox.StatePausing,
 			sandbox.StatePaused, sandbox.StateResuming, sandbox.StateStopped}})
@@ -503,7 +503,7 @@ var knownStates = map[sandbox.State]bool{
 	sandbox.StateStopped: true, sandbox.StateDeleted: true,
 }
 
-func (s *server) getSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s sandboxesAPI) get(w http.ResponseWriter, r *http.Request, c *call) error {
 	id := r.PathValue("id")
 	q := r.URL.Query()
 	var issues []issue
@@ -549,7 +549,7 @@ type listJSON[T any] struct {
 	NextCursor *string `json:"nextCursor"`
 }
 
-func (s *server) listSandboxes(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s sandboxesAPI) list(w http.ResponseWriter, r *http.Request, c *call) error {
 	q := r.URL.Query()
 	opts := sandbox.ListOptions{OwnerKeyID: c.owner, Name: q.Get("name"), Cursor: q.Get("cursor"), Limit: 50}
 	var issues []issue
@@ -622,7 +622,7 @@ func boolParam(v string) (bool, error) {
 	return strconv.ParseBool(v)
 }
 
-func (s *server) stopSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s sandboxesAPI) stop(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := decode(c, &struct{}{}); err != nil {
 		return err
 	}
@@ -637,7 +637,7 @@ type deletedJSON struct {
 	DeletedAt *jsonTime `json:"deletedAt"`
 }
 
-func (s *server) deleteSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s sandboxesAPI) delete(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := decode(c, &struct{}{}); err != nil {
 		return err
 	}
@@ -656,7 +656,7 @@ type extendRequest struct {
 	Seconds *int `json:"seconds"`
 }
 
-func (s *server) extendSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s sandboxesAPI) extend(w http.ResponseWriter, r *http.Request, c *call) error {
 	var req extendRequest
 	if err := decode(c, &req); err != nil {
 		return err

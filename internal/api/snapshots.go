@@ -57,9 +57,9 @@ func retentionIssues(issues []issue, v *int) []issue {
 	return intIn(issues, "retentionDays", v, 1, sandbox.MaxSnapshotRetentionDays)
 }
 
-// snapshotSandbox answers POST /v1/sandboxes/{id}:snapshot once the
+// capture answers POST /v1/sandboxes/{id}:snapshot once the
 // capture is over (state ready or failed).
-func (s *server) snapshotSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s snapshots) capture(w http.ResponseWriter, r *http.Request, c *call) error {
 	var req snapshotRequest
 	if err := decode(c, &req); err != nil {
 		return err
@@ -88,9 +88,9 @@ type forkRequest struct {
 	Secrets []string `json:"secrets"`
 }
 
-// forkSandbox answers POST /v1/sandboxes/{id}:fork with
+// fork answers POST /v1/sandboxes/{id}:fork with
 // {"sandboxes": [...]} once every copy runs.
-func (s *server) forkSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s snapshots) fork(w http.ResponseWriter, r *http.Request, c *call) error {
 	var req forkRequest
 	if err := decode(c, &req); err != nil {
 		return err
@@ -119,7 +119,7 @@ func (s *server) forkSandbox(w http.ResponseWriter, r *http.Request, c *call) er
 	return nil
 }
 
-func (s *server) listSnapshots(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s snapshots) list(w http.ResponseWriter, r *http.Request, c *call) error {
 	q := r.URL.Query()
 	opts := sandbox.SnapshotListOptions{OwnerKeyID: c.owner, SourceSandboxID: q.Get("sandboxId"), Name: q.Get("name"),
 		State: q.Get("state"), Cursor: q.Get("cursor")}
@@ -137,7 +137,7 @@ func (s *server) listSnapshots(w http.ResponseWriter, r *http.Request, c *call) 
 	return replyPage(w, list, next, err, toSnapshotJSON)
 }
 
-func (s *server) getSnapshot(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s snapshots) get(w http.ResponseWriter, r *http.Request, c *call) error {
 	sn, err := s.mgr.GetSnapshot(r.Context(), c.owner, r.PathValue("id"))
 	return reply(w, sn, err, toSnapshotJSON)
 }
@@ -149,7 +149,7 @@ type snapshotUpdateRequest struct {
 	IfLabels map[string]string `json:"ifLabels"`
 }
 
-func (s *server) updateSnapshot(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s snapshots) update(w http.ResponseWriter, r *http.Request, c *call) error {
 	var req snapshotUpdateRequest
 	if err := decode(c, &req); err != nil {
 		return err
@@ -173,7 +173,7 @@ func (s *server) updateSnapshot(w http.ResponseWriter, r *http.Request, c *call)
 	return reply(w, sn, err, toSnapshotJSON)
 }
 
-func (s *server) deleteSnapshot(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s snapshots) delete(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := decode(c, &struct{}{}); err != nil {
 		return err
 	}
@@ -189,7 +189,7 @@ type snapshotExtendRequest struct {
 	RetentionDays *int `json:"retentionDays"`
 }
 
-func (s *server) extendSnapshot(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s snapshots) extend(w http.ResponseWriter, r *http.Request, c *call) error {
 	var req snapshotExtendRequest
 	if err := decode(c, &req); err != nil {
 		return err

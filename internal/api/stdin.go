@@ -71,7 +71,7 @@ type writeAnswer struct {
 	Offset int64 `json:"offset"`
 }
 
-func (s *server) writeProcess(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s processes) write(w http.ResponseWriter, r *http.Request, c *call) error {
 	var body writeRequest
 	if err := decode(c, &body); err != nil {
 		return err
@@ -99,19 +99,19 @@ func (s *server) writeProcess(w http.ResponseWriter, r *http.Request, c *call) e
 	if len(issues) > 0 {
 		return invalid(sortIssues(issues))
 	}
-	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.ProcessInfo, error) {
+	return guestJSON(s.server, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.ProcessInfo, error) {
 		return g.Write(ctx, r.PathValue("pid"), data, body.Offset, body.EOF)
 	}, func(p *guest.ProcessInfo) writeAnswer {
 		return writeAnswer{processJSON: toProcessJSON(p), Offset: p.StdinOffset}
 	})
 }
 
-func (s *server) resizeProcess(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s processes) resize(w http.ResponseWriter, r *http.Request, c *call) error {
 	body, err := decodeChecked(c, func(body *ptyJSON) []issue { return ptyIssues("cols", body) })
 	if err != nil {
 		return err
 	}
-	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.ProcessInfo, error) {
+	return guestJSON(s.server, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.ProcessInfo, error) {
 		return g.Resize(ctx, r.PathValue("pid"), guest.PtySize{Cols: body.Cols, Rows: body.Rows})
 	}, toProcessJSON)
 }

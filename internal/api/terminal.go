@@ -107,7 +107,7 @@ func parseTerminalQuery(r *http.Request) (*terminalQuery, error) {
 // upgrade, as an ordinary error. The process outlives the socket, so a
 // client can attach again with its processId; its earlier output is
 // replayed from the output the guest keeps.
-func (s *server) terminal(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s sockets) terminal(w http.ResponseWriter, r *http.Request, c *call) error {
 	tq, err := parseTerminalQuery(r)
 	if err != nil {
 		return err
@@ -176,7 +176,7 @@ type terminalEvent struct {
 
 // runTerminal carries one attached terminal until the process ends (exit
 // frame, normal closure) or the client goes (the process keeps running).
-func (s *server) runTerminal(ctx context.Context, conn *websocket.Conn, g guest.Handle, p *guest.ProcessInfo) {
+func (s sockets) runTerminal(ctx context.Context, conn *websocket.Conn, g guest.Handle, p *guest.ProcessInfo) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer conn.CloseNow()

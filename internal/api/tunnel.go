@@ -53,7 +53,7 @@ const (
 	kindAck   = 'a'
 )
 
-func (s *server) tunnel(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s sockets) tunnel(w http.ResponseWriter, r *http.Request, c *call) error {
 	id := r.PathValue("id")
 	// Refusals of the sandbox's state are answered before the upgrade, in
 	// the error shape.
@@ -71,7 +71,7 @@ func (s *server) tunnel(w http.ResponseWriter, r *http.Request, c *call) error {
 	ws.SetReadLimit(tunnelMaxMessage)
 	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
 	defer cancel()
-	t := &tunnelConn{s: s, ws: ws, owner: c.owner, id: id, ctx: ctx, streams: map[uint32]*tunnelStream{}}
+	t := &tunnelConn{s: s.server, ws: ws, owner: c.owner, id: id, ctx: ctx, streams: map[uint32]*tunnelStream{}}
 	defer t.closeAll()
 	if err := ws.Write(ctx, websocket.MessageText, []byte(`{"type":"ready"}`)); err != nil {
 		return nil

@@ -55,7 +55,7 @@ const (
 var errNoUploads = errdefs.New(errdefs.ErrUnavailable, "uploads_unavailable", "Chunked uploads are not available on this server.")
 
 // uploadStore returns the server's staging store, or why there is none.
-func (s *server) uploadStore() (*Uploads, error) {
+func (s uploadsAPI) uploadStore() (*Uploads, error) {
 	if s.uploads == nil {
 		return nil, errNoUploads
 	}
@@ -106,7 +106,7 @@ type beginUploadJSON struct {
 	ExpiresAt  *jsonTime `json:"expiresAt"`
 }
 
-func (s *server) beginUpload(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s uploadsAPI) begin(w http.ResponseWriter, r *http.Request, c *call) error {
 	var req beginUploadRequest
 	if err := decode(c, &req); err != nil {
 		return err
@@ -182,7 +182,7 @@ type chunkJSON struct {
 	Chunks         int    `json:"chunks"`
 }
 
-func (s *server) putUploadChunk(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s uploadsAPI) putChunk(w http.ResponseWriter, r *http.Request, c *call) error {
 	st, err := s.uploadStore()
 	if err != nil {
 		return err
@@ -200,7 +200,7 @@ func (s *server) putUploadChunk(w http.ResponseWriter, r *http.Request, c *call)
 	return nil
 }
 
-func (s *server) commitUpload(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s uploadsAPI) commit(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := decode(c, &struct{}{}); err != nil {
 		return err
 	}
@@ -226,13 +226,13 @@ func (s *server) commitUpload(w http.ResponseWriter, r *http.Request, c *call) e
 	return nil
 }
 
-func (s *server) abortUpload(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s uploadsAPI) abort(w http.ResponseWriter, r *http.Request, c *call) error {
 	return s.abortStaged(w, r, c, false)
 }
 
 // abortStaged answers the abort of a staged upload: a file's, or with
 // archive a directory archive's.
-func (s *server) abortStaged(w http.ResponseWriter, r *http.Request, c *call, archive bool) error {
+func (s uploadsAPI) abortStaged(w http.ResponseWriter, r *http.Request, c *call, archive bool) error {
 	if err := decode(c, &struct{}{}); err != nil {
 		return err
 	}

@@ -111,9 +111,9 @@ func usageScope(r *http.Request, c *call) (string, error) {
 	}
 }
 
-// getUsage serves GET /v1/usage: usage from..to (default: this month so
+// get serves GET /v1/usage: usage from..to (default: this month so
 // far), in total and grouped by sandbox, key or day.
-func (s *server) getUsage(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s usageAPI) get(w http.ResponseWriter, r *http.Request, c *call) error {
 	from, to, groupBy, err := s.usageRange(r.URL.Query())
 	if err != nil {
 		return err
@@ -150,7 +150,7 @@ func (s *server) getUsage(w http.ResponseWriter, r *http.Request, c *call) error
 
 // usageRange reads the from, to and groupBy of GET /v1/usage, with their
 // defaults: this month so far, grouped by sandbox.
-func (s *server) usageRange(q url.Values) (from, to time.Time, groupBy string, err error) {
+func (s usageAPI) usageRange(q url.Values) (from, to time.Time, groupBy string, err error) {
 	var issues []issue
 	now := s.now().UTC()
 	monthStart := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
@@ -186,7 +186,7 @@ type usageSums struct {
 }
 
 // sumUsage sums owner's usage rows that q selects, grouped by groupBy.
-func (s *server) sumUsage(r *http.Request, owner string, q metering.Query, groupBy string, rates pricing.Rates) (*usageSums, error) {
+func (s usageAPI) sumUsage(r *http.Request, owner string, q metering.Query, groupBy string, rates pricing.Rates) (*usageSums, error) {
 	sums := &usageSums{groups: map[string]*metering.Summary{}, kinds: map[string]string{}}
 	err := s.mgr.EachUsageRow(r.Context(), owner, q, func(row metering.Row) error {
 		sums.total.Add(row, rates)
@@ -253,9 +253,9 @@ var exportHeader = []string{"hour", "resource_type", "resource_id", "key_id", "r
 	"memory_gib_seconds", "active_cpu_seconds", "billed_cpu_seconds", "guest_cpu_seconds", "storage_gib_seconds",
 	"egress_bytes", "ingress_bytes", "runs", "cpu_micros", "memory_micros", "storage_micros", "charged_micros", "final"}
 
-// exportUsage serves GET /v1/usage/export: settled usage rows, one per
+// export serves GET /v1/usage/export: settled usage rows, one per
 // resource and clock hour, as CSV pages.
-func (s *server) exportUsage(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s usageAPI) export(w http.ResponseWriter, r *http.Request, c *call) error {
 	q := r.URL.Query()
 	var issues []issue
 	since, until := timeParam(q, "since", true, &issues), timeParam(q, "until", true, &issues)
@@ -351,10 +351,10 @@ func parseExportCursor(s string) (time.Time, string, bool) {
 	return time.Unix(n, 0).UTC(), id, true
 }
 
-// compareUsage serves GET /v1/usage/compare: the caller's usage over the
+// compare serves GET /v1/usage/compare: the caller's usage over the
 // last days priced here and at a rival's published rates. With no usage,
 // the product page's example workload is priced instead (basis example).
-func (s *server) compareUsage(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s usageAPI) compare(w http.ResponseWriter, r *http.Request, c *call) error {
 	q := r.URL.Query()
 	var issues []issue
 	id := q.Get("provider")
@@ -429,7 +429,7 @@ func (s *server) compareUsage(w http.ResponseWriter, r *http.Request, c *call) e
 }
 
 // summarize adds up owner's rows that q selects, priced.
-func (s *server) summarize(r *http.Request, owner string, q metering.Query) (metering.Summary, error) {
+func (s usageAPI) summarize(r *http.Request, owner string, q metering.Query) (metering.Summary, error) {
 	rates := s.mgr.Rates()
 	var sum metering.Summary
 	err := s.mgr.EachUsageRow(r.Context(), owner, q, func(row metering.Row) error {
@@ -444,7 +444,7 @@ func (s *server) summarize(r *http.Request, owner string, q metering.Query) (met
 func monthScale(days int) float64 { return 30 / float64(days) }
 
 // me serves GET /v1/me: who this key is.
-func (s *server) me(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s usageAPI) me(w http.ResponseWriter, r *http.Request, c *call) error {
 	name := ""
 	if kl, ok := s.keys.(KeyLister); ok {
 		if keys, err := kl.ListKeys(r.Context()); err == nil {
@@ -469,7 +469,7 @@ func (s *server) me(w http.ResponseWriter, r *http.Request, c *call) error {
 
 // getLimits serves GET /v1/limits: the quotas this key is held to and what
 // it holds now, and what it was charged in the last 24 hours.
-func (s *server) getLimits(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s usageAPI) getLimits(w http.ResponseWriter, r *http.Request, c *call) error {
 	now := s.now().UTC()
 	day, err := s.summarize(r, c.owner, metering.Query{From: now.Add(-24 * time.Hour).Truncate(time.Hour)})
 	if err != nil {
@@ -531,7 +531,7 @@ type metricStep struct {
 // metricSteps reads sandbox id and what was measured of it from from to
 // now, in n steps of step: from its metered intervals for steps under an
 // hour, else from its hourly usage rows.
-func (s *server) metricSteps(r *http.Request, c *call, id string, step time.Duration, from, now time.Time, n int) (*sandbox.Sandbox, []metricStep, error) {
+func (s usageAPI) metricSteps(r *http.Request, c *call, id string, step time.Duration, from, now time.Time, n int) (*sandbox.Sandbox, []metricStep, error) {
 	steps := make([]metricStep, n)
 	if step < time.Hour {
 		sb, pts, err := s.mgr.Metrics(r.Context(), c.owner, id, from, now.Add(time.Second))
@@ -575,7 +575,7 @@ func (s *server) metricSteps(r *http.Request, c *call, id string, step time.Dura
 
 // sandboxMetrics serves GET /v1/sandboxes/{id}/metrics?range=: its CPU
 // and memory as the host measured them, one point per step.
-func (s *server) sandboxMetrics(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s usageAPI) sandboxMetrics(w http.ResponseWriter, r *http.Request, c *call) error {
 	rng := r.URL.Query().Get("range")
 	if rng == "" {
 		rng = "1h"
@@ -631,7 +631,7 @@ func (s *server) serveMetrics(w http.ResponseWriter, r *http.Request, c *call) e
 
 // sandboxUsage serves GET /v1/sandboxes/{id}/usage: everything metered for
 // one sandbox so far, priced.
-func (s *server) sandboxUsage(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s usageAPI) sandboxUsage(w http.ResponseWriter, r *http.Request, c *call) error {
 	sb, err := s.mgr.Get(r.Context(), c.owner, r.PathValue("id"))
 	if err != nil {
 		return err

@@ -77,14 +77,14 @@ type attachVolumeRequest struct {
 	Mode      string `json:"mode"`
 }
 
-func (s *server) volumesOff() error {
+func (s volumesAPI) volumesOff() error {
 	if s.vols == nil {
 		return newError(http.StatusNotImplemented, "volumes_unavailable", "This server does not offer volumes.")
 	}
 	return nil
 }
 
-func (s *server) createVolume(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s volumesAPI) create(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := s.volumesOff(); err != nil {
 		return err
 	}
@@ -112,7 +112,7 @@ func (s *server) createVolume(w http.ResponseWriter, r *http.Request, c *call) e
 	return reply(w, v, err, toVolumeJSON)
 }
 
-func (s *server) getVolume(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s volumesAPI) get(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := s.volumesOff(); err != nil {
 		return err
 	}
@@ -120,7 +120,7 @@ func (s *server) getVolume(w http.ResponseWriter, r *http.Request, c *call) erro
 	return reply(w, v, err, toVolumeJSON)
 }
 
-func (s *server) listVolumes(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s volumesAPI) list(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := s.volumesOff(); err != nil {
 		return err
 	}
@@ -140,7 +140,7 @@ func (s *server) listVolumes(w http.ResponseWriter, r *http.Request, c *call) er
 	return replyPage(w, list, next, err, toVolumeJSON)
 }
 
-func (s *server) resizeVolume(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s volumesAPI) resize(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := s.volumesOff(); err != nil {
 		return err
 	}
@@ -155,7 +155,7 @@ func (s *server) resizeVolume(w http.ResponseWriter, r *http.Request, c *call) e
 	return reply(w, v, err, toVolumeJSON)
 }
 
-func (s *server) deleteVolume(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s volumesAPI) delete(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := s.volumesOff(); err != nil {
 		return err
 	}
@@ -163,7 +163,7 @@ func (s *server) deleteVolume(w http.ResponseWriter, r *http.Request, c *call) e
 	return reply(w, v, err, toVolumeJSON)
 }
 
-func (s *server) attachVolume(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s volumesAPI) attach(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := s.volumesOff(); err != nil {
 		return err
 	}
@@ -188,7 +188,7 @@ func (s *server) attachVolume(w http.ResponseWriter, r *http.Request, c *call) e
 	return reply(w, a, err, toAttachmentJSON)
 }
 
-func (s *server) detachVolume(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s volumesAPI) detach(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := s.volumesOff(); err != nil {
 		return err
 	}
@@ -199,7 +199,7 @@ func (s *server) detachVolume(w http.ResponseWriter, r *http.Request, c *call) e
 	return reply(w, a, err, toAttachmentJSON)
 }
 
-func (s *server) getVolumeAttachment(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s volumesAPI) getAttachment(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := s.volumesOff(); err != nil {
 		return err
 	}
@@ -294,7 +294,7 @@ type backupVolumeRequest struct {
 	Name          string `json:"name"`
 }
 
-func (s *server) backupVolume(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s volumesAPI) backup(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := s.volumesOff(); err != nil {
 		return err
 	}
@@ -311,7 +311,7 @@ func (s *server) backupVolume(w http.ResponseWriter, r *http.Request, c *call) e
 	return reply(w, b, err, toBackupJSON)
 }
 
-func (s *server) listBackups(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s volumesAPI) listBackups(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := s.volumesOff(); err != nil {
 		return err
 	}
@@ -331,7 +331,7 @@ func (s *server) listBackups(w http.ResponseWriter, r *http.Request, c *call) er
 	return replyPage(w, list, next, err, toBackupJSON)
 }
 
-func (s *server) getBackup(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s volumesAPI) getBackup(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := s.volumesOff(); err != nil {
 		return err
 	}
@@ -339,7 +339,7 @@ func (s *server) getBackup(w http.ResponseWriter, r *http.Request, c *call) erro
 	return reply(w, b, err, toBackupJSON)
 }
 
-func (s *server) deleteBackup(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s volumesAPI) deleteBackup(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := s.volumesOff(); err != nil {
 		return err
 	}

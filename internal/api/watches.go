@@ -99,7 +99,7 @@ func (req *watchRequest) toGuest() (guest.WatchRequest, []issue) {
 	return out, issues
 }
 
-func (s *server) startWatch(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s watches) start(w http.ResponseWriter, r *http.Request, c *call) error {
 	var req watchRequest
 	if err := decode(c, &req); err != nil {
 		return err
@@ -112,20 +112,20 @@ func (s *server) startWatch(w http.ResponseWriter, r *http.Request, c *call) err
 		return newError(http.StatusNotImplemented, "webhooks_unavailable", "This server does not send webhooks.").
 			withHint("Read the watch's events with GET …/files/watches/{id}/events instead.")
 	}
-	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.WatchInfo, error) {
+	return guestJSON(s.server, w, r, c, func(ctx context.Context, g guest.Handle) (*guest.WatchInfo, error) {
 		return g.WatchStart(ctx, gr)
 	}, toWatchJSON)
 }
 
-func (s *server) listWatches(w http.ResponseWriter, r *http.Request, c *call) error {
-	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) ([]guest.WatchInfo, error) {
+func (s watches) list(w http.ResponseWriter, r *http.Request, c *call) error {
+	return guestJSON(s.server, w, r, c, func(ctx context.Context, g guest.Handle) ([]guest.WatchInfo, error) {
 		return g.Watches(ctx)
 	}, func(ins []guest.WatchInfo) dataJSON[watchJSON] { return dataOf(ins, toWatchJSON) })
 }
 
-func (s *server) stopWatch(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s watches) stop(w http.ResponseWriter, r *http.Request, c *call) error {
 	id := r.PathValue("watchId")
-	return guestJSON(s, w, r, c, func(ctx context.Context, g guest.Handle) (bool, error) {
+	return guestJSON(s.server, w, r, c, func(ctx context.Context, g guest.Handle) (bool, error) {
 		return g.WatchStop(ctx, id)
 	}, func(stopped bool) map[string]any {
 		return map[string]any{"stopped": stopped, "id": id}
@@ -162,7 +162,7 @@ func notices(b *guest.WatchBatch) []map[string]any {
 	return out
 }
 
-func (s *server) watchEvents(w http.ResponseWriter, r *http.Request, c *call) error {
+func (s watches) watchEvents(w http.ResponseWriter, r *http.Request, c *call) error {
 	q := r.URL.Query()
 	var issues []issue
 	var cursor, waitMs int64
@@ -211,7 +211,7 @@ func (s *server) watchEvents(w http.ResponseWriter, r *http.Request, c *call) er
 
 // followWatch streams a watch's events as NDJSON lines: {"k":"events"},
 // notices, then one of "end", "paused", "failure" or "continue".
-func (s *server) followWatch(w http.ResponseWriter, r *http.Request, c *call, g guest.Handle, id string, b *guest.WatchBatch) {
+func (s watches) followWatch(w http.ResponseWriter, r *http.Request, c *call, g guest.Handle, id string, b *guest.WatchBatch) {
 	rc := http.NewResponseController(w)
 	_ = rc.SetWriteDeadline(time.Time{})
 	h := w.Header()

@@ -200,13 +200,9 @@ func (s *Service) resolveBase(ctx context.Context, owner, ref string) (*Resolved
 // finish takes a build's result into the catalog: its disk into the blob
 // store, its outcome onto the record, its tags moved to it.
 func (s *Service) finish(ctx context.Context, img *Image, work string, res Result, start time.Time) error {
-	rel, err := filepath.Rel(work, filepath.Clean(res.RootfsPath))
-	if err != nil || rel == "." || strings.HasPrefix(rel, "..") || filepath.IsAbs(rel) {
-		return fmt.Errorf("the builder's disk %q is not in the build's directory", res.RootfsPath)
-	}
-	fi, err := os.Lstat(res.RootfsPath)
-	if err != nil || !fi.Mode().IsRegular() {
-		return fmt.Errorf("the builder's disk %q is not a regular file", res.RootfsPath)
+	fi, err := builtDisk(work, res.RootfsPath)
+	if err != nil {
+		return err
 	}
 	digest := res.Digest
 	if digest == "" {
@@ -216,6 +212,31 @@ func (s *Service) finish(ctx context.Context, img *Image, work string, res Resul
 	}
 	var src Source
 	_ = json.Unmarshal(img.Source, &src)
+	takeResult(img, src, res, fi.Size())
+	now := s.now()
+	img.State, img.Digest, img.ReadyAt = StateReady, digest, &now
+	img.BuildSeconds = now.Sub(start).Seconds()
+	return s.storeBuilt(ctx, img, src, digest, res.RootfsPath)
+}
+
+// builtDisk checks that the builder's disk at path is a regular file in
+// the build's directory work (the builder is not trusted to say where).
+func builtDisk(work, path string) (os.FileInfo, error) {
+	rel, err := filepath.Rel(work, filepath.Clean(path))
+	if err != nil || rel == "." || strings.HasPrefix(rel, "..") || filepath.IsAbs(rel) {
+		return nil, fmt.Errorf("the builder's disk %q is not in the build's directory", path)
+	}
+	fi, err := os.Lstat(path)
+	if err != nil || !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("the builder's disk %q is not a regular file", path)
+	}
+	return fi, nil
+}
+
+// takeResult puts what the build found (environment, working directory,
+// user, start, labels, sizes) onto img, under what the request src set
+// itself; diskBytes is the size of the built disk.
+func takeResult(img *Image, src Source, res Result, diskBytes int64) {
 	img.Env = res.Env
 	if len(src.Env) > 0 {
 		img.Env = maps.Clone(res.Env)
@@ -237,19 +258,22 @@ func (s *Service) finish(ctx context.Context, img *Image, work string, res Resul
 	}
 	img.SizeBytes = res.SizeBytes
 	if img.SizeBytes == 0 {
-		img.SizeBytes = fi.Size()
+		img.SizeBytes = diskBytes
 	}
-	img.DiskMiB = max(res.MinDiskMiB, mibCeil(fi.Size()))
-	now := s.now()
-	img.State, img.Digest, img.ReadyAt = StateReady, digest, &now
-	img.BuildSeconds = now.Sub(start).Seconds()
+	img.DiskMiB = max(res.MinDiskMiB, mibCeil(diskBytes))
+}
 
+// storeBuilt puts the disk at path into the blob store and the finished
+// img, with the tags of src, into the store, unless the image was deleted
+// while it built.
+func (s *Service) storeBuilt(ctx context.Context, img *Image, src Source, digest, path string) error {
 	s.blobMu.Lock()
 	defer s.blobMu.Unlock()
 	if cur, err := s.st.GetImage(ctx, img.ID); err != nil || cur.State == StateDeleted || cur.State == StateDeleting {
 		return errors.New("the image was deleted while it built")
 	}
-	if img.Rootfs, err = s.blobs.put(digest, res.RootfsPath); err != nil {
+	var err error
+	if img.Rootfs, err = s.blobs.put(digest, path); err != nil {
 		return err
 	}
 	var tags []string

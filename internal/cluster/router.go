@@ -204,6 +204,31 @@ func (c *Cluster) place(w http.ResponseWriter, r *http.Request, next http.Handle
 		next.ServeHTTP(w, withBody(r, body))
 		return
 	}
+	p, ok := c.placement(r.Context(), f)
+	if !ok {
+		next.ServeHTTP(w, withBody(r, body)) // the API refuses it
+		return
+	}
+	cands, err := c.cfg.Store.Place(r.Context(), p)
+	if err != nil {
+		c.log.Warn("placing a create", "err", err)
+		writeError(w, http.StatusServiceUnavailable, "unavailable", "The service is unavailable right now.", "")
+		return
+	}
+	refused, answered := c.offer(w, r, next, body, cands)
+	if answered {
+		return
+	}
+	if refused != nil {
+		copyRecorded(w, refused) // in the shape of the protocol asked
+		return
+	}
+	writeNoRoom(w, r)
+}
+
+// placement is what a create with fields f asks of its node; false when
+// it spreads from more sandboxes than the API takes.
+func (c *Cluster) placement(ctx context.Context, f createFields) (Placement, bool) {
 	p := Placement{MemoryMiB: sandbox.DefaultMemoryMiB, VCPU: sandbox.DefaultVCPU, Alive: c.alive()}
 	if f.MemoryMiB != nil {
 		p.MemoryMiB = int64(*f.MemoryMiB)
@@ -213,7 +238,7 @@ func (c *Cluster) place(w http.ResponseWriter, r *http.Request, next http.Handle
 	}
 	if f.Snapshot != "" {
 		// A copy of a snapshot runs where the snapshot's files are.
-		if node, err := c.cfg.Store.OwnerNode(r.Context(), "snapshots", f.Snapshot); err == nil && node != "" {
+		if node, err := c.cfg.Store.OwnerNode(ctx, "snapshots", f.Snapshot); err == nil && node != "" {
 			p.Require = node
 		}
 	}
@@ -225,19 +250,18 @@ func (c *Cluster) place(w http.ResponseWriter, r *http.Request, next http.Handle
 		}
 	}
 	if len(spread) > 16 {
-		next.ServeHTTP(w, withBody(r, body)) // the API refuses it
-		return
+		return Placement{}, false
 	}
 	for _, id := range spread {
-		p.Exclude = append(p.Exclude, c.nodeOf(r.Context(), id))
+		p.Exclude = append(p.Exclude, c.nodeOf(ctx, id))
 	}
-	cands, err := c.cfg.Store.Place(r.Context(), p)
-	if err != nil {
-		c.log.Warn("placing a create", "err", err)
-		writeError(w, http.StatusServiceUnavailable, "unavailable", "The service is unavailable right now.", "")
-		return
-	}
-	var refused *httptest.ResponseRecorder
+	return p, true
+}
+
+// offer sends the create in body to cands in turn until one takes it or
+// refuses it for good, which answered reports. A candidate that had no room
+// or did not answer passes it on; refused is the last no_capacity answer.
+func (c *Cluster) offer(w http.ResponseWriter, r *http.Request, next http.Handler, body []byte, cands []*Node) (refused *httptest.ResponseRecorder, answered bool) {
 	gated := false // by this node's gate, or by its API's own when it said no_capacity
 	for _, n := range cands {
 		rec := httptest.NewRecorder()
@@ -246,7 +270,7 @@ func (c *Cluster) place(w http.ResponseWriter, r *http.Request, next http.Handle
 			next.ServeHTTP(rec, withBody(r, body))
 			gated = true
 		case !gated && !c.admitted(w, r):
-			return
+			return nil, true
 		default:
 			gated = true
 			c.proxy(n, nil).ServeHTTP(rec, withBody(r, body))
@@ -260,12 +284,14 @@ func (c *Cluster) place(w http.ResponseWriter, r *http.Request, next http.Handle
 			continue
 		}
 		copyRecorded(w, rec)
-		return
+		return nil, true
 	}
-	if refused != nil {
-		copyRecorded(w, refused) // in the shape of the protocol asked
-		return
-	}
+	return refused, false
+}
+
+// writeNoRoom answers a create no node has room for, in the error shape of
+// the protocol it came in.
+func writeNoRoom(w http.ResponseWriter, r *http.Request) {
 	const msg = "no node of the cluster has room for this sandbox"
 	if !strings.HasPrefix(r.URL.Path, "/v1/") {
 		// Another protocol's create (E2B's): its error shape,

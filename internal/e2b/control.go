@@ -220,28 +220,12 @@ func (n *newSandbox) spec(defaultTimeout int) (sandbox.CreateSpec, error) {
 	if n.Timeout != nil {
 		timeout = *n.Timeout
 	}
-	if len(n.Metadata) > maxMetadata-1 {
-		return bad(fmt.Sprintf("metadata may have at most %d entries", maxMetadata-1))
+	labels, err := n.labels()
+	if err != nil {
+		return sandbox.CreateSpec{}, err
 	}
-	labels := map[string]string{templateLabel: tmpl}
-	for k, v := range n.Metadata {
-		if k == "" || len(k) > maxMetaLen || len(v) > maxMetaLen || strings.Contains(k, ":") || k == templateLabel {
-			return bad(fmt.Sprintf("metadata key %q: keys must be 1 to 256 characters without ':', values at most 256", k))
-		}
-		labels[k] = v
-	}
-	if len(n.EnvVars) > maxEnvVars {
-		return bad(fmt.Sprintf("envVars may have at most %d entries", maxEnvVars))
-	}
-	envBytes := 0
-	for k, v := range n.EnvVars {
-		if !envNameRE.MatchString(k) {
-			return bad(fmt.Sprintf("envVars: %q is not a variable name", k))
-		}
-		envBytes += len(k) + len(v)
-	}
-	if envBytes > maxEnvBytes {
-		return bad("envVars are larger than 32 KiB")
+	if err := n.checkEnv(); err != nil {
+		return sandbox.CreateSpec{}, err
 	}
 	spec := sandbox.CreateSpec{
 		VCPU:           sandbox.DefaultVCPU,
@@ -265,6 +249,42 @@ func (n *newSandbox) spec(defaultTimeout int) (sandbox.CreateSpec, error) {
 	}
 	spec.Network = pol
 	return spec, nil
+}
+
+// labels are the sandbox's labels: its metadata and the template it was
+// created from.
+func (n *newSandbox) labels() (map[string]string, error) {
+	if len(n.Metadata) > maxMetadata-1 {
+		return nil, newError(http.StatusBadRequest, fmt.Sprintf("metadata may have at most %d entries", maxMetadata-1))
+	}
+	labels := map[string]string{templateLabel: n.TemplateID}
+	for k, v := range n.Metadata {
+		if k == "" || len(k) > maxMetaLen || len(v) > maxMetaLen || strings.Contains(k, ":") || k == templateLabel {
+			return nil, newError(http.StatusBadRequest,
+				fmt.Sprintf("metadata key %q: keys must be 1 to 256 characters without ':', values at most 256", k))
+		}
+		labels[k] = v
+	}
+	return labels, nil
+}
+
+// checkEnv bounds the sandbox's environment: how many variables, their
+// names, their size in all.
+func (n *newSandbox) checkEnv() error {
+	if len(n.EnvVars) > maxEnvVars {
+		return newError(http.StatusBadRequest, fmt.Sprintf("envVars may have at most %d entries", maxEnvVars))
+	}
+	envBytes := 0
+	for k, v := range n.EnvVars {
+		if !envNameRE.MatchString(k) {
+			return newError(http.StatusBadRequest, fmt.Sprintf("envVars: %q is not a variable name", k))
+		}
+		envBytes += len(k) + len(v)
+	}
+	if envBytes > maxEnvBytes {
+		return newError(http.StatusBadRequest, "envVars are larger than 32 KiB")
+	}
+	return nil
 }
 
 func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string) {

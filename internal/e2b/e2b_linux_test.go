@@ -126,7 +126,7 @@ func newLimitedFixture(t testing.TB, limiter *api.RateLimiter, next func(*sandbo
 		nextH = next(mgr, keys{st})
 	}
 	h := e2b.New(e2b.Config{
-		Manager: mgr, Network: mgr.Networks(), Keys: keys{st}, Tokens: tokens, Limiter: limiter, Envd: envd, EnvdVersion: "0.5.7", Idempotency: idem{st},
+		Manager: mgr, Network: mgr.Networks, Keys: keys{st}, Tokens: tokens, Limiter: limiter, Envd: envd, EnvdVersion: "0.5.7", Idempotency: idem{st},
 		Next: nextH, Domain: "sbx.example.test",
 	})
 	f.srv = httptest.NewServer(h)
@@ -486,7 +486,7 @@ func TestNetworkRulesTranslate(t *testing.T) {
 	}
 	var c struct{ SandboxID string }
 	_ = json.Unmarshal(b, &c)
-	ns, err := f.mgr.Networks().Network(context.Background(), "key_a", c.SandboxID)
+	ns, err := f.mgr.Networks.Network(context.Background(), "key_a", c.SandboxID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -497,7 +497,7 @@ func TestNetworkRulesTranslate(t *testing.T) {
 	if st != 204 {
 		t.Fatalf("put network: %d %s", st, b)
 	}
-	ns, _ = f.mgr.Networks().Network(context.Background(), "key_a", c.SandboxID)
+	ns, _ = f.mgr.Networks.Network(context.Background(), "key_a", c.SandboxID)
 	if p := ns.Network.Policy; !p.Internet || len(p.Allow) != 0 || len(p.Deny) != 1 || p.Deny[0] != "10.1.0.0/16" {
 		t.Errorf("after the update: %+v", p)
 	}
@@ -507,7 +507,7 @@ func TestNetworkRulesTranslate(t *testing.T) {
 	wantError(t, "another key's network", st, b, 404)
 	st, b, _ = f.do("POST", "/v2/sandboxes", "secret-a", map[string]any{"templateID": "base", "allow_internet_access": false}, nil)
 	_ = json.Unmarshal(b, &c)
-	if ns, err := f.mgr.Networks().Network(context.Background(), "key_a", c.SandboxID); st != 201 || err != nil || ns.Network.Policy.Internet {
+	if ns, err := f.mgr.Networks.Network(context.Background(), "key_a", c.SandboxID); st != 201 || err != nil || ns.Network.Policy.Internet {
 		t.Errorf("allow_internet_access false: %d %s %+v %v", st, b, ns, err)
 	}
 }

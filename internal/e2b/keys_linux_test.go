@@ -116,8 +116,8 @@ func TestRateLimitsSharedWithTheAPI(t *testing.T) {
 		AuthFail: api.Rate{PerSecond: 0.001, Burst: 2},
 	})
 	runtime := func(mgr *sandbox.Manager, k api.Keys) http.Handler {
-		return api.New(api.Config{Manager: api.Manager{Sandboxes: mgr, Power: mgr, Switcher: mgr.Switcher(), Snapshots: mgr.Snapshots(),
-			Usage: mgr.Meter(), Guests: mgr, Network: mgr.Networks()}, Keys: k, Limiter: limiter})
+		return api.New(api.Config{Manager: api.Manager{Sandboxes: mgr, Power: mgr, Switcher: mgr.Switcher, Snapshots: mgr.Snapshots,
+			Usage: mgr.Meter, Guests: mgr, Network: mgr.Networks}, Keys: k, Limiter: limiter})
 	}
 	f := newLimitedFixture(t, limiter, runtime)
 	id, tok := f.createFor("secret-a") // a write: the read bucket stays full

@@ -56,12 +56,29 @@ func Handshake(ctx context.Context, conn net.Conn) (*Client, error) {
 	if _, err := io.WriteString(conn, hello); err != nil {
 		return nil, fmt.Errorf("sending hello: %w", err)
 	}
-	// The Hello is repeated until the Ready line comes: a guest restored
-	// from saved memory can take the first one for traffic of the session
-	// it had when it was saved, end that session and wait for the next
-	// Hello. The agent skips repeats that follow its Ready, and they all
-	// come before the session's first frame, as the repeating stops (and is
-	// waited for) before the session starts.
+	endResend := resendHello(conn, hello)
+	br := bufio.NewReaderSize(conn, 64<<10)
+	if err := awaitReady(ctx, br, []byte(agentproto.ReadyPrefix+nonce+" "), endResend); err != nil {
+		return nil, err
+	}
+	_ = conn.SetDeadline(time.Time{})
+	sess, err := startSession(br, conn)
+	if err != nil {
+		return nil, fmt.Errorf("starting session: %w", err)
+	}
+	return &Client{sess: sess, conn: conn, ports: make(chan struct{}, MaxPortConns)}, nil
+}
+
+// resendHello repeats hello on conn until the returned func is called,
+// which returns once the repeating has stopped.
+//
+// The Hello is repeated until the Ready line comes: a guest restored from
+// saved memory can take the first one for traffic of the session it had
+// when it was saved, end that session and wait for the next Hello. The
+// agent skips repeats that follow its Ready, and they all come before the
+// session's first frame, as the repeating stops (and is waited for) before
+// the session starts.
+func resendHello(conn net.Conn, hello string) (end func()) {
 	stopResend := make(chan struct{})
 	resent := make(chan struct{})
 	go func() {
@@ -79,9 +96,13 @@ func Handshake(ctx context.Context, conn net.Conn) (*Client, error) {
 			}
 		}
 	}()
-	endResend := func() { close(stopResend); <-resent }
-	br := bufio.NewReaderSize(conn, 64<<10)
-	want := []byte(agentproto.ReadyPrefix + nonce + " ")
+	return func() { close(stopResend); <-resent }
+}
+
+// awaitReady reads br up to the start of a line beginning with want (the
+// Ready line), skipping what comes before it. It calls endResend once,
+// before it returns.
+func awaitReady(ctx context.Context, br *bufio.Reader, want []byte, endResend func()) error {
 	// The guest is not trusted: lines are read in bounded pieces, and only
 	// so much is skipped before giving up.
 	var skipped int
@@ -91,21 +112,25 @@ func Handshake(ctx context.Context, conn net.Conn) (*Client, error) {
 		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
 			endResend()
 			if ctx.Err() != nil {
-				return nil, fmt.Errorf("waiting for agent: %w", ctx.Err())
+				return fmt.Errorf("waiting for agent: %w", ctx.Err())
 			}
-			return nil, fmt.Errorf("waiting for agent: %w", err)
+			return fmt.Errorf("waiting for agent: %w", err)
 		}
 		if atLineStart && bytes.HasPrefix(line, want) {
 			endResend()
-			break
+			return nil
 		}
 		atLineStart = err == nil
 		if skipped += len(line); skipped > maxHandshakeSkip {
 			endResend()
-			return nil, fmt.Errorf("waiting for agent: no ready line in %d bytes", skipped)
+			return fmt.Errorf("waiting for agent: no ready line in %d bytes", skipped)
 		}
 	}
-	_ = conn.SetDeadline(time.Time{})
+}
+
+// startSession starts the host's yamux session on conn, reading through
+// br (which may hold what the guest sent after its Ready line).
+func startSession(br *bufio.Reader, conn net.Conn) (*yamux.Session, error) {
 	cfg := yamux.DefaultConfig()
 	cfg.LogOutput = io.Discard
 	// What the guest sends is buffered up to the window per stream; see
@@ -115,15 +140,11 @@ func Handshake(ctx context.Context, conn net.Conn) (*Client, error) {
 	cfg.ConnectionWriteTimeout = 30 * time.Second
 	cfg.StreamOpenTimeout = 30 * time.Second
 	cfg.StreamCloseTimeout = sessionCloseTimeout
-	sess, err := yamux.Client(struct {
+	return yamux.Client(struct {
 		io.Reader
 		io.Writer
 		io.Closer
 	}{br, conn, conn}, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("starting session: %w", err)
-	}
-	return &Client{sess: sess, conn: conn, ports: make(chan struct{}, MaxPortConns)}, nil
 }
 
 // helloResend is how often Handshake repeats its Hello until answered.

@@ -94,7 +94,7 @@ func TestImageBuild(t *testing.T) {
 	m := sandbox.New(sandbox.Config{Store: st, Driver: drv, DataDir: dir, BootTimeout: 5 * time.Minute, ExtraCAs: string(cas),
 		Boot: sandbox.BootFiles{Kernel: img.Kernel, Initrd: initrd, Rootfs: img.Rootfs}})
 	defer m.Close()
-	b := recipebuild.New(recipebuild.Config{Manager: m, Snapshots: m.Snapshots(), Cache: st, DefaultDigest: img.RecipeHash, MemoryMiB: 2048, DiskMiB: 4096})
+	b := recipebuild.New(recipebuild.Config{Manager: m, Snapshots: m.Snapshots, Cache: st, DefaultDigest: img.RecipeHash, MemoryMiB: 2048, DiskMiB: 4096})
 	t.Logf("accel %s", drv.Accel())
 
 	newJob := func(kind string) catalog.Job {

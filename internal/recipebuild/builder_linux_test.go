@@ -71,7 +71,7 @@ func newEnv(t *testing.T) *env {
 	t.Cleanup(func() { st.Close() })
 	m := sandbox.New(sandbox.Config{Store: st, Driver: drv, DataDir: dir, BootTimeout: 10 * time.Second})
 	t.Cleanup(m.Close)
-	b := recipebuild.New(recipebuild.Config{Manager: m, Snapshots: m.Snapshots(), Cache: st, CacheEntries: 20, MemoryMiB: 512, DiskMiB: 1024})
+	b := recipebuild.New(recipebuild.Config{Manager: m, Snapshots: m.Snapshots, Cache: st, CacheEntries: 20, MemoryMiB: 512, DiskMiB: 1024})
 	return &env{m: m, st: st, drv: drv, b: b}
 }
 
@@ -117,7 +117,7 @@ func TestBuildRecipe(t *testing.T) {
 	if fi, err := os.Stat(res.RootfsPath); err != nil || fi.Mode().Perm() != 0o644 || filepath.Dir(res.RootfsPath) != j.WorkDir {
 		t.Errorf("rootfs %s: %v %v", res.RootfsPath, fi, err)
 	}
-	tenantSnaps, _, err := e.m.Snapshots().ListSnapshots(ctx, sandbox.SnapshotListOptions{OwnerKeyID: "key_a"})
+	tenantSnaps, _, err := e.m.Snapshots.ListSnapshots(ctx, sandbox.SnapshotListOptions{OwnerKeyID: "key_a"})
 	if err != nil || len(tenantSnaps) != 0 {
 		t.Errorf("the owner sees build snapshots: %v %v", tenantSnaps, err)
 	}
@@ -295,7 +295,7 @@ func TestBuildImporter(t *testing.T) {
 	}
 
 	imp := &stubImporter{dir: t.TempDir()}
-	b := recipebuild.New(recipebuild.Config{Manager: e.m, Snapshots: e.m.Snapshots(), Cache: e.st, Import: imp, MemoryMiB: 512, DiskMiB: 1024})
+	b := recipebuild.New(recipebuild.Config{Manager: e.m, Snapshots: e.m.Snapshots, Cache: e.st, Import: imp, MemoryMiB: 512, DiskMiB: 1024})
 	res, err := b.Build(ctx, j, &logLines{})
 	if err != nil || res.Digest != "sha256:imported" || res.Start == nil {
 		t.Fatalf("import: %+v %v", res, err)
@@ -352,7 +352,7 @@ func TestForgetImage(t *testing.T) {
 		t.Fatalf("cache %v %v, want the two steps", all, err)
 	}
 	for _, id := range all {
-		if sn, err := e.m.Snapshots().GetSnapshot(ctx, recipebuild.Owner, id); err != nil || sn.ImageID != "img-base" {
+		if sn, err := e.m.Snapshots.GetSnapshot(ctx, recipebuild.Owner, id); err != nil || sn.ImageID != "img-base" {
 			t.Fatalf("cached step %s: %+v %v", id, sn, err)
 		}
 	}
@@ -369,7 +369,7 @@ func TestForgetImage(t *testing.T) {
 		t.Errorf("cache after forgetting: %v", left)
 	}
 	for _, id := range all {
-		if _, err := e.m.Snapshots().GetSnapshot(ctx, recipebuild.Owner, id); !errdefs.IsNotFound(err) {
+		if _, err := e.m.Snapshots.GetSnapshot(ctx, recipebuild.Owner, id); !errdefs.IsNotFound(err) {
 			t.Errorf("snapshot %s: %v, want deleted", id, err)
 		}
 	}
@@ -396,7 +396,7 @@ func TestRecover(t *testing.T) {
 	if _, err := e.m.WaitFor(wctx, recipebuild.Owner, sb.ID, sandbox.StateRunning); err != nil {
 		t.Fatal(err)
 	}
-	stray, err := e.m.Snapshots().Snapshot(ctx, recipebuild.Owner, sb.ID, sandbox.SnapshotSpec{Mode: sandbox.SnapshotModeDisk})
+	stray, err := e.m.Snapshots.Snapshot(ctx, recipebuild.Owner, sb.ID, sandbox.SnapshotSpec{Mode: sandbox.SnapshotModeDisk})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -406,11 +406,11 @@ func TestRecover(t *testing.T) {
 	if got, err := e.m.Get(ctx, recipebuild.Owner, sb.ID); err == nil && got.State != sandbox.StateDeleted && got.State != sandbox.StateDeleting {
 		t.Errorf("the stray build sandbox is %s", got.State)
 	}
-	if _, err := e.m.Snapshots().GetSnapshot(ctx, recipebuild.Owner, stray.ID); !errdefs.IsNotFound(err) {
+	if _, err := e.m.Snapshots.GetSnapshot(ctx, recipebuild.Owner, stray.ID); !errdefs.IsNotFound(err) {
 		t.Errorf("the stray snapshot: %v, want deleted", err)
 	}
 	for _, id := range cached {
-		if _, err := e.m.Snapshots().GetSnapshot(ctx, recipebuild.Owner, id); err != nil {
+		if _, err := e.m.Snapshots.GetSnapshot(ctx, recipebuild.Owner, id); err != nil {
 			t.Errorf("cached step %s: %v", id, err)
 		}
 	}

@@ -206,7 +206,7 @@ func TestLimitsAndLifetime(t *testing.T) {
 		t.Errorf("extend at the lifetime's end: %v, want lifetime_exceeded", err)
 	}
 	e.clock.Advance(40 * time.Second)
-	if ended := m.Reaper().ExpireLeases(ctx); len(ended) != 1 {
+	if ended := m.Reaper.ExpireLeases(ctx); len(ended) != 1 {
 		t.Errorf("at the lifetime's end %v ended, want the sandbox", ended)
 	}
 	waitState(t, m, "k", sb.ID, sandbox.StateStopped)

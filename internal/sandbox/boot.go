@@ -25,7 +25,7 @@ import (
 //   - a wake: finishWake;
 //   - a VM found booting or waking after a restart of the server:
 //     resumeBoot, continueWake;
-//   - a template's build: templatePool.build.
+//   - a template's build: Templates.build.
 //
 // The caller undoes a failure, as only it knows whether the VM is to stop,
 // pause again or stay for the next process of the server.
@@ -102,9 +102,9 @@ func (m *Manager) bootGuest(ctx context.Context, p bootPlan) (booted, error) {
 	case p.in == nil:
 		c, err = handshake(ctx, b.mach)
 	case p.restored:
-		c, err = m.attachResumed(ctx, p.in, b.mach, p.renew)
+		c, err = m.link.attachResumed(ctx, p.in, b.mach, p.renew)
 	default:
-		c, err = m.connect(ctx, p.in, b.mach)
+		c, err = m.link.connect(ctx, p.in, b.mach)
 	}
 	if err != nil {
 		return b, err
@@ -131,11 +131,11 @@ func configure(req agentproto.ConfigureRequest) func(context.Context, vmm.Machin
 	}
 }
 
-// resumeVM is a bootPlan's start for sb's VM from its saved memory;
-// what names the VM in an error.
-func (m *Manager) resumeVM(sb *Sandbox, what string) func(context.Context) (vmm.Machine, error) {
+// resumeVM is a bootPlan's start for sb's VM from its saved memory, by
+// driver; what names the VM in an error.
+func resumeVM(driver vmm.Driver, files sandboxFiles, sb *Sandbox, what string) func(context.Context) (vmm.Machine, error) {
 	return func(ctx context.Context) (vmm.Machine, error) {
-		mach, err := m.cfg.Driver.Resume(ctx, m.vmSpec(sb))
+		mach, err := driver.Resume(ctx, files.vmSpec(sb))
 		if err != nil {
 			return nil, fmt.Errorf("resuming %s: %w", what, err)
 		}
@@ -175,21 +175,6 @@ func handshake(ctx context.Context, mach vmm.Machine) (*guest.Client, error) {
 	return c, nil
 }
 
-func (m *Manager) vmSpec(sb *Sandbox) vmm.Spec {
-	return vmm.Spec{
-		ID: sb.ID, Dir: m.dir(sb.ID), VCPU: sb.VCPU, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB,
-		Kernel: m.cfg.Boot.Kernel, Initrd: m.cfg.Boot.Initrd, Rootfs: m.rootfs(sb),
-	}
-}
-
-// rootfs is the base disk sb boots: its image's, or the default one.
-func (m *Manager) rootfs(sb *Sandbox) string {
-	if sb.Rootfs != "" {
-		return sb.Rootfs
-	}
-	return m.cfg.Boot.Rootfs
-}
-
 // boot starts the VM and waits for its agent, retrying once: a TCG guest can
 // still hang early in boot, and a fresh VM nearly always comes up.
 // With keepDisk it boots from the disk the sandbox already has (restart).
@@ -209,7 +194,7 @@ func (m *Manager) boot(ctx context.Context, in *instance, sb *Sandbox, env map[s
 		log.Warn("boot attempt failed", "attempt", attempt, "err", err)
 		m.event(sb.ID, "boot_failed", err.Error(), map[string]any{"attempt": attempt})
 		// Keep this attempt's console for whoever investigates.
-		_ = os.Rename(filepath.Join(m.dir(sb.ID), "console.log"), filepath.Join(m.dir(sb.ID), fmt.Sprintf("console-attempt%d.log", attempt)))
+		_ = os.Rename(filepath.Join(m.files.dir(sb.ID), "console.log"), filepath.Join(m.files.dir(sb.ID), fmt.Sprintf("console-attempt%d.log", attempt)))
 		if ctx.Err() != nil {
 			return // stopped or deleted while booting; that path records the end
 		}
@@ -227,11 +212,11 @@ func (m *Manager) ready(in *instance, data map[string]any) {
 		if s.State != StateStarting {
 			return false // stopped or deleted while booting
 		}
-		expires := m.leaseEnd(s, now)
+		expires := m.cfg.Limits.leaseEnd(s, now)
 		if expires != nil && s.ExpiresAt != nil && s.ExpiresAt.After(*expires) {
 			expires = s.ExpiresAt
 		}
-		if end := m.lifetimeEnd(s); expires != nil && !end.IsZero() && expires.After(end) {
+		if end := m.cfg.Limits.lifetimeEnd(s); expires != nil && !end.IsZero() && expires.After(end) {
 			expires = &end
 		}
 		s.State, s.ReadyAt, s.ExpiresAt = StateRunning, &now, expires
@@ -245,7 +230,7 @@ func (m *Manager) ready(in *instance, data map[string]any) {
 		return
 	}
 	in.touch(now)
-	m.observeReady(data)
+	m.outcomes.ready(data)
 	m.event(in.id, "ready", "sandbox is running", data)
 	m.spawn(func() { m.watch(in) })
 }
@@ -253,7 +238,7 @@ func (m *Manager) ready(in *instance, data map[string]any) {
 func (m *Manager) bootOnce(ctx context.Context, in *instance, sb *Sandbox, env map[string]string, keepDisk bool) error {
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
 	defer cancel()
-	spec := m.vmSpec(sb)
+	spec := m.files.vmSpec(sb)
 	spec.KeepDisk = keepDisk
 	b, err := m.bootGuest(ctx, bootPlan{
 		in:      in,
@@ -285,19 +270,26 @@ func (m *Manager) bootOnce(ctx context.Context, in *instance, sb *Sandbox, env m
 	return err
 }
 
+// guestLink connects to the guest of a sandbox's VM: the handshake, the
+// guest's own streams through the sandbox's gate, its conduct watched.
+type guestLink struct {
+	conduct conduct
+	gates   *gates
+}
+
 // connect dials the guest and completes the handshake; the agent answers
 // once the guest has booted.
-func (m *Manager) connect(ctx context.Context, in *instance, mach vmm.Machine) (*guest.Client, error) {
+func (l guestLink) connect(ctx context.Context, in *instance, mach vmm.Machine) (*guest.Client, error) {
 	c, err := handshake(ctx, mach)
 	if err != nil {
 		return nil, err
 	}
-	c.SetViolationHandler(func(v guest.Violation) { m.guestViolation(in, v) })
-	c.ServeGuestStreams(m.egressHandler(in))
+	c.SetViolationHandler(func(v guest.Violation) { l.conduct.violation(in, v) })
+	c.ServeGuestStreams(l.gates.handler(in))
 	if _, err := c.Info(ctx); err != nil {
 		c.Close()
 		if ctx.Err() == nil && errdefs.Code(err) == "guest_unavailable" {
-			m.guestViolation(in, guest.Violation{Method: "session", Problem: "ended before answering info"})
+			l.conduct.violation(in, guest.Violation{Method: "session", Problem: "ended before answering info"})
 		}
 		return nil, err
 	}
@@ -307,8 +299,8 @@ func (m *Manager) connect(ctx context.Context, in *instance, mach vmm.Machine) (
 // attachResumed connects to a guest that goes on from saved memory and
 // renews what it must not keep from its past: its randomness and its
 // clock, and whatever else renew names (a copy's identity).
-func (m *Manager) attachResumed(ctx context.Context, in *instance, mach vmm.Machine, renew agentproto.RenewRequest) (*guest.Client, error) {
-	c, err := m.connectRestored(ctx, in, mach)
+func (l guestLink) attachResumed(ctx context.Context, in *instance, mach vmm.Machine, renew agentproto.RenewRequest) (*guest.Client, error) {
+	c, err := l.connectRestored(ctx, in, mach)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to the resumed guest: %w", err)
 	}
@@ -322,7 +314,7 @@ func (m *Manager) attachResumed(ctx context.Context, in *instance, mach vmm.Mach
 		}
 		// An agent from before renew: it runs, with its old randomness
 		// and a clock that catches up on its own.
-		m.guestWarn(in, "the guest agent cannot renew its randomness and clock (unknown_method)")
+		l.conduct.warn(in, "the guest agent cannot renew its randomness and clock (unknown_method)")
 	}
 	return c, nil
 }
@@ -336,10 +328,10 @@ const restoredTry = 2 * time.Second
 
 // connectRestored connects to a restored guest, on a new connection every
 // restoredTry, until ctx ends.
-func (m *Manager) connectRestored(ctx context.Context, in *instance, mach vmm.Machine) (*guest.Client, error) {
+func (l guestLink) connectRestored(ctx context.Context, in *instance, mach vmm.Machine) (*guest.Client, error) {
 	for {
 		tctx, cancel := context.WithTimeout(ctx, restoredTry)
-		c, err := m.connect(tctx, in, mach)
+		c, err := l.connect(tctx, in, mach)
 		cancel()
 		if err == nil || ctx.Err() != nil || isDone(mach.Done()) {
 			return c, err
@@ -355,13 +347,13 @@ func (m *Manager) connectRestored(ctx context.Context, in *instance, mach vmm.Ma
 // sandbox's directory names the template (templateUse) or the copy was given up.
 func (m *Manager) bootTemplate(ctx context.Context, in *instance, sb *Sandbox, dir string, env map[string]string) {
 	start := time.Now()
-	spec := m.vmSpec(sb)
+	spec := m.files.vmSpec(sb)
 	use := filepath.Join(spec.Dir, templateUse)
 	err := os.MkdirAll(spec.Dir, 0o700)
 	if err == nil {
 		err = os.WriteFile(use, []byte(dir+"\n"), 0o600)
 	}
-	m.templates.unpin(dir)
+	m.Templates.unpin(dir)
 	if err == nil {
 		cctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
 		err = m.cfg.Driver.Clone(cctx, dir, spec)

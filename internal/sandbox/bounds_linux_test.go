@@ -26,11 +26,11 @@ func TestEgressCeiling(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitState(t, m, "key_a", sb.ID, sandbox.StateRunning)
-	st, err := m.Networks().Network(ctx, "key_a", sb.ID)
+	st, err := m.Networks.Network(ctx, "key_a", sb.ID)
 	if err != nil || !st.Limited || !slices.Equal(st.Network.Policy.Allow, []string{"pypi.org", "*.pythonhosted.org"}) {
 		t.Errorf("default policy under the ceiling: %+v, %v", st, err)
 	}
-	st, err = m.Networks().SetNetwork(ctx, "key_a", sb.ID, egress.Policy{Internet: true, Allow: []string{"evil.com", "files.pythonhosted.org", "0.0.0.0/0"}})
+	st, err = m.Networks.SetNetwork(ctx, "key_a", sb.ID, egress.Policy{Internet: true, Allow: []string{"evil.com", "files.pythonhosted.org", "0.0.0.0/0"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +38,7 @@ func TestEgressCeiling(t *testing.T) {
 		t.Errorf("wider policy: %+v, want only files.pythonhosted.org, enforced", st)
 	}
 	// Narrower than the ceiling: as asked.
-	st, err = m.Networks().SetNetwork(ctx, "key_a", sb.ID, egress.Policy{Internet: true, Allow: []string{"pypi.org"}})
+	st, err = m.Networks.SetNetwork(ctx, "key_a", sb.ID, egress.Policy{Internet: true, Allow: []string{"pypi.org"}})
 	if err != nil || st.Limited || !slices.Equal(st.Network.Policy.Allow, []string{"pypi.org"}) {
 		t.Errorf("narrower policy: %+v, %v", st, err)
 	}
@@ -68,14 +68,14 @@ func TestStoppedDiskRetention(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "disk.qcow2"), []byte("disk"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if n, mib, err := m.Reaper().KeptDisks(ctx, "key_a"); err != nil || n != 1 || mib != 4096 {
+	if n, mib, err := m.Reaper.KeptDisks(ctx, "key_a"); err != nil || n != 1 || mib != 4096 {
 		t.Errorf("KeptDisks = %d, %d, %v; want 1, 4096", n, mib, err)
 	}
-	if got := m.Reaper().RemoveStoppedDisks(ctx); len(got) != 0 {
+	if got := m.Reaper.RemoveStoppedDisks(ctx); len(got) != 0 {
 		t.Errorf("removed %v before the retention", got)
 	}
 	e.clock.Advance(time.Hour + time.Second)
-	if got := m.Reaper().RemoveStoppedDisks(ctx); !slices.Equal(got, []string{sb.ID}) {
+	if got := m.Reaper.RemoveStoppedDisks(ctx); !slices.Equal(got, []string{sb.ID}) {
 		t.Errorf("removed %v, want %s", got, sb.ID)
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
@@ -84,10 +84,10 @@ func TestStoppedDiskRetention(t *testing.T) {
 	if got, err := m.Get(ctx, "key_a", sb.ID); err != nil || got.State != sandbox.StateStopped {
 		t.Errorf("record after removal: %+v, %v", got, err)
 	}
-	if n, _, _ := m.Reaper().KeptDisks(ctx, "key_a"); n != 0 {
+	if n, _, _ := m.Reaper.KeptDisks(ctx, "key_a"); n != 0 {
 		t.Errorf("KeptDisks = %d after removal", n)
 	}
-	if got := m.Reaper().RemoveStoppedDisks(ctx); len(got) != 0 {
+	if got := m.Reaper.RemoveStoppedDisks(ctx); len(got) != 0 {
 		t.Errorf("removed %v twice", got)
 	}
 	evs, _ := e.st.ListEvents(ctx, sb.ID, 0)

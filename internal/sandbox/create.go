@@ -15,11 +15,11 @@ import (
 
 // Create implements api.Manager.Create.
 func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ *Sandbox, err error) {
-	defer func() { m.observeOp("create", err) }()
+	defer func() { m.outcomes.op("create", err) }()
 	var source *Snapshot
 	if spec.SnapshotID != "" {
 		var err error
-		if source, err = m.copySource(ctx, owner, &spec); err != nil {
+		if source, err = m.Snapshots.copySource(ctx, owner, &spec); err != nil {
 			return nil, err
 		}
 	}
@@ -35,7 +35,7 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ 
 	if err != nil {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "network: %v", err)
 	}
-	if err := m.checkLimits(spec); err != nil {
+	if err := m.cfg.Limits.check(spec); err != nil {
 		return nil, err
 	}
 	var u undo
@@ -53,7 +53,7 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ 
 			return nil, err
 		}
 	}
-	u.add(func() { m.releaseVolumes(sb.ID) })
+	u.add(func() { m.volumes.release(sb.ID) })
 	if err := m.cfg.Store.InsertSandbox(ctx, sb, spec.IdempotencyKey); err != nil {
 		return nil, err
 	}
@@ -61,17 +61,17 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ 
 	// stopped gives them back (account, markStopped). Never leave a
 	// record that looks like it is starting.
 	u.keep()
-	u.add(func() { m.finish(m.newInstance(sb.ID), ReasonStartFailed) })
+	u.add(func() { m.finish(newInstance(m.ctx, sb.ID), ReasonStartFailed) })
 	if err := m.cfg.Store.PutNetwork(ctx, sb.ID, &Network{Policy: compiled.Policy, Version: 1, UpdatedAt: sb.CreatedAt}); err != nil {
 		return nil, err
 	}
 	u.keep()
-	in := m.newInstance(sb.ID)
-	in.gate = m.newGate(sb.ID, compiled, 1)
+	in := newInstance(m.ctx, sb.ID)
+	in.gate = m.gates.open(sb.ID, compiled, 1)
 	m.mu.Lock()
 	m.live[sb.ID] = in
 	m.mu.Unlock()
-	m.rememberEnv(sb.ID, spec.Env)
+	m.envs.remember(sb.ID, spec.Env)
 	m.event(sb.ID, "created", "sandbox created", map[string]any{"vcpu": sb.VCPU, "memoryMiB": sb.MemoryMiB})
 	faultpoint.Hit("create.recorded")
 	if !m.spawn(m.bootPath(in, sb, source, spec)) {
@@ -88,10 +88,9 @@ func newID() string {
 	return "sbx_" + hex.EncodeToString(b[:])
 }
 
-// checkLimits refuses a spec beyond the operator's limits of one sandbox,
+// check refuses a spec beyond the operator's limits of one sandbox,
 // naming each field and its limit.
-func (m *Manager) checkLimits(spec CreateSpec) error {
-	lim := m.cfg.Limits
+func (lim Limits) check(spec CreateSpec) error {
 	var issues []map[string]string
 	over := func(field string, v, max int, unit string) {
 		if max > 0 && v > max {
@@ -158,12 +157,12 @@ func (m *Manager) bootPath(in *instance, sb *Sandbox, source *Snapshot, spec Cre
 	if spec.Image != nil {
 		minDisk = spec.Image.MinDiskMiB
 	}
-	if dir, ok := m.templates.pin(sb.Rootfs, shapeOf(sb), minDisk); ok {
+	if dir, ok := m.Templates.pin(sb.Rootfs, shapeOf(sb), minDisk); ok {
 		return func() { m.bootTemplate(in.ctx, in, sb, dir, spec.Env) }
 	}
 	// The template is built once this boot is done, not beside it.
 	return func() {
 		m.boot(in.ctx, in, sb, spec.Env, false)
-		m.templates.want(sb.Rootfs, shapeOf(sb), minDisk)
+		m.Templates.want(sb.Rootfs, shapeOf(sb), minDisk)
 	}
 }

@@ -13,7 +13,7 @@ const detachTimeout = 5 * time.Second
 // waits for a Hello, and the guest restored from it answers the next
 // connection at once. A guest that does not answer in time is saved as it
 // is; the host's repeated Hello still reaches it, later.
-func (m *Manager) detach(ctx context.Context, in *instance) {
+func (l guestLink) detach(ctx context.Context, in *instance) {
 	in.mu.Lock()
 	c := in.client
 	in.client = nil
@@ -25,6 +25,6 @@ func (m *Manager) detach(ctx context.Context, in *instance) {
 	ctx, cancel := context.WithTimeout(ctx, detachTimeout)
 	defer cancel()
 	if err := c.Detach(ctx); err != nil {
-		m.guestWarn(in, "detaching from the guest before saving it", "err", err)
+		l.conduct.warn(in, "detaching from the guest before saving it", "err", err)
 	}
 }

@@ -4,9 +4,19 @@
 //
 // # Files
 //
-// `Manager` keeps the live instances (a VM and its guest client per sandbox
-// with a VM) and, per sandbox that someone waits for, a channel `WaitFor`
-// sleeps on; `Sandbox` is the durable record. `states.go` is the state table
+// `Manager` is the state machine: the live instances (a VM and its guest
+// client per sandbox with a VM), the transitions (every one through
+// `update`), the per-sandbox VM lock, and recovery; `Sandbox` is the durable
+// record. What is not a transition is a collaborator with its own state and
+// a small unexported interface for what it needs of the manager (a `…Host`):
+// the exported ones are fields of the manager (`Meter`, `Snapshots`,
+// `Switcher`, `Previews`, `Moves`, `Reaper`, `Networks`, `Templates`); the
+// unexported ones serve its transitions: `gates` (the per-VM egress gates),
+// `conduct` (a guest's warnings and violations), `guestLink` (connecting to
+// and detaching from a guest), `guestCalls` (the guest of a call, woken or
+// reconnected), `volumeHooks`, `outcomes` (the Observer), `waiters` (the
+// channel `WaitFor` sleeps on), `envMemory` (env values, memory only) and
+// `sandboxFiles` (a sandbox's directory and VM spec). `states.go` is the state table
 // (`States()`: each state, what the API shows, its status, whether it is
 // terminal, and the refusal a guest call gets in it); `types.go` holds stop
 // reasons, `CreateSpec`, `ListOptions`, limits. Around the state machine, in
@@ -88,7 +98,7 @@
 // yamux session only → reconnect (fresh handshake, 5 s per try, backing off
 // with jitter; see "A hostile guest" below).
 //
-// Lease clock: `Manager.Run` ticks every second; `ExpireLeases` takes each live
+// Lease clock: `Reaper.Run` ticks every second; `ExpireLeases` takes each live
 // `running` sandbox with `expiresAt ≤ now` and stops, deletes or pauses it per
 // `onLeaseEnd`, reason `lease_expired`; and pauses each running sandbox that
 // has been idle for its `idlePauseSeconds`. Work is activity: every call into a
@@ -188,7 +198,7 @@
 // of image keeps aside in `<id>.switch/old/`) is removed; if all are in use the
 // create boots and no build is tried for a minute. When the catalog releases an
 // image's disk (its last image of that digest deleted, so no sandbox or
-// snapshot of it is left) it calls `Manager.RemoveTemplates`
+// snapshot of it is left) it calls `Templates.RemoveTemplates`
 // (`catalog.Service.SetTemplates`, set in `serve`), which removes the disk's
 // templates; a build of them under way drops its result. At start, templates
 // whose disk (named in `templates/images/<hash>/rootfs`) is gone are swept. The
@@ -284,13 +294,13 @@
 //
 // # Moving a paused sandbox to another node
 //
-// `Manager.MoveOut` takes the sandbox's VM lock (no pause, wake or end of a
+// `Moves.MoveOut` takes the sandbox's VM lock (no pause, wake or end of a
 // stop or delete comes between), checks it is paused here with no volumes
 // (`not_paused`, `not_on_node`, `volumes_attached`), charges its kept disk up
 // to now, and hands the record and the files to the cluster's sender. Only if
 // that succeeds does the sandbox stop being this node's: its claim in the
 // ledger is released, its environment values (memory only) forgotten and its
-// directory removed; otherwise it stays paused here. `Manager.MoveIn` on the
+// directory removed; otherwise it stays paused here. `Moves.MoveIn` on the
 // new node checks the id and that the node has room for the disk (not the
 // owner's quota: the move adds nothing to it), has the receiver write the files
 // into `incoming/<id>-*/`, renames that into `sandboxes/<id>/`, calls `Moved`,
@@ -298,7 +308,7 @@
 // failure removes what it made and releases the claim, and a start removes what
 // a crash left in `incoming/`. A sender that dies after the commit but before
 // removing the directory removes it at its next start
-// (`Manager.RemoveMovedAway` asking `Store.MovedAway`, before `Recover`). A
+// (`Moves.RemoveMovedAway` asking `Store.MovedAway`, before `Recover`). A
 // wake on the new node is then an ordinary wake; one on the old node is refused
 // (`not_on_node`, as a sandbox paused on a node always holds its disk in that
 // node's ledger) rather than finding no saved state and recording the sandbox

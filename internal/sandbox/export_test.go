@@ -31,7 +31,7 @@ func ReportGuestViolation(m *Manager, id string, v guest.Violation) bool {
 	if in == nil {
 		return false
 	}
-	m.guestViolation(in, v)
+	m.conduct.violation(in, v)
 	return true
 }
 
@@ -56,34 +56,34 @@ func (m *Manager) ImageTemplateReady(rootfs string, vcpu, memoryMiB, diskMiB int
 
 // TemplateDir is the directory of the template of rootfs and a shape.
 func (m *Manager) TemplateDir(rootfs string, vcpu, memoryMiB, diskMiB int) string {
-	return m.templates.dir(rootfs, shape{vcpu, memoryMiB, diskMiB})
+	return m.Templates.dir(rootfs, shape{vcpu, memoryMiB, diskMiB})
 }
 
 // ImageTemplatesDir is the directory of every template of rootfs.
-func (m *Manager) ImageTemplatesDir(rootfs string) string { return m.templates.imageDir(rootfs) }
+func (m *Manager) ImageTemplatesDir(rootfs string) string { return m.Templates.imageDir(rootfs) }
 
 // RetryFullTemplates lets the next create look again for room under the
 // cap of image templates at once.
 func (m *Manager) RetryFullTemplates() {
-	m.templates.mu.Lock()
-	m.templates.fullAt = time.Time{}
-	m.templates.mu.Unlock()
+	m.Templates.mu.Lock()
+	m.Templates.fullAt = time.Time{}
+	m.Templates.mu.Unlock()
 }
 
 // TemplatesFull reports whether the cap of image templates last stopped a
 // build (every template kept in use).
 func (m *Manager) TemplatesFull() bool {
-	m.templates.mu.Lock()
-	defer m.templates.mu.Unlock()
-	return !m.templates.fullAt.IsZero()
+	m.Templates.mu.Lock()
+	defer m.Templates.mu.Unlock()
+	return !m.Templates.fullAt.IsZero()
 }
 
 // TemplatesInUse is the set of template directories a create is copying
 // or a sandbox's files name.
 func (m *Manager) TemplatesInUse() map[string]bool {
-	m.templates.mu.Lock()
-	defer m.templates.mu.Unlock()
-	return m.templates.inUseLocked()
+	m.Templates.mu.Lock()
+	defer m.Templates.mu.Unlock()
+	return m.Templates.inUseLocked()
 }
 
 // CallsInFlight is the number of calls into sandbox id's guest that hold

@@ -21,7 +21,7 @@ func (mv *Moves) EndVMs(ctx context.Context, list []*Sandbox) int {
 	}
 	ended := 0
 	for _, sb := range list {
-		n, err := k.KillStray(ctx, mv.host.vmSpec(sb))
+		n, err := k.KillStray(ctx, mv.files.vmSpec(sb))
 		if err != nil {
 			mv.log.Warn("ending the vm of a sandbox declared lost", "sandbox_id", sb.ID, "err", err)
 			continue
@@ -57,7 +57,7 @@ func (mv *Moves) StandDown(ctx context.Context) {
 // removes them at its next start with this, before Recover. It returns
 // how many it removed.
 func (mv *Moves) RemoveMovedAway(ctx context.Context, movedAway func(ctx context.Context, ids []string) ([]string, error)) (int, error) {
-	entries, err := os.ReadDir(mv.host.dirRoot())
+	entries, err := os.ReadDir(mv.files.root())
 	if os.IsNotExist(err) {
 		return 0, nil
 	}
@@ -79,7 +79,7 @@ func (mv *Moves) RemoveMovedAway(ctx context.Context, movedAway func(ctx context
 	}
 	removed := 0
 	for _, id := range away {
-		if err := removeAll(mv.host.dir(id)); err != nil {
+		if err := removeAll(mv.files.dir(id)); err != nil {
 			mv.log.Warn("removing the files of a sandbox moved to another node", "sandbox_id", id, "err", err)
 			continue
 		}

@@ -26,7 +26,7 @@ type ForkSpec struct {
 // creates are; if one is refused, the copies made so far are deleted and
 // the refusal answered.
 func (m *Manager) Fork(ctx context.Context, owner, id string, spec ForkSpec) (_ []*Sandbox, err error) {
-	defer func() { m.observeOp("fork", err) }()
+	defer func() { m.outcomes.op("fork", err) }()
 	if spec.Count < 1 || spec.Count > MaxForkCount {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "count must be from 1 to %d", MaxForkCount)
 	}
@@ -34,14 +34,14 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, spec ForkSpec) (_ 
 	if err != nil {
 		return nil, err
 	}
-	sn, err := m.snapshots.Snapshot(ctx, owner, id, SnapshotSpec{Mode: SnapshotModeMemory,
+	sn, err := m.Snapshots.Snapshot(ctx, owner, id, SnapshotSpec{Mode: SnapshotModeMemory,
 		Labels: map[string]string{"emberbox.fork": id}, RetentionDays: 1})
 	if err != nil {
 		return nil, err
 	}
 	var u undo
 	defer u.run()
-	u.add(func() { m.dropForkSnapshot(ctx, sn.ID, spec.KeepSnapshot) })
+	u.add(func() { m.Snapshots.dropForkSnapshot(ctx, sn.ID, spec.KeepSnapshot) })
 	if sn.State != SnapshotReady {
 		e := errdefs.New(errdefs.ErrConflict, "snapshot_failed", "the fork's snapshot of %s failed", id)
 		e.Details = map[string]any{"snapshotId": sn.ID}
@@ -74,7 +74,7 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, spec ForkSpec) (_ 
 	// The copies stay, and are waited for below; the snapshot goes now
 	// unless it is kept (its files stay while a copy uses them).
 	u.keep()
-	m.dropForkSnapshot(ctx, sn.ID, spec.KeepSnapshot)
+	m.Snapshots.dropForkSnapshot(ctx, sn.ID, spec.KeepSnapshot)
 	wctx, cancel := context.WithTimeout(ctx, 2*m.cfg.BootTimeout+10*time.Second)
 	defer cancel()
 	for i, c := range copies {
@@ -88,13 +88,13 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, spec ForkSpec) (_ 
 }
 
 // dropForkSnapshot deletes the snapshot a fork made unless it is kept.
-func (m *Manager) dropForkSnapshot(ctx context.Context, id string, keep bool) {
+func (sp *Snapshots) dropForkSnapshot(ctx context.Context, id string, keep bool) {
 	if keep {
 		return
 	}
 	ctx = context.WithoutCancel(ctx)
-	if err := m.snapshots.markSnapshotDeleted(ctx, id); err != nil {
-		m.log.Error("deleting a fork's snapshot", "snapshot_id", id, "err", err)
+	if err := sp.markSnapshotDeleted(ctx, id); err != nil {
+		sp.log.Error("deleting a fork's snapshot", "snapshot_id", id, "err", err)
 	}
-	m.snapshots.RemoveUnusedSnapshots(ctx)
+	sp.RemoveUnusedSnapshots(ctx)
 }

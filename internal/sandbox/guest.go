@@ -19,15 +19,38 @@ import (
 // context of the work it does with the guest (a request's, a stream's)
 // and never one that outlives it.
 func (m *Manager) Guest(ctx context.Context, owner, id string) (*Sandbox, guest.Handle, error) {
+	return m.calls.guest(ctx, owner, id)
+}
+
+// guestCalls finds the guest of a sandbox for a call into it, waking the
+// sandbox or waiting for its guest's connection as it must.
+type guestCalls struct {
+	host        guestCallHost
+	records     Store
+	bootTimeout time.Duration // how long a sandbox starting may take to run
+}
+
+// guestCallHost is what a guest call needs of the manager: a sandbox as
+// its owner sees it, waited for and woken, its instance and the clock.
+type guestCallHost interface {
+	Get(ctx context.Context, owner, id string) (*Sandbox, error)
+	WaitFor(ctx context.Context, owner, id string, states ...State) (*Sandbox, error)
+	wake(ctx context.Context, id string, timeout *int) (*Sandbox, error)
+	liveInstance(id string) *instance
+	now() time.Time
+}
+
+// guest implements Manager.Guest.
+func (gc guestCalls) guest(ctx context.Context, owner, id string) (*Sandbox, guest.Handle, error) {
 	// A sandbox may pause again between its wake and the call (an idle
 	// pause that was due): a few rounds, then the refusal.
 	for range 3 {
-		sb, err := m.Get(ctx, owner, id)
+		sb, err := gc.host.Get(ctx, owner, id)
 		if err != nil {
 			return nil, guest.Handle{}, err
 		}
 		if sb.State.Paused() && sb.AutoWake {
-			if err := m.wakeForCall(ctx, owner, sb); err != nil {
+			if err := gc.wakeForCall(ctx, owner, sb); err != nil {
 				return nil, guest.Handle{}, err
 			}
 			continue
@@ -35,13 +58,13 @@ func (m *Manager) Guest(ctx context.Context, owner, id string) (*Sandbox, guest.
 		if err := Refusal(sb); err != nil {
 			return nil, guest.Handle{}, err
 		}
-		g, err := m.liveGuest(ctx, sb)
+		g, err := gc.liveGuest(ctx, sb)
 		if errors.Is(err, errPausedMeanwhile) {
 			continue
 		}
 		return sb, g, err
 	}
-	sb, err := m.Get(ctx, owner, id)
+	sb, err := gc.host.Get(ctx, owner, id)
 	if err != nil {
 		return nil, guest.Handle{}, err
 	}
@@ -62,16 +85,14 @@ func (m *Manager) Guest(ctx context.Context, owner, id string) (*Sandbox, guest.
 var errPausedMeanwhile = errors.New("paused meanwhile")
 
 // liveGuest returns the connected guest of a sandbox recorded running.
-func (m *Manager) liveGuest(ctx context.Context, sb *Sandbox) (guest.Handle, error) {
-	m.mu.Lock()
-	in := m.live[sb.ID]
-	m.mu.Unlock()
+func (gc guestCalls) liveGuest(ctx context.Context, sb *Sandbox) (guest.Handle, error) {
+	in := gc.host.liveInstance(sb.ID)
 	if in == nil {
 		// Recorded running but not (yet) watched by this process: only
 		// possible in the moment a stop or pause forgets it.
-		return guest.Handle{}, m.refuseGone(sb)
+		return guest.Handle{}, gc.refuseGone(sb)
 	}
-	in.hold(ctx, m.now)
+	in.hold(ctx, gc.host.now)
 	// Right after a restart or a dropped connection the watcher is still
 	// reconnecting; a short wait beats an error the caller must retry.
 	c := in.guest()
@@ -85,7 +106,7 @@ func (m *Manager) liveGuest(ctx context.Context, sb *Sandbox) (guest.Handle, err
 			case <-ctx.Done():
 				return guest.Handle{}, ctx.Err()
 			case <-in.ctx.Done():
-				return guest.Handle{}, m.refuseGone(sb)
+				return guest.Handle{}, gc.refuseGone(sb)
 			case <-t.C:
 				e := errdefs.New(errdefs.ErrUnavailable, "guest_busy", "the sandbox's agent is reconnecting")
 				e.Hint = "retry in a few seconds"
@@ -95,13 +116,13 @@ func (m *Manager) liveGuest(ctx context.Context, sb *Sandbox) (guest.Handle, err
 			}
 		}
 	}
-	return activeGuest{Client: c, touch: func() { in.touch(m.now()) }}.handle(), nil
+	return activeGuest{Client: c, touch: func() { in.touch(gc.host.now()) }}.handle(), nil
 }
 
 // refuseGone answers a call whose sandbox lost its instance: paused
 // meanwhile (the caller wakes it), or stopping.
-func (m *Manager) refuseGone(sb *Sandbox) error {
-	if now, err := m.cfg.Store.GetSandbox(context.Background(), sb.ID); err == nil && now.State.Paused() {
+func (gc guestCalls) refuseGone(sb *Sandbox) error {
+	if now, err := gc.records.GetSandbox(context.Background(), sb.ID); err == nil && now.State.Paused() {
 		return errPausedMeanwhile
 	}
 	return refuse(sb, StateStopping)
@@ -113,4 +134,21 @@ func (g activeGuest) handle() guest.Handle {
 	h := g.Client.Handle()
 	h.PortDialer = g
 	return h
+}
+
+// wakeForCall wakes a paused sandbox whose autoWake is on for a guest call
+// and waits until it runs or is paused again (the wake failed, or another
+// pause came first); the caller looks again.
+func (gc guestCalls) wakeForCall(ctx context.Context, owner string, sb *Sandbox) error {
+	if sb.State == StatePaused {
+		if _, err := gc.host.wake(ctx, sb.ID, nil); err != nil {
+			return err
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, pauseTimeout+gc.bootTimeout)
+	defer cancel()
+	if _, err := gc.host.WaitFor(wctx, owner, sb.ID, StateRunning, StatePaused); err != nil {
+		return err
+	}
+	return ctx.Err()
 }

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"log/slog"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -63,8 +64,24 @@ type guestSafety struct {
 	suppressed int
 }
 
-// guestWarn logs a warning caused by the guest of in, within the rate limit.
-func (m *Manager) guestWarn(in *instance, msg string, args ...any) {
+// conduct keeps each guest to the protocol: it rate-limits the warnings a
+// guest causes and stops a sandbox whose guest breaks the protocol
+// repeatedly.
+type conduct struct {
+	host conductHost
+	log  *slog.Logger
+}
+
+// conductHost is what conduct needs of the manager: goroutines it owns,
+// sandbox events and a stop.
+type conductHost interface {
+	spawn(f func()) bool
+	event(id, typ, msg string, data map[string]any)
+	stop(ctx context.Context, id, reason string, wait bool) (*Sandbox, error)
+}
+
+// warn logs a warning caused by the guest of in, within the rate limit.
+func (c conduct) warn(in *instance, msg string, args ...any) {
 	now := time.Now()
 	gs := &in.safety
 	gs.mu.Lock()
@@ -82,18 +99,18 @@ func (m *Manager) guestWarn(in *instance, msg string, args ...any) {
 	first := !ok && gs.suppressed == 1
 	gs.mu.Unlock()
 	if summary > 0 {
-		m.log.Warn("guest warnings left out of the log", "sandbox_id", in.id, "count", summary, "window", guestLogWindow)
+		c.log.Warn("guest warnings left out of the log", "sandbox_id", in.id, "count", summary, "window", guestLogWindow)
 	}
 	if ok {
-		m.log.Warn(msg, append([]any{"sandbox_id", in.id}, args...)...)
+		c.log.Warn(msg, append([]any{"sandbox_id", in.id}, args...)...)
 	} else if first {
-		m.log.Warn("rate-limiting this sandbox's guest warnings", "sandbox_id", in.id, "max_per_window", guestLogBurst)
+		c.log.Warn("rate-limiting this sandbox's guest warnings", "sandbox_id", in.id, "max_per_window", guestLogBurst)
 	}
 }
 
-// guestViolation counts a violation of the guest of in, records it, and
-// stops the sandbox when violations repeat.
-func (m *Manager) guestViolation(in *instance, v guest.Violation) {
+// violation counts a violation of the guest of in, records it, and stops
+// the sandbox when violations repeat.
+func (c conduct) violation(in *instance, v guest.Violation) {
 	now := time.Now()
 	gs := &in.safety
 	gs.mu.Lock()
@@ -112,21 +129,23 @@ func (m *Manager) guestViolation(in *instance, v guest.Violation) {
 	}
 	gs.mu.Unlock()
 
-	m.guestWarn(in, "guest protocol violation", "violation", v.String(), "count", total)
+	c.warn(in, "guest protocol violation", "violation", v.String(), "count", total)
 	data := map[string]any{"method": v.Method, "problem": v.Problem, "count": total}
 	if total <= maxViolationEvents {
-		m.spawn(func() { m.event(in.id, "guest_protocol_violation", "the guest broke the protocol: "+v.String(), data) })
+		c.host.spawn(func() {
+			c.host.event(in.id, "guest_protocol_violation", "the guest broke the protocol: "+v.String(), data)
+		})
 	}
 	if !repeated {
 		return
 	}
-	m.log.Error("stopping sandbox after repeated guest protocol violations", "sandbox_id", in.id,
+	c.log.Error("stopping sandbox after repeated guest protocol violations", "sandbox_id", in.id,
 		"violations", maxViolations, "window", violationWindow, "last", v.String())
-	m.spawn(func() {
-		m.event(in.id, "guest_protocol_violation", "stopping: the guest broke the protocol repeatedly",
+	c.host.spawn(func() {
+		c.host.event(in.id, "guest_protocol_violation", "stopping: the guest broke the protocol repeatedly",
 			map[string]any{"method": v.Method, "problem": v.Problem, "count": total, "stopping": true})
-		if _, err := m.stop(context.Background(), in.id, ReasonGuestProtocolViolation, false); err != nil {
-			m.log.Error("stopping sandbox", "sandbox_id", in.id, "err", err)
+		if _, err := c.host.stop(context.Background(), in.id, ReasonGuestProtocolViolation, false); err != nil {
+			c.log.Error("stopping sandbox", "sandbox_id", in.id, "err", err)
 		}
 	})
 }

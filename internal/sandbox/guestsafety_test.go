@@ -32,10 +32,10 @@ func TestBackoff(t *testing.T) {
 // and the lines left out are counted in one line.
 func TestGuestWarnRateLimited(t *testing.T) {
 	var buf bytes.Buffer
-	m := &Manager{log: slog.New(slog.NewTextHandler(&buf, nil))}
+	c := conduct{log: slog.New(slog.NewTextHandler(&buf, nil))}
 	in := &instance{id: "sbx_1"}
 	for range 1000 {
-		m.guestWarn(in, "guest connection lost")
+		c.warn(in, "guest connection lost")
 	}
 	if n := strings.Count(buf.String(), "guest connection lost"); n != guestLogBurst {
 		t.Errorf("%d warnings logged, want %d", n, guestLogBurst)
@@ -46,7 +46,7 @@ func TestGuestWarnRateLimited(t *testing.T) {
 	// A new window logs again, after a line counting what was left out.
 	in.safety.logStart = in.safety.logStart.Add(-guestLogWindow)
 	buf.Reset()
-	m.guestWarn(in, "guest connection lost")
+	c.warn(in, "guest connection lost")
 	if !strings.Contains(buf.String(), "count=990") || !strings.Contains(buf.String(), "guest connection lost") {
 		t.Errorf("after the window: %s", buf.String())
 	}

@@ -49,7 +49,7 @@ func TestCreateFromImage(t *testing.T) {
 		t.Errorf("default create booted %q (image %q), want the default disk", got, plain.ImageID)
 	}
 
-	sn, err := m.Snapshots().Snapshot(ctx, "key_a", sb.ID, sandbox.SnapshotSpec{Mode: sandbox.SnapshotModeDisk})
+	sn, err := m.Snapshots.Snapshot(ctx, "key_a", sb.ID, sandbox.SnapshotSpec{Mode: sandbox.SnapshotModeDisk})
 	if err != nil {
 		t.Fatal(err)
 	}

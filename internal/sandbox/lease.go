@@ -12,6 +12,7 @@ import (
 // reaperHost; Manager.Reaper returns the manager's.
 type Reaper struct {
 	host      reaperHost
+	files     sandboxFiles
 	meter     *Meter
 	snapshots *Snapshots
 	records   Store
@@ -26,7 +27,7 @@ type Reaper struct {
 }
 
 // reaperHost is what the reaper needs of the manager: its transitions,
-// a sandbox's VM lock, instance and directory, events and the clock.
+// a sandbox's VM lock and instance, events and the clock.
 type reaperHost interface {
 	stop(ctx context.Context, id, reason string, wait bool) (*Sandbox, error)
 	pause(ctx context.Context, id, why string) (*Sandbox, error)
@@ -34,19 +35,15 @@ type reaperHost interface {
 	spawn(f func()) bool
 	lockOp(id string) (unlock func())
 	liveInstance(id string) *instance
-	dir(id string) string
 	event(id, typ, msg string, data map[string]any)
 	now() time.Time
 }
 
 func newReaper(m *Manager) *Reaper {
-	return &Reaper{host: m, meter: m.meter, snapshots: m.snapshots, records: m.cfg.Store, observer: m.cfg.Observer,
+	return &Reaper{host: m, meter: m.Meter, snapshots: m.Snapshots, records: m.cfg.Store, observer: m.cfg.Observer,
 		memoryFloorMiB: m.cfg.MemoryFloorMiB, memAvailable: m.cfg.MemAvailable, diskRetention: m.cfg.StoppedDiskRetention,
-		log: m.log, ctx: m.ctx}
+		log: m.log, ctx: m.ctx, files: m.files}
 }
-
-// Reaper is the manager's reaper: the lease clock and the retentions.
-func (m *Manager) Reaper() *Reaper { return m.reaper }
 
 // leaseTick is how often the lease clock looks for expired leases; a lease
 // ends at most this late.

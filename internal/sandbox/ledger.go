@@ -13,16 +13,16 @@ import (
 // called). Entering paused happens only under the sandbox's VM lock, which
 // a stop or delete takes before it can release, so the shrink never
 // follows a release.
-func (m *Manager) account(sb *Sandbox, entered bool) {
+func account(ledger *admission.Ledger, sb *Sandbox, entered bool) {
 	switch sb.State {
 	case StateRunning:
-		m.cfg.Admission.Booted(sb.ID)
+		ledger.Booted(sb.ID)
 	case StatePaused:
 		if entered {
-			m.cfg.Admission.Restore(claim(sb))
+			ledger.Restore(claim(sb))
 		}
 	case StateStopped, StateDeleted:
-		m.cfg.Admission.Release(sb.ID)
+		ledger.Release(sb.ID)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/emberbox/emberbox/internal/agentproto"
@@ -27,23 +28,30 @@ type UpdateSpec struct {
 	OnLeaseEnd     *string
 }
 
-// rememberEnv keeps the values of a sandbox's environment in memory (never
+// envMemory keeps the values of sandboxes' environments in memory (never
 // in the store), so that an update of one variable can send the guest the
 // whole set and a restart can send it again.
-func (m *Manager) rememberEnv(id string, env map[string]string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if env == nil {
-		delete(m.envs, id)
-		return
-	}
-	m.envs[id] = maps.Clone(env)
+type envMemory struct {
+	mu   sync.Mutex
+	envs map[string]map[string]string // per sandbox
 }
 
-func (m *Manager) knownEnv(id string) (map[string]string, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	env, ok := m.envs[id]
+// remember keeps env as sandbox id's; nil forgets it.
+func (em *envMemory) remember(id string, env map[string]string) {
+	em.mu.Lock()
+	defer em.mu.Unlock()
+	if env == nil {
+		delete(em.envs, id)
+		return
+	}
+	em.envs[id] = maps.Clone(env)
+}
+
+// known returns a copy of sandbox id's env, if this process knows it.
+func (em *envMemory) known(id string) (map[string]string, bool) {
+	em.mu.Lock()
+	defer em.mu.Unlock()
+	env, ok := em.envs[id]
 	return maps.Clone(env), ok
 }
 
@@ -72,45 +80,49 @@ func (m *Manager) Update(ctx context.Context, owner, id string, u UpdateSpec) (*
 		if s.State == StateDeleting || s.State == StateDeleted {
 			return false
 		}
-		if u.Name != nil {
-			s.Name = *u.Name
-		}
-		if u.Labels != nil {
-			s.Labels = u.Labels
-		}
-		if envNames != nil {
-			s.EnvNames = envNames
-		}
-		if u.AutoWake != nil {
-			s.AutoWake = *u.AutoWake
-		}
-		if u.IdlePauseSeconds != nil {
-			s.IdlePauseSeconds = *u.IdlePauseSeconds
-		}
-		if u.Persistent != nil {
-			s.Persistent = *u.Persistent
-		}
-		if u.OnLeaseEnd != nil {
-			s.OnLeaseEnd = *u.OnLeaseEnd
-		}
-		if u.TimeoutSeconds != nil {
-			s.TimeoutSeconds = *u.TimeoutSeconds
-		}
-		if (u.TimeoutSeconds != nil || u.Persistent != nil) && (s.State == StateRunning || s.State == StateStarting) {
-			s.ExpiresAt = m.leaseEnd(s, now)
-		}
+		u.apply(s, envNames, m.cfg.Limits, now)
 		return true
 	})
 	if err != nil {
 		return nil, err
 	}
-	m.mu.Lock()
-	in := m.live[id]
-	m.mu.Unlock()
-	if in != nil && u.IdlePauseSeconds != nil {
+	if in := m.liveInstance(id); in != nil && u.IdlePauseSeconds != nil {
 		in.touch(now) // counted from now
 	}
 	return sb, nil
+}
+
+// apply writes the settings u changes into s (envNames, if not nil, as its
+// variable names); a new lease or timeout starts at now for a sandbox
+// that runs.
+func (u UpdateSpec) apply(s *Sandbox, envNames []string, lim Limits, now time.Time) {
+	if u.Name != nil {
+		s.Name = *u.Name
+	}
+	if u.Labels != nil {
+		s.Labels = u.Labels
+	}
+	if envNames != nil {
+		s.EnvNames = envNames
+	}
+	if u.AutoWake != nil {
+		s.AutoWake = *u.AutoWake
+	}
+	if u.IdlePauseSeconds != nil {
+		s.IdlePauseSeconds = *u.IdlePauseSeconds
+	}
+	if u.Persistent != nil {
+		s.Persistent = *u.Persistent
+	}
+	if u.OnLeaseEnd != nil {
+		s.OnLeaseEnd = *u.OnLeaseEnd
+	}
+	if u.TimeoutSeconds != nil {
+		s.TimeoutSeconds = *u.TimeoutSeconds
+	}
+	if (u.TimeoutSeconds != nil || u.Persistent != nil) && (s.State == StateRunning || s.State == StateStarting) {
+		s.ExpiresAt = lim.leaseEnd(s, now)
+	}
 }
 
 // updateEnv sends the guest its whole environment with the change and
@@ -118,7 +130,7 @@ func (m *Manager) Update(ctx context.Context, owner, id string, u UpdateSpec) (*
 // autoWake is woken), and this server must know the values: they are kept
 // in memory only, so not after a restart of the server.
 func (m *Manager) updateEnv(ctx context.Context, owner string, sb *Sandbox, change map[string]*string) ([]string, error) {
-	env, ok := m.knownEnv(sb.ID)
+	env, ok := m.envs.known(sb.ID)
 	if !ok && len(sb.EnvNames) > 0 {
 		return nil, envUnavailable("this server no longer knows the values of the sandbox's environment (it restarted), so it cannot change one without losing the others")
 	}
@@ -143,7 +155,7 @@ func (m *Manager) updateEnv(ctx context.Context, owner string, sb *Sandbox, chan
 	if err := c.Configure(ctx, agentproto.ConfigureRequest{Env: env}); err != nil {
 		return nil, err
 	}
-	m.rememberEnv(sb.ID, env)
+	m.envs.remember(sb.ID, env)
 	return slices.Sorted(maps.Keys(env)), nil
 }
 
@@ -151,7 +163,7 @@ func (m *Manager) updateEnv(ctx context.Context, owner string, sb *Sandbox, chan
 // kept boots again from it (its memory is not kept). A running or starting
 // one is answered as it is; a paused one is woken.
 func (m *Manager) Restart(ctx context.Context, owner, id string) (_ *Sandbox, err error) {
-	defer func() { m.observeOp("restart", err) }()
+	defer func() { m.outcomes.op("restart", err) }()
 	sb, err := m.Get(ctx, owner, id)
 	if err != nil {
 		return nil, err
@@ -175,11 +187,11 @@ func (m *Manager) Restart(ctx context.Context, owner, id string) (_ *Sandbox, er
 	}
 	if sb.DiskRemovedAt != nil {
 		e := errdefs.New(errdefs.ErrConflict, "disk_removed", "sandbox %s's disk was removed %s after it stopped",
-			id, m.reaper.retention()).WithHint("create a new sandbox; a stopped one keeps its disk only for the retention")
+			id, m.Reaper.retention()).WithHint("create a new sandbox; a stopped one keeps its disk only for the retention")
 		e.Details = map[string]any{"diskRemovedAt": sb.DiskRemovedAt.Format(time.RFC3339)}
 		return nil, e
 	}
-	m.meter.accrueKept(ctx, sb, m.now())
+	m.Meter.accrueKept(ctx, sb, m.now())
 	starting := *sb
 	starting.State = StateStarting
 	if err := m.cfg.Admission.Reserve(claim(&starting)); err != nil {
@@ -188,7 +200,7 @@ func (m *Manager) Restart(ctx context.Context, owner, id string) (_ *Sandbox, er
 	var u undo
 	defer u.run()
 	u.add(func() { m.cfg.Admission.Release(id) })
-	env, known := m.knownEnv(id)
+	env, known := m.envs.known(id)
 	changed := false
 	sb, err = m.update(ctx, id, func(s *Sandbox) bool {
 		if changed = s.State == StateStopped && s.DiskRemovedAt == nil; changed {
@@ -204,8 +216,8 @@ func (m *Manager) Restart(ctx context.Context, owner, id string) (_ *Sandbox, er
 		return sb, err
 	}
 	u.keep() // the record holds the claim now (account)
-	in := m.newInstance(id)
-	in.gate = m.restoreGate(ctx, id)
+	in := newInstance(m.ctx, id)
+	in.gate = m.gates.restore(ctx, id)
 	m.mu.Lock()
 	m.live[id] = in
 	m.mu.Unlock()

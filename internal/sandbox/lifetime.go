@@ -23,7 +23,7 @@ func (m *Manager) Extend(ctx context.Context, owner, id string, d time.Duration)
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "seconds must be between 1 and %d", int(MaxExtendAhead.Seconds()))
 	}
 	exp := m.now().Add(d)
-	end := m.lifetimeEnd(sb)
+	end := m.cfg.Limits.lifetimeEnd(sb)
 	if !end.IsZero() && exp.After(end) {
 		if sb.ExpiresAt != nil && !sb.ExpiresAt.Before(end) {
 			e := errdefs.New(errdefs.ErrConflict, "lifetime_exceeded",
@@ -47,9 +47,9 @@ func (m *Manager) Extend(ctx context.Context, owner, id string, d time.Duration)
 }
 
 // lifetimeEnd is the latest a lease of sb may end, or the zero time.
-func (m *Manager) lifetimeEnd(sb *Sandbox) time.Time {
-	if m.cfg.Limits.MaxLifetime <= 0 {
+func (l Limits) lifetimeEnd(sb *Sandbox) time.Time {
+	if l.MaxLifetime <= 0 {
 		return time.Time{}
 	}
-	return sb.CreatedAt.Add(m.cfg.Limits.MaxLifetime)
+	return sb.CreatedAt.Add(l.MaxLifetime)
 }

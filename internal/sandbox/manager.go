@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"maps"
 	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -130,22 +129,31 @@ type Manager struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu      sync.Mutex
-	closed  bool                         // no goroutine starts once set
-	live    map[string]*instance         // sandboxes with a VM (starting, running, stopping)
-	changed map[string]chan struct{}     // per sandbox, closed when it changes; only while someone waits
-	ops     map[string]*opLock           // per sandbox whose VM is being changed (pause.go)
-	envs    map[string]map[string]string // env values per sandbox, memory only (lifecycle.go)
+	mu     sync.Mutex
+	closed bool                 // no goroutine starts once set
+	live   map[string]*instance // sandboxes with a VM (starting, running, stopping)
+	ops    map[string]*opLock   // per sandbox whose VM is being changed (pause.go)
 
-	templates *templatePool
+	waiters  *waiters     // WaitFor's
+	envs     *envMemory   // env values per sandbox, memory only (lifecycle.go)
+	files    sandboxFiles // files.go
+	outcomes outcomes     // observe.go
+	volumes  volumeHooks  // volumes.go
+	gates    *gates       // the per-VM egress gates; network.go
+	conduct  conduct      // guestsafety.go
+	link     guestLink    // boot.go
+	calls    guestCalls   // guest.go
 
-	meter     *Meter     // observes transitions to charge usage (meter.go)
-	previews  *Previews  // previews.go
-	moves     *Moves     // move.go, fence.go
-	snapshots *Snapshots // snapshots.go
-	reaper    *Reaper    // lease.go, pressure.go, retention.go
-	switcher  *Switcher  // switch.go
-	networks  *Networks  // network.go
+	// The collaborators that serve callers beside the state machine; New
+	// sets them and nothing replaces them.
+	Meter     *Meter     // observes transitions to charge usage (meter.go)
+	Previews  *Previews  // previews.go
+	Moves     *Moves     // move.go, fence.go
+	Snapshots *Snapshots // snapshots.go
+	Reaper    *Reaper    // lease.go, pressure.go, retention.go
+	Switcher  *Switcher  // switch.go
+	Networks  *Networks  // network.go
+	Templates *Templates // templates.go
 
 	// Test hooks (export_test.go): testHookBeforeUpdate runs as an update
 	// begins; testHookUpdate inside every update that changes something,
@@ -186,8 +194,10 @@ type instance struct {
 	detached atomic.Bool // the session's end was asked for by the host
 }
 
-func (m *Manager) newInstance(id string) *instance {
-	ctx, cancel := context.WithCancel(m.ctx)
+// newInstance returns the instance of sandbox id, whose context ends with
+// parent's.
+func newInstance(parent context.Context, id string) *instance {
+	ctx, cancel := context.WithCancel(parent)
 	return &instance{id: id, ctx: ctx, cancel: cancel, bootDone: make(chan struct{})}
 }
 
@@ -212,7 +222,7 @@ func (in *instance) guest() *guest.Client {
 }
 
 // New returns a Manager. Call Recover before serving requests and
-// Reaper().Run to enforce leases.
+// Reaper.Run to enforce leases.
 func New(cfg Config) *Manager {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -244,17 +254,24 @@ func New(cfg Config) *Manager {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &Manager{cfg: cfg, log: log, ctx: ctx, cancel: cancel,
-		live: map[string]*instance{}, changed: map[string]chan struct{}{}, ops: map[string]*opLock{},
-		envs: map[string]map[string]string{}}
-	m.meter = newMeter(m)
-	m.previews = &Previews{host: m, records: cfg.Store}
-	m.moves = newMoves(m)
-	m.snapshots = newSnapshots(m)
-	m.reaper = newReaper(m)
-	m.switcher = &Switcher{host: m, volumes: cfg.Volumes, bootTimeout: cfg.BootTimeout}
-	m.networks = &Networks{host: m, records: cfg.Store, egress: cfg.Egress, egressDefault: cfg.EgressDefault}
-	m.templates = newTemplatePool(ctx, &m.cfg, log, m.spawn, m.bootGuest)
+	m := &Manager{cfg: cfg, log: log, ctx: ctx, cancel: cancel, files: sandboxFiles{dataDir: cfg.DataDir, boot: cfg.Boot},
+		live: map[string]*instance{}, ops: map[string]*opLock{},
+		waiters: &waiters{changed: map[string]chan struct{}{}}, envs: &envMemory{envs: map[string]map[string]string{}}}
+	m.outcomes = outcomes{obs: cfg.Observer}
+	m.volumes = volumeHooks{vols: cfg.Volumes, log: log}
+	m.gates = &gates{host: m, egress: cfg.Egress, egressDefault: cfg.EgressDefault, records: cfg.Store,
+		obs: cfg.Observer, vols: cfg.Volumes, log: log}
+	m.conduct = conduct{host: m, log: log}
+	m.link = guestLink{conduct: m.conduct, gates: m.gates}
+	m.calls = guestCalls{host: m, records: cfg.Store, bootTimeout: cfg.BootTimeout}
+	m.Meter = newMeter(m)
+	m.Previews = &Previews{host: m, records: cfg.Store}
+	m.Moves = newMoves(m)
+	m.Snapshots = newSnapshots(m)
+	m.Reaper = newReaper(m)
+	m.Switcher = &Switcher{host: m, volumes: cfg.Volumes, bootTimeout: cfg.BootTimeout, outcomes: m.outcomes, envs: m.envs}
+	m.Networks = &Networks{host: m, records: cfg.Store, egress: cfg.Egress, egressDefault: cfg.EgressDefault}
+	m.Templates = newTemplates(ctx, &m.cfg, log, m.spawn, m.bootGuest)
 	return m
 }
 
@@ -276,32 +293,33 @@ func (m *Manager) spawn(f func()) bool {
 
 func (m *Manager) now() time.Time { return m.cfg.Now().UTC().Truncate(time.Millisecond) }
 
+// waiters wakes those who wait for a sandbox to change (WaitFor).
+type waiters struct {
+	mu      sync.Mutex
+	changed map[string]chan struct{} // per sandbox, closed when it changes; only while someone waits
+}
+
 // notify wakes the waiters of sandbox id.
-func (m *Manager) notify(id string) {
-	m.mu.Lock()
-	if ch, ok := m.changed[id]; ok {
+func (w *waiters) notify(id string) {
+	w.mu.Lock()
+	if ch, ok := w.changed[id]; ok {
 		close(ch)
-		delete(m.changed, id)
+		delete(w.changed, id)
 	}
-	m.mu.Unlock()
+	w.mu.Unlock()
 }
 
 // changes returns a channel closed at the next change of sandbox id.
-func (m *Manager) changes(id string) <-chan struct{} {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	ch, ok := m.changed[id]
+func (w *waiters) changes(id string) <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ch, ok := w.changed[id]
 	if !ok {
 		ch = make(chan struct{})
-		m.changed[id] = ch
+		w.changed[id] = ch
 	}
 	return ch
 }
-
-func (m *Manager) dir(id string) string { return filepath.Join(m.dirRoot(), id) }
-
-// dirRoot holds one directory per sandbox with files on this server.
-func (m *Manager) dirRoot() string { return filepath.Join(m.cfg.DataDir, "sandboxes") }
 
 func notFound(id string) error {
 	return errdefs.New(errdefs.ErrNotFound, "not_found", "no sandbox %q", id)
@@ -338,9 +356,9 @@ func (m *Manager) update(ctx context.Context, id string, fn func(sb *Sandbox) bo
 		return nil, fmt.Errorf("saving sandbox %s: %w", id, err)
 	}
 	// The ledger first: a waiter woken by the change may create at once.
-	m.account(sb, entered)
+	account(m.cfg.Admission, sb, entered)
 	if changed {
-		m.notify(id)
+		m.waiters.notify(id)
 	}
 	return sb, nil
 }
@@ -359,7 +377,7 @@ func (m *Manager) watch(in *instance) {
 	mach, c := in.machine, in.client
 	in.mu.Unlock()
 	if sb, err := m.cfg.Store.GetSandbox(in.ctx, in.id); err == nil && sb.State == StateRunning {
-		m.meter.vmRunning(in, mach, sb)
+		m.Meter.vmRunning(in, mach, sb)
 	}
 	var failures int    // attempts in a row that failed or did not last
 	var since time.Time // when the session in c began (zero: at boot)
@@ -367,7 +385,7 @@ func (m *Manager) watch(in *instance) {
 		if c == nil {
 			in.saving.Lock()
 			ctx, cancel := context.WithTimeout(in.ctx, reconnectTry)
-			nc, err := m.connect(ctx, in, mach)
+			nc, err := m.link.connect(ctx, in, mach)
 			cancel()
 			in.saving.Unlock()
 			if err == nil {
@@ -377,7 +395,7 @@ func (m *Manager) watch(in *instance) {
 				c, since = nc, time.Now()
 			} else {
 				failures++
-				m.guestWarn(in, "connecting to guest", "err", err, "attempt", failures)
+				m.conduct.warn(in, "connecting to guest", "err", err, "attempt", failures)
 			}
 		}
 		var cdone <-chan struct{}
@@ -397,7 +415,7 @@ func (m *Manager) watch(in *instance) {
 			if in.ctx.Err() != nil {
 				return // ended by a stop, delete or pause, which records it
 			}
-			m.meter.vmEnded(in, mach)
+			m.Meter.vmEnded(in, mach)
 			m.finish(in, ReasonVMExited)
 			return
 		case <-cdone:
@@ -417,8 +435,8 @@ func (m *Manager) watch(in *instance) {
 				case <-time.After(100 * time.Millisecond):
 				}
 				failures++
-				m.guestViolation(in, guest.Violation{Method: "session", Problem: "ended right after the handshake"})
-				m.guestWarn(in, "guest connection lost right after the handshake; reconnecting", "attempt", failures)
+				m.conduct.violation(in, guest.Violation{Method: "session", Problem: "ended right after the handshake"})
+				m.conduct.warn(in, "guest connection lost right after the handshake; reconnecting", "attempt", failures)
 				select {
 				case <-in.ctx.Done():
 				case <-time.After(backoff(failures)):
@@ -426,7 +444,7 @@ func (m *Manager) watch(in *instance) {
 				continue
 			}
 			failures = 0
-			m.guestWarn(in, "guest connection lost; reconnecting")
+			m.conduct.warn(in, "guest connection lost; reconnecting")
 		case <-retry:
 		}
 	}
@@ -435,7 +453,7 @@ func (m *Manager) watch(in *instance) {
 // finish records that a sandbox's VM has ended, unless a stop or delete got
 // there first, and forgets the instance.
 func (m *Manager) finish(in *instance, reason string) {
-	m.closeGate(in)
+	m.gates.close(in)
 	m.mu.Lock()
 	if m.live[in.id] == in {
 		delete(m.live, in.id)
@@ -464,7 +482,7 @@ func (m *Manager) markStopped(id, reason string) {
 		m.log.Error("recording stopped sandbox", "sandbox_id", id, "err", err)
 	}
 	if changed {
-		m.releaseVolumes(id)
+		m.volumes.release(id)
 		m.event(id, "stopped", "sandbox stopped", map[string]any{"reason": reason})
 	}
 }
@@ -483,7 +501,7 @@ func (m *Manager) Close() {
 	m.cancel()
 	for _, in := range live {
 		in.cancel()
-		m.closeGate(in)
+		m.gates.close(in)
 		if c := in.guest(); c != nil {
 			c.Close()
 		}
@@ -514,7 +532,7 @@ func (m *Manager) List(ctx context.Context, opts ListOptions) ([]*Sandbox, strin
 // WaitFor implements api.Manager.WaitFor.
 func (m *Manager) WaitFor(ctx context.Context, owner, id string, states ...State) (*Sandbox, error) {
 	for {
-		ch := m.changes(id)
+		ch := m.waiters.changes(id)
 		sb, err := m.get(ctx, owner, id)
 		if err != nil {
 			return nil, err
@@ -533,7 +551,7 @@ func (m *Manager) WaitFor(ctx context.Context, owner, id string, states ...State
 
 // Stop implements api.Manager.Stop.
 func (m *Manager) Stop(ctx context.Context, owner, id string) (_ *Sandbox, err error) {
-	defer func() { m.observeOp("stop", err) }()
+	defer func() { m.outcomes.op("stop", err) }()
 	if _, err := m.get(ctx, owner, id); err != nil {
 		return nil, err
 	}
@@ -594,18 +612,18 @@ func (m *Manager) endVM(id string) {
 	mach, c := in.machine, in.client
 	in.mu.Unlock()
 	if c != nil {
-		m.meter.guestClosing(in) // the guest's last word on its busy time
-		m.syncVolumes(id, c)
+		m.Meter.guestClosing(in) // the guest's last word on its busy time
+		m.volumes.sync(id, c)
 		c.Close()
 	}
-	m.closeGate(in)
+	m.gates.close(in)
 	if mach != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		if err := mach.Stop(sctx); err != nil {
 			m.log.Error("stopping vm", "sandbox_id", id, "err", err)
 		}
 		cancel()
-		m.meter.vmEnded(in, mach)
+		m.Meter.vmEnded(in, mach)
 	}
 	m.mu.Lock()
 	if m.live[id] == in {
@@ -616,7 +634,7 @@ func (m *Manager) endVM(id string) {
 
 // Delete implements api.Manager.Delete.
 func (m *Manager) Delete(ctx context.Context, owner, id string) (_ *Sandbox, err error) {
-	defer func() { m.observeOp("delete", err) }()
+	defer func() { m.outcomes.op("delete", err) }()
 	sb, err := m.get(ctx, owner, id)
 	if err != nil {
 		return nil, err
@@ -632,7 +650,7 @@ func (m *Manager) Delete(ctx context.Context, owner, id string) (_ *Sandbox, err
 // then ends its VM, removes its files and records it deleted.
 func (m *Manager) delete(ctx context.Context, id, reason string) (*Sandbox, error) {
 	if kept, err := m.cfg.Store.GetSandbox(ctx, id); err == nil {
-		m.meter.accrueKept(ctx, kept, m.now()) // a paused or stopped one's disk, up to its end
+		m.Meter.accrueKept(ctx, kept, m.now()) // a paused or stopped one's disk, up to its end
 	}
 	sb, err := m.update(ctx, id, func(s *Sandbox) bool {
 		if s.State == StateDeleted || s.State == StateDeleting {
@@ -660,13 +678,13 @@ func (m *Manager) delete(ctx context.Context, id, reason string) (*Sandbox, erro
 func (m *Manager) finishDelete(ctx context.Context, id string) (*Sandbox, error) {
 	m.endVM(id)
 	faultpoint.Hit("delete.vm_ended")
-	if err := removeAll(m.dir(id)); err != nil {
+	if err := removeAll(m.files.dir(id)); err != nil {
 		// The record stays deleting, and the next start tries again.
 		return nil, fmt.Errorf("removing the files of sandbox %s: %w", id, err)
 	}
 	faultpoint.Hit("delete.files_removed")
-	m.rememberEnv(id, nil)
-	m.releaseVolumes(id)
+	m.envs.remember(id, nil)
+	m.volumes.release(id)
 	if ps, ok := m.cfg.Store.(PreviewStore); ok {
 		// Its URLs are refused already (OpenPreview); this drops the rows.
 		if err := ps.DeletePreviews(ctx, id, 0); err != nil {
@@ -689,7 +707,7 @@ func (m *Manager) finishDelete(ctx context.Context, id string) (*Sandbox, error)
 	if changed {
 		m.event(id, "deleted", "sandbox deleted", map[string]any{"reason": sb.StopReason})
 		if sb.SnapshotID != "" {
-			m.snapshots.RemoveUnusedSnapshots(ctx) // it may have been the last user of a deleted snapshot
+			m.Snapshots.RemoveUnusedSnapshots(ctx) // it may have been the last user of a deleted snapshot
 		}
 	}
 	return sb, err

@@ -146,7 +146,7 @@ func TestLeaseClock(t *testing.T) {
 	waitState(t, m, "k", b.ID, sandbox.StateRunning)
 
 	e.clock.Advance(59 * time.Second)
-	if ended := m.Reaper().ExpireLeases(ctx); len(ended) != 0 {
+	if ended := m.Reaper.ExpireLeases(ctx); len(ended) != 0 {
 		t.Fatalf("at 59s ended %v, want none", ended)
 	}
 	// Extending a: its lease now ends 30 s from now (89 s after ready).
@@ -154,12 +154,12 @@ func TestLeaseClock(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.clock.Advance(1 * time.Second)
-	if ended := m.Reaper().ExpireLeases(ctx); len(ended) != 1 || ended[0] != b.ID {
+	if ended := m.Reaper.ExpireLeases(ctx); len(ended) != 1 || ended[0] != b.ID {
 		t.Fatalf("at 60s ended %v, want only %s", ended, b.ID)
 	}
 	waitState(t, m, "k", b.ID, sandbox.StateDeleted)
 	e.clock.Advance(29 * time.Second)
-	if ended := m.Reaper().ExpireLeases(ctx); len(ended) != 1 || ended[0] != a.ID {
+	if ended := m.Reaper.ExpireLeases(ctx); len(ended) != 1 || ended[0] != a.ID {
 		t.Fatalf("at 89s ended %v, want %s", ended, a.ID)
 	}
 	sb := waitState(t, m, "k", a.ID, sandbox.StateStopped)

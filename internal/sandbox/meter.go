@@ -33,6 +33,7 @@ import (
 // running sandboxes on its own clock (Run).
 type Meter struct {
 	host     meterHost
+	files    sandboxFiles
 	store    MeterStore
 	records  Store
 	rates    pricing.Rates
@@ -43,21 +44,17 @@ type Meter struct {
 }
 
 // meterHost is what the meter reads of the manager: its records as an
-// owner sees them, its live VMs and their directories, its clock.
+// owner sees them, its live VMs, its clock.
 type meterHost interface {
 	Get(ctx context.Context, owner, id string) (*Sandbox, error)
 	instances() []*instance
-	dir(id string) string
 	now() time.Time
 }
 
 func newMeter(m *Manager) *Meter {
 	return &Meter{host: m, store: m.cfg.Meter, records: m.cfg.Store, rates: m.cfg.Rates,
-		interval: m.cfg.MeterInterval, ledger: m.cfg.Admission, log: m.log, ctx: m.ctx}
+		interval: m.cfg.MeterInterval, ledger: m.cfg.Admission, log: m.log, ctx: m.ctx, files: m.files}
 }
-
-// Meter is the manager's meter: usage, metrics and the metering loop.
-func (m *Manager) Meter() *Meter { return m.meter }
 
 // DefaultMeterInterval is how often running sandboxes are read when the
 // configuration names no interval.
@@ -271,7 +268,7 @@ func (mt *Meter) accrueKept(ctx context.Context, sb *Sandbox, now time.Time) {
 	if (sb.State != StatePaused && sb.State != StateStopped) || since == nil || sb.DiskRemovedAt != nil {
 		return
 	}
-	if err := mt.store.AccrueStorage(ctx, sb.ID, metering.KindSandbox, sb.OwnerKeyID, allocated(mt.host.dir(sb.ID)), *since, now); err != nil {
+	if err := mt.store.AccrueStorage(ctx, sb.ID, metering.KindSandbox, sb.OwnerKeyID, allocated(mt.files.dir(sb.ID)), *since, now); err != nil {
 		mt.log.Warn("charging a kept disk", "sandbox_id", sb.ID, "err", err)
 	}
 }

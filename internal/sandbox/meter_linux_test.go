@@ -62,7 +62,7 @@ func TestMeterStopBetweenSamples(t *testing.T) {
 	mach := e.drv.Machine(sb.ID)
 	mach.AddCPU(3 * time.Second)
 	e.clock.Advance(10 * time.Second)
-	m.Meter().SettleAll(ctx)
+	m.Meter.SettleAll(ctx)
 
 	mach.AddCPU(2 * time.Second)
 	e.clock.Advance(5 * time.Second)
@@ -76,7 +76,7 @@ func TestMeterStopBetweenSamples(t *testing.T) {
 	}
 	// Paused, it is charged for no time, only for its kept disk.
 	e.clock.Advance(time.Hour)
-	m.Meter().SettleAll(ctx)
+	m.Meter.SettleAll(ctx)
 	if after := usageOf(t, e, metering.Query{Owner: "k"}); after.RunningMs != 15000 {
 		t.Errorf("a paused sandbox ran %d ms", after.RunningMs)
 	}
@@ -116,7 +116,7 @@ func TestMeterRestartCountsNothingTwice(t *testing.T) {
 	mach := e.drv.Machine(sb.ID)
 	mach.AddCPU(time.Second)
 	e.clock.Advance(10 * time.Second)
-	m1.Meter().SettleAll(ctx)
+	m1.Meter.SettleAll(ctx)
 	mach.AddCPU(500 * time.Millisecond) // used while no server watched
 	e.clock.Advance(3 * time.Second)
 	m1.Close()
@@ -129,8 +129,8 @@ func TestMeterRestartCountsNothingTwice(t *testing.T) {
 	waitMeter(t, e, sb.ID)
 	mach.AddCPU(2 * time.Second)
 	e.clock.Advance(7 * time.Second)
-	m2.Meter().SettleAll(ctx)
-	m2.Meter().SettleAll(ctx) // a second reading at the same instant adds nothing
+	m2.Meter.SettleAll(ctx)
+	m2.Meter.SettleAll(ctx) // a second reading at the same instant adds nothing
 	got := usageOf(t, e, metering.Query{Owner: "k"})
 	if got.RunningMs != 20000 || got.ActiveCPUNs != int64(3500*time.Millisecond) || got.Runs != 1 {
 		t.Errorf("usage %+v; want 20 s running, 3.5 s of CPU, one run", got)
@@ -154,7 +154,7 @@ func TestMeterKeptDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.clock.Advance(time.Hour)
-	m.Meter().SettleAll(ctx)
+	m.Meter.SettleAll(ctx)
 	hour := int64(time.Hour / time.Millisecond)
 	if got := usageOf(t, e, metering.Query{Owner: "k"}).StorageMiBMs; got < 4*hour || got > 5*hour {
 		t.Errorf("after an hour kept: %d MiB-ms, want about %d", got, 4*hour)
@@ -212,12 +212,12 @@ func TestPortTrafficKeepsSandboxAwake(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.clock.Advance(50 * time.Second) // 100 s since the open, 50 s since the traffic
-	m.Reaper().ExpireLeases(ctx)
+	m.Reaper.ExpireLeases(ctx)
 	if got, _ := m.Get(ctx, "k", sb.ID); got.State != sandbox.StateRunning {
 		t.Fatalf("paused while its port carried traffic 50 s ago: %s", got.State)
 	}
 	e.clock.Advance(11 * time.Second) // 61 s without traffic
-	m.Reaper().ExpireLeases(ctx)
+	m.Reaper.ExpireLeases(ctx)
 	if got, _ := m.Get(ctx, "k", sb.ID); got.State != sandbox.StatePausing && got.State != sandbox.StatePaused {
 		t.Errorf("still %s after 61 s without traffic, want pausing", got.State)
 	}

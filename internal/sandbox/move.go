@@ -27,6 +27,9 @@ import (
 // the fences of a node that comes back or is fenced (fence.go).
 type Moves struct {
 	host    moveHost
+	files   sandboxFiles
+	envs    *envMemory // a moved sandbox's env is forgotten here
+	waiters *waiters
 	meter   *Meter
 	records Store
 	driver  vmm.Driver
@@ -37,28 +40,20 @@ type Moves struct {
 }
 
 // moveHost is what moves and fences need of the manager: a sandbox's VM
-// lock, spec, directory and instance, word of a change, the clock, and
-// its close.
+// lock and instance, the clock, and its close.
 type moveHost interface {
 	lockOp(id string) (unlock func())
-	vmSpec(sb *Sandbox) vmm.Spec
 	liveInstance(id string) *instance
 	instances() []*instance
-	dir(id string) string
-	dirRoot() string
-	rememberEnv(id string, env map[string]string)
-	notify(id string)
 	now() time.Time
 	Close()
 }
 
 func newMoves(m *Manager) *Moves {
-	return &Moves{host: m, meter: m.meter, records: m.cfg.Store, driver: m.cfg.Driver, ledger: m.cfg.Admission,
-		volumes: m.cfg.Volumes, dataDir: m.cfg.DataDir, log: m.log}
+	return &Moves{host: m, meter: m.Meter, records: m.cfg.Store, driver: m.cfg.Driver, ledger: m.cfg.Admission,
+		volumes: m.cfg.Volumes, dataDir: m.cfg.DataDir, log: m.log, files: m.files,
+		envs: m.envs, waiters: m.waiters}
 }
-
-// Moves is the manager's moves and fences, for a cluster node.
-func (m *Manager) Moves() *Moves { return m.moves }
 
 // liveInstance is the instance of sandbox id, if this process runs its VM.
 func (m *Manager) liveInstance(id string) *instance {
@@ -93,7 +88,7 @@ func (mv *Moves) MoveOut(ctx context.Context, id string, send func(ctx context.C
 	if sb.State != StatePaused {
 		return notPausedForMove(sb)
 	}
-	spec := mv.host.vmSpec(sb)
+	spec := mv.files.vmSpec(sb)
 	live := mv.host.liveInstance(id) != nil
 	if live || !mv.driver.Saved(spec) || !mv.ledger.Held(id) {
 		return errNotOnNode(id)
@@ -114,12 +109,12 @@ func (mv *Moves) MoveOut(ctx context.Context, id string, send func(ctx context.C
 	}
 	// The sandbox is the other node's now: nothing of it stays here.
 	mv.ledger.Release(id)
-	mv.host.rememberEnv(id, nil)
-	if err := removeAll(mv.host.dir(id)); err != nil {
+	mv.envs.remember(id, nil)
+	if err := removeAll(mv.files.dir(id)); err != nil {
 		mv.log.Warn("removing the files of a sandbox moved to another node", "sandbox_id", id, "err", err)
 	}
 	mv.log.Info("paused sandbox moved to another node", "sandbox_id", id)
-	mv.host.notify(id)
+	mv.waiters.notify(id)
 	return nil
 }
 
@@ -145,7 +140,7 @@ func (mv *Moves) MoveIn(ctx context.Context, sb *Sandbox, receive func(ctx conte
 	}
 	unlock := mv.host.lockOp(sb.ID)
 	defer unlock()
-	final := mv.host.dir(sb.ID)
+	final := mv.files.dir(sb.ID)
 	live := mv.host.liveInstance(sb.ID) != nil
 	if _, err := os.Lstat(final); live || !errors.Is(err, os.ErrNotExist) {
 		return errdefs.New(errdefs.ErrConflict, "already_on_node", "sandbox %s already has files on this node", sb.ID)
@@ -185,7 +180,7 @@ func (mv *Moves) MoveIn(ctx context.Context, sb *Sandbox, receive func(ctx conte
 		return fmt.Errorf("moving in sandbox %s: %w", sb.ID, err)
 	}
 	left = final
-	spec := mv.host.vmSpec(sb)
+	spec := mv.files.vmSpec(sb)
 	if err := mover.Moved(ctx, spec); err != nil {
 		return fmt.Errorf("moving in sandbox %s: %w", sb.ID, err)
 	}
@@ -198,7 +193,7 @@ func (mv *Moves) MoveIn(ctx context.Context, sb *Sandbox, receive func(ctx conte
 	// The commit records the move's event, with both nodes, in its
 	// transaction.
 	mv.log.Info("paused sandbox moved to this node", "sandbox_id", sb.ID)
-	mv.host.notify(sb.ID)
+	mv.waiters.notify(sb.ID)
 	return nil
 }
 

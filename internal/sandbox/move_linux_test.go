@@ -64,7 +64,7 @@ func moveTo(dst node, commit func(ctx context.Context) error) func(ctx context.C
 		if commit == nil {
 			commit = func(context.Context) error { return nil }
 		}
-		return dst.m.Moves().MoveIn(ctx, sb, copyFiles(files), commit)
+		return dst.m.Moves.MoveIn(ctx, sb, copyFiles(files), commit)
 	}
 }
 
@@ -86,7 +86,7 @@ func TestMovePausedSandbox(t *testing.T) {
 	if _, err := exec(ctx, a.m, "k", sb.ID, agentproto.ExecRequest{Command: "echo kept > " + file}); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.m.Moves().MoveOut(ctx, sb.ID, moveTo(b, nil)); errdefs.Code(err) != "not_paused" || !errdefs.IsConflict(err) {
+	if err := a.m.Moves.MoveOut(ctx, sb.ID, moveTo(b, nil)); errdefs.Code(err) != "not_paused" || !errdefs.IsConflict(err) {
 		t.Fatalf("moving a running sandbox: %v, want conflict not_paused", err)
 	}
 	pause(t, a.m, sb.ID)
@@ -100,7 +100,7 @@ func TestMovePausedSandbox(t *testing.T) {
 		committed = true
 		return nil
 	}
-	if err := a.m.Moves().MoveOut(ctx, sb.ID, moveTo(b, commit)); err != nil {
+	if err := a.m.Moves.MoveOut(ctx, sb.ID, moveTo(b, commit)); err != nil {
 		t.Fatal(err)
 	}
 	if !committed {
@@ -140,7 +140,7 @@ func TestMovePausedSandbox(t *testing.T) {
 
 	// And back again: a sandbox moved once moves like any other.
 	pause(t, b.m, sb.ID)
-	if err := b.m.Moves().MoveOut(ctx, sb.ID, moveTo(a, nil)); err != nil {
+	if err := b.m.Moves.MoveOut(ctx, sb.ID, moveTo(a, nil)); err != nil {
 		t.Fatal(err)
 	}
 	wake(t, a.m, sb.ID)
@@ -164,7 +164,7 @@ func TestMoveFailureKeepsSandbox(t *testing.T) {
 	for name, send := range map[string]func(ctx context.Context, sb *sandbox.Sandbox, files map[string]string) error{
 		"send fails": func(context.Context, *sandbox.Sandbox, map[string]string) error { return refused },
 		"receive fails": func(ctx context.Context, sb *sandbox.Sandbox, files map[string]string) error {
-			return b.m.Moves().MoveIn(ctx, sb, func(ctx context.Context, dir string) error {
+			return b.m.Moves.MoveIn(ctx, sb, func(ctx context.Context, dir string) error {
 				if err := copyFiles(files)(ctx, dir); err != nil {
 					return err
 				}
@@ -177,7 +177,7 @@ func TestMoveFailureKeepsSandbox(t *testing.T) {
 		},
 		"commit fails": moveTo(b, commitFails),
 	} {
-		err := a.m.Moves().MoveOut(ctx, sb.ID, send)
+		err := a.m.Moves.MoveOut(ctx, sb.ID, send)
 		if err == nil {
 			t.Fatalf("%s: MoveOut succeeded", name)
 		}
@@ -220,11 +220,11 @@ func TestMoveRefusals(t *testing.T) {
 	}
 
 	vols.set(sb.ID)
-	if err := a.m.Moves().MoveOut(ctx, sb.ID, noSend); errdefs.Code(err) != "volumes_attached" || !errdefs.IsConflict(err) {
+	if err := a.m.Moves.MoveOut(ctx, sb.ID, noSend); errdefs.Code(err) != "volumes_attached" || !errdefs.IsConflict(err) {
 		t.Errorf("moving a sandbox with volumes: %v, want conflict volumes_attached", err)
 	}
 	vols.set("")
-	if err := b.m.Moves().MoveOut(ctx, sb.ID, noSend); errdefs.Code(err) != "not_on_node" {
+	if err := b.m.Moves.MoveOut(ctx, sb.ID, noSend); errdefs.Code(err) != "not_on_node" {
 		t.Errorf("moving out a sandbox of another node: %v, want not_on_node", err)
 	}
 	rec, err := e.st.GetSandbox(ctx, sb.ID)
@@ -236,31 +236,31 @@ func TestMoveRefusals(t *testing.T) {
 		return nil
 	}
 	commit := func(context.Context) error { return nil }
-	if err := a.m.Moves().MoveIn(ctx, rec, receive, commit); errdefs.Code(err) != "already_on_node" {
+	if err := a.m.Moves.MoveIn(ctx, rec, receive, commit); errdefs.Code(err) != "already_on_node" {
 		t.Errorf("moving in a sandbox already here: %v, want already_on_node", err)
 	}
 	bad := *rec
 	bad.ID = "../" + rec.ID
-	if err := b.m.Moves().MoveIn(ctx, &bad, receive, commit); !errdefs.IsInvalidArgument(err) {
+	if err := b.m.Moves.MoveIn(ctx, &bad, receive, commit); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("moving in a sandbox named %q: %v, want invalid", bad.ID, err)
 	}
 	live := *rec
 	live.State = sandbox.StateRunning
-	if err := b.m.Moves().MoveIn(ctx, &live, receive, commit); errdefs.Code(err) != "not_paused" {
+	if err := b.m.Moves.MoveIn(ctx, &live, receive, commit); errdefs.Code(err) != "not_paused" {
 		t.Errorf("moving in a running sandbox: %v, want not_paused", err)
 	}
 	full := e.node(func(cfg *sandbox.Config) {
 		cfg.Admission = admission.New(admission.Config{DiskFreeMiB: func() (int64, error) { return 1024, nil }})
 	})
-	if err := full.m.Moves().MoveIn(ctx, rec, receive, commit); errdefs.Code(err) != admission.CodeNoCapacity {
+	if err := full.m.Moves.MoveIn(ctx, rec, receive, commit); errdefs.Code(err) != admission.CodeNoCapacity {
 		t.Errorf("moving into a node without room: %v, want no_capacity", err)
 	}
 
 	plain := e.node(func(cfg *sandbox.Config) { cfg.Driver = noMover{e.drv} })
-	if err := plain.m.Moves().MoveOut(ctx, sb.ID, noSend); errdefs.Code(err) != "move_unsupported" {
+	if err := plain.m.Moves.MoveOut(ctx, sb.ID, noSend); errdefs.Code(err) != "move_unsupported" {
 		t.Errorf("MoveOut with a driver that cannot move: %v, want move_unsupported", err)
 	}
-	if err := plain.m.Moves().MoveIn(ctx, rec, receive, commit); errdefs.Code(err) != "move_unsupported" {
+	if err := plain.m.Moves.MoveIn(ctx, rec, receive, commit); errdefs.Code(err) != "move_unsupported" {
 		t.Errorf("MoveIn with a driver that cannot move: %v, want move_unsupported", err)
 	}
 	wake(t, a.m, sb.ID) // still a's, and whole
@@ -307,7 +307,7 @@ func TestRemoveMovedAway(t *testing.T) {
 		}
 	}
 	var asked []string
-	removed, err := n.m.Moves().RemoveMovedAway(context.Background(), func(_ context.Context, ids []string) ([]string, error) {
+	removed, err := n.m.Moves.RemoveMovedAway(context.Background(), func(_ context.Context, ids []string) ([]string, error) {
 		asked = ids
 		return []string{"sbx_gone"}, nil
 	})
@@ -323,7 +323,7 @@ func TestRemoveMovedAway(t *testing.T) {
 	if _, err := os.Stat(n.sandboxDir("sbx_mine")); err != nil {
 		t.Errorf("the node's own sandbox's directory: %v", err)
 	}
-	if _, err := n.m.Moves().RemoveMovedAway(context.Background(), func(context.Context, []string) ([]string, error) {
+	if _, err := n.m.Moves.RemoveMovedAway(context.Background(), func(context.Context, []string) ([]string, error) {
 		return nil, errors.New("store down")
 	}); err == nil {
 		t.Error("an error of the store was not returned")

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"net/netip"
 	"reflect"
@@ -37,17 +38,35 @@ func truncate(s string, n int) string {
 	return s[:n]
 }
 
-// newGate returns the egress gate of a sandbox, whose refusals become
-// events of the sandbox.
-func (m *Manager) newGate(id string, pol *egress.Compiled, version int64) *egress.Gate {
-	g := egress.NewGate(m.cfg.Egress, pol)
+// gates makes, rebuilds and closes the per-VM egress gates of sandboxes.
+type gates struct {
+	host          gateHost
+	egress        *egress.Operator // the operator's ceiling
+	egressDefault egress.Policy    // the policy of a sandbox from before policies were stored
+	records       Store
+	obs           Observer
+	vols          Volumes // serves volume streams; nil: none
+	log           *slog.Logger
+}
+
+// gateHost is what gates need of the manager: goroutines it owns and
+// sandbox events.
+type gateHost interface {
+	spawn(f func()) bool
+	event(id, typ, msg string, data map[string]any)
+}
+
+// open returns the egress gate of a sandbox, whose refusals become events
+// of the sandbox.
+func (gs *gates) open(id string, pol *egress.Compiled, version int64) *egress.Gate {
+	g := egress.NewGate(gs.egress, pol)
 	if version > 1 {
 		g.SetPolicy(pol, version)
 	}
 	var n, recorded atomic.Int64
 	var last atomic.Int64 // unix nanoseconds of the last recorded refusal
 	g.OnRefuse = func(r *egress.Refusal) {
-		m.cfg.Observer.EgressRefused(string(r.Reason))
+		gs.obs.EgressRefused(string(r.Reason))
 		c := n.Add(1)
 		if c > maxRefusalEvents {
 			// A guest can refuse itself in a loop: past the first ones,
@@ -61,35 +80,35 @@ func (m *Manager) newGate(id string, pol *egress.Compiled, version int64) *egres
 			last.Store(time.Now().UnixNano())
 		}
 		recorded.Add(1)
-		m.spawn(func() {
+		gs.host.spawn(func() {
 			// The target is the guest's to choose: kept short.
 			target := truncate(r.Target, maxEventTarget)
-			m.event(id, "egress_refused", "egress to "+target+" refused: "+string(r.Reason),
+			gs.host.event(id, "egress_refused", "egress to "+target+" refused: "+string(r.Reason),
 				map[string]any{"reason": string(r.Reason), "target": target, "refusals": c})
 		})
 	}
 	return g
 }
 
-// restoreGate rebuilds the gate of a reattached sandbox from the store.
-func (m *Manager) restoreGate(ctx context.Context, id string) *egress.Gate {
-	n, err := m.cfg.Store.GetNetwork(ctx, id)
+// restore rebuilds the gate of a reattached sandbox from the store.
+func (gs *gates) restore(ctx context.Context, id string) *egress.Gate {
+	n, err := gs.records.GetNetwork(ctx, id)
 	if err == nil {
 		c, cerr := egress.Compile(n.Policy)
 		if cerr == nil {
-			return m.newGate(id, c, n.Version)
+			return gs.open(id, c, n.Version)
 		}
 		err = cerr
 	}
 	if errdefs.IsNotFound(err) {
 		// A sandbox from before policies were stored gets the default.
-		if c, err := egress.Compile(m.cfg.EgressDefault); err == nil {
-			return m.newGate(id, c, 1)
+		if c, err := egress.Compile(gs.egressDefault); err == nil {
+			return gs.open(id, c, 1)
 		}
 	}
 	// Any other failure fails closed: no egress until the policy is set again.
-	m.log.Error("restoring egress policy; the sandbox gets no egress", "sandbox_id", id, "err", err)
-	return m.newGate(id, egress.MustCompile(egress.Policy{}), 1)
+	gs.log.Error("restoring egress policy; the sandbox gets no egress", "sandbox_id", id, "err", err)
+	return gs.open(id, egress.MustCompile(egress.Policy{}), 1)
 }
 
 func (in *instance) egressGate() *egress.Gate {
@@ -98,9 +117,9 @@ func (in *instance) egressGate() *egress.Gate {
 	return in.gate
 }
 
-// closeGate cuts the sandbox's connections and records the gate's totals
-// (the counters live in memory only; the event keeps them for metering).
-func (m *Manager) closeGate(in *instance) {
+// close cuts the sandbox's connections and records the gate's totals (the
+// counters live in memory only; the event keeps them for metering).
+func (gs *gates) close(in *instance) {
 	in.mu.Lock()
 	g := in.gate
 	in.gate = nil
@@ -113,15 +132,15 @@ func (m *Manager) closeGate(in *instance) {
 	in.egressOut.Store(c.BytesOut)
 	in.egressIn.Store(c.BytesIn)
 	if c.BytesIn+c.BytesOut+c.Refused > 0 {
-		m.event(in.id, "egress_totals", "egress totals of this run", map[string]any{
+		gs.host.event(in.id, "egress_totals", "egress totals of this run", map[string]any{
 			"bytesIn": c.BytesIn, "bytesOut": c.BytesOut, "refused": c.Refused, "dials": c.Dials})
 	}
 }
 
-// egressHandler serves the streams a sandbox's guest opens with the
-// sandbox's gate, looked up per stream: there is none once it stops.
-func (m *Manager) egressHandler(in *instance) guest.EgressHandler {
-	return gateHandler{in: in, vols: m.cfg.Volumes}
+// handler serves the streams a sandbox's guest opens with the sandbox's
+// gate, looked up per stream: there is none once it stops.
+func (gs *gates) handler(in *instance) guest.EgressHandler {
+	return gateHandler{in: in, vols: gs.vols}
 }
 
 type gateHandler struct {
@@ -176,9 +195,6 @@ type networkHost interface {
 	event(id, typ, msg string, data map[string]any)
 	now() time.Time
 }
-
-// Networks is the manager's egress policies.
-func (m *Manager) Networks() *Networks { return m.networks }
 
 // Network returns a sandbox's egress policy and whether it is enforced.
 func (nw *Networks) Network(ctx context.Context, owner, id string) (*NetworkStatus, error) {

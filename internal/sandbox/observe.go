@@ -29,7 +29,11 @@ func (noObserver) SandboxOp(string, string)          {}
 func (noObserver) ObserveBoot(string, time.Duration) {}
 func (noObserver) LeaseExpired(string)               {}
 
-func (m *Manager) observeOp(op string, err error) {
+// outcomes tells the Observer how operations and boots went.
+type outcomes struct{ obs Observer }
+
+// op counts an operation by its outcome.
+func (o outcomes) op(op string, err error) {
 	outcome := "ok"
 	switch {
 	case err == nil:
@@ -39,11 +43,11 @@ func (m *Manager) observeOp(op string, err error) {
 	default:
 		outcome = "error"
 	}
-	m.cfg.Observer.SandboxOp(op, outcome)
+	o.obs.SandboxOp(op, outcome)
 }
 
-// observeReady records the boot or restore whose ready event carries data.
-func (m *Manager) observeReady(data map[string]any) {
+// ready records the boot or restore whose ready event carries data.
+func (o outcomes) ready(data map[string]any) {
 	ms := func(k string) (time.Duration, bool) {
 		v, ok := data[k].(int64)
 		return time.Duration(v) * time.Millisecond, ok
@@ -51,17 +55,17 @@ func (m *Manager) observeReady(data map[string]any) {
 	switch {
 	case data["template"] == true:
 		if d, ok := ms("resumeMs"); ok {
-			m.cfg.Observer.ObserveBoot("template", d)
+			o.obs.ObserveBoot("template", d)
 		}
 	case data["snapshotId"] != nil:
 		if d, ok := ms("resumeMs"); ok {
-			m.cfg.Observer.ObserveBoot("fork", d)
+			o.obs.ObserveBoot("fork", d)
 		}
 	default:
 		if d, ok := ms("wakeMs"); ok {
-			m.cfg.Observer.ObserveBoot("restore", d)
+			o.obs.ObserveBoot("restore", d)
 		} else if d, ok := ms("bootMs"); ok {
-			m.cfg.Observer.ObserveBoot("cold", d)
+			o.obs.ObserveBoot("cold", d)
 		}
 	}
 }

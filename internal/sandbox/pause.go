@@ -65,7 +65,7 @@ func notPaused(sb *Sandbox) error {
 // pausing and paused in the background; a pausing or paused one is
 // answered as it is (pausing twice is one pause).
 func (m *Manager) Pause(ctx context.Context, owner, id string) (_ *Sandbox, err error) {
-	defer func() { m.observeOp("pause", err) }()
+	defer func() { m.outcomes.op("pause", err) }()
 	sb, err := m.Get(ctx, owner, id)
 	if err != nil {
 		return nil, err
@@ -96,7 +96,7 @@ func (m *Manager) pause(ctx context.Context, id, why string) (*Sandbox, error) {
 	sb, err := m.update(ctx, id, func(s *Sandbox) bool {
 		// An idle pause looks again in the transaction: a call that
 		// began since the sandbox was found idle keeps it running.
-		if changed = s.State == StateRunning && (why != PauseIdle || m.reaper.idle(s, now)); changed {
+		if changed = s.State == StateRunning && (why != PauseIdle || m.Reaper.idle(s, now)); changed {
 			s.State, s.PausedAt = StatePausing, &now
 		}
 		return changed
@@ -135,8 +135,8 @@ func (m *Manager) pauseLocked(id, why string, record bool) bool {
 	if in != nil {
 		in.cancel() // the watcher lets go; the guest connection goes with the VMM
 		<-in.bootDone
-		m.meter.guestClosing(in)
-		m.detach(context.Background(), in)
+		m.Meter.guestClosing(in)
+		m.link.detach(context.Background(), in)
 		in.mu.Lock()
 		mach = in.machine
 		in.mu.Unlock()
@@ -159,10 +159,10 @@ func (m *Manager) pauseLocked(id, why string, record bool) bool {
 	}
 	faultpoint.Hit("pause.saved")
 	if in != nil {
-		m.meter.vmEnded(in, mach)
+		m.Meter.vmEnded(in, mach)
 		m.forget(in)
 	}
-	if err != nil && !m.cfg.Driver.Saved(m.vmSpec(sb)) {
+	if err != nil && !m.cfg.Driver.Saved(m.files.vmSpec(sb)) {
 		m.markStopped(id, ReasonPauseFailed)
 		return false
 	}
@@ -205,11 +205,11 @@ func (m *Manager) carryOn(old *instance, mach vmm.Machine) {
 	if err := vmm.Continue(ctx, mach); err != nil {
 		m.log.Warn("letting the vm run after a failed pause", "sandbox_id", old.id, "err", err)
 	}
-	m.closeGate(old)
-	in := m.newInstance(old.id)
+	m.gates.close(old)
+	in := newInstance(m.ctx, old.id)
 	close(in.bootDone)
 	in.machine = mach
-	in.gate = m.restoreGate(ctx, old.id)
+	in.gate = m.gates.restore(ctx, old.id)
 	in.touch(m.now())
 	m.mu.Lock()
 	m.live[old.id] = in
@@ -234,7 +234,7 @@ func (m *Manager) forget(in *instance) {
 	if c := in.guest(); c != nil {
 		c.Close()
 	}
-	m.closeGate(in)
+	m.gates.close(in)
 	m.mu.Lock()
 	if m.live[in.id] == in {
 		delete(m.live, in.id)
@@ -248,7 +248,7 @@ func (m *Manager) forget(in *instance) {
 // its pause is over; a resuming one is answered as it is; a running one
 // gets not_paused.
 func (m *Manager) Wake(ctx context.Context, owner, id string, timeout *int) (_ *Sandbox, err error) {
-	defer func() { m.observeOp("wake", err) }()
+	defer func() { m.outcomes.op("wake", err) }()
 	sb, err := m.Get(ctx, owner, id)
 	if err != nil {
 		return nil, err
@@ -293,7 +293,7 @@ func (m *Manager) wake(ctx context.Context, id string, timeout *int) (*Sandbox, 
 		// here would find no state and record it stopped.
 		return nil, errNotOnNode(id)
 	}
-	m.meter.accrueKept(ctx, sb, m.now())
+	m.Meter.accrueKept(ctx, sb, m.now())
 	whole := *sb
 	whole.State = StateResuming
 	if err := m.cfg.Admission.Replace(claim(&whole)); err != nil {
@@ -326,9 +326,9 @@ func (m *Manager) wake(ctx context.Context, id string, timeout *int) (*Sandbox, 
 // the sandbox paused if its saved state is still there, else stopped.
 func (m *Manager) finishWake(sb *Sandbox) {
 	start := time.Now()
-	in := m.newInstance(sb.ID)
+	in := newInstance(m.ctx, sb.ID)
 	defer close(in.bootDone)
-	in.gate = m.restoreGate(m.ctx, sb.ID)
+	in.gate = m.gates.restore(m.ctx, sb.ID)
 	m.mu.Lock()
 	m.live[sb.ID] = in
 	m.mu.Unlock()
@@ -336,7 +336,7 @@ func (m *Manager) finishWake(sb *Sandbox) {
 	defer cancel()
 	b, err := m.bootGuest(ctx, bootPlan{
 		in:      in,
-		start:   m.resumeVM(sb, "the vm"),
+		start:   resumeVM(m.cfg.Driver, m.files, sb, "the vm"),
 		started: "wake.resumed",
 		record: func(mach vmm.Machine) error {
 			_, err := m.update(context.Background(), sb.ID, func(s *Sandbox) bool {
@@ -366,7 +366,7 @@ func (m *Manager) running(in *instance, event string, data map[string]any) {
 	changed := false
 	_, err := m.update(context.Background(), in.id, func(s *Sandbox) bool {
 		if changed = s.State == StateResuming; changed {
-			s.State, s.PausedAt, s.ExpiresAt = StateRunning, nil, m.leaseEnd(s, now)
+			s.State, s.PausedAt, s.ExpiresAt = StateRunning, nil, m.cfg.Limits.leaseEnd(s, now)
 			if s.ReadyAt == nil {
 				s.ReadyAt = &now
 			}
@@ -380,7 +380,7 @@ func (m *Manager) running(in *instance, event string, data map[string]any) {
 		return
 	}
 	in.touch(now)
-	m.observeReady(data)
+	m.outcomes.ready(data)
 	m.event(in.id, event, "sandbox is running", data)
 	m.spawn(func() { m.watch(in) })
 }
@@ -404,38 +404,21 @@ func (m *Manager) wakeFailed(in *instance, sb *Sandbox, mach vmm.Machine, cause 
 	if m.closing.Load() {
 		return // shutting down: the record says resuming and Recover decides
 	}
-	if m.cfg.Driver.Saved(m.vmSpec(sb)) {
+	if m.cfg.Driver.Saved(m.files.vmSpec(sb)) {
 		m.recordPaused(sb.ID)
 		return
 	}
 	m.markStopped(sb.ID, ReasonWakeFailed)
 }
 
-// wakeForCall wakes a paused sandbox whose autoWake is on for a guest call
-// and waits until it runs or is paused again (the wake failed, or another
-// pause came first); the caller looks again.
-func (m *Manager) wakeForCall(ctx context.Context, owner string, sb *Sandbox) error {
-	if sb.State == StatePaused {
-		if _, err := m.wake(ctx, sb.ID, nil); err != nil {
-			return err
-		}
-	}
-	wctx, cancel := context.WithTimeout(ctx, pauseTimeout+m.cfg.BootTimeout)
-	defer cancel()
-	if _, err := m.WaitFor(wctx, owner, sb.ID, StateRunning, StatePaused); err != nil {
-		return err
-	}
-	return ctx.Err()
-}
-
 // leaseEnd is when a lease that starts at now ends: nil for a persistent
 // sandbox or one without a time limit; never past the maximum lifetime.
-func (m *Manager) leaseEnd(s *Sandbox, now time.Time) *time.Time {
+func (l Limits) leaseEnd(s *Sandbox, now time.Time) *time.Time {
 	if s.Persistent || s.TimeoutSeconds <= 0 {
 		return nil
 	}
 	end := now.Add(time.Duration(s.TimeoutSeconds) * time.Second)
-	if life := m.lifetimeEnd(s); !life.IsZero() && end.After(life) {
+	if life := l.lifetimeEnd(s); !life.IsZero() && end.After(life) {
 		end = life
 	}
 	return &end

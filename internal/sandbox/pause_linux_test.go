@@ -157,7 +157,7 @@ func TestIdlePauseAndPersistent(t *testing.T) {
 		t.Fatalf("sandboxes without a time limit got leases: %v, %v", a.ExpiresAt, b.ExpiresAt)
 	}
 	e.clock.Advance(59 * time.Second)
-	if got := m.Reaper().ExpireLeases(ctx); len(got) != 0 {
+	if got := m.Reaper.ExpireLeases(ctx); len(got) != 0 {
 		t.Fatalf("at 59 s idle: %v paused, want none", got)
 	}
 	// A call is activity: the idle time starts again.
@@ -165,16 +165,16 @@ func TestIdlePauseAndPersistent(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.clock.Advance(59 * time.Second)
-	if got := m.Reaper().ExpireLeases(ctx); len(got) != 0 {
+	if got := m.Reaper.ExpireLeases(ctx); len(got) != 0 {
 		t.Fatalf("59 s after a call: %v paused, want none", got)
 	}
 	e.clock.Advance(time.Second)
-	if got := m.Reaper().ExpireLeases(ctx); len(got) != 1 || got[0] != a.ID {
+	if got := m.Reaper.ExpireLeases(ctx); len(got) != 1 || got[0] != a.ID {
 		t.Fatalf("60 s idle: %v paused, want %s only (persistent never idles)", got, a.ID)
 	}
 	waitState(t, m, "k", a.ID, sandbox.StatePaused)
 	e.clock.Advance(24 * time.Hour)
-	m.Reaper().ExpireLeases(ctx)
+	m.Reaper.ExpireLeases(ctx)
 	if sb, _ := m.Get(ctx, "k", b.ID); sb.State != sandbox.StateRunning {
 		t.Errorf("persistent sandbox is %s after a day, want running", sb.State)
 	}
@@ -206,12 +206,12 @@ func TestWorkInFlightIsActivity(t *testing.T) {
 		t.Fatalf("%d calls counted in flight, want 2", n)
 	}
 	e.clock.Advance(10 * time.Minute)
-	if got := m.Reaper().ExpireLeases(ctx); len(got) != 0 {
+	if got := m.Reaper.ExpireLeases(ctx); len(got) != 0 {
 		t.Fatalf("10 min into two calls: %v paused, want none", got)
 	}
 	end1()
 	e.clock.Advance(10 * time.Minute)
-	if got := m.Reaper().ExpireLeases(ctx); len(got) != 0 {
+	if got := m.Reaper.ExpireLeases(ctx); len(got) != 0 {
 		t.Fatalf("20 min into a call whose sibling ended: %v paused, want none", got)
 	}
 	// An end is counted by context.AfterFunc in a goroutine of its own:
@@ -228,11 +228,11 @@ func TestWorkInFlightIsActivity(t *testing.T) {
 	end2()
 	inFlight(0)
 	e.clock.Advance(59 * time.Second)
-	if got := m.Reaper().ExpireLeases(ctx); len(got) != 0 {
+	if got := m.Reaper.ExpireLeases(ctx); len(got) != 0 {
 		t.Fatalf("59 s after the last call ended: %v paused, want none", got)
 	}
 	e.clock.Advance(time.Second)
-	if got := m.Reaper().ExpireLeases(ctx); len(got) != 1 || got[0] != a.ID {
+	if got := m.Reaper.ExpireLeases(ctx); len(got) != 1 || got[0] != a.ID {
 		t.Fatalf("60 s after the last call: %v paused, want %s", got, a.ID)
 	}
 	waitState(t, m, "k", a.ID, sandbox.StatePaused)
@@ -246,13 +246,13 @@ func TestLeaseEndPause(t *testing.T) {
 	s.OnLeaseEnd = sandbox.LeaseEndPause
 	sb := running(t, m, s)
 	e.clock.Advance(60 * time.Second)
-	if got := m.Reaper().ExpireLeases(ctx); len(got) != 1 {
+	if got := m.Reaper.ExpireLeases(ctx); len(got) != 1 {
 		t.Fatalf("lease end paused %v", got)
 	}
 	waitState(t, m, "k", sb.ID, sandbox.StatePaused)
 	// A paused sandbox has no lease to expire.
 	e.clock.Advance(time.Hour)
-	if got := m.Reaper().ExpireLeases(ctx); len(got) != 0 {
+	if got := m.Reaper.ExpireLeases(ctx); len(got) != 0 {
 		t.Errorf("a paused sandbox's lease ended again: %v", got)
 	}
 	timeout := 120
@@ -451,7 +451,7 @@ func TestRestart(t *testing.T) {
 	}
 	waitState(t, m, "k", sb.ID, sandbox.StateStopped)
 	e.clock.Advance(2 * time.Hour)
-	if removed := m.Reaper().RemoveStoppedDisks(ctx); len(removed) != 1 {
+	if removed := m.Reaper.RemoveStoppedDisks(ctx); len(removed) != 1 {
 		t.Fatalf("retention removed %v", removed)
 	}
 	_, err = m.Restart(ctx, "k", sb.ID)

@@ -41,19 +41,19 @@ func TestMemoryPressure(t *testing.T) {
 	if _, _, err := m.Guest(call, "k", old.ID); err != nil {
 		t.Fatal(err)
 	}
-	if got := m.Reaper().ExpireLeases(ctx); len(got) != 0 {
+	if got := m.Reaper.ExpireLeases(ctx); len(got) != 0 {
 		t.Fatalf("with memory to spare %v were paused", got)
 	}
 	avail.Store(512)
-	if got := m.Reaper().ExpireLeases(ctx); len(got) != 1 || got[0] != recent.ID {
+	if got := m.Reaper.ExpireLeases(ctx); len(got) != 1 || got[0] != recent.ID {
 		t.Fatalf("under pressure %v were paused, want %s (no call in flight) alone", got, recent.ID)
 	}
 	waitState(t, m, "k", recent.ID, sandbox.StatePaused)
-	if got := m.Reaper().ExpireLeases(ctx); len(got) != 1 || got[0] != old.ID {
+	if got := m.Reaper.ExpireLeases(ctx); len(got) != 1 || got[0] != old.ID {
 		t.Fatalf("still under pressure %v were paused, want %s (the last candidate, call in flight or not)", got, old.ID)
 	}
 	waitState(t, m, "k", old.ID, sandbox.StatePaused)
-	if got := m.Reaper().ExpireLeases(ctx); len(got) != 0 {
+	if got := m.Reaper.ExpireLeases(ctx); len(got) != 0 {
 		t.Fatalf("%v were paused: only persistent sandboxes and ones without autoWake are left", got)
 	}
 	for _, id := range []string{p.ID, n.ID} {

@@ -89,9 +89,6 @@ type previewHost interface {
 	now() time.Time
 }
 
-// Previews is the manager's previews.
-func (m *Manager) Previews() *Previews { return m.previews }
-
 func (pv *Previews) store() (PreviewStore, error) {
 	ps, ok := pv.records.(PreviewStore)
 	if !ok {

@@ -119,7 +119,7 @@ func TestStopVersusLeaseExpiry(t *testing.T) {
 	e.clock.Advance(2 * time.Minute)
 	held, release := holdFirst(m, func(s *sandbox.Sandbox) bool { return s.State == sandbox.StateStopping })
 	expired := make(chan []string, 1)
-	go func() { expired <- m.Reaper().ExpireLeases(ctx) }()
+	go func() { expired <- m.Reaper.ExpireLeases(ctx) }()
 	<-held
 	began := onUpdateStart(m, sb.ID)
 	stopped := make(chan error, 1)

@@ -17,7 +17,7 @@ import (
 // that was being deleted is deleted. Leases that ended meanwhile are
 // enforced by the next tick of Run.
 func (m *Manager) Recover(ctx context.Context) error {
-	m.moves.removeIncoming() // moves cut short: their old node still has them
+	m.Moves.removeIncoming() // moves cut short: their old node still has them
 	live, err := m.cfg.Store.ListLive(ctx)
 	if err != nil {
 		return fmt.Errorf("listing live sandboxes: %w", err)
@@ -42,7 +42,7 @@ func (m *Manager) recoverOne(ctx context.Context, sb *Sandbox) {
 	var mach vmm.Machine
 	var err error
 	if len(sb.VM) > 0 {
-		mach, err = m.cfg.Driver.Attach(ctx, m.vmSpec(sb), sb.VM)
+		mach, err = m.cfg.Driver.Attach(ctx, m.files.vmSpec(sb), sb.VM)
 	} else {
 		err = vmm.ErrGone
 	}
@@ -50,7 +50,7 @@ func (m *Manager) recoverOne(ctx context.Context, sb *Sandbox) {
 		m.recoverGone(ctx, sb, err)
 		return
 	}
-	if sb.State == StateResuming && m.cfg.Driver.Saved(m.vmSpec(sb)) {
+	if sb.State == StateResuming && m.cfg.Driver.Saved(m.files.vmSpec(sb)) {
 		// A VM that runs beside a saved state it has not used: the saved
 		// state is the truth; this VM may not have gone far enough to be.
 		log.Info("ending a vm of an interrupted wake; its saved state stays")
@@ -60,12 +60,12 @@ func (m *Manager) recoverOne(ctx context.Context, sb *Sandbox) {
 		m.recordPaused(sb.ID)
 		return
 	}
-	in := m.newInstance(sb.ID)
+	in := newInstance(m.ctx, sb.ID)
 	in.machine = mach
 	if sb.State != StateStarting {
 		close(in.bootDone)
 	}
-	in.gate = m.restoreGate(ctx, sb.ID)
+	in.gate = m.gates.restore(ctx, sb.ID)
 	m.mu.Lock()
 	m.live[sb.ID] = in
 	m.mu.Unlock()
@@ -74,7 +74,11 @@ func (m *Manager) recoverOne(ctx context.Context, sb *Sandbox) {
 	var started bool
 	switch sb.State {
 	case StateDeleting:
-		started = m.spawn(func() { m.logErr(m.finishDelete(m.ctx, sb.ID)) })
+		started = m.spawn(func() {
+			if _, err := m.finishDelete(m.ctx, sb.ID); err != nil {
+				m.log.Error("finishing delete", "err", err)
+			}
+		})
 	case StateStopping:
 		started = m.spawn(func() { _, _ = m.stop(m.ctx, sb.ID, sb.StopReason, true) })
 	case StateStarting:
@@ -102,13 +106,13 @@ func (m *Manager) recoverGone(ctx context.Context, sb *Sandbox, err error) {
 	// A boot cut short by a crash may have left a VM that no record
 	// names (its record was not yet saved): end it.
 	if k, ok := m.cfg.Driver.(vmm.StrayKiller); ok {
-		if n, err := k.KillStray(ctx, m.vmSpec(sb)); err != nil {
+		if n, err := k.KillStray(ctx, m.files.vmSpec(sb)); err != nil {
 			log.Warn("ending stray vm", "err", err)
 		} else if n > 0 {
 			log.Info("ended stray vm left by an interrupted boot", "count", n)
 		}
 	}
-	if (sb.State == StatePausing || sb.State == StateResuming) && m.cfg.Driver.Saved(m.vmSpec(sb)) {
+	if (sb.State == StatePausing || sb.State == StateResuming) && m.cfg.Driver.Saved(m.files.vmSpec(sb)) {
 		// The pause got as far as saving, or the wake not as far as
 		// using the saved state: paused either way.
 		log.Info("recording an interrupted pause or wake paused", "state", sb.State)
@@ -117,7 +121,11 @@ func (m *Manager) recoverGone(ctx context.Context, sb *Sandbox, err error) {
 	}
 	if sb.State == StateDeleting {
 		log.Info("finishing an interrupted delete")
-		m.spawn(func() { m.logErr(m.finishDelete(m.ctx, sb.ID)) })
+		m.spawn(func() {
+			if _, err := m.finishDelete(m.ctx, sb.ID); err != nil {
+				m.log.Error("finishing delete", "err", err)
+			}
+		})
 		return
 	}
 	log.Info("sandbox's vm is gone; marking it stopped")
@@ -127,13 +135,6 @@ func (m *Manager) recoverGone(ctx context.Context, sb *Sandbox, err error) {
 		log.Warn("dropping the meter of a lost vm", "err", err)
 	}
 	m.markStopped(sb.ID, ReasonLostOnRestart)
-}
-
-// logErr logs the error of a background delete.
-func (m *Manager) logErr(_ *Sandbox, err error) {
-	if err != nil {
-		m.log.Error("finishing delete", "err", err)
-	}
 }
 
 // finishDeletes completes deletions that a server older than the deleting

@@ -96,7 +96,7 @@ func (rp *Reaper) removeStoppedDisk(ctx context.Context, ds DiskStore, id string
 		return false, err // restarted meanwhile
 	}
 	rp.meter.accrueKept(ctx, sb, now)
-	if err := os.RemoveAll(rp.host.dir(id)); err != nil {
+	if err := os.RemoveAll(rp.files.dir(id)); err != nil {
 		return false, fmt.Errorf("removing the files of sandbox %s: %w", id, err)
 	}
 	return ds.MarkDiskRemoved(ctx, id, now)

@@ -65,30 +65,31 @@ type Snapshots struct {
 	dataDir     string        // snapshots live in dataDir/snapshots/<id>
 	bootTimeout time.Duration // how long a sandbox starting may take to run
 	log         *slog.Logger
+	volumes     volumeHooks // refuse snapshots of sandboxes holding volumes
+	outcomes    outcomes
+	link        guestLink       // detaches a guest whose memory is captured
+	ctx         context.Context // the manager's: ends at its Close
 }
 
 // snapshotHost is what snapshots need of the manager: a sandbox as its
-// owner sees it, brought to running and paused again, its VM's capture,
-// its events and the clock.
+// owner sees it, brought to running and paused again, its VM lock and
+// instance for a capture, its events and the clock.
 type snapshotHost interface {
 	Get(ctx context.Context, owner, id string) (*Sandbox, error)
 	WaitFor(ctx context.Context, owner, id string, states ...State) (*Sandbox, error)
 	Wake(ctx context.Context, owner, id string, timeout *int) (*Sandbox, error)
 	pause(ctx context.Context, id, why string) (*Sandbox, error)
-	refuseWithVolumes(ctx context.Context, id string) error
-	capture(id, dir string, memory bool) (vmm.SnapshotInfo, error)
+	lockOp(id string) (unlock func())
+	liveInstance(id string) *instance
 	event(id, typ, msg string, data map[string]any)
-	observeOp(op string, err error)
 	now() time.Time
 }
 
 func newSnapshots(m *Manager) *Snapshots {
 	return &Snapshots{host: m, records: m.cfg.Store, charges: m.cfg.Meter, driver: m.cfg.Driver,
-		dataDir: m.cfg.DataDir, bootTimeout: m.cfg.BootTimeout, log: m.log}
+		dataDir: m.cfg.DataDir, bootTimeout: m.cfg.BootTimeout, log: m.log,
+		volumes: m.volumes, outcomes: m.outcomes, link: m.link, ctx: m.ctx}
 }
-
-// Snapshots is the manager's snapshots.
-func (m *Manager) Snapshots() *Snapshots { return m.snapshots }
 
 func (sp *Snapshots) store() (SnapshotStore, error) {
 	ss, ok := sp.records.(SnapshotStore)
@@ -158,7 +159,7 @@ func (sp *Snapshots) ListSnapshots(ctx context.Context, opts SnapshotListOptions
 // copy and runs on after; a paused sandbox is woken for it and paused
 // again. It answers once the capture is over, ready or failed.
 func (sp *Snapshots) Snapshot(ctx context.Context, owner, id string, spec SnapshotSpec) (_ *Snapshot, err error) {
-	defer func() { sp.host.observeOp("snapshot", err) }()
+	defer func() { sp.outcomes.op("snapshot", err) }()
 	ss, err := sp.store()
 	if err != nil {
 		return nil, err
@@ -167,7 +168,7 @@ func (sp *Snapshots) Snapshot(ctx context.Context, owner, id string, spec Snapsh
 	if err != nil {
 		return nil, err
 	}
-	if err := sp.host.refuseWithVolumes(ctx, sb.ID); err != nil {
+	if err := sp.volumes.refuse(ctx, sb.ID); err != nil {
 		return nil, err
 	}
 	repause := sb.State == StatePaused
@@ -197,7 +198,7 @@ func (sp *Snapshots) Snapshot(ctx context.Context, owner, id string, spec Snapsh
 	if err := ss.InsertSnapshot(ctx, sn); err != nil {
 		return nil, err
 	}
-	info, capErr := sp.host.capture(id, sp.dir(sn.ID), sn.Mode == SnapshotModeMemory)
+	info, capErr := sp.capture(id, sp.dir(sn.ID), sn.Mode == SnapshotModeMemory)
 	if repause {
 		if _, err := sp.host.pause(context.WithoutCancel(ctx), id, "snapshot"); err != nil {
 			sp.log.Warn("pausing again after a snapshot", "sandbox_id", id, "err", err)
@@ -252,10 +253,10 @@ func (sp *Snapshots) settleRunning(ctx context.Context, owner, id string) (*Sand
 // capture has the sandbox's VM write a snapshot (with memory, or the disk
 // alone) into dir, under its VM lock so that no pause or stop replaces the
 // VM meanwhile.
-func (m *Manager) capture(id, dir string, memory bool) (vmm.SnapshotInfo, error) {
-	unlock := m.lockOp(id)
+func (sp *Snapshots) capture(id, dir string, memory bool) (vmm.SnapshotInfo, error) {
+	unlock := sp.host.lockOp(id)
 	defer unlock()
-	in := m.liveInstance(id)
+	in := sp.host.liveInstance(id)
 	if in == nil {
 		return vmm.SnapshotInfo{}, fmt.Errorf("sandbox %s has no vm", id)
 	}
@@ -263,13 +264,13 @@ func (m *Manager) capture(id, dir string, memory bool) (vmm.SnapshotInfo, error)
 	if mach == nil {
 		return vmm.SnapshotInfo{}, fmt.Errorf("sandbox %s has no vm", id)
 	}
-	ctx, cancel := context.WithTimeout(m.ctx, captureTimeout)
+	ctx, cancel := context.WithTimeout(sp.ctx, captureTimeout)
 	defer cancel()
 	if memory {
 		// Copies must find the agent waiting for a new connection.
 		in.saving.Lock()
 		defer in.saving.Unlock()
-		m.detach(ctx, in)
+		sp.link.detach(ctx, in)
 	}
 	return vmm.Snapshot(ctx, mach, dir, memory)
 }
@@ -434,8 +435,8 @@ func (sp *Snapshots) RemoveUnusedSnapshots(ctx context.Context) {
 
 // copySource checks the snapshot a create names and fills the spec with
 // its shape.
-func (m *Manager) copySource(ctx context.Context, owner string, spec *CreateSpec) (*Snapshot, error) {
-	sn, err := m.snapshots.getSnapshot(ctx, owner, spec.SnapshotID)
+func (sp *Snapshots) copySource(ctx context.Context, owner string, spec *CreateSpec) (*Snapshot, error) {
+	sn, err := sp.getSnapshot(ctx, owner, spec.SnapshotID)
 	if err != nil {
 		return nil, err
 	}
@@ -452,9 +453,9 @@ func (m *Manager) copySource(ctx context.Context, owner string, spec *CreateSpec
 // renewed (its own randomness, clock, hostname, machine-id and boot id),
 // and a disk snapshot's copy boots from its disk.
 func (m *Manager) bootCopy(ctx context.Context, in *instance, sb *Sandbox, sn *Snapshot, env map[string]string) {
-	spec := m.vmSpec(sb)
+	spec := m.files.vmSpec(sb)
 	cctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
-	err := m.cfg.Driver.Clone(cctx, m.snapshots.dir(sn.ID), spec)
+	err := m.cfg.Driver.Clone(cctx, m.Snapshots.dir(sn.ID), spec)
 	cancel()
 	if err != nil {
 		defer close(in.bootDone)
@@ -488,7 +489,7 @@ func (m *Manager) resumeCopy(ctx context.Context, in *instance, sb *Sandbox, env
 	defer cancel()
 	b, err := m.bootGuest(ctx, bootPlan{
 		in:       in,
-		start:    m.resumeVM(sb, "the copy"),
+		start:    resumeVM(m.cfg.Driver, m.files, sb, "the copy"),
 		record:   func(mach vmm.Machine) error { return m.recordStarting(sb.ID, mach, "stopped while resuming") },
 		paused:   true,
 		restored: true,

@@ -26,7 +26,7 @@ func TestSnapshotAndCopies(t *testing.T) {
 	s := spec()
 	s.VCPU, s.MemoryMiB = 1, 2048
 	src := running(t, m, s)
-	sn, err := m.Snapshots().Snapshot(ctx, "k", src.ID, sandbox.SnapshotSpec{Name: "base", Labels: map[string]string{"a": "b"}})
+	sn, err := m.Snapshots.Snapshot(ctx, "k", src.ID, sandbox.SnapshotSpec{Name: "base", Labels: map[string]string{"a": "b"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,19 +36,19 @@ func TestSnapshotAndCopies(t *testing.T) {
 		t.Fatalf("snapshot %+v", sn)
 	}
 	// Snapshots belong to their key.
-	if _, err := m.Snapshots().GetSnapshot(ctx, "other", sn.ID); !errdefs.IsNotFound(err) {
+	if _, err := m.Snapshots.GetSnapshot(ctx, "other", sn.ID); !errdefs.IsNotFound(err) {
 		t.Errorf("another key's Get: %v, want not found", err)
 	}
-	if _, err := m.Snapshots().Snapshot(ctx, "other", src.ID, sandbox.SnapshotSpec{}); !errdefs.IsNotFound(err) {
+	if _, err := m.Snapshots.Snapshot(ctx, "other", src.ID, sandbox.SnapshotSpec{}); !errdefs.IsNotFound(err) {
 		t.Errorf("another key's snapshot of the sandbox: %v, want not found", err)
 	}
-	if list, _, err := m.Snapshots().ListSnapshots(ctx, sandbox.SnapshotListOptions{OwnerKeyID: "other"}); err != nil || len(list) != 0 {
+	if list, _, err := m.Snapshots.ListSnapshots(ctx, sandbox.SnapshotListOptions{OwnerKeyID: "other"}); err != nil || len(list) != 0 {
 		t.Errorf("another key's list: %v, %v", list, err)
 	}
 	if _, err := m.Create(ctx, "other", sandbox.CreateSpec{SnapshotID: sn.ID, OnLeaseEnd: "stop"}); !errdefs.IsNotFound(err) {
 		t.Errorf("another key's copy: %v, want not found", err)
 	}
-	if list, _, err := m.Snapshots().ListSnapshots(ctx, sandbox.SnapshotListOptions{OwnerKeyID: "k", SourceSandboxID: src.ID}); err != nil || len(list) != 1 {
+	if list, _, err := m.Snapshots.ListSnapshots(ctx, sandbox.SnapshotListOptions{OwnerKeyID: "k", SourceSandboxID: src.ID}); err != nil || len(list) != 1 {
 		t.Errorf("list: %v, %v", list, err)
 	}
 	// The source runs on.
@@ -70,7 +70,7 @@ func TestSnapshotAndCopies(t *testing.T) {
 	}
 
 	// A disk snapshot's copy boots from its disk.
-	disk, err := m.Snapshots().Snapshot(ctx, "k", src.ID, sandbox.SnapshotSpec{Mode: sandbox.SnapshotModeDisk, RetentionDays: 2})
+	disk, err := m.Snapshots.Snapshot(ctx, "k", src.ID, sandbox.SnapshotSpec{Mode: sandbox.SnapshotModeDisk, RetentionDays: 2})
 	if err != nil || disk.State != sandbox.SnapshotReady {
 		t.Fatalf("disk snapshot: %+v, %v", disk, err)
 	}
@@ -86,20 +86,20 @@ func TestSnapshotAndCopies(t *testing.T) {
 
 	// Update, extend, and expiry by the retention loop.
 	name := "renamed"
-	if _, err := m.Snapshots().UpdateSnapshot(ctx, "k", sn.ID, sandbox.SnapshotUpdate{Name: &name, IfLabels: map[string]string{"x": "y"}}); errdefs.Code(err) != "labels_changed" {
+	if _, err := m.Snapshots.UpdateSnapshot(ctx, "k", sn.ID, sandbox.SnapshotUpdate{Name: &name, IfLabels: map[string]string{"x": "y"}}); errdefs.Code(err) != "labels_changed" {
 		t.Errorf("update with stale ifLabels: %v, want labels_changed", err)
 	}
-	if u, err := m.Snapshots().UpdateSnapshot(ctx, "k", sn.ID, sandbox.SnapshotUpdate{Name: &name, IfLabels: map[string]string{"a": "b"}}); err != nil || u.Name != name {
+	if u, err := m.Snapshots.UpdateSnapshot(ctx, "k", sn.ID, sandbox.SnapshotUpdate{Name: &name, IfLabels: map[string]string{"a": "b"}}); err != nil || u.Name != name {
 		t.Errorf("update: %+v, %v", u, err)
 	}
-	if _, err := m.Snapshots().ExtendSnapshot(ctx, "k", disk.ID, 30); err != nil {
+	if _, err := m.Snapshots.ExtendSnapshot(ctx, "k", disk.ID, 30); err != nil {
 		t.Fatal(err)
 	}
 	e.clock.Advance(8 * 24 * time.Hour)
-	if got := m.Snapshots().ExpireSnapshots(ctx); len(got) != 1 || got[0] != sn.ID {
+	if got := m.Snapshots.ExpireSnapshots(ctx); len(got) != 1 || got[0] != sn.ID {
 		t.Fatalf("expired %v, want only %s (the other was extended)", got, sn.ID)
 	}
-	if _, err := m.Snapshots().GetSnapshot(ctx, "k", sn.ID); !errdefs.IsNotFound(err) {
+	if _, err := m.Snapshots.GetSnapshot(ctx, "k", sn.ID); !errdefs.IsNotFound(err) {
 		t.Errorf("an expired snapshot: %v, want not found", err)
 	}
 	// Its copy still runs on its files.
@@ -120,7 +120,7 @@ func TestSnapshotOfPausedSandboxStaysPaused(t *testing.T) {
 	ctx := context.Background()
 	src := running(t, m, spec())
 	pause(t, m, src.ID)
-	sn, err := m.Snapshots().Snapshot(ctx, "k", src.ID, sandbox.SnapshotSpec{})
+	sn, err := m.Snapshots.Snapshot(ctx, "k", src.ID, sandbox.SnapshotSpec{})
 	if err != nil || sn.State != sandbox.SnapshotReady {
 		t.Fatalf("snapshot of a paused sandbox: %+v, %v", sn, err)
 	}
@@ -150,7 +150,7 @@ func TestForkAndDeleteInUse(t *testing.T) {
 	}
 	// The fork's snapshot is gone for its owner, but not its files: the
 	// copies' disks are built on them.
-	if _, err := m.Snapshots().GetSnapshot(ctx, "k", snapID); !errdefs.IsNotFound(err) {
+	if _, err := m.Snapshots.GetSnapshot(ctx, "k", snapID); !errdefs.IsNotFound(err) {
 		t.Errorf("the fork's snapshot: %v, want not found (keepSnapshot false)", err)
 	}
 	for i, c := range copies {
@@ -171,10 +171,10 @@ func TestForkAndDeleteInUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	snapID = copies[0].SnapshotID
-	if _, err := m.Snapshots().GetSnapshot(ctx, "k", snapID); err != nil {
+	if _, err := m.Snapshots.GetSnapshot(ctx, "k", snapID); err != nil {
 		t.Fatalf("kept snapshot: %v", err)
 	}
-	if err := m.Snapshots().DeleteSnapshot(ctx, "k", snapID); err != nil {
+	if err := m.Snapshots.DeleteSnapshot(ctx, "k", snapID); err != nil {
 		t.Fatal(err)
 	}
 	if !exists(e.snapDir(snapID)) {

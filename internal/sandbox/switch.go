@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
@@ -60,23 +61,19 @@ type Switcher struct {
 	host        switchHost
 	volumes     Volumes       // nil: no sandbox holds volumes
 	bootTimeout time.Duration // how long a sandbox starting may take to run
+	outcomes    outcomes
+	envs        *envMemory // a switch needs the env values to carry them over
 }
 
 // switchHost is what a switch needs of the manager: a sandbox as its owner
-// sees it, brought to running, the values of its environment, and the
-// switch under the VM lock.
+// sees it, brought to running, and the switch under the VM lock.
 type switchHost interface {
 	Get(ctx context.Context, owner, id string) (*Sandbox, error)
 	WaitFor(ctx context.Context, owner, id string, states ...State) (*Sandbox, error)
 	Wake(ctx context.Context, owner, id string, timeout *int) (*Sandbox, error)
 	Restart(ctx context.Context, owner, id string) (*Sandbox, error)
-	knownEnv(id string) (map[string]string, bool)
 	switchLocked(ctx context.Context, id string, to switchMarker) (_ *Sandbox, done bool, err error)
-	observeOp(op string, err error)
 }
-
-// Switcher is the manager's switcher of images.
-func (m *Manager) Switcher() *Switcher { return m.switcher }
 
 func switchUndone(id, why string) error {
 	return errdefs.New(errdefs.ErrConflict, "switch_undone",
@@ -97,7 +94,7 @@ func imageName(id string) string {
 // woken or restarted first, to read its /workspace. A failure after the
 // old VM was paused is undone (switch_undone): the old VM resumes.
 func (sw *Switcher) SwitchImage(ctx context.Context, owner, id string, img *ImageRef) (_ *Sandbox, err error) {
-	defer func() { sw.host.observeOp("switch_image", err) }()
+	defer func() { sw.outcomes.op("switch_image", err) }()
 	sb, err := sw.host.Get(ctx, owner, id)
 	if err != nil {
 		return nil, err
@@ -114,7 +111,7 @@ func (sw *Switcher) SwitchImage(ctx context.Context, owner, id string, img *Imag
 		}
 		to.NewImageID, to.NewRootfs = img.ID, img.Rootfs
 	}
-	if _, known := sw.host.knownEnv(id); !known && len(sb.EnvNames) > 0 {
+	if _, known := sw.envs.known(id); !known && len(sb.EnvNames) > 0 {
 		return nil, envUnavailable("this server no longer knows the values of the sandbox's environment (it restarted), so a new VM of it would lose them")
 	}
 	for range 3 {
@@ -182,8 +179,7 @@ func (m *Manager) switchLocked(ctx context.Context, id string, to switchMarker) 
 	unlock := m.lockOp(id)
 	defer unlock()
 	ctx = context.WithoutCancel(ctx) // a client gone mid-way must not cut the switch short
-	start := time.Now()
-	log := m.log.With("sandbox_id", id)
+	sw := &imageSwitch{m: m, id: id, to: to, start: time.Now(), log: m.log.With("sandbox_id", id)}
 	sb, err := m.cfg.Store.GetSandbox(ctx, id)
 	if err != nil {
 		return nil, true, err
@@ -194,56 +190,114 @@ func (m *Manager) switchLocked(ctx context.Context, id string, to switchMarker) 
 	if sb.State != StateRunning || old == nil || old.guest() == nil {
 		return nil, false, nil
 	}
-	to.OldImageID, to.OldRootfs = sb.ImageID, sb.Rootfs
-	env, _ := m.knownEnv(id)
-	sdir := switchDir(m.dir(id))
+	sw.to.OldImageID, sw.to.OldRootfs = sb.ImageID, sb.Rootfs
+	sw.env, _ = m.envs.known(id)
+	sw.sdir = switchDir(m.files.dir(id))
 
 	// 1. /workspace to the spool, while the old VM runs.
-	_ = os.RemoveAll(sdir)
-	size, err := m.switcher.spoolWorkspace(ctx, old, sb, sdir, to)
-	if err != nil {
-		_ = os.RemoveAll(sdir)
-		log.Warn("switch of image: reading /workspace failed", "err", err)
-		m.event(id, "switch_undone", "reading /workspace failed: "+err.Error(), map[string]any{"imageId": to.NewImageID})
-		return nil, true, switchUndone(id, "reading its /workspace failed: "+err.Error())
+	if err := sw.spool(ctx, old, sb); err != nil {
+		return nil, true, err
 	}
 	faultpoint.Hit("switch.spooled")
 
 	// 2. Pause the old VM (volumes flushed first: the new VM mounts them).
-	m.syncVolumes(id, old.guest())
-	now := m.now()
-	paused := false
-	if _, err := m.update(ctx, id, func(s *Sandbox) bool {
-		if paused = s.State == StateRunning; paused {
-			s.State, s.PausedAt = StatePausing, &now
-		}
-		return paused
-	}); err != nil || !paused {
-		_ = os.RemoveAll(sdir)
-		if err != nil {
-			return nil, true, err
-		}
-		return nil, false, nil
+	m.volumes.sync(id, old.guest())
+	if paused, err := sw.markPausing(ctx); err != nil || !paused {
+		_ = os.RemoveAll(sw.sdir)
+		return nil, err != nil, err
 	}
 	if !m.pauseLocked(id, "switch_image", false) {
-		_ = os.RemoveAll(sdir)
-		sb, _ := m.cfg.Store.GetSandbox(ctx, id)
-		state := ""
-		if sb != nil {
-			state = string(sb.State.Wire())
-		}
-		m.event(id, "switch_undone", "pausing the old vm failed", map[string]any{"imageId": to.NewImageID})
-		return sb, true, switchUndone(id, "pausing its old VM failed; it is "+state)
+		return sw.pauseFailed(ctx)
 	}
 	faultpoint.Hit("switch.paused")
 
 	// 3. The old VM's files aside, the record starting on the new image.
-	if err := os.Rename(m.dir(id), filepath.Join(sdir, switchOldDir)); err != nil {
-		return m.undoSwitch(id, nil, sdir, fmt.Errorf("keeping the old disk: %w", err))
+	if err := sw.setAside(ctx); err != nil {
+		return m.undoSwitch(id, nil, sw.sdir, err)
+	}
+
+	// 4. Boot the new image, as a create does (two tries).
+	sw.next = *sb
+	sw.next.ImageID, sw.next.Rootfs, sw.next.State = sw.to.NewImageID, sw.to.NewRootfs, StateStarting
+	in, err := sw.bootNew(ctx)
+	if err != nil {
+		return m.undoSwitch(id, in, sw.sdir, err)
+	}
+	faultpoint.Hit("switch.booted")
+
+	// 5. /workspace into it, its volumes, its start command.
+	if err := sw.prepareNew(ctx, in); err != nil {
+		return m.undoSwitch(id, in, sw.sdir, err)
+	}
+
+	// 6. Commit: the record names the new image; then the old files go.
+	return sw.commit(ctx, in)
+}
+
+// imageSwitch is one switch of image under way, in the steps of
+// switchLocked, which holds the sandbox's VM lock throughout.
+type imageSwitch struct {
+	m     *Manager
+	id    string
+	to    switchMarker
+	start time.Time
+	log   *slog.Logger
+
+	env  map[string]string // the values of the sandbox's environment, if known
+	sdir string            // the switch's spool: marker, /workspace tar, old files
+	size int64             // of the /workspace tar
+	next Sandbox           // the record as the new VM boots
+}
+
+// spool writes /workspace to the spool while the old VM runs; an error
+// is the switch's answer, nothing having changed.
+func (sw *imageSwitch) spool(ctx context.Context, old *instance, sb *Sandbox) error {
+	_ = os.RemoveAll(sw.sdir)
+	size, err := sw.m.Switcher.spoolWorkspace(ctx, old, sb, sw.sdir, sw.to)
+	if err != nil {
+		_ = os.RemoveAll(sw.sdir)
+		sw.log.Warn("switch of image: reading /workspace failed", "err", err)
+		sw.m.event(sw.id, "switch_undone", "reading /workspace failed: "+err.Error(), map[string]any{"imageId": sw.to.NewImageID})
+		return switchUndone(sw.id, "reading its /workspace failed: "+err.Error())
+	}
+	sw.size = size
+	return nil
+}
+
+// markPausing records the running sandbox as pausing; paused is false if
+// it no longer runs.
+func (sw *imageSwitch) markPausing(ctx context.Context) (paused bool, err error) {
+	now := sw.m.now()
+	_, err = sw.m.update(ctx, sw.id, func(s *Sandbox) bool {
+		if paused = s.State == StateRunning; paused {
+			s.State, s.PausedAt = StatePausing, &now
+		}
+		return paused
+	})
+	return paused && err == nil, err
+}
+
+// pauseFailed answers a switch whose old VM could not be paused.
+func (sw *imageSwitch) pauseFailed(ctx context.Context) (*Sandbox, bool, error) {
+	_ = os.RemoveAll(sw.sdir)
+	sb, _ := sw.m.cfg.Store.GetSandbox(ctx, sw.id)
+	state := ""
+	if sb != nil {
+		state = string(sb.State.Wire())
+	}
+	sw.m.event(sw.id, "switch_undone", "pausing the old vm failed", map[string]any{"imageId": sw.to.NewImageID})
+	return sb, true, switchUndone(sw.id, "pausing its old VM failed; it is "+state)
+}
+
+// setAside moves the old VM's files into the spool and records the
+// sandbox as starting on its new image.
+func (sw *imageSwitch) setAside(ctx context.Context) error {
+	if err := os.Rename(sw.m.files.dir(sw.id), filepath.Join(sw.sdir, switchOldDir)); err != nil {
+		return fmt.Errorf("keeping the old disk: %w", err)
 	}
 	faultpoint.Hit("switch.moved")
 	starting := false
-	if _, err := m.update(ctx, id, func(s *Sandbox) bool {
+	if _, err := sw.m.update(ctx, sw.id, func(s *Sandbox) bool {
 		if starting = s.State == StatePausing; starting {
 			s.State, s.VM = StateStarting, nil
 		}
@@ -252,61 +306,73 @@ func (m *Manager) switchLocked(ctx context.Context, id string, to switchMarker) 
 		if err == nil {
 			err = errors.New("the sandbox was stopped or deleted meanwhile")
 		}
-		return m.undoSwitch(id, nil, sdir, err)
+		return err
 	}
+	return nil
+}
 
-	// 4. Boot the new image, as a create does (two tries).
-	next := *sb
-	next.ImageID, next.Rootfs, next.State = to.NewImageID, to.NewRootfs, StateStarting
-	in := m.newInstance(id)
-	in.gate = m.restoreGate(ctx, id)
+// bootNew boots the new image as a create does (two tries); it returns
+// the new instance, live in the manager, even when the boot failed.
+func (sw *imageSwitch) bootNew(ctx context.Context) (*instance, error) {
+	m := sw.m
+	in := newInstance(m.ctx, sw.id)
+	in.gate = m.gates.restore(ctx, sw.id)
 	m.mu.Lock()
-	m.live[id] = in
+	m.live[sw.id] = in
 	m.mu.Unlock()
 	var bootErr error
 	for attempt := 1; attempt <= 2; attempt++ {
-		if bootErr = m.bootOnce(in.ctx, in, &next, env, false); bootErr == nil {
+		if bootErr = m.bootOnce(in.ctx, in, &sw.next, sw.env, false); bootErr == nil {
 			break
 		}
-		log.Warn("switch of image: boot attempt failed", "attempt", attempt, "err", bootErr)
-		m.event(id, "boot_failed", bootErr.Error(), map[string]any{"attempt": attempt, "imageId": to.NewImageID})
+		sw.log.Warn("switch of image: boot attempt failed", "attempt", attempt, "err", bootErr)
+		m.event(sw.id, "boot_failed", bootErr.Error(), map[string]any{"attempt": attempt, "imageId": sw.to.NewImageID})
 		if in.ctx.Err() != nil {
 			break
 		}
 	}
 	close(in.bootDone)
 	if bootErr != nil {
-		return m.undoSwitch(id, in, sdir, fmt.Errorf("the new image did not boot: %w", bootErr))
+		return in, fmt.Errorf("the new image did not boot: %w", bootErr)
 	}
-	faultpoint.Hit("switch.booted")
+	return in, nil
+}
 
-	// 5. /workspace into it, its volumes, its start command.
-	if err := m.switcher.restoreWorkspace(ctx, in, sdir, size); err != nil {
-		return m.undoSwitch(id, in, sdir, err)
+// prepareNew puts /workspace into the new VM, mounts the sandbox's
+// volumes again and runs the preparers (its start command).
+func (sw *imageSwitch) prepareNew(ctx context.Context, in *instance) error {
+	m := sw.m
+	if err := m.Switcher.restoreWorkspace(ctx, in, sw.sdir, sw.size); err != nil {
+		return err
 	}
 	g := activeGuest{Client: in.guest(), touch: func() { in.touch(m.now()) }}.handle()
-	if r, ok := m.cfg.Volumes.(VolumeReattacher); ok && m.cfg.Volumes.Holds(ctx, id) {
-		if err := r.Reattach(ctx, id, g); err != nil {
-			return m.undoSwitch(id, in, sdir, fmt.Errorf("mounting its volumes: %w", err))
+	if r, ok := m.cfg.Volumes.(VolumeReattacher); ok && m.cfg.Volumes.Holds(ctx, sw.id) {
+		if err := r.Reattach(ctx, sw.id, g); err != nil {
+			return fmt.Errorf("mounting its volumes: %w", err)
 		}
 	}
 	for _, p := range m.cfg.Preparers {
-		if err := p.Prepare(ctx, &next, g); err != nil {
-			return m.undoSwitch(id, in, sdir, fmt.Errorf("%s: %w", p.Name(), err))
+		if err := p.Prepare(ctx, &sw.next, g); err != nil {
+			return fmt.Errorf("%s: %w", p.Name(), err)
 		}
 	}
+	return nil
+}
 
-	// 6. Commit: the record names the new image; then the old files go.
-	now = m.now()
+// commit records the new image, then removes the old files; the sandbox
+// runs on unless a stop came meanwhile.
+func (sw *imageSwitch) commit(ctx context.Context, in *instance) (*Sandbox, bool, error) {
+	m, id, to := sw.m, sw.id, sw.to
+	now := m.now()
 	committed, running := false, false
-	sb, err = m.update(ctx, id, func(s *Sandbox) bool {
+	sb, err := m.update(ctx, id, func(s *Sandbox) bool {
 		if s.State == StateDeleting || s.State == StateDeleted {
 			return false
 		}
 		committed = true
 		s.ImageID, s.Rootfs = to.NewImageID, to.NewRootfs
 		if running = s.State == StateStarting; running {
-			s.State, s.ReadyAt, s.PausedAt, s.ExpiresAt = StateRunning, &now, nil, m.leaseEnd(s, now)
+			s.State, s.ReadyAt, s.PausedAt, s.ExpiresAt = StateRunning, &now, nil, m.cfg.Limits.leaseEnd(s, now)
 		}
 		return true
 	})
@@ -314,21 +380,21 @@ func (m *Manager) switchLocked(ctx context.Context, id string, to switchMarker) 
 		if err == nil {
 			err = errors.New("the sandbox was deleted meanwhile")
 		}
-		return m.undoSwitch(id, in, sdir, err)
+		return m.undoSwitch(id, in, sw.sdir, err)
 	}
-	_ = os.Remove(filepath.Join(sdir, switchMarkerFile)) // the switch is done: Recover no longer undoes it
+	_ = os.Remove(filepath.Join(sw.sdir, switchMarkerFile)) // the switch is done: Recover no longer undoes it
 	faultpoint.Hit("switch.committed")
-	if err := removeAll(sdir); err != nil {
-		log.Warn("switch of image: removing the old disk", "err", err)
+	if err := removeAll(sw.sdir); err != nil {
+		sw.log.Warn("switch of image: removing the old disk", "err", err)
 	}
-	took := time.Since(start)
+	took := time.Since(sw.start)
 	data := map[string]any{"from": imageName(to.OldImageID), "to": imageName(to.NewImageID),
-		"workspaceBytes": size, "switchMs": took.Milliseconds()}
-	log.Info("sandbox switched image", "from", imageName(to.OldImageID), "to", imageName(to.NewImageID), "took", took.Round(time.Millisecond))
+		"workspaceBytes": sw.size, "switchMs": took.Milliseconds()}
+	sw.log.Info("sandbox switched image", "from", imageName(to.OldImageID), "to", imageName(to.NewImageID), "took", took.Round(time.Millisecond))
 	m.event(id, "image_switched", fmt.Sprintf("sandbox switched from image %s to %s", imageName(to.OldImageID), imageName(to.NewImageID)), data)
 	if running {
 		in.touch(now)
-		m.observeReady(data)
+		m.outcomes.ready(data)
 		m.spawn(func() { m.watch(in) })
 	}
 	// Not running: a stop came meanwhile, and its endVM (waiting for the
@@ -461,10 +527,10 @@ func (m *Manager) undoSwitch(id string, in *instance, sdir string, cause error) 
 	}
 	oldDir := filepath.Join(sdir, switchOldDir)
 	if _, err := os.Stat(oldDir); err == nil {
-		if err := removeAll(m.dir(id)); err != nil {
+		if err := removeAll(m.files.dir(id)); err != nil {
 			log.Error("removing the new disk of a failed switch", "err", err)
 		}
-		if err := os.Rename(oldDir, m.dir(id)); err != nil {
+		if err := os.Rename(oldDir, m.files.dir(id)); err != nil {
 			// Recover tries again at the next start.
 			log.Error("putting the old disk back after a failed switch", "err", err)
 			return nil, true, fmt.Errorf("undoing the switch of sandbox %s: %w", id, err)
@@ -499,7 +565,7 @@ func (m *Manager) undoSwitch(id string, in *instance, sdir string, cause error) 
 // the files go back, and the record names the old image, pausing, so that
 // the saved state makes it paused. It returns the record to recover.
 func (m *Manager) recoverSwitch(ctx context.Context, sb *Sandbox) *Sandbox {
-	sdir := switchDir(m.dir(sb.ID))
+	sdir := switchDir(m.files.dir(sb.ID))
 	if _, err := os.Stat(sdir); err != nil {
 		return sb
 	}
@@ -516,22 +582,22 @@ func (m *Manager) recoverSwitch(ctx context.Context, sb *Sandbox) *Sandbox {
 	}
 	log.Info("undoing a switch of image cut short", "to", imageName(mk.NewImageID))
 	if len(sb.VM) > 0 {
-		if mach, err := m.cfg.Driver.Attach(ctx, m.vmSpec(sb), sb.VM); err == nil {
+		if mach, err := m.cfg.Driver.Attach(ctx, m.files.vmSpec(sb), sb.VM); err == nil {
 			if err := mach.Stop(ctx); err != nil {
 				log.Warn("stopping the new vm of a switch cut short", "err", err)
 			}
 		}
 	}
 	if k, ok := m.cfg.Driver.(vmm.StrayKiller); ok {
-		if _, err := k.KillStray(ctx, m.vmSpec(sb)); err != nil {
+		if _, err := k.KillStray(ctx, m.files.vmSpec(sb)); err != nil {
 			log.Warn("ending a stray vm of a switch cut short", "err", err)
 		}
 	}
-	if err := removeAll(m.dir(sb.ID)); err != nil {
+	if err := removeAll(m.files.dir(sb.ID)); err != nil {
 		log.Error("removing the new disk of a switch cut short", "err", err)
 		return sb
 	}
-	if err := os.Rename(oldDir, m.dir(sb.ID)); err != nil {
+	if err := os.Rename(oldDir, m.files.dir(sb.ID)); err != nil {
 		log.Error("putting the old disk back after a switch cut short", "err", err)
 		return sb
 	}

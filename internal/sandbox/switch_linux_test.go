@@ -21,10 +21,10 @@ func TestSwitchImageRefusals(t *testing.T) {
 	}
 	waitState(t, m, "key_a", sb.ID, sandbox.StateRunning)
 	big := &sandbox.ImageRef{ID: "img_big", Rootfs: "/nonexistent/rootfs.img", MinDiskMiB: 8192}
-	if _, err := m.Switcher().SwitchImage(ctx, "key_a", sb.ID, big); errdefs.Code(err) != "invalid_request" {
+	if _, err := m.Switcher.SwitchImage(ctx, "key_a", sb.ID, big); errdefs.Code(err) != "invalid_request" {
 		t.Errorf("switch to an image larger than the disk: %v, want invalid_request", err)
 	}
-	if _, err := m.Switcher().SwitchImage(ctx, "key_b", sb.ID, nil); !errdefs.IsNotFound(err) {
+	if _, err := m.Switcher.SwitchImage(ctx, "key_b", sb.ID, nil); !errdefs.IsNotFound(err) {
 		t.Errorf("switch of another key's sandbox: %v, want not found", err)
 	}
 	got, err := m.Get(ctx, "key_a", sb.ID)

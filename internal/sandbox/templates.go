@@ -72,9 +72,9 @@ func shapeOf(sb *Sandbox) shape { return shape{sb.VCPU, sb.MemoryMiB, sb.DiskMiB
 // when Config.ImageTemplates is zero.
 const DefaultImageTemplates = 8
 
-// templatePool keeps the templates of this server: it builds them, pins
+// Templates keeps the templates of this server: it builds them, pins
 // the ones creates are copying and removes the ones no longer wanted.
-type templatePool struct {
+type Templates struct {
 	cfg *Config // the manager's
 	log *slog.Logger
 	// What it needs of the manager: the context of its goroutines (ends
@@ -96,9 +96,9 @@ type templatePool struct {
 	pending  []pendingTemplate    // asked for while another was built; built in turn
 }
 
-func newTemplatePool(ctx context.Context, cfg *Config, log *slog.Logger, spawn func(func()) bool,
-	boot func(context.Context, bootPlan) (booted, error)) *templatePool {
-	return &templatePool{cfg: cfg, log: log, ctx: ctx, spawn: spawn, boot: boot}
+func newTemplates(ctx context.Context, cfg *Config, log *slog.Logger, spawn func(func()) bool,
+	boot func(context.Context, bootPlan) (booted, error)) *Templates {
+	return &Templates{cfg: cfg, log: log, ctx: ctx, spawn: spawn, boot: boot}
 }
 
 // pendingTemplate is a template a create asked for while another was
@@ -137,13 +137,13 @@ const templateUse = "template.use"
 // image's disk, so that templates of a disk gone are found.
 const imageRootfsFile = "rootfs"
 
-func (t *templatePool) imageBase() string {
+func (t *Templates) imageBase() string {
 	return filepath.Join(t.cfg.DataDir, "templates", "images")
 }
 
 // imageDir is the directory of every template of a custom image's
 // disk, whatever the boot files.
-func (t *templatePool) imageDir(rootfs string) string {
+func (t *Templates) imageDir(rootfs string) string {
 	h := sha256.Sum256([]byte(rootfs))
 	return filepath.Join(t.imageBase(), hex.EncodeToString(h[:])[:16])
 }
@@ -153,7 +153,7 @@ func (t *templatePool) imageDir(rootfs string) string {
 // not change while the server runs, nor does a custom image's disk (its
 // path names its content), so it is worked out once per disk, not at
 // every create.
-func (t *templatePool) rootOf(rootfs string) string {
+func (t *Templates) rootOf(rootfs string) string {
 	if rootfs == "" {
 		t.rootOnce.Do(func() {
 			t.root = filepath.Join(t.cfg.DataDir, "templates", t.key(t.cfg.Boot.Rootfs))
@@ -165,7 +165,7 @@ func (t *templatePool) rootOf(rootfs string) string {
 	return t.rootOfLocked(rootfs)
 }
 
-func (t *templatePool) rootOfLocked(rootfs string) string {
+func (t *Templates) rootOfLocked(rootfs string) string {
 	if r, ok := t.roots[rootfs]; ok {
 		return r
 	}
@@ -177,7 +177,7 @@ func (t *templatePool) rootOfLocked(rootfs string) string {
 	return r
 }
 
-func (t *templatePool) key(rootfs string) string {
+func (t *Templates) key(rootfs string) string {
 	h := sha256.New()
 	for _, f := range []string{t.cfg.Boot.Kernel, t.cfg.Boot.Initrd, rootfs} {
 		st, err := os.Stat(f)
@@ -189,7 +189,7 @@ func (t *templatePool) key(rootfs string) string {
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
-func (t *templatePool) dir(rootfs string, s shape) string {
+func (t *Templates) dir(rootfs string, s shape) string {
 	return filepath.Join(t.rootOf(rootfs), s.String())
 }
 
@@ -209,7 +209,7 @@ func templateShape(rootfs string, minDiskMiB int) shape {
 	return s
 }
 
-func (t *templatePool) imageCap() int {
+func (t *Templates) imageCap() int {
 	if t.cfg.ImageTemplates == 0 {
 		return DefaultImageTemplates
 	}
@@ -219,14 +219,14 @@ func (t *templatePool) imageCap() int {
 // serves reports whether a create of root disk rootfs ("": the
 // default image's, whose sandboxes need minDiskMiB) and shape s is served
 // by a template.
-func (t *templatePool) serves(rootfs string, s shape, minDiskMiB int) bool {
+func (t *Templates) serves(rootfs string, s shape, minDiskMiB int) bool {
 	return t.cfg.Templates && s == templateShape(rootfs, minDiskMiB) && (rootfs == "" || t.imageCap() > 0)
 }
 
 // pin returns the directory of the template of root disk rootfs ("":
 // the default image's) and shape s if it is built, pinned until unpin;
 // minDiskMiB is the image's disk.
-func (t *templatePool) pin(rootfs string, s shape, minDiskMiB int) (string, bool) {
+func (t *Templates) pin(rootfs string, s shape, minDiskMiB int) (string, bool) {
 	if !t.serves(rootfs, s, minDiskMiB) {
 		return "", false
 	}
@@ -249,7 +249,7 @@ func (t *templatePool) pin(rootfs string, s shape, minDiskMiB int) (string, bool
 
 // want starts building (or queues) the template of rootfs and s
 // if a create of them would use one and it is not built.
-func (t *templatePool) want(rootfs string, s shape, minDiskMiB int) {
+func (t *Templates) want(rootfs string, s shape, minDiskMiB int) {
 	if !t.serves(rootfs, s, minDiskMiB) {
 		return
 	}
@@ -261,7 +261,7 @@ func (t *templatePool) want(rootfs string, s shape, minDiskMiB int) {
 	}
 }
 
-func (t *templatePool) unpin(dir string) {
+func (t *Templates) unpin(dir string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.pins[dir]--; t.pins[dir] <= 0 {
@@ -269,13 +269,11 @@ func (t *templatePool) unpin(dir string) {
 	}
 }
 
-// PrepareTemplate builds the template of the default image and shape in
-// the background, so that the first creates need not boot, and removes
-// the templates of custom images' disks that are gone (a crash between
-// the catalog's removal of a disk and of its templates).
-func (m *Manager) PrepareTemplate() { m.templates.prepare() }
-
-func (t *templatePool) prepare() {
+// Prepare builds the template of the default image and shape in the
+// background, so that the first creates need not boot, and removes the
+// templates of custom images' disks that are gone (a crash between the
+// catalog's removal of a disk and of its templates).
+func (t *Templates) Prepare() {
 	if !t.cfg.Templates {
 		return
 	}
@@ -283,7 +281,7 @@ func (t *templatePool) prepare() {
 	t.want("", defaultShape, 0)
 }
 
-func (t *templatePool) buildLocked(rootfs string, s shape, dir string) {
+func (t *Templates) buildLocked(rootfs string, s shape, dir string) {
 	if t.building == nil {
 		t.building, t.failed = map[string]bool{}, map[string]time.Time{}
 	}
@@ -331,7 +329,7 @@ func (t *templatePool) buildLocked(rootfs string, s shape, dir string) {
 // nextLocked starts the build of the next template asked for
 // while another was built, if any is still missing. The caller holds
 // t.mu.
-func (t *templatePool) nextLocked() {
+func (t *Templates) nextLocked() {
 	for len(t.pending) > 0 && len(t.building) == 0 {
 		p := t.pending[0]
 		t.pending = t.pending[1:]
@@ -351,7 +349,7 @@ var errTemplateDropped = errors.New("the image's templates were removed while it
 // snapshots its memory and disk into the template's directory final and
 // ends the VM. gen is the disk's removal count when the build began: if
 // its templates were removed since, the result is dropped.
-func (t *templatePool) build(ctx context.Context, rootfs string, s shape, final string, gen int) error {
+func (t *Templates) build(ctx context.Context, rootfs string, s shape, final string, gen int) error {
 	work := final + ".build"
 	// A build a crash of the server cut short may have left its VM.
 	t.killStrays(ctx)
@@ -424,7 +422,7 @@ func (t *templatePool) build(ctx context.Context, rootfs string, s shape, final 
 // save readies the guest of a template's build VM (the CA bundle, a warm
 // page cache), detaches it and snapshots the VM's memory and disk into
 // snap, marked as a template.
-func (t *templatePool) save(ctx context.Context, mach vmm.Machine, c *guest.Client, snap string) error {
+func (t *Templates) save(ctx context.Context, mach vmm.Machine, c *guest.Client, snap string) error {
 	if err := c.Configure(ctx, agentproto.ConfigureRequest{CACerts: t.cfg.ExtraCAs}); err != nil {
 		return fmt.Errorf("template guest: %w", err)
 	}
@@ -448,7 +446,7 @@ func (t *templatePool) save(ctx context.Context, mach vmm.Machine, c *guest.Clie
 // killStrays ends the VMs of template builds that a crash of the
 // server left running: the build VMs are disposable, and only one build
 // runs at a time, so none of them is in use when a build starts.
-func (t *templatePool) killStrays(ctx context.Context) {
+func (t *Templates) killStrays(ctx context.Context) {
 	k, ok := t.cfg.Driver.(vmm.StrayKiller)
 	if !ok {
 		return
@@ -471,7 +469,7 @@ func (t *templatePool) killStrays(ctx context.Context) {
 // disk is over its template's disk until the sandbox's files go (delete,
 // or the stopped-disk retention). The caller holds t.mu, under
 // which pins are taken before a sandbox's file is written.
-func (t *templatePool) inUseLocked() map[string]bool {
+func (t *Templates) inUseLocked() map[string]bool {
 	used := map[string]bool{}
 	for dir := range t.pins {
 		used[dir] = true
@@ -491,7 +489,7 @@ func (t *templatePool) inUseLocked() map[string]bool {
 // makeRoomLocked removes the least recently used custom images' templates
 // that no sandbox uses until there is room for one more under the cap,
 // and reports whether there is. The caller holds t.mu.
-func (t *templatePool) makeRoomLocked() bool {
+func (t *Templates) makeRoomLocked() bool {
 	if time.Since(t.fullAt) < templateFullRetry {
 		return false
 	}
@@ -540,9 +538,7 @@ func (t *templatePool) makeRoomLocked() bool {
 // The image catalog calls it when it releases the disk, once no image,
 // sandbox or snapshot uses it, so no sandbox's disk is over them; a
 // template build of the disk under way drops its result.
-func (m *Manager) RemoveTemplates(rootfs string) error { return m.templates.remove(rootfs) }
-
-func (t *templatePool) remove(rootfs string) error {
+func (t *Templates) RemoveTemplates(rootfs string) error {
 	if rootfs == "" {
 		return nil
 	}
@@ -589,7 +585,7 @@ func (t *templatePool) remove(rootfs string) error {
 
 // sweep removes the templates of custom images' disks that
 // are gone and that no sandbox uses.
-func (t *templatePool) sweep() {
+func (t *Templates) sweep() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	files, _ := filepath.Glob(filepath.Join(t.imageBase(), "*", imageRootfsFile))

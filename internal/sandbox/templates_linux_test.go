@@ -28,7 +28,7 @@ func TestTemplateCreate(t *testing.T) {
 		c.Logger = slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	})
 	ctx := context.Background()
-	m.PrepareTemplate()
+	m.Templates.Prepare()
 	deadline := time.Now().Add(60 * time.Second)
 	for e.drv.Starts() < 1 || !m.TemplateReady(sandbox.DefaultVCPU, sandbox.DefaultMemoryMiB, sandbox.DefaultDiskMiB) {
 		if time.Now().After(deadline) {
@@ -126,7 +126,7 @@ func TestImageTemplates(t *testing.T) {
 		return sb
 	}
 
-	// No default template is asked for here (PrepareTemplate is not
+	// No default template is asked for here (Templates.Prepare is not
 	// called): every start and resume below is the image's.
 	starts, resumes := e.drv.Starts(), e.drv.Resumes()
 	first := create(app, "")
@@ -173,7 +173,7 @@ func TestImageTemplates(t *testing.T) {
 		t.Error("a create of the second image did not copy its template")
 	}
 
-	if err := m.RemoveTemplates(web.Rootfs); err != nil {
+	if err := m.Templates.RemoveTemplates(web.Rootfs); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(m.ImageTemplatesDir(web.Rootfs)); !os.IsNotExist(err) {
@@ -192,7 +192,7 @@ func TestImageTemplateQueued(t *testing.T) {
 	})
 	ctx := context.Background()
 	e.drv.HangStarts(1)
-	m.PrepareTemplate() // the default template's build, whose guest hangs
+	m.Templates.Prepare() // the default template's build, whose guest hangs
 	for e.drv.Starts() < 1 {
 		time.Sleep(5 * time.Millisecond)
 	}

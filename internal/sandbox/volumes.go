@@ -3,6 +3,7 @@ package sandbox
 import (
 	"bufio"
 	"context"
+	"log/slog"
 	"net"
 	"time"
 
@@ -61,10 +62,17 @@ func (h gateHandler) ServeVolume(ctx context.Context, attachmentID string, c net
 
 var _ guest.VolumeHandler = gateHandler{}
 
-// refuseWithVolumes refuses a snapshot or fork of a sandbox holding
-// volumes: their contents are not part of it.
-func (m *Manager) refuseWithVolumes(ctx context.Context, id string) error {
-	if m.cfg.Volumes != nil && m.cfg.Volumes.Holds(ctx, id) {
+// volumeHooks are the manager's calls into the volume service at a
+// sandbox's transitions; with no service they do nothing.
+type volumeHooks struct {
+	vols Volumes // nil: no sandbox holds volumes
+	log  *slog.Logger
+}
+
+// refuse refuses a snapshot or fork of a sandbox holding volumes: their
+// contents are not part of it.
+func (vh volumeHooks) refuse(ctx context.Context, id string) error {
+	if vh.vols != nil && vh.vols.Holds(ctx, id) {
 		return errdefs.New(errdefs.ErrConflict, "volumes_attached",
 			"sandbox %s holds volumes; snapshots and forks need a sandbox with no volumes", id).
 			WithHint("detach its volumes first")
@@ -72,10 +80,10 @@ func (m *Manager) refuseWithVolumes(ctx context.Context, id string) error {
 	return nil
 }
 
-// releaseVolumes frees the volumes of a sandbox that stopped or is deleted.
-func (m *Manager) releaseVolumes(id string) {
-	if m.cfg.Volumes != nil {
-		m.cfg.Volumes.Release(context.Background(), id)
+// release frees the volumes of a sandbox that stopped or is deleted.
+func (vh volumeHooks) release(id string) {
+	if vh.vols != nil {
+		vh.vols.Release(context.Background(), id)
 	}
 }
 
@@ -83,15 +91,15 @@ func (m *Manager) releaseVolumes(id string) {
 // ends.
 const volumeSyncTimeout = 20 * time.Second
 
-// syncVolumes asks the guest to flush its volumes before its VM ends: a
-// guest's page cache holds writes for up to 30 s, which a stop would lose.
-func (m *Manager) syncVolumes(id string, c *guest.Client) {
-	if m.cfg.Volumes == nil || !m.cfg.Volumes.Holds(context.Background(), id) {
+// sync asks the guest to flush its volumes before its VM ends: a guest's
+// page cache holds writes for up to 30 s, which a stop would lose.
+func (vh volumeHooks) sync(id string, c *guest.Client) {
+	if vh.vols == nil || !vh.vols.Holds(context.Background(), id) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), volumeSyncTimeout)
 	defer cancel()
 	if err := c.SyncVolumes(ctx); err != nil {
-		m.log.Warn("flushing volumes before the VM ends", "sandbox_id", id, "err", err)
+		vh.log.Warn("flushing volumes before the VM ends", "sandbox_id", id, "err", err)
 	}
 }

@@ -10,12 +10,15 @@ import (
 	"github.com/emberbox/emberbox/internal/errdefs"
 )
 
+// buildCacheRows are the store's methods on the build cache (a build's cache key to the snapshot it made).
+type buildCacheRows struct{ *backend }
+
 // The image builder's step cache: which disk snapshot holds a build
 // sandbox's disk after the steps a key names. imagebuild.Cache.
 
 // GetBuildCache returns the snapshot recorded under key and marks it used
 // at now; errdefs.ErrNotFound when there is none.
-func (s *Store) GetBuildCache(ctx context.Context, key string, now time.Time) (string, error) {
+func (s *buildCacheRows) GetBuildCache(ctx context.Context, key string, now time.Time) (string, error) {
 	var id string
 	// A write that returns a row runs in a transaction, which holds the
 	// write lock on either engine (see dbHandle.ExecContext).
@@ -41,7 +44,7 @@ func (s *Store) GetBuildCache(ctx context.Context, key string, now time.Time) (s
 // PutBuildCache records snapshotID under key, replacing what was there,
 // and returns the snapshot it replaced ("" for none) for the caller to
 // delete.
-func (s *Store) PutBuildCache(ctx context.Context, key, snapshotID string, now time.Time) (string, error) {
+func (s *buildCacheRows) PutBuildCache(ctx context.Context, key, snapshotID string, now time.Time) (string, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return "", fmt.Errorf("recording a build step: %w", err)
@@ -67,7 +70,7 @@ func (s *Store) PutBuildCache(ctx context.Context, key, snapshotID string, now t
 }
 
 // DeleteBuildCache forgets key.
-func (s *Store) DeleteBuildCache(ctx context.Context, key string) error {
+func (s *buildCacheRows) DeleteBuildCache(ctx context.Context, key string) error {
 	if _, err := s.db.ExecContext(ctx, `DELETE FROM build_cache WHERE key = ?`, key); err != nil {
 		return fmt.Errorf("deleting a build step: %w", err)
 	}
@@ -76,7 +79,7 @@ func (s *Store) DeleteBuildCache(ctx context.Context, key string) error {
 
 // EvictBuildCache keeps the keep most recently used entries, deletes the
 // others and returns their snapshots, for the caller to delete.
-func (s *Store) EvictBuildCache(ctx context.Context, keep int) ([]string, error) {
+func (s *buildCacheRows) EvictBuildCache(ctx context.Context, keep int) ([]string, error) {
 	if keep < 0 {
 		keep = 0
 	}
@@ -99,7 +102,7 @@ func (s *Store) EvictBuildCache(ctx context.Context, keep int) ([]string, error)
 
 // BuildCacheSnapshots lists the whole cache: key → snapshot. It is small
 // (bounded by the builder's eviction).
-func (s *Store) BuildCacheSnapshots(ctx context.Context) (map[string]string, error) {
+func (s *buildCacheRows) BuildCacheSnapshots(ctx context.Context) (map[string]string, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT key, snapshot_id FROM build_cache`)
 	if err != nil {
 		return nil, fmt.Errorf("listing build steps: %w", err)

@@ -9,6 +9,13 @@
 // SQLite migrations that PostgreSQL's is translated from (pgschema.go). Errors
 // are classified with the internal/errdefs classes.
 //
+// `*Store` has every method by promotion, but declares few itself (opening,
+// migrating, compacting, closing): each table's methods are declared on a
+// small type in that table's file (`keyRows` in keys.go, `sandboxRows` in
+// sandboxes.go, `nodeRows` in nodes.go, ...) that Store embeds, and all of
+// them work through one shared `backend` (the database, the node the store
+// is scoped to, the clock), which also holds the node fence checks.
+//
 // # Engines
 //
 // Two engines behind one `*Store` (`Engine()` says which): `Open(ctx, dsn)`

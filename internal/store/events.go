@@ -10,6 +10,9 @@ import (
 	"unicode/utf8"
 )
 
+// eventRows are the store's methods on the sandbox_events table.
+type eventRows struct{ *backend }
+
 // Bounds of the event log. A sandbox's log is a ring: appending beyond
 // MaxEventsPerSandbox deletes the oldest, in the same transaction, so a
 // tenant (or its guest) that makes events in a loop keeps a fixed number
@@ -40,7 +43,7 @@ type Event struct {
 // whose JSON is over MaxEventData has its strings cut to 256 bytes, and is
 // replaced by {"truncated": true} if that is not enough. An unknown
 // sandbox is an error of class errdefs.ErrNotFound.
-func (s *Store) AppendEvent(ctx context.Context, sandboxID, typ, message string, data map[string]any) error {
+func (s *eventRows) AppendEvent(ctx context.Context, sandboxID, typ, message string, data map[string]any) error {
 	d, err := eventData(data)
 	if err != nil {
 		return fmt.Errorf("appending %s event to sandbox %s: encoding data: %w", typ, sandboxID, err)
@@ -132,14 +135,14 @@ func Truncate(s string, n int) string {
 
 // ListEvents returns the latest limit events of sandbox sandboxID, oldest
 // first; limit <= 0 means all of them. An unknown sandbox has no events.
-func (s *Store) ListEvents(ctx context.Context, sandboxID string, limit int) ([]Event, error) {
+func (s *eventRows) ListEvents(ctx context.Context, sandboxID string, limit int) ([]Event, error) {
 	return s.ListEventsBefore(ctx, sandboxID, 0, limit)
 }
 
 // ListEventsBefore returns the latest limit events of sandbox sandboxID
 // whose id is below before (0: no bound), oldest first; limit <= 0 means
 // all of them. It is one page of a listing that goes back in time.
-func (s *Store) ListEventsBefore(ctx context.Context, sandboxID string, before int64, limit int) ([]Event, error) {
+func (s *eventRows) ListEventsBefore(ctx context.Context, sandboxID string, before int64, limit int) ([]Event, error) {
 	if limit <= 0 {
 		limit = math.MaxInt64 // no limit, on either engine
 	}

@@ -10,6 +10,9 @@ import (
 	"github.com/emberbox/emberbox/internal/errdefs"
 )
 
+// idempotencyRows are the store's methods on the idempotency records.
+type idempotencyRows struct{ *backend }
+
 // IdempotencyTTL is how long an Idempotency-Key is remembered.
 const IdempotencyTTL = 24 * time.Hour
 
@@ -57,7 +60,7 @@ type Idempotency struct {
 // request and then calls CompleteIdempotency or ReleaseIdempotency. Otherwise
 // it returns the existing record, pending or complete, for the caller to
 // replay or refuse (comparing fingerprints is the caller's job).
-func (s *Store) ReserveIdempotency(ctx context.Context, keyID, key, fingerprint string) (existing *Idempotency, reserved bool, err error) {
+func (s *idempotencyRows) ReserveIdempotency(ctx context.Context, keyID, key, fingerprint string) (existing *Idempotency, reserved bool, err error) {
 	tx, err := s.db.BeginTx(ctx, nil) // immediate: the read and the write are one step
 	if err != nil {
 		return nil, false, fmt.Errorf("reserving idempotency key %q: %w", key, err)
@@ -114,7 +117,7 @@ func (s *Store) ReserveIdempotency(ctx context.Context, keyID, key, fingerprint 
 // key's oldest records beyond MaxIdempotencyPerKey and
 // MaxIdempotencyBytesPerKey are deleted in the same transaction. A missing
 // record is an error of class errdefs.ErrNotFound.
-func (s *Store) CompleteIdempotency(ctx context.Context, keyID, key string, status int, contentType string, body []byte) error {
+func (s *idempotencyRows) CompleteIdempotency(ctx context.Context, keyID, key string, status int, contentType string, body []byte) error {
 	if status <= 0 {
 		return fmt.Errorf("completing idempotency key %q: status %d: %w", key, status, errdefs.ErrInvalidArgument)
 	}
@@ -183,7 +186,7 @@ func pruneIdempotencyKey(ctx context.Context, tx *txHandle, keyID string) error 
 // ReleaseIdempotency drops a pending reservation so that a retry runs the
 // request again (after a server error, say). Completed records are kept;
 // releasing an unknown key is not an error.
-func (s *Store) ReleaseIdempotency(ctx context.Context, keyID, key string) error {
+func (s *idempotencyRows) ReleaseIdempotency(ctx context.Context, keyID, key string) error {
 	_, err := s.db.ExecContext(ctx, `DELETE FROM idempotency WHERE key_id = ? AND key = ? AND status = 0`, keyID, key)
 	if err != nil {
 		return fmt.Errorf("releasing idempotency key %q: %w", key, err)
@@ -193,7 +196,7 @@ func (s *Store) ReleaseIdempotency(ctx context.Context, keyID, key string) error
 
 // PruneIdempotency deletes the records created before olderThan, pending or
 // not, and returns how many it deleted.
-func (s *Store) PruneIdempotency(ctx context.Context, olderThan time.Time) (int64, error) {
+func (s *idempotencyRows) PruneIdempotency(ctx context.Context, olderThan time.Time) (int64, error) {
 	res, err := s.db.ExecContext(ctx, `DELETE FROM idempotency WHERE created_at < ?`, formatTime(olderThan))
 	if err != nil {
 		return 0, fmt.Errorf("pruning idempotency records: %w", err)
@@ -213,7 +216,7 @@ func (s *Store) PruneIdempotency(ctx context.Context, olderThan time.Time) (int6
 // client's retry gets the same sandbox; every other one is deleted, so a
 // retry runs again. It returns how many it resolved and released. No
 // request of the running process may be in flight.
-func (s *Store) ResolvePendingIdempotency(ctx context.Context) (resolved, released int64, err error) {
+func (s *idempotencyRows) ResolvePendingIdempotency(ctx context.Context) (resolved, released int64, err error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, 0, fmt.Errorf("resolving pending idempotency records: %w", err)

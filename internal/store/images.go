@@ -11,6 +11,9 @@ import (
 	"github.com/emberbox/emberbox/internal/errdefs"
 )
 
+// imageRows are the store's methods on the image catalog: images, their tags and build logs.
+type imageRows struct{ *backend }
+
 var _ = catalog.Store{ImageRecords: (*Store)(nil), ImageTags: (*Store)(nil), ImageHolders: (*Store)(nil), BuildLogs: (*Store)(nil)}
 
 // "user" is quoted: a reserved word in PostgreSQL (a bare user is the
@@ -23,7 +26,7 @@ func imageNotFound() error {
 }
 
 // CreateImage implements catalog.Store.
-func (s *Store) CreateImage(ctx context.Context, img *catalog.Image) error {
+func (s *imageRows) CreateImage(ctx context.Context, img *catalog.Image) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("recording image: %w", err)
@@ -74,14 +77,14 @@ func imageArgs(img *catalog.Image) ([]any, error) {
 
 // UpdateImage implements catalog.Store. An image being deleted or deleted
 // is not found, unless the update deletes it.
-func (s *Store) UpdateImage(ctx context.Context, img *catalog.Image) error {
+func (s *imageRows) UpdateImage(ctx context.Context, img *catalog.Image) error {
 	return updateImage(ctx, s.db, img)
 }
 
 // FinishImage implements catalog.Store: the outcome and the tags in one
 // transaction, so no reader sees the image ready and its name not yet
 // resolving to it, and a crash between the two cannot leave it so.
-func (s *Store) FinishImage(ctx context.Context, img *catalog.Image, tags []string) error {
+func (s *imageRows) FinishImage(ctx context.Context, img *catalog.Image, tags []string) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("finishing image %s: %w", img.ID, err)
@@ -124,22 +127,22 @@ func updateImage(ctx context.Context, db execer, img *catalog.Image) error {
 }
 
 // GetImage implements catalog.Store.
-func (s *Store) GetImage(ctx context.Context, id string) (*catalog.Image, error) {
+func (s *imageRows) GetImage(ctx context.Context, id string) (*catalog.Image, error) {
 	return s.oneImage(ctx, `WHERE id = ?`, id)
 }
 
 // ImageByVersion implements catalog.Store.
-func (s *Store) ImageByVersion(ctx context.Context, owner, name string, version int) (*catalog.Image, error) {
+func (s *imageRows) ImageByVersion(ctx context.Context, owner, name string, version int) (*catalog.Image, error) {
 	return s.oneImage(ctx, `WHERE owner_key_id = ? AND name = ? AND version = ? AND state <> 'deleted'`, owner, name, version)
 }
 
 // ImageByTag implements catalog.Store.
-func (s *Store) ImageByTag(ctx context.Context, owner, name, tag string) (*catalog.Image, error) {
+func (s *imageRows) ImageByTag(ctx context.Context, owner, name, tag string) (*catalog.Image, error) {
 	return s.oneImage(ctx, `WHERE id = (SELECT image_id FROM image_tags WHERE owner_key_id = ? AND name = ? AND tag = ?)`, owner, name, tag)
 }
 
 // PublicImage implements catalog.Store.
-func (s *Store) PublicImage(ctx context.Context, name, tag string, version int) (*catalog.Image, error) {
+func (s *imageRows) PublicImage(ctx context.Context, name, tag string, version int) (*catalog.Image, error) {
 	if version > 0 {
 		return s.oneImage(ctx, `WHERE public = 1 AND name = ? AND version = ? AND state <> 'deleted'
 			ORDER BY created_at DESC LIMIT 1`, name, version)
@@ -148,7 +151,7 @@ func (s *Store) PublicImage(ctx context.Context, name, tag string, version int) 
 		ORDER BY created_at DESC LIMIT 1`, name, tag)
 }
 
-func (s *Store) oneImage(ctx context.Context, where string, args ...any) (*catalog.Image, error) {
+func (s *imageRows) oneImage(ctx context.Context, where string, args ...any) (*catalog.Image, error) {
 	img, err := scanImage(s.db.QueryRowContext(ctx, `SELECT `+imageColumns+` FROM images `+where, args...))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, imageNotFound()
@@ -162,7 +165,7 @@ func (s *Store) oneImage(ctx context.Context, where string, args ...any) (*catal
 	return img, nil
 }
 
-func (s *Store) imageTags(ctx context.Context, id string) ([]string, error) {
+func (s *imageRows) imageTags(ctx context.Context, id string) ([]string, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT tag FROM image_tags WHERE image_id = ? ORDER BY tag`, id)
 	if err != nil {
 		return nil, fmt.Errorf("reading tags of image %s: %w", id, err)
@@ -180,7 +183,7 @@ func (s *Store) imageTags(ctx context.Context, id string) ([]string, error) {
 }
 
 // ListImages implements catalog.Store.
-func (s *Store) ListImages(ctx context.Context, opt catalog.ListOptions) ([]*catalog.Image, error) {
+func (s *imageRows) ListImages(ctx context.Context, opt catalog.ListOptions) ([]*catalog.Image, error) {
 	var where []string
 	var args []any
 	where = append(where, `(owner_key_id = ? OR public = 1)`)
@@ -206,7 +209,7 @@ func (s *Store) ListImages(ctx context.Context, opt catalog.ListOptions) ([]*cat
 }
 
 // ImagesInStates implements catalog.Store.
-func (s *Store) ImagesInStates(ctx context.Context, states ...string) ([]*catalog.Image, error) {
+func (s *imageRows) ImagesInStates(ctx context.Context, states ...string) ([]*catalog.Image, error) {
 	if len(states) == 0 {
 		return nil, nil
 	}
@@ -217,7 +220,7 @@ func (s *Store) ImagesInStates(ctx context.Context, states ...string) ([]*catalo
 	return s.imageList(ctx, `WHERE state IN (?`+strings.Repeat(", ?", len(states)-1)+`) ORDER BY created_at, id`, args...)
 }
 
-func (s *Store) imageList(ctx context.Context, where string, args ...any) ([]*catalog.Image, error) {
+func (s *imageRows) imageList(ctx context.Context, where string, args ...any) ([]*catalog.Image, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT `+imageColumns+` FROM images `+where, args...)
 	if err != nil {
 		return nil, fmt.Errorf("listing images: %w", err)
@@ -244,7 +247,7 @@ func (s *Store) imageList(ctx context.Context, where string, args ...any) ([]*ca
 }
 
 // SetTag implements catalog.Store.
-func (s *Store) SetTag(ctx context.Context, owner, name, tag, id string) error {
+func (s *imageRows) SetTag(ctx context.Context, owner, name, tag, id string) error {
 	return setTag(ctx, s.db, owner, name, tag, id)
 }
 
@@ -261,7 +264,7 @@ func setTag(ctx context.Context, db execer, owner, name, tag, id string) error {
 }
 
 // RemoveTag implements catalog.Store.
-func (s *Store) RemoveTag(ctx context.Context, owner, name, tag, id string) (bool, error) {
+func (s *imageRows) RemoveTag(ctx context.Context, owner, name, tag, id string) (bool, error) {
 	res, err := s.db.ExecContext(ctx, `DELETE FROM image_tags WHERE owner_key_id = ? AND name = ? AND tag = ? AND image_id = ?`,
 		owner, name, tag, id)
 	if err != nil {
@@ -272,7 +275,7 @@ func (s *Store) RemoveTag(ctx context.Context, owner, name, tag, id string) (boo
 }
 
 // RemoveTags implements catalog.Store.
-func (s *Store) RemoveTags(ctx context.Context, id string) error {
+func (s *imageRows) RemoveTags(ctx context.Context, id string) error {
 	if _, err := s.db.ExecContext(ctx, `DELETE FROM image_tags WHERE image_id = ?`, id); err != nil {
 		return fmt.Errorf("untagging image %s: %w", id, err)
 	}
@@ -280,7 +283,7 @@ func (s *Store) RemoveTags(ctx context.Context, id string) error {
 }
 
 // ImageUsers implements catalog.Store.
-func (s *Store) ImageUsers(ctx context.Context, id string) (sandboxes, snapshots, internal int, err error) {
+func (s *imageRows) ImageUsers(ctx context.Context, id string) (sandboxes, snapshots, internal int, err error) {
 	err = s.db.QueryRowContext(ctx, `SELECT
 		(SELECT count(*) FROM sandboxes WHERE image_id = ?1 AND state <> 'deleted'),
 		(SELECT count(*) FROM snapshots WHERE image_id = ?1 AND state <> 'deleted'),
@@ -293,7 +296,7 @@ func (s *Store) ImageUsers(ctx context.Context, id string) (sandboxes, snapshots
 }
 
 // DigestUsers implements catalog.Store.
-func (s *Store) DigestUsers(ctx context.Context, digest string) (int, error) {
+func (s *imageRows) DigestUsers(ctx context.Context, digest string) (int, error) {
 	var n int
 	if err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM images WHERE digest = ? AND state NOT IN ('deleted', 'deleting')`,
 		digest).Scan(&n); err != nil {
@@ -303,7 +306,7 @@ func (s *Store) DigestUsers(ctx context.Context, digest string) (int, error) {
 }
 
 // AppendImageLog implements catalog.Store.
-func (s *Store) AppendImageLog(ctx context.Context, id string, lines []catalog.LogLine) (int64, error) {
+func (s *imageRows) AppendImageLog(ctx context.Context, id string, lines []catalog.LogLine) (int64, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, fmt.Errorf("appending to the log of image %s: %w", id, err)
@@ -330,7 +333,7 @@ func (s *Store) AppendImageLog(ctx context.Context, id string, lines []catalog.L
 }
 
 // ImageLog implements catalog.Store.
-func (s *Store) ImageLog(ctx context.Context, id string, after int64, limit int) ([]catalog.LogLine, error) {
+func (s *imageRows) ImageLog(ctx context.Context, id string, after int64, limit int) ([]catalog.LogLine, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT seq, at, stream, text FROM image_logs WHERE image_id = ? AND seq > ?
 		ORDER BY seq LIMIT ?`, id, after, limit)
 	if err != nil {

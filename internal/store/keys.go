@@ -14,6 +14,9 @@ import (
 	"github.com/emberbox/emberbox/internal/errdefs"
 )
 
+// keyRows are the store's methods on the api_keys table.
+type keyRows struct{ *backend }
+
 // Roles of API keys.
 const (
 	// RoleTenant keys see and manage only their own sandboxes.
@@ -40,7 +43,7 @@ func (k Key) Active(now time.Time) bool {
 
 // CreateKey creates a tenant API key and returns it with its secret, which
 // is shown this once: the store keeps only its SHA-256.
-func (s *Store) CreateKey(ctx context.Context, name string) (Key, string, error) {
+func (s *keyRows) CreateKey(ctx context.Context, name string) (Key, string, error) {
 	k, secret, err := s.NewKey(name)
 	if err != nil {
 		return Key{}, "", err
@@ -54,7 +57,7 @@ func (s *Store) CreateKey(ctx context.Context, name string) (Key, string, error)
 // NewKey makes a new tenant key and its secret without recording it, for a
 // caller that sets its role or expiry, or must keep the secret somewhere
 // first (see InsertKey).
-func (s *Store) NewKey(name string) (Key, string, error) {
+func (s *keyRows) NewKey(name string) (Key, string, error) {
 	var idb [8]byte
 	if _, err := rand.Read(idb[:]); err != nil {
 		return Key{}, "", fmt.Errorf("creating key: %w", err)
@@ -76,7 +79,7 @@ func newSecret() (string, error) {
 }
 
 // InsertKey records a key made by NewKey.
-func (s *Store) InsertKey(ctx context.Context, k Key, secret string) error {
+func (s *keyRows) InsertKey(ctx context.Context, k Key, secret string) error {
 	if k.Role != RoleTenant && k.Role != RoleAdmin {
 		return errdefs.New(errdefs.ErrInvalidArgument, "invalid_role", "role must be %q or %q, not %q", RoleTenant, RoleAdmin, k.Role)
 	}
@@ -102,7 +105,7 @@ const keyColumns = `id, name, role, created_at, expires_at, revoked_at`
 // current one, or the one before a rotation during the rotation's grace
 // period. An unknown secret, or that of a revoked or expired key, is an
 // error of class errdefs.ErrNotFound (a CodedError saying which).
-func (s *Store) AuthenticateKey(ctx context.Context, secret string) (Key, error) {
+func (s *keyRows) AuthenticateKey(ctx context.Context, secret string) (Key, error) {
 	// Looking up by hash leaks no timing about the secret itself.
 	h := hashSecret(secret)
 	now := s.now()
@@ -128,7 +131,7 @@ func (s *Store) AuthenticateKey(ctx context.Context, secret string) (Key, error)
 
 // GetKey returns the key with id. A missing key is an error of class
 // errdefs.ErrNotFound.
-func (s *Store) GetKey(ctx context.Context, id string) (Key, error) {
+func (s *keyRows) GetKey(ctx context.Context, id string) (Key, error) {
 	return keyTable.read(ctx, s.db, id)
 }
 
@@ -141,7 +144,7 @@ func keyNotFound(id string) error {
 
 // ListKeys returns all API keys, revoked and expired ones included, oldest
 // first.
-func (s *Store) ListKeys(ctx context.Context) ([]Key, error) {
+func (s *keyRows) ListKeys(ctx context.Context) ([]Key, error) {
 	keys, err := queryRows(ctx, s.db, scanKey, `SELECT `+keyColumns+` FROM api_keys ORDER BY created_at, id`)
 	if err != nil {
 		return nil, fmt.Errorf("listing keys: %w", err)
@@ -152,7 +155,7 @@ func (s *Store) ListKeys(ctx context.Context) ([]Key, error) {
 // RevokeKey revokes key id at once, its secret and any secret a rotation
 // left in grace. Revoking a revoked key changes nothing. A missing key is
 // an error of class errdefs.ErrNotFound.
-func (s *Store) RevokeKey(ctx context.Context, id string) (Key, error) {
+func (s *keyRows) RevokeKey(ctx context.Context, id string) (Key, error) {
 	_, err := s.db.ExecContext(ctx, `UPDATE api_keys SET revoked_at = coalesce(revoked_at, ?),
 		old_secret_hash = NULL, old_secret_expires_at = NULL WHERE id = ?`, formatTime(s.now()), id)
 	if err != nil {
@@ -171,7 +174,7 @@ func SecretGeneration(secret string) string { return hashSecret(secret) }
 // secrets that authenticate at this moment: its current secret's and,
 // during a rotation's grace, the one before's. A revoked, expired or
 // unknown key has none, so whatever is bound to its secrets ends with it.
-func (s *Store) KeyGenerations(ctx context.Context, id string) ([]string, error) {
+func (s *keyRows) KeyGenerations(ctx context.Context, id string) ([]string, error) {
 	var (
 		cur                             string
 		old, oldUntil, expires, revoked sql.NullString
@@ -207,7 +210,7 @@ func (s *Store) KeyGenerations(ctx context.Context, id string) ([]string, error)
 }
 
 // SetKeyExpiry sets when key id stops working (nil: never).
-func (s *Store) SetKeyExpiry(ctx context.Context, id string, expires *time.Time) (Key, error) {
+func (s *keyRows) SetKeyExpiry(ctx context.Context, id string, expires *time.Time) (Key, error) {
 	if _, err := s.db.ExecContext(ctx, `UPDATE api_keys SET expires_at = ? WHERE id = ?`, formatTimePtr(expires), id); err != nil {
 		return Key{}, fmt.Errorf("setting the expiry of key %s: %w", id, err)
 	}
@@ -217,7 +220,7 @@ func (s *Store) SetKeyExpiry(ctx context.Context, id string, expires *time.Time)
 // RotateKey gives key id a new secret and returns it. The key keeps its
 // id, so its sandboxes stay its own; the old secret keeps working for
 // grace (0: not at all). A revoked key cannot be rotated.
-func (s *Store) RotateKey(ctx context.Context, id string, grace time.Duration) (Key, string, error) {
+func (s *keyRows) RotateKey(ctx context.Context, id string, grace time.Duration) (Key, string, error) {
 	secret, err := newSecret()
 	if err != nil {
 		return Key{}, "", fmt.Errorf("rotating key %s: %w", id, err)
@@ -255,7 +258,7 @@ func (s *Store) RotateKey(ctx context.Context, id string, grace time.Duration) (
 }
 
 // CountKeys returns the number of API keys.
-func (s *Store) CountKeys(ctx context.Context) (int, error) {
+func (s *keyRows) CountKeys(ctx context.Context) (int, error) {
 	var n int
 	if err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM api_keys`).Scan(&n); err != nil {
 		return 0, fmt.Errorf("counting keys: %w", err)

@@ -7,9 +7,12 @@ import (
 	"fmt"
 )
 
+// linkRows are the store's methods on the link_generations table.
+type linkRows struct{ *backend }
+
 // LinkGeneration returns the generation of sandboxID's signed file links:
 // 0 until they are first revoked.
-func (s *Store) LinkGeneration(ctx context.Context, sandboxID string) (int64, error) {
+func (s *linkRows) LinkGeneration(ctx context.Context, sandboxID string) (int64, error) {
 	var g int64
 	err := s.db.QueryRowContext(ctx, `SELECT generation FROM link_generations WHERE sandbox_id = ?`, sandboxID).Scan(&g)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -23,7 +26,7 @@ func (s *Store) LinkGeneration(ctx context.Context, sandboxID string) (int64, er
 
 // RevokeLinks bumps sandboxID's link generation, ending every link signed
 // before, and returns the new one.
-func (s *Store) RevokeLinks(ctx context.Context, sandboxID string) (int64, error) {
+func (s *linkRows) RevokeLinks(ctx context.Context, sandboxID string) (int64, error) {
 	var g int64
 	// A write that returns a row runs in a transaction, which holds the
 	// write lock on either engine (see dbHandle.ExecContext).

@@ -11,9 +11,12 @@ import (
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
+// networkRows are the store's methods on the sandbox_network table.
+type networkRows struct{ *backend }
+
 // GetNetwork returns a sandbox's egress policy. A sandbox without one
 // (created before policies existed) is an error of class errdefs.ErrNotFound.
-func (s *Store) GetNetwork(ctx context.Context, sandboxID string) (*sandbox.Network, error) {
+func (s *networkRows) GetNetwork(ctx context.Context, sandboxID string) (*sandbox.Network, error) {
 	var pol, updated string
 	var n sandbox.Network
 	err := s.db.QueryRowContext(ctx, `SELECT policy, version, updated_at FROM sandbox_network WHERE sandbox_id = ?`, sandboxID).
@@ -35,7 +38,7 @@ func (s *Store) GetNetwork(ctx context.Context, sandboxID string) (*sandbox.Netw
 
 // PutNetwork stores a sandbox's egress policy, replacing any. If
 // n.UpdatedAt is zero it is set to the current time.
-func (s *Store) PutNetwork(ctx context.Context, sandboxID string, n *sandbox.Network) error {
+func (s *networkRows) PutNetwork(ctx context.Context, sandboxID string, n *sandbox.Network) error {
 	if n.UpdatedAt.IsZero() {
 		n.UpdatedAt = s.now()
 	}

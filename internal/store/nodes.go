@@ -15,6 +15,9 @@ import (
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
+// nodeRows are the store's methods on the nodes of a cluster and the sandboxes that move between them.
+type nodeRows struct{ *backend }
+
 // nodeScope is the node of a cluster this store works for, and the epoch
 // it registered with: the fencing token its writes carry.
 type nodeScope struct {
@@ -29,13 +32,13 @@ type nodeScope struct {
 // is fenced: refused with code "node_fenced" unless the sandbox is this
 // node's and the node's epoch in the store is still epoch (another node
 // declaring it lost bumps the epoch).
-func (s *Store) SetNode(id string, epoch int64) {
+func (s *nodeRows) SetNode(id string, epoch int64) {
 	s.node.Store(&nodeScope{id: id, epoch: epoch})
 }
 
 // localOnly is the condition that keeps a sandboxes or snapshots query to
 // this node's rows, and its argument; empty off a cluster.
-func (s *Store) localOnly() (string, []any) {
+func (s *backend) localOnly() (string, []any) {
 	if n := s.node.Load(); n != nil {
 		return " AND node_id = ?", []any{n.id}
 	}
@@ -49,7 +52,7 @@ func errFenced(format string, args ...any) error {
 
 // checkFence refuses a write of a node the cluster no longer counts as the
 // one that registered (declared down, or started again since).
-func (s *Store) checkFence(ctx context.Context, tx *txHandle) error {
+func (s *backend) checkFence(ctx context.Context, tx *txHandle) error {
 	n := s.node.Load()
 	if n == nil {
 		return nil
@@ -71,7 +74,7 @@ func (s *Store) checkFence(ctx context.Context, tx *txHandle) error {
 
 // checkOwner refuses a write to a sandbox another node owns, and any write
 // of a fenced node.
-func (s *Store) checkOwner(ctx context.Context, tx *txHandle, owner string) error {
+func (s *backend) checkOwner(ctx context.Context, tx *txHandle, owner string) error {
 	n := s.node.Load()
 	if n == nil {
 		return nil
@@ -89,7 +92,7 @@ const nodeColumns = `id, address, api_url, state, epoch, memory_mib, overhead_mi
 // one more than before (1 for a new node), its heartbeat now, and its state
 // up, or draining if it was draining. It returns the new epoch, the fencing
 // token of this process.
-func (s *Store) RegisterNode(ctx context.Context, n *cluster.Node) (int64, error) {
+func (s *nodeRows) RegisterNode(ctx context.Context, n *cluster.Node) (int64, error) {
 	images, err := json.Marshal(emptyIfNil(n.Images))
 	if err != nil {
 		return 0, fmt.Errorf("registering node %s: %w", n.ID, err)
@@ -140,7 +143,7 @@ func emptyIfNil(s []string) []string {
 // Heartbeat records node id alive at epoch. A node the cluster declared
 // down, or one that registered again since (another process with its id),
 // gets code "node_fenced": it must stand down.
-func (s *Store) Heartbeat(ctx context.Context, id string, epoch int64) error {
+func (s *nodeRows) Heartbeat(ctx context.Context, id string, epoch int64) error {
 	res, err := s.db.ExecContext(ctx, `UPDATE nodes SET heartbeat_at = ?
 		WHERE id = ? AND epoch = ? AND state <> 'down'`, formatTime(s.now()), id, epoch)
 	if err != nil {
@@ -157,7 +160,7 @@ func (s *Store) Heartbeat(ctx context.Context, id string, epoch int64) error {
 // ListNodes returns every node, by id, with what its sandboxes hold: the
 // memory of those with a VM (not paused, stopped or deleted) plus the
 // node's overhead for each, as its admission ledger counts them.
-func (s *Store) ListNodes(ctx context.Context) ([]*cluster.Node, error) {
+func (s *nodeRows) ListNodes(ctx context.Context) ([]*cluster.Node, error) {
 	return listNodes(ctx, s.db, "")
 }
 
@@ -220,7 +223,7 @@ func listNodes(ctx context.Context, db querier, id string) ([]*cluster.Node, err
 }
 
 // GetNode returns node id; a missing one is errdefs.ErrNotFound.
-func (s *Store) GetNode(ctx context.Context, id string) (*cluster.Node, error) {
+func (s *nodeRows) GetNode(ctx context.Context, id string) (*cluster.Node, error) {
 	list, err := listNodes(ctx, s.db, id)
 	if err != nil {
 		return nil, err
@@ -238,7 +241,7 @@ func (s *Store) GetNode(ctx context.Context, id string) (*cluster.Node, error) {
 // with the least free memory comes first (best fit), then by id. The
 // owning node's admission ledger has the last word at its create, which
 // answers no_capacity if two creates raced for its last room.
-func (s *Store) Place(ctx context.Context, p cluster.Placement) ([]*cluster.Node, error) {
+func (s *nodeRows) Place(ctx context.Context, p cluster.Placement) ([]*cluster.Node, error) {
 	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return nil, fmt.Errorf("placing a sandbox: %w", err)
@@ -254,7 +257,7 @@ func (s *Store) Place(ctx context.Context, p cluster.Placement) ([]*cluster.Node
 
 // StaleNodes returns the nodes not down whose last heartbeat is before
 // cutoff.
-func (s *Store) StaleNodes(ctx context.Context, cutoff time.Time) ([]string, error) {
+func (s *nodeRows) StaleNodes(ctx context.Context, cutoff time.Time) ([]string, error) {
 	ids, err := queryRows(ctx, s.db, scanString, `SELECT id FROM nodes WHERE state <> 'down' AND heartbeat_at < ? ORDER BY id`,
 		formatTime(cutoff))
 	if err != nil {
@@ -270,7 +273,7 @@ func (s *Store) StaleNodes(ctx context.Context, cutoff time.Time) ([]string, err
 // dropped (the counters went with the node) and an event recorded. It
 // returns the sandboxes it stopped; none if another node got there first
 // or the node spoke meanwhile.
-func (s *Store) DeclareLost(ctx context.Context, id string, cutoff time.Time, by string) ([]string, error) {
+func (s *nodeRows) DeclareLost(ctx context.Context, id string, cutoff time.Time, by string) ([]string, error) {
 	now := formatTime(s.now())
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -314,7 +317,7 @@ func (s *Store) DeclareLost(ctx context.Context, id string, cutoff time.Time, by
 // SetNodeDraining starts (true) or ends a drain of node id: a draining node
 // takes no new sandboxes and moves its paused ones away. A down node
 // cannot be drained (code node_down).
-func (s *Store) SetNodeDraining(ctx context.Context, id string, draining bool) (*cluster.Node, error) {
+func (s *nodeRows) SetNodeDraining(ctx context.Context, id string, draining bool) (*cluster.Node, error) {
 	from, to := cluster.StateUp, cluster.StateDraining
 	if !draining {
 		from, to = to, from
@@ -337,7 +340,7 @@ func (s *Store) SetNodeDraining(ctx context.Context, id string, draining bool) (
 // in one transaction, with an event. It fails with code "not_movable" if
 // the sandbox is no longer paused on from. The receiving node calls it,
 // with everything in place, as the commit of its MoveIn.
-func (s *Store) MoveSandbox(ctx context.Context, id, from, to string) error {
+func (s *nodeRows) MoveSandbox(ctx context.Context, id, from, to string) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("moving sandbox %s: %w", id, err)
@@ -371,7 +374,7 @@ func (s *Store) MoveSandbox(ctx context.Context, id, from, to string) error {
 // OwnerNode returns the node of the sandbox or snapshot id (table
 // "sandboxes" or "snapshots"): "" if it is on no node, unknown or deleted,
 // which any node answers for from the store.
-func (s *Store) OwnerNode(ctx context.Context, table, id string) (string, error) {
+func (s *nodeRows) OwnerNode(ctx context.Context, table, id string) (string, error) {
 	if !slices.Contains([]string{"sandboxes", "snapshots"}, table) {
 		return "", fmt.Errorf("owner node: unknown table %q", table)
 	}
@@ -393,7 +396,7 @@ func (s *Store) OwnerNode(ctx context.Context, table, id string) (string, error)
 // node (not deleted): a node that died after a drain moved one of its
 // paused sandboxes, but before it removed the files, finds them at its
 // next start and removes them. Off a cluster it returns none.
-func (s *Store) MovedAway(ctx context.Context, ids []string) ([]string, error) {
+func (s *nodeRows) MovedAway(ctx context.Context, ids []string) ([]string, error) {
 	n := s.node.Load()
 	if n == nil {
 		return nil, nil
@@ -430,7 +433,7 @@ func (s *Store) MovedAway(ctx context.Context, ids []string) ([]string, error) {
 // LostSandboxes returns this node's sandboxes that the cluster stopped
 // with reason node_lost and whose files are still here: a node that comes
 // back ends any VM of them still running before it serves.
-func (s *Store) LostSandboxes(ctx context.Context) ([]*sandbox.Sandbox, error) {
+func (s *nodeRows) LostSandboxes(ctx context.Context) ([]*sandbox.Sandbox, error) {
 	n := s.node.Load()
 	if n == nil {
 		return nil, nil
@@ -446,7 +449,7 @@ func (s *Store) LostSandboxes(ctx context.Context) ([]*sandbox.Sandbox, error) {
 
 // ClusterSetting returns the shared setting name, or put if it has none
 // yet: the first node to ask decides (the cluster's CA).
-func (s *Store) ClusterSetting(ctx context.Context, name string, put func() (string, error)) (string, error) {
+func (s *nodeRows) ClusterSetting(ctx context.Context, name string, put func() (string, error)) (string, error) {
 	var v string
 	err := s.db.QueryRowContext(ctx, `SELECT value FROM cluster_settings WHERE name = ?`, name).Scan(&v)
 	if err == nil {

@@ -50,7 +50,7 @@ func openPostgres(ctx context.Context, dsn string) (*Store, error) {
 	// reached by transactions queued on that lock would deadlock it.
 	db.SetMaxIdleConns(8)
 	db.SetConnMaxIdleTime(5 * time.Minute)
-	s := &Store{db: &dbHandle{DB: db, engine: postgresEngine}, now: time.Now}
+	s := newStore(&dbHandle{DB: db, engine: postgresEngine})
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("opening store %s: %w", name, err)

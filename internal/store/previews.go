@@ -11,10 +11,13 @@ import (
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
+// previewRows are the store's methods on the previews table.
+type previewRows struct{ *backend }
+
 const previewColumns = `id, sandbox_id, owner_key_id, port, visibility, secret, embed_origins, created_at, updated_at, expires_at`
 
 // PutPreview inserts p, or replaces the preview of its sandbox and port.
-func (s *Store) PutPreview(ctx context.Context, p *sandbox.Preview) error {
+func (s *previewRows) PutPreview(ctx context.Context, p *sandbox.Preview) error {
 	var origins any
 	if len(p.EmbedOrigins) > 0 {
 		b, err := json.Marshal(p.EmbedOrigins)
@@ -38,16 +41,16 @@ func (s *Store) PutPreview(ctx context.Context, p *sandbox.Preview) error {
 }
 
 // GetPreview returns the preview of a sandbox's port.
-func (s *Store) GetPreview(ctx context.Context, sandboxID string, port int) (*sandbox.Preview, error) {
+func (s *previewRows) GetPreview(ctx context.Context, sandboxID string, port int) (*sandbox.Preview, error) {
 	return s.onePreview(ctx, `WHERE sandbox_id = ? AND port = ?`, sandboxID, port)
 }
 
 // PreviewByID returns the preview named id.
-func (s *Store) PreviewByID(ctx context.Context, id string) (*sandbox.Preview, error) {
+func (s *previewRows) PreviewByID(ctx context.Context, id string) (*sandbox.Preview, error) {
 	return s.onePreview(ctx, `WHERE id = ?`, id)
 }
 
-func (s *Store) onePreview(ctx context.Context, where string, args ...any) (*sandbox.Preview, error) {
+func (s *previewRows) onePreview(ctx context.Context, where string, args ...any) (*sandbox.Preview, error) {
 	p, err := scanPreview(s.db.QueryRowContext(ctx, `SELECT `+previewColumns+` FROM previews `+where, args...))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, errdefs.New(errdefs.ErrNotFound, "preview_not_found", "no such preview")
@@ -59,7 +62,7 @@ func (s *Store) onePreview(ctx context.Context, where string, args ...any) (*san
 }
 
 // ListPreviews returns a sandbox's previews by port.
-func (s *Store) ListPreviews(ctx context.Context, sandboxID string) ([]*sandbox.Preview, error) {
+func (s *previewRows) ListPreviews(ctx context.Context, sandboxID string) ([]*sandbox.Preview, error) {
 	out, err := queryRows(ctx, s.db, scanPreview, `SELECT `+previewColumns+` FROM previews WHERE sandbox_id = ? ORDER BY port`, sandboxID)
 	if err != nil {
 		return nil, fmt.Errorf("listing previews of %s: %w", sandboxID, err)
@@ -69,7 +72,7 @@ func (s *Store) ListPreviews(ctx context.Context, sandboxID string) ([]*sandbox.
 
 // DeletePreviews removes a sandbox's preview of port, or all of them when
 // port is 0.
-func (s *Store) DeletePreviews(ctx context.Context, sandboxID string, port int) error {
+func (s *previewRows) DeletePreviews(ctx context.Context, sandboxID string, port int) error {
 	q, args := `DELETE FROM previews WHERE sandbox_id = ?`, []any{sandboxID}
 	if port != 0 {
 		q, args = q+` AND port = ?`, append(args, port)

@@ -15,6 +15,9 @@ import (
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
+// sandboxRows are the store's methods on the sandboxes table.
+type sandboxRows struct{ *backend }
+
 // Page sizes of ListSandboxes (sandbox.ListOptions.Limit).
 const (
 	DefaultListLimit = 50
@@ -34,7 +37,7 @@ const sandboxColumns = `id, owner_key_id, name, labels, env_names, vcpu, memory_
 // retry after a crash finds this sandbox and never makes a second one. A non-empty name already held by another sandbox of the
 // same owner that is not stopped or deleted fails with an
 // *errdefs.CodedError of class errdefs.ErrConflict and code "name_taken".
-func (s *Store) InsertSandbox(ctx context.Context, sb *sandbox.Sandbox, idempotencyKey string) error {
+func (s *sandboxRows) InsertSandbox(ctx context.Context, sb *sandbox.Sandbox, idempotencyKey string) error {
 	if sb.ID == "" {
 		return errdefs.New(errdefs.ErrInvalidArgument, "invalid_sandbox", "inserting sandbox: empty id")
 	}
@@ -102,7 +105,7 @@ func sandboxNotFound(id string) error {
 
 // GetSandbox returns the sandbox with the given id, of any owner and in any
 // state. A missing sandbox is an error of class errdefs.ErrNotFound.
-func (s *Store) GetSandbox(ctx context.Context, id string) (*sandbox.Sandbox, error) {
+func (s *sandboxRows) GetSandbox(ctx context.Context, id string) (*sandbox.Sandbox, error) {
 	return sandboxTable.get(ctx, s.db, "getting", id)
 }
 
@@ -119,7 +122,7 @@ var sandboxTable = newTable("sandbox", "sandboxes", sandboxColumns, scanSandbox,
 // errdefs.ErrNotFound; a name clash as in InsertSandbox fails with code
 // "name_taken". fn runs with the database's write lock held: it must not
 // block.
-func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(sb *sandbox.Sandbox) bool) (*sandbox.Sandbox, error) {
+func (s *sandboxRows) UpdateSandbox(ctx context.Context, id string, fn func(sb *sandbox.Sandbox) bool) (*sandbox.Sandbox, error) {
 	return sandboxTable.update(ctx, s.db, id,
 		func(tx *txHandle, sb *sandbox.Sandbox) error { return s.checkOwner(ctx, tx, sb.NodeID) },
 		fn,
@@ -175,7 +178,7 @@ func updateSandbox(ctx context.Context, db execer, sb *sandbox.Sandbox) error {
 // and the cursor of the next page ("" on the last page). Without opts.States,
 // stopped sandboxes are left out unless opts.IncludeStopped is set, and
 // deleted ones are always left out.
-func (s *Store) ListSandboxes(ctx context.Context, opts sandbox.ListOptions) ([]*sandbox.Sandbox, string, error) {
+func (s *sandboxRows) ListSandboxes(ctx context.Context, opts sandbox.ListOptions) ([]*sandbox.Sandbox, string, error) {
 	limit, err := pageLimit(opts.Limit)
 	if err != nil {
 		return nil, "", err
@@ -240,7 +243,7 @@ func (s *Store) ListSandboxes(ctx context.Context, opts sandbox.ListOptions) ([]
 
 // labelMatch is the condition that a sandbox's labels (a JSON object of
 // strings) hold key k with value v, and its arguments.
-func (s *Store) labelMatch(k, v string) (string, []any, error) {
+func (s *sandboxRows) labelMatch(k, v string) (string, []any, error) {
 	if s.db.engine != postgresEngine {
 		return "EXISTS (SELECT 1 FROM json_each(sandboxes.labels) AS l WHERE l.key = ? AND l.value = ?)", []any{k, v}, nil
 	}
@@ -272,7 +275,7 @@ func (s *Store) labelMatch(k, v string) (string, []any, error) {
 // ListLive returns every sandbox not in a terminal state, oldest first, of
 // all owners: the ones to reattach after a restart and to watch the leases of.
 // On a node of a cluster (SetNode) it returns that node's alone.
-func (s *Store) ListLive(ctx context.Context) ([]*sandbox.Sandbox, error) {
+func (s *sandboxRows) ListLive(ctx context.Context) ([]*sandbox.Sandbox, error) {
 	cond, args := s.localOnly()
 	list, err := queryRows(ctx, s.db, scanSandbox, `SELECT `+sandboxColumns+` FROM sandboxes
 		WHERE state NOT IN ('stopped', 'deleted')`+cond+` ORDER BY created_at, id`, args...)

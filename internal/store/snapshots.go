@@ -11,6 +11,9 @@ import (
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
+// snapshotRows are the store's methods on the snapshots table.
+type snapshotRows struct{ *backend }
+
 const snapshotColumns = `id, owner_key_id, name, labels, source_sandbox_id, mode, state, error,
 	size_bytes, vcpu, memory_mib, disk_mib, retention_days,
 	created_at, ready_at, expires_at, deleted_at, files_removed_at, image_id, rootfs`
@@ -20,7 +23,7 @@ func snapshotNotFound(id string) error {
 }
 
 // InsertSnapshot records a new snapshot.
-func (s *Store) InsertSnapshot(ctx context.Context, sn *sandbox.Snapshot) error {
+func (s *snapshotRows) InsertSnapshot(ctx context.Context, sn *sandbox.Snapshot) error {
 	if sn.ID == "" {
 		return errdefs.New(errdefs.ErrInvalidArgument, "invalid_snapshot", "inserting snapshot: empty id")
 	}
@@ -45,7 +48,7 @@ func (s *Store) InsertSnapshot(ctx context.Context, sn *sandbox.Snapshot) error 
 }
 
 // GetSnapshot returns a snapshot of any owner, deleted ones included.
-func (s *Store) GetSnapshot(ctx context.Context, id string) (*sandbox.Snapshot, error) {
+func (s *snapshotRows) GetSnapshot(ctx context.Context, id string) (*sandbox.Snapshot, error) {
 	return snapshotTable.get(ctx, s.db, "getting", id)
 }
 
@@ -56,7 +59,7 @@ var snapshotTable = newTable("snapshot", "snapshots", snapshotColumns, scanSnaps
 // UpdateSandbox does a sandbox's: fn sees the committed record and nothing
 // is written if it returns false. ID, owner, source, mode, shape and
 // creation time never change.
-func (s *Store) UpdateSnapshot(ctx context.Context, id string, fn func(sn *sandbox.Snapshot) bool) (*sandbox.Snapshot, error) {
+func (s *snapshotRows) UpdateSnapshot(ctx context.Context, id string, fn func(sn *sandbox.Snapshot) bool) (*sandbox.Snapshot, error) {
 	return snapshotTable.update(ctx, s.db, id, nil, fn, func(tx *txHandle, sn *sandbox.Snapshot) error {
 		labels, err := jsonOrNull(sn.Labels, sn.Labels == nil)
 		if err != nil {
@@ -75,7 +78,7 @@ func (s *Store) UpdateSnapshot(ctx context.Context, id string, fn func(sn *sandb
 
 // ListSnapshots returns one page of the snapshots matching opts that are
 // not deleted, newest first, and the cursor of the next page.
-func (s *Store) ListSnapshots(ctx context.Context, opts sandbox.SnapshotListOptions) ([]*sandbox.Snapshot, string, error) {
+func (s *snapshotRows) ListSnapshots(ctx context.Context, opts sandbox.SnapshotListOptions) ([]*sandbox.Snapshot, string, error) {
 	limit, err := pageLimit(opts.Limit)
 	if err != nil {
 		return nil, "", err
@@ -118,7 +121,7 @@ func (s *Store) ListSnapshots(ctx context.Context, opts sandbox.SnapshotListOpti
 
 // ExpiredSnapshots returns the snapshots, not deleted, whose retention
 // ended before now.
-func (s *Store) ExpiredSnapshots(ctx context.Context, now time.Time) ([]*sandbox.Snapshot, error) {
+func (s *snapshotRows) ExpiredSnapshots(ctx context.Context, now time.Time) ([]*sandbox.Snapshot, error) {
 	cond, args := s.localOnly()
 	list, err := queryRows(ctx, s.db, scanSnapshot, `SELECT `+snapshotColumns+` FROM snapshots
 		WHERE state <> 'deleted' AND expires_at IS NOT NULL AND expires_at <= ?`+cond+` ORDER BY expires_at`,
@@ -133,7 +136,7 @@ func (s *Store) ExpiredSnapshots(ctx context.Context, now time.Time) ([]*sandbox
 // still there and that no sandbox with a disk was made from (deleted, or
 // stopped with its files removed, a copy needs them no longer): their
 // files can go.
-func (s *Store) UnusedDeletedSnapshots(ctx context.Context) ([]string, error) {
+func (s *snapshotRows) UnusedDeletedSnapshots(ctx context.Context) ([]string, error) {
 	cond, args := s.localOnly()
 	ids, err := queryRows(ctx, s.db, scanString, `SELECT id FROM snapshots AS sn
 		WHERE state = 'deleted' AND files_removed_at IS NULL

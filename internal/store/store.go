@@ -16,7 +16,31 @@ import (
 )
 
 // Store is the server's durable state. It is safe for concurrent use.
+//
+// Its methods are declared per area, on the xxxRows types it embeds (one
+// in the file of each table); they all work through the one backend.
 type Store struct {
+	*backend
+	keyRows
+	sandboxRows
+	diskRows
+	snapshotRows
+	eventRows
+	idempotencyRows
+	networkRows
+	previewRows
+	linkRows
+	imageRows
+	buildCacheRows
+	volumeRows
+	backupRows
+	meterRows
+	nodeRows
+}
+
+// backend is what every area of the store shares: the database, the node
+// the store is scoped to, and the clock.
+type backend struct {
 	db *dbHandle
 	// node scopes the store to one node of a cluster (SetNode): what it
 	// inserts is that node's, its housekeeping lists see that node's
@@ -24,6 +48,29 @@ type Store struct {
 	node atomic.Pointer[nodeScope]
 	// now is the clock; tests replace it to move time forward.
 	now func() time.Time
+}
+
+// newStore returns a store on db whose areas share one backend.
+func newStore(db *dbHandle) *Store {
+	b := &backend{db: db, now: time.Now}
+	return &Store{
+		backend:         b,
+		keyRows:         keyRows{b},
+		sandboxRows:     sandboxRows{b},
+		diskRows:        diskRows{b},
+		snapshotRows:    snapshotRows{b},
+		eventRows:       eventRows{b},
+		idempotencyRows: idempotencyRows{b},
+		networkRows:     networkRows{b},
+		previewRows:     previewRows{b},
+		linkRows:        linkRows{b},
+		imageRows:       imageRows{b},
+		buildCacheRows:  buildCacheRows{b},
+		volumeRows:      volumeRows{b},
+		backupRows:      backupRows{b},
+		meterRows:       meterRows{b},
+		nodeRows:        nodeRows{b},
+	}
 }
 
 // Open opens or creates the store named by dsn and brings its schema up to
@@ -61,7 +108,7 @@ func openSQLite(ctx context.Context, path string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening store %s: %w", path, err)
 	}
-	s := &Store{db: &dbHandle{DB: db, engine: sqliteEngine}, now: time.Now}
+	s := newStore(&dbHandle{DB: db, engine: sqliteEngine})
 	if err := s.init(ctx); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("opening store %s: %w", path, err)

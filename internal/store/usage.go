@@ -11,12 +11,15 @@ import (
 	"github.com/emberbox/emberbox/internal/metering"
 )
 
+// meterRows are the store's methods on the metering tables (meters, usage, meter_points, storage_meters).
+type meterRows struct{ *backend }
+
 // BeginMeter opens sandbox id's metering interval at r: from then on its
 // VM's counters are charged. If an interval of the same VM is already
 // open (a server that restarted and reattached), it is kept: the run is
 // counted once and nothing is charged twice. An interval left open by a
 // VM that is gone is replaced.
-func (s *Store) BeginMeter(ctx context.Context, id, owner string, r metering.Reading) error {
+func (s *meterRows) BeginMeter(ctx context.Context, id, owner string, r metering.Reading) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("opening the meter of %s: %w", id, err)
@@ -46,7 +49,7 @@ func (s *Store) BeginMeter(ctx context.Context, id, owner string, r metering.Rea
 // r, in the same transaction as it moves the interval's start to r (or,
 // with final, closes it). It reports false, changing nothing, when no
 // interval of r's VM is open: that usage was settled already.
-func (s *Store) SettleMeter(ctx context.Context, id, owner string, shape metering.Shape, r metering.Reading, final bool) (bool, error) {
+func (s *meterRows) SettleMeter(ctx context.Context, id, owner string, shape metering.Shape, r metering.Reading, final bool) (bool, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return false, fmt.Errorf("settling the meter of %s: %w", id, err)
@@ -111,7 +114,7 @@ func (s *Store) SettleMeter(ctx context.Context, id, owner string, shape meterin
 
 // OpenMeter returns the start of sandbox id's open metering interval, or
 // nil if none is open.
-func (s *Store) OpenMeter(ctx context.Context, id string) (*metering.Reading, error) {
+func (s *meterRows) OpenMeter(ctx context.Context, id string) (*metering.Reading, error) {
 	var r metering.Reading
 	var at int64
 	err := s.db.QueryRowContext(ctx, `SELECT vm, at_ms, cpu_ns, guest_cpu_ns, egress_bytes, ingress_bytes FROM meters WHERE sandbox_id = ?`, id).
@@ -128,7 +131,7 @@ func (s *Store) OpenMeter(ctx context.Context, id string) (*metering.Reading, er
 
 // DropMeter closes sandbox id's open interval without charging it: its VM
 // ended while no server watched, and its last counters are gone.
-func (s *Store) DropMeter(ctx context.Context, id string) error {
+func (s *meterRows) DropMeter(ctx context.Context, id string) error {
 	if _, err := s.db.ExecContext(ctx, `DELETE FROM meters WHERE sandbox_id = ?`, id); err != nil {
 		return fmt.Errorf("dropping the meter of %s: %w", id, err)
 	}
@@ -137,7 +140,7 @@ func (s *Store) DropMeter(ctx context.Context, id string) error {
 
 // OldestOpenMeter returns the start of the oldest open interval: usage
 // from before it can no longer change.
-func (s *Store) OldestOpenMeter(ctx context.Context) (time.Time, bool, error) {
+func (s *meterRows) OldestOpenMeter(ctx context.Context) (time.Time, bool, error) {
 	var at sql.NullInt64
 	if err := s.db.QueryRowContext(ctx, `SELECT MIN(at_ms) FROM meters`).Scan(&at); err != nil {
 		return time.Time{}, false, fmt.Errorf("reading the meters: %w", err)
@@ -151,7 +154,7 @@ func (s *Store) OldestOpenMeter(ctx context.Context) (time.Time, bool, error) {
 // AccrueStorage charges bytes of kept disk (a paused or stopped sandbox's,
 // or a snapshot's) from the later of since and the last accrual of
 // resource id until now, and records now as that accrual, in one step.
-func (s *Store) AccrueStorage(ctx context.Context, id, kind, owner string, bytes int64, since, now time.Time) error {
+func (s *meterRows) AccrueStorage(ctx context.Context, id, kind, owner string, bytes int64, since, now time.Time) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("charging the storage of %s: %w", id, err)
@@ -182,7 +185,7 @@ func (s *Store) AccrueStorage(ctx context.Context, id, kind, owner string, bytes
 }
 
 // addUsage adds b to resource id's row of b's hour.
-func (s *Store) addUsage(ctx context.Context, tx *txHandle, id, kind, owner string, at time.Time, b metering.Bucket) error {
+func (s *meterRows) addUsage(ctx context.Context, tx *txHandle, id, kind, owner string, at time.Time, b metering.Bucket) error {
 	// The target's columns are qualified (u.): PostgreSQL finds a bare
 	// name in the SET clause ambiguous with excluded's, and has no
 	// two-argument max().
@@ -203,7 +206,7 @@ func (s *Store) addUsage(ctx context.Context, tx *txHandle, id, kind, owner stri
 }
 
 // UsageRows lists usage rows, oldest hour first.
-func (s *Store) UsageRows(ctx context.Context, q metering.Query) ([]metering.Row, error) {
+func (s *meterRows) UsageRows(ctx context.Context, q metering.Query) ([]metering.Row, error) {
 	var out []metering.Row
 	err := s.EachUsageRow(ctx, q, func(r metering.Row) error {
 		out = append(out, r)
@@ -215,7 +218,7 @@ func (s *Store) UsageRows(ctx context.Context, q metering.Query) ([]metering.Row
 // EachUsageRow calls fn with each usage row q selects, oldest hour first,
 // without holding them all: a month of a busy server's rows can be large.
 // fn must not use the store; an error from it ends the listing.
-func (s *Store) EachUsageRow(ctx context.Context, q metering.Query, fn func(metering.Row) error) error {
+func (s *meterRows) EachUsageRow(ctx context.Context, q metering.Query, fn func(metering.Row) error) error {
 	var where []string
 	var args []any
 	if q.Owner != "" {
@@ -274,7 +277,7 @@ func (s *Store) EachUsageRow(ctx context.Context, q metering.Query, fn func(mete
 
 // MeterPoints lists sandbox id's settled intervals that end in [from, to),
 // oldest first.
-func (s *Store) MeterPoints(ctx context.Context, id string, from, to time.Time) ([]metering.Point, error) {
+func (s *meterRows) MeterPoints(ctx context.Context, id string, from, to time.Time) ([]metering.Point, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT at_ms, span_ms, cpu_ns, guest_cpu_ns, rss_bytes FROM meter_points
 		WHERE sandbox_id = ? AND at_ms >= ? AND at_ms < ? ORDER BY at_ms`, id, from.UnixMilli(), to.UnixMilli())
 	if err != nil {
@@ -296,7 +299,7 @@ func (s *Store) MeterPoints(ctx context.Context, id string, from, to time.Time) 
 
 // PruneMeterPoints removes settled intervals that ended before t; the
 // hourly usage rows keep what they added up to.
-func (s *Store) PruneMeterPoints(ctx context.Context, t time.Time) (int64, error) {
+func (s *meterRows) PruneMeterPoints(ctx context.Context, t time.Time) (int64, error) {
 	res, err := s.db.ExecContext(ctx, `DELETE FROM meter_points WHERE at_ms < ?`, t.UnixMilli())
 	if err != nil {
 		return 0, fmt.Errorf("pruning metrics: %w", err)
@@ -305,7 +308,7 @@ func (s *Store) PruneMeterPoints(ctx context.Context, t time.Time) (int64, error
 }
 
 // CountSandboxes counts the sandboxes in each state.
-func (s *Store) CountSandboxes(ctx context.Context) (map[string]int, error) {
+func (s *meterRows) CountSandboxes(ctx context.Context) (map[string]int, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT state, COUNT(*) FROM sandboxes GROUP BY state`)
 	if err != nil {
 		return nil, fmt.Errorf("counting sandboxes: %w", err)

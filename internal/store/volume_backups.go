@@ -10,12 +10,15 @@ import (
 	"github.com/emberbox/emberbox/internal/volumes"
 )
 
+// backupRows are the store's methods on the volume_backups table.
+type backupRows struct{ *backend }
+
 var _ volumes.BackupStore = (*Store)(nil)
 
 const backupColumns = `id, volume_id, owner_key_id, name, size_mib, state, method, consistent, error, created_at, ready_at, expires_at`
 
 // PutBackup inserts or replaces a backup.
-func (s *Store) PutBackup(ctx context.Context, b *volumes.Backup) error {
+func (s *backupRows) PutBackup(ctx context.Context, b *volumes.Backup) error {
 	_, err := s.db.ExecContext(ctx, `INSERT INTO volume_backups (`+backupColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (id) DO UPDATE SET volume_id = excluded.volume_id, owner_key_id = excluded.owner_key_id,
 			name = excluded.name, size_mib = excluded.size_mib, state = excluded.state, method = excluded.method,
@@ -30,7 +33,7 @@ func (s *Store) PutBackup(ctx context.Context, b *volumes.Backup) error {
 }
 
 // GetBackup returns a backup of any owner.
-func (s *Store) GetBackup(ctx context.Context, id string) (*volumes.Backup, error) {
+func (s *backupRows) GetBackup(ctx context.Context, id string) (*volumes.Backup, error) {
 	return backupTable.read(ctx, s.db, id)
 }
 
@@ -43,7 +46,7 @@ func backupNotFound(id string) error {
 
 // ListBackups returns a page of an owner's backups (not deleted unless
 // asked for), newest first.
-func (s *Store) ListBackups(ctx context.Context, o volumes.BackupListOptions) ([]*volumes.Backup, string, error) {
+func (s *backupRows) ListBackups(ctx context.Context, o volumes.BackupListOptions) ([]*volumes.Backup, string, error) {
 	pg := newOwnerPage(o.OwnerKeyID, o.State, "volume_id", o.VolumeID, o.Cursor, o.Limit)
 	out, err := s.backups(ctx, `WHERE `+pg.where+` ORDER BY id DESC LIMIT ?`, pg.args...)
 	if err != nil {
@@ -54,13 +57,13 @@ func (s *Store) ListBackups(ctx context.Context, o volumes.BackupListOptions) ([
 }
 
 // ExpiredBackups lists backups not deleted whose expiry is before t.
-func (s *Store) ExpiredBackups(ctx context.Context, t time.Time) ([]*volumes.Backup, error) {
+func (s *backupRows) ExpiredBackups(ctx context.Context, t time.Time) ([]*volumes.Backup, error) {
 	return s.backups(ctx, `WHERE state != 'deleted' AND expires_at < ? ORDER BY id LIMIT 1000`, formatTime(t))
 }
 
 // BackupUsage sums owner's backups creating or ready, of one volume if
 // volumeID is given.
-func (s *Store) BackupUsage(ctx context.Context, owner, volumeID string) (volumes.BackupUsage, error) {
+func (s *backupRows) BackupUsage(ctx context.Context, owner, volumeID string) (volumes.BackupUsage, error) {
 	q, args := `SELECT COUNT(*), CAST(COALESCE(SUM(size_mib), 0) AS BIGINT) FROM volume_backups WHERE owner_key_id = ? AND state IN ('creating', 'ready')`,
 		[]any{owner}
 	if volumeID != "" {
@@ -73,7 +76,7 @@ func (s *Store) BackupUsage(ctx context.Context, owner, volumeID string) (volume
 	return u, nil
 }
 
-func (s *Store) backups(ctx context.Context, rest string, args ...any) ([]*volumes.Backup, error) {
+func (s *backupRows) backups(ctx context.Context, rest string, args ...any) ([]*volumes.Backup, error) {
 	out, err := queryRows(ctx, s.db, scanBackup, `SELECT `+backupColumns+` FROM volume_backups `+rest, args...)
 	if err != nil {
 		return nil, fmt.Errorf("listing backups: %w", err)

@@ -10,6 +10,9 @@ import (
 	"github.com/emberbox/emberbox/internal/volumes"
 )
 
+// volumeRows are the store's methods on the volumes and their attachments.
+type volumeRows struct{ *backend }
+
 var _ volumes.Store = (*Store)(nil)
 
 const volumeColumns = `id, owner_key_id, name, labels, size_mib, state, sandbox_id, attachment_id, created_at, updated_at`
@@ -17,7 +20,7 @@ const volumeColumns = `id, owner_key_id, name, labels, size_mib, state, sandbox_
 const attachmentColumns = `id, volume_id, sandbox_id, owner_key_id, path, mode, state, error, created_at, attached_at, detached_at`
 
 // InsertVolume records a new volume.
-func (s *Store) InsertVolume(ctx context.Context, v *volumes.Volume) error {
+func (s *volumeRows) InsertVolume(ctx context.Context, v *volumes.Volume) error {
 	labels, err := json.Marshal(orEmpty(v.Labels))
 	if err != nil {
 		return fmt.Errorf("encoding labels: %w", err)
@@ -38,7 +41,7 @@ func orEmpty(m map[string]string) map[string]string {
 }
 
 // GetVolume returns a volume of any owner.
-func (s *Store) GetVolume(ctx context.Context, id string) (*volumes.Volume, error) {
+func (s *volumeRows) GetVolume(ctx context.Context, id string) (*volumes.Volume, error) {
 	return volumeTable.read(ctx, s.db, id)
 }
 
@@ -55,7 +58,7 @@ func volumeNotFound(id string) error {
 
 // ListVolumes returns a page of an owner's volumes (deleted ones only when
 // asked for by state), newest first.
-func (s *Store) ListVolumes(ctx context.Context, o volumes.ListOptions) ([]*volumes.Volume, string, error) {
+func (s *volumeRows) ListVolumes(ctx context.Context, o volumes.ListOptions) ([]*volumes.Volume, string, error) {
 	pg := newOwnerPage(o.OwnerKeyID, o.State, "name", o.Name, o.Cursor, o.Limit)
 	out, err := queryRows(ctx, s.db, scanVolume, `SELECT `+volumeColumns+` FROM volumes WHERE `+pg.where+
 		` ORDER BY id DESC LIMIT ?`, pg.args...)
@@ -67,7 +70,7 @@ func (s *Store) ListVolumes(ctx context.Context, o volumes.ListOptions) ([]*volu
 }
 
 // LiveVolumes lists every owner's volumes not deleted.
-func (s *Store) LiveVolumes(ctx context.Context) ([]*volumes.Volume, error) {
+func (s *volumeRows) LiveVolumes(ctx context.Context) ([]*volumes.Volume, error) {
 	out, err := queryRows(ctx, s.db, scanVolume, `SELECT `+volumeColumns+` FROM volumes WHERE state != 'deleted' ORDER BY id`)
 	if err != nil {
 		return nil, fmt.Errorf("listing live volumes: %w", err)
@@ -76,7 +79,7 @@ func (s *Store) LiveVolumes(ctx context.Context) ([]*volumes.Volume, error) {
 }
 
 // UpdateVolume sets the size and state of a volume in state from.
-func (s *Store) UpdateVolume(ctx context.Context, id, from string, sizeMiB int, state string) (*volumes.Volume, error) {
+func (s *volumeRows) UpdateVolume(ctx context.Context, id, from string, sizeMiB int, state string) (*volumes.Volume, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, err
@@ -112,7 +115,7 @@ func volumeStateConflict(v *volumes.Volume) error {
 }
 
 // BeginAttach makes a ready volume held by a.SandboxID and records a.
-func (s *Store) BeginAttach(ctx context.Context, a *volumes.Attachment) error {
+func (s *volumeRows) BeginAttach(ctx context.Context, a *volumes.Attachment) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -142,7 +145,7 @@ func (s *Store) BeginAttach(ctx context.Context, a *volumes.Attachment) error {
 
 // SetAttachment moves an attachment to state; at detached its volume is
 // ready again.
-func (s *Store) SetAttachment(ctx context.Context, id, state, errText string) (*volumes.Attachment, error) {
+func (s *volumeRows) SetAttachment(ctx context.Context, id, state, errText string) (*volumes.Attachment, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, err
@@ -180,7 +183,7 @@ func (s *Store) SetAttachment(ctx context.Context, id, state, errText string) (*
 }
 
 // GetAttachment returns an attachment.
-func (s *Store) GetAttachment(ctx context.Context, id string) (*volumes.Attachment, error) {
+func (s *volumeRows) GetAttachment(ctx context.Context, id string) (*volumes.Attachment, error) {
 	return attachmentTable.read(ctx, s.db, id)
 }
 
@@ -193,7 +196,7 @@ func attachmentNotFound(id string) error {
 
 // HeldAttachments lists a sandbox's attachments not yet detached, oldest
 // first.
-func (s *Store) HeldAttachments(ctx context.Context, sandboxID string) ([]*volumes.Attachment, error) {
+func (s *volumeRows) HeldAttachments(ctx context.Context, sandboxID string) ([]*volumes.Attachment, error) {
 	out, err := queryRows(ctx, s.db, scanAttachment, `SELECT `+attachmentColumns+` FROM volume_attachments
 		WHERE sandbox_id = ? AND state != ? ORDER BY created_at, id`, sandboxID, volumes.AttachDetached)
 	if err != nil {

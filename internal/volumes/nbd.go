@@ -21,9 +21,9 @@ import (
 // protocol (nbd.ErrProtocol). Every offset and length is checked against size
 // before the file is touched.
 func serveNBD(r *bufio.Reader, w io.Writer, f *os.File, size int64) error {
+	s := &nbdStream{r: r, f: f, size: size, buf: make([]byte, 0, 1<<20)}
 	var hdr [nbd.RequestLen]byte
 	var reply [nbd.ReplyLen]byte
-	buf := make([]byte, 0, 1<<20)
 	for {
 		if _, err := io.ReadFull(r, hdr[:]); err != nil {
 			if errors.Is(err, io.EOF) {
@@ -35,66 +35,96 @@ func serveNBD(r *bufio.Reader, w io.Writer, f *os.File, size int64) error {
 		if err != nil {
 			return err
 		}
-		typ, off, length := q.Type, q.Offset, q.Length
-		inBounds := off <= uint64(size) && uint64(length) <= uint64(size)-off
-		var code uint32
-		var data []byte
-		switch typ {
-		case nbd.CmdRead:
-			if !inBounds {
-				code = nbd.EINVAL
-				break
-			}
-			buf = grow(buf, int(length))
-			data = buf
-			if _, err := f.ReadAt(data, int64(off)); err != nil && !errors.Is(err, io.EOF) {
-				code, data = nbd.EIO, nil
-			}
-		case nbd.CmdWrite:
-			buf = grow(buf, int(length))
-			data = buf
-			if _, err := io.ReadFull(r, data); err != nil {
-				return err
-			}
-			switch {
-			case !inBounds:
-				code = nbd.EINVAL
-			default:
-				if _, err := f.WriteAt(data, int64(off)); err != nil {
-					code = nbd.EIO
-					if errors.Is(err, unix.ENOSPC) {
-						code = nbd.ENOSPC
-					}
-				}
-			}
-			data = nil
-		case nbd.CmdFlush:
-			if err := datasync(f); err != nil {
-				code = nbd.EIO
-			}
-		case nbd.CmdTrim:
-			if !inBounds {
-				code = nbd.EINVAL
-			} else if length > 0 {
-				// A hole where the guest freed blocks; a failure to punch
-				// one loses nothing.
-				punchHole(f, int64(off), int64(length))
-			}
-		case nbd.CmdDisc:
+		if q.Type == nbd.CmdDisc {
 			return nil
-		default:
-			code = nbd.EINVAL
+		}
+		code, data, err := s.answer(q)
+		if err != nil {
+			return err
 		}
 		nbd.PutReply(&reply, q.Handle, code)
 		if _, err := w.Write(reply[:]); err != nil {
 			return err
 		}
-		if code == 0 && typ == nbd.CmdRead {
+		if code == 0 && q.Type == nbd.CmdRead {
 			if _, err := w.Write(data); err != nil {
 				return err
 			}
 		}
 	}
+}
+
+// nbdStream is what one stream's requests are answered from: the volume's
+// file of size bytes, and the buffer reads and writes reuse (bounded by
+// nbd.MaxLength, as ParseRequest bounds a request's length).
+type nbdStream struct {
+	r    *bufio.Reader
+	f    *os.File
+	size int64
+	buf  []byte
+}
+
+// answer carries out q (not DISC) and returns the reply's error code and,
+// for a read that succeeded, its data. An error ends the stream.
+func (s *nbdStream) answer(q nbd.Request) (code uint32, data []byte, err error) {
+	off, length := q.Offset, q.Length
+	inBounds := off <= uint64(s.size) && uint64(length) <= uint64(s.size)-off
+	switch q.Type {
+	case nbd.CmdRead:
+		if !inBounds {
+			return nbd.EINVAL, nil, nil
+		}
+		code, data = s.read(off, length)
+		return code, data, nil
+	case nbd.CmdWrite:
+		code, err = s.write(off, length, inBounds)
+		return code, nil, err
+	case nbd.CmdFlush:
+		if err := datasync(s.f); err != nil {
+			return nbd.EIO, nil, nil
+		}
+		return 0, nil, nil
+	case nbd.CmdTrim:
+		if !inBounds {
+			return nbd.EINVAL, nil, nil
+		}
+		if length > 0 {
+			// A hole where the guest freed blocks; a failure to punch
+			// one loses nothing.
+			punchHole(s.f, int64(off), int64(length))
+		}
+		return 0, nil, nil
+	}
+	return nbd.EINVAL, nil, nil
+}
+
+// read reads length bytes at off, checked in bounds by the caller.
+func (s *nbdStream) read(off uint64, length uint32) (code uint32, data []byte) {
+	s.buf = grow(s.buf, int(length))
+	if _, err := s.f.ReadAt(s.buf, int64(off)); err != nil && !errors.Is(err, io.EOF) {
+		return nbd.EIO, nil
+	}
+	return 0, s.buf
+}
+
+// write takes a write's payload off the stream, whether in bounds or not,
+// so that the next request is read where it starts; only then is a write
+// out of bounds refused.
+func (s *nbdStream) write(off uint64, length uint32, inBounds bool) (code uint32, err error) {
+	s.buf = grow(s.buf, int(length))
+	if _, err := io.ReadFull(s.r, s.buf); err != nil {
+		return 0, err
+	}
+	if !inBounds {
+		return nbd.EINVAL, nil
+	}
+	if _, err := s.f.WriteAt(s.buf, int64(off)); err != nil {
+		if errors.Is(err, unix.ENOSPC) {
+			return nbd.ENOSPC, nil
+		}
+		return nbd.EIO, nil
+	}
+	return 0, nil
 }
 
 func grow(b []byte, n int) []byte {

@@ -60,6 +60,36 @@ func (c *Client) Exec(ctx context.Context, id string, req ExecRequest) (*ExecRes
 	if (req.Command == "") == (len(req.Argv) == 0) {
 		return nil, errors.New("emberbox: give Command or Argv")
 	}
+	r, err := jsonRequest(http.MethodPost, sandboxPath(id, ":exec"), execBody(req))
+	if err != nil {
+		return nil, err
+	}
+	r.accept = "application/x-ndjson"
+	s := &outputStream{stdout: req.Stdout, stderr: req.Stderr}
+	resp, err := c.send(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	err = s.read(resp.Body)
+	resp.Body.Close()
+	if s.exit != nil {
+		return s.result(), nil
+	}
+	if s.processID == "" {
+		return nil, fmt.Errorf("emberbox: exec stream ended before the command started: %w", cmpErr(err))
+	}
+	if fatal(err) {
+		return nil, err
+	}
+	// Cut: read on from the process's output.
+	if err := c.followOutput(ctx, id, s); err != nil {
+		return nil, err
+	}
+	return s.result(), nil
+}
+
+// execBody is the body of a streamed exec of req.
+func execBody(req ExecRequest) map[string]any {
 	body := map[string]any{"stream": true}
 	if req.Command != "" {
 		body["command"] = req.Command
@@ -83,56 +113,40 @@ func (c *Client) Exec(ctx context.Context, id string, req ExecRequest) (*ExecRes
 		timeout = streamedExecTimeout
 	}
 	body["timeoutMs"] = max(1, timeout.Milliseconds())
-	r, err := jsonRequest(http.MethodPost, sandboxPath(id, ":exec"), body)
-	if err != nil {
-		return nil, err
-	}
-	r.accept = "application/x-ndjson"
-	s := &outputStream{stdout: req.Stdout, stderr: req.Stderr}
-	resp, err := c.send(ctx, r)
-	if err != nil {
-		return nil, err
-	}
-	err = s.read(resp.Body)
-	resp.Body.Close()
-	if s.exit != nil {
-		return s.result(), nil
-	}
-	if s.processID == "" {
-		return nil, fmt.Errorf("emberbox: exec stream ended before the command started: %w", cmpErr(err))
-	}
-	if fatal(err) {
-		return nil, err
-	}
-	// Cut: read on from the process's output.
+	return body
+}
+
+// followOutput reads the output of s's process from where s stopped
+// until its exit; it gives up after 4 reads in a row that bring nothing.
+func (c *Client) followOutput(ctx context.Context, id string, s *outputStream) error {
 	for idle := 0; s.exit == nil; {
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return ctx.Err()
 		}
 		before := s.offset
 		q := url.Values{"cursor": {strconv.FormatInt(s.resumeAt(), 10)}, "follow": {"true"}}
 		resp, err := c.send(ctx, &request{method: http.MethodGet, accept: "application/x-ndjson",
 			path: sandboxPath(id, "/processes/"+url.PathEscape(s.processID)+"/output"), query: q})
 		if err != nil {
-			return nil, err
+			return err
 		}
 		err = s.read(resp.Body)
 		resp.Body.Close()
 		if fatal(err) {
-			return nil, err
+			return err
 		}
 		if s.offset == before && s.exit == nil {
 			if idle++; idle >= 4 {
-				return nil, fmt.Errorf("emberbox: lost the output of %s: 4 reads in a row brought nothing new: %w", s.processID, cmpErr(err))
+				return fmt.Errorf("emberbox: lost the output of %s: 4 reads in a row brought nothing new: %w", s.processID, cmpErr(err))
 			}
 			if err := c.wait(ctx, idle, 0); err != nil {
-				return nil, err
+				return err
 			}
 		} else {
 			idle = 0
 		}
 	}
-	return s.result(), nil
+	return nil
 }
 
 // writeError is a failure to deliver output to the caller's writer.

@@ -294,6 +294,23 @@ func run(t *testing.T, c *guest.Client, command string) string {
 // stops it and checks that it is gone.
 func testLifecycle(t *testing.T, d vmm.Driver, spec vmm.Spec) {
 	m := start(t, d, spec)
+	running := checkRunning(t, m)
+
+	rec := m.Record()
+	if len(rec) == 0 {
+		t.Fatal("Record() is empty")
+	}
+	m2 := checkAttach(t, d, spec, m, rec)
+
+	stop(t, m)
+	waitClosed(t, m.Done(), "Done after Stop")
+	waitClosed(t, m2.Done(), "Done of the attached Machine after Stop")
+	checkStopped(t, d, spec, rec, m, m2, running)
+}
+
+// checkRunning checks m right after Start and once its agent answers, and
+// returns its usage then.
+func checkRunning(t *testing.T, m vmm.Machine) vmm.Usage {
 	checkAccel(t, "Machine.Accel", m.Accel())
 	if m.PID() <= 0 {
 		t.Errorf("PID() = %d, want the VMM's process id", m.PID())
@@ -312,11 +329,13 @@ func testLifecycle(t *testing.T, d vmm.Driver, spec vmm.Spec) {
 	if running.Final || running.CPU <= 0 {
 		t.Errorf("Usage of a VM that booted = %+v, want CPU > 0 and not final", running)
 	}
+	return running
+}
 
-	rec := m.Record()
-	if len(rec) == 0 {
-		t.Fatal("Record() is empty")
-	}
+// checkAttach attaches to m, running, by its record rec, reaches its guest
+// through the new handle, and checks that Attach refuses a record that is
+// not spec's VM's. It returns the attached handle.
+func checkAttach(t *testing.T, d vmm.Driver, spec vmm.Spec, m vmm.Machine, rec []byte) vmm.Machine {
 	ctx := t.Context()
 	m2, err := d.Attach(ctx, spec, rec)
 	if err != nil {
@@ -339,10 +358,13 @@ func testLifecycle(t *testing.T, d vmm.Driver, spec vmm.Spec) {
 	if _, err := d.Attach(ctx, spec, []byte("{")); err == nil {
 		t.Error("Attach accepted a malformed record")
 	}
+	return m2
+}
 
-	stop(t, m)
-	waitClosed(t, m.Done(), "Done after Stop")
-	waitClosed(t, m2.Done(), "Done of the attached Machine after Stop")
+// checkStopped checks m and m2, handles to one VM that was stopped, and
+// that the VM of record rec is gone; running is m's usage while it ran.
+func checkStopped(t *testing.T, d vmm.Driver, spec vmm.Spec, rec []byte, m, m2 vmm.Machine, running vmm.Usage) {
+	ctx := t.Context()
 	// The final count is read after the VMM exited, so it holds everything
 	// it used: never less than a reading taken before. (The attached
 	// handle, a second one to the same VM in this process, only has to
