@@ -92,6 +92,10 @@ func (mt *Meter) reading(in *instance, mach vmm.Machine) (metering.Reading, bool
 	}
 	r := metering.Reading{At: mt.host.now(), VM: vmKey(mach), CPUNs: int64(u.CPU), RSSBytes: u.RSSBytes,
 		GuestCPUNs: in.guestCPU.Load()}
+	if !u.Final && u.RSSBytes > 0 && mt.ledger != nil {
+		// Admission on measured use charges the VM by this reading.
+		mt.ledger.Measured(in.id, u.RSSBytes>>20)
+	}
 	r.EgressBytes, r.IngressBytes = in.traffic()
 	return r, u.Final, nil
 }
