@@ -519,6 +519,14 @@ func (l *Ledger) Owner(owner string) Usage {
 	return Usage{}
 }
 
+// Expected returns what the running sandboxes are expected to take beyond
+// what the host already shows (MiB; 0 in the strict model).
+func (l *Ledger) Expected() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.pending
+}
+
 // Held reports whether sandbox id holds a claim.
 func (l *Ledger) Held(id string) bool {
 	l.mu.Lock()

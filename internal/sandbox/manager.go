@@ -186,6 +186,9 @@ type instance struct {
 	// guestCPU is the guest's busy time as it last reported it (ns);
 	// egressOut and egressIn the gate's totals once it is closed.
 	guestCPU, egressOut, egressIn atomic.Int64
+	// oomSeen is one more than the guest's count of OOM kills at its
+	// last reading; 0 before the first, which is the baseline.
+	oomSeen atomic.Int64
 
 	// saving is held while the guest is detached for a memory snapshot:
 	// the watcher reconnects only once the snapshot is taken, so that the
