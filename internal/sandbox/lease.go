@@ -75,6 +75,7 @@ func (rp *Reaper) ExpireLeases(ctx context.Context) []string {
 	}
 	now := rp.host.now()
 	var ended []string
+	rp.rankForOOM(live)
 	if id := rp.relievePressure(ctx, live); id != "" {
 		ended = append(ended, id)
 	}

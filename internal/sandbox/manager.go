@@ -189,6 +189,11 @@ type instance struct {
 	// oomSeen is one more than the guest's count of OOM kills at its
 	// last reading; 0 before the first, which is the baseline.
 	oomSeen atomic.Int64
+	// oomScored is the VM whose OOM score was last set, and oomScore
+	// that score (oomrank.go): a new VM (a wake, a restart) is scored
+	// afresh. Guarded by mu.
+	oomScored vmm.Machine
+	oomScore  int
 
 	// saving is held while the guest is detached for a memory snapshot:
 	// the watcher reconnects only once the snapshot is taken, so that the
