@@ -195,6 +195,10 @@ type instance struct {
 	oomScored vmm.Machine
 	oomScore  int
 
+	// steps times the phases of this instance's way to running
+	// (timeline.go); nil for an instance that was never started here.
+	steps *timeline
+
 	// saving is held while the guest is detached for a memory snapshot:
 	// the watcher reconnects only once the snapshot is taken, so that the
 	// saved agent waits for a Hello (detach.go).
