@@ -87,6 +87,12 @@ func (t *Tokens) Open(purpose, sandboxID, tok string) (token, bool) {
 	if err1 != nil || err2 != nil || err3 != nil || len(owner) == 0 || len(tag) != tagLen {
 		return token{}, false
 	}
+	// One token, one spelling: the decoder skips \r and \n and ignores
+	// the spare bits of a last character, so only the canonical
+	// encoding of what was decoded is taken.
+	if enc.EncodeToString(owner) != parts[0] || enc.EncodeToString(tag) != parts[1] || enc.EncodeToString(mac) != parts[2] {
+		return token{}, false
+	}
 	if !hmac.Equal(mac, t.mac(purpose, sandboxID, string(owner), tag)) {
 		return token{}, false
 	}
