@@ -36,7 +36,10 @@ func BenchmarkDensity(b *testing.B) {
 		c := s.client(s.AdminKey)
 		waitTemplate(b, s)
 		var rows [][2]string
-		note := func(k, v string) { rows = append(rows, [2]string{k, v}) }
+		note := func(k, v string) {
+			rows = append(rows, [2]string{k, v})
+			fmt.Printf("density: %s: %s\n", k, v) // as it comes, should a later step fail
+		}
 		availStart := memAvailableMiB()
 		oomStart := hostOOMKills()
 
@@ -187,17 +190,21 @@ func outcomeSummary(outcomes []string) string {
 }
 
 // accountFor returns the state of every sandbox of ids and how many the
-// server paused, by the reason of each pause event.
+// server paused, by the reason of each pause event. It keeps to the
+// default read rate, waiting out a 429 as a client would.
 func accountFor(b *testing.B, c *client, ids []string) (states, paused map[string]int) {
 	states, paused = map[string]int{}, map[string]int{}
 	for _, id := range ids {
-		states[c.get(b, id).State]++
-		page, _ := call[struct {
+		var sb sandboxJSON
+		getPaced(b, c, "/v1/sandboxes/"+id, &sb)
+		states[sb.State]++
+		var page struct {
 			Data []struct {
 				Type string         `json:"type"`
 				Data map[string]any `json:"data"`
 			} `json:"data"`
-		}](b, c, "GET", "/v1/sandboxes/"+id+"/events?limit=1000", nil, nil)
+		}
+		getPaced(b, c, "/v1/sandboxes/"+id+"/events?limit=1000", &page)
 		for _, e := range page.Data {
 			if e.Type == "paused" {
 				why, _ := e.Data["reason"].(string)
@@ -209,6 +216,23 @@ func accountFor(b *testing.B, c *client, ids []string) (states, paused map[strin
 		}
 	}
 	return states, paused
+}
+
+// getPaced GETs path into v, waiting out rate_limited answers.
+func getPaced(b *testing.B, c *client, path string, v any) {
+	b.Helper()
+	for range 100 {
+		r := c.raw(b, "GET", path, nil, nil, requestTimeout)
+		if r.Status == http.StatusTooManyRequests {
+			time.Sleep(50 * time.Millisecond) // the read bucket refills at 100 a second
+			continue
+		}
+		if r.Status != http.StatusOK || json.Unmarshal(r.Body, v) != nil {
+			b.Fatalf("GET %s: %v", path, r)
+		}
+		return
+	}
+	b.Fatalf("GET %s: rate-limited 100 times", path)
 }
 
 // hostOOMKills is the host kernel's count of OOM kills since it booted
