@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"text/tabwriter"
 	"time"
@@ -53,6 +54,7 @@ func BenchmarkDensity(b *testing.B) {
 		for _, id := range ids[:min(10, len(ids))] {
 			pss = append(pss, pssMiB(b, vmPID(id)))
 		}
+		note("data dir free space, full", fmt.Sprintf("%d MiB", freeMiB(s.DataDir)))
 		note("Pss per idle sandbox (10 sampled)", fmt.Sprintf("p50 %.0f MiB, max %.0f MiB", percentile(pss, 50), percentile(pss, 100)))
 
 		if len(ids) < 20 {
@@ -65,6 +67,7 @@ func BenchmarkDensity(b *testing.B) {
 		note("GET /v1/sandboxes during the stress", fmt.Sprintf("p50 %.0f ms, p99 %.0f ms, max %.0f ms (n=%d)",
 			percentile(lat, 50), percentile(lat, 99), percentile(lat, 100), len(lat)))
 
+		note("data dir free space after the stress", fmt.Sprintf("%d MiB", freeMiB(s.DataDir)))
 		states, paused := accountFor(b, c, ids)
 		note("sandboxes after the stress", fmt.Sprintf("%v", states))
 		note("paused by the server, by reason", fmt.Sprintf("%v", paused))
@@ -233,6 +236,16 @@ func getPaced(b *testing.B, c *client, path string, v any) {
 		return
 	}
 	b.Fatalf("GET %s: rate-limited 100 times", path)
+}
+
+// freeMiB is the free space of dir's filesystem: sandboxes' memory files
+// and disks grow there as guests write.
+func freeMiB(dir string) int64 {
+	var st syscall.Statfs_t
+	if syscall.Statfs(dir, &st) != nil {
+		return -1
+	}
+	return int64(st.Bavail) * st.Bsize >> 20
 }
 
 // hostOOMKills is the host kernel's count of OOM kills since it booted
