@@ -95,7 +95,7 @@ func openSQLite(ctx context.Context, path string) (*Store, error) {
 	// transactions take the write lock up front, so busy_timeout covers them
 	// and a read-then-write transaction cannot fail with SQLITE_BUSY midway.
 	q := url.Values{}
-	q.Add("_pragma", "busy_timeout(5000)")
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", busyTimeout.Milliseconds()))
 	q.Add("_pragma", "synchronous(NORMAL)")
 	q.Add("_pragma", "foreign_keys(ON)")
 	// The log is cut back to this after a checkpoint, so a burst of writes
@@ -143,6 +143,10 @@ func (s *Store) init(ctx context.Context) error {
 	return nil
 }
 
+// busyTimeout is how long a statement waits for another connection's
+// lock before it fails with SQLITE_BUSY.
+const busyTimeout = 5 * time.Second
+
 // walMode switches the database to write-ahead logging, which the file
 // keeps from then on, and returns the mode it is in. It is set once here,
 // not as a pragma on every pooled connection: while another process opens
@@ -150,7 +154,7 @@ func (s *Store) init(ctx context.Context) error {
 // without calling the busy handler, so the switch is retried for as long
 // as busy_timeout would have waited.
 func (s *Store) walMode(ctx context.Context) (string, error) {
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(busyTimeout)
 	for wait := time.Millisecond; ; wait = min(2*wait, 100*time.Millisecond) {
 		var mode string
 		err := s.db.QueryRowContext(ctx, "PRAGMA journal_mode = WAL").Scan(&mode)
