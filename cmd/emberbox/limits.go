@@ -33,6 +33,7 @@ type limitOptions struct {
 	diskOvercommit     float64
 	maxConcurrentBoots int
 	memoryFloorMiB     int64
+	diskFloorMiB       int64
 
 	quota       admission.Quota
 	backupQuota volumes.BackupQuota
@@ -61,6 +62,7 @@ func addLimitFlags(cmd *cobra.Command, o *limitOptions) {
 	f.Int64Var(&o.diskReserveMiB, "disk-reserve-mib", 2048, "free space kept on the data dir's filesystem after every live disk has grown to its size")
 	f.Float64Var(&o.diskOvercommit, "disk-overcommit", 0, "disk promised per MiB of free space; above 1 a guest whose disk cannot grow meets I/O errors (default: 1 strict; measured: 16, as disks are thin overlays)")
 	f.IntVar(&o.maxConcurrentBoots, "max-concurrent-boots", 0, "sandboxes booting at once (default: host CPUs)")
+	f.Int64Var(&o.diskFloorMiB, "disk-floor-mib", 2048, "free space on the data dir's filesystem below which (at the rate guests write) every running sandbox whose files grow is paused (0: never); guest memory files and disks take blocks as they are written, and a VM whose memory file cannot get one dies")
 	f.Int64Var(&o.memoryFloorMiB, "memory-floor-mib", 1024, "host memory available below which the running sandbox idle longest is paused, one a second (0: never); what makes --memory-overcommit above 1 safe")
 
 	f.IntVar(&o.quota.Sandboxes, "quota-sandboxes", 0, "live sandboxes per API key (0: only the host's limit; set it where keys share a host)")

@@ -72,6 +72,12 @@ type Config struct {
 	// (pressure.go). MemAvailable reads it; nil reads /proc/meminfo.
 	MemoryFloorMiB int64
 	MemAvailable   func() (int64, error)
+	// DiskFloorMiB, if positive, is the free space of the data dir's
+	// filesystem below which the server pauses every running sandbox
+	// whose files are growing (diskpressure.go). DiskFree reads it; nil
+	// reads the data dir's filesystem.
+	DiskFloorMiB int64
+	DiskFree     func() (int64, error)
 	// Templates turns on fast creates from templates (templates.go): the
 	// default image's, and custom images' made at their first create.
 	Templates bool

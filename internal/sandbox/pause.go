@@ -22,6 +22,9 @@ const (
 	// PauseMemoryPressure: the host ran low on memory and this was the
 	// sandbox idle longest (pressure.go).
 	PauseMemoryPressure = "memory_pressure"
+	// PauseDiskPressure: the data dir's filesystem ran low on space and
+	// this sandbox's files were growing (diskpressure.go).
+	PauseDiskPressure = "disk_pressure"
 )
 
 // opLock serializes the steps that change a sandbox's VM (pause, wake,
