@@ -54,7 +54,11 @@
 //     MemAvailable and in its headroom at once: conservative. What keeps
 //     a host safe when sandboxes grow together is the sandbox manager's
 //     memory-pressure pause (`--memory-floor-mib`) and MemAvailable's
-//     refusal of creates and wakes meanwhile.
+//     refusal of creates and wakes meanwhile. Guest memory files are not
+//     promised disk in either model (only overlays are): they grow as
+//     guests touch memory, and the sandbox manager's disk-pressure pause
+//     (`--disk-floor-mib`) stops every growing sandbox before the data
+//     dir fills, as the disk check here refuses creates and wakes.
 //   - Quotas per key, checked first (`quota_exceeded`, conflict with
 //     `codeStatus` 429, details `quota`, `limit`, `used`, `requested`, a hint
 //     naming the `serve` flag that raises it): live sandboxes, vCPUs, memory,
