@@ -9,10 +9,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"text/tabwriter"
 	"time"
+
+	"github.com/emberbox/emberbox/internal/admission"
 )
 
 // densityMax is how many sandboxes BenchmarkDensity creates at most (the
@@ -241,11 +242,11 @@ func getPaced(b *testing.B, c *client, path string, v any) {
 // freeMiB is the free space of dir's filesystem: sandboxes' memory files
 // and disks grow there as guests write.
 func freeMiB(dir string) int64 {
-	var st syscall.Statfs_t
-	if syscall.Statfs(dir, &st) != nil {
+	n, err := admission.DiskFreeMiB(dir)
+	if err != nil {
 		return -1
 	}
-	return int64(st.Bavail) * st.Bsize >> 20
+	return n
 }
 
 // hostOOMKills is the host kernel's count of OOM kills since it booted
