@@ -18,6 +18,11 @@ import (
 // promise, what one key may hold, how large and how long-lived one sandbox
 // may be, and how fast a caller may send requests.
 type limitOptions struct {
+	// model is how sandboxes are charged: "measured" (by what they use)
+	// or "strict" (by their nominal size).
+	model              string
+	startMiB           int64
+	headroomMiB        int64
 	maxVCPUs           int
 	vcpuOvercommit     float64
 	maxMemoryMiB       int64
@@ -28,6 +33,7 @@ type limitOptions struct {
 	diskOvercommit     float64
 	maxConcurrentBoots int
 	memoryFloorMiB     int64
+	diskFloorMiB       int64
 
 	quota       admission.Quota
 	backupQuota volumes.BackupQuota
@@ -44,18 +50,22 @@ type limitOptions struct {
 
 func addLimitFlags(cmd *cobra.Command, o *limitOptions) {
 	f := cmd.Flags()
+	f.StringVar(&o.model, "admission", "measured", `how sandboxes are charged against the host: "measured" (running ones by their resident memory plus --memory-headroom-mib, paused ones by disk alone; vCPUs not capped) or "strict" (by their nominal size: the host never overcommits)`)
+	f.Int64Var(&o.startMiB, "memory-start-mib", admission.DefaultStartMiB, "measured admission: memory a sandbox is expected to take before its VM's first reading (at most its size)")
+	f.Int64Var(&o.headroomMiB, "memory-headroom-mib", admission.DefaultHeadroomMiB, "measured admission: memory a running sandbox may take beyond its newest reading, kept free for it")
 	f.IntVar(&o.maxVCPUs, "max-vcpus", 0, "vCPUs the server may promise in all (default: host CPUs × --vcpu-overcommit)")
-	f.Float64Var(&o.vcpuOvercommit, "vcpu-overcommit", 8, "vCPUs promised per host CPU when --max-vcpus is not set")
-	f.Int64Var(&o.maxMemoryMiB, "max-memory-mib", 0, "memory the server may promise in all, VM overhead included (default: (host memory − --host-reserve-mib) × --memory-overcommit)")
-	f.Float64Var(&o.memoryOvercommit, "memory-overcommit", 1.0, "memory promised per MiB of host memory; above 1 the host can run out of memory")
+	f.Float64Var(&o.vcpuOvercommit, "vcpu-overcommit", 0, "vCPUs promised per host CPU when --max-vcpus is not set (default: 8 strict; measured: no cap, the per-VM CPU quota bounds each)")
+	f.Int64Var(&o.maxMemoryMiB, "max-memory-mib", 0, "nominal memory the server may promise in all, VM overhead included (default: (host memory − --host-reserve-mib) × --memory-overcommit)")
+	f.Float64Var(&o.memoryOvercommit, "memory-overcommit", 0, "nominal memory promised per MiB of host memory (default: 1 strict; measured: 32, a ceiling beside the measured check)")
 	f.Int64Var(&o.hostReserveMiB, "host-reserve-mib", 2048, "host memory never promised to sandboxes, and kept available at every create")
-	f.Int64Var(&o.vmOverheadMiB, "vm-overhead-mib", 512, "host memory charged per sandbox besides its own: what its cgroup allows QEMU beyond the guest (code cache and devices)")
+	f.Int64Var(&o.vmOverheadMiB, "vm-overhead-mib", 512, "host memory charged per running sandbox besides its own: what its cgroup allows QEMU beyond the guest (code cache and devices)")
 	f.Int64Var(&o.diskReserveMiB, "disk-reserve-mib", 2048, "free space kept on the data dir's filesystem after every live disk has grown to its size")
-	f.Float64Var(&o.diskOvercommit, "disk-overcommit", 1.0, "disk promised per MiB of free space; above 1 a guest whose disk cannot grow meets I/O errors")
+	f.Float64Var(&o.diskOvercommit, "disk-overcommit", 0, "disk promised per MiB of free space; above 1 a guest whose disk cannot grow meets I/O errors (default: 1 strict; measured: 16, as disks are thin overlays)")
 	f.IntVar(&o.maxConcurrentBoots, "max-concurrent-boots", 0, "sandboxes booting at once (default: host CPUs)")
+	f.Int64Var(&o.diskFloorMiB, "disk-floor-mib", 2048, "free space on the data dir's filesystem below which (at the rate guests write) every running sandbox whose files grow is paused (0: never); guest memory files and disks take blocks as they are written, and a VM whose memory file cannot get one dies")
 	f.Int64Var(&o.memoryFloorMiB, "memory-floor-mib", 1024, "host memory available below which the running sandbox idle longest is paused, one a second (0: never); what makes --memory-overcommit above 1 safe")
 
-	f.IntVar(&o.quota.Sandboxes, "quota-sandboxes", 20, "live sandboxes per API key (0: no limit)")
+	f.IntVar(&o.quota.Sandboxes, "quota-sandboxes", 0, "live sandboxes per API key (0: only the host's limit; set it where keys share a host)")
 	f.IntVar(&o.quota.VCPU, "quota-vcpus", 0, "vCPUs per API key (0: only the host's limit)")
 	f.Int64Var(&o.quota.MemoryMiB, "quota-memory-mib", 0, "memory per API key (0: only the host's limit)")
 	f.Int64Var(&o.quota.DiskMiB, "quota-disk-mib", 0, "disk per API key, sandboxes' disks and volumes together (0: only the host's limit)")
@@ -80,6 +90,23 @@ func addLimitFlags(cmd *cobra.Command, o *limitOptions) {
 	f.IntVar(&o.rates.AuthFail.Burst, "rate-auth-fail-burst", 10, "failed authentications per client address at once")
 }
 
+// admissionModel is what --admission sets: the overcommit ratios a flag
+// left at 0 takes, and whether running sandboxes are charged by use.
+type admissionModel struct {
+	measured           bool
+	vcpu, memory, disk float64 // 0 vcpu: no cap
+}
+
+var admissionModels = map[string]admissionModel{
+	// The host never promises what it does not have: every sandbox could
+	// use all of its size at once.
+	"strict": {vcpu: 8, memory: 1, disk: 1},
+	// Sandboxes are charged by what they use (admission.MeasuredConfig);
+	// the nominal ratios are a ceiling beside it (and what a node of a
+	// cluster offers placement), not the limit a host meets first.
+	"measured": {measured: true, memory: 32, disk: 16},
+}
+
 // admissionSettings is what the limit flags configure.
 type admissionSettings struct {
 	ledger *admission.Ledger
@@ -94,12 +121,32 @@ type admissionSettings struct {
 // limits of one sandbox and the request rates.
 func (o limitOptions) build(dataDir string, log *slog.Logger) (admissionSettings, error) {
 	var as admissionSettings
-	if o.memoryOvercommit <= 0 || o.vcpuOvercommit <= 0 {
-		return as, fmt.Errorf("--memory-overcommit and --vcpu-overcommit must be positive")
+	m, ok := admissionModels[o.model]
+	if !ok {
+		return as, fmt.Errorf(`--admission is %q; want "measured" or "strict"`, o.model)
+	}
+	if o.memoryOvercommit < 0 || o.vcpuOvercommit < 0 || o.diskOvercommit < 0 {
+		return as, fmt.Errorf("--memory-overcommit, --vcpu-overcommit and --disk-overcommit must not be negative")
+	}
+	if o.memoryOvercommit == 0 {
+		o.memoryOvercommit = m.memory
+	}
+	if o.vcpuOvercommit == 0 {
+		o.vcpuOvercommit = m.vcpu
+	}
+	if o.diskOvercommit == 0 {
+		o.diskOvercommit = m.disk
+	}
+	var measured *admission.MeasuredConfig
+	if m.measured {
+		if o.startMiB < 0 || o.headroomMiB < 0 {
+			return as, fmt.Errorf("--memory-start-mib and --memory-headroom-mib must not be negative")
+		}
+		measured = &admission.MeasuredConfig{StartMiB: o.startMiB, HeadroomMiB: o.headroomMiB}
 	}
 	cpus := admission.HostCPUs()
 	capa := admission.Capacity{VCPU: o.maxVCPUs, MemoryMiB: o.maxMemoryMiB, Boots: o.maxConcurrentBoots}
-	if capa.VCPU <= 0 {
+	if capa.VCPU <= 0 && o.vcpuOvercommit > 0 {
 		capa.VCPU = max(1, int(float64(cpus)*o.vcpuOvercommit))
 	}
 	if capa.Boots <= 0 {
@@ -119,6 +166,7 @@ func (o limitOptions) build(dataDir string, log *slog.Logger) (admissionSettings
 		Capacity: capa, VMOverheadMiB: o.vmOverheadMiB, Quota: o.quota,
 		DiskFreeMiB: func() (int64, error) { return admission.DiskFreeMiB(dataDir) }, DiskReserveMiB: o.diskReserveMiB, DiskOvercommit: o.diskOvercommit,
 		MemAvailableMiB: admission.MemAvailableMiB, MemReserveMiB: o.hostReserveMiB,
+		Measured: measured,
 	})
 	as.capacity, as.overhead = capa, o.vmOverheadMiB
 	as.limits = sandbox.Limits{
@@ -130,11 +178,12 @@ func (o limitOptions) build(dataDir string, log *slog.Logger) (admissionSettings
 	}
 	if as.limits.MaxMemoryMiB <= 0 {
 		// A sandbox that could never fit is refused as too large, not
-		// answered no_capacity for ever.
-		as.limits.MaxMemoryMiB = int(capa.MemoryMiB - o.vmOverheadMiB)
+		// answered no_capacity for ever; nor may one sandbox be promised
+		// more than the host has, however far the promises overcommit.
+		as.limits.MaxMemoryMiB = int(min(capa.MemoryMiB, hostMiB-o.hostReserveMiB) - o.vmOverheadMiB)
 	}
 	as.rates = o.rates
-	log.Info("admission control", "host_cpus", cpus, "host_memory_mib", hostMiB,
+	log.Info("admission control", "model", o.model, "host_cpus", cpus, "host_memory_mib", hostMiB,
 		"max_vcpus", capa.VCPU, "max_memory_mib", capa.MemoryMiB, "vm_overhead_mib", o.vmOverheadMiB,
 		"max_concurrent_boots", capa.Boots, "disk_reserve_mib", o.diskReserveMiB,
 		"max_sandbox_vcpus", as.limits.MaxVCPU, "max_sandbox_memory_mib", as.limits.MaxMemoryMiB,

@@ -2,12 +2,14 @@ package main
 
 import (
 	"fmt"
+	"log/slog"
 	"math"
 	"os"
 	"runtime/debug"
 	"strconv"
 	"strings"
 
+	"github.com/emberbox/emberbox/internal/sandbox"
 	"golang.org/x/sys/unix"
 )
 
@@ -67,4 +69,19 @@ func parseSize(s string) (int64, error) {
 		return 0, fmt.Errorf("bad size %q", s)
 	}
 	return n * mult, nil
+}
+
+// protectFromOOM lowers the server's standing with the host kernel's OOM
+// killer below every VM's (sandbox.OOMScoreServer; the reaper scores the
+// VMs, which start with the server's score, within a second): if the host
+// ever runs out of memory, a VM ends, and the server that accounts for it
+// stays. Lowering a score needs CAP_SYS_RESOURCE; without it the server
+// runs as it is and says so.
+func protectFromOOM(log *slog.Logger) {
+	adj := strconv.Itoa(sandbox.OOMScoreServer)
+	if err := os.WriteFile("/proc/self/oom_score_adj", []byte(adj), 0); err != nil {
+		log.Warn("could not lower the server's oom score; under host memory exhaustion the kernel may end it", "err", err)
+		return
+	}
+	log.Debug("oom score", "oom_score_adj", adj)
 }

@@ -157,6 +157,7 @@ func serve(ctx context.Context, o serveOptions) error {
 		return err
 	}
 	log.Info("memory limit", "bytes", memLimit)
+	protectFromOOM(log)
 
 	s := &server{o: o, log: log}
 	// On any way out: the background loops are stopped and waited for,

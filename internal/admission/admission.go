@@ -40,9 +40,17 @@ type Claim struct {
 	// Booting holds a boot slot until Booted or Release.
 	Booting bool
 	// Volume marks a volume's claim: disk alone (DiskMiB, its full size,
-	// as a sparse file grows to it while guests write), counted against
-	// the volume quotas and the key's disk quota, never as a sandbox.
+	// as a sandbox's sparse file grows to it while guests write), counted
+	// against the volume quotas and the key's disk quota, never as a
+	// sandbox.
 	Volume bool
+
+	// measured is set by the VM's first reading (Measured), residentMiB
+	// holds the newest; pending is what the ledger expects the sandbox to
+	// take beyond what the host already shows (Config.Measured).
+	measured    bool
+	residentMiB int64
+	pending     int64
 }
 
 // Capacity is what the host may promise in all. A zero field is no limit.
@@ -89,7 +97,40 @@ type Config struct {
 	// the host.
 	MemAvailableMiB func() (int64, error)
 	MemReserveMiB   int64
+
+	// Measured admits on what sandboxes use rather than on what they
+	// could use (nil: on their nominal size, the strict model). See
+	// MeasuredConfig.
+	Measured *MeasuredConfig
 }
+
+// MeasuredConfig configures admission on measured use. The host's
+// available memory already shows what every VM holds; what it cannot show
+// yet is what each may take next. So each running sandbox is expected to
+// take, beyond what the host shows:
+//
+//   - before its VM's first reading (booting, waking, restored): StartMiB,
+//     at most its whole size (memory and VM overhead);
+//   - after it: HeadroomMiB, at most what its size leaves above its
+//     resident memory (its cgroup stops it there).
+//
+// A paused sandbox holds no memory. A sandbox is admitted only if the
+// host's available memory, less everything expected and its own
+// expectation, keeps MemReserveMiB. Memory pressure (the sandbox manager
+// pausing the longest idle) covers a sandbox that grows faster than its
+// headroom.
+type MeasuredConfig struct {
+	StartMiB    int64
+	HeadroomMiB int64
+}
+
+// Measured-model defaults: a copy of the template settles at about
+// 120 MiB resident (DESIGN.md), a cold boot below StartMiB; an idle
+// sandbox's resident memory moves little between readings.
+const (
+	DefaultStartMiB    = 512
+	DefaultHeadroomMiB = 64
+)
 
 // Usage is what is held, in all or by one key.
 type Usage struct {
@@ -126,6 +167,8 @@ type Ledger struct {
 	claims  map[string]*Claim
 	total   Usage
 	byOwner map[string]*Usage
+	pending int64 // Σ Claim.pending (the measured model)
+	vms     int   // claims that hold memory: sandboxes not paused
 }
 
 // New returns an empty ledger.
@@ -258,9 +301,9 @@ func (l *Ledger) checkHost(c *Claim, diskFree, memAvail int64) error {
 		full, retry = "boots", BootRetryAfter
 	case capa.VCPU > 0 && t.VCPU+c.VCPU > capa.VCPU:
 		full = "vcpu"
-	case capa.MemoryMiB > 0 && t.MemoryMiB+int64(t.Sandboxes)*overhead+c.MemoryMiB+overhead > capa.MemoryMiB:
+	case capa.MemoryMiB > 0 && t.MemoryMiB+int64(l.vms)*overhead+c.MemoryMiB+overhead > capa.MemoryMiB:
 		full = "memoryMiB"
-	case memAvail >= 0 && memAvail-c.MemoryMiB-overhead < l.cfg.MemReserveMiB:
+	case memAvail >= 0 && memAvail-l.memoryAsked(c) < l.cfg.MemReserveMiB:
 		full = "memoryMiB"
 	case diskFree >= 0 && diskFree-l.promisedDisk(t.DiskMiB+c.DiskMiB) < l.cfg.DiskReserveMiB:
 		// Conservative: a live disk's space already in use is counted
@@ -275,6 +318,46 @@ func (l *Ledger) checkHost(c *Claim, diskFree, memAvail int64) error {
 	e.Details = map[string]any{"resource": full}
 	e.RetryAfter = retry
 	return e
+}
+
+// memoryAsked is the memory that admitting c would take from what the
+// host has available now: its whole size in the strict model; in the
+// measured model, what c is expected to take plus what every running
+// sandbox is expected to take beyond what the host already shows.
+func (l *Ledger) memoryAsked(c *Claim) int64 {
+	if l.cfg.Measured == nil {
+		return c.MemoryMiB + l.cfg.VMOverheadMiB
+	}
+	return l.pending + l.expect(c)
+}
+
+// expect is what claim c is expected to take beyond what the host shows
+// (MeasuredConfig).
+func (l *Ledger) expect(c *Claim) int64 {
+	if c.Volume || c.MemoryMiB == 0 || l.cfg.Measured == nil {
+		return 0
+	}
+	whole := c.MemoryMiB + l.cfg.VMOverheadMiB
+	if !c.measured {
+		return min(l.cfg.Measured.StartMiB, whole)
+	}
+	return max(0, min(l.cfg.Measured.HeadroomMiB, whole-c.residentMiB))
+}
+
+// Measured records the resident memory of sandbox id's VM at a reading,
+// which moves what the ledger expects it to take from its start estimate
+// to its headroom. A sandbox not held, or holding no memory, is ignored.
+func (l *Ledger) Measured(id string, residentMiB int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := l.claims[id]
+	if c == nil || c.Volume || c.MemoryMiB == 0 {
+		return
+	}
+	c.measured, c.residentMiB = true, max(0, residentMiB)
+	l.pending -= c.pending
+	c.pending = l.expect(c)
+	l.pending += c.pending
 }
 
 // checkVolumeHost refuses volume claim c if the data dir's filesystem,
@@ -310,7 +393,11 @@ var hostNoun = map[string]string{
 func (l *Ledger) Restore(c Claim) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	c.measured = false
 	if old, ok := l.claims[c.ID]; ok {
+		if old.MemoryMiB != 0 && c.MemoryMiB != 0 {
+			c.measured, c.residentMiB = old.measured, old.residentMiB // the same VM, still running
+		}
 		l.dropLocked(old)
 	}
 	l.holdLocked(&c)
@@ -376,7 +463,14 @@ func (l *Ledger) Release(id string) bool {
 	return true
 }
 
+// holdLocked holds c. Reserve and Replace pass it unmeasured: its VM has
+// yet to start.
 func (l *Ledger) holdLocked(c *Claim) {
+	c.pending = l.expect(c)
+	l.pending += c.pending
+	if holdsVM(c) {
+		l.vms++
+	}
 	l.claims[c.ID] = c
 	l.total.add(c, 1)
 	own := l.byOwner[c.Owner]
@@ -388,6 +482,10 @@ func (l *Ledger) holdLocked(c *Claim) {
 }
 
 func (l *Ledger) dropLocked(c *Claim) {
+	l.pending -= c.pending
+	if holdsVM(c) {
+		l.vms--
+	}
 	delete(l.claims, c.ID)
 	l.total.add(c, -1)
 	own := l.byOwner[c.Owner]
@@ -396,6 +494,10 @@ func (l *Ledger) dropLocked(c *Claim) {
 		delete(l.byOwner, c.Owner) // the map stays as small as the live set
 	}
 }
+
+// holdsVM reports whether c is a sandbox with a VM (not paused), whose
+// VM overhead the host carries.
+func holdsVM(c *Claim) bool { return !c.Volume && c.MemoryMiB > 0 }
 
 // Quota is what one key may hold at once.
 func (l *Ledger) Quota() Quota { return l.cfg.Quota }
@@ -415,6 +517,14 @@ func (l *Ledger) Owner(owner string) Usage {
 		return *u
 	}
 	return Usage{}
+}
+
+// Expected returns what the running sandboxes are expected to take beyond
+// what the host already shows (MiB; 0 in the strict model).
+func (l *Ledger) Expected() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.pending
 }
 
 // Held reports whether sandbox id holds a claim.

@@ -31,12 +31,34 @@
 //     they are marked stopped.
 //   - Host checks (`no_capacity`, errdefs conflict → 409, `retryAfterMs` 2 s
 //     for boot slots, 10 s otherwise, and `Retry-After`): boots <
-//     `--max-concurrent-boots`; vCPUs ≤ `--max-vcpus`; Σ(memory + overhead) ≤
-//     the memory capacity; MemAvailable − the new sandbox's memory ≥ the host
-//     reserve (other programs on the host count too); the data dir's free space
-//     (`statfs`) − every live disk's full size − the new disk ≥
-//     `--disk-reserve-mib` (conservative: a live overlay's used part counts
-//     twice). The message names the resource, not the host's figures.
+//     `--max-concurrent-boots`; vCPUs ≤ `--max-vcpus` (when capped);
+//     Σ(memory + overhead) of sandboxes not paused ≤ the nominal memory
+//     capacity; the host's MemAvailable, less what admitting the sandbox
+//     asks, keeps the host reserve (other programs on the host count
+//     too); the data dir's free space (`statfs`) − every live disk's full
+//     size ÷ the disk overcommit − the new disk ≥ `--disk-reserve-mib`
+//     (conservative: a live overlay's used part counts twice). The message
+//     names the resource, not the host's figures.
+//   - Two models of what a sandbox asks of MemAvailable (`Config.Measured`,
+//     `--admission`). Strict: its whole memory and overhead, with nominal
+//     ratios of 1 (vCPUs 8 per core), so the host never overcommits.
+//     Measured (the default): what it is expected to take plus what every
+//     running sandbox is expected to take beyond what the host already
+//     shows: `StartMiB` until its VM's first reading (`Ledger.Measured`,
+//     fed by the sandbox meter at every reading: as the VM starts, every
+//     interval, at reattach), then `HeadroomMiB`, each at most what the
+//     sandbox's size leaves (its cgroup ceiling stays its nominal size).
+//     vCPUs are uncapped and the nominal ratios (memory 32, disk 16) are a
+//     ceiling beside it and what a cluster node offers placement. Readings
+//     lag by up to an interval, so a sandbox that grew since shows in
+//     MemAvailable and in its headroom at once: conservative. What keeps
+//     a host safe when sandboxes grow together is the sandbox manager's
+//     memory-pressure pause (`--memory-floor-mib`) and MemAvailable's
+//     refusal of creates and wakes meanwhile. Guest memory files are not
+//     promised disk in either model (only overlays are): they grow as
+//     guests touch memory, and the sandbox manager's disk-pressure pause
+//     (`--disk-floor-mib`) stops every growing sandbox before the data
+//     dir fills, as the disk check here refuses creates and wakes.
 //   - Quotas per key, checked first (`quota_exceeded`, conflict with
 //     `codeStatus` 429, details `quota`, `limit`, `used`, `requested`, a hint
 //     naming the `serve` flag that raises it): live sandboxes, vCPUs, memory,
@@ -53,9 +75,10 @@
 //     that key (the label counts only on `system:` owners). Builds queued or
 //     running are capped per key (`--quota-image-builds`, counted in the store
 //     at each create, 429 `imageBuilds`).
-//   - Paused sandboxes hold only their disk (`claim`): a wake grows the claim
-//     back with `Ledger.Replace`, which checks the whole sandbox as if the disk
-//     claim were given back first and leaves it held when it refuses.
+//   - Paused sandboxes hold only their disk (`claim`), and no VM overhead: a
+//     wake grows the claim back with `Ledger.Replace`, which checks the whole
+//     sandbox as if the disk claim were given back first and leaves it held
+//     when it refuses.
 //   - Per sandbox: `sandbox.Limits` (max vCPUs, memory, disk, lifetime),
 //     checked by the manager, refused as `invalid_request` with
 //     `details.issues` like the API's own validation.

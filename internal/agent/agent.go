@@ -362,7 +362,25 @@ func (a *Agent) info() *agentproto.Info {
 	if b, err := os.ReadFile("/proc/stat"); err == nil {
 		info.CPUBusyMs = cpuBusyMs(b)
 	}
+	if b, err := os.ReadFile("/proc/vmstat"); err == nil {
+		info.OOMKills = oomKills(b)
+	}
 	return info
+}
+
+// oomKills reads the oom_kill counter of /proc/vmstat (Linux 4.13 on); 0
+// when it is missing.
+func oomKills(vmstat []byte) int64 {
+	for line := range strings.Lines(string(vmstat)) {
+		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err != nil || n < 0 {
+				return 0
+			}
+			return n
+		}
+	}
+	return 0
 }
 
 // cpuBusyMs reads the busy time from the "cpu" line of /proc/stat, in

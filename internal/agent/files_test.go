@@ -161,6 +161,18 @@ func TestChmodAsUser(t *testing.T) {
 	}
 }
 
+func TestOOMKills(t *testing.T) {
+	vmstat := "nr_free_pages 12345\noom_kill_other 9\noom_kill 3\nthp_fault_alloc 0\n"
+	if got := oomKills([]byte(vmstat)); got != 3 {
+		t.Errorf("oom_kill %d, want 3", got)
+	}
+	for _, bad := range []string{"", "nr_free_pages 1\n", "oom_kill x\n", "oom_kill -2\n"} {
+		if got := oomKills([]byte(bad)); got != 0 {
+			t.Errorf("%q: oom_kill %d, want 0", bad, got)
+		}
+	}
+}
+
 func TestCPUBusyMs(t *testing.T) {
 	stat := "cpu  100 5 50 9000 7 3 2 11 0 0\ncpu0 50 2 25 4500 3 1 1 5 0 0\n"
 	if got := cpuBusyMs([]byte(stat)); got != (100+5+50+3+2)*10 {

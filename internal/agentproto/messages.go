@@ -198,6 +198,10 @@ type Info struct {
 	// since it booted, every CPU together: all but idle and iowait.
 	// The host shows it beside its own meter and never bills it.
 	CPUBusyMs int64 `json:"cpuBusyMs,omitempty"`
+	// OOMKills counts the processes the guest kernel's OOM killer has
+	// ended since the guest booted (/proc/vmstat oom_kill). The host turns
+	// a rise into an out_of_memory event.
+	OOMKills int64 `json:"oomKills,omitempty"`
 }
 
 // ConfigureRequest sets sandbox-wide settings. The env is kept only in the

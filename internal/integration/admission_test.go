@@ -156,6 +156,44 @@ func TestAdmission(t *testing.T) {
 		tenant.sh(t, second.ID, "true") // another key works throughout
 	})
 
+	// A guest that outgrows its memory meets its own kernel's OOM killer:
+	// the process dies, the sandbox runs on, and its events say so.
+	t.Run("OutgrowsItsMemory", func(t *testing.T) {
+		res, _ := tenant.exec(t, second.ID, execReq{Command: `python3 -c '
+a = []
+while True:
+    a.append(b"x" * (64 << 20))
+'`, TimeoutMs: 300_000})
+		// Killed: -9 when the agent sees the signal, 137 through a shell.
+		if res.ExitCode == nil || (*res.ExitCode != -9 && *res.ExitCode != 137) {
+			t.Fatalf("allocating past 1024 MiB: exit %s, stderr %q, want -9 or 137 (killed)", res.exit(), res.Stderr)
+		}
+		tenant.sh(t, second.ID, "true") // the sandbox runs on
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			var evs struct {
+				Data []struct {
+					Type string         `json:"type"`
+					Data map[string]any `json:"data"`
+				} `json:"data"`
+			}
+			r := tenant.raw(t, "GET", "/v1/sandboxes/"+second.ID+"/events?limit=1000", nil, nil, requestTimeout)
+			if r.Status != http.StatusOK || json.Unmarshal(r.Body, &evs) != nil {
+				t.Fatalf("GET events: %v", r)
+			}
+			for _, ev := range evs.Data {
+				if ev.Type == "out_of_memory" {
+					t.Logf("out_of_memory event: %v", ev.Data)
+					return
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("no out_of_memory event within 2 min of the guest's OOM kill (the meter reads every 15 s)")
+			}
+			time.Sleep(2 * time.Second)
+		}
+	})
+
 	third := s.client(s.createKey(t, "third"))
 	sb := third.createRunning(t, small)
 	third.sh(t, sb.ID, "true")

@@ -38,7 +38,9 @@ func BenchmarkLifecycle(b *testing.B) {
 		c := s.client(s.AdminKey)
 		waitTemplate(b, s)
 		note("accel", accelOf(b, c))
-		row("create (template) → first output", createTimes(b, c, nil, 10))
+		var createPhases phaseStats
+		row("create (template) → first output", createTimes(b, c, nil, 10, func(id string) { createPhases.add(phasesOf(b, c, id, "ready")) }))
+		note("create (template): server phases, p50", createPhases.String())
 
 		src := c.createRunning(b, map[string]any{"timeoutSeconds": 3600})
 		c.sh(b, src.ID, "echo hi > /workspace/f")
@@ -52,6 +54,7 @@ func BenchmarkLifecycle(b *testing.B) {
 		row("create from a user snapshot → first output", createTimes(b, c, map[string]any{"snapshot": sn.ID, "timeoutSeconds": 600}, 5))
 
 		var pause, wake []float64
+		var wakePhases phaseStats
 		for range 10 {
 			start := time.Now()
 			c.lifecycle(b, src.ID, "pause", nil)
@@ -61,9 +64,11 @@ func BenchmarkLifecycle(b *testing.B) {
 			c.lifecycle(b, src.ID, "wake", nil)
 			firstOutput(b, c, src.ID, "echo hi")
 			wake = append(wake, ms(time.Since(start)))
+			wakePhases.add(phasesOf(b, c, src.ID, "woken"))
 		}
 		row("pause", pause)
 		row("wake → first output", wake)
+		note("wake: server phases, p50", wakePhases.String())
 		c.lifecycle(b, src.ID, "pause", nil)
 		c.waitState(b, src.ID, "paused")
 		note("host processes of a paused sandbox", strconv.Itoa(btoi(vmPID(src.ID) != 0)))
@@ -71,6 +76,7 @@ func BenchmarkLifecycle(b *testing.B) {
 		c.waitState(b, src.ID, "running")
 
 		var fork []float64
+		var forkPhases phaseStats
 		for range 5 {
 			start := time.Now()
 			r := c.raw(b, "POST", "/v1/sandboxes/"+src.ID+":fork", map[string]any{"count": 1}, nil, requestTimeout)
@@ -83,9 +89,11 @@ func BenchmarkLifecycle(b *testing.B) {
 			s.tr.add(f.Sandboxes[0].ID, s.AdminKey)
 			firstOutput(b, c, f.Sandboxes[0].ID, "echo hi")
 			fork = append(fork, ms(time.Since(start)))
+			forkPhases.add(phasesOf(b, c, f.Sandboxes[0].ID, "ready"))
 			c.delete(b, f.Sandboxes[0].ID)
 		}
 		row("fork → first output", fork)
+		note("fork: server phases of the copy, p50", forkPhases.String())
 
 		idle := c.createRunning(b, map[string]any{"timeoutSeconds": 3600})
 		c.sh(b, idle.ID, "true")
@@ -232,4 +240,56 @@ func btoi(v bool) int {
 		return 1
 	}
 	return 0
+}
+
+// phasesOf returns the phasesMs of the newest event of type typ of
+// sandbox id: where the server spent the time of its way to running.
+func phasesOf(b *testing.B, c *client, id, typ string) map[string]float64 {
+	page, _ := call[struct {
+		Data []struct {
+			Type string `json:"type"`
+			Data struct {
+				PhasesMs map[string]float64 `json:"phasesMs"`
+			} `json:"data"`
+		} `json:"data"`
+	}](b, c, "GET", "/v1/sandboxes/"+id+"/events?limit=1000", nil, nil)
+	var out map[string]float64
+	for _, e := range page.Data {
+		if e.Type == typ && e.Data.PhasesMs != nil {
+			out = e.Data.PhasesMs
+		}
+	}
+	return out
+}
+
+// phaseStats gathers the phases of several runs of one path.
+type phaseStats map[string][]float64
+
+func (p *phaseStats) add(phases map[string]float64) {
+	if *p == nil {
+		*p = phaseStats{}
+	}
+	for k, v := range phases {
+		(*p)[k] = append((*p)[k], v)
+	}
+}
+
+// phaseOrder is the order of the phases along the server's paths.
+var phaseOrder = []string{"admit", "record", "clone", "start", "recordVM", "continue", "connect", "configure", "prepare", "running"}
+
+// String gives each phase's p50 in path order, and their sum.
+func (p phaseStats) String() string {
+	var parts []string
+	var sum float64
+	for _, k := range phaseOrder {
+		if xs := p[k]; len(xs) > 0 {
+			v := percentile(xs, 50)
+			sum += v
+			parts = append(parts, fmt.Sprintf("%s %.0f", k, v))
+		}
+	}
+	if len(parts) == 0 {
+		return "no phases reported"
+	}
+	return fmt.Sprintf("%s (sum %.0f ms)", strings.Join(parts, ", "), sum)
 }

@@ -3,6 +3,7 @@ package sandbox_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -256,4 +257,62 @@ func TestInternalSandboxChargedToItsKey(t *testing.T) {
 	if _, err := m2.Create(ctx, "key_a", spec()); err != nil {
 		t.Errorf("key_a's create after its build ended: %v", err)
 	}
+}
+
+// TestMeasuredRestartWithAHundred: a hundred default sandboxes run under
+// measured admission on a host whose available memory shows what they
+// use; the server restarts; the new process reattaches all hundred, holds
+// their claims, charges each by its VM's reading as its watch begins (not
+// by the start estimate), and admits on that.
+func TestMeasuredRestartWithAHundred(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	const n, rss = 100, 120 // MiB resident per idle sandbox
+	var avail atomic.Int64
+	avail.Store(23 << 10)
+	newLedger := func() *admission.Ledger {
+		return admission.New(admission.Config{VMOverheadMiB: 512,
+			MemAvailableMiB: func() (int64, error) { return avail.Load(), nil }, MemReserveMiB: 2048,
+			Measured: &admission.MeasuredConfig{StartMiB: 512, HeadroomMiB: 64}})
+	}
+	m1 := e.managerWith(func(cfg *sandbox.Config) { cfg.Admission = newLedger() })
+	var ids []string
+	for range n {
+		sb, err := m1.Create(ctx, "k", spec())
+		if err != nil {
+			t.Fatalf("create %d: %v", len(ids)+1, err)
+		}
+		waitState(t, m1, "k", sb.ID, sandbox.StateRunning)
+		e.drv.Machine(sb.ID).SetRSS(rss << 20)
+		avail.Add(-rss)
+		m1.Meter.SettleAll(ctx)
+		ids = append(ids, sb.ID)
+	}
+	m1.Close()
+
+	ledger := newLedger()
+	m2 := e.managerWith(func(cfg *sandbox.Config) { cfg.Admission = ledger })
+	if err := m2.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		waitState(t, m2, "k", id, sandbox.StateRunning)
+	}
+	if got := ledger.Owner("k"); got.Sandboxes != n || got.MemoryMiB != n*4096 {
+		t.Errorf("after the restart the ledger holds %+v, want %d sandboxes", got, n)
+	}
+	// Each watch reads its VM as it begins.
+	deadline := time.Now().Add(30 * time.Second)
+	for ledger.Expected() != n*64 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := ledger.Expected(); got != n*64 {
+		t.Fatalf("expected %d MiB of the reattached sandboxes, want %d (their headroom, after their readings)", got, n*64)
+	}
+	// 23552 − 12000 used − 6400 headroom − 512 ≥ 2048: one more fits.
+	sb, err := m2.Create(ctx, "k", spec())
+	if err != nil {
+		t.Fatalf("a create after the restart: %v", err)
+	}
+	waitState(t, m2, "k", sb.ID, sandbox.StateRunning)
 }

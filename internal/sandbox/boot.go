@@ -75,6 +75,7 @@ func (m *Manager) bootGuest(ctx context.Context, p bootPlan) (booted, error) {
 		}
 		b.mach = mach
 		faultpoint.Hit(p.started)
+		p.mark("start")
 		if p.in != nil {
 			p.in.mu.Lock()
 			p.in.machine = mach
@@ -87,6 +88,7 @@ func (m *Manager) bootGuest(ctx context.Context, p bootPlan) (booted, error) {
 		}
 		b.recorded = true
 		faultpoint.Hit(p.recorded)
+		p.mark("recordVM")
 	}
 	if p.paused {
 		// Recorded: only now may the guest run (a crash before this
@@ -95,6 +97,7 @@ func (m *Manager) bootGuest(ctx context.Context, p bootPlan) (booted, error) {
 		if err := vmm.Continue(ctx, b.mach); err != nil {
 			return b, err
 		}
+		p.mark("continue")
 	}
 	var c *guest.Client
 	var err error
@@ -109,11 +112,13 @@ func (m *Manager) bootGuest(ctx context.Context, p bootPlan) (booted, error) {
 	if err != nil {
 		return b, err
 	}
+	p.mark("connect")
 	if p.ready != nil {
 		if err := p.ready(ctx, b.mach, c); err != nil {
 			c.Close()
 			return b, err
 		}
+		p.mark("configure")
 	}
 	if p.in != nil {
 		p.in.mu.Lock()
@@ -122,6 +127,13 @@ func (m *Manager) bootGuest(ctx context.Context, p bootPlan) (booted, error) {
 	}
 	b.client = c
 	return b, nil
+}
+
+// mark ends phase name of p's sandbox's timeline, if it has one.
+func (p bootPlan) mark(name string) {
+	if p.in != nil {
+		p.in.steps.mark(name)
+	}
 }
 
 // configure is a bootPlan's ready step that sends the guest req.
@@ -231,7 +243,8 @@ func (m *Manager) ready(in *instance, data map[string]any) {
 	}
 	in.touch(now)
 	m.outcomes.ready(data)
-	m.event(in.id, "ready", "sandbox is running", data)
+	in.steps.mark("running")
+	m.event(in.id, "ready", "sandbox is running", withPhases(data, in.steps))
 	m.spawn(func() { m.watch(in) })
 }
 
@@ -358,6 +371,7 @@ func (m *Manager) bootTemplate(ctx context.Context, in *instance, sb *Sandbox, d
 		cctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
 		err = m.cfg.Driver.Clone(cctx, dir, spec)
 		cancel()
+		in.steps.mark("clone")
 	}
 	if err == nil {
 		if err = m.resumeCopy(ctx, in, sb, env); err == nil {

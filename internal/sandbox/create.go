@@ -38,6 +38,7 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ 
 	if err := m.cfg.Limits.check(spec); err != nil {
 		return nil, err
 	}
+	steps := newTimeline()
 	var u undo
 	defer u.run()
 	// Held from here until the record says stopped or deleted (account).
@@ -45,6 +46,7 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ 
 		return nil, err
 	}
 	u.add(func() { m.cfg.Admission.Release(sb.ID) })
+	steps.mark("admit")
 	if len(spec.Volumes) > 0 {
 		if m.cfg.Volumes == nil {
 			return nil, errdefs.New(errdefs.ErrUnavailable, "volumes_unavailable", "this server does not offer volumes")
@@ -66,7 +68,9 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ 
 		return nil, err
 	}
 	u.keep()
+	steps.mark("record")
 	in := newInstance(m.ctx, sb.ID)
+	in.steps = steps
 	in.gate = m.gates.open(sb.ID, compiled, 1)
 	m.mu.Lock()
 	m.live[sb.ID] = in

@@ -123,7 +123,8 @@
 // wake, but the call that watched it ends with 409 `sandbox_paused` (attach
 // again, or read the process's output by its id). A client that needs more time
 // calls `:extend` first. Memory pressure pauses a sandbox with a call in flight
-// only when every candidate has one. A create without `timeoutSeconds` has no
+// only when every candidate has one; disk pressure pauses every sandbox whose
+// files grow, with a call in flight or not, as a full disk would end its VM. A create without `timeoutSeconds` has no
 // lease and `idlePauseSeconds` 300; a `persistent` sandbox has neither.
 // `expiresAt` is set when the sandbox becomes running (and again at each wake:
 // `timeoutSeconds` from then; a paused sandbox has no lease); `:extend` moves

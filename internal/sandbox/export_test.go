@@ -35,6 +35,20 @@ func ReportGuestViolation(m *Manager, id string, v guest.Violation) bool {
 	return true
 }
 
+// ReportGuestOOMKills has the meter read total as sandbox id's count of
+// OOM kills, as the guest's info would report it; false if the sandbox
+// has no live instance.
+func ReportGuestOOMKills(m *Manager, id string, total int64) bool {
+	m.mu.Lock()
+	in := m.live[id]
+	m.mu.Unlock()
+	if in == nil {
+		return false
+	}
+	m.Meter.oomKills(in, total)
+	return true
+}
+
 // MaxGuestViolations is the number of violations that stops a sandbox.
 const MaxGuestViolations = maxViolations
 

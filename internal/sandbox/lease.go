@@ -3,13 +3,15 @@ package sandbox
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"time"
 )
 
 // Reaper ends, pauses and removes what has run out: leases, idle time,
-// host memory (pressure.go), the retention of stopped disks and of
-// snapshots (retention.go). It drives the manager's transitions through
-// reaperHost; Manager.Reaper returns the manager's.
+// host memory (pressure.go), the data dir's space (diskpressure.go), the
+// retention of stopped disks and of snapshots (retention.go). It drives
+// the manager's transitions through reaperHost; Manager.Reaper returns the
+// manager's.
 type Reaper struct {
 	host      reaperHost
 	files     sandboxFiles
@@ -17,10 +19,14 @@ type Reaper struct {
 	snapshots *Snapshots
 	records   Store
 	observer  Observer
-	// memoryFloorMiB, memAvailable and diskRetention are Config's
-	// MemoryFloorMiB, MemAvailable and StoppedDiskRetention.
+	// memoryFloorMiB, memAvailable, diskFloorMiB, diskFree and
+	// diskRetention are Config's MemoryFloorMiB, MemAvailable,
+	// DiskFloorMiB, DiskFree and StoppedDiskRetention.
 	memoryFloorMiB int64
 	memAvailable   func() (int64, error)
+	diskFloorMiB   int64
+	diskFree       func() (int64, error)
+	disk           diskPressure
 	diskRetention  time.Duration
 	log            *slog.Logger
 	ctx            context.Context // ends when the manager closes
@@ -41,7 +47,8 @@ type reaperHost interface {
 
 func newReaper(m *Manager) *Reaper {
 	return &Reaper{host: m, meter: m.Meter, snapshots: m.Snapshots, records: m.cfg.Store, observer: m.cfg.Observer,
-		memoryFloorMiB: m.cfg.MemoryFloorMiB, memAvailable: m.cfg.MemAvailable, diskRetention: m.cfg.StoppedDiskRetention,
+		memoryFloorMiB: m.cfg.MemoryFloorMiB, memAvailable: m.cfg.MemAvailable,
+		diskFloorMiB: m.cfg.DiskFloorMiB, diskFree: m.cfg.DiskFree, diskRetention: m.cfg.StoppedDiskRetention,
 		log: m.log, ctx: m.ctx, files: m.files}
 }
 
@@ -75,6 +82,11 @@ func (rp *Reaper) ExpireLeases(ctx context.Context) []string {
 	}
 	now := rp.host.now()
 	var ended []string
+	rp.rankForOOM(live)
+	if paused := rp.relieveDiskPressure(ctx, live); len(paused) > 0 {
+		ended = append(ended, paused...)
+		live = slices.DeleteFunc(live, func(sb *Sandbox) bool { return slices.Contains(paused, sb.ID) })
+	}
 	if id := rp.relievePressure(ctx, live); id != "" {
 		ended = append(ended, id)
 	}

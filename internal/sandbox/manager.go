@@ -72,6 +72,12 @@ type Config struct {
 	// (pressure.go). MemAvailable reads it; nil reads /proc/meminfo.
 	MemoryFloorMiB int64
 	MemAvailable   func() (int64, error)
+	// DiskFloorMiB, if positive, is the free space of the data dir's
+	// filesystem below which the server pauses every running sandbox
+	// whose files are growing (diskpressure.go). DiskFree reads it; nil
+	// reads the data dir's filesystem.
+	DiskFloorMiB int64
+	DiskFree     func() (int64, error)
 	// Templates turns on fast creates from templates (templates.go): the
 	// default image's, and custom images' made at their first create.
 	Templates bool
@@ -186,6 +192,18 @@ type instance struct {
 	// guestCPU is the guest's busy time as it last reported it (ns);
 	// egressOut and egressIn the gate's totals once it is closed.
 	guestCPU, egressOut, egressIn atomic.Int64
+	// oomSeen is one more than the guest's count of OOM kills at its
+	// last reading; 0 before the first, which is the baseline.
+	oomSeen atomic.Int64
+	// oomScored is the VM whose OOM score was last set, and oomScore
+	// that score (oomrank.go): a new VM (a wake, a restart) is scored
+	// afresh. Guarded by mu.
+	oomScored vmm.Machine
+	oomScore  int
+
+	// steps times the phases of this instance's way to running
+	// (timeline.go); nil for an instance that was never started here.
+	steps *timeline
 
 	// saving is held while the guest is detached for a memory snapshot:
 	// the watcher reconnects only once the snapshot is taken, so that the

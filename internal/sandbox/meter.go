@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"path/filepath"
@@ -92,6 +93,10 @@ func (mt *Meter) reading(in *instance, mach vmm.Machine) (metering.Reading, bool
 	}
 	r := metering.Reading{At: mt.host.now(), VM: vmKey(mach), CPUNs: int64(u.CPU), RSSBytes: u.RSSBytes,
 		GuestCPUNs: in.guestCPU.Load()}
+	if !u.Final && u.RSSBytes > 0 && mt.ledger != nil {
+		// Admission on measured use charges the VM by this reading.
+		mt.ledger.Measured(in.id, u.RSSBytes>>20)
+	}
 	r.EgressBytes, r.IngressBytes = in.traffic()
 	return r, u.Final, nil
 }
@@ -165,9 +170,39 @@ func (mt *Meter) refreshGuestCPU(in *instance) {
 	}
 	ctx, cancel := context.WithTimeout(mt.ctx, guestCPUWait)
 	defer cancel()
-	if info, err := c.Info(ctx); err == nil && info.CPUBusyMs > 0 && info.CPUBusyMs < 1<<40 {
+	info, err := c.Info(ctx)
+	if err != nil {
+		return
+	}
+	if info.CPUBusyMs > 0 && info.CPUBusyMs < 1<<40 {
 		in.guestCPU.Store(info.CPUBusyMs * int64(time.Millisecond))
 	}
+	if info.OOMKills >= 0 && info.OOMKills < 1<<40 {
+		mt.oomKills(in, info.OOMKills)
+	}
+}
+
+// oomKills records an out_of_memory event when the guest's count of OOM
+// kills has risen since its last reading: a program in the guest used
+// more memory than the sandbox has, and the guest's kernel ended it (the
+// VM and the host are untouched). The first reading of an instance (as
+// its VM starts, wakes or is reattached) is the baseline; the count is
+// the guest's claim, so it only ever names a sandbox's own trouble.
+func (mt *Meter) oomKills(in *instance, total int64) {
+	prev := in.oomSeen.Swap(total + 1)
+	if prev == 0 || total+1 <= prev {
+		return
+	}
+	kills := total + 1 - prev
+	data := map[string]any{"kills": kills, "total": total}
+	if sb, err := mt.records.GetSandbox(context.Background(), in.id); err == nil {
+		data["memoryMiB"] = sb.MemoryMiB
+	}
+	msg := fmt.Sprintf("the guest ran out of memory: its kernel ended %d process(es)", kills)
+	if err := mt.records.AppendEvent(context.Background(), in.id, "out_of_memory", msg, data); err != nil {
+		mt.log.Warn("recording event", "sandbox_id", in.id, "err", err)
+	}
+	mt.log.Info("guest out of memory", "sandbox_id", in.id, "kills", kills)
 }
 
 // Run reads every running sandbox each interval until ctx ends, and

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/emberbox/emberbox/internal/admission"
 	"github.com/emberbox/emberbox/internal/metering"
 	"github.com/emberbox/emberbox/internal/pricing"
 	"github.com/emberbox/emberbox/internal/sandbox"
@@ -220,5 +221,82 @@ func TestPortTrafficKeepsSandboxAwake(t *testing.T) {
 	m.Reaper.ExpireLeases(ctx)
 	if got, _ := m.Get(ctx, "k", sb.ID); got.State != sandbox.StatePausing && got.State != sandbox.StatePaused {
 		t.Errorf("still %s after 61 s without traffic, want pausing", got.State)
+	}
+}
+
+// TestMeterFeedsMeasuredAdmission: each reading of a running VM charges
+// it in a measured ledger by its resident memory, so what the ledger
+// expects of it falls from the start estimate to the headroom; paused, it
+// is expected to take nothing.
+func TestMeterFeedsMeasuredAdmission(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	ledger := admission.New(admission.Config{VMOverheadMiB: 512,
+		Measured: &admission.MeasuredConfig{StartMiB: 512, HeadroomMiB: 64}})
+	m := e.managerWith(func(cfg *sandbox.Config) { cfg.Admission = ledger })
+	sb, err := m.Create(ctx, "k", spec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, m, "k", sb.ID, sandbox.StateRunning)
+	waitMeter(t, e, sb.ID)
+	if got := ledger.Expected(); got != 512 {
+		t.Errorf("before a reading with memory: expected %d MiB, want the start estimate 512", got)
+	}
+	e.drv.Machine(sb.ID).SetRSS(300 << 20)
+	m.Meter.SettleAll(ctx)
+	if got := ledger.Expected(); got != 64 {
+		t.Errorf("after a reading of 300 MiB: expected %d MiB, want the headroom 64", got)
+	}
+	if _, err := m.Pause(ctx, "k", sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, m, "k", sb.ID, sandbox.StatePaused)
+	if got := ledger.Expected(); got != 0 {
+		t.Errorf("paused: expected %d MiB, want 0", got)
+	}
+}
+
+// TestOutOfMemoryEvent: a rise in the guest's count of OOM kills since
+// its baseline (the first reading) is recorded as an out_of_memory event
+// naming how many processes its kernel ended; no rise, no event.
+func TestOutOfMemoryEvent(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	m := e.manager()
+	sb, err := m.Create(ctx, "k", spec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, m, "k", sb.ID, sandbox.StateRunning)
+	waitMeter(t, e, sb.ID) // the first reading, the baseline, is taken
+	oom := func() []map[string]any {
+		evs, err := e.st.ListEvents(ctx, sb.ID, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []map[string]any
+		for _, ev := range evs {
+			if ev.Type == "out_of_memory" {
+				out = append(out, ev.Data)
+			}
+		}
+		return out
+	}
+	// The fake guest's baseline is the host's own count; start above it.
+	for _, total := range []int64{1 << 30, 1<<30 + 2, 1<<30 + 2} {
+		if !sandbox.ReportGuestOOMKills(m, sb.ID, total) {
+			t.Fatal("no live instance")
+		}
+	}
+	evs := oom()
+	if len(evs) != 2 {
+		t.Fatalf("out_of_memory events %v, want two (the jump from the baseline, then 2 more kills)", evs)
+	}
+	if k, _ := evs[1]["kills"].(float64); k != 2 {
+		t.Errorf("second event %v, want kills 2", evs[1])
+	}
+	if mem, _ := evs[1]["memoryMiB"].(float64); mem != 4096 {
+		t.Errorf("event %v does not name the sandbox's memory", evs[1])
 	}
 }

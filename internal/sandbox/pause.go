@@ -22,6 +22,9 @@ const (
 	// PauseMemoryPressure: the host ran low on memory and this was the
 	// sandbox idle longest (pressure.go).
 	PauseMemoryPressure = "memory_pressure"
+	// PauseDiskPressure: the data dir's filesystem ran low on space and
+	// this sandbox's files were growing (diskpressure.go).
+	PauseDiskPressure = "disk_pressure"
 )
 
 // opLock serializes the steps that change a sandbox's VM (pause, wake,
@@ -327,6 +330,7 @@ func (m *Manager) wake(ctx context.Context, id string, timeout *int) (*Sandbox, 
 func (m *Manager) finishWake(sb *Sandbox) {
 	start := time.Now()
 	in := newInstance(m.ctx, sb.ID)
+	in.steps = newTimeline()
 	defer close(in.bootDone)
 	in.gate = m.gates.restore(m.ctx, sb.ID)
 	m.mu.Lock()
@@ -381,7 +385,8 @@ func (m *Manager) running(in *instance, event string, data map[string]any) {
 	}
 	in.touch(now)
 	m.outcomes.ready(data)
-	m.event(in.id, event, "sandbox is running", data)
+	in.steps.mark("running")
+	m.event(in.id, event, "sandbox is running", withPhases(data, in.steps))
 	m.spawn(func() { m.watch(in) })
 }
 

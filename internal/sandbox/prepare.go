@@ -44,5 +44,6 @@ func (m *Manager) prepareReady(ctx context.Context, in *instance, sb *Sandbox, d
 			}
 		}
 	}
+	in.steps.mark("prepare")
 	m.ready(in, data)
 }

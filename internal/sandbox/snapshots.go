@@ -457,6 +457,7 @@ func (m *Manager) bootCopy(ctx context.Context, in *instance, sb *Sandbox, sn *S
 	cctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
 	err := m.cfg.Driver.Clone(cctx, m.Snapshots.dir(sn.ID), spec)
 	cancel()
+	in.steps.mark("clone")
 	if err != nil {
 		defer close(in.bootDone)
 		m.log.Error("copying a snapshot", "sandbox_id", sb.ID, "snapshot_id", sn.ID, "err", err)

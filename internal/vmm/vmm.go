@@ -125,6 +125,14 @@ type Snapshotter interface {
 	Snapshot(ctx context.Context, dir string, memory bool) (SnapshotInfo, error)
 }
 
+// OOMScorer is a Machine whose VMM process's standing with the host
+// kernel's OOM killer can be set, so that if the host ever runs out of
+// memory the VMs that matter least are ended first.
+type OOMScorer interface {
+	// SetOOMScore sets the VMM process's oom_score_adj (-1000 to 1000).
+	SetOOMScore(adj int) error
+}
+
 // Continuer is a Machine that Driver.Resume returned, or one a crash left
 // stopped, that can let its guest run on.
 type Continuer interface {

@@ -220,6 +220,8 @@ type Machine struct {
 
 	cpu atomic.Int64 // nanoseconds of "VMM" CPU; AddCPU
 	rss atomic.Int64
+	// oomScore is one more than the score SetOOMScore set, 0 for none.
+	oomScore atomic.Int64
 }
 
 // BootCPU is the CPU time every fake machine has used when it starts.
@@ -231,6 +233,18 @@ func (m *Machine) AddCPU(d time.Duration) { m.cpu.Add(int64(d)) }
 
 // SetRSS sets the resident memory its Usage reports while it runs.
 func (m *Machine) SetRSS(n int64) { m.rss.Store(n) }
+
+// SetOOMScore implements vmm.OOMScorer: it records adj for OOMScore.
+func (m *Machine) SetOOMScore(adj int) error {
+	m.oomScore.Store(int64(adj) + 1)
+	return nil
+}
+
+// OOMScore returns the score SetOOMScore last set, and false if none was.
+func (m *Machine) OOMScore() (int, bool) {
+	v := m.oomScore.Load()
+	return int(v - 1), v != 0
+}
 
 // Usage implements vmm.Machine.Usage: the CPU that AddCPU gave it, final
 // once it has stopped.
