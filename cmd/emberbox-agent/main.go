@@ -36,7 +36,11 @@ func main() {
 
 func run(ctx context.Context) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	a, err := agent.New(agent.Config{Root: "/", User: "user", Logger: log})
+	cfg := agent.Config{Root: "/", User: "user", Logger: log}
+	if os.Getpid() == 1 {
+		cfg.TrimCachesAfter = agent.DefaultTrimAfter // the guest's own kernel
+	}
+	a, err := agent.New(cfg)
 	if err != nil {
 		return err
 	}

@@ -32,6 +32,10 @@ type Config struct {
 	// the running kernel's when the agent is PID 1 (a guest's init) and
 	// none otherwise: renew is then refused.
 	System System
+	// TrimCachesAfter, if positive, drops the kernel's page cache once
+	// the host has sent no work for that long (trim.go). Only for a
+	// guest's agent: it acts on the whole kernel.
+	TrimCachesAfter time.Duration
 }
 
 // Agent serves the host's calls.
@@ -48,6 +52,7 @@ type Agent struct {
 	root     string // where renew writes /etc/hostname and the like
 	sys      System // nil: renew is refused
 	renewMu  sync.Mutex
+	trim     *cacheTrimmer // nil: never trims
 
 	mu     sync.Mutex
 	env    map[string]string // sandbox-wide env from configure
@@ -86,11 +91,16 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		bash = "/bin/bash"
 	}
-	return &Agent{
+	a := &Agent{
 		log: log, accounts: accts, names: names, user: u, bash: bash,
 		reaper: theReaper(), procs: &processTable{procs: map[string]*process{}}, watches: newWatchSet(),
 		bootedAt: time.Now(), root: cfg.Root, sys: sys,
-	}, nil
+	}
+	if cfg.TrimCachesAfter > 0 {
+		a.trim = &cacheTrimmer{after: cfg.TrimCachesAfter, drop: dropCaches}
+		a.trim.last.Store(time.Now().UnixNano())
+	}
+	return a, nil
 }
 
 // Run runs cmd through the agent's reaper and waits for it. Use it instead
@@ -101,6 +111,9 @@ func (a *Agent) Run(cmd *exec.Cmd) error { return a.reaper.run(cmd) }
 // A host that disconnects (the server restarted) may connect again: each
 // connection starts with a fresh handshake and yamux session.
 func (a *Agent) ServePort(ctx context.Context, dev string) error {
+	if a.trim != nil {
+		go a.trim.run(ctx, a.log.Info)
+	}
 	for ctx.Err() == nil {
 		f, err := os.OpenFile(dev, os.O_RDWR, 0)
 		if err != nil {
@@ -226,6 +239,10 @@ func (a *Agent) handle(ctx context.Context, st *yamux.Stream) {
 	var req agentproto.Request
 	if err := c.ReadJSON(&req); err != nil {
 		return
+	}
+	if a.trim != nil && working(req.Method) {
+		a.trim.begin()
+		defer func() { a.trim.end(time.Now()) }()
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -35,6 +35,9 @@ type Client struct {
 	conn net.Conn
 
 	onViolation atomic.Pointer[func(Violation)]
+	// ending is why the session is about to end, when the host ends it on
+	// purpose (Ending).
+	ending atomic.Pointer[error]
 
 	ports chan struct{} // a place per connection to a guest port (DialPort)
 }
@@ -153,6 +156,12 @@ const helloResend = 250 * time.Millisecond
 // Close ends the session. Calls in flight fail.
 func (c *Client) Close() error { return c.sess.Close() }
 
+// Ending records why the session is about to end, before the host ends it
+// on purpose (pausing the VM): a call that fails from then on for a lost
+// connection answers cause, which tells its caller what happened, rather
+// than guest_unavailable. The first cause recorded stands.
+func (c *Client) Ending(cause error) { c.ending.CompareAndSwap(nil, &cause) }
+
 // Done is closed when the session ends (the guest or its VM went away).
 func (c *Client) Done() <-chan struct{} { return c.sess.CloseChan() }
 
@@ -162,7 +171,7 @@ func (c *Client) call(ctx context.Context, req *agentproto.Request) (*agentproto
 	st, err := c.sess.OpenStream()
 	if err != nil {
 		// The cause stays on the host: its text is yamux's, not the caller's.
-		return nil, nil, errdefs.New(errdefs.ErrUnavailable, "guest_unavailable", "the sandbox's agent is not reachable")
+		return nil, nil, c.unreachable()
 	}
 	// Close alone only half-closes a yamux stream; the past deadline
 	// unblocks our own reads and writes at once.
@@ -179,16 +188,31 @@ func (c *Client) call(ctx context.Context, req *agentproto.Request) (*agentproto
 	}
 	if err := fc.WriteJSON(req); err != nil {
 		done()
-		return nil, nil, transportError(ctx, err)
+		return nil, nil, c.lost(ctx)
 	}
 	return fc, done, nil
 }
 
-func transportError(ctx context.Context, err error) error {
+// lost is the error of a call whose stream failed under it: ctx's if that
+// ended, else the cause Ending recorded, else guest_unavailable. What the
+// transport said stays on the host.
+func (c *Client) lost(ctx context.Context) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
+	if cause := c.ending.Load(); cause != nil {
+		return *cause
+	}
 	return errdefs.New(errdefs.ErrUnavailable, "guest_unavailable", "lost the connection to the sandbox's agent")
+}
+
+// unreachable is the error of a call that could not open a stream: the
+// cause Ending recorded, else guest_unavailable.
+func (c *Client) unreachable() error {
+	if cause := c.ending.Load(); cause != nil {
+		return *cause
+	}
+	return errdefs.New(errdefs.ErrUnavailable, "guest_unavailable", "the sandbox's agent is not reachable")
 }
 
 // roundTrip sends req and reads one Reply within lim.

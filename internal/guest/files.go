@@ -155,7 +155,7 @@ func (r *fileReader) Read(p []byte) (int, error) {
 		case errors.Is(err, agentproto.ErrFrameTooLarge), errors.Is(err, agentproto.ErrUnknownKind):
 			r.err = r.c.violation(r.method, "frame over the limit or of unknown kind")
 		case err != nil:
-			r.err = transportError(r.ctx, err)
+			r.err = r.c.lost(r.ctx)
 		case kind == agentproto.KindData && len(payload) > agentproto.DataChunk:
 			r.err = r.c.violation(r.method, "data frame over %d bytes", agentproto.DataChunk)
 		}
@@ -195,7 +195,7 @@ func (c *Client) sendData(ctx context.Context, fc *agentproto.Conn, size int64, 
 		n, rerr := io.ReadFull(r, buf[:min(int64(len(buf)), size-sent)])
 		if n > 0 {
 			if err := fc.WriteFrame(agentproto.KindData, buf[:n]); err != nil {
-				return transportError(ctx, err)
+				return c.lost(ctx)
 			}
 			sent += int64(n)
 		}

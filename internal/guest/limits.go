@@ -96,7 +96,7 @@ func (c *Client) readJSON(ctx context.Context, fc *agentproto.Conn, method strin
 	case errors.Is(err, agentproto.ErrUnknownKind):
 		return c.violation(method, "unknown frame kind")
 	case err != nil:
-		return transportError(ctx, err)
+		return c.lost(ctx)
 	case kind != agentproto.KindJSON:
 		return c.violation(method, "data frame where a reply was due")
 	}

@@ -43,7 +43,7 @@ func (c *Client) dialPort(ctx context.Context, port int) (net.Conn, error) {
 	const method = agentproto.MethodPortConnect
 	st, err := c.sess.OpenStream()
 	if err != nil {
-		return nil, errdefs.New(errdefs.ErrUnavailable, "guest_unavailable", "the sandbox's agent is not reachable")
+		return nil, c.unreachable()
 	}
 	stop := context.AfterFunc(ctx, func() { _ = st.SetDeadline(time.Unix(1, 0)) })
 	fc := agentproto.NewConn(st)
@@ -54,7 +54,7 @@ func (c *Client) dialPort(ctx context.Context, port int) (net.Conn, error) {
 		return nil, err
 	}
 	if err := fc.WriteJSON(&agentproto.Request{Method: method, Port: &agentproto.PortRequest{Port: port}}); err != nil {
-		return fail(transportError(ctx, err))
+		return fail(c.lost(ctx))
 	}
 	var rep agentproto.Reply
 	if err := c.readJSON(ctx, fc, method, ordinaryReply, &rep); err != nil {
@@ -71,7 +71,7 @@ func (c *Client) dialPort(ctx context.Context, port int) (net.Conn, error) {
 		return fail(c.missing(method, "ok"))
 	}
 	if !stop() {
-		return fail(transportError(ctx, context.Canceled))
+		return fail(c.lost(ctx))
 	}
 	// The guest's first bytes may have come with the reply, into fc's
 	// buffer: the connection reads through it.

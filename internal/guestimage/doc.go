@@ -20,7 +20,8 @@
 //   - Kernel: Debian `linux-image-cloud-amd64`, resolved with `apt-cache`,
 //     fetched with `apt-get download`, unpacked with `dpkg-deb -x`; keeps
 //     `vmlinuz` and the `.ko` of `virtio_mmio`, `virtio_blk`, `virtio_console`,
-//     `ext4` (essential), `virtio_rng`, `vmw_vsock_virtio_transport`, and for
+//     `ext4` (essential), `virtio_rng`, `vmw_vsock_virtio_transport`,
+//     `virtio_balloon` (free page reporting, `vmm/qemu/devices.go`), and for
 //     egress capture `dummy`, `nf_tables`, `nft_chain_nat`, `nft_redir`, with
 //     dependencies, in load order.
 //   - Cache key `recipeHash`: sha256 over format version, suite, mirrors,

@@ -90,6 +90,7 @@ var wantedModules = []string{
 	"nbd",                        // volumes: /dev/nbdN fed over the host stream (internal/volumes)
 	"virtio_rng",                 // entropy early in boot
 	"vmw_vsock_virtio_transport", // the host-guest stream under Firecracker
+	"virtio_balloon",             // free page reporting: freed guest memory goes back to the host
 	// Egress capture (internal/agent/egress.go): a dummy interface for a
 	// default route, and nftables to redirect outbound TCP and DNS to the
 	// agent's relay and reject everything else at once.

@@ -136,6 +136,9 @@ func (m *Manager) pauseLocked(id, why string, record bool) bool {
 	m.mu.Unlock()
 	var mach vmm.Machine
 	if in != nil {
+		if c := in.guest(); c != nil {
+			c.Ending(pausedUnder(id, why))
+		}
 		in.cancel() // the watcher lets go; the guest connection goes with the VMM
 		<-in.bootDone
 		m.Meter.guestClosing(in)
@@ -177,6 +180,16 @@ func (m *Manager) pauseLocked(id, why string, record bool) bool {
 		m.event(id, "paused", "sandbox paused", map[string]any{"reason": why, "pauseMs": time.Since(start).Milliseconds()})
 	}
 	return true
+}
+
+// pausedUnder is the error of a call into the guest that was in flight
+// when its sandbox paused: its command goes on after a wake, the call that
+// watched it does not.
+func pausedUnder(id, why string) error {
+	e := errdefs.New(errdefs.ErrConflict, CodeSandboxPaused, "sandbox %s was paused (%s) while this call was in flight", id, why).
+		WithHint("its processes go on after a wake: read a process's output by its id, or attach to it again")
+	e.Details = map[string]any{"reason": why}
+	return e
 }
 
 // recordPaused records a pausing or resuming sandbox paused, with no VM;

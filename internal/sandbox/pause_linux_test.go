@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -528,7 +529,7 @@ func TestStopAndDeletePaused(t *testing.T) {
 
 // TestCallsDuringPause runs guest calls while the sandbox is paused over
 // and over: each call is served (autoWake) or answered with a retryable
-// code, and nothing deadlocks.
+// code (or sandbox_paused, when a pause cut it), and nothing deadlocks.
 func TestCallsDuringPause(t *testing.T) {
 	e := newEnv(t)
 	m := e.manager()
@@ -538,7 +539,7 @@ func TestCallsDuringPause(t *testing.T) {
 	go func() {
 		for range 20 {
 			if _, err := exec(ctx, m, "k", sb.ID, agentproto.ExecRequest{Argv: []string{"true"}}); err != nil &&
-				errdefs.Code(err) != "guest_busy" && errdefs.Code(err) != "guest_unavailable" && errdefs.Code(err) != "wake_failed" {
+				!slices.Contains([]string{"guest_busy", "guest_unavailable", "wake_failed", sandbox.CodeSandboxPaused}, errdefs.Code(err)) {
 				done <- err
 				return
 			}
@@ -565,5 +566,66 @@ func TestCallsDuringPause(t *testing.T) {
 	}
 	if got, _ := m.Get(ctx, "k", sb.ID); got.State != sandbox.StateRunning {
 		t.Errorf("after the call the sandbox is %s", got.State)
+	}
+}
+
+// TestCallCutByPause: an exec in flight when its sandbox pauses answers
+// 409 sandbox_paused with the pause's reason, not a lost connection; its
+// command is still running after the wake.
+func TestCallCutByPause(t *testing.T) {
+	e := newEnv(t)
+	m := e.manager()
+	ctx := context.Background()
+	sb := running(t, m, spec())
+	cut := make(chan error, 1)
+	go func() {
+		_, err := exec(ctx, m, "k", sb.ID, agentproto.ExecRequest{Argv: []string{"sleep", "30"}, TimeoutMs: 60_000})
+		cut <- err
+	}()
+	_, g, err := m.Guest(ctx, "k", sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var procID string
+	for deadline := time.Now().Add(10 * time.Second); procID == ""; time.Sleep(10 * time.Millisecond) {
+		procs, err := g.Processes(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range procs {
+			if p.State == "running" {
+				procID = p.ID
+			}
+		}
+		if procID == "" && time.Now().After(deadline) {
+			t.Fatal("the exec's process never showed as running")
+		}
+	}
+	pause(t, m, sb.ID)
+	select {
+	case err := <-cut:
+		if errdefs.Code(err) != sandbox.CodeSandboxPaused || !errdefs.IsConflict(err) {
+			t.Fatalf("exec cut by a pause: %v, want conflict sandbox_paused", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the exec did not end with the pause")
+	}
+	wake(t, m, sb.ID)
+	_, g, err = m.Guest(ctx, "k", sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := g.Process(ctx, procID); err != nil || info.State != "running" {
+		t.Fatalf("the command after the wake: %+v, %v", info, err)
+	}
+	if _, err := g.Signal(ctx, procID, "SIGKILL"); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if info, err := g.Process(ctx, procID); err == nil && info.State != "running" {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("process still running after SIGKILL: %+v, %v", info, err)
+		}
 	}
 }

@@ -30,7 +30,8 @@
 // `discard=unmap`; under a `throttle` node of 64 MiB/s of writes, bursts of 4×
 // for 2 s, so one guest cannot flood the host's writeback), serial on
 // `console.sock`, virtserialport `org.emberbox.agent.0` on `agent.sock`,
-// virtio-rng, and `-sandbox
+// virtio-rng, from device set 2 a balloon with free page reporting
+// (`devices.go`), and `-sandbox
 // on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny`. No
 // NIC. The manager saves `mach.Record()` (pid, start time, accel, dir) before
 // dialing.
@@ -66,6 +67,17 @@
 // `mem` and `state`. A boot (`Start`) always makes a fresh, empty `mem` and
 // discards any state; a VM that ends without a saved state has its `mem`
 // removed.
+//
+// Device sets (`devices.go`): a saved state loads only into the devices it
+// was saved from, so the set is recorded in the file `devices` beside `mem`
+// (a boot writes the newest; `Snapshot`, `Clone` and `MoveFiles` carry it;
+// `Resume` starts QEMU with it; no file is set 1, the states made before the
+// record). Set 2 adds `virtio-balloon-device,free-page-reporting=on`: the
+// guest reports free 2 MiB blocks and QEMU punches them out of the VM's own
+// `mem` (fallocate on a `share=on` mapping of a file no other VM maps, never
+// a template's: the hazard of DESIGN M7), so memory a guest frees goes back to
+// the host in seconds, from the page cache and the disk alike. The agent
+// trims the guest's page cache after a quiet minute (`agent/trim.go`).
 //
 // # TCG and KVM
 //

@@ -163,6 +163,7 @@ func (d *Driver) jailBinds(spec vmm.Spec, f vmFiles) ([]bind, []uint32, vmFiles)
 	}
 
 	jf := jailFiles
+	jf.Devices = f.Devices
 	if f.SnapDisk != "" {
 		binds = append(binds, bind{src: f.SnapDisk, dst: jailSnapDisk})
 		jf.SnapDisk = jailSnapDisk

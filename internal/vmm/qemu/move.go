@@ -40,6 +40,11 @@ func (d *Driver) MoveFiles(spec vmm.Spec) (map[string]string, error) {
 		}
 		files[name] = p
 	}
+	// The device set goes with the state it must be resumed with (a
+	// state from before the record has none).
+	if p := filepath.Join(spec.Dir, devicesFile); regular(p) == nil {
+		files[devicesFile] = p
+	}
 	if snap := hostFiles(spec).SnapDisk; snap != "" {
 		if err := regular(snap); err != nil {
 			return nil, fmt.Errorf("move: the snapshot disk of the copy: %w", err)

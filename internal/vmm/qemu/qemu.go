@@ -269,6 +269,8 @@ type vmFiles struct {
 	// Mem is the guest RAM file. SnapDisk, if set, is the snapshot disk
 	// (qcow2 over Rootfs) that Disk is an overlay of.
 	Mem, SnapDisk string
+	// Devices is the device set (devices.go); 0 means 1.
+	Devices int
 }
 
 // Descriptors QEMU inherits: exec.Cmd.ExtraFiles start at 3.
@@ -351,6 +353,7 @@ func (d *Driver) Args(spec vmm.Spec, f vmFiles, restore bool) []string {
 		"-chardev", "socket,id=qmp,server=on,wait=off,fd="+strconv.Itoa(qmpFD),
 		"-mon", "chardev=qmp,mode=control",
 	)
+	args = append(args, deviceArgs(f.Devices)...)
 	if restore {
 		args = append(args, "-incoming", "defer", "-S")
 	}
@@ -388,6 +391,10 @@ func (d *Driver) Start(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) 
 	if err := createMem(spec); err != nil {
 		return nil, err
 	}
+	// A boot gets the newest devices.
+	if err := writeDevices(spec.Dir, devicesCurrent); err != nil {
+		return nil, err
+	}
 	m, err := d.launch(ctx, spec, nil)
 	if err != nil {
 		return nil, err
@@ -417,6 +424,7 @@ func hostFiles(spec vmm.Spec) vmFiles {
 	if b, err := os.ReadFile(filepath.Join(spec.Dir, chainFile)); err == nil {
 		f.SnapDisk = strings.TrimSpace(string(b))
 	}
+	f.Devices, _ = readDevices(spec.Dir) // launch has checked it
 	return f
 }
 
@@ -443,6 +451,10 @@ func (d *Driver) launch(ctx context.Context, spec vmm.Spec, state *os.File) (*ma
 	}
 	// A clean environment: nothing of the server's reaches QEMU.
 	cmd.Env = []string{}
+	if _, err := readDevices(spec.Dir); err != nil {
+		outR.Close()
+		return nil, err
+	}
 	f := hostFiles(spec)
 	if d.jail != nil {
 		err = d.startJailed(cmd, spec, f, state != nil, m)

@@ -260,6 +260,9 @@ func (m *machine) Snapshot(ctx context.Context, dir string, memory bool) (info v
 		if err := copySparse(filepath.Join(m.dir, memFile), filepath.Join(dir, memFile), 0o600); err != nil {
 			return info, fmt.Errorf("snapshot: copying memory: %w", err)
 		}
+		if err := copyDevices(m.dir, dir); err != nil {
+			return info, fmt.Errorf("snapshot: %w", err)
+		}
 	}
 	// qemu-img runs as root and follows the disk's header, which the VM's
 	// uid can write: its chain must be exactly the driver's.
@@ -342,6 +345,9 @@ func (d *Driver) Clone(ctx context.Context, snapDir string, spec vmm.Spec) error
 	}
 	if err := copySparse(mem, filepath.Join(spec.Dir, memFile), 0o600); err != nil {
 		return fmt.Errorf("clone: copying memory: %w", err)
+	}
+	if err := copyDevices(snapDir, spec.Dir); err != nil {
+		return fmt.Errorf("clone: %w", err)
 	}
 	// Last, through a temporary name: Saved turns true only when all is there.
 	tmp := filepath.Join(spec.Dir, stateTmp)
