@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
@@ -71,14 +72,17 @@ func TestDiskPressure(t *testing.T) {
 	}
 	for _, id := range want {
 		waitState(t, m, "k", id, sandbox.StatePaused)
-		evs, err := e.st.ListEvents(ctx, id, 100)
-		if err != nil {
-			t.Fatal(err)
-		}
+		// The paused event follows the paused record.
 		reason := ""
-		for _, ev := range evs {
-			if ev.Type == "paused" {
-				reason, _ = ev.Data["reason"].(string)
+		for deadline := time.Now().Add(10 * time.Second); reason == "" && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			evs, err := e.st.ListEvents(ctx, id, 100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, ev := range evs {
+				if ev.Type == "paused" {
+					reason, _ = ev.Data["reason"].(string)
+				}
 			}
 		}
 		if reason != sandbox.PauseDiskPressure {
