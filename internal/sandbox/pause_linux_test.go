@@ -12,6 +12,7 @@ import (
 	"github.com/emberbox/emberbox/internal/admission"
 	"github.com/emberbox/emberbox/internal/agentproto"
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 	"github.com/emberbox/emberbox/internal/vmm"
 	"github.com/emberbox/emberbox/internal/vmm/vmmtest"
@@ -99,16 +100,7 @@ func TestPauseWakeCyclesKeepState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := g.Signal(ctx, proc.ID, "SIGKILL"); err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if info, err := g.Process(ctx, proc.ID); err == nil && info.State != "running" {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("process still running after SIGKILL: %+v, %v", info, err)
-		}
-	}
+	killProcess(t, g, proc.ID)
 	if e.drv.Resumes() != 3 || e.drv.Starts() != 1 {
 		t.Errorf("%d resumes and %d starts, want 3 and 1", e.drv.Resumes(), e.drv.Starts())
 	}
@@ -618,12 +610,20 @@ func TestCallCutByPause(t *testing.T) {
 	if info, err := g.Process(ctx, procID); err != nil || info.State != "running" {
 		t.Fatalf("the command after the wake: %+v, %v", info, err)
 	}
-	if _, err := g.Signal(ctx, procID, "SIGKILL"); err != nil {
+	killProcess(t, g, procID)
+}
+
+// killProcess SIGKILLs guest process id and waits until it is no longer
+// running, so that it ends before the test does (goleak).
+func killProcess(t *testing.T, g guest.Handle, id string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := g.Signal(ctx, id, "SIGKILL"); err != nil {
 		t.Fatal(err)
 	}
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if info, err := g.Process(ctx, procID); err == nil && info.State != "running" {
-			break
+		if info, err := g.Process(ctx, id); err == nil && info.State != "running" {
+			return
 		} else if time.Now().After(deadline) {
 			t.Fatalf("process still running after SIGKILL: %+v, %v", info, err)
 		}
