@@ -115,9 +115,9 @@ func (a *Agent) ServePort(ctx context.Context, dev string) error {
 		go a.trim.run(ctx, a.log.Info)
 	}
 	for ctx.Err() == nil {
-		f, err := os.OpenFile(dev, os.O_RDWR, 0)
+		f, err := openPort(ctx, dev)
 		if err != nil {
-			return fmt.Errorf("opening %s: %w", dev, err)
+			return err
 		}
 		err = a.ServeConn(ctx, f)
 		f.Close()
@@ -126,6 +126,33 @@ func (a *Agent) ServePort(ctx context.Context, dev string) error {
 		}
 	}
 	return ctx.Err()
+}
+
+// portBusyWait bounds how long openPort waits for the port's last file to
+// be released.
+const portBusyWait = 30 * time.Second
+
+// openPort opens the virtio-serial port dev, which takes one open file at
+// a time (EBUSY otherwise). The file of the session that just ended can
+// outlive its Close for a moment: a child forked at that instant holds it
+// until its exec closes it, and under emulation, or in a guest saved and
+// restored in that window, the moment is long. So EBUSY is waited out.
+func openPort(ctx context.Context, dev string) (*os.File, error) {
+	deadline := time.Now().Add(portBusyWait)
+	for {
+		f, err := os.OpenFile(dev, os.O_RDWR, 0)
+		if err == nil {
+			return f, nil
+		}
+		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+			return nil, fmt.Errorf("opening %s: %w", dev, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // ServeConn runs one handshake and yamux session on rwc until the host goes

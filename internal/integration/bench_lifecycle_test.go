@@ -13,116 +13,177 @@ import (
 	"time"
 )
 
-// BenchmarkLifecycle measures the lifecycle on this machine and prints a
-// table: cold create, create from the template, create from a user
-// snapshot, pause, wake and fork (each to the first output of a streamed
-// `echo hi`, p50 and p95), host memory (Pss) of an idle default sandbox and
-// of copies of one snapshot, and how many idle default sandboxes the host
-// holds before no_capacity, with the default limits and with memory and
-// vCPUs overcommitted. It asserts nothing about time.
+// BenchmarkLifecycle measures the lifecycle on this machine, one table
+// per part, each to be run alone (-bench 'Lifecycle/paths'):
+//
+//   - cold: a create with no template, to the first output;
+//   - paths: create from the template, create from a user snapshot,
+//     pause, wake and fork (each to the first output of a streamed
+//     `echo hi`, p50 and p95, as the SDK calls them: Prefer: wait), with
+//     the server's phases of each;
+//   - memory: host memory (Pss) of an idle default sandbox and of copies
+//     of one snapshot;
+//   - holds: how many idle default sandboxes the host holds before
+//     no_capacity, with the default limits and with memory and vCPUs
+//     overcommitted.
+//
+// It asserts nothing about time.
 func BenchmarkLifecycle(b *testing.B) {
-	for range b.N {
-		var rows [][3]string
-		row := func(what string, ms []float64) {
-			rows = append(rows, [3]string{what, fmt.Sprintf("%.0f ms", percentile(ms, 50)), fmt.Sprintf("%.0f ms (n=%d)", percentile(ms, 95), len(ms))})
+	b.Run("cold", func(b *testing.B) {
+		for range b.N {
+			var t table
+			s := startServerWith(b, b.TempDir(), "--templates=false")
+			t.row("cold create → first output", createTimes(b, s.client(s.AdminKey), nil, 5))
+			s.cleanup(b)
+			t.print()
 		}
-		note := func(what, value string) { rows = append(rows, [3]string{what, value, ""}) }
-
-		cold := startServerWith(b, b.TempDir(), "--templates=false")
-		cc := cold.client(cold.AdminKey)
-		row("cold create → first output", createTimes(b, cc, nil, 5))
-		cold.cleanup(b)
-
-		// Room for the twelve sandboxes of the memory measures below.
-		s := startServerWith(b, b.TempDir(), "--memory-overcommit", "4", "--vcpu-overcommit", "16", "--quota-sandboxes", "0")
-		c := s.client(s.AdminKey)
-		waitTemplate(b, s)
-		note("accel", accelOf(b, c))
-		var createPhases phaseStats
-		row("create (template) → first output", createTimes(b, c, nil, 10, func(id string) { createPhases.add(phasesOf(b, c, id, "ready")) }))
-		note("create (template): server phases, p50", createPhases.String())
-
-		src := c.createRunning(b, map[string]any{"timeoutSeconds": 3600})
-		c.sh(b, src.ID, "echo hi > /workspace/f")
-		r := c.raw(b, "POST", "/v1/sandboxes/"+src.ID+":snapshot", map[string]any{}, http.Header{"Prefer": {"wait=60"}}, requestTimeout)
-		var sn struct {
-			ID string `json:"id"`
+	})
+	b.Run("paths", func(b *testing.B) {
+		for range b.N {
+			benchPaths(b)
 		}
-		if r.Status != http.StatusOK || json.Unmarshal(r.Body, &sn) != nil || sn.ID == "" {
-			b.Fatalf("snapshot: %v", r)
+	})
+	b.Run("memory", func(b *testing.B) {
+		for range b.N {
+			benchMemory(b)
 		}
-		row("create from a user snapshot → first output", createTimes(b, c, map[string]any{"snapshot": sn.ID, "timeoutSeconds": 600}, 5))
+	})
+	b.Run("holds", func(b *testing.B) {
+		for range b.N {
+			var t table
+			t.note("idle default sandboxes held, default limits", holds(b, []string{"--quota-sandboxes", "0"}, 100))
+			t.note("idle default sandboxes held, --memory-overcommit 25 --vcpu-overcommit 100 --disk-overcommit 20",
+				holds(b, []string{"--quota-sandboxes", "0", "--memory-overcommit", "25", "--vcpu-overcommit", "100", "--disk-overcommit", "20"}, 100))
+			t.print()
+		}
+	})
+}
 
-		var pause, wake []float64
-		var wakePhases phaseStats
-		for range 10 {
-			start := time.Now()
-			c.lifecycle(b, src.ID, "pause", nil)
-			c.waitState(b, src.ID, "paused")
-			pause = append(pause, ms(time.Since(start)))
-			start = time.Now()
-			c.lifecycle(b, src.ID, "wake", nil)
-			firstOutput(b, c, src.ID, "echo hi")
-			wake = append(wake, ms(time.Since(start)))
-			wakePhases.add(phasesOf(b, c, src.ID, "woken"))
-		}
-		row("pause", pause)
-		row("wake → first output", wake)
-		note("wake: server phases, p50", wakePhases.String())
+// benchPaths times the ways to a first command from a client: create from
+// the template and from a user snapshot, pause, wake and fork.
+func benchPaths(b *testing.B) {
+	var t table
+	s := startServerWith(b, b.TempDir(), "--quota-sandboxes", "0")
+	defer s.cleanup(b)
+	c := s.client(s.AdminKey)
+	waitTemplate(b, s)
+	t.note("accel", accelOf(b, c))
+	var createPhases phaseStats
+	t.row("create (template) → first output", createTimes(b, c, nil, 20, func(id string) { createPhases.add(phasesOf(b, c, id, "ready")) }))
+	t.note("create (template): server phases, p50", createPhases.String())
+
+	src := c.createRunning(b, map[string]any{"timeoutSeconds": 3600})
+	c.sh(b, src.ID, "echo hi > /workspace/f")
+	sn := snapshotOf(b, c, src.ID)
+	t.row("create from a user snapshot → first output", createTimes(b, c, map[string]any{"snapshot": sn, "timeoutSeconds": 600}, 10))
+
+	var pause, wake []float64
+	var wakePhases phaseStats
+	for range 20 {
+		start := time.Now()
 		c.lifecycle(b, src.ID, "pause", nil)
 		c.waitState(b, src.ID, "paused")
-		note("host processes of a paused sandbox", strconv.Itoa(btoi(vmPID(src.ID) != 0)))
+		pause = append(pause, ms(time.Since(start)))
+		start = time.Now()
 		c.lifecycle(b, src.ID, "wake", nil)
-		c.waitState(b, src.ID, "running")
-
-		var fork []float64
-		var forkPhases phaseStats
-		for range 5 {
-			start := time.Now()
-			r := c.raw(b, "POST", "/v1/sandboxes/"+src.ID+":fork", map[string]any{"count": 1}, nil, requestTimeout)
-			var f struct {
-				Sandboxes []sandboxJSON `json:"sandboxes"`
-			}
-			if r.Status != http.StatusOK || json.Unmarshal(r.Body, &f) != nil || len(f.Sandboxes) != 1 {
-				b.Fatalf("fork: %v", r)
-			}
-			s.tr.add(f.Sandboxes[0].ID, s.AdminKey)
-			firstOutput(b, c, f.Sandboxes[0].ID, "echo hi")
-			fork = append(fork, ms(time.Since(start)))
-			forkPhases.add(phasesOf(b, c, f.Sandboxes[0].ID, "ready"))
-			c.delete(b, f.Sandboxes[0].ID)
-		}
-		row("fork → first output", fork)
-		note("fork: server phases of the copy, p50", forkPhases.String())
-
-		idle := c.createRunning(b, map[string]any{"timeoutSeconds": 3600})
-		c.sh(b, idle.ID, "true")
-		var copies []string
-		for range 10 {
-			cp := c.createRunning(b, map[string]any{"snapshot": sn.ID, "timeoutSeconds": 3600})
-			c.sh(b, cp.ID, "true")
-			copies = append(copies, cp.ID)
-		}
-		time.Sleep(60 * time.Second) // the idle period being measured
-		note("Pss of an idle default sandbox after 60 s", fmt.Sprintf("%.0f MiB", pssMiB(b, vmPID(idle.ID))))
-		var pss []float64
-		for _, id := range copies {
-			pss = append(pss, pssMiB(b, vmPID(id)))
-		}
-		note("Pss of each of 10 copies of one snapshot", fmt.Sprintf("p50 %.0f MiB, max %.0f MiB", percentile(pss, 50), percentile(pss, 100)))
-		s.cleanup(b)
-
-		note("idle default sandboxes held, default limits", holds(b, []string{"--quota-sandboxes", "0"}, 100))
-		note("idle default sandboxes held, --memory-overcommit 25 --vcpu-overcommit 100 --disk-overcommit 20",
-			holds(b, []string{"--quota-sandboxes", "0", "--memory-overcommit", "25", "--vcpu-overcommit", "100", "--disk-overcommit", "20"}, 100))
-
-		w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(w, "measure\tp50 / value\tp95")
-		for _, r := range rows {
-			fmt.Fprintf(w, "%s\t%s\t%s\n", r[0], r[1], r[2])
-		}
-		w.Flush()
+		firstOutput(b, c, src.ID, "echo hi")
+		wake = append(wake, ms(time.Since(start)))
+		wakePhases.add(phasesOf(b, c, src.ID, "woken"))
 	}
+	t.row("pause", pause)
+	t.row("wake → first output", wake)
+	t.note("wake: server phases, p50", wakePhases.String())
+	c.lifecycle(b, src.ID, "pause", nil)
+	c.waitState(b, src.ID, "paused")
+	t.note("host processes of a paused sandbox", strconv.Itoa(btoi(vmPID(src.ID) != 0)))
+	c.lifecycle(b, src.ID, "wake", nil)
+	c.waitState(b, src.ID, "running")
+
+	var fork []float64
+	var forkPhases phaseStats
+	for range 10 {
+		start := time.Now()
+		r := c.raw(b, "POST", "/v1/sandboxes/"+src.ID+":fork", map[string]any{"count": 1}, nil, requestTimeout)
+		var f struct {
+			Sandboxes []sandboxJSON `json:"sandboxes"`
+		}
+		if r.Status != http.StatusOK || json.Unmarshal(r.Body, &f) != nil || len(f.Sandboxes) != 1 {
+			b.Fatalf("fork: %v", r)
+		}
+		s.tr.add(f.Sandboxes[0].ID, s.AdminKey)
+		firstOutput(b, c, f.Sandboxes[0].ID, "echo hi")
+		fork = append(fork, ms(time.Since(start)))
+		forkPhases.add(phasesOf(b, c, f.Sandboxes[0].ID, "ready"))
+		c.delete(b, f.Sandboxes[0].ID)
+	}
+	t.row("fork → first output", fork)
+	t.note("fork: server phases of the copy, p50", forkPhases.String())
+	t.print()
+}
+
+// benchMemory measures the host memory of an idle default sandbox and of
+// ten copies of one snapshot after a minute of idling.
+func benchMemory(b *testing.B) {
+	var t table
+	// Room for the twelve sandboxes.
+	s := startServerWith(b, b.TempDir(), "--quota-sandboxes", "0")
+	defer s.cleanup(b)
+	c := s.client(s.AdminKey)
+	waitTemplate(b, s)
+	src := c.createRunning(b, map[string]any{"timeoutSeconds": 3600})
+	c.sh(b, src.ID, "echo hi > /workspace/f")
+	sn := snapshotOf(b, c, src.ID)
+	c.delete(b, src.ID)
+
+	idle := c.createRunning(b, map[string]any{"timeoutSeconds": 3600})
+	c.sh(b, idle.ID, "true")
+	var copies []string
+	for range 10 {
+		cp := c.createRunning(b, map[string]any{"snapshot": sn, "timeoutSeconds": 3600})
+		c.sh(b, cp.ID, "true")
+		copies = append(copies, cp.ID)
+	}
+	time.Sleep(60 * time.Second) // the idle period being measured
+	t.note("Pss of an idle default sandbox after 60 s", fmt.Sprintf("%.0f MiB", pssMiB(b, vmPID(idle.ID))))
+	var pss []float64
+	for _, id := range copies {
+		pss = append(pss, pssMiB(b, vmPID(id)))
+	}
+	t.note("Pss of each of 10 copies of one snapshot", fmt.Sprintf("p50 %.0f MiB, max %.0f MiB", percentile(pss, 50), percentile(pss, 100)))
+	t.print()
+}
+
+// snapshotOf takes a memory snapshot of sandbox id and returns its id.
+func snapshotOf(b *testing.B, c *client, id string) string {
+	b.Helper()
+	r := c.raw(b, "POST", "/v1/sandboxes/"+id+":snapshot", map[string]any{}, http.Header{"Prefer": {"wait=60"}}, requestTimeout)
+	var sn struct {
+		ID string `json:"id"`
+	}
+	if r.Status != http.StatusOK || json.Unmarshal(r.Body, &sn) != nil || sn.ID == "" {
+		b.Fatalf("snapshot: %v", r)
+	}
+	return sn.ID
+}
+
+// table is a benchmark's printed result: a row per measure.
+type table struct{ rows [][3]string }
+
+// row adds a timed measure's p50 and p95.
+func (t *table) row(what string, ms []float64) {
+	t.rows = append(t.rows, [3]string{what, fmt.Sprintf("%.0f ms", percentile(ms, 50)), fmt.Sprintf("%.0f ms (n=%d)", percentile(ms, 95), len(ms))})
+}
+
+// note adds a measure given as text.
+func (t *table) note(what, value string) { t.rows = append(t.rows, [3]string{what, value, ""}) }
+
+func (t *table) print() {
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "measure\tp50 / value\tp95")
+	for _, r := range t.rows {
+		fmt.Fprintf(w, "%s\t%s\t%s\n", r[0], r[1], r[2])
+	}
+	w.Flush()
 }
 
 // createTimes creates n sandboxes with body one after another, timing each
@@ -275,7 +336,7 @@ func (p *phaseStats) add(phases map[string]float64) {
 }
 
 // phaseOrder is the order of the phases along the server's paths.
-var phaseOrder = []string{"admit", "record", "clone", "start", "recordVM", "continue", "connect", "configure", "prepare", "running"}
+var phaseOrder = []string{"admit", "record", "clone", "start", "recordVM", "continue", "handshake", "info", "renew", "configure", "prepare", "running"}
 
 // String gives each phase's p50 in path order, and their sum.
 func (p phaseStats) String() string {

@@ -105,14 +105,13 @@ func (m *Manager) bootGuest(ctx context.Context, p bootPlan) (booted, error) {
 	case p.in == nil:
 		c, err = handshake(ctx, b.mach)
 	case p.restored:
-		c, err = m.link.attachResumed(ctx, p.in, b.mach, p.renew)
+		c, err = m.link.attachResumed(ctx, p.in, b.mach, p.renew, p.in.steps)
 	default:
-		c, err = m.link.connect(ctx, p.in, b.mach)
+		c, err = m.link.connect(ctx, p.in, b.mach, p.in.steps)
 	}
 	if err != nil {
 		return b, err
 	}
-	p.mark("connect")
 	if p.ready != nil {
 		if err := p.ready(ctx, b.mach, c); err != nil {
 			c.Close()
@@ -291,15 +290,18 @@ type guestLink struct {
 }
 
 // connect dials the guest and completes the handshake; the agent answers
-// once the guest has booted.
-func (l guestLink) connect(ctx context.Context, in *instance, mach vmm.Machine) (*guest.Client, error) {
+// once the guest has booted. It marks its phases on steps (nil: none).
+func (l guestLink) connect(ctx context.Context, in *instance, mach vmm.Machine, steps *timeline) (*guest.Client, error) {
 	c, err := handshake(ctx, mach)
 	if err != nil {
 		return nil, err
 	}
+	steps.mark("handshake")
 	c.SetViolationHandler(func(v guest.Violation) { l.conduct.violation(in, v) })
 	c.ServeGuestStreams(l.gates.handler(in))
-	if _, err := c.Info(ctx); err != nil {
+	_, err = c.Info(ctx)
+	steps.mark("info")
+	if err != nil {
 		c.Close()
 		if ctx.Err() == nil && errdefs.Code(err) == "guest_unavailable" {
 			l.conduct.violation(in, guest.Violation{Method: "session", Problem: "ended before answering info"})
@@ -312,8 +314,8 @@ func (l guestLink) connect(ctx context.Context, in *instance, mach vmm.Machine) 
 // attachResumed connects to a guest that goes on from saved memory and
 // renews what it must not keep from its past: its randomness and its
 // clock, and whatever else renew names (a copy's identity).
-func (l guestLink) attachResumed(ctx context.Context, in *instance, mach vmm.Machine, renew agentproto.RenewRequest) (*guest.Client, error) {
-	c, err := l.connectRestored(ctx, in, mach)
+func (l guestLink) attachResumed(ctx context.Context, in *instance, mach vmm.Machine, renew agentproto.RenewRequest, steps *timeline) (*guest.Client, error) {
+	c, err := l.connectRestored(ctx, in, mach, steps)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to the resumed guest: %w", err)
 	}
@@ -329,6 +331,7 @@ func (l guestLink) attachResumed(ctx context.Context, in *instance, mach vmm.Mac
 		// and a clock that catches up on its own.
 		l.conduct.warn(in, "the guest agent cannot renew its randomness and clock (unknown_method)")
 	}
+	steps.mark("renew")
 	return c, nil
 }
 
@@ -341,10 +344,10 @@ const restoredTry = 2 * time.Second
 
 // connectRestored connects to a restored guest, on a new connection every
 // restoredTry, until ctx ends.
-func (l guestLink) connectRestored(ctx context.Context, in *instance, mach vmm.Machine) (*guest.Client, error) {
+func (l guestLink) connectRestored(ctx context.Context, in *instance, mach vmm.Machine, steps *timeline) (*guest.Client, error) {
 	for {
 		tctx, cancel := context.WithTimeout(ctx, restoredTry)
-		c, err := l.connect(tctx, in, mach)
+		c, err := l.connect(tctx, in, mach, steps)
 		cancel()
 		if err == nil || ctx.Err() != nil || isDone(mach.Done()) {
 			return c, err

@@ -403,7 +403,7 @@ func (m *Manager) watch(in *instance) {
 		if c == nil {
 			in.saving.Lock()
 			ctx, cancel := context.WithTimeout(in.ctx, reconnectTry)
-			nc, err := m.link.connect(ctx, in, mach)
+			nc, err := m.link.connect(ctx, in, mach, nil)
 			cancel()
 			in.saving.Unlock()
 			if err == nil {

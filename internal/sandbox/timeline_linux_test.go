@@ -31,7 +31,7 @@ func TestReadyEventTimesEachPhase(t *testing.T) {
 				continue
 			}
 			phases, _ := ev.Data["phasesMs"].(map[string]any)
-			for _, want := range []string{"admit", "record", "start", "recordVM", "connect", "configure", "prepare", "running"} {
+			for _, want := range []string{"admit", "record", "start", "recordVM", "handshake", "info", "configure", "prepare", "running"} {
 				if ms, ok := phases[want].(float64); !ok || ms < 0 {
 					t.Errorf("phasesMs %v: no %s", phases, want)
 				}

@@ -191,6 +191,16 @@ type DiskExporter interface {
 	ExportDisk(ctx context.Context, snapDir, dst string) error
 }
 
+// SpareKeeper is implemented by drivers that can make the copies Clone
+// needs of a memory snapshot ahead of time: the manager has its templates
+// kept warm, so that a create does not wait for a copy of guest memory.
+type SpareKeeper interface {
+	// KeepSpare keeps a copy of the memory of the snapshot in snapDir
+	// ready for the next Clone of it, and another after each Clone, from
+	// now on. The snapshot must not change while kept.
+	KeepSpare(snapDir string)
+}
+
 // Mover is implemented by drivers whose paused VMs can move to another
 // host's data dir (a node of a cluster being drained).
 type Mover interface {

@@ -77,6 +77,7 @@ type Driver struct {
 	accelReason string
 	log         *slog.Logger
 	jail        *jail // nil: VMs run unconfined
+	spares      spares
 }
 
 // New returns a driver, checking that the QEMU binaries exist.

@@ -343,8 +343,10 @@ func (d *Driver) Clone(ctx context.Context, snapDir string, spec vmm.Spec) error
 	if st, err := os.Stat(mem); err != nil || st.Size() != int64(spec.MemoryMiB)<<20 {
 		return fmt.Errorf("clone: the snapshot's memory is not %d MiB", spec.MemoryMiB)
 	}
-	if err := copySparse(mem, filepath.Join(spec.Dir, memFile), 0o600); err != nil {
-		return fmt.Errorf("clone: copying memory: %w", err)
+	if dst := filepath.Join(spec.Dir, memFile); !d.takeSpare(snapDir, dst) {
+		if err := copySparse(mem, dst, 0o600); err != nil {
+			return fmt.Errorf("clone: copying memory: %w", err)
+		}
 	}
 	if err := copyDevices(snapDir, spec.Dir); err != nil {
 		return fmt.Errorf("clone: %w", err)
