@@ -76,7 +76,10 @@ func TestAdmission(t *testing.T) {
 	s := startServerWith(t, t.TempDir(),
 		"--max-memory-mib", "2560", "--vm-overhead-mib", "256", "--max-vcpus", "4",
 		"--quota-sandboxes", "1", "--rate-read", "2", "--rate-read-burst", "10",
-		// No volume size quota: a 1 TiB volume meets the host's disk check.
+		// No volume size quota: a 1 TiB volume meets the host's disk check,
+		// strict here (the measured default promises 16 × the free space,
+		// which is more than 1 TiB on a disk with 64 GiB free).
+		"--disk-overcommit", "1",
 		"--quota-volumes", "2", "--quota-volume-mib", "0", "--quota-volume-backups", "2", "--quota-backups-per-volume", "1",
 		"--quota-image-builds", "2")
 	admin := s.client(s.AdminKey)
@@ -210,8 +213,9 @@ func quotaRefusal(t testing.TB, r *response, quota, flag string) {
 }
 
 // fillDisks creates volumes and backups as c until each quota refuses:
-// a sparse volume larger than the host's disk is 409 no_capacity, the
-// third volume and a second backup of a volume or a third backup are 429.
+// a sparse volume larger than the host's disk is 409 no_capacity (the
+// server admits disks strictly), the third volume and a second backup of
+// a volume or a third backup are 429.
 // No VM is needed: the volumes are detached.
 func fillDisks(t *testing.T, c *client) {
 	var st unix.Statfs_t

@@ -42,6 +42,12 @@ func (d *Driver) KeepSpare(snapDir string) {
 	if s.kept == nil {
 		s.kept, s.making = map[string]bool{}, map[string]bool{}
 	}
+	if !s.kept[snapDir] && !s.making[snapDir] {
+		// A spare this process did not make may not be on disk whole: it
+		// is not synced, and the host may have gone down before its
+		// writeback. It is made anew.
+		_ = os.Remove(filepath.Join(snapDir, spareFile))
+	}
 	s.kept[snapDir] = true
 	s.mu.Unlock()
 	d.remakeSpare(snapDir)

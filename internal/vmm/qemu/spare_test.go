@@ -77,8 +77,13 @@ func TestCloneTakesTheSpare(t *testing.T) {
 		t.Fatalf("a spare of a snapshot not kept: %v", err)
 	}
 
+	// A spare left by an earlier process is not trusted: it is made anew.
+	if err := os.WriteFile(spare, []byte("left by a crash"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	d.KeepSpare(snapDir)
 	d.waitSpares()
+	checkMem(t, spare, "template memory")
 	spareIno := inode(spare)
 	b := spec("sbx_b")
 	if err := d.Clone(context.Background(), snapDir, b); err != nil {
