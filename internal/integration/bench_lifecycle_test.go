@@ -63,18 +63,13 @@ func BenchmarkLifecycle(b *testing.B) {
 // the template and from a user snapshot, pause, wake and fork.
 func benchPaths(b *testing.B) {
 	var t table
-	s := startServerWith(b, b.TempDir(), "--quota-sandboxes", "0")
-	defer s.cleanup(b)
-	c := s.client(s.AdminKey)
-	waitTemplate(b, s)
+	s, c := templateServer(b)
 	t.note("accel", accelOf(b, c))
 	var createPhases phaseStats
 	t.row("create (template) → first output", createTimes(b, c, nil, 20, func(id string) { createPhases.add(phasesOf(b, c, id, "ready")) }))
 	t.note("create (template): server phases, p50", createPhases.String())
 
-	src := c.createRunning(b, map[string]any{"timeoutSeconds": 3600})
-	c.sh(b, src.ID, "echo hi > /workspace/f")
-	sn := snapshotOf(b, c, src.ID)
+	src, sn := snapshotSource(b, c)
 	t.row("create from a user snapshot → first output", createTimes(b, c, map[string]any{"snapshot": sn, "timeoutSeconds": 600}, 10))
 
 	var pause, wake []float64
@@ -125,14 +120,8 @@ func benchPaths(b *testing.B) {
 // ten copies of one snapshot after a minute of idling.
 func benchMemory(b *testing.B) {
 	var t table
-	// Room for the twelve sandboxes.
-	s := startServerWith(b, b.TempDir(), "--quota-sandboxes", "0")
-	defer s.cleanup(b)
-	c := s.client(s.AdminKey)
-	waitTemplate(b, s)
-	src := c.createRunning(b, map[string]any{"timeoutSeconds": 3600})
-	c.sh(b, src.ID, "echo hi > /workspace/f")
-	sn := snapshotOf(b, c, src.ID)
+	_, c := templateServer(b)
+	src, sn := snapshotSource(b, c)
 	c.delete(b, src.ID)
 
 	idle := c.createRunning(b, map[string]any{"timeoutSeconds": 3600})
@@ -151,6 +140,23 @@ func benchMemory(b *testing.B) {
 	}
 	t.note("Pss of each of 10 copies of one snapshot", fmt.Sprintf("p50 %.0f MiB, max %.0f MiB", percentile(pss, 50), percentile(pss, 100)))
 	t.print()
+}
+
+// templateServer starts a server with no cap on sandboxes per key (room
+// for all a part creates; startServerWith cleans it up at the end of b)
+// and waits for its default template.
+func templateServer(b *testing.B) (*server, *client) {
+	s := startServerWith(b, b.TempDir(), "--quota-sandboxes", "0")
+	waitTemplate(b, s)
+	return s, s.client(s.AdminKey)
+}
+
+// snapshotSource creates a sandbox with a file written and takes a memory
+// snapshot of it; it returns the sandbox and the snapshot's id.
+func snapshotSource(b *testing.B, c *client) (sandboxJSON, string) {
+	src := c.createRunning(b, map[string]any{"timeoutSeconds": 3600})
+	c.sh(b, src.ID, "echo hi > /workspace/f")
+	return src, snapshotOf(b, c, src.ID)
 }
 
 // snapshotOf takes a memory snapshot of sandbox id and returns its id.
