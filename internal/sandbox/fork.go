@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -71,7 +72,7 @@ func (m *Manager) copies(ctx context.Context, owner string, src *Sandbox, sn *Sn
 			pol := n.Policy
 			cs.Network = &pol // a copy gets its own gate with its source's policy
 		}
-		sb, err := m.Create(ctx, owner, cs)
+		sb, err := m.createCopy(ctx, owner, cs, copies)
 		if err != nil {
 			return nil, err
 		}
@@ -94,6 +95,44 @@ func (m *Manager) copies(ctx context.Context, owner string, src *Sandbox, sn *Sn
 		copies[i] = got
 	}
 	return copies, nil
+}
+
+// createCopy creates one copy. More copies than the server boots at once
+// are made in turn: refused for boots alone, it waits for the copies made
+// so far to run (or for the refusal's retry time when they all do) and
+// tries again, for at most two boots' time.
+func (m *Manager) createCopy(ctx context.Context, owner string, cs CreateSpec, made []*Sandbox) (*Sandbox, error) {
+	deadline := time.Now().Add(2*m.cfg.BootTimeout + 10*time.Second)
+	for {
+		sb, err := m.Create(ctx, owner, cs)
+		var ce *errdefs.CodedError
+		if err == nil || !errors.As(err, &ce) || !bootsFull(ce) || time.Now().After(deadline) {
+			return sb, err
+		}
+		waited := false
+		for _, c := range made {
+			if got, gerr := m.Get(ctx, owner, c.ID); gerr == nil && got.State == StateStarting {
+				wctx, cancel := context.WithDeadline(ctx, deadline)
+				_, _ = m.WaitFor(wctx, owner, c.ID, StateRunning)
+				cancel()
+				waited = true
+				break
+			}
+		}
+		if !waited {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(max(ce.RetryAfter, 100*time.Millisecond)):
+			}
+		}
+	}
+}
+
+// bootsFull reports whether a refusal is for boots under way alone, which
+// end by themselves.
+func bootsFull(ce *errdefs.CodedError) bool {
+	return ce.Details["resource"] == "boots" || ce.Details["quota"] == "boots"
 }
 
 // dropForkSnapshot deletes the snapshot a fork made unless it is kept.
