@@ -42,7 +42,7 @@ func newSandboxCheckpointCommand(sf *serverFlags) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&label, "label", "", "a label, at most 63 characters")
+	cmd.Flags().StringVar(&label, "label", "", "a label: at most 63 bytes of UTF-8, no control characters")
 	return cmd
 }
 

@@ -52,11 +52,12 @@ func checkpointIDs(id, cid string) error {
 }
 
 // Checkpoint takes a checkpoint of a sandbox, labelled label ("" for
-// none, at most 63 characters), and answers once the capture is over. A
-// paused sandbox is woken for it and paused again. The server deletes the
-// oldest checkpoints beyond its per-sandbox cap (default 20); over the
-// key's checkpoint byte quota it answers 409 quota_exceeded. A capture that
-// failed is returned with an *APIError whose code is checkpoint_failed.
+// none; at most 63 bytes of UTF-8, no control characters), and answers once
+// the capture is over. A paused sandbox is woken for it and paused again.
+// The server deletes the oldest checkpoints beyond its per-sandbox cap
+// (default 20); over the key's checkpoint byte quota it answers 409
+// quota_exceeded. A capture that failed is returned with an *APIError whose
+// code is checkpoint_failed.
 func (c *Client) Checkpoint(ctx context.Context, id, label string) (*Checkpoint, error) {
 	if id == "" {
 		return nil, errors.New("emberbox: no sandbox id")

@@ -158,3 +158,18 @@ func TestCheckpointPathsAreEscaped(t *testing.T) {
 		t.Errorf("checkpointPath: %s", got)
 	}
 }
+
+// TestCheckpointsUnavailableIsNotRetried: a server that keeps no
+// checkpoints answers 503 checkpoints_unavailable, a deliberate refusal.
+func TestCheckpointsUnavailableIsNotRetried(t *testing.T) {
+	calls := 0
+	c := newTestClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls++
+		answerError(w, 503, "checkpoints_unavailable", "")
+	}))
+	_, err := c.Checkpoints(context.Background(), "sb_1")
+	var ae *APIError
+	if !errors.As(err, &ae) || ae.Code != "checkpoints_unavailable" || calls != 1 {
+		t.Errorf("%d calls, %v", calls, err)
+	}
+}
