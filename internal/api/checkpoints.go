@@ -43,6 +43,9 @@ func (s *server) checkpointManager() (CheckpointManager, error) {
 
 type checkpointRequest struct {
 	Label string `json:"label"`
+	// Wait (the default) answers once the capture is over; false answers
+	// at once (202, state capturing) while it goes on.
+	Wait *bool `json:"wait"`
 }
 
 // labelTextIssues checks a checkpoint's label: short, valid UTF-8, no
@@ -73,8 +76,17 @@ func (s checkpointsAPI) create(w http.ResponseWriter, r *http.Request, c *call) 
 	if err != nil {
 		return err
 	}
-	sn, err := cm.Checkpoint(r.Context(), c.owner, r.PathValue("id"), req.Label)
-	return reply(w, sn, err, toCheckpointJSON)
+	wait := req.Wait == nil || *req.Wait
+	sn, err := cm.Checkpoint(r.Context(), c.owner, r.PathValue("id"), req.Label, wait)
+	if err != nil {
+		return err
+	}
+	status := http.StatusOK
+	if !wait {
+		status = http.StatusAccepted
+	}
+	writeJSON(w, status, toCheckpointJSON(sn))
+	return nil
 }
 
 func (s checkpointsAPI) list(w http.ResponseWriter, r *http.Request, c *call) error {

@@ -77,8 +77,9 @@ type Snapshots interface {
 // belong to one sandbox, which it can go back to or branch from.
 type CheckpointManager interface {
 	// Checkpoint captures the sandbox (memory, processes, disk) as one of
-	// its checkpoints and answers once the capture is over.
-	Checkpoint(ctx context.Context, owner, id, label string) (*sandbox.Snapshot, error)
+	// its checkpoints and answers once the capture is over, or with wait
+	// false at once, the capture going on in the background.
+	Checkpoint(ctx context.Context, owner, id, label string, wait bool) (*sandbox.Snapshot, error)
 	// ListCheckpoints lists a sandbox's checkpoints, oldest first.
 	ListCheckpoints(ctx context.Context, owner, id string) ([]*sandbox.Snapshot, error)
 	GetCheckpoint(ctx context.Context, owner, id, cid string) (*sandbox.Snapshot, error)

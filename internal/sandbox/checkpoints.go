@@ -65,38 +65,53 @@ func checkpointNotFound(id string) error {
 }
 
 // Checkpoint implements api.Manager.Checkpoint: a memory snapshot of the
-// sandbox that belongs to it, answered once the capture is over (ready,
-// or failed with the sandbox running on). The oldest of its checkpoints
-// past the per-sandbox bound are deleted after.
-func (m *Manager) Checkpoint(ctx context.Context, owner, id, label string) (_ *Snapshot, err error) {
+// sandbox that belongs to it. With wait it answers once the capture is
+// over (ready, or failed with the sandbox running on); without, at once
+// with the checkpoint capturing, while the capture goes on in the
+// background (a call into the sandbox meanwhile waits for it: the guest
+// is stopped for the copy). The oldest of its checkpoints past the
+// per-sandbox bound are deleted once it is ready.
+func (m *Manager) Checkpoint(ctx context.Context, owner, id, label string, wait bool) (_ *Snapshot, err error) {
 	defer func() { m.outcomes.op("checkpoint", err) }()
-	return m.checkpoint(ctx, owner, id, label, "")
+	sn, capture, err := m.checkpoint(ctx, owner, id, label, "")
+	if err != nil || !wait {
+		if err == nil && !m.spawn(func() { _, _ = capture(m.ctx) }) {
+			return nil, errdefs.New(errdefs.ErrUnavailable, "shutting_down", "the server is shutting down")
+		}
+		return sn, err
+	}
+	return capture(context.WithoutCancel(ctx))
 }
 
-// checkpoint takes a checkpoint of sandbox id; neither the bounds nor
-// the quota delete checkpoint keep (one about to be restored).
-func (m *Manager) checkpoint(ctx context.Context, owner, id, label, keep string) (*Snapshot, error) {
+// checkpoint begins a checkpoint of sandbox id: it is recorded capturing
+// and capture takes it. Neither the bounds nor the quota delete
+// checkpoint keep (one about to be restored).
+func (m *Manager) checkpoint(ctx context.Context, owner, id, label, keep string) (*Snapshot, func(context.Context) (*Snapshot, error), error) {
 	sp := m.Snapshots
 	if _, err := sp.store(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if _, err := m.Get(ctx, owner, id); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := sp.checkQuota(ctx, owner, id, keep); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	start := time.Now()
-	sn, err := sp.Snapshot(ctx, owner, id, SnapshotSpec{Name: label, Mode: SnapshotModeMemory, checkpointOf: id})
+	sn, snap, err := sp.begin(ctx, owner, id, SnapshotSpec{Name: label, Mode: SnapshotModeMemory, checkpointOf: id})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if sn.State == SnapshotReady {
-		m.log.Info("checkpoint taken", "sandbox_id", id, "checkpoint_id", sn.ID, "bytes", sn.SizeBytes,
-			"took", time.Since(start).Round(time.Millisecond))
-		sp.prune(context.WithoutCancel(ctx), owner, id, m.cfg.Checkpoints.perSandbox(), keep)
+	capture := func(ctx context.Context) (*Snapshot, error) {
+		start := time.Now()
+		got, err := snap(ctx)
+		if err == nil && got.State == SnapshotReady {
+			m.log.Info("checkpoint taken", "sandbox_id", id, "checkpoint_id", got.ID, "bytes", got.SizeBytes,
+				"took", time.Since(start).Round(time.Millisecond))
+			sp.prune(ctx, owner, id, m.cfg.Checkpoints.perSandbox(), keep)
+		}
+		return got, err
 	}
-	return sn, nil
+	return sn, capture, nil
 }
 
 // checkQuota refuses a new checkpoint of sandbox id once owner's
@@ -279,8 +294,15 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, owner, id, cid string, 
 			WithHint("branch from the checkpoint instead: a new sandbox starts from it")
 	}
 	if keep {
-		if _, err := m.checkpoint(ctx, owner, id, "before-restore", cid); err != nil {
+		_, capture, err := m.checkpoint(ctx, owner, id, "before-restore", cid)
+		if err != nil {
 			return nil, err
+		}
+		if kept, err := capture(context.WithoutCancel(ctx)); err != nil {
+			return nil, err
+		} else if kept.State != SnapshotReady {
+			return nil, errdefs.New(errdefs.ErrConflict, "checkpoint_failed",
+				"the checkpoint of the present (keep) failed, so nothing was restored")
 		}
 	}
 	start := time.Now()

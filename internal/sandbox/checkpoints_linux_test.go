@@ -23,7 +23,7 @@ func TestCheckpoints(t *testing.T) {
 	var ids []string
 	for i, label := range []string{"step-1", "step-2", "step-3", "step-4"} {
 		e.clock.Advance(time.Second) // listed in the order taken
-		cp, err := m.Checkpoint(ctx, "k", src.ID, label)
+		cp, err := m.Checkpoint(ctx, "k", src.ID, label, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -118,14 +118,14 @@ func TestCheckpointQuota(t *testing.T) {
 	m := e.managerWith(func(cfg *sandbox.Config) { cfg.Checkpoints.QuotaBytes = 1 })
 	ctx := context.Background()
 	src := running(t, m, spec())
-	first, err := m.Checkpoint(ctx, "k", src.ID, "")
+	first, err := m.Checkpoint(ctx, "k", src.ID, "", true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if first.SizeBytes == 0 {
 		t.Skip("the fake driver's checkpoint takes no bytes here; the quota cannot be reached")
 	}
-	second, err := m.Checkpoint(ctx, "k", src.ID, "")
+	second, err := m.Checkpoint(ctx, "k", src.ID, "", true)
 	if err == nil {
 		// It had room only because the first... which cannot be: a single
 		// checkpoint already fills a 1-byte quota.
@@ -142,4 +142,45 @@ func checkpointIDs(list []*sandbox.Snapshot) []string {
 		ids = append(ids, sn.ID+"("+sn.Name+")")
 	}
 	return ids
+}
+
+// TestCheckpointInBackground: without wait a checkpoint answers at once,
+// capturing, and is ready soon after; a capture a stop of the server cut
+// short is recorded failed at the next start, never left capturing.
+func TestCheckpointInBackground(t *testing.T) {
+	e := newEnv(t)
+	m := e.manager()
+	ctx := context.Background()
+	src := running(t, m, spec())
+	cp, err := m.Checkpoint(ctx, "k", src.ID, "bg", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cp.State != sandbox.SnapshotCapturing {
+		t.Fatalf("a checkpoint without wait answered %s, want capturing", cp.State)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for cp.State == sandbox.SnapshotCapturing && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+		if cp, err = m.GetCheckpoint(ctx, "k", src.ID, cp.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if cp.State != sandbox.SnapshotReady {
+		t.Fatalf("background checkpoint: %s", cp.State)
+	}
+
+	cut := &sandbox.Snapshot{ID: "ckpt_cut", OwnerKeyID: "k", SourceSandboxID: src.ID, CheckpointOf: src.ID,
+		Mode: sandbox.SnapshotModeMemory, State: sandbox.SnapshotCapturing, CreatedAt: e.clock.Now()}
+	if err := e.st.InsertSnapshot(ctx, cut); err != nil {
+		t.Fatal(err)
+	}
+	m.Snapshots.FailInterrupted(ctx)
+	got, err := m.GetCheckpoint(ctx, "k", src.ID, cut.ID)
+	if err != nil || got.State != sandbox.SnapshotFailed {
+		t.Fatalf("an interrupted capture after the start: %+v, %v; want failed", got, err)
+	}
+	if _, err := m.RestoreCheckpoint(ctx, "k", src.ID, cut.ID, false); errdefs.Code(err) != "checkpoint_not_ready" {
+		t.Errorf("restoring a failed checkpoint: %v, want checkpoint_not_ready", err)
+	}
 }

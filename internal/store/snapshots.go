@@ -134,6 +134,16 @@ func (s *snapshotRows) CheckpointBytes(ctx context.Context, owner string) (int64
 	return n, nil
 }
 
+// CapturingSnapshots lists the snapshots of this node still capturing.
+func (s *snapshotRows) CapturingSnapshots(ctx context.Context) ([]string, error) {
+	cond, args := s.localOnly()
+	ids, err := queryRows(ctx, s.db, scanString, `SELECT id FROM snapshots WHERE state = 'capturing'`+cond, args...)
+	if err != nil {
+		return nil, fmt.Errorf("listing capturing snapshots: %w", err)
+	}
+	return ids, nil
+}
+
 // ExpiredSnapshots returns the snapshots, not deleted, whose retention
 // ended before now.
 func (s *snapshotRows) ExpiredSnapshots(ctx context.Context, now time.Time) ([]*sandbox.Snapshot, error) {
