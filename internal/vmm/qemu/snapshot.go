@@ -41,6 +41,7 @@ const (
 	stateUsed    = "state.restored" // a state being consumed by a resume
 	chainFile    = "backing"        // host path of the snapshot disk a copy's disk is over
 	snapDiskFile = "disk.qcow2"     // a snapshot's disk, flattened over the base image
+	restoreStage = "restore.tmp"    // a checkpoint's files on their way in (Restore)
 )
 
 // discardState removes any saved state of dir.
@@ -379,31 +380,40 @@ func (d *Driver) Restore(ctx context.Context, snapDir string, spec vmm.Spec) err
 	if err := checkVMQcow2(filepath.Join(snapDir, snapDiskFile), qcow2Backing{Path: spec.Rootfs, Format: "raw"}); err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
-	if err := ctx.Err(); err != nil {
-		return err
+	// Everything is copied aside first, then renamed in with the state
+	// last: the sandbox's own saved state is only discarded once the
+	// checkpoint's is whole beside it, so a crash leaves one or the other
+	// (bar the instant of the renames), never half of each.
+	stage := filepath.Join(spec.Dir, restoreStage)
+	if err := os.RemoveAll(stage); err != nil {
+		return fmt.Errorf("restore: %w", err)
 	}
-	// The state goes first: from here on the directory holds no saved
-	// state until the new one is whole (as in Clone), so a crash between
-	// leaves a sandbox that is not resumed half-restored.
+	if err := os.Mkdir(stage, 0o700); err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	defer os.RemoveAll(stage)
+	for _, name := range []string{snapDiskFile, memFile, stateFile} {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := copySparse(filepath.Join(snapDir, name), filepath.Join(stage, name), 0o600); err != nil {
+			return fmt.Errorf("restore: copying %s: %w", name, err)
+		}
+	}
+	if err := copyDevices(snapDir, stage); err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	if err := syncDir(stage); err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
 	discardState(spec.Dir)
-	if err := copySparse(filepath.Join(snapDir, snapDiskFile), filepath.Join(spec.Dir, diskFile), 0o600); err != nil {
-		return fmt.Errorf("restore: copying the disk: %w", err)
-	}
 	if err := os.Remove(filepath.Join(spec.Dir, chainFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("restore: %w", err)
 	}
-	if err := copySparse(mem, filepath.Join(spec.Dir, memFile), 0o600); err != nil {
-		return fmt.Errorf("restore: copying memory: %w", err)
-	}
-	if err := copyDevices(snapDir, spec.Dir); err != nil {
-		return fmt.Errorf("restore: %w", err)
-	}
-	tmp := filepath.Join(spec.Dir, stateTmp)
-	if err := copySparse(filepath.Join(snapDir, stateFile), tmp, 0o600); err != nil {
-		return fmt.Errorf("restore: copying state: %w", err)
-	}
-	if err := os.Rename(tmp, filepath.Join(spec.Dir, stateFile)); err != nil {
-		return fmt.Errorf("restore: %w", err)
+	for _, name := range []string{snapDiskFile, memFile, devicesFile, stateFile} {
+		if err := os.Rename(filepath.Join(stage, name), filepath.Join(spec.Dir, name)); err != nil {
+			return fmt.Errorf("restore: %w", err)
+		}
 	}
 	return syncDir(spec.Dir)
 }
