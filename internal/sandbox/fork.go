@@ -39,14 +39,25 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, spec ForkSpec) (_ 
 	if err != nil {
 		return nil, err
 	}
-	var u undo
-	defer u.run()
-	u.add(func() { m.Snapshots.dropForkSnapshot(ctx, sn.ID, spec.KeepSnapshot) })
+	// The snapshot goes once the copies are made, or failed, unless it is
+	// kept (its files stay while a copy uses them).
+	defer m.Snapshots.dropForkSnapshot(ctx, sn.ID, spec.KeepSnapshot)
 	if sn.State != SnapshotReady {
 		e := errdefs.New(errdefs.ErrConflict, "snapshot_failed", "the fork's snapshot of %s failed", id)
 		e.Details = map[string]any{"snapshotId": sn.ID}
 		return nil, e
 	}
+	return m.copies(ctx, owner, src, sn, spec)
+}
+
+// copies makes spec.Count sandboxes from memory snapshot sn of src, with
+// src's settings and egress policy, and answers once they all run. Copies
+// are admitted as creates are; if one is refused, the copies made so far
+// are deleted and the refusal answered.
+func (m *Manager) copies(ctx context.Context, owner string, src *Sandbox, sn *Snapshot, spec ForkSpec) (_ []*Sandbox, err error) {
+	id := src.ID
+	var u undo
+	defer u.run()
 	var copies []*Sandbox
 	for i := range spec.Count {
 		name := spec.Name
@@ -71,10 +82,8 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, spec ForkSpec) (_ 
 		})
 		copies = append(copies, sb)
 	}
-	// The copies stay, and are waited for below; the snapshot goes now
-	// unless it is kept (its files stay while a copy uses them).
+	// The copies stay, and are waited for below.
 	u.keep()
-	m.Snapshots.dropForkSnapshot(ctx, sn.ID, spec.KeepSnapshot)
 	wctx, cancel := context.WithTimeout(ctx, 2*m.cfg.BootTimeout+10*time.Second)
 	defer cancel()
 	for i, c := range copies {

@@ -42,6 +42,8 @@ type SnapshotSpec struct {
 	Labels        map[string]string
 	RetentionDays int    // 0: DefaultSnapshotRetentionDays
 	Mode          string // SnapshotModeMemory (default) or SnapshotModeDisk
+	// checkpointOf makes it a checkpoint of that sandbox (checkpoints.go).
+	checkpointOf string
 }
 
 // SnapshotUpdate changes a snapshot's name and labels; nil fields stay.
@@ -83,6 +85,7 @@ type snapshotHost interface {
 	liveInstance(id string) *instance
 	event(id, typ, msg string, data map[string]any)
 	now() time.Time
+	checkpointLimits() CheckpointLimits
 }
 
 func newSnapshots(m *Manager) *Snapshots {
@@ -195,6 +198,12 @@ func (sp *Snapshots) Snapshot(ctx context.Context, owner, id string, spec Snapsh
 		SourceSandboxID: id, Mode: spec.Mode, State: SnapshotCapturing, VCPU: sb.VCPU, MemoryMiB: sb.MemoryMiB,
 		DiskMiB: sb.DiskMiB, RetentionDays: spec.RetentionDays, CreatedAt: now, ExpiresAt: &expires,
 		ImageID: sb.ImageID, Rootfs: sb.Rootfs}
+	kind := "snapshot"
+	if spec.checkpointOf != "" {
+		// A checkpoint lives as long as its sandbox, within its bounds.
+		kind = "checkpoint"
+		sn.ID, sn.CheckpointOf, sn.RetentionDays, sn.ExpiresAt = "ckpt_"+randomHex(10), spec.checkpointOf, 0, nil
+	}
 	if err := ss.InsertSnapshot(ctx, sn); err != nil {
 		return nil, err
 	}
@@ -222,9 +231,9 @@ func (sp *Snapshots) Snapshot(ctx context.Context, owner, id string, spec Snapsh
 	if capErr != nil {
 		sp.log.Warn("snapshot capture failed", "sandbox_id", id, "snapshot_id", sn.ID, "err", capErr)
 		_ = os.RemoveAll(sp.dir(sn.ID))
-		sp.host.event(id, "snapshot_failed", "snapshot capture failed", map[string]any{"snapshotId": sn.ID})
+		sp.host.event(id, kind+"_failed", kind+" capture failed", map[string]any{kind + "Id": sn.ID})
 	} else {
-		sp.host.event(id, "snapshot", "snapshot taken", map[string]any{"snapshotId": sn.ID, "mode": sn.Mode, "sizeBytes": sn.SizeBytes})
+		sp.host.event(id, kind, kind+" taken", map[string]any{kind + "Id": sn.ID, "mode": sn.Mode, "sizeBytes": sn.SizeBytes})
 	}
 	return sn, nil
 }

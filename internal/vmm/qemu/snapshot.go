@@ -362,6 +362,52 @@ func (d *Driver) Clone(ctx context.Context, snapDir string, spec vmm.Spec) error
 	return syncDir(spec.Dir)
 }
 
+// Restore implements vmm.Restorer: the memory and device state are copied
+// as Clone copies them, and the disk, flattened onto the base image in
+// the snapshot, is copied whole (its holes kept) instead of overlaid, so
+// the sandbox no longer needs the snapshot's files.
+func (d *Driver) Restore(ctx context.Context, snapDir string, spec vmm.Spec) error {
+	if !d.Saved(vmm.Spec{Dir: snapDir}) {
+		return errors.New("restore: the snapshot holds no memory")
+	}
+	mem := filepath.Join(snapDir, memFile)
+	if st, err := os.Stat(mem); err != nil || st.Size() != int64(spec.MemoryMiB)<<20 {
+		return fmt.Errorf("restore: the snapshot's memory is not %d MiB", spec.MemoryMiB)
+	}
+	// The snapshot's disk is over the base image the sandbox has now, or
+	// the copy would read another image's blocks under its own.
+	if err := checkVMQcow2(filepath.Join(snapDir, snapDiskFile), qcow2Backing{Path: spec.Rootfs, Format: "raw"}); err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	// The state goes first: from here on the directory holds no saved
+	// state until the new one is whole (as in Clone), so a crash between
+	// leaves a sandbox that is not resumed half-restored.
+	discardState(spec.Dir)
+	if err := copySparse(filepath.Join(snapDir, snapDiskFile), filepath.Join(spec.Dir, diskFile), 0o600); err != nil {
+		return fmt.Errorf("restore: copying the disk: %w", err)
+	}
+	if err := os.Remove(filepath.Join(spec.Dir, chainFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("restore: %w", err)
+	}
+	if err := copySparse(mem, filepath.Join(spec.Dir, memFile), 0o600); err != nil {
+		return fmt.Errorf("restore: copying memory: %w", err)
+	}
+	if err := copyDevices(snapDir, spec.Dir); err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	tmp := filepath.Join(spec.Dir, stateTmp)
+	if err := copySparse(filepath.Join(snapDir, stateFile), tmp, 0o600); err != nil {
+		return fmt.Errorf("restore: copying state: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(spec.Dir, stateFile)); err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	return syncDir(spec.Dir)
+}
+
 // copySparse copies src to dst (replacing it), keeping src's holes: a guest
 // RAM file is mostly holes. A filesystem that can share extents (FICLONE:
 // XFS, Btrfs) makes the copy at once; elsewhere the data ranges are copied
