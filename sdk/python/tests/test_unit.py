@@ -158,6 +158,7 @@ def test_retries_give_up_after_max_and_keep_the_error():
 @pytest.mark.parametrize("status,body", [
     (500, err_body(500, "internal")),                              # 500 is not retried
     (503, err_body(503, "unavailable")),                           # deliberate
+    (503, err_body(503, "checkpoints_unavailable")),               # deliberate
     (503, err_body(503, "busy", retryable=False)),                 # the answer says no
     (409, err_body(409, "not_running")),
     (400, err_body(400, "invalid_request")),
