@@ -1587,3 +1587,21 @@ def test_async_undo_tool():
     done, nothing = asyncio.run(go())
     assert done.startswith("Undid runtime_exec('rm x')") and nothing.startswith("Nothing to undo")
     assert ck.labels() == ["undo-1"] and ck.checkpoints == {}
+
+
+def test_executor_patches_final_answer_once_across_runs():
+    """smolagents 1.26 patches final_answer at each run(); patched twice, its source names a
+    closure variable that does not exist in the sandbox. The executor patches it once."""
+    pytest.importorskip("smolagents")
+    from smolagents.default_tools import FinalAnswerTool
+
+    fake = FakeInterpreter([_execution(), _execution()])
+    ex = _executor(fake)
+    final = FinalAnswerTool()
+    ex.send_tools({"final_answer": final})
+    patched = type(final)
+    ex.send_tools({"final_answer": final})  # the agent's second run
+    assert type(final) is patched
+    first, second = [b["code"] for b in fake.bodies()[-2:]]
+    assert first == second and "= allow_pickle_setting" not in second and "ALLOW_PICKLE = False" in second
+    assert "_patch_final_answer_with_exception" not in vars(ex)

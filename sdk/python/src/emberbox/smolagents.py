@@ -482,6 +482,22 @@ class SandboxExecutor(RemotePythonExecutor):
             raise AgentError(f"{_logs_prefix(logs)}Executing code yielded an error:\n{_error_text(err)}", self.logger)
         return CodeOutput(output=main_output(execution), logs=logs, is_final_answer=False)
 
+    def send_tools(self, tools: dict[str, Any]) -> None:
+        """Sends the agent's tools, as RemotePythonExecutor does, but patches `final_answer`
+        only once. smolagents 1.26 patches it again at every `run()`, and a tool patched twice
+        ships a `_forward` whose source still names a closure variable, so the second run's
+        `final_answer(...)` fails in the sandbox with `NameError: allow_pickle_setting`. The
+        first patch's source (with its setting written in) stays right for later runs."""
+        final = tools.get("final_answer")
+        if final is None or not _patched_final_answer(final):
+            super().send_tools(tools)
+            return
+        setattr(self, "_patch_final_answer_with_exception", _already_patched)  # shadows the method
+        try:
+            super().send_tools(tools)
+        finally:
+            delattr(self, "_patch_final_answer_with_exception")
+
     def install_packages(self, additional_imports: list[str]) -> list[str]:
         """Makes the packages importable: skips those that import already, pip-installs the rest,
         and raises PackageInstallError naming the packages when pip fails."""
@@ -544,6 +560,17 @@ class SandboxExecutor(RemotePythonExecutor):
             self.sandbox = None
             self.context = None
             self._steps.clear()
+
+
+def _patched_final_answer(tool: Any) -> bool:
+    """True if RemotePythonExecutor._patch_final_answer_with_exception has patched this tool
+    (it swaps the tool's class for a `_FinalAnswerTool` subclass with the old forward as `_forward`)."""
+    cls = type(tool)
+    return cls.__name__ == "_FinalAnswerTool" and "_forward" in vars(cls)
+
+
+def _already_patched(tool: Any) -> None:
+    """Stands in for the patch of a final_answer tool patched by an earlier run."""
 
 
 def main_output(execution: Execution) -> Any:
