@@ -161,7 +161,8 @@ class SandboxExecutor(RemotePythonExecutor):
     executor's context) with its variables. A capture that fails does not fail the step:
     it is logged, and that step cannot be rolled back to. Each capture makes a step take
     longer (seconds, more on a slow host) and counts against the key's checkpoint space;
-    the server keeps a bounded number per sandbox (20 by default) and deletes the oldest.
+    the server keeps a bounded number per sandbox (20 by default), deleting the oldest past
+    it or to make room in that space (a step whose checkpoint is gone cannot be rolled back to).
     cleanup() deletes the executor's checkpoints of a sandbox it was given (those of its
     own sandbox go with it).
     """
@@ -333,8 +334,8 @@ class SandboxExecutor(RemotePythonExecutor):
         """Forgets a step whose checkpoint the server no longer has."""
         self._steps.pop(record.step, None)
         return CheckpointError(
-            f"the checkpoint of step {record.step} ({record.checkpoint_id}) is gone from the server, which keeps "
-            f"a bounded number of checkpoints per sandbox and deletes the oldest: {e}")
+            f"the checkpoint of step {record.step} ({record.checkpoint_id}) is gone from the server, which deletes "
+            f"a sandbox's oldest checkpoints past its bound per sandbox or to make room in the key's quota: {e}")
 
     def rollback(self, step: int) -> None:
         """Returns the sandbox to the end of step `step` (0: before the first step) and
