@@ -1134,6 +1134,7 @@ class FakeCheckpoints:
         self.boxes: dict[str, set[str]] = {}  # branched sandbox -> its contexts
         self.box_calls: list[tuple[str, str, str, dict | None]] = []  # (sandbox, method, rest, body)
         self.order: list[str] = []  # "checkpoint", "restore", ... and the other calls' paths, in order
+        self.capturing: dict[str, int] = {}  # checkpoint id -> GETs that still answer capturing
 
     def labels(self, sandbox="sbx_1"):
         return [b.get("label") for m, p, b, _ in self.log
@@ -1174,6 +1175,10 @@ class FakeCheckpoints:
             if label in self.failed_labels:
                 new.update(state="failed", readyAt=None, error="disk full")
             self.checkpoints[new["id"]] = new
+            if body.get("wait") is False and new["state"] == "ready":
+                # Captured in the background: capturing until its second GET.
+                self.capturing[new["id"]] = 1
+                return httpx.Response(202, json={**new, "state": "capturing", "readyAt": None})
             return httpx.Response(200, json=new)
         if cid is None:
             return httpx.Response(200, json={"checkpoints": [c for c in self.checkpoints.values()
@@ -1181,7 +1186,12 @@ class FakeCheckpoints:
         if cid not in self.checkpoints or self.checkpoints[cid]["sandboxId"] != sid:
             return httpx.Response(404, content=err_body(404, "checkpoint_not_found"))
         if method == "GET":
+            if self.capturing.get(cid, 0) > 0:
+                self.capturing[cid] -= 1
+                return httpx.Response(200, json={**self.checkpoints[cid], "state": "capturing", "readyAt": None})
             return httpx.Response(200, json=self.checkpoints[cid])
+        if self.capturing.get(cid, 0) > 0 and action in ("restore", "branch"):
+            return httpx.Response(409, content=err_body(409, "checkpoint_not_ready"))
         if method == "DELETE":
             del self.checkpoints[cid]
             return httpx.Response(200, json={"id": cid, "state": "deleted"})
@@ -1346,7 +1356,12 @@ def test_executor_checkpoints_after_each_step_and_rolls_back():
     # the checkpoint of a step is taken after its run
     assert ck.order[-2:] == ["POST /v1/sandboxes/sbx_1/interpreter:run", "POST checkpoints"]
 
+    # each step's checkpoint is taken in the background: the step does not wait for it
+    assert all(b == {"label": f"step-{n}", "wait": False} for n, (_, b) in enumerate(ck.calls("POST", "/checkpoints")))
+
     ex.rollback(1)
+    # the rollback waited for the step's capture (GET until ready) before the restore
+    assert ck.calls("GET", ids[1]) and ck.order.index("POST checkpoints:restore") > ck.order.index("GET checkpoints")
     assert ck.calls("POST", ":restore") == [(f"{CK}/{ids[1]}:restore", {"keep": False})]
     assert [p for p, _ in ck.calls("DELETE")] == [f"{CK}/{ids[2]}", f"{CK}/{ids[3]}"]
     assert ex.step == 1 and ex.step_checkpoints == {0: ids[0], 1: ids[1]}

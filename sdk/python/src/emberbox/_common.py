@@ -71,8 +71,11 @@ def checkpoint_id(checkpoint: Any) -> str:
     return cid
 
 
-def checkpoint_body(label: str | None) -> dict[str, Any]:
-    return {} if label is None else {"label": str(label)}
+def checkpoint_body(label: str | None, wait: bool = True) -> dict[str, Any]:
+    body: dict[str, Any] = {} if label is None else {"label": str(label)}
+    if not wait:
+        body["wait"] = False
+    return body
 
 
 def branch_body(count: int, name: str | None, labels: Mapping[str, str] | None) -> dict[str, Any]:

@@ -229,10 +229,16 @@ class Sandbox:
             self.close()
 
     # -- checkpoints ----------------------------------------------------------
-    def checkpoint(self, label: str | None = None, *, timeout: float = C.CHECKPOINT_TIMEOUT_S) -> Checkpoint:
+    def checkpoint(self, label: str | None = None, *, wait: bool = True,
+                   timeout: float = C.CHECKPOINT_TIMEOUT_S) -> Checkpoint:
         """Captures the sandbox as it is now (memory, processes and disk) and returns the
         checkpoint once the capture is over. A capture that fails comes back with
         `state == "failed"` and `error` set rather than raising: check `checkpoint.ok`.
+
+        With `wait=False` the server answers at once with the checkpoint `capturing` and
+        captures in the background (the sandbox's next call waits for the copy): an agent
+        loop checkpoints after a step and the copy overlaps with the model's thinking.
+        `wait_checkpoint` waits for such a checkpoint to be ready.
 
         A paused sandbox is woken for the capture and paused again. The server keeps a
         bounded number of checkpoints per sandbox (20 by default) and deletes the oldest
@@ -240,14 +246,34 @@ class Sandbox:
 
         Args:
             label: an optional label of up to 63 characters, such as "step-2".
+            wait: wait for the capture to be over (default), or answer at once.
             timeout: seconds to wait for the answer.
 
         Raises:
             ConflictError: `quota_exceeded`, when the key's checkpoints use up its space.
         """
-        answer = self.client.json("POST", self._p("/checkpoints"), json=C.checkpoint_body(label),
+        answer = self.client.json("POST", self._p("/checkpoints"), json=C.checkpoint_body(label, wait),
                                   timeout=timeout)
         return Checkpoint.from_json(answer)
+
+    def wait_checkpoint(self, checkpoint_id: Checkpoint | str, *,
+                        timeout: float = C.CHECKPOINT_TIMEOUT_S) -> Checkpoint:
+        """Waits until a checkpoint taken with `wait=False` is no longer capturing and
+        returns it (`ok` when ready, `state == "failed"` when its capture failed).
+
+        Raises:
+            TimeoutError: it is still capturing after `timeout` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        delay = 0.05
+        while True:
+            checkpoint = self.get_checkpoint(checkpoint_id)
+            if checkpoint.state != "capturing":
+                return checkpoint
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"checkpoint {checkpoint.id} still capturing after {timeout:.0f} s")
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     def checkpoints(self) -> list[Checkpoint]:
         """This sandbox's checkpoints, oldest first."""

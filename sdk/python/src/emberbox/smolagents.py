@@ -107,6 +107,9 @@ class _StepCheckpoint:
     owns_context: bool = True
     installed_packages: list[str] = field(default_factory=list)
     error: str = ""
+    # pending: the capture was still going on when the step ended (taken in the
+    # background); `_usable` waits for it before the checkpoint is used.
+    pending: bool = False
 
 
 def _requirement_to_module(req: str) -> tuple[str, str] | None:
@@ -159,8 +162,11 @@ class SandboxExecutor(RemotePythonExecutor):
     again, while the executor counts on. A checkpoint
     holds memory, processes and disk, so it holds the Python session (the kernel of the
     executor's context) with its variables. A capture that fails does not fail the step:
-    it is logged, and that step cannot be rolled back to. Each capture makes a step take
-    longer (seconds, more on a slow host) and counts against the key's checkpoint space;
+    it is logged, and that step cannot be rolled back to. The capture runs in the
+    background (`wait=False`): the step returns at once and the copy overlaps with the
+    model's thinking, the sandbox's next call waiting for it only if the model answers
+    first (a capture takes about a second on a slow host); `rollback` and `branch` wait for
+    the checkpoint they use. Each checkpoint counts against the key's checkpoint space;
     the server keeps a bounded number per sandbox (20 by default), deleting the oldest past
     it or to make room in that space (a step whose checkpoint is gone cannot be rolled back to).
     cleanup() deletes the executor's checkpoints of a sandbox it was given (those of its
@@ -296,12 +302,13 @@ class SandboxExecutor(RemotePythonExecutor):
         sbx = self._sbx()
         record = _StepCheckpoint(step, None, self.context, self.owns_context, list(self.installed_packages))
         try:
-            checkpoint = sbx.checkpoint(f"step-{step}")
+            checkpoint = sbx.checkpoint(f"step-{step}", wait=False)
         except EmberboxError as e:
             record.error = str(e)
         else:
-            if checkpoint.ok:
+            if checkpoint.ok or checkpoint.state == "capturing":
                 record.checkpoint_id = checkpoint.id
+                record.pending = checkpoint.state == "capturing"
             else:
                 record.error = checkpoint.error or f"the capture ended in state {checkpoint.state}"
                 self._delete_checkpoint(checkpoint.id)
@@ -326,6 +333,15 @@ class SandboxExecutor(RemotePythonExecutor):
         if record is None:
             have = ", ".join(str(n) for n in sorted(self._steps)) or "none yet"
             raise CheckpointError(f"no checkpoint of step {step} (the steps with one: {have})")
+        if record.pending and record.checkpoint_id is not None:
+            try:
+                checkpoint = self._sbx().wait_checkpoint(record.checkpoint_id)
+            except NotFoundError as e:
+                raise self._gone(record, e) from e
+            record.pending = False
+            if not checkpoint.ok:
+                record.checkpoint_id = None
+                record.error = checkpoint.error or f"the capture ended in state {checkpoint.state}"
         if record.checkpoint_id is None:
             raise CheckpointError(f"step {step} has no checkpoint: its capture failed ({record.error})")
         return record
