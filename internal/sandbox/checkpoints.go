@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"os"
 	"slices"
 	"time"
 
@@ -269,6 +270,13 @@ func (m *Manager) readyCheckpoint(ctx context.Context, owner, id, cid string) (*
 	if sn.State != SnapshotReady {
 		return nil, errdefs.New(errdefs.ErrConflict, "checkpoint_not_ready", "checkpoint %s is %s", cid, sn.State).
 			WithHint("only a ready checkpoint can be restored or branched from")
+	}
+	if _, err := os.Stat(m.Snapshots.dir(sn.ID)); err != nil {
+		// A sandbox moved to another node of a cluster leaves its
+		// checkpoints' files behind (they do not move yet).
+		return nil, errdefs.New(errdefs.ErrConflict, "checkpoint_elsewhere",
+			"checkpoint %s is not on the node the sandbox is on now", cid).
+			WithHint("a sandbox moved by a drain keeps its checkpoints' records but not their files; take a new checkpoint")
 	}
 	return sn, nil
 }
