@@ -90,7 +90,7 @@ func (s *server) startManager(context.Context) error {
 		Egress: ecfg.op, EgressDefault: ecfg.def, ExtraCAs: ecfg.cas, StoppedDiskRetention: o.diskRetention,
 		Templates: o.templates, ImageTemplates: imageTemplates(o.imageTemplates), MemoryFloorMiB: o.limits.memoryFloorMiB,
 		DiskFloorMiB: o.limits.diskFloorMiB, Checkpoints: o.limits.checkpoints,
-		Admission:    adm.ledger, Limits: adm.limits,
+		Admission: adm.ledger, Limits: adm.limits,
 		Rates: o.rates, MeterInterval: o.meterInterval, Observer: s.metrics,
 	}
 	if s.isNode {
