@@ -34,12 +34,13 @@
 // events. Confinement flags of `serve`
 // (and `doctor`): `--unconfined`, `--vm-uid-base`, `--vm-uid-count`,
 // `--cgroup-parent`. `sandbox
-// ls|create|exec|shell|cp|events|stop|rm|pause|wake` (`sandbox*.go`) are the
-// API for people, built on `sdk/go` only: `exec` streams and exits with the
-// command's status (124 timed out, 137 killed; `exitCodeError`, which `main`
-// turns into the exit status); `shell` puts the local terminal in raw mode
-// (`x/term`), follows SIGWINCH with resize frames and exits with the shell's
-// status; `cp` sends files through the content routes (chunked uploads past 1
+// ls|create|exec|shell|cp|events|stop|rm|pause|wake` and the checkpoint
+// commands `checkpoint|checkpoints|rollback|branch|checkpoint-rm`
+// (`sandbox*.go`) are the API for people, built on `sdk/go` only: `exec`
+// streams and exits with the command's status (124 timed out, 137 killed;
+// `exitCodeError`, which `main` turns into the exit status); `shell` puts the
+// local terminal in raw mode (`x/term`), follows SIGWINCH with resize frames
+// and exits with the shell's status; `cp` sends files through the content routes (chunked uploads past 1
 // MiB) and directories as tar.gz batches of at most 1 MiB unpacked one after
 // another (a file over 512 KiB goes alone), and unpacks downloaded archives
 // through an `os.Root`, so a hostile archive cannot write outside the target.

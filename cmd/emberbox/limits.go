@@ -37,6 +37,7 @@ type limitOptions struct {
 
 	quota       admission.Quota
 	backupQuota volumes.BackupQuota
+	checkpoints sandbox.CheckpointLimits
 	// buildsPerKey bounds one key's image builds queued or running.
 	buildsPerKey int
 
@@ -75,6 +76,8 @@ func addLimitFlags(cmd *cobra.Command, o *limitOptions) {
 	f.IntVar(&o.backupQuota.Count, "quota-volume-backups", volumes.DefaultBackupCount, "volume backups per API key (0: no limit)")
 	f.Int64Var(&o.backupQuota.MiB, "quota-volume-backup-mib", volumes.DefaultBackupMiB, "total size of one API key's volume backups, each counted at its volume's size (0: no limit)")
 	f.IntVar(&o.backupQuota.PerVolume, "quota-backups-per-volume", volumes.DefaultBackupPerVolume, "backups of one volume (0: no limit)")
+	f.IntVar(&o.checkpoints.PerSandbox, "checkpoints-per-sandbox", sandbox.DefaultCheckpointsPerSandbox, "checkpoints one sandbox keeps; a new one past it deletes its oldest")
+	f.Int64Var(&o.checkpoints.QuotaBytes, "quota-checkpoint-bytes", sandbox.DefaultCheckpointQuotaBytes, "disk the checkpoints of one API key's sandboxes take together; past it a sandbox's own oldest make room, else 429 quota_exceeded")
 	f.IntVar(&o.buildsPerKey, "quota-image-builds", catalog.DefaultBuildsPerKey, "image builds of one API key queued or running at once (0: no limit)")
 
 	f.IntVar(&o.maxSandboxVCPUs, "max-sandbox-vcpus", 0, "vCPUs of one sandbox (default: host CPUs, at least 2)")

@@ -35,6 +35,7 @@ func newSandboxCommand() *cobra.Command {
 	sf.register(sb.PersistentFlags())
 	sb.AddCommand(newSandboxListCommand(&sf), newSandboxCreateCommand(&sf), newSandboxExecCommand(&sf),
 		newSandboxShellCommand(&sf), newSandboxCopyCommand(&sf), newSandboxEventsCommand(&sf))
+	sb.AddCommand(newSandboxCheckpointCommands(&sf)...)
 	for _, v := range []struct{ use, short string }{
 		{"stop", "Stop sandboxes (their disks are kept until rm)"},
 		{"rm", "Delete sandboxes and their disks"},

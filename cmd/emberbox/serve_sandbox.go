@@ -89,8 +89,8 @@ func (s *server) startManager(context.Context) error {
 		Store: s.st, Driver: s.drv, Boot: s.boot.BootFiles, DataDir: o.dataDir, Logger: s.log, BootTimeout: o.bootTimeout,
 		Egress: ecfg.op, EgressDefault: ecfg.def, ExtraCAs: ecfg.cas, StoppedDiskRetention: o.diskRetention,
 		Templates: o.templates, ImageTemplates: imageTemplates(o.imageTemplates), MemoryFloorMiB: o.limits.memoryFloorMiB,
-		DiskFloorMiB: o.limits.diskFloorMiB,
-		Admission:    adm.ledger, Limits: adm.limits,
+		DiskFloorMiB: o.limits.diskFloorMiB, Checkpoints: o.limits.checkpoints,
+		Admission: adm.ledger, Limits: adm.limits,
 		Rates: o.rates, MeterInterval: o.meterInterval, Observer: s.metrics,
 	}
 	if s.isNode {

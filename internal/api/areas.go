@@ -12,6 +12,9 @@ type sandboxesAPI struct{ *server }
 // snapshots serves snapshots and forks.
 type snapshots struct{ *server }
 
+// checkpointsAPI serves the checkpoints of sandboxes.
+type checkpointsAPI struct{ *server }
+
 // imagesAPI serves the image catalog and its build contexts.
 type imagesAPI struct{ *server }
 
@@ -55,6 +58,7 @@ type networkAPI struct{ *server }
 type areas struct {
 	sandboxes   sandboxesAPI
 	snapshots   snapshots
+	checkpoints checkpointsAPI
 	images      imagesAPI
 	volumes     volumesAPI
 	usage       usageAPI
@@ -72,7 +76,7 @@ type areas struct {
 
 func (s *server) areas() areas {
 	return areas{
-		sandboxes: sandboxesAPI{s}, snapshots: snapshots{s}, images: imagesAPI{s}, volumes: volumesAPI{s},
+		sandboxes: sandboxesAPI{s}, snapshots: snapshots{s}, checkpoints: checkpointsAPI{s}, images: imagesAPI{s}, volumes: volumesAPI{s},
 		usage: usageAPI{s}, nodes: nodesAPI{s}, files: files{s}, uploads: uploadsAPI{s}, processes: processes{s},
 		sockets: sockets{s}, previews: previewsAPI{s}, interpreter: interpreterAPI{s}, watches: watches{s},
 		links: linksAPI{s}, network: networkAPI{s},

@@ -8,7 +8,7 @@ package api
 // errdefs.ErrNotFound. Errors carry errdefs classes (and often an
 // *errdefs.CodedError with the wire code), which the API maps to statuses.
 //
-// Previews and Network are optional: nil, they are looked for on the
+// Previews, Network and Checkpoints are optional: nil, they are looked for on the
 // Sandboxes role by type assertion, and without them their routes answer
 // 501.
 type Manager struct {
@@ -18,8 +18,9 @@ type Manager struct {
 	Snapshots
 	Usage
 	Guests
-	Previews PreviewManager
-	Network  NetworkManager
+	Previews    PreviewManager
+	Network     NetworkManager
+	Checkpoints CheckpointManager
 }
 
 // complete reports whether m fills every role.

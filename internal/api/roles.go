@@ -73,6 +73,25 @@ type Snapshots interface {
 	ExtendSnapshot(ctx context.Context, owner, id string, days int) (*sandbox.Snapshot, error)
 }
 
+// CheckpointManager keeps the checkpoints of sandboxes: snapshots that
+// belong to one sandbox, which it can go back to or branch from.
+type CheckpointManager interface {
+	// Checkpoint captures the sandbox (memory, processes, disk) as one of
+	// its checkpoints and answers once the capture is over, or with wait
+	// false at once, the capture going on in the background.
+	Checkpoint(ctx context.Context, owner, id, label string, wait bool) (*sandbox.Snapshot, error)
+	// ListCheckpoints lists a sandbox's checkpoints, oldest first.
+	ListCheckpoints(ctx context.Context, owner, id string) ([]*sandbox.Snapshot, error)
+	GetCheckpoint(ctx context.Context, owner, id, cid string) (*sandbox.Snapshot, error)
+	DeleteCheckpoint(ctx context.Context, owner, id, cid string) error
+	// RestoreCheckpoint brings the sandbox back to the checkpoint and
+	// answers once it runs again; keep first checkpoints the present.
+	RestoreCheckpoint(ctx context.Context, owner, id, cid string, keep bool) (*sandbox.Sandbox, error)
+	// BranchCheckpoint makes new sandboxes from the checkpoint and answers
+	// them once they run.
+	BranchCheckpoint(ctx context.Context, owner, id, cid string, spec sandbox.ForkSpec) ([]*sandbox.Sandbox, error)
+}
+
 // Usage is what sandboxes used, what it costs, and what a key may use.
 type Usage interface {
 	// Rates are the prices usage is charged at.

@@ -27,8 +27,11 @@
 // state, size, lease end and the egress policy from `GET …/network`; create,
 // stop, delete), files (`files/list`, download via `files/content` into a blob,
 // upload by `PUT files/content`, at most 1 MiB), terminal, previews (list,
-// share a port, open `urlWithToken`, stop) and events. Everything shown is
-// built with DOM calls and `textContent`, never HTML strings.
+// share a port, open `urlWithToken`, stop), events and checkpoints (a
+// timeline, oldest first, of label, time and size; "Checkpoint now", and per
+// checkpoint Restore after a confirm, optionally keeping the present state,
+// Branch into 1–10 new sandboxes, and Delete). Everything shown is built with
+// DOM calls and `textContent`, never HTML strings.
 //
 // # How the terminal authenticates
 //

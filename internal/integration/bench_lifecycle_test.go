@@ -180,6 +180,11 @@ func (t *table) row(what string, ms []float64) {
 	t.rows = append(t.rows, [3]string{what, fmt.Sprintf("%.0f ms", percentile(ms, 50)), fmt.Sprintf("%.0f ms (n=%d)", percentile(ms, 95), len(ms))})
 }
 
+// rowUnit adds a measure's p50 and p95 in unit.
+func (t *table) rowUnit(what string, xs []float64, unit string) {
+	t.rows = append(t.rows, [3]string{what, fmt.Sprintf("%.1f %s", percentile(xs, 50), unit), fmt.Sprintf("%.1f %s (n=%d)", percentile(xs, 95), unit, len(xs))})
+}
+
 // note adds a measure given as text.
 func (t *table) note(what, value string) { t.rows = append(t.rows, [3]string{what, value, ""}) }
 

@@ -229,7 +229,18 @@
 // its snapshot's, so a deleted (or expired: `retentionDays`, 1..365, default 7,
 // enforced each minute by `RunDiskRetention`) snapshot disappears from its
 // owner at once but its files stay until no sandbox made from it has a disk.
-// Another key's snapshot is 404. No lease passes `createdAt + --max-lifetime`
+// Another key's snapshot is 404. A capture a stop of the server cut short is
+// recorded `failed` by `Recover` (`FailInterrupted`).
+//
+// Checkpoints (`checkpoints.go`, D22): a memory snapshot whose `CheckpointOf`
+// names its sandbox, taken by the same capture (`wait:false` runs it in an
+// owned goroutine and answers `capturing`), listed under the sandbox only,
+// bounded by `CheckpointLimits` (per sandbox, oldest pruned; per key, bytes)
+// and deleted in `finishDelete`. `RestoreCheckpoint` pauses a running
+// sandbox, then under its VM lock has `vmm.Restorer` copy the checkpoint's
+// files in (the disk whole, so nothing depends on the checkpoint after), and
+// wakes it; a wake between the two is paused again. `BranchCheckpoint` makes
+// copies as `:fork` does. No lease passes `createdAt + --max-lifetime`
 // (default 24 h): `ready` cuts the first lease there, `:extend` stops there,
 // and an `:extend` of a lease that already ends there is 409
 // `lifetime_exceeded`.

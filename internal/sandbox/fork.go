@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -39,14 +40,25 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, spec ForkSpec) (_ 
 	if err != nil {
 		return nil, err
 	}
-	var u undo
-	defer u.run()
-	u.add(func() { m.Snapshots.dropForkSnapshot(ctx, sn.ID, spec.KeepSnapshot) })
+	// The snapshot goes once the copies are made, or failed, unless it is
+	// kept (its files stay while a copy uses them).
+	defer m.Snapshots.dropForkSnapshot(ctx, sn.ID, spec.KeepSnapshot)
 	if sn.State != SnapshotReady {
 		e := errdefs.New(errdefs.ErrConflict, "snapshot_failed", "the fork's snapshot of %s failed", id)
 		e.Details = map[string]any{"snapshotId": sn.ID}
 		return nil, e
 	}
+	return m.copies(ctx, owner, src, sn, spec)
+}
+
+// copies makes spec.Count sandboxes from memory snapshot sn of src, with
+// src's settings and egress policy, and answers once they all run. Copies
+// are admitted as creates are; if one is refused, the copies made so far
+// are deleted and the refusal answered.
+func (m *Manager) copies(ctx context.Context, owner string, src *Sandbox, sn *Snapshot, spec ForkSpec) (_ []*Sandbox, err error) {
+	id := src.ID
+	var u undo
+	defer u.run()
 	var copies []*Sandbox
 	for i := range spec.Count {
 		name := spec.Name
@@ -60,7 +72,7 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, spec ForkSpec) (_ 
 			pol := n.Policy
 			cs.Network = &pol // a copy gets its own gate with its source's policy
 		}
-		sb, err := m.Create(ctx, owner, cs)
+		sb, err := m.createCopy(ctx, owner, cs, copies)
 		if err != nil {
 			return nil, err
 		}
@@ -71,10 +83,8 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, spec ForkSpec) (_ 
 		})
 		copies = append(copies, sb)
 	}
-	// The copies stay, and are waited for below; the snapshot goes now
-	// unless it is kept (its files stay while a copy uses them).
+	// The copies stay, and are waited for below.
 	u.keep()
-	m.Snapshots.dropForkSnapshot(ctx, sn.ID, spec.KeepSnapshot)
 	wctx, cancel := context.WithTimeout(ctx, 2*m.cfg.BootTimeout+10*time.Second)
 	defer cancel()
 	for i, c := range copies {
@@ -85,6 +95,44 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, spec ForkSpec) (_ 
 		copies[i] = got
 	}
 	return copies, nil
+}
+
+// createCopy creates one copy. More copies than the server boots at once
+// are made in turn: refused for boots alone, it waits for the copies made
+// so far to run (or for the refusal's retry time when they all do) and
+// tries again, for at most two boots' time.
+func (m *Manager) createCopy(ctx context.Context, owner string, cs CreateSpec, made []*Sandbox) (*Sandbox, error) {
+	deadline := time.Now().Add(2*m.cfg.BootTimeout + 10*time.Second)
+	for {
+		sb, err := m.Create(ctx, owner, cs)
+		var ce *errdefs.CodedError
+		if err == nil || !errors.As(err, &ce) || !bootsFull(ce) || time.Now().After(deadline) {
+			return sb, err
+		}
+		waited := false
+		for _, c := range made {
+			if got, gerr := m.Get(ctx, owner, c.ID); gerr == nil && got.State == StateStarting {
+				wctx, cancel := context.WithDeadline(ctx, deadline)
+				_, _ = m.WaitFor(wctx, owner, c.ID, StateRunning)
+				cancel()
+				waited = true
+				break
+			}
+		}
+		if !waited {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(max(ce.RetryAfter, 100*time.Millisecond)):
+			}
+		}
+	}
+}
+
+// bootsFull reports whether a refusal is for boots under way alone, which
+// end by themselves.
+func bootsFull(ce *errdefs.CodedError) bool {
+	return ce.Details["resource"] == "boots" || ce.Details["quota"] == "boots"
 }
 
 // dropForkSnapshot deletes the snapshot a fork made unless it is kept.

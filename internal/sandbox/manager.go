@@ -104,6 +104,9 @@ type Config struct {
 	// StoppedDiskRetention is how long a stopped sandbox keeps its disk
 	// (RunDiskRetention); 0 means DefaultStoppedDiskRetention, < 0 forever.
 	StoppedDiskRetention time.Duration
+	// Checkpoints bounds the checkpoints of sandboxes (checkpoints.go);
+	// zero fields take their defaults.
+	Checkpoints CheckpointLimits
 }
 
 // reconnectWait is how long a call waits for a running sandbox's guest
@@ -701,6 +704,7 @@ func (m *Manager) finishDelete(ctx context.Context, id string) (*Sandbox, error)
 		return nil, fmt.Errorf("removing the files of sandbox %s: %w", id, err)
 	}
 	faultpoint.Hit("delete.files_removed")
+	m.Snapshots.dropCheckpoints(ctx, id)
 	m.envs.remember(id, nil)
 	m.volumes.release(id)
 	if ps, ok := m.cfg.Store.(PreviewStore); ok {

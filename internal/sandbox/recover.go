@@ -18,6 +18,7 @@ import (
 // enforced by the next tick of Run.
 func (m *Manager) Recover(ctx context.Context) error {
 	m.Moves.removeIncoming() // moves cut short: their old node still has them
+	m.Snapshots.FailInterrupted(ctx)
 	live, err := m.cfg.Store.ListLive(ctx)
 	if err != nil {
 		return fmt.Errorf("listing live sandboxes: %w", err)

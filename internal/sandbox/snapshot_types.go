@@ -50,6 +50,9 @@ type Snapshot struct {
 	// snapshot's disk is an overlay of Rootfs.
 	ImageID string
 	Rootfs  string
+	// CheckpointOf is the sandbox a checkpoint belongs to ("" for a
+	// snapshot): it is listed under that sandbox and deleted with it.
+	CheckpointOf string
 }
 
 // SnapshotListOptions filters a listing of snapshots. Zero values mean no
@@ -57,8 +60,11 @@ type Snapshot struct {
 type SnapshotListOptions struct {
 	OwnerKeyID      string
 	SourceSandboxID string
-	Name            string
-	State           string
-	Limit           int    // 1..100, default 50
-	Cursor          string // opaque, from a previous page
+	// CheckpointOf lists the checkpoints of that sandbox; "" lists
+	// snapshots, never checkpoints.
+	CheckpointOf string
+	Name         string
+	State        string
+	Limit        int    // 1..100, default 50
+	Cursor       string // opaque, from a previous page
 }

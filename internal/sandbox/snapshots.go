@@ -42,6 +42,8 @@ type SnapshotSpec struct {
 	Labels        map[string]string
 	RetentionDays int    // 0: DefaultSnapshotRetentionDays
 	Mode          string // SnapshotModeMemory (default) or SnapshotModeDisk
+	// checkpointOf makes it a checkpoint of that sandbox (checkpoints.go).
+	checkpointOf string
 }
 
 // SnapshotUpdate changes a snapshot's name and labels; nil fields stay.
@@ -83,6 +85,7 @@ type snapshotHost interface {
 	liveInstance(id string) *instance
 	event(id, typ, msg string, data map[string]any)
 	now() time.Time
+	checkpointLimits() CheckpointLimits
 }
 
 func newSnapshots(m *Manager) *Snapshots {
@@ -160,27 +163,39 @@ func (sp *Snapshots) ListSnapshots(ctx context.Context, opts SnapshotListOptions
 // again. It answers once the capture is over, ready or failed.
 func (sp *Snapshots) Snapshot(ctx context.Context, owner, id string, spec SnapshotSpec) (_ *Snapshot, err error) {
 	defer func() { sp.outcomes.op("snapshot", err) }()
-	ss, err := sp.store()
+	_, capture, err := sp.begin(ctx, owner, id, spec)
 	if err != nil {
 		return nil, err
+	}
+	return capture(context.WithoutCancel(ctx))
+}
+
+// begin checks a snapshot of sandbox id, wakes it if it is paused and
+// records the snapshot capturing; capture then takes it and answers it
+// ready or failed. Between the two nothing of the sandbox is locked:
+// capture may run in the background, as a checkpoint's does.
+func (sp *Snapshots) begin(ctx context.Context, owner, id string, spec SnapshotSpec) (*Snapshot, func(context.Context) (*Snapshot, error), error) {
+	ss, err := sp.store()
+	if err != nil {
+		return nil, nil, err
 	}
 	sb, err := sp.settleRunning(ctx, owner, id)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := sp.volumes.refuse(ctx, sb.ID); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	repause := sb.State == StatePaused
 	if repause {
 		if _, err := sp.host.Wake(ctx, owner, id, nil); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if sb, err = sp.settleRunning(ctx, owner, id); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if sb.State != StateRunning {
-			return nil, Refusal(sb)
+			return nil, nil, Refusal(sb)
 		}
 	}
 	if spec.Mode == "" {
@@ -195,38 +210,85 @@ func (sp *Snapshots) Snapshot(ctx context.Context, owner, id string, spec Snapsh
 		SourceSandboxID: id, Mode: spec.Mode, State: SnapshotCapturing, VCPU: sb.VCPU, MemoryMiB: sb.MemoryMiB,
 		DiskMiB: sb.DiskMiB, RetentionDays: spec.RetentionDays, CreatedAt: now, ExpiresAt: &expires,
 		ImageID: sb.ImageID, Rootfs: sb.Rootfs}
+	kind := "snapshot"
+	if spec.checkpointOf != "" {
+		// A checkpoint lives as long as its sandbox, within its bounds.
+		kind = "checkpoint"
+		sn.ID, sn.CheckpointOf, sn.RetentionDays, sn.ExpiresAt = "ckpt_"+randomHex(10), spec.checkpointOf, 0, nil
+	}
 	if err := ss.InsertSnapshot(ctx, sn); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	info, capErr := sp.capture(id, sp.dir(sn.ID), sn.Mode == SnapshotModeMemory)
-	if repause {
-		if _, err := sp.host.pause(context.WithoutCancel(ctx), id, "snapshot"); err != nil {
-			sp.log.Warn("pausing again after a snapshot", "sandbox_id", id, "err", err)
+	capture := func(ctx context.Context) (*Snapshot, error) {
+		start := time.Now()
+		info, capErr := sp.capture(id, sp.dir(sn.ID), sn.Mode == SnapshotModeMemory)
+		took := time.Since(start)
+		if repause {
+			if _, err := sp.host.pause(ctx, id, "snapshot"); err != nil {
+				sp.log.Warn("pausing again after a snapshot", "sandbox_id", id, "err", err)
+			}
 		}
-	}
-	readyAt := sp.host.now()
-	sn, err = ss.UpdateSnapshot(context.WithoutCancel(ctx), sn.ID, func(s *Snapshot) bool {
-		if s.State != SnapshotCapturing {
-			return false // deleted meanwhile
+		readyAt := sp.host.now()
+		got, err := ss.UpdateSnapshot(ctx, sn.ID, func(s *Snapshot) bool {
+			if s.State != SnapshotCapturing {
+				return false // deleted meanwhile
+			}
+			if capErr != nil {
+				s.State, s.Error = SnapshotFailed, "capture failed: the sandbox stopped or its VMM could not save it"
+				return true
+			}
+			s.State, s.ReadyAt, s.SizeBytes = SnapshotReady, &readyAt, info.SizeBytes
+			return true
+		})
+		if err != nil {
+			return nil, err
 		}
 		if capErr != nil {
-			s.State, s.Error = SnapshotFailed, "capture failed: the sandbox stopped or its VMM could not save it"
-			return true
+			sp.log.Warn(kind+" capture failed", "sandbox_id", id, "snapshot_id", got.ID, "err", capErr)
+			_ = os.RemoveAll(sp.dir(got.ID))
+			sp.host.event(id, kind+"_failed", kind+" capture failed", map[string]any{kind + "Id": got.ID})
+		} else {
+			sp.host.event(id, kind, kind+" taken", map[string]any{kind + "Id": got.ID, "mode": got.Mode,
+				"sizeBytes": got.SizeBytes, "captureMs": took.Milliseconds()})
 		}
-		s.State, s.ReadyAt, s.SizeBytes = SnapshotReady, &readyAt, info.SizeBytes
-		return true
-	})
+		return got, nil
+	}
+	return sn, capture, nil
+}
+
+// FailInterrupted records failed the snapshots and checkpoints of this
+// node still capturing when the server starts: a capture a crash or a
+// stop cut short is not whole, so it is not kept (its files are removed).
+func (sp *Snapshots) FailInterrupted(ctx context.Context) {
+	ss, err := sp.store()
 	if err != nil {
-		return nil, err
+		return
 	}
-	if capErr != nil {
-		sp.log.Warn("snapshot capture failed", "sandbox_id", id, "snapshot_id", sn.ID, "err", capErr)
-		_ = os.RemoveAll(sp.dir(sn.ID))
-		sp.host.event(id, "snapshot_failed", "snapshot capture failed", map[string]any{"snapshotId": sn.ID})
-	} else {
-		sp.host.event(id, "snapshot", "snapshot taken", map[string]any{"snapshotId": sn.ID, "mode": sn.Mode, "sizeBytes": sn.SizeBytes})
+	cs, ok := ss.(interface {
+		CapturingSnapshots(ctx context.Context) ([]string, error)
+	})
+	if !ok {
+		return
 	}
-	return sn, nil
+	ids, err := cs.CapturingSnapshots(ctx)
+	if err != nil {
+		sp.log.Error("listing interrupted captures", "err", err)
+		return
+	}
+	for _, id := range ids {
+		_ = os.RemoveAll(sp.dir(id))
+		if _, err := ss.UpdateSnapshot(ctx, id, func(s *Snapshot) bool {
+			if s.State != SnapshotCapturing {
+				return false
+			}
+			s.State, s.Error = SnapshotFailed, "capture cut short by a stop of the server"
+			return true
+		}); err != nil {
+			sp.log.Error("recording an interrupted capture failed", "snapshot_id", id, "err", err)
+			continue
+		}
+		sp.log.Warn("a capture was cut short by a stop of the server; recorded failed", "snapshot_id", id)
+	}
 }
 
 // settleRunning returns the sandbox once it is not starting, resuming or

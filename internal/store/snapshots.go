@@ -16,7 +16,7 @@ type snapshotRows struct{ *backend }
 
 const snapshotColumns = `id, owner_key_id, name, labels, source_sandbox_id, mode, state, error,
 	size_bytes, vcpu, memory_mib, disk_mib, retention_days,
-	created_at, ready_at, expires_at, deleted_at, files_removed_at, image_id, rootfs`
+	created_at, ready_at, expires_at, deleted_at, files_removed_at, image_id, rootfs, checkpoint_of`
 
 func snapshotNotFound(id string) error {
 	return errdefs.New(errdefs.ErrNotFound, "snapshot_not_found", "snapshot %s not found", id)
@@ -36,11 +36,11 @@ func (s *snapshotRows) InsertSnapshot(ctx context.Context, sn *sandbox.Snapshot)
 		node = n.id // its files are on this node
 	}
 	_, err = s.db.ExecContext(ctx, `INSERT INTO snapshots (`+snapshotColumns+`, node_id)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sn.ID, sn.OwnerKeyID, sn.Name, labels, sn.SourceSandboxID, sn.Mode, sn.State, sn.Error,
 		sn.SizeBytes, sn.VCPU, sn.MemoryMiB, sn.DiskMiB, sn.RetentionDays,
 		formatTime(sn.CreatedAt), formatTimePtr(sn.ReadyAt), formatTimePtr(sn.ExpiresAt),
-		formatTimePtr(sn.DeletedAt), formatTimePtr(sn.FilesRemovedAt), sn.ImageID, sn.Rootfs, node)
+		formatTimePtr(sn.DeletedAt), formatTimePtr(sn.FilesRemovedAt), sn.ImageID, sn.Rootfs, sn.CheckpointOf, node)
 	if err != nil {
 		return fmt.Errorf("inserting snapshot %s: %w", sn.ID, err)
 	}
@@ -95,6 +95,8 @@ func (s *snapshotRows) ListSnapshots(ctx context.Context, opts sandbox.SnapshotL
 	if opts.SourceSandboxID != "" {
 		add("source_sandbox_id = ?", opts.SourceSandboxID)
 	}
+	// A sandbox's checkpoints are listed under it alone.
+	add("checkpoint_of = ?", opts.CheckpointOf)
 	if opts.Name != "" {
 		add("name = ?", opts.Name)
 	}
@@ -117,6 +119,29 @@ func (s *snapshotRows) ListSnapshots(ctx context.Context, opts sandbox.SnapshotL
 	}
 	list, next := cutPage(list, limit, func(sn *sandbox.Snapshot) string { return encodeCursor(formatTime(sn.CreatedAt), sn.ID) })
 	return list, next, nil
+}
+
+// CheckpointBytes is the disk space the checkpoints of owner's sandboxes
+// take, deleted ones whose files are still there included: what the
+// key's checkpoint quota counts.
+func (s *snapshotRows) CheckpointBytes(ctx context.Context, owner string) (int64, error) {
+	var n int64
+	err := s.db.QueryRowContext(ctx, `SELECT CAST(coalesce(sum(size_bytes), 0) AS BIGINT) FROM snapshots
+		WHERE owner_key_id = ? AND checkpoint_of != '' AND files_removed_at IS NULL`, owner).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("summing checkpoints of %s: %w", owner, err)
+	}
+	return n, nil
+}
+
+// CapturingSnapshots lists the snapshots of this node still capturing.
+func (s *snapshotRows) CapturingSnapshots(ctx context.Context) ([]string, error) {
+	cond, args := s.localOnly()
+	ids, err := queryRows(ctx, s.db, scanString, `SELECT id FROM snapshots WHERE state = 'capturing'`+cond, args...)
+	if err != nil {
+		return nil, fmt.Errorf("listing capturing snapshots: %w", err)
+	}
+	return ids, nil
 }
 
 // ExpiredSnapshots returns the snapshots, not deleted, whose retention
@@ -158,7 +183,7 @@ func scanSnapshot(row interface{ Scan(...any) error }) (*sandbox.Snapshot, error
 	)
 	err := row.Scan(&sn.ID, &sn.OwnerKeyID, &sn.Name, &labels, &sn.SourceSandboxID, &sn.Mode, &sn.State, &sn.Error,
 		&sn.SizeBytes, &sn.VCPU, &sn.MemoryMiB, &sn.DiskMiB, &sn.RetentionDays,
-		&created, &ready, &expires, &deleted, &filesGone, &sn.ImageID, &sn.Rootfs)
+		&created, &ready, &expires, &deleted, &filesGone, &sn.ImageID, &sn.Rootfs, &sn.CheckpointOf)
 	if err != nil {
 		return nil, err
 	}

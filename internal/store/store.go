@@ -593,6 +593,12 @@ CREATE TABLE cluster_settings (
 	value TEXT NOT NULL
 ) STRICT;
 `,
+	// 16: checkpoints: snapshots that belong to a sandbox (checkpoint_of
+	// names it) and are listed under it, not among the key's snapshots.
+	`
+ALTER TABLE snapshots ADD COLUMN checkpoint_of TEXT NOT NULL DEFAULT '';
+CREATE INDEX snapshots_checkpoints ON snapshots (checkpoint_of, created_at) WHERE checkpoint_of != '' AND state <> 'deleted';
+`,
 }
 
 // timeLayout is fixed-width UTC with nanoseconds, so times round-trip exactly

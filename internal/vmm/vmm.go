@@ -163,6 +163,27 @@ func Snapshot(ctx context.Context, m Machine, dir string, memory bool) (Snapshot
 	return s.Snapshot(ctx, dir, memory)
 }
 
+// Restorer is a Driver that can put a sandbox back to a memory snapshot
+// of its own, as a checkpoint's restore does.
+type Restorer interface {
+	// Restore prepares spec.Dir, whose VM is not running, as the snapshot
+	// in snapDir was: its memory, device state and disk, so that Saved is
+	// true and Resume goes on from there. Unlike Clone's, the disk is the
+	// sandbox's own copy and needs nothing of the snapshot afterwards, so
+	// the snapshot can be deleted while the sandbox runs on.
+	Restore(ctx context.Context, snapDir string, spec Spec) error
+}
+
+// Restore puts the sandbox of spec back to the snapshot in snapDir (see
+// Restorer).
+func Restore(ctx context.Context, d Driver, snapDir string, spec Spec) error {
+	r, ok := d.(Restorer)
+	if !ok {
+		return fmt.Errorf("restoring a snapshot: %w", errors.ErrUnsupported)
+	}
+	return r.Restore(ctx, snapDir, spec)
+}
+
 // Continue lets m's guest run on (see Continuer).
 func Continue(ctx context.Context, m Machine) error {
 	c, ok := m.(Continuer)

@@ -13,7 +13,9 @@
 // Exec streams a command's output to writers as it comes and returns its exit
 // status; Terminal opens an interactive terminal over a WebSocket. Files go
 // through ReadFile and WriteFile, directories through DownloadArchive and
-// UploadArchive (tar.gz).
+// UploadArchive (tar.gz). Checkpoint takes a checkpoint of a sandbox (its
+// memory, processes and disk); RestoreCheckpoint rolls the sandbox back to one
+// and BranchCheckpoint starts new sandboxes from one.
 //
 //	c, err := emberbox.NewClient("http://127.0.0.1:8080", os.Getenv("EMBERBOX_API_KEY"))
 //	if err != nil {

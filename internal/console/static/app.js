@@ -248,7 +248,12 @@
     leave.push(() => clearInterval(timer));
   }
 
-  const tabs = ["files", "terminal", "previews", "events"];
+  const tabs = ["files", "terminal", "previews", "events", "checkpoints"];
+
+  function showState(sb) {
+    document.getElementById("sandbox-state")?.replaceChildren(stateBadge(sb.state),
+      el("span", { class: "muted" }, " " + sb.vcpu + " vCPU, " + sb.memoryMiB + " MiB, " + sb.diskMiB + " MiB disk"));
+  }
 
   async function viewSandbox(id, tab, params) {
     const head = el("div", { class: "toolbar" }, el("h1", {}, "Sandbox ", el("code", {}, id)), el("span", { id: "sandbox-state" }));
@@ -256,10 +261,7 @@
       el("a", { href: "#/sandboxes/" + enc(id) + "/" + t, class: t === tab ? "active" : "", id: "tab-" + t }, t[0].toUpperCase() + t.slice(1))));
     const body = el("section", { id: "tab-body" });
     main.replaceChildren(head, nav, body);
-    api("GET", sbPath(id)).then((sb) => {
-      document.getElementById("sandbox-state")?.replaceChildren(stateBadge(sb.state),
-        el("span", { class: "muted" }, " " + sb.vcpu + " vCPU, " + sb.memoryMiB + " MiB, " + sb.diskMiB + " MiB disk"));
-    }, (e) => flash(e.message));
+    api("GET", sbPath(id)).then(showState, (e) => flash(e.message));
     switch (tab) {
       case "files":
         return viewFiles(id, body, params.get("path") || "/workspace");
@@ -269,6 +271,8 @@
         return viewPreviews(id, body);
       case "events":
         return viewEvents(id, body);
+      case "checkpoints":
+        return viewCheckpoints(id, body);
     }
   }
 
@@ -499,6 +503,116 @@
     }
     await list();
     const timer = setInterval(list, 5000);
+    leave.push(() => clearInterval(timer));
+  }
+
+  // viewCheckpoints shows a sandbox's checkpoints as a timeline, oldest
+  // first, each with Restore (after a confirm), Branch and Delete; the form
+  // takes a new one. Those calls answer only once the work is done, so
+  // every button is off meanwhile.
+  async function viewCheckpoints(id, body) {
+    const ckPath = (cid) => sbPath(id) + "/checkpoints" + (cid ? "/" + enc(cid) : "");
+    const label = el("input", { type: "text", id: "checkpoint-label", placeholder: "optional", maxLength: 63 });
+    const keep = el("input", { type: "checkbox", id: "restore-keep" });
+    const form = el("form", { class: "inline", id: "checkpoint-form" },
+      el("label", {}, "Label", label),
+      el("button", { type: "submit", class: "primary", id: "checkpoint-submit" }, "Checkpoint now"),
+      el("label", { class: "check" }, keep, "On restore, keep the present state as a checkpoint"));
+    const result = el("p", { id: "checkpoint-result" });
+    const timeline = el("ol", { class: "timeline", id: "checkpoint-timeline" });
+    body.append(form, result, timeline);
+    const nameOf = (ck) => ck.label ? "“" + ck.label + "”" : ck.id;
+    let busy = false;
+
+    async function run(what, fn) {
+      if (busy) return;
+      busy = true;
+      const buttons = body.querySelectorAll("button");
+      buttons.forEach((b) => { b.disabled = true; });
+      flash(what + "…", "info");
+      try {
+        flash(await fn(), "info");
+      } catch (e) {
+        flash(e.message);
+      } finally {
+        busy = false;
+        buttons.forEach((b) => { b.disabled = false; });
+        await list();
+      }
+    }
+
+    form.addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      const req = label.value.trim() ? { label: label.value.trim() } : {};
+      run("Taking a checkpoint of " + id, async () => {
+        const ck = await api("POST", ckPath(), req);
+        label.value = "";
+        if (ck.state === "failed") throw new Error("The checkpoint failed: " + (ck.error || "no reason given") + ".");
+        return "Took checkpoint " + nameOf(ck) + " (" + size(ck.sizeBytes) + ").";
+      });
+    });
+
+    function restore(ck) {
+      const lost = keep.checked ? "The present state is checkpointed first (before-restore)."
+        : "Everything it did since then is lost: memory, processes and disk go back to that moment.";
+      if (!confirm("Restore " + id + " to " + nameOf(ck) + " of " + when(ck.createdAt) + "?\n\n" + lost)) return;
+      run("Restoring " + id + " to " + nameOf(ck), async () => {
+        const sb = await api("POST", ckPath(ck.id) + ":restore", { keep: keep.checked });
+        showState(sb);
+        return "Restored " + id + " to " + nameOf(ck) + "; it is " + sb.state + ".";
+      });
+    }
+
+    function branch(ck) {
+      const answer = prompt("How many new sandboxes to start from " + nameOf(ck) + "? (1 to 10)", "1");
+      if (answer === null) return;
+      const count = Number(answer);
+      if (!Number.isInteger(count) || count < 1 || count > 10) {
+        flash("Branch: want a whole number from 1 to 10.");
+        return;
+      }
+      run("Starting " + count + " sandbox" + (count > 1 ? "es" : "") + " from " + nameOf(ck), async () => {
+        const out = await api("POST", ckPath(ck.id) + ":branch", { count });
+        result.replaceChildren("Branched from " + nameOf(ck) + ": ", ...out.sandboxes.flatMap((sb, i) =>
+          [i ? ", " : "", el("a", { href: "#/sandboxes/" + enc(sb.id) + "/files" }, el("code", {}, sb.id))]));
+        return "Started " + out.sandboxes.map((sb) => sb.id).join(", ") + ".";
+      });
+    }
+
+    function del(ck) {
+      if (!confirm("Delete checkpoint " + nameOf(ck) + " of " + id + "?")) return;
+      run("Deleting " + nameOf(ck), async () => {
+        await api("DELETE", ckPath(ck.id));
+        return "Deleted checkpoint " + nameOf(ck) + ".";
+      });
+    }
+
+    const item = (ck) => el("li", { class: "checkpoint " + ck.state, dataset: { id: ck.id, state: ck.state } },
+      el("div", {}, ck.label ? el("strong", {}, ck.label) : el("span", { class: "muted" }, "no label"), " ",
+        el("code", { class: "muted" }, ck.id), ck.state !== "ready" ? [" ", stateBadge(ck.state)] : null),
+      el("div", { class: "muted" }, when(ck.createdAt) + " · " + size(ck.sizeBytes || 0) + (ck.error ? " · " + ck.error : "")),
+      el("div", { class: "actions" },
+        ck.state === "ready" ? [
+          el("button", { type: "button", class: "restore", onclick: () => restore(ck) }, "Restore"),
+          el("button", { type: "button", class: "branch", onclick: () => branch(ck) }, "Branch")] : null,
+        ck.state !== "capturing" ? el("button", { type: "button", class: "danger delete", onclick: () => del(ck) }, "Delete") : null));
+
+    async function list() {
+      let page;
+      try {
+        page = await api("GET", ckPath());
+      } catch (e) {
+        timeline.replaceChildren(el("li", { class: "muted empty" }, e.message));
+        return;
+      }
+      const items = page.checkpoints.slice().sort((a, b) => new Date(a.createdAt) - new Date(b.createdAt)).map(item);
+      if (!items.length) items.push(el("li", { class: "muted empty" }, "No checkpoints yet."));
+      timeline.replaceChildren(...items);
+    }
+    await list();
+    const timer = setInterval(() => {
+      if (!busy) list();
+    }, 5000);
     leave.push(() => clearInterval(timer));
   }
 

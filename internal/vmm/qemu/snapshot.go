@@ -41,6 +41,7 @@ const (
 	stateUsed    = "state.restored" // a state being consumed by a resume
 	chainFile    = "backing"        // host path of the snapshot disk a copy's disk is over
 	snapDiskFile = "disk.qcow2"     // a snapshot's disk, flattened over the base image
+	restoreStage = "restore.tmp"    // a checkpoint's files on their way in (Restore)
 )
 
 // discardState removes any saved state of dir.
@@ -358,6 +359,61 @@ func (d *Driver) Clone(ctx context.Context, snapDir string, spec vmm.Spec) error
 	}
 	if err := os.Rename(tmp, filepath.Join(spec.Dir, stateFile)); err != nil {
 		return fmt.Errorf("clone: %w", err)
+	}
+	return syncDir(spec.Dir)
+}
+
+// Restore implements vmm.Restorer: the memory and device state are copied
+// as Clone copies them, and the disk, flattened onto the base image in
+// the snapshot, is copied whole (its holes kept) instead of overlaid, so
+// the sandbox no longer needs the snapshot's files.
+func (d *Driver) Restore(ctx context.Context, snapDir string, spec vmm.Spec) error {
+	if !d.Saved(vmm.Spec{Dir: snapDir}) {
+		return errors.New("restore: the snapshot holds no memory")
+	}
+	mem := filepath.Join(snapDir, memFile)
+	if st, err := os.Stat(mem); err != nil || st.Size() != int64(spec.MemoryMiB)<<20 {
+		return fmt.Errorf("restore: the snapshot's memory is not %d MiB", spec.MemoryMiB)
+	}
+	// The snapshot's disk is over the base image the sandbox has now, or
+	// the copy would read another image's blocks under its own.
+	if err := checkVMQcow2(filepath.Join(snapDir, snapDiskFile), qcow2Backing{Path: spec.Rootfs, Format: "raw"}); err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	// Everything is copied aside first, then renamed in with the state
+	// last: the sandbox's own saved state is only discarded once the
+	// checkpoint's is whole beside it, so a crash leaves one or the other
+	// (bar the instant of the renames), never half of each.
+	stage := filepath.Join(spec.Dir, restoreStage)
+	if err := os.RemoveAll(stage); err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	if err := os.Mkdir(stage, 0o700); err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	defer os.RemoveAll(stage)
+	for _, name := range []string{snapDiskFile, memFile, stateFile} {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := copySparse(filepath.Join(snapDir, name), filepath.Join(stage, name), 0o600); err != nil {
+			return fmt.Errorf("restore: copying %s: %w", name, err)
+		}
+	}
+	if err := copyDevices(snapDir, stage); err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	if err := syncDir(stage); err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	discardState(spec.Dir)
+	if err := os.Remove(filepath.Join(spec.Dir, chainFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("restore: %w", err)
+	}
+	for _, name := range []string{snapDiskFile, memFile, devicesFile, stateFile} {
+		if err := os.Rename(filepath.Join(stage, name), filepath.Join(spec.Dir, name)); err != nil {
+			return fmt.Errorf("restore: %w", err)
+		}
 	}
 	return syncDir(spec.Dir)
 }

@@ -97,6 +97,24 @@ func (d *Driver) Clone(ctx context.Context, snapDir string, spec vmm.Spec) error
 	return nil
 }
 
+// Restore implements vmm.Restorer: as Clone, for a memory snapshot only.
+// The fake's guest keeps its files and processes whatever happens, so a
+// restore here is the bookkeeping alone.
+func (d *Driver) Restore(ctx context.Context, snapDir string, spec vmm.Spec) error {
+	b, err := os.ReadFile(filepath.Join(snapDir, snapshotFile))
+	if err != nil {
+		return fmt.Errorf("fake restore: reading the snapshot: %w", err)
+	}
+	var meta snapshotMeta
+	if err := json.Unmarshal(b, &meta); err != nil {
+		return fmt.Errorf("fake restore: %w", err)
+	}
+	if !meta.Memory {
+		return errors.New("fake restore: the snapshot holds no memory")
+	}
+	return d.Clone(ctx, snapDir, spec)
+}
+
 func writeSaved(dir, id string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err

@@ -122,9 +122,11 @@ TWINS: tuple[Twin, ...] = (
          '(see tools.py). The sync factory (_tools.py) is generated from this module by\n'
          'scripts/unasync.py.',
          '"""The four agent tools as plain functions bound to a Sandbox (see tools.py).'),
-        ('"""The four tools as coroutine functions bound to an AsyncSandbox."""',
-         '"""The four tools as plain functions bound to a Sandbox (`tools.sandbox_tools` checks the\n'
-         '    type of the sandbox and calls this one for a Sandbox)."""'),
+        ('"""The four tools as coroutine functions bound to an AsyncSandbox, and runtime_undo fifth\n'
+         '    with undo=True (see tools.sandbox_tools)."""',
+         '"""The four tools as plain functions bound to a Sandbox, and runtime_undo fifth with\n'
+         '    undo=True (`tools.sandbox_tools` checks the type of the sandbox and calls this one for a\n'
+         '    Sandbox)."""'),
     )),
 )
 

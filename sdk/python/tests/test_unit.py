@@ -158,6 +158,7 @@ def test_retries_give_up_after_max_and_keep_the_error():
 @pytest.mark.parametrize("status,body", [
     (500, err_body(500, "internal")),                              # 500 is not retried
     (503, err_body(503, "unavailable")),                           # deliberate
+    (503, err_body(503, "checkpoints_unavailable")),               # deliberate
     (503, err_body(503, "busy", retryable=False)),                 # the answer says no
     (409, err_body(409, "not_running")),
     (400, err_body(400, "invalid_request")),
@@ -1108,3 +1109,514 @@ def test_code_agent_gets_a_pil_image_from_a_chart_step():
     steps = [s for s in agent.memory.steps if hasattr(s, "code_action")]
     assert isinstance(steps[0].action_output, PIL.Image) and steps[0].action_output.size == (8, 6)
     assert "Last output from code snippet:\n<PIL." in steps[0].observations
+
+
+# --- checkpoints ------------------------------------------------------------------
+CK = "/v1/sandboxes/sbx_1/checkpoints"
+
+
+class FakeCheckpoints:
+    """The checkpoint routes of every sandbox, in front of `inner` (the handler of
+    everything else of sbx_1, such as a FakeInterpreter). `log` holds (method, path, body,
+    request) of each checkpoint call, in order. A capture labelled one of `quota_labels`
+    answers 409 quota_exceeded, one of `failed_labels` a checkpoint in state failed.
+    Sandboxes made by a branch (sbx_b1, ...) answer here too: their interpreter knows the
+    contexts in `branch_contexts` (those the server carried over) and those made in them;
+    a run elsewhere is 404 context_not_found."""
+
+    def __init__(self, inner=None, *, quota_labels=(), failed_labels=(), branch_contexts=()):
+        self.inner = inner
+        self.checkpoints: dict[str, dict] = {}
+        self.log: list[tuple[str, str, dict | None, httpx.Request]] = []
+        self.made = 0
+        self.quota_labels, self.failed_labels = set(quota_labels), set(failed_labels)
+        self.branch_contexts = set(branch_contexts)
+        self.boxes: dict[str, set[str]] = {}  # branched sandbox -> its contexts
+        self.box_calls: list[tuple[str, str, str, dict | None]] = []  # (sandbox, method, rest, body)
+        self.order: list[str] = []  # "checkpoint", "restore", ... and the other calls' paths, in order
+        self.capturing: dict[str, int] = {}  # checkpoint id -> GETs that still answer capturing
+
+    def labels(self, sandbox="sbx_1"):
+        return [b.get("label") for m, p, b, _ in self.log
+                if m == "POST" and p == f"/v1/sandboxes/{sandbox}/checkpoints"]
+
+    def calls(self, method, suffix=""):
+        return [(p, b) for m, p, b, _ in self.log if m == method and p.endswith(suffix)]
+
+    def __call__(self, req: httpx.Request) -> httpx.Response:
+        import re
+
+        path, method = req.url.path, req.method
+        body = json.loads(req.content) if req.content and req.headers.get("content-type") == "application/json" else None
+        m = re.fullmatch(r"/v1/sandboxes/([^/:]+)/checkpoints(?:/([^/:]+)(?::(\w+))?)?", path)
+        if m:
+            self.log.append((method, path, body, req))
+            self.order.append(f"{method} checkpoints{':' + m.group(3) if m.group(3) else ''}")
+            return self._checkpoint(m.group(1), m.group(2), m.group(3), method, body)
+        m = re.fullmatch(r"/v1/sandboxes/(sbx_b\d+)(.*)", path)
+        if m:
+            self.box_calls.append((m.group(1), method, m.group(2), body))
+            return self._branched(m.group(1), m.group(2), method, body)
+        self.order.append(f"{method} {path}")
+        if self.inner is None:
+            raise AssertionError(f"unexpected {method} {req.url}")
+        return self.inner(req)
+
+    def _checkpoint(self, sid, cid, action, method, body):
+        if cid is None and method == "POST":
+            label = body.get("label")
+            if label in self.quota_labels:
+                return httpx.Response(409, content=err_body(409, "quota_exceeded"))
+            self.made += 1
+            new = {"id": f"ckpt_{self.made:020x}", "kind": "checkpoint", "sandboxId": sid, "label": label,
+                   "state": "ready", "sizeBytes": 1000 * self.made, "createdAt": "2026-12-07T01:00:00Z",
+                   "readyAt": "2026-12-07T01:00:02Z", "error": None,
+                   "shape": {"vcpu": 1, "memoryMiB": 512, "diskMiB": 1024}}
+            if label in self.failed_labels:
+                new.update(state="failed", readyAt=None, error="disk full")
+            self.checkpoints[new["id"]] = new
+            if body.get("wait") is False and new["state"] == "ready":
+                # Captured in the background: capturing until its second GET.
+                self.capturing[new["id"]] = 1
+                return httpx.Response(202, json={**new, "state": "capturing", "readyAt": None})
+            return httpx.Response(200, json=new)
+        if cid is None:
+            return httpx.Response(200, json={"checkpoints": [c for c in self.checkpoints.values()
+                                                             if c["sandboxId"] == sid]})
+        if cid not in self.checkpoints or self.checkpoints[cid]["sandboxId"] != sid:
+            return httpx.Response(404, content=err_body(404, "checkpoint_not_found"))
+        if method == "GET":
+            if self.capturing.get(cid, 0) > 0:
+                self.capturing[cid] -= 1
+                return httpx.Response(200, json={**self.checkpoints[cid], "state": "capturing", "readyAt": None})
+            return httpx.Response(200, json=self.checkpoints[cid])
+        if self.capturing.get(cid, 0) > 0 and action in ("restore", "branch"):
+            return httpx.Response(409, content=err_body(409, "checkpoint_not_ready"))
+        if method == "DELETE":
+            del self.checkpoints[cid]
+            return httpx.Response(200, json={"id": cid, "state": "deleted"})
+        if action == "restore":
+            return httpx.Response(200, json={"id": sid, "state": "running", "restoredFrom": cid})
+        if action == "branch":
+            made = []
+            for _ in range(body["count"]):
+                bid = f"sbx_b{len(self.boxes) + 1}"
+                self.boxes[bid] = set(self.branch_contexts)
+                made.append({"id": bid, "state": "running", "name": body.get("name"),
+                             "labels": body.get("labels") or {}})
+            return httpx.Response(200, json={"sandboxes": made})
+        raise AssertionError(f"unexpected {method} {cid}:{action}")
+
+    def _branched(self, sid, rest, method, body):
+        contexts = self.boxes[sid]
+        if rest == "/interpreter:run":
+            if body.get("context") not in contexts:
+                return httpx.Response(404, content=err_body(404, "context_not_found"))
+            execution = _execution()
+            if body.get("stream"):
+                return httpx.Response(200, content=ndjson({"k": "execution", "execution": execution}))
+            return httpx.Response(200, json=execution)
+        if rest == "/interpreter/contexts" and method == "POST":
+            cid = f"bctx-{len(contexts) + 1}"
+            contexts.add(cid)
+            return httpx.Response(200, json={"id": cid, "language": "python", "cwd": "/workspace"})
+        if rest.startswith("/interpreter/contexts/") and method == "DELETE":
+            contexts.discard(rest.rsplit("/", 1)[1])
+            return httpx.Response(200, json={"deleted": True})
+        if rest == ":stop":
+            return httpx.Response(200, json={"id": sid, "state": "stopped"})
+        if rest == "" and method == "DELETE":
+            return httpx.Response(200, json={"id": sid, "state": "deleted"})
+        raise AssertionError(f"unexpected {method} {sid}{rest}")
+
+
+def test_checkpoint_create_list_get_delete():
+    fake = FakeCheckpoints()
+    s = Sandbox(client(fake), dict(SBX))
+    c = s.checkpoint("step-2")
+    assert isinstance(c, emberbox.Checkpoint) and c.ok
+    assert (c.id, c.sandbox_id, c.label, c.state, c.size_bytes, c.error) == (
+        "ckpt_00000000000000000001", "sbx_1", "step-2", "ready", 1000, None)
+    assert (c.created_at, c.ready_at, c.info["shape"]["vcpu"]) == ("2026-12-07T01:00:00Z", "2026-12-07T01:00:02Z", 1)
+    bare = s.checkpoint()
+    (_, path, body, req), (_, _, bare_body, _) = fake.log
+    assert (path, body, bare_body) == (CK, {"label": "step-2"}, {})
+    assert req.headers["Idempotency-Key"] and req.extensions["timeout"]["read"] == 900
+    assert bare.label is None
+    assert [x.id for x in s.checkpoints()] == [c.id, bare.id]
+    assert s.get_checkpoint(c.id) == c
+    assert s.delete_checkpoint(bare) == {"id": bare.id, "state": "deleted"}
+    assert fake.log[-1][:2] == ("DELETE", f"{CK}/{bare.id}")
+    with pytest.raises(NotFoundError) as ei:
+        s.get_checkpoint(bare.id)
+    assert ei.value.code == "checkpoint_not_found"
+    with pytest.raises(ValueError):
+        s.get_checkpoint("")
+
+
+def test_checkpoint_failed_capture_and_quota():
+    fake = FakeCheckpoints(quota_labels={"big"}, failed_labels={"bad"})
+    s = Sandbox(client(fake), dict(SBX))
+    bad = s.checkpoint("bad")
+    assert not bad.ok and bad.state == "failed" and bad.error == "disk full" and bad.ready_at is None
+    with pytest.raises(ConflictError) as ei:
+        s.checkpoint("big")
+    assert ei.value.code == "quota_exceeded" and ei.value.status == 409
+
+
+def test_restore_and_branch():
+    fake = FakeCheckpoints()
+    s = Sandbox(client(fake), {"id": "sbx_1", "state": "paused"})
+    c = s.checkpoint("a")
+    assert s.restore(c) is s and s.state == "running" and s.info["restoredFrom"] == c.id
+    s.restore(c.id, keep=True)
+    assert fake.calls("POST", ":restore") == [(f"{CK}/{c.id}:restore", {"keep": False}),
+                                              (f"{CK}/{c.id}:restore", {"keep": True})]
+    boxes = s.branch(c, count=2, name="try", labels={"k": 1})
+    assert [type(b) for b in boxes] == [Sandbox, Sandbox] and [b.id for b in boxes] == ["sbx_b1", "sbx_b2"]
+    assert all(b.client is s.client and b.state == "running" for b in boxes)
+    assert fake.calls("POST", ":branch") == [(f"{CK}/{c.id}:branch",
+                                              {"count": 2, "name": "try", "labels": {"k": "1"}})]
+    assert s.branch(c)[0].id == "sbx_b3" and fake.calls("POST", ":branch")[-1][1] == {"count": 1}
+    n = len(fake.log)
+    for bad in (0, 11, True, 1.5):
+        with pytest.raises(ValueError, match="count"):
+            s.branch(c, count=bad)
+    assert len(fake.log) == n  # refused before any request
+    with pytest.raises(NotFoundError):
+        s.restore("ckpt_nope")
+
+
+def test_async_checkpoint_methods():
+    fake = FakeCheckpoints()
+
+    async def go():
+        c = AsyncClient(URL, "k", transport=httpx.MockTransport(fake), backoff=0)
+        try:
+            s = AsyncSandbox(c, dict(SBX))
+            ck = await s.checkpoint("x")
+            listed = await s.checkpoints()
+            got = await s.get_checkpoint(ck.id)
+            restored = await s.restore(ck, keep=True)
+            boxes = await s.branch(ck.id, count=1, labels={"a": "b"})
+            deleted = await s.delete_checkpoint(ck)
+            return s, ck, listed, got, restored, boxes, deleted
+        finally:
+            await c.aclose()
+
+    s, ck, listed, got, restored, boxes, deleted = asyncio.run(go())
+    assert ck.ok and listed == [ck] and got == ck and restored is s
+    assert [type(b) for b in boxes] == [AsyncSandbox] and boxes[0].id == "sbx_b1"
+    assert deleted == {"id": ck.id, "state": "deleted"}
+    assert [(m, p.rsplit("/", 1)[-1]) for m, p, _, _ in fake.log] == [
+        ("POST", "checkpoints"), ("GET", "checkpoints"), ("GET", ck.id), ("POST", f"{ck.id}:restore"),
+        ("POST", f"{ck.id}:branch"), ("DELETE", ck.id)]
+
+
+def test_checkpoint_is_public():
+    assert emberbox.Checkpoint is emberbox._types.Checkpoint
+    for meth in ("checkpoint", "checkpoints", "get_checkpoint", "restore", "branch", "delete_checkpoint"):
+        assert hasattr(Sandbox, meth) and hasattr(AsyncSandbox, meth)
+
+
+# --- the executor's checkpoints -----------------------------------------------------
+def _ck_executor(fake, checkpoints_fake, **kw):
+    pytest.importorskip("smolagents")
+    from smolagents.monitoring import AgentLogger, LogLevel
+
+    from emberbox.smolagents import SandboxExecutor
+
+    checkpoints_fake.inner = fake
+    fake.runs.insert(0, _execution())  # the warm-up cell of the executor's context
+    kw.setdefault("checkpoints", True)
+    kw.setdefault("logger", AgentLogger(level=LogLevel.OFF))
+    return SandboxExecutor(sandbox=Sandbox(client(checkpoints_fake), dict(SBX)), timeout_seconds=3, **kw)
+
+
+def _fails(name="ValueError"):
+    return _execution(status="error", error={"name": name, "value": "x", "traceback": ""})
+
+
+def test_executor_checkpoints_after_each_step_and_rolls_back():
+    from smolagents.utils import AgentError
+
+    fake = FakeInterpreter([_execution(), _execution(), _fails(), _execution(), _execution(), _execution(),
+                            _execution()])
+    ck = FakeCheckpoints()
+    ex = _ck_executor(fake, ck)
+    ex.run_code_raise_errors("tools = 1")  # what send_tools and send_variables do: not a step
+    assert ck.log == [] and ex.step == 0
+    ex("a = 1")
+    with pytest.raises(AgentError):
+        ex("raise ValueError('x')")  # a failed step is a step, checkpointed too
+    ex("a = 3")
+    assert ck.labels() == ["step-0", "step-1", "step-2", "step-3"] and ex.step == 3
+    ids = ex.step_checkpoints
+    assert sorted(ids) == [0, 1, 2, 3] and len(set(ids.values())) == 4
+    # the checkpoint of a step is taken after its run
+    assert ck.order[-2:] == ["POST /v1/sandboxes/sbx_1/interpreter:run", "POST checkpoints"]
+
+    # each step's checkpoint is taken in the background: the step does not wait for it
+    assert all(b == {"label": f"step-{n}", "wait": False} for n, (_, b) in enumerate(ck.calls("POST", "/checkpoints")))
+
+    ex.rollback(1)
+    # the rollback waited for the step's capture (GET until ready) before the restore
+    assert ck.calls("GET", ids[1]) and ck.order.index("POST checkpoints:restore") > ck.order.index("GET checkpoints")
+    assert ck.calls("POST", ":restore") == [(f"{CK}/{ids[1]}:restore", {"keep": False})]
+    assert [p for p, _ in ck.calls("DELETE")] == [f"{CK}/{ids[2]}", f"{CK}/{ids[3]}"]
+    assert ex.step == 1 and ex.step_checkpoints == {0: ids[0], 1: ids[1]}
+    probe = fake.bodies()[-1]  # the restored session is checked by a run in it
+    assert probe["context"] == "ctx-1" and "site.addsitedir" in probe["code"]
+    assert ck.order[-4:] == ["POST checkpoints:restore", "DELETE checkpoints", "DELETE checkpoints",
+                             "POST /v1/sandboxes/sbx_1/interpreter:run"]
+
+    ex("a = 2")  # numbered on from the step rolled back to
+    assert ck.labels()[-1] == "step-2" and ex.step == 2 and sorted(ex.step_checkpoints) == [0, 1, 2]
+    ex.rollback(1)  # a step can be rolled back to again
+    ex.cleanup()  # the checkpoints of a sandbox it was given go, and its context
+    assert ck.checkpoints == {}
+    assert fake.requests[-1][:2] == ("DELETE", IP + "/contexts/ctx-1")
+
+
+def test_executor_rollback_puts_back_the_context_and_packages_of_the_step():
+    """A lost kernel after step 1 made the executor move to a new context; rolling back to
+    step 1 must talk to the context of step 1 again (its kernel is in the restored memory)."""
+    from smolagents.utils import AgentError
+
+    fake = FakeInterpreter([_execution(), _execution(status="lost"), _execution(), _execution()])
+    ck = FakeCheckpoints()
+    ex = _ck_executor(fake, ck)
+    ex("a = 1")
+    fake.contexts.pop("ctx-1")  # the server forgot it when its kernel died
+    with pytest.raises(AgentError, match="exited while running this step"):
+        ex("import os; os._exit(1)")
+    assert ex.context.id == "ctx-2"
+    ex.installed_packages.append("humanize")  # installed after step 1
+    fake.contexts["ctx-1"] = {"id": "ctx-1", "language": "python", "cwd": "/workspace"}  # back with the memory
+    ex.rollback(1)
+    assert ex.context.id == "ctx-1" and fake.bodies()[-1]["context"] == "ctx-1"
+    assert ex.installed_packages == [] and ex.owns_context
+
+
+def test_executor_rollback_starts_a_new_session_when_the_restored_one_does_not_answer():
+    from emberbox.smolagents import KernelError
+
+    fake = FakeInterpreter([_execution(), _execution(status="lost"), _execution(),
+                            _execution(results=[{"main": True, "data": {"text/plain": "2"}}])])
+    ck = FakeCheckpoints()
+    ex = _ck_executor(fake, ck)
+    ex("a = 1")
+    fake.contexts.pop("ctx-1")
+    with pytest.raises(KernelError, match="rolled back to step 1, but its Python session could not be reached"):
+        ex.rollback(1)
+    assert ex.context.id == "ctx-2" and ex.step == 1  # restored, and usable
+    assert ex("1 + 1").output == "2" and fake.bodies()[-1]["context"] == "ctx-2"
+
+
+def test_executor_capture_failures_are_logged_not_raised():
+    from emberbox.smolagents import CheckpointError
+
+    fake = FakeInterpreter([_execution(), _execution(), _execution()])
+    ck = FakeCheckpoints(quota_labels={"step-1"}, failed_labels={"step-2"})
+    ex = _ck_executor(fake, ck)
+    ex("a = 1")
+    ex("a = 2")
+    failed = [c for c in ck.log if c[0] == "POST" and c[2] and c[2].get("label") == "step-2"]
+    assert failed and ex.step == 2 and sorted(ex.step_checkpoints) == [0]
+    assert ck.calls("DELETE")  # the failed checkpoint is not kept
+    ex("a = 3")  # no second try at the earlier steps
+    assert ck.labels() == ["step-0", "step-1", "step-2", "step-3"]
+    with pytest.raises(CheckpointError, match="step 1 has no checkpoint: its capture failed.*quota_exceeded"):
+        ex.rollback(1)
+    with pytest.raises(CheckpointError, match="disk full"):
+        ex.branch(2)
+    with pytest.raises(CheckpointError, match=r"no checkpoint of step 7 \(the steps with one: 0, 1, 2, 3\)"):
+        ex.rollback(7)
+    assert not ck.calls("POST", ":restore")
+
+
+def test_executor_without_checkpoints_refuses_rollback_and_branch():
+    from emberbox.smolagents import CheckpointError
+
+    fake = FakeInterpreter([_execution()])
+    ck = FakeCheckpoints()
+    ex = _ck_executor(fake, ck, checkpoints=False)
+    ex("a = 1")
+    assert ex.step == 1 and ex.step_checkpoints == {} and ck.log == []
+    with pytest.raises(CheckpointError, match=r"SandboxExecutor\(checkpoints=True\)"):
+        ex.rollback(0)
+    with pytest.raises(CheckpointError, match=r"SandboxExecutor\(checkpoints=True\)"):
+        ex.branch(1, 2)
+
+
+def test_executor_rollback_to_a_checkpoint_the_server_dropped():
+    from emberbox.smolagents import CheckpointError
+
+    fake = FakeInterpreter([_execution()])
+    ck = FakeCheckpoints()
+    ex = _ck_executor(fake, ck)
+    ex("a = 1")
+    ck.checkpoints.pop(ex.step_checkpoints[0])  # beyond the server's per-sandbox cap
+    with pytest.raises(CheckpointError, match="step 0 .* is gone from the server"):
+        ex.rollback(0)
+    assert sorted(ex.step_checkpoints) == [1]
+
+
+@pytest.mark.parametrize("carried", [True, False])
+def test_executor_branch_makes_executors_on_new_sandboxes(carried):
+    fake = FakeInterpreter([_execution(), _execution()])
+    ck = FakeCheckpoints(branch_contexts={"ctx-1"} if carried else ())
+    ex = _ck_executor(fake, ck, delete_on_cleanup=True)
+    ex("a = 1")
+    ex("a = 2")
+    b1, b2 = ex.branch(1, 2, labels={"try": "x"})
+    assert ck.calls("POST", ":branch") == [(f"{CK}/{ex.step_checkpoints[1]}:branch",
+                                            {"count": 2, "labels": {"created_by": "emberbox-smolagents",
+                                                                    "try": "x"}})]
+    assert [b.sandbox.id for b in (b1, b2)] == ["sbx_b1", "sbx_b2"]
+    for b in (b1, b2):
+        assert b.owns_sandbox and b.delete_on_cleanup and b.checkpoints and b.step == 1
+        assert b.step_checkpoints == {} and b.timeout_seconds == ex.timeout_seconds
+        assert b.kept_session is carried
+        assert b.context.id == ("ctx-1" if carried else "bctx-1")
+    assert ex.step == 2 and ex.sandbox.id == "sbx_1"  # the source executor is unchanged
+    b1("b = 1")  # a step in the branch: its own checkpoints, numbered on from the branch's step
+    assert ck.labels("sbx_b1") == ["step-1", "step-2"] and sorted(b1.step_checkpoints) == [1, 2]
+    b1.cleanup()
+    assert ck.box_calls[-1][:3] == ("sbx_b1", "DELETE", "")
+    assert ex.branch(0, 1)[0].step == 0
+
+
+def test_executor_branch_deletes_the_new_sandboxes_when_it_fails():
+    fake = FakeInterpreter([_execution()])
+    ck = FakeCheckpoints()
+    ex = _ck_executor(fake, ck)
+    ex("a = 1")
+    real = ck._branched
+
+    def broken(sid, rest, method, body):
+        if sid == "sbx_b2" and rest == "/interpreter/contexts":
+            return httpx.Response(501, content=err_body(501, "not_implemented"))
+        return real(sid, rest, method, body)
+
+    ck._branched = broken
+    from emberbox.smolagents import KernelError
+
+    with pytest.raises(KernelError):
+        ex.branch(1, 2)
+    assert {(s, m, r) for s, m, r, _ in ck.box_calls if m == "DELETE" and r == ""} == {
+        ("sbx_b1", "DELETE", ""), ("sbx_b2", "DELETE", "")}
+
+
+# --- runtime_undo --------------------------------------------------------------------
+def _tool_handler(req: httpx.Request) -> httpx.Response:
+    p = req.url.path
+    if p.endswith(":exec"):
+        return httpx.Response(200, content=ndjson({"type": "start", "processId": "p"},
+                                                  {"type": "stdout", "data": "ok\n", "offset": 0},
+                                                  {"type": "exit", "exitCode": 0, "timedOut": False}))
+    if p.endswith("/files/content") and req.method == "PUT":
+        return httpx.Response(200, json={})
+    if p.endswith("/files/content"):
+        return httpx.Response(200, content=b"text")
+    if p.endswith("/files/list"):
+        return httpx.Response(200, json={"data": []})
+    raise AssertionError(p)
+
+
+def test_undo_tool_is_opt_in():
+    ck = FakeCheckpoints(_tool_handler)
+    tools = sandbox_tools(Sandbox(client(ck), dict(SBX)))
+    assert [f.__name__ for f in tools] == ["runtime_exec", "runtime_read_file", "runtime_write_file",
+                                           "runtime_list_files"]
+    tools[0]("rm -rf x")
+    tools[2]("a.txt", "hi")
+    assert ck.log == []  # no checkpoints without undo=True
+
+
+def test_undo_tool_checkpoints_before_each_change_and_restores_newest_first():
+    ck = FakeCheckpoints(_tool_handler)
+    ex, rd, wr, ls, undo = sandbox_tools(Sandbox(client(ck), dict(SBX)), undo=True)
+    assert undo.__name__ == "runtime_undo"
+    assert undo().startswith("Nothing to undo")
+    assert ex("rm -rf build") == {"exit_code": 0, "stdout": "ok\n", "stderr": "", "timed_out": False}
+    assert wr("a.txt", "hi") == "Wrote 2 bytes to /workspace/a.txt"
+    assert rd("a.txt") == "text" and ls(".") == []  # reads change nothing: no checkpoint
+    assert ck.labels() == ["undo-1", "undo-2"]
+    assert ck.order[:4] == ["POST checkpoints", "POST /v1/sandboxes/sbx_1:exec",
+                            "POST checkpoints", "PUT /v1/sandboxes/sbx_1/files/content"]
+    first, second = list(ck.checkpoints)
+    assert undo() == ("Undid runtime_write_file('/workspace/a.txt'): the sandbox is back as it was just before it "
+                      "(files, installed packages and running processes).")
+    assert ck.calls("POST", ":restore")[-1] == (f"{CK}/{second}:restore", {"keep": False})
+    assert list(ck.checkpoints) == [first]  # used up, deleted
+    assert undo().startswith("Undid runtime_exec('rm -rf build')")
+    assert ck.checkpoints == {}
+    assert undo().startswith("Nothing to undo")
+
+
+def test_undo_tool_says_why_it_cannot_undo():
+    ck = FakeCheckpoints(_tool_handler, quota_labels={"undo-2"})
+    ex, _, wr, _, undo = sandbox_tools(Sandbox(client(ck), dict(SBX)), undo=True)
+    ex("make")
+    assert wr("b.txt", "x") == "Wrote 1 bytes to /workspace/b.txt"  # the change goes ahead without a checkpoint
+    msg = undo()
+    assert msg.startswith("Could not undo runtime_write_file('/workspace/b.txt'): no checkpoint could be taken "
+                          "before it (quota_exceeded: m-quota_exceeded (h))")
+    assert "Calling runtime_undo again" in msg and not ck.calls("POST", ":restore")
+    ck.checkpoints.clear()  # the server dropped the older one
+    assert undo().startswith("Could not undo runtime_exec('make'): checkpoint_not_found")
+    long = "echo " + "y" * 300
+    ex(long)
+    assert "..." in undo() and len(ck.labels()) == 3
+
+
+def test_undo_tool_wraps_with_smolagents_and_survives_remote_code_generation():
+    smolagents = pytest.importorskip("smolagents")
+    import inspect
+    import textwrap
+
+    undo = sandbox_tools(Sandbox(client(lambda r: httpx.Response(500)), dict(SBX)), undo=True)[-1]
+    t = smolagents.tool(undo)
+    assert t.name == "runtime_undo" and t.inputs == {} and t.output_type == "string"
+    assert "before the last command" in t.description
+    src = textwrap.dedent(inspect.getsource(undo))
+    header = src[: src.index('"""')].rstrip()
+    exec(compile(header + "\n    pass\n", "<tool>", "exec"), {"__builtins__": __builtins__})  # noqa: S102
+
+
+def test_async_undo_tool():
+    ck = FakeCheckpoints(_tool_handler)
+
+    async def go():
+        c = AsyncClient(URL, "k", transport=httpx.MockTransport(ck), backoff=0)
+        try:
+            tools = sandbox_tools(AsyncSandbox(c, dict(SBX)), undo=True)
+            assert all(asyncio.iscoroutinefunction(f) for f in tools) and len(tools) == 5
+            ex, _, _, _, undo = tools
+            await ex("rm x")
+            return await undo(), await undo()
+        finally:
+            await c.aclose()
+
+    done, nothing = asyncio.run(go())
+    assert done.startswith("Undid runtime_exec('rm x')") and nothing.startswith("Nothing to undo")
+    assert ck.labels() == ["undo-1"] and ck.checkpoints == {}
+
+
+def test_executor_patches_final_answer_once_across_runs():
+    """smolagents 1.26 patches final_answer at each run(); patched twice, its source names a
+    closure variable that does not exist in the sandbox. The executor patches it once."""
+    pytest.importorskip("smolagents")
+    from smolagents.default_tools import FinalAnswerTool
+
+    fake = FakeInterpreter([_execution(), _execution()])
+    ex = _executor(fake)
+    final = FinalAnswerTool()
+    ex.send_tools({"final_answer": final})
+    patched = type(final)
+    ex.send_tools({"final_answer": final})  # the agent's second run
+    assert type(final) is patched
+    first, second = [b["code"] for b in fake.bodies()[-2:]]
+    assert first == second and "= allow_pickle_setting" not in second and "ALLOW_PICKLE = False" in second
+    assert "_patch_final_answer_with_exception" not in vars(ex)

@@ -5,6 +5,8 @@
     with Sandbox.create(timeout_seconds=900, on_lease_end="stop") as sbx:
         print(sbx.exec("nproc && free -m").stdout)
         print(sbx.run_code("x = 21\nx * 2").text)   # stateful, like a notebook: '42'
+        ckpt = sbx.checkpoint("x-is-21")                 # memory, processes and disk
+        sbx.run_code("x = 0"); sbx.restore(ckpt)         # x is 21 again
 
 Configuration comes from arguments or EMBERBOX_API_URL / EMBERBOX_API_KEY
 (falling back to RUNTIME_API_URL / RUNTIME_API_KEY).
@@ -33,7 +35,7 @@ from ._errors import (
 from ._execution import Context, Execution, ExecutionError, Logs, Result
 from ._interpreter import Interpreter, InterpreterContexts
 from ._sandbox import Files, Processes, Sandbox
-from ._types import CommandResult, OutputEvent, ProcessInfo, ProcessOutput
+from ._types import Checkpoint, CommandResult, OutputEvent, ProcessInfo, ProcessOutput
 from ._version import __version__
 
 __all__ = [
@@ -51,6 +53,7 @@ __all__ = [
     "Client",
     "AsyncClient",
     "CommandResult",
+    "Checkpoint",
     "OutputEvent",
     "ProcessInfo",
     "ProcessOutput",

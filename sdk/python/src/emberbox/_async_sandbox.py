@@ -20,7 +20,7 @@ from ._errors import APIConnectionError, APIError, CommandError, NotFoundError, 
 from ._execution import Context, Execution
 from ._http import NDJSON, OCTETS, retry_delay
 from ._stream import ExecAccumulator, OutputCursor, StreamBroken, parse_line
-from ._types import CommandResult, OutputEvent, ProcessInfo, ProcessOutput
+from ._types import Checkpoint, CommandResult, OutputEvent, ProcessInfo, ProcessOutput
 
 __all__ = ["AsyncSandbox", "AsyncFiles", "AsyncProcesses"]
 
@@ -227,6 +227,110 @@ class AsyncSandbox:
             pass
         finally:
             await self.close()
+
+    # -- checkpoints ----------------------------------------------------------
+    async def checkpoint(self, label: str | None = None, *, wait: bool = True,
+                         timeout: float = C.CHECKPOINT_TIMEOUT_S) -> Checkpoint:
+        """Captures the sandbox as it is now (memory, processes and disk) and returns the
+        checkpoint once the capture is over. A capture that fails comes back with
+        `state == "failed"` and `error` set rather than raising: check `checkpoint.ok`.
+
+        With `wait=False` the server answers at once with the checkpoint `capturing` and
+        captures in the background (the sandbox's next call waits for the copy): an agent
+        loop checkpoints after a step and the copy overlaps with the model's thinking.
+        `wait_checkpoint` waits for such a checkpoint to be ready.
+
+        A paused sandbox is woken for the capture and paused again. The server keeps a
+        bounded number of checkpoints per sandbox (20 by default) and deletes the oldest
+        beyond it; deleting the sandbox deletes its checkpoints.
+
+        Args:
+            label: an optional label of up to 63 characters, such as "step-2".
+            wait: wait for the capture to be over (default), or answer at once.
+            timeout: seconds to wait for the answer.
+
+        Raises:
+            ConflictError: `quota_exceeded`, when the key's checkpoints use up its space.
+        """
+        answer = await self.client.json("POST", self._p("/checkpoints"), json=C.checkpoint_body(label, wait),
+                                        timeout=timeout)
+        return Checkpoint.from_json(answer)
+
+    async def wait_checkpoint(self, checkpoint_id: Checkpoint | str, *,
+                              timeout: float = C.CHECKPOINT_TIMEOUT_S) -> Checkpoint:
+        """Waits until a checkpoint taken with `wait=False` is no longer capturing and
+        returns it (`ok` when ready, `state == "failed"` when its capture failed).
+
+        Raises:
+            TimeoutError: it is still capturing after `timeout` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        delay = 0.05
+        while True:
+            checkpoint = await self.get_checkpoint(checkpoint_id)
+            if checkpoint.state != "capturing":
+                return checkpoint
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"checkpoint {checkpoint.id} still capturing after {timeout:.0f} s")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    async def checkpoints(self) -> list[Checkpoint]:
+        """This sandbox's checkpoints, oldest first."""
+        answer = await self.client.json("GET", self._p("/checkpoints")) or {}
+        return [Checkpoint.from_json(d) for d in answer.get("checkpoints") or []]
+
+    async def get_checkpoint(self, checkpoint_id: Checkpoint | str) -> Checkpoint:
+        """One checkpoint of this sandbox (NotFoundError `checkpoint_not_found` if there is none)."""
+        cid = C.checkpoint_id(checkpoint_id)
+        return Checkpoint.from_json(await self.client.json("GET", self._p(f"/checkpoints/{C.seg(cid)}")))
+
+    async def restore(self, checkpoint_id: Checkpoint | str, keep: bool = False, *,
+                      timeout: float = C.CHECKPOINT_TIMEOUT_S) -> AsyncSandbox:
+        """Returns the sandbox to a checkpoint: the same sandbox (same id) runs again with the
+        memory, processes, servers and files of that moment. Answers (and refreshes `info`)
+        once it runs again.
+
+        Args:
+            checkpoint_id: a checkpoint of this sandbox, or its id.
+            keep: first take a checkpoint of the present state (labelled "before-restore"),
+                so that the work since the checkpoint is not lost.
+            timeout: seconds to wait for the answer.
+        """
+        cid = C.checkpoint_id(checkpoint_id)
+        self.info = await self.client.json("POST", self._p(f"/checkpoints/{C.seg(cid)}:restore"),
+                                           json={"keep": bool(keep)}, timeout=timeout)
+        if self.state != "running":
+            await self._wait_running(timeout)
+        return self
+
+    async def branch(self, checkpoint_id: Checkpoint | str, count: int = 1, name: str | None = None,
+                     labels: Mapping[str, str] | None = None, *,
+                     timeout: float = C.CHECKPOINT_TIMEOUT_S) -> list[AsyncSandbox]:
+        """Makes `count` new sandboxes from a checkpoint of this one, each running in the
+        checkpoint's state (as `:fork` does from the present). They use this sandbox's
+        client and do not close it: keep it open while you use them.
+
+        Args:
+            checkpoint_id: a checkpoint of this sandbox, or its id.
+            count: how many sandboxes, 1 to 10.
+            name: a name for the new sandboxes.
+            labels: labels of the new sandboxes.
+            timeout: seconds to wait for the answer (and for each new sandbox to run).
+        """
+        cid = C.checkpoint_id(checkpoint_id)
+        answer = await self.client.json("POST", self._p(f"/checkpoints/{C.seg(cid)}:branch"),
+                                        json=C.branch_body(count, name, labels), timeout=timeout) or {}
+        boxes = [type(self)(self.client, info) for info in answer.get("sandboxes") or []]
+        for box in boxes:
+            if box.state != "running":
+                await box._wait_running(timeout)
+        return boxes
+
+    async def delete_checkpoint(self, checkpoint_id: Checkpoint | str) -> dict[str, Any]:
+        """Deletes a checkpoint of this sandbox; answers `{"id", "state": "deleted"}`."""
+        cid = C.checkpoint_id(checkpoint_id)
+        return await self.client.json("DELETE", self._p(f"/checkpoints/{C.seg(cid)}"), timeout=120) or {}
 
     # -- commands -----------------------------------------------------------
     async def exec(

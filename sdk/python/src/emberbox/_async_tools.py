@@ -10,7 +10,22 @@ from typing import Any
 
 from ._async_sandbox import AsyncSandbox
 from ._errors import APIError, EmberboxError
-from ._tools_common import _depth, _describe, _entries, _exec_dict, _exec_error, clip_head, resolve_path
+from ._tools_common import (
+    UndoEntry,
+    UndoHistory,
+    _depth,
+    _describe,
+    _entries,
+    _exec_dict,
+    _exec_error,
+    _nothing_to_undo,
+    _undo_entry,
+    _undo_failed,
+    _undone,
+    _what,
+    clip_head,
+    resolve_path,
+)
 
 __all__ = ["async_sandbox_tools"]
 
@@ -20,10 +35,25 @@ def async_sandbox_tools(
     root: str = "/workspace",
     timeout_seconds: int = 300,
     max_output_chars: int = 20000,
+    undo: bool = False,
 ) -> list[Callable[..., Any]]:
-    """The four tools as coroutine functions bound to an AsyncSandbox."""
+    """The four tools as coroutine functions bound to an AsyncSandbox, and runtime_undo fifth
+    with undo=True (see tools.sandbox_tools)."""
     default_timeout = timeout_seconds
     limit = max_output_chars
+    history = UndoHistory()
+
+    async def remember(what: str) -> None:
+        """With undo on, checkpoints the sandbox before a change; a failed capture is
+        remembered with its reason (and the change goes ahead)."""
+        if not undo:
+            return
+        try:
+            checkpoint = await sbx.checkpoint(history.next_label())
+        except EmberboxError as e:
+            history.push(UndoEntry(what, None, _describe(e)))
+            return
+        history.push(_undo_entry(what, checkpoint))
 
     async def runtime_exec(command: str, cwd: str | None = None, timeout_seconds: int | None = None) -> dict:
         """Runs a bash command in the sandbox (a Linux machine with python3, pip, node, go, gcc and
@@ -38,6 +68,7 @@ def async_sandbox_tools(
         Returns:
             A dict with exit_code (None if it did not exit by itself), stdout, stderr and timed_out.
         """
+        await remember(_what("runtime_exec", command))
         try:
             r = await sbx.exec(command, cwd=resolve_path(cwd, root),
                                timeout=float(timeout_seconds or default_timeout), stream=True)
@@ -76,6 +107,7 @@ def async_sandbox_tools(
             A confirmation with the number of bytes written, or a message saying why it failed.
         """
         p = resolve_path(path, root)
+        await remember(_what("runtime_write_file", p))
         try:
             info = await sbx.files.write(p, content)
         except EmberboxError as e:
@@ -98,4 +130,28 @@ def async_sandbox_tools(
         except EmberboxError as e:
             return [{"error": f"Could not list {p}: {_describe(e)}"}]
 
-    return [runtime_exec, runtime_read_file, runtime_write_file, runtime_list_files]
+    async def runtime_undo() -> str:
+        """Puts the sandbox back as it was just before the last command run with runtime_exec or
+        file written with runtime_write_file: files, installed packages and running processes
+        return to that moment. Call it again to undo the change before that one too.
+
+        Returns:
+            What was undone, or a message saying why nothing could be undone.
+        """
+        entry = history.pop()
+        if entry is None:
+            return _nothing_to_undo()
+        if entry.checkpoint_id is None:
+            return _undo_failed(entry, f"no checkpoint could be taken before it ({entry.reason})")
+        try:
+            await sbx.restore(entry.checkpoint_id)
+        except EmberboxError as e:
+            return _undo_failed(entry, _describe(e))
+        try:
+            await sbx.delete_checkpoint(entry.checkpoint_id)  # used up: free its space
+        except EmberboxError:
+            pass
+        return _undone(entry)
+
+    tools: list[Callable[..., Any]] = [runtime_exec, runtime_read_file, runtime_write_file, runtime_list_files]
+    return tools + [runtime_undo] if undo else tools

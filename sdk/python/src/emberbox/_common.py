@@ -21,6 +21,8 @@ MAX_PUT_BYTES = 1 << 20
 UPLOAD_CONCURRENCY = 4  # chunks of one upload in flight at once
 UPLOAD_COMMIT_WAITS = 30  # times a commit waits out `upload_committing` / `idempotency_in_progress`
 TERMINAL_STATES = frozenset({"stopped", "deleted", "failed", "error"})
+CHECKPOINT_TIMEOUT_S = 900.0  # a capture, restore or branch answers when it is over; allow slow hosts
+MAX_BRANCH_COUNT = 10
 
 
 def seg(value: str) -> str:
@@ -59,6 +61,32 @@ def create_body(
     if extra:
         body.update(extra)
     return {k: v for k, v in body.items() if v is not None}
+
+
+def checkpoint_id(checkpoint: Any) -> str:
+    """The id of a Checkpoint, or the id given as text."""
+    cid = checkpoint if isinstance(checkpoint, str) else getattr(checkpoint, "id", None)
+    if not isinstance(cid, str) or not cid:
+        raise ValueError(f"expected a Checkpoint or a checkpoint id, got {checkpoint!r}")
+    return cid
+
+
+def checkpoint_body(label: str | None, wait: bool = True) -> dict[str, Any]:
+    body: dict[str, Any] = {} if label is None else {"label": str(label)}
+    if not wait:
+        body["wait"] = False
+    return body
+
+
+def branch_body(count: int, name: str | None, labels: Mapping[str, str] | None) -> dict[str, Any]:
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_BRANCH_COUNT:
+        raise ValueError(f"count must be an int from 1 to {MAX_BRANCH_COUNT}, got {count!r}")
+    body: dict[str, Any] = {"count": count}
+    if name is not None:
+        body["name"] = name
+    if labels is not None:
+        body["labels"] = {str(k): str(v) for k, v in labels.items()}
+    return body
 
 
 def list_params(

@@ -27,7 +27,7 @@ RETRY_STATUSES = frozenset({429, 502, 503, 504})
 # Codes that mean "this will not work however often you ask": never retried.
 DELIBERATE_CODES = frozenset({
     "unavailable", "unsupported", "not_implemented", "fork_unavailable", "previews_unavailable",
-    "resize_unavailable", "snapshots_unavailable",
+    "resize_unavailable", "snapshots_unavailable", "checkpoints_unavailable",
 })
 MAX_RETRY_AFTER_S = 60.0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CommandResult", "ProcessInfo", "ProcessOutput", "OutputEvent"]
+__all__ = ["CommandResult", "ProcessInfo", "ProcessOutput", "OutputEvent", "Checkpoint"]
 
 
 @dataclass
@@ -98,3 +98,44 @@ class ProcessOutput:
     state: str | None = None
     timed_out: bool = False
     truncated: bool = False
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint of a sandbox: its memory, processes and disk at one moment, which
+    `Sandbox.restore` returns it to and `Sandbox.branch` copies into new sandboxes.
+
+    `state` is "ready" (usable), "failed" (the capture failed: `error` says why) or, only
+    while a capture is under way, "capturing". Times are RFC 3339 text as the server sends
+    them; `info` is the whole answer (with `shape`: the sandbox's vcpu, memoryMiB, diskMiB).
+    """
+
+    id: str
+    sandbox_id: str
+    label: str | None = None
+    state: str = "unknown"
+    size_bytes: int | None = None
+    created_at: str | None = None
+    ready_at: str | None = None
+    error: str | None = None
+    info: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        """True if the checkpoint is ready to restore or branch from."""
+        return self.state == "ready"
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Checkpoint:
+        size = d.get("sizeBytes")
+        return cls(
+            id=str(d["id"]),
+            sandbox_id=str(d.get("sandboxId") or ""),
+            label=d.get("label"),
+            state=str(d.get("state") or "unknown"),
+            size_bytes=int(size) if isinstance(size, (int, float)) and not isinstance(size, bool) else None,
+            created_at=d.get("createdAt"),
+            ready_at=d.get("readyAt"),
+            error=d.get("error") or None,
+            info=dict(d),
+        )
