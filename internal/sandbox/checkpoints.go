@@ -98,7 +98,18 @@ func (m *Manager) checkpoint(ctx context.Context, owner, id, label, keep string)
 	if err := sp.checkQuota(ctx, owner, id, keep); err != nil {
 		return nil, nil, err
 	}
-	sn, snap, err := sp.begin(ctx, owner, id, SnapshotSpec{Name: label, Mode: SnapshotModeMemory, checkpointOf: id})
+	spec := SnapshotSpec{Name: label, Mode: SnapshotModeMemory, checkpointOf: id}
+	if list, err := sp.checkpoints(ctx, owner, id); err == nil {
+		// Over the newest whole checkpoint, the memory is what the steps
+		// since changed (D22).
+		for _, c := range slices.Backward(list) {
+			if c.State == SnapshotReady && c.BaseID == "" {
+				spec.base = c
+				break
+			}
+		}
+	}
+	sn, snap, err := sp.begin(ctx, owner, id, spec)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -41,8 +41,15 @@ func TestCheckpoints(t *testing.T) {
 	if len(list) != 3 || list[0].ID != ids[1] || list[2].ID != ids[3] {
 		t.Fatalf("checkpoints after a fourth: %v, want %v oldest first", checkpointIDs(list), ids[1:])
 	}
-	if exists(e.snapDir(ids[0])) {
-		t.Errorf("the pruned checkpoint's files are still there")
+	// The first was whole; the later ones are differences over it, so
+	// its files stay, pruned, while theirs do.
+	for _, c := range list {
+		if c.BaseID != ids[0] {
+			t.Errorf("checkpoint %s has base %q, want %s", c.Name, c.BaseID, ids[0])
+		}
+	}
+	if !exists(e.snapDir(ids[0])) {
+		t.Errorf("the pruned checkpoint's files are gone while checkpoints over it remain")
 	}
 	// Checkpoints are not among the key's snapshots, and not another key's.
 	if snaps, _, err := m.Snapshots.ListSnapshots(ctx, sandbox.SnapshotListOptions{OwnerKeyID: "k"}); err != nil || len(snaps) != 0 {
@@ -106,8 +113,8 @@ func TestCheckpoints(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if exists(e.snapDir(list[0].ID)) {
-		t.Errorf("the checkpoint's files outlived its last branch")
+	if exists(e.snapDir(list[0].ID)) || exists(e.snapDir(ids[0])) {
+		t.Errorf("the checkpoint's files (or its base's) outlived its last branch")
 	}
 }
 
