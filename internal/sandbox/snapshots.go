@@ -88,7 +88,9 @@ type snapshotHost interface {
 	liveInstance(id string) *instance
 	event(id, typ, msg string, data map[string]any)
 	now() time.Time
-	checkpointLimits() CheckpointLimits
+	// Create and delete make and undo the copies of a fork or a branch.
+	Create(ctx context.Context, owner string, spec CreateSpec) (*Sandbox, error)
+	delete(ctx context.Context, id, reason string) (*Sandbox, error)
 }
 
 func newSnapshots(m *Manager) *Snapshots {
@@ -230,45 +232,57 @@ func (sp *Snapshots) begin(ctx context.Context, owner, id string, spec SnapshotS
 		return nil, nil, err
 	}
 	capture := func(ctx context.Context) (*Snapshot, error) {
-		start := time.Now()
-		info, capErr := sp.capture(id, sp.dir(sn.ID), sn.Mode == SnapshotModeMemory, baseDir)
-		took := time.Since(start)
-		if repause {
-			if _, err := sp.host.pause(ctx, id, "snapshot"); err != nil {
-				sp.log.Warn("pausing again after a snapshot", "sandbox_id", id, "err", err)
-			}
-		}
-		readyAt := sp.host.now()
-		got, err := ss.UpdateSnapshot(ctx, sn.ID, func(s *Snapshot) bool {
-			if s.State != SnapshotCapturing {
-				return false // deleted meanwhile
-			}
-			if capErr != nil {
-				// Its files go below: it holds no base's any more.
-				s.State, s.Error = SnapshotFailed, "capture failed: the sandbox stopped or its VMM could not save it"
-				s.BaseID, s.FilesRemovedAt = "", &readyAt
-				return true
-			}
-			s.State, s.ReadyAt, s.SizeBytes = SnapshotReady, &readyAt, info.SizeBytes
-			if !info.Base {
-				s.BaseID = "" // written whole
-			}
-			return true
-		})
-		if err != nil {
-			return nil, err
-		}
-		if capErr != nil {
-			sp.log.Warn(kind+" capture failed", "sandbox_id", id, "snapshot_id", got.ID, "err", capErr)
-			_ = os.RemoveAll(sp.dir(got.ID))
-			sp.host.event(id, kind+"_failed", kind+" capture failed", map[string]any{kind + "Id": got.ID})
-		} else {
-			sp.host.event(id, kind, kind+" taken", map[string]any{kind + "Id": got.ID, "mode": got.Mode,
-				"sizeBytes": got.SizeBytes, "captureMs": took.Milliseconds(), "baseId": got.BaseID})
-		}
-		return got, nil
+		return sp.finish(ctx, sn, kind, baseDir, repause)
 	}
 	return sn, capture, nil
+}
+
+// finish takes the snapshot begin recorded (kind "snapshot" or
+// "checkpoint"; over baseDir's memory where it can), pauses its sandbox
+// again if begin woke it, and records it ready or failed.
+func (sp *Snapshots) finish(ctx context.Context, sn *Snapshot, kind, baseDir string, repause bool) (*Snapshot, error) {
+	id := sn.SourceSandboxID
+	ss, err := sp.store()
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	info, capErr := sp.capture(id, sp.dir(sn.ID), sn.Mode == SnapshotModeMemory, baseDir)
+	took := time.Since(start)
+	if repause {
+		if _, err := sp.host.pause(ctx, id, "snapshot"); err != nil {
+			sp.log.Warn("pausing again after a snapshot", "sandbox_id", id, "err", err)
+		}
+	}
+	readyAt := sp.host.now()
+	got, err := ss.UpdateSnapshot(ctx, sn.ID, func(s *Snapshot) bool {
+		if s.State != SnapshotCapturing {
+			return false // deleted meanwhile
+		}
+		if capErr != nil {
+			// Its files go below: it holds no base's any more.
+			s.State, s.Error = SnapshotFailed, "capture failed: the sandbox stopped or its VMM could not save it"
+			s.BaseID, s.FilesRemovedAt = "", &readyAt
+			return true
+		}
+		s.State, s.ReadyAt, s.SizeBytes = SnapshotReady, &readyAt, info.SizeBytes
+		if !info.Base {
+			s.BaseID = "" // written whole
+		}
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	if capErr != nil {
+		sp.log.Warn(kind+" capture failed", "sandbox_id", id, "snapshot_id", got.ID, "err", capErr)
+		_ = os.RemoveAll(sp.dir(got.ID))
+		sp.host.event(id, kind+"_failed", kind+" capture failed", map[string]any{kind + "Id": got.ID})
+	} else {
+		sp.host.event(id, kind, kind+" taken", map[string]any{kind + "Id": got.ID, "mode": got.Mode,
+			"sizeBytes": got.SizeBytes, "captureMs": took.Milliseconds(), "baseId": got.BaseID})
+	}
+	return got, nil
 }
 
 // FailInterrupted records failed the snapshots and checkpoints of this

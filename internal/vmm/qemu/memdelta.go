@@ -110,11 +110,34 @@ func writeMemDelta(live, baseDir, dir string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	bst, err := base.Stat()
-	if err != nil || bst.Size() != st.Size() {
+	if bst, err := base.Stat(); err != nil || bst.Size() != st.Size() {
 		return false, nil
 	}
-	size := st.Size()
+	name := filepath.Join(dir, memDeltaFile)
+	out, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return false, err
+	}
+	defer out.Close()
+	ok, err := writeDiff(in, base, out, st.Size())
+	if err == nil && ok {
+		if err = out.Sync(); err == nil {
+			err = os.WriteFile(filepath.Join(dir, baseFile), []byte(baseDir+"\n"), 0o600)
+		}
+	}
+	if err != nil || !ok {
+		_ = os.Remove(name)
+		return false, err
+	}
+	return true, nil
+}
+
+// writeDiff writes into out (sized as the RAM) the pages of in that differ
+// from base's, unless they pass deltaMaxShare of in's data (false).
+func writeDiff(in, base, out *os.File, size int64) (bool, error) {
+	if err := out.Truncate(size); err != nil {
+		return false, err
+	}
 	liveExt, err := extents(in, size)
 	if err != nil {
 		return false, err
@@ -124,21 +147,6 @@ func writeMemDelta(live, baseDir, dir string) (bool, error) {
 		return false, err
 	}
 	limit := int64(deltaMaxShare * float64(allocatedBytes(liveExt)))
-	name := filepath.Join(dir, memDeltaFile)
-	out, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return false, err
-	}
-	defer out.Close()
-	if err := out.Truncate(size); err != nil {
-		return false, err
-	}
-	keep := false
-	defer func() {
-		if !keep {
-			_ = os.Remove(name)
-		}
-	}()
 	a, b := make([]byte, diffChunk), make([]byte, diffChunk)
 	var written int64
 	for _, r := range union(liveExt, baseExt) {
@@ -150,34 +158,34 @@ func writeMemDelta(live, baseDir, dir string) (bool, error) {
 			if _, err := base.ReadAt(b[:n], off); err != nil && !errors.Is(err, io.EOF) {
 				return false, err
 			}
-			// Runs of differing pages are written at once.
-			for p := 0; p < n; {
-				if bytes.Equal(a[p:p+pageSize], b[p:p+pageSize]) {
-					p += pageSize
-					continue
-				}
-				q := p + pageSize
-				for q < n && !bytes.Equal(a[q:q+pageSize], b[q:q+pageSize]) {
-					q += pageSize
-				}
-				if written += int64(q - p); written > limit {
+			for _, run := range differingRuns(a[:n], b[:n]) {
+				if written += int64(run[1] - run[0]); written > limit {
 					return false, nil
 				}
-				if _, err := out.WriteAt(a[p:q], off+int64(p)); err != nil {
+				if _, err := out.WriteAt(a[run[0]:run[1]], off+int64(run[0])); err != nil {
 					return false, err
 				}
-				p = q
 			}
 		}
 	}
-	if err := out.Sync(); err != nil {
-		return false, err
-	}
-	if err := os.WriteFile(filepath.Join(dir, baseFile), []byte(baseDir+"\n"), 0o600); err != nil {
-		return false, err
-	}
-	keep = true
 	return true, nil
+}
+
+// differingRuns lists the runs of whole pages in which a and b differ, as
+// [start, end) byte offsets: runs are written at once.
+func differingRuns(a, b []byte) [][2]int {
+	var runs [][2]int
+	for p := 0; p+pageSize <= len(a); p += pageSize {
+		if bytes.Equal(a[p:p+pageSize], b[p:p+pageSize]) {
+			continue
+		}
+		if n := len(runs); n > 0 && runs[n-1][1] == p {
+			runs[n-1][1] = p + pageSize
+		} else {
+			runs = append(runs, [2]int{p, p + pageSize})
+		}
+	}
+	return runs
 }
 
 // snapshotMem is where the memory of the snapshot in snapDir is: its whole
