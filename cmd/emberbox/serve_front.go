@@ -54,7 +54,7 @@ func (s *server) buildAPI(context.Context) error {
 	s.limiter = api.NewRateLimiter(s.adm.rates)
 	drv, metrics := s.drv, s.metrics
 	acfg := api.Config{
-		Manager: api.Manager{Sandboxes: s.mgr, Power: s.mgr, Switcher: s.mgr.Switcher, Snapshots: s.mgr.Snapshots, Checkpoints: s.mgr,
+		Manager: api.Manager{Sandboxes: s.mgr, Power: s.mgr, Switcher: s.mgr.Switcher, Snapshots: s.mgr.Snapshots, Checkpoints: s.mgr.Checkpoints,
 			Usage: s.mgr.Meter, Guests: s.mgr, Previews: s.mgr.Previews, Network: s.mgr.Networks},
 		Keys: apistore.Keys{Store: s.st}, Idempotency: apistore.Idempotency{Store: s.st}, Events: apistore.Events{Store: s.st},
 		Logger: s.log, Version: version, Accel: drv.Accel,

@@ -18,6 +18,9 @@ type checkpointJSON struct {
 	State     string    `json:"state"`
 	Shape     shapeJSON `json:"shape"`
 	SizeBytes int64     `json:"sizeBytes"`
+	// BaseID: its memory is stored as what differs from that checkpoint's
+	// (whose files stay while it exists); null when it is whole.
+	BaseID    *string   `json:"baseId"`
 	CreatedAt *jsonTime `json:"createdAt"`
 	ReadyAt   *jsonTime `json:"readyAt"`
 	Error     *string   `json:"error"`
@@ -26,7 +29,7 @@ type checkpointJSON struct {
 func toCheckpointJSON(sn *sandbox.Snapshot) checkpointJSON {
 	return checkpointJSON{ID: sn.ID, Kind: "checkpoint", SandboxID: sn.CheckpointOf, Label: optString(sn.Name),
 		State: sn.State, Shape: shapeJSON{VCPU: sn.VCPU, MemoryMiB: sn.MemoryMiB, DiskMiB: sn.DiskMiB},
-		SizeBytes: sn.SizeBytes, CreatedAt: optTime(&sn.CreatedAt), ReadyAt: optTime(sn.ReadyAt), Error: optString(sn.Error)}
+		SizeBytes: sn.SizeBytes, BaseID: optString(sn.BaseID), CreatedAt: optTime(&sn.CreatedAt), ReadyAt: optTime(sn.ReadyAt), Error: optString(sn.Error)}
 }
 
 // checkpointManager is the manager's checkpoints, or checkpoints_unavailable.

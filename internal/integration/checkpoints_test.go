@@ -17,6 +17,7 @@ type checkpointJSON struct {
 	Label     string `json:"label"`
 	State     string `json:"state"`
 	SizeBytes int64  `json:"sizeBytes"`
+	BaseID    string `json:"baseId"`
 }
 
 // checkpoint takes a checkpoint of sandbox id and answers it with the
@@ -192,9 +193,28 @@ func TestCheckpoints(t *testing.T) {
 	if len(list) != 2 || list[1].Label != "before-restore" {
 		t.Fatalf("after a restore with keep: %+v", list)
 	}
-	// The kept present comes back too.
+	// The kept one is stored as what differs from the first, whole one.
+	t.Logf("a checkpoint over the first: %d KiB (the first: %d MiB)", list[1].SizeBytes>>10, cp.SizeBytes>>20)
+	if list[1].BaseID != cp.ID || list[1].SizeBytes >= cp.SizeBytes/2 {
+		t.Errorf("the kept checkpoint: base %q, %d bytes; want a difference over %s (%d bytes)", list[1].BaseID, list[1].SizeBytes, cp.ID, cp.SizeBytes)
+	}
+	// The kept present comes back too, from its difference over the first.
 	c.restore(t, sb.ID, list[1].ID, false)
 	checkKept(t, c, sb.ID, "present", "back to the kept present")
+	if got := c.sh(t, sb.ID, "cat ~/notes && python3 -c 'import tabulate; print(\"tabulate\")'"); got != "notes\ntabulate\n" {
+		t.Errorf("after restoring a difference: %q, want the home file and the package", got)
+	}
+	// The first, whole one deleted: its files stay while the one over it
+	// needs them, and a restore from that one still works.
+	if r := c.raw(t, "DELETE", "/v1/sandboxes/"+sb.ID+"/checkpoints/"+cp.ID, nil, nil, requestTimeout); r.err != nil || r.Status != http.StatusOK {
+		t.Fatalf("delete checkpoint: %v", r)
+	}
+	if _, err := os.Stat(filepath.Join(dataDir, "snapshots", cp.ID)); err != nil {
+		t.Errorf("a base's files after its delete, with a checkpoint over it: %v", err)
+	}
+	c.sh(t, sb.ID, "echo later > /workspace/kept")
+	c.restore(t, sb.ID, list[1].ID, false)
+	checkKept(t, c, sb.ID, "present", "restoring a difference whose base was deleted")
 
 	// Deleted with the sandbox, files and all.
 	c.delete(t, sb.ID)

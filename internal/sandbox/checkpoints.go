@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"slices"
 	"time"
@@ -56,6 +57,42 @@ func (l CheckpointLimits) quota() int64 {
 	return l.QuotaBytes
 }
 
+// Checkpoints takes, restores and branches from the checkpoints of
+// sandboxes, on top of Snapshots; Manager.Checkpoints returns the
+// manager's. What changes a sandbox's state goes through checkpointHost:
+// the manager's pause, wake and VM lock.
+type Checkpoints struct {
+	host     checkpointHost
+	snaps    *Snapshots
+	records  Store
+	driver   vmm.Driver
+	held     func(id string) bool // the sandbox is paused here (Ledger.Held)
+	files    sandboxFiles
+	limits   CheckpointLimits
+	boot     time.Duration // how long a sandbox starting may take to run
+	log      *slog.Logger
+	outcomes outcomes
+	ctx      context.Context // the manager's: a background capture ends with it
+}
+
+// checkpointHost is what checkpoints need of the manager.
+type checkpointHost interface {
+	Get(ctx context.Context, owner, id string) (*Sandbox, error)
+	WaitFor(ctx context.Context, owner, id string, states ...State) (*Sandbox, error)
+	pause(ctx context.Context, id, why string) (*Sandbox, error)
+	wake(ctx context.Context, id string, timeout *int) (*Sandbox, error)
+	lockOp(id string) (unlock func())
+	markStopped(id, reason string)
+	event(id, typ, msg string, data map[string]any)
+	spawn(f func()) bool
+}
+
+func newCheckpoints(m *Manager) *Checkpoints {
+	return &Checkpoints{host: m, snaps: m.Snapshots, records: m.cfg.Store, driver: m.cfg.Driver,
+		held: m.cfg.Admission.Held, files: m.files, limits: m.cfg.Checkpoints, boot: m.cfg.BootTimeout,
+		log: m.log, outcomes: m.outcomes, ctx: m.ctx}
+}
+
 // checkpointStore is what checkpoints need of the store beyond snapshots.
 type checkpointStore interface {
 	CheckpointBytes(ctx context.Context, owner string) (int64, error)
@@ -65,18 +102,18 @@ func checkpointNotFound(id string) error {
 	return errdefs.New(errdefs.ErrNotFound, "checkpoint_not_found", "no checkpoint %q", id)
 }
 
-// Checkpoint implements api.Manager.Checkpoint: a memory snapshot of the
+// Checkpoint implements api.CheckpointManager.Checkpoint: a memory snapshot of the
 // sandbox that belongs to it. With wait it answers once the capture is
 // over (ready, or failed with the sandbox running on); without, at once
 // with the checkpoint capturing, while the capture goes on in the
 // background (a call into the sandbox meanwhile waits for it: the guest
 // is stopped for the copy). The oldest of its checkpoints past the
 // per-sandbox bound are deleted once it is ready.
-func (m *Manager) Checkpoint(ctx context.Context, owner, id, label string, wait bool) (_ *Snapshot, err error) {
-	defer func() { m.outcomes.op("checkpoint", err) }()
-	sn, capture, err := m.checkpoint(ctx, owner, id, label, "")
+func (cp *Checkpoints) Checkpoint(ctx context.Context, owner, id, label string, wait bool) (_ *Snapshot, err error) {
+	defer func() { cp.outcomes.op("checkpoint", err) }()
+	sn, capture, err := cp.begin(ctx, owner, id, label, "")
 	if err != nil || !wait {
-		if err == nil && !m.spawn(func() { _, _ = capture(m.ctx) }) {
+		if err == nil && !cp.host.spawn(func() { _, _ = capture(cp.ctx) }) {
 			return nil, errdefs.New(errdefs.ErrUnavailable, "shutting_down", "the server is shutting down")
 		}
 		return sn, err
@@ -84,21 +121,32 @@ func (m *Manager) Checkpoint(ctx context.Context, owner, id, label string, wait 
 	return capture(context.WithoutCancel(ctx))
 }
 
-// checkpoint begins a checkpoint of sandbox id: it is recorded capturing
-// and capture takes it. Neither the bounds nor the quota delete
-// checkpoint keep (one about to be restored).
-func (m *Manager) checkpoint(ctx context.Context, owner, id, label, keep string) (*Snapshot, func(context.Context) (*Snapshot, error), error) {
-	sp := m.Snapshots
+// begin begins a checkpoint of sandbox id: it is recorded capturing and
+// capture takes it. Neither the bounds nor the quota delete checkpoint
+// keep (one about to be restored).
+func (cp *Checkpoints) begin(ctx context.Context, owner, id, label, keep string) (*Snapshot, func(context.Context) (*Snapshot, error), error) {
+	sp := cp.snaps
 	if _, err := sp.store(); err != nil {
 		return nil, nil, err
 	}
-	if _, err := m.Get(ctx, owner, id); err != nil {
+	if _, err := cp.host.Get(ctx, owner, id); err != nil {
 		return nil, nil, err
 	}
-	if err := sp.checkQuota(ctx, owner, id, keep); err != nil {
+	if err := cp.checkQuota(ctx, owner, id, keep); err != nil {
 		return nil, nil, err
 	}
-	sn, snap, err := sp.begin(ctx, owner, id, SnapshotSpec{Name: label, Mode: SnapshotModeMemory, checkpointOf: id})
+	spec := SnapshotSpec{Name: label, Mode: SnapshotModeMemory, checkpointOf: id}
+	if list, err := sp.checkpoints(ctx, owner, id); err == nil {
+		// Over the newest whole checkpoint, the memory is what the steps
+		// since changed (D22).
+		for _, c := range slices.Backward(list) {
+			if c.State == SnapshotReady && c.BaseID == "" {
+				spec.base = c
+				break
+			}
+		}
+	}
+	sn, snap, err := sp.begin(ctx, owner, id, spec)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -106,9 +154,9 @@ func (m *Manager) checkpoint(ctx context.Context, owner, id, label, keep string)
 		start := time.Now()
 		got, err := snap(ctx)
 		if err == nil && got.State == SnapshotReady {
-			m.log.Info("checkpoint taken", "sandbox_id", id, "checkpoint_id", got.ID, "bytes", got.SizeBytes,
-				"took", time.Since(start).Round(time.Millisecond))
-			sp.prune(ctx, owner, id, m.cfg.Checkpoints.perSandbox(), keep)
+			cp.log.Info("checkpoint taken", "sandbox_id", id, "checkpoint_id", got.ID, "bytes", got.SizeBytes,
+				"base_id", got.BaseID, "took", time.Since(start).Round(time.Millisecond))
+			cp.prune(ctx, owner, id, cp.limits.perSandbox(), keep)
 		}
 		return got, err
 	}
@@ -118,12 +166,13 @@ func (m *Manager) checkpoint(ctx context.Context, owner, id, label, keep string)
 // checkQuota refuses a new checkpoint of sandbox id once owner's
 // checkpoints take the quota, after the sandbox's own oldest ones have
 // been deleted to make room (keeping its newest, and keep).
-func (sp *Snapshots) checkQuota(ctx context.Context, owner, id, keep string) error {
-	cs, ok := sp.records.(checkpointStore)
+func (cp *Checkpoints) checkQuota(ctx context.Context, owner, id, keep string) error {
+	sp := cp.snaps
+	cs, ok := cp.records.(checkpointStore)
 	if !ok {
 		return nil
 	}
-	quota := sp.host.checkpointLimits().quota()
+	quota := cp.limits.quota()
 	for {
 		used, err := cs.CheckpointBytes(ctx, owner)
 		if err != nil {
@@ -154,7 +203,8 @@ func (sp *Snapshots) checkQuota(ctx context.Context, owner, id, keep string) err
 
 // prune deletes the oldest checkpoints of sandbox id beyond max, sparing
 // keep (which still counts).
-func (sp *Snapshots) prune(ctx context.Context, owner, id string, max int, keep string) {
+func (cp *Checkpoints) prune(ctx context.Context, owner, id string, max int, keep string) {
+	sp := cp.snaps
 	list, err := sp.checkpoints(ctx, owner, id)
 	if err != nil {
 		sp.log.Warn("listing checkpoints to prune", "sandbox_id", id, "err", err)
@@ -200,37 +250,37 @@ func (sp *Snapshots) checkpoints(ctx context.Context, owner, id string) ([]*Snap
 	return all, nil
 }
 
-// ListCheckpoints implements api.Manager.ListCheckpoints: the checkpoints
+// ListCheckpoints implements api.CheckpointManager.ListCheckpoints: the checkpoints
 // of owner's sandbox id, oldest first.
-func (m *Manager) ListCheckpoints(ctx context.Context, owner, id string) ([]*Snapshot, error) {
-	if _, err := m.Get(ctx, owner, id); err != nil {
+func (cp *Checkpoints) ListCheckpoints(ctx context.Context, owner, id string) ([]*Snapshot, error) {
+	if _, err := cp.host.Get(ctx, owner, id); err != nil {
 		return nil, err
 	}
-	return m.Snapshots.checkpoints(ctx, owner, id)
+	return cp.snaps.checkpoints(ctx, owner, id)
 }
 
-// GetCheckpoint implements api.Manager.GetCheckpoint.
-func (m *Manager) GetCheckpoint(ctx context.Context, owner, id, cid string) (*Snapshot, error) {
-	if _, err := m.Get(ctx, owner, id); err != nil {
+// GetCheckpoint implements api.CheckpointManager.GetCheckpoint.
+func (cp *Checkpoints) GetCheckpoint(ctx context.Context, owner, id, cid string) (*Snapshot, error) {
+	if _, err := cp.host.Get(ctx, owner, id); err != nil {
 		return nil, err
 	}
-	sn, err := m.Snapshots.getSnapshot(ctx, owner, cid)
+	sn, err := cp.snaps.getSnapshot(ctx, owner, cid)
 	if errdefs.IsNotFound(err) || (err == nil && sn.CheckpointOf != id) {
 		return nil, checkpointNotFound(cid)
 	}
 	return sn, err
 }
 
-// DeleteCheckpoint implements api.Manager.DeleteCheckpoint. Its files go
+// DeleteCheckpoint implements api.CheckpointManager.DeleteCheckpoint. Its files go
 // once no branch made from it needs them.
-func (m *Manager) DeleteCheckpoint(ctx context.Context, owner, id, cid string) error {
-	if _, err := m.GetCheckpoint(ctx, owner, id, cid); err != nil {
+func (cp *Checkpoints) DeleteCheckpoint(ctx context.Context, owner, id, cid string) error {
+	if _, err := cp.GetCheckpoint(ctx, owner, id, cid); err != nil {
 		return err
 	}
-	if err := m.Snapshots.markSnapshotDeleted(ctx, cid); err != nil {
+	if err := cp.snaps.markSnapshotDeleted(ctx, cid); err != nil {
 		return err
 	}
-	m.Snapshots.RemoveUnusedSnapshots(ctx)
+	cp.snaps.RemoveUnusedSnapshots(ctx)
 	return nil
 }
 
@@ -260,10 +310,10 @@ func (sp *Snapshots) dropCheckpoints(ctx context.Context, id string) {
 	}
 }
 
-// readyCheckpoint loads checkpoint cid of owner's sandbox id and checks
+// ready loads checkpoint cid of owner's sandbox id and checks
 // that it can be restored or branched from.
-func (m *Manager) readyCheckpoint(ctx context.Context, owner, id, cid string) (*Snapshot, error) {
-	sn, err := m.GetCheckpoint(ctx, owner, id, cid)
+func (cp *Checkpoints) ready(ctx context.Context, owner, id, cid string) (*Snapshot, error) {
+	sn, err := cp.GetCheckpoint(ctx, owner, id, cid)
 	if err != nil {
 		return nil, err
 	}
@@ -271,7 +321,7 @@ func (m *Manager) readyCheckpoint(ctx context.Context, owner, id, cid string) (*
 		return nil, errdefs.New(errdefs.ErrConflict, "checkpoint_not_ready", "checkpoint %s is %s", cid, sn.State).
 			WithHint("only a ready checkpoint can be restored or branched from")
 	}
-	if _, err := os.Stat(m.Snapshots.dir(sn.ID)); err != nil {
+	if _, err := os.Stat(cp.snaps.dir(sn.ID)); err != nil {
 		// A sandbox moved to another node of a cluster leaves its
 		// checkpoints' files behind (they do not move yet).
 		return nil, errdefs.New(errdefs.ErrConflict, "checkpoint_elsewhere",
@@ -281,18 +331,18 @@ func (m *Manager) readyCheckpoint(ctx context.Context, owner, id, cid string) (*
 	return sn, nil
 }
 
-// RestoreCheckpoint implements api.Manager.RestoreCheckpoint: sandbox id
+// RestoreCheckpoint implements api.CheckpointManager.RestoreCheckpoint: sandbox id
 // goes back to checkpoint cid, with the memory, processes and disk it had
 // then, and runs on from there under the same id, previews and settings;
 // what it did since is lost unless keep, which first checkpoints it. A
 // running sandbox is paused for it; it answers once the sandbox runs again.
-func (m *Manager) RestoreCheckpoint(ctx context.Context, owner, id, cid string, keep bool) (_ *Sandbox, err error) {
-	defer func() { m.outcomes.op("restore", err) }()
-	sn, err := m.readyCheckpoint(ctx, owner, id, cid)
+func (cp *Checkpoints) RestoreCheckpoint(ctx context.Context, owner, id, cid string, keep bool) (_ *Sandbox, err error) {
+	defer func() { cp.outcomes.op("restore", err) }()
+	sn, err := cp.ready(ctx, owner, id, cid)
 	if err != nil {
 		return nil, err
 	}
-	sb, err := m.Snapshots.settleRunning(ctx, owner, id)
+	sb, err := cp.snaps.settleRunning(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
@@ -302,7 +352,7 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, owner, id, cid string, 
 			WithHint("branch from the checkpoint instead: a new sandbox starts from it")
 	}
 	if keep {
-		_, capture, err := m.checkpoint(ctx, owner, id, "before-restore", cid)
+		_, capture, err := cp.begin(ctx, owner, id, "before-restore", cid)
 		if err != nil {
 			return nil, err
 		}
@@ -316,14 +366,14 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, owner, id, cid string, 
 	start := time.Now()
 	for try := 0; ; try++ {
 		if sb.State == StateRunning {
-			if sb, err = m.pause(ctx, id, "restore"); err != nil {
+			if sb, err = cp.host.pause(ctx, id, "restore"); err != nil {
 				return nil, err
 			}
-			if sb, err = m.Snapshots.settleRunning(ctx, owner, id); err != nil {
+			if sb, err = cp.snaps.settleRunning(ctx, owner, id); err != nil {
 				return nil, err
 			}
 		}
-		done, err := m.restoreFiles(ctx, id, sn)
+		done, err := cp.restoreFiles(ctx, id, sn)
 		if err != nil {
 			return nil, err
 		}
@@ -337,21 +387,21 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, owner, id, cid string, 
 			e.RetryAfter = time.Second
 			return nil, e
 		}
-		if sb, err = m.Snapshots.settleRunning(ctx, owner, id); err != nil {
+		if sb, err = cp.snaps.settleRunning(ctx, owner, id); err != nil {
 			return nil, err
 		}
 	}
 	pausedFor := time.Since(start)
-	if _, err := m.wake(ctx, id, nil); err != nil {
+	if _, err := cp.host.wake(ctx, id, nil); err != nil {
 		return nil, err
 	}
-	wctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout+10*time.Second)
+	wctx, cancel := context.WithTimeout(ctx, cp.boot+10*time.Second)
 	defer cancel()
-	sb, err = m.WaitFor(wctx, owner, id, StateRunning)
+	sb, err = cp.host.WaitFor(wctx, owner, id, StateRunning)
 	if err != nil {
 		return nil, err
 	}
-	m.event(id, "restored", "sandbox restored to a checkpoint", map[string]any{"checkpointId": cid,
+	cp.host.event(id, "restored", "sandbox restored to a checkpoint", map[string]any{"checkpointId": cid,
 		"filesMs": pausedFor.Milliseconds(), "restoreMs": time.Since(start).Milliseconds()})
 	return sb, nil
 }
@@ -359,10 +409,10 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, owner, id, cid string, 
 // restoreFiles puts the files of paused sandbox id back to checkpoint
 // sn's, under its VM lock. done is false if the sandbox is not paused
 // (woken meanwhile).
-func (m *Manager) restoreFiles(ctx context.Context, id string, sn *Snapshot) (done bool, err error) {
-	unlock := m.lockOp(id)
+func (cp *Checkpoints) restoreFiles(ctx context.Context, id string, sn *Snapshot) (done bool, err error) {
+	unlock := cp.host.lockOp(id)
 	defer unlock()
-	sb, err := m.cfg.Store.GetSandbox(ctx, id)
+	sb, err := cp.records.GetSandbox(ctx, id)
 	if err != nil {
 		return false, err
 	}
@@ -372,44 +422,41 @@ func (m *Manager) restoreFiles(ctx context.Context, id string, sn *Snapshot) (do
 		}
 		return false, nil
 	}
-	if !m.cfg.Admission.Held(id) {
+	if !cp.held(id) {
 		return false, errNotOnNode(id)
 	}
 	rctx, cancel := context.WithTimeout(ctx, captureTimeout)
 	defer cancel()
-	if err := vmm.Restore(rctx, m.cfg.Driver, m.Snapshots.dir(sn.ID), m.files.vmSpec(sb)); err != nil {
-		m.log.Error("restoring a checkpoint", "sandbox_id", id, "checkpoint_id", sn.ID, "err", err)
+	if err := vmm.Restore(rctx, cp.driver, cp.snaps.dir(sn.ID), cp.files.vmSpec(sb)); err != nil {
+		cp.log.Error("restoring a checkpoint", "sandbox_id", id, "checkpoint_id", sn.ID, "err", err)
 		if errors.Is(err, errors.ErrUnsupported) {
 			return false, errdefs.New(errdefs.ErrUnavailable, "checkpoints_unavailable", "this server's VMM cannot restore checkpoints")
 		}
-		if !m.cfg.Driver.Saved(m.files.vmSpec(sb)) {
+		if !cp.driver.Saved(cp.files.vmSpec(sb)) {
 			// Its own saved state is gone with the failed copy: it cannot
 			// be resumed, so it is stopped with its disk kept.
-			m.markStopped(id, ReasonWakeFailed)
+			cp.host.markStopped(id, ReasonWakeFailed)
 		}
 		return false, errdefs.New(errdefs.ErrInternal, "restore_failed", "restoring checkpoint %s of %s failed", sn.ID, id)
 	}
 	return true, nil
 }
 
-// BranchCheckpoint implements api.Manager.BranchCheckpoint: spec.Count new
+// BranchCheckpoint implements api.CheckpointManager.BranchCheckpoint: spec.Count new
 // sandboxes made from checkpoint cid of sandbox id (the state it had then,
 // not its present one), answered once they all run.
-func (m *Manager) BranchCheckpoint(ctx context.Context, owner, id, cid string, spec ForkSpec) (_ []*Sandbox, err error) {
-	defer func() { m.outcomes.op("branch", err) }()
+func (cp *Checkpoints) BranchCheckpoint(ctx context.Context, owner, id, cid string, spec ForkSpec) (_ []*Sandbox, err error) {
+	defer func() { cp.outcomes.op("branch", err) }()
 	if spec.Count < 1 || spec.Count > MaxForkCount {
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "count must be from 1 to %d", MaxForkCount)
 	}
-	src, err := m.Get(ctx, owner, id)
+	src, err := cp.host.Get(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
-	sn, err := m.readyCheckpoint(ctx, owner, id, cid)
+	sn, err := cp.ready(ctx, owner, id, cid)
 	if err != nil {
 		return nil, err
 	}
-	return m.copies(ctx, owner, src, sn, spec)
+	return cp.snaps.copies(ctx, owner, src, sn, spec)
 }
-
-// checkpointLimits implements snapshotHost.checkpointLimits.
-func (m *Manager) checkpointLimits() CheckpointLimits { return m.cfg.Checkpoints }

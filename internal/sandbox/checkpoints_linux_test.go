@@ -23,7 +23,7 @@ func TestCheckpoints(t *testing.T) {
 	var ids []string
 	for i, label := range []string{"step-1", "step-2", "step-3", "step-4"} {
 		e.clock.Advance(time.Second) // listed in the order taken
-		cp, err := m.Checkpoint(ctx, "k", src.ID, label, true)
+		cp, err := m.Checkpoints.Checkpoint(ctx, "k", src.ID, label, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -34,31 +34,38 @@ func TestCheckpoints(t *testing.T) {
 		ids = append(ids, cp.ID)
 	}
 	// The cap of 3 deleted the oldest, files and all.
-	list, err := m.ListCheckpoints(ctx, "k", src.ID)
+	list, err := m.Checkpoints.ListCheckpoints(ctx, "k", src.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(list) != 3 || list[0].ID != ids[1] || list[2].ID != ids[3] {
 		t.Fatalf("checkpoints after a fourth: %v, want %v oldest first", checkpointIDs(list), ids[1:])
 	}
-	if exists(e.snapDir(ids[0])) {
-		t.Errorf("the pruned checkpoint's files are still there")
+	// The first was whole; the later ones are differences over it, so
+	// its files stay, pruned, while theirs do.
+	for _, c := range list {
+		if c.BaseID != ids[0] {
+			t.Errorf("checkpoint %s has base %q, want %s", c.Name, c.BaseID, ids[0])
+		}
+	}
+	if !exists(e.snapDir(ids[0])) {
+		t.Errorf("the pruned checkpoint's files are gone while checkpoints over it remain")
 	}
 	// Checkpoints are not among the key's snapshots, and not another key's.
 	if snaps, _, err := m.Snapshots.ListSnapshots(ctx, sandbox.SnapshotListOptions{OwnerKeyID: "k"}); err != nil || len(snaps) != 0 {
 		t.Errorf("snapshots listed: %d, %v; want none", len(snaps), err)
 	}
-	if _, err := m.ListCheckpoints(ctx, "other", src.ID); !errdefs.IsNotFound(err) {
+	if _, err := m.Checkpoints.ListCheckpoints(ctx, "other", src.ID); !errdefs.IsNotFound(err) {
 		t.Errorf("another key's list: %v, want not found", err)
 	}
-	if _, err := m.GetCheckpoint(ctx, "k", src.ID, ids[0]); errdefs.Code(err) != "checkpoint_not_found" {
+	if _, err := m.Checkpoints.GetCheckpoint(ctx, "k", src.ID, ids[0]); errdefs.Code(err) != "checkpoint_not_found" {
 		t.Errorf("a pruned checkpoint: %v, want checkpoint_not_found", err)
 	}
 
 	// Restore: the same sandbox resumes from the checkpoint's state.
 	resumes := e.drv.Resumes()
 	e.clock.Advance(time.Second)
-	sb, err := m.RestoreCheckpoint(ctx, "k", src.ID, ids[1], true)
+	sb, err := m.Checkpoints.RestoreCheckpoint(ctx, "k", src.ID, ids[1], true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +73,7 @@ func TestCheckpoints(t *testing.T) {
 		t.Fatalf("restored: %+v (resumes %d → %d)", sb, resumes, e.drv.Resumes())
 	}
 	// keep took a checkpoint of the present first; the cap still holds.
-	list, _ = m.ListCheckpoints(ctx, "k", src.ID)
+	list, _ = m.Checkpoints.ListCheckpoints(ctx, "k", src.ID)
 	if len(list) != 3 || list[2].Name != "before-restore" {
 		t.Errorf("after a kept restore: %v", checkpointIDs(list))
 	}
@@ -75,12 +82,12 @@ func TestCheckpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitState(t, m, "k", src.ID, sandbox.StatePaused)
-	if sb, err = m.RestoreCheckpoint(ctx, "k", src.ID, list[0].ID, false); err != nil || sb.State != sandbox.StateRunning {
+	if sb, err = m.Checkpoints.RestoreCheckpoint(ctx, "k", src.ID, list[0].ID, false); err != nil || sb.State != sandbox.StateRunning {
 		t.Fatalf("restore of a paused sandbox: %+v, %v", sb, err)
 	}
 
 	// Branch: new sandboxes from the checkpoint.
-	branches, err := m.BranchCheckpoint(ctx, "k", src.ID, list[0].ID, sandbox.ForkSpec{Count: 2, Name: "try"})
+	branches, err := m.Checkpoints.BranchCheckpoint(ctx, "k", src.ID, list[0].ID, sandbox.ForkSpec{Count: 2, Name: "try"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,8 +113,8 @@ func TestCheckpoints(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if exists(e.snapDir(list[0].ID)) {
-		t.Errorf("the checkpoint's files outlived its last branch")
+	if exists(e.snapDir(list[0].ID)) || exists(e.snapDir(ids[0])) {
+		t.Errorf("the checkpoint's files (or its base's) outlived its last branch")
 	}
 }
 
@@ -118,14 +125,14 @@ func TestCheckpointQuota(t *testing.T) {
 	m := e.managerWith(func(cfg *sandbox.Config) { cfg.Checkpoints.QuotaBytes = 1 })
 	ctx := context.Background()
 	src := running(t, m, spec())
-	first, err := m.Checkpoint(ctx, "k", src.ID, "", true)
+	first, err := m.Checkpoints.Checkpoint(ctx, "k", src.ID, "", true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if first.SizeBytes == 0 {
 		t.Skip("the fake driver's checkpoint takes no bytes here; the quota cannot be reached")
 	}
-	second, err := m.Checkpoint(ctx, "k", src.ID, "", true)
+	second, err := m.Checkpoints.Checkpoint(ctx, "k", src.ID, "", true)
 	if err == nil {
 		// It had room only because the first... which cannot be: a single
 		// checkpoint already fills a 1-byte quota.
@@ -152,7 +159,7 @@ func TestCheckpointInBackground(t *testing.T) {
 	m := e.manager()
 	ctx := context.Background()
 	src := running(t, m, spec())
-	cp, err := m.Checkpoint(ctx, "k", src.ID, "bg", false)
+	cp, err := m.Checkpoints.Checkpoint(ctx, "k", src.ID, "bg", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +169,7 @@ func TestCheckpointInBackground(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for cp.State == sandbox.SnapshotCapturing && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
-		if cp, err = m.GetCheckpoint(ctx, "k", src.ID, cp.ID); err != nil {
+		if cp, err = m.Checkpoints.GetCheckpoint(ctx, "k", src.ID, cp.ID); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -176,11 +183,11 @@ func TestCheckpointInBackground(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.Snapshots.FailInterrupted(ctx)
-	got, err := m.GetCheckpoint(ctx, "k", src.ID, cut.ID)
+	got, err := m.Checkpoints.GetCheckpoint(ctx, "k", src.ID, cut.ID)
 	if err != nil || got.State != sandbox.SnapshotFailed {
 		t.Fatalf("an interrupted capture after the start: %+v, %v; want failed", got, err)
 	}
-	if _, err := m.RestoreCheckpoint(ctx, "k", src.ID, cut.ID, false); errdefs.Code(err) != "checkpoint_not_ready" {
+	if _, err := m.Checkpoints.RestoreCheckpoint(ctx, "k", src.ID, cut.ID, false); errdefs.Code(err) != "checkpoint_not_ready" {
 		t.Errorf("restoring a failed checkpoint: %v, want checkpoint_not_ready", err)
 	}
 }

@@ -48,14 +48,14 @@ func (m *Manager) Fork(ctx context.Context, owner, id string, spec ForkSpec) (_ 
 		e.Details = map[string]any{"snapshotId": sn.ID}
 		return nil, e
 	}
-	return m.copies(ctx, owner, src, sn, spec)
+	return m.Snapshots.copies(ctx, owner, src, sn, spec)
 }
 
 // copies makes spec.Count sandboxes from memory snapshot sn of src, with
 // src's settings and egress policy, and answers once they all run. Copies
 // are admitted as creates are; if one is refused, the copies made so far
 // are deleted and the refusal answered.
-func (m *Manager) copies(ctx context.Context, owner string, src *Sandbox, sn *Snapshot, spec ForkSpec) (_ []*Sandbox, err error) {
+func (sp *Snapshots) copies(ctx context.Context, owner string, src *Sandbox, sn *Snapshot, spec ForkSpec) (_ []*Sandbox, err error) {
 	id := src.ID
 	var u undo
 	defer u.run()
@@ -68,27 +68,27 @@ func (m *Manager) copies(ctx context.Context, owner string, src *Sandbox, sn *Sn
 		cs := CreateSpec{Name: name, Labels: spec.Labels, SnapshotID: sn.ID, OnLeaseEnd: src.OnLeaseEnd,
 			TimeoutSeconds: src.TimeoutSeconds, AutoWake: &src.AutoWake, IdlePauseSeconds: src.IdlePauseSeconds,
 			Persistent: src.Persistent}
-		if n, err := m.cfg.Store.GetNetwork(ctx, id); err == nil {
+		if n, err := sp.records.GetNetwork(ctx, id); err == nil {
 			pol := n.Policy
 			cs.Network = &pol // a copy gets its own gate with its source's policy
 		}
-		sb, err := m.createCopy(ctx, owner, cs, copies)
+		sb, err := sp.createCopy(ctx, owner, cs, copies)
 		if err != nil {
 			return nil, err
 		}
 		u.add(func() {
-			if _, err := m.delete(context.WithoutCancel(ctx), sb.ID, ReasonDeleted); err != nil {
-				m.log.Error("deleting a copy of a failed fork", "sandbox_id", sb.ID, "err", err)
+			if _, err := sp.host.delete(context.WithoutCancel(ctx), sb.ID, ReasonDeleted); err != nil {
+				sp.log.Error("deleting a copy of a failed fork", "sandbox_id", sb.ID, "err", err)
 			}
 		})
 		copies = append(copies, sb)
 	}
 	// The copies stay, and are waited for below.
 	u.keep()
-	wctx, cancel := context.WithTimeout(ctx, 2*m.cfg.BootTimeout+10*time.Second)
+	wctx, cancel := context.WithTimeout(ctx, 2*sp.bootTimeout+10*time.Second)
 	defer cancel()
 	for i, c := range copies {
-		got, err := m.WaitFor(wctx, owner, c.ID, StateRunning)
+		got, err := sp.host.WaitFor(wctx, owner, c.ID, StateRunning)
 		if err != nil {
 			return nil, err
 		}
@@ -101,19 +101,19 @@ func (m *Manager) copies(ctx context.Context, owner string, src *Sandbox, sn *Sn
 // are made in turn: refused for boots alone, it waits for the copies made
 // so far to run (or for the refusal's retry time when they all do) and
 // tries again, for at most two boots' time.
-func (m *Manager) createCopy(ctx context.Context, owner string, cs CreateSpec, made []*Sandbox) (*Sandbox, error) {
-	deadline := time.Now().Add(2*m.cfg.BootTimeout + 10*time.Second)
+func (sp *Snapshots) createCopy(ctx context.Context, owner string, cs CreateSpec, made []*Sandbox) (*Sandbox, error) {
+	deadline := time.Now().Add(2*sp.bootTimeout + 10*time.Second)
 	for {
-		sb, err := m.Create(ctx, owner, cs)
+		sb, err := sp.host.Create(ctx, owner, cs)
 		var ce *errdefs.CodedError
 		if err == nil || !errors.As(err, &ce) || !bootsFull(ce) || time.Now().After(deadline) {
 			return sb, err
 		}
 		waited := false
 		for _, c := range made {
-			if got, gerr := m.Get(ctx, owner, c.ID); gerr == nil && got.State == StateStarting {
+			if got, gerr := sp.host.Get(ctx, owner, c.ID); gerr == nil && got.State == StateStarting {
 				wctx, cancel := context.WithDeadline(ctx, deadline)
-				_, _ = m.WaitFor(wctx, owner, c.ID, StateRunning)
+				_, _ = sp.host.WaitFor(wctx, owner, c.ID, StateRunning)
 				cancel()
 				waited = true
 				break

@@ -155,14 +155,15 @@ type Manager struct {
 
 	// The collaborators that serve callers beside the state machine; New
 	// sets them and nothing replaces them.
-	Meter     *Meter     // observes transitions to charge usage (meter.go)
-	Previews  *Previews  // previews.go
-	Moves     *Moves     // move.go, fence.go
-	Snapshots *Snapshots // snapshots.go
-	Reaper    *Reaper    // lease.go, pressure.go, retention.go
-	Switcher  *Switcher  // switch.go
-	Networks  *Networks  // network.go
-	Templates *Templates // templates.go
+	Meter       *Meter       // observes transitions to charge usage (meter.go)
+	Previews    *Previews    // previews.go
+	Moves       *Moves       // move.go, fence.go
+	Snapshots   *Snapshots   // snapshots.go
+	Checkpoints *Checkpoints // checkpoints.go
+	Reaper      *Reaper      // lease.go, pressure.go, retention.go
+	Switcher    *Switcher    // switch.go
+	Networks    *Networks    // network.go
+	Templates   *Templates   // templates.go
 
 	// Test hooks (export_test.go): testHookBeforeUpdate runs as an update
 	// begins; testHookUpdate inside every update that changes something,
@@ -289,6 +290,7 @@ func New(cfg Config) *Manager {
 	m.Previews = &Previews{host: m, records: cfg.Store}
 	m.Moves = newMoves(m)
 	m.Snapshots = newSnapshots(m)
+	m.Checkpoints = newCheckpoints(m)
 	m.Reaper = newReaper(m)
 	m.Switcher = &Switcher{host: m, volumes: cfg.Volumes, bootTimeout: cfg.BootTimeout, outcomes: m.outcomes, envs: m.envs}
 	m.Networks = &Networks{host: m, records: cfg.Store, egress: cfg.Egress, egressDefault: cfg.EgressDefault}

@@ -53,6 +53,10 @@ type Snapshot struct {
 	// CheckpointOf is the sandbox a checkpoint belongs to ("" for a
 	// snapshot): it is listed under that sandbox and deleted with it.
 	CheckpointOf string
+	// BaseID is the snapshot whose files this one's memory is a
+	// difference over (vmm.DeltaSnapshotter): its files stay while this
+	// one's do. "" for a whole snapshot.
+	BaseID string
 }
 
 // SnapshotListOptions filters a listing of snapshots. Zero values mean no

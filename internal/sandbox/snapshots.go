@@ -44,6 +44,9 @@ type SnapshotSpec struct {
 	Mode          string // SnapshotModeMemory (default) or SnapshotModeDisk
 	// checkpointOf makes it a checkpoint of that sandbox (checkpoints.go).
 	checkpointOf string
+	// base, if set, is an earlier whole memory snapshot of the same
+	// sandbox that this one's memory may be written as a difference over.
+	base *Snapshot
 }
 
 // SnapshotUpdate changes a snapshot's name and labels; nil fields stay.
@@ -85,7 +88,9 @@ type snapshotHost interface {
 	liveInstance(id string) *instance
 	event(id, typ, msg string, data map[string]any)
 	now() time.Time
-	checkpointLimits() CheckpointLimits
+	// Create and delete make and undo the copies of a fork or a branch.
+	Create(ctx context.Context, owner string, spec CreateSpec) (*Sandbox, error)
+	delete(ctx context.Context, id, reason string) (*Sandbox, error)
 }
 
 func newSnapshots(m *Manager) *Snapshots {
@@ -216,44 +221,68 @@ func (sp *Snapshots) begin(ctx context.Context, owner, id string, spec SnapshotS
 		kind = "checkpoint"
 		sn.ID, sn.CheckpointOf, sn.RetentionDays, sn.ExpiresAt = "ckpt_"+randomHex(10), spec.checkpointOf, 0, nil
 	}
+	baseDir := ""
+	if spec.base != nil && sn.Mode == SnapshotModeMemory {
+		// Recorded before the capture reads the base: its files stay
+		// from now on (UnusedDeletedSnapshots), until the capture says
+		// whether it needs them.
+		sn.BaseID, baseDir = spec.base.ID, sp.dir(spec.base.ID)
+	}
 	if err := ss.InsertSnapshot(ctx, sn); err != nil {
 		return nil, nil, err
 	}
 	capture := func(ctx context.Context) (*Snapshot, error) {
-		start := time.Now()
-		info, capErr := sp.capture(id, sp.dir(sn.ID), sn.Mode == SnapshotModeMemory)
-		took := time.Since(start)
-		if repause {
-			if _, err := sp.host.pause(ctx, id, "snapshot"); err != nil {
-				sp.log.Warn("pausing again after a snapshot", "sandbox_id", id, "err", err)
-			}
-		}
-		readyAt := sp.host.now()
-		got, err := ss.UpdateSnapshot(ctx, sn.ID, func(s *Snapshot) bool {
-			if s.State != SnapshotCapturing {
-				return false // deleted meanwhile
-			}
-			if capErr != nil {
-				s.State, s.Error = SnapshotFailed, "capture failed: the sandbox stopped or its VMM could not save it"
-				return true
-			}
-			s.State, s.ReadyAt, s.SizeBytes = SnapshotReady, &readyAt, info.SizeBytes
-			return true
-		})
-		if err != nil {
-			return nil, err
-		}
-		if capErr != nil {
-			sp.log.Warn(kind+" capture failed", "sandbox_id", id, "snapshot_id", got.ID, "err", capErr)
-			_ = os.RemoveAll(sp.dir(got.ID))
-			sp.host.event(id, kind+"_failed", kind+" capture failed", map[string]any{kind + "Id": got.ID})
-		} else {
-			sp.host.event(id, kind, kind+" taken", map[string]any{kind + "Id": got.ID, "mode": got.Mode,
-				"sizeBytes": got.SizeBytes, "captureMs": took.Milliseconds()})
-		}
-		return got, nil
+		return sp.finish(ctx, sn, kind, baseDir, repause)
 	}
 	return sn, capture, nil
+}
+
+// finish takes the snapshot begin recorded (kind "snapshot" or
+// "checkpoint"; over baseDir's memory where it can), pauses its sandbox
+// again if begin woke it, and records it ready or failed.
+func (sp *Snapshots) finish(ctx context.Context, sn *Snapshot, kind, baseDir string, repause bool) (*Snapshot, error) {
+	id := sn.SourceSandboxID
+	ss, err := sp.store()
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	info, capErr := sp.capture(id, sp.dir(sn.ID), sn.Mode == SnapshotModeMemory, baseDir)
+	took := time.Since(start)
+	if repause {
+		if _, err := sp.host.pause(ctx, id, "snapshot"); err != nil {
+			sp.log.Warn("pausing again after a snapshot", "sandbox_id", id, "err", err)
+		}
+	}
+	readyAt := sp.host.now()
+	got, err := ss.UpdateSnapshot(ctx, sn.ID, func(s *Snapshot) bool {
+		if s.State != SnapshotCapturing {
+			return false // deleted meanwhile
+		}
+		if capErr != nil {
+			// Its files go below: it holds no base's any more.
+			s.State, s.Error = SnapshotFailed, "capture failed: the sandbox stopped or its VMM could not save it"
+			s.BaseID, s.FilesRemovedAt = "", &readyAt
+			return true
+		}
+		s.State, s.ReadyAt, s.SizeBytes = SnapshotReady, &readyAt, info.SizeBytes
+		if !info.Base {
+			s.BaseID = "" // written whole
+		}
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	if capErr != nil {
+		sp.log.Warn(kind+" capture failed", "sandbox_id", id, "snapshot_id", got.ID, "err", capErr)
+		_ = os.RemoveAll(sp.dir(got.ID))
+		sp.host.event(id, kind+"_failed", kind+" capture failed", map[string]any{kind + "Id": got.ID})
+	} else {
+		sp.host.event(id, kind, kind+" taken", map[string]any{kind + "Id": got.ID, "mode": got.Mode,
+			"sizeBytes": got.SizeBytes, "captureMs": took.Milliseconds(), "baseId": got.BaseID})
+	}
+	return got, nil
 }
 
 // FailInterrupted records failed the snapshots and checkpoints of this
@@ -281,7 +310,9 @@ func (sp *Snapshots) FailInterrupted(ctx context.Context) {
 			if s.State != SnapshotCapturing {
 				return false
 			}
+			now := sp.host.now()
 			s.State, s.Error = SnapshotFailed, "capture cut short by a stop of the server"
+			s.BaseID, s.FilesRemovedAt = "", &now
 			return true
 		}); err != nil {
 			sp.log.Error("recording an interrupted capture failed", "snapshot_id", id, "err", err)
@@ -314,8 +345,9 @@ func (sp *Snapshots) settleRunning(ctx context.Context, owner, id string) (*Sand
 
 // capture has the sandbox's VM write a snapshot (with memory, or the disk
 // alone) into dir, under its VM lock so that no pause or stop replaces the
-// VM meanwhile.
-func (sp *Snapshots) capture(id, dir string, memory bool) (vmm.SnapshotInfo, error) {
+// VM meanwhile; with a baseDir, its memory as a difference over that
+// snapshot's where the driver can and it is small.
+func (sp *Snapshots) capture(id, dir string, memory bool, baseDir string) (vmm.SnapshotInfo, error) {
 	unlock := sp.host.lockOp(id)
 	defer unlock()
 	in := sp.host.liveInstance(id)
@@ -333,6 +365,9 @@ func (sp *Snapshots) capture(id, dir string, memory bool) (vmm.SnapshotInfo, err
 		in.saving.Lock()
 		defer in.saving.Unlock()
 		sp.link.detach(ctx, in)
+	}
+	if memory && baseDir != "" {
+		return vmm.SnapshotOver(ctx, mach, dir, baseDir)
 	}
 	return vmm.Snapshot(ctx, mach, dir, memory)
 }
@@ -469,28 +504,38 @@ func (sp *Snapshots) ExpireSnapshots(ctx context.Context) []string {
 }
 
 // RemoveUnusedSnapshots removes the files of deleted snapshots that no
-// sandbox but a deleted one was made from.
+// sandbox but a deleted one was made from and that no snapshot with files
+// is a difference over: removing a delta's files can free its base's, so
+// it goes round again until nothing more is freed.
 func (sp *Snapshots) RemoveUnusedSnapshots(ctx context.Context) {
 	ss, err := sp.store()
 	if err != nil {
 		return
 	}
-	ids, err := ss.UnusedDeletedSnapshots(ctx)
-	if err != nil {
-		sp.log.Error("listing unused snapshots", "err", err)
-		return
-	}
-	for _, id := range ids {
-		if err := removeAll(sp.dir(id)); err != nil {
-			sp.log.Error("removing a deleted snapshot's files", "snapshot_id", id, "err", err)
-			continue
+	for round := 0; round < 8; round++ {
+		ids, err := ss.UnusedDeletedSnapshots(ctx)
+		if err != nil {
+			sp.log.Error("listing unused snapshots", "err", err)
+			return
 		}
-		now := sp.host.now()
-		if _, err := ss.UpdateSnapshot(ctx, id, func(s *Snapshot) bool {
-			s.FilesRemovedAt = &now
-			return true
-		}); err != nil {
-			sp.log.Error("recording a deleted snapshot's files removed", "snapshot_id", id, "err", err)
+		removed := 0
+		for _, id := range ids {
+			if err := removeAll(sp.dir(id)); err != nil {
+				sp.log.Error("removing a deleted snapshot's files", "snapshot_id", id, "err", err)
+				continue
+			}
+			now := sp.host.now()
+			if _, err := ss.UpdateSnapshot(ctx, id, func(s *Snapshot) bool {
+				s.FilesRemovedAt = &now
+				return true
+			}); err != nil {
+				sp.log.Error("recording a deleted snapshot's files removed", "snapshot_id", id, "err", err)
+				continue
+			}
+			removed++
+		}
+		if removed == 0 {
+			return
 		}
 	}
 }

@@ -16,7 +16,7 @@ type snapshotRows struct{ *backend }
 
 const snapshotColumns = `id, owner_key_id, name, labels, source_sandbox_id, mode, state, error,
 	size_bytes, vcpu, memory_mib, disk_mib, retention_days,
-	created_at, ready_at, expires_at, deleted_at, files_removed_at, image_id, rootfs, checkpoint_of`
+	created_at, ready_at, expires_at, deleted_at, files_removed_at, image_id, rootfs, checkpoint_of, base_id`
 
 func snapshotNotFound(id string) error {
 	return errdefs.New(errdefs.ErrNotFound, "snapshot_not_found", "snapshot %s not found", id)
@@ -36,11 +36,11 @@ func (s *snapshotRows) InsertSnapshot(ctx context.Context, sn *sandbox.Snapshot)
 		node = n.id // its files are on this node
 	}
 	_, err = s.db.ExecContext(ctx, `INSERT INTO snapshots (`+snapshotColumns+`, node_id)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sn.ID, sn.OwnerKeyID, sn.Name, labels, sn.SourceSandboxID, sn.Mode, sn.State, sn.Error,
 		sn.SizeBytes, sn.VCPU, sn.MemoryMiB, sn.DiskMiB, sn.RetentionDays,
 		formatTime(sn.CreatedAt), formatTimePtr(sn.ReadyAt), formatTimePtr(sn.ExpiresAt),
-		formatTimePtr(sn.DeletedAt), formatTimePtr(sn.FilesRemovedAt), sn.ImageID, sn.Rootfs, sn.CheckpointOf, node)
+		formatTimePtr(sn.DeletedAt), formatTimePtr(sn.FilesRemovedAt), sn.ImageID, sn.Rootfs, sn.CheckpointOf, sn.BaseID, node)
 	if err != nil {
 		return fmt.Errorf("inserting snapshot %s: %w", sn.ID, err)
 	}
@@ -66,10 +66,11 @@ func (s *snapshotRows) UpdateSnapshot(ctx context.Context, id string, fn func(sn
 			return fmt.Errorf("updating snapshot %s: encoding labels: %w", id, err)
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE snapshots SET name = ?, labels = ?, state = ?, error = ?,
-			size_bytes = ?, retention_days = ?, ready_at = ?, expires_at = ?, deleted_at = ?, files_removed_at = ?
+			size_bytes = ?, retention_days = ?, ready_at = ?, expires_at = ?, deleted_at = ?, files_removed_at = ?,
+			base_id = ?
 			WHERE id = ?`,
 			sn.Name, labels, sn.State, sn.Error, sn.SizeBytes, sn.RetentionDays, formatTimePtr(sn.ReadyAt),
-			formatTimePtr(sn.ExpiresAt), formatTimePtr(sn.DeletedAt), formatTimePtr(sn.FilesRemovedAt), id); err != nil {
+			formatTimePtr(sn.ExpiresAt), formatTimePtr(sn.DeletedAt), formatTimePtr(sn.FilesRemovedAt), sn.BaseID, id); err != nil {
 			return fmt.Errorf("updating snapshot %s: %w", id, err)
 		}
 		return nil
@@ -158,15 +159,18 @@ func (s *snapshotRows) ExpiredSnapshots(ctx context.Context, now time.Time) ([]*
 }
 
 // UnusedDeletedSnapshots returns the deleted snapshots whose files are
-// still there and that no sandbox with a disk was made from (deleted, or
-// stopped with its files removed, a copy needs them no longer): their
-// files can go.
+// still there, that no sandbox with a disk was made from (deleted, or
+// stopped with its files removed, a copy needs them no longer) and that
+// no snapshot with files is a difference over (base_id): their files can
+// go.
 func (s *snapshotRows) UnusedDeletedSnapshots(ctx context.Context) ([]string, error) {
 	cond, args := s.localOnly()
 	ids, err := queryRows(ctx, s.db, scanString, `SELECT id FROM snapshots AS sn
 		WHERE state = 'deleted' AND files_removed_at IS NULL
 		AND NOT EXISTS (SELECT 1 FROM sandboxes
-			WHERE snapshot_id = sn.id AND state <> 'deleted' AND disk_removed_at IS NULL)`+cond+`
+			WHERE snapshot_id = sn.id AND state <> 'deleted' AND disk_removed_at IS NULL)
+		AND NOT EXISTS (SELECT 1 FROM snapshots AS d
+			WHERE d.base_id = sn.id AND d.files_removed_at IS NULL)`+cond+`
 		ORDER BY deleted_at`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("listing unused deleted snapshots: %w", err)
@@ -183,7 +187,7 @@ func scanSnapshot(row interface{ Scan(...any) error }) (*sandbox.Snapshot, error
 	)
 	err := row.Scan(&sn.ID, &sn.OwnerKeyID, &sn.Name, &labels, &sn.SourceSandboxID, &sn.Mode, &sn.State, &sn.Error,
 		&sn.SizeBytes, &sn.VCPU, &sn.MemoryMiB, &sn.DiskMiB, &sn.RetentionDays,
-		&created, &ready, &expires, &deleted, &filesGone, &sn.ImageID, &sn.Rootfs, &sn.CheckpointOf)
+		&created, &ready, &expires, &deleted, &filesGone, &sn.ImageID, &sn.Rootfs, &sn.CheckpointOf, &sn.BaseID)
 	if err != nil {
 		return nil, err
 	}

@@ -76,4 +76,40 @@ func TestCheckpointRows(t *testing.T) {
 	if got, err := s.CapturingSnapshots(ctx); err != nil || !slices.Equal(got, []string{"ckpt_2"}) {
 		t.Errorf("CapturingSnapshots: %v, %v", got, err)
 	}
+
+	// A deleted snapshot's files stay while one with files is a
+	// difference over it (base_id), and go once that one's are removed.
+	ins("ckpt_base", "k", "sbx_1", sandbox.SnapshotReady, 1, 4*time.Second)
+	ins("ckpt_delta", "k", "sbx_1", sandbox.SnapshotReady, 1, 5*time.Second)
+	setBase := func(sn *sandbox.Snapshot) bool { sn.BaseID = "ckpt_base"; return true }
+	if got, err := s.UpdateSnapshot(ctx, "ckpt_delta", setBase); err != nil || got.BaseID != "ckpt_base" {
+		t.Fatalf("base_id round trip: %+v, %v", got, err)
+	}
+	del := func(sn *sandbox.Snapshot) bool { sn.State, sn.DeletedAt = sandbox.SnapshotDeleted, &gone; return true }
+	if _, err := s.UpdateSnapshot(ctx, "ckpt_base", del); err != nil {
+		t.Fatal(err)
+	}
+	unused := func() []string {
+		t.Helper()
+		ids, err := s.UnusedDeletedSnapshots(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+	if slices.Contains(unused(), "ckpt_base") {
+		t.Errorf("a base's files are unused while a difference over it has files")
+	}
+	if _, err := s.UpdateSnapshot(ctx, "ckpt_delta", del); err != nil {
+		t.Fatal(err)
+	}
+	if got := unused(); !slices.Contains(got, "ckpt_delta") || slices.Contains(got, "ckpt_base") {
+		t.Errorf("unused with the delta deleted, its files there: %v", got)
+	}
+	if _, err := s.UpdateSnapshot(ctx, "ckpt_delta", func(sn *sandbox.Snapshot) bool { sn.FilesRemovedAt = &gone; return true }); err != nil {
+		t.Fatal(err)
+	}
+	if got := unused(); !slices.Contains(got, "ckpt_base") {
+		t.Errorf("the base's files are kept after the delta's went: %v", got)
+	}
 }

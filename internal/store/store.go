@@ -594,9 +594,13 @@ CREATE TABLE cluster_settings (
 ) STRICT;
 `,
 	// 16: checkpoints: snapshots that belong to a sandbox (checkpoint_of
-	// names it) and are listed under it, not among the key's snapshots.
+	// names it) and are listed under it, not among the key's snapshots;
+	// base_id names the snapshot whose files a checkpoint's memory is a
+	// difference over.
 	`
 ALTER TABLE snapshots ADD COLUMN checkpoint_of TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN base_id TEXT NOT NULL DEFAULT '';
+CREATE INDEX snapshots_base ON snapshots (base_id) WHERE base_id != '';
 CREATE INDEX snapshots_checkpoints ON snapshots (checkpoint_of, created_at) WHERE checkpoint_of != '' AND state <> 'deleted';
 `,
 }

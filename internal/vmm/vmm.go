@@ -65,6 +65,10 @@ type Driver interface {
 type SnapshotInfo struct {
 	Memory    bool  // it holds memory and device state, not only the disk
 	SizeBytes int64 // bytes allocated on the host's disk
+	// Base: its memory is a difference over the snapshot it was asked to
+	// be taken over (DeltaSnapshotter), whose files it needs as long as
+	// it exists; false, it is whole.
+	Base bool
 }
 
 // Usage is what the host's kernel has accounted to one VM since its VMM
@@ -123,6 +127,26 @@ type Snapshotter interface {
 	// the call): the disk always, and memory with device state when
 	// memory is true. The guest is stopped for the copy and runs on after.
 	Snapshot(ctx context.Context, dir string, memory bool) (SnapshotInfo, error)
+}
+
+// DeltaSnapshotter is a Snapshotter that can write a memory snapshot as
+// its difference from an earlier memory snapshot of the same guest.
+type DeltaSnapshotter interface {
+	// SnapshotOver saves a memory snapshot into dir as Snapshot does,
+	// its memory as what differs from the snapshot in baseDir where that
+	// is small (Base set in the answer: dir needs baseDir's files for as
+	// long as it exists, and baseDir never changes), else whole. Clone
+	// and Restore read either.
+	SnapshotOver(ctx context.Context, dir, baseDir string) (SnapshotInfo, error)
+}
+
+// SnapshotOver saves a memory snapshot of m into dir, over the one in
+// baseDir where m can (see DeltaSnapshotter), else whole.
+func SnapshotOver(ctx context.Context, m Machine, dir, baseDir string) (SnapshotInfo, error) {
+	if d, ok := m.(DeltaSnapshotter); ok && baseDir != "" {
+		return d.SnapshotOver(ctx, dir, baseDir)
+	}
+	return Snapshot(ctx, m, dir, true)
 }
 
 // OOMScorer is a Machine whose VMM process's standing with the host

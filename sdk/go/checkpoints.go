@@ -12,12 +12,15 @@ import (
 // sandbox, as the server describes it. A sandbox can be rolled back to one
 // of its checkpoints, or branched from one into new sandboxes.
 type Checkpoint struct {
-	ID        string     `json:"id"` // ckpt_…
-	Kind      string     `json:"kind"`
-	SandboxID string     `json:"sandboxId"`
-	Label     *string    `json:"label"`
-	State     string     `json:"state"` // capturing|ready|failed
-	SizeBytes int64      `json:"sizeBytes"`
+	ID        string  `json:"id"` // ckpt_…
+	Kind      string  `json:"kind"`
+	SandboxID string  `json:"sandboxId"`
+	Label     *string `json:"label"`
+	State     string  `json:"state"` // capturing|ready|failed
+	SizeBytes int64   `json:"sizeBytes"`
+	// BaseID: its memory is stored as what differs from that checkpoint's
+	// (kept while this one exists); nil when it is whole.
+	BaseID    *string    `json:"baseId"`
 	CreatedAt time.Time  `json:"createdAt"`
 	ReadyAt   *time.Time `json:"readyAt"`
 	Error     *string    `json:"error"` // why it failed

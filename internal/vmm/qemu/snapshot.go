@@ -75,9 +75,10 @@ func (d *Driver) Saved(spec vmm.Spec) bool {
 
 // A VM of this driver has every optional ability of a vmm.Machine.
 var (
-	_ vmm.Pauser      = (*machine)(nil)
-	_ vmm.Snapshotter = (*machine)(nil)
-	_ vmm.Continuer   = (*machine)(nil)
+	_ vmm.Pauser           = (*machine)(nil)
+	_ vmm.Snapshotter      = (*machine)(nil)
+	_ vmm.DeltaSnapshotter = (*machine)(nil)
+	_ vmm.Continuer        = (*machine)(nil)
 )
 
 // Pause implements vmm.Pauser.
@@ -237,6 +238,17 @@ func (m *machine) Continue(ctx context.Context) error {
 
 // Snapshot implements vmm.Snapshotter.
 func (m *machine) Snapshot(ctx context.Context, dir string, memory bool) (info vmm.SnapshotInfo, err error) {
+	return m.snapshot(ctx, dir, memory, "")
+}
+
+// SnapshotOver implements vmm.DeltaSnapshotter: a memory snapshot whose
+// RAM is written as the pages that differ from the snapshot in baseDir
+// (memdelta.go) when that is small, else whole.
+func (m *machine) SnapshotOver(ctx context.Context, dir, baseDir string) (vmm.SnapshotInfo, error) {
+	return m.snapshot(ctx, dir, true, baseDir)
+}
+
+func (m *machine) snapshot(ctx context.Context, dir string, memory bool, baseDir string) (info vmm.SnapshotInfo, err error) {
 	if m.rootfs == "" {
 		return info, errors.New("snapshot: the machine does not know its base image")
 	}
@@ -258,9 +270,18 @@ func (m *machine) Snapshot(ctx context.Context, dir string, memory bool) (info v
 		}
 	}()
 	if memory {
-		if err := copySparse(filepath.Join(m.dir, memFile), filepath.Join(dir, memFile), 0o600); err != nil {
-			return info, fmt.Errorf("snapshot: copying memory: %w", err)
+		delta := false
+		if baseDir != "" {
+			if delta, err = writeMemDelta(filepath.Join(m.dir, memFile), baseDir, dir); err != nil {
+				return info, fmt.Errorf("snapshot: writing the memory's difference: %w", err)
+			}
 		}
+		if !delta {
+			if err := copySparse(filepath.Join(m.dir, memFile), filepath.Join(dir, memFile), 0o600); err != nil {
+				return info, fmt.Errorf("snapshot: copying memory: %w", err)
+			}
+		}
+		info.Base = delta
 		if err := copyDevices(m.dir, dir); err != nil {
 			return info, fmt.Errorf("snapshot: %w", err)
 		}
@@ -340,12 +361,11 @@ func (d *Driver) Clone(ctx context.Context, snapDir string, spec vmm.Spec) error
 	if !d.Saved(vmm.Spec{Dir: snapDir}) {
 		return createMem(spec) // a disk snapshot: Start boots it
 	}
-	mem := filepath.Join(snapDir, memFile)
-	if st, err := os.Stat(mem); err != nil || st.Size() != int64(spec.MemoryMiB)<<20 {
+	if n, err := memSize(snapDir); err != nil || n != int64(spec.MemoryMiB)<<20 {
 		return fmt.Errorf("clone: the snapshot's memory is not %d MiB", spec.MemoryMiB)
 	}
 	if dst := filepath.Join(spec.Dir, memFile); !d.takeSpare(snapDir, dst) {
-		if err := copySparse(mem, dst, 0o600); err != nil {
+		if err := copyMem(snapDir, dst); err != nil {
 			return fmt.Errorf("clone: copying memory: %w", err)
 		}
 	}
@@ -371,8 +391,7 @@ func (d *Driver) Restore(ctx context.Context, snapDir string, spec vmm.Spec) err
 	if !d.Saved(vmm.Spec{Dir: snapDir}) {
 		return errors.New("restore: the snapshot holds no memory")
 	}
-	mem := filepath.Join(snapDir, memFile)
-	if st, err := os.Stat(mem); err != nil || st.Size() != int64(spec.MemoryMiB)<<20 {
+	if n, err := memSize(snapDir); err != nil || n != int64(spec.MemoryMiB)<<20 {
 		return fmt.Errorf("restore: the snapshot's memory is not %d MiB", spec.MemoryMiB)
 	}
 	// The snapshot's disk is over the base image the sandbox has now, or
@@ -392,13 +411,16 @@ func (d *Driver) Restore(ctx context.Context, snapDir string, spec vmm.Spec) err
 		return fmt.Errorf("restore: %w", err)
 	}
 	defer os.RemoveAll(stage)
-	for _, name := range []string{snapDiskFile, memFile, stateFile} {
+	for _, name := range []string{snapDiskFile, stateFile} {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		if err := copySparse(filepath.Join(snapDir, name), filepath.Join(stage, name), 0o600); err != nil {
 			return fmt.Errorf("restore: copying %s: %w", name, err)
 		}
+	}
+	if err := copyMem(snapDir, filepath.Join(stage, memFile)); err != nil {
+		return fmt.Errorf("restore: copying memory: %w", err)
 	}
 	if err := copyDevices(snapDir, stage); err != nil {
 		return fmt.Errorf("restore: %w", err)

@@ -129,9 +129,10 @@ func writeSaved(dir, id string) error {
 
 // A VM of this driver has every optional ability of a vmm.Machine.
 var (
-	_ vmm.Pauser      = (*Machine)(nil)
-	_ vmm.Snapshotter = (*Machine)(nil)
-	_ vmm.Continuer   = (*Machine)(nil)
+	_ vmm.Pauser           = (*Machine)(nil)
+	_ vmm.Snapshotter      = (*Machine)(nil)
+	_ vmm.DeltaSnapshotter = (*Machine)(nil)
+	_ vmm.Continuer        = (*Machine)(nil)
 )
 
 // Pause implements vmm.Pauser: the state is saved and the machine
@@ -167,6 +168,21 @@ func (m *Machine) Snapshot(ctx context.Context, dir string, memory bool) (vmm.Sn
 		return vmm.SnapshotInfo{}, fmt.Errorf("fake snapshot: %w", err)
 	}
 	return vmm.SnapshotInfo{Memory: memory, SizeBytes: int64(len(b))}, nil
+}
+
+// SnapshotOver implements vmm.DeltaSnapshotter: a memory snapshot that
+// says it is a difference over baseDir's whenever baseDir holds one (the
+// fake's guest has no memory to compare), so that the bookkeeping of
+// bases is exercised.
+func (m *Machine) SnapshotOver(ctx context.Context, dir, baseDir string) (vmm.SnapshotInfo, error) {
+	info, err := m.Snapshot(ctx, dir, true)
+	if err != nil {
+		return info, err
+	}
+	if _, err := os.Stat(filepath.Join(baseDir, snapshotFile)); err == nil {
+		info.Base = true
+	}
+	return info, nil
 }
 
 // Continue implements vmm.Continuer: it consumes the saved state
