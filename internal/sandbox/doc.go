@@ -235,8 +235,12 @@
 // Checkpoints (`checkpoints.go`, D22): a memory snapshot whose `CheckpointOf`
 // names its sandbox, taken by the same capture (`wait:false` runs it in an
 // owned goroutine and answers `capturing`), listed under the sandbox only,
-// bounded by `CheckpointLimits` (per sandbox, oldest pruned; per key, bytes)
-// and deleted in `finishDelete`. `RestoreCheckpoint` pauses a running
+// its memory a difference over the sandbox's newest whole checkpoint where
+// the driver can (`vmm.DeltaSnapshotter`, `BaseID`; the base's files stay
+// while a difference over it has files), bounded by `CheckpointLimits`
+// (per sandbox, oldest pruned; per key, bytes)
+// and deleted in `finishDelete`; `Manager.Checkpoints` is their collaborator.
+// `RestoreCheckpoint` pauses a running
 // sandbox, then under its VM lock has `vmm.Restorer` copy the checkpoint's
 // files in (the disk whole, so nothing depends on the checkpoint after), and
 // wakes it; a wake between the two is paused again. `BranchCheckpoint` makes
