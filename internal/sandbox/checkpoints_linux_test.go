@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/metering"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -189,5 +190,27 @@ func TestCheckpointInBackground(t *testing.T) {
 	}
 	if _, err := m.Checkpoints.RestoreCheckpoint(ctx, "k", src.ID, cut.ID, false); errdefs.Code(err) != "checkpoint_not_ready" {
 		t.Errorf("restoring a failed checkpoint: %v, want checkpoint_not_ready", err)
+	}
+}
+
+// TestCheckpointsAreMetered: what a checkpoint keeps is charged as a
+// snapshot's storage is.
+func TestCheckpointsAreMetered(t *testing.T) {
+	e := newEnv(t)
+	m := e.manager()
+	ctx := context.Background()
+	src := running(t, m, spec())
+	cp, err := m.Checkpoints.Checkpoint(ctx, "k", src.ID, "metered", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Hour)
+	m.Meter.SettleAll(ctx)
+	rows, err := e.st.UsageRows(ctx, metering.Query{Owner: "k", ResourceIDs: []string{cp.ID}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) == 0 || rows[0].Kind != metering.KindSnapshot {
+		t.Fatalf("usage of checkpoint %s: %+v, want its storage charged as a snapshot's", cp.ID, rows)
 	}
 }

@@ -326,14 +326,15 @@ func allocated(dir string) int64 {
 	return n
 }
 
-// liveSnapshots lists every snapshot that keeps files: the ready ones.
+// liveSnapshots lists every snapshot that keeps files: the ready ones,
+// checkpoints included (charged as snapshots are).
 func (mt *Meter) liveSnapshots(ctx context.Context) ([]*Snapshot, error) {
 	ss, ok := mt.records.(SnapshotStore)
 	if !ok {
 		return nil, nil // a store without snapshots keeps none
 	}
 	var out []*Snapshot
-	opts := SnapshotListOptions{State: SnapshotReady, Limit: 100}
+	opts := SnapshotListOptions{State: SnapshotReady, Limit: 100, AllKinds: true}
 	for {
 		page, next, err := ss.ListSnapshots(ctx, opts)
 		if err != nil {

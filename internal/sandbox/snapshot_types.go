@@ -65,10 +65,13 @@ type SnapshotListOptions struct {
 	OwnerKeyID      string
 	SourceSandboxID string
 	// CheckpointOf lists the checkpoints of that sandbox; "" lists
-	// snapshots, never checkpoints.
+	// snapshots, never checkpoints, unless AllKinds.
 	CheckpointOf string
-	Name         string
-	State        string
-	Limit        int    // 1..100, default 50
-	Cursor       string // opaque, from a previous page
+	// AllKinds lists snapshots and checkpoints together (the meter's
+	// storage charges); CheckpointOf must be "".
+	AllKinds bool
+	Name     string
+	State    string
+	Limit    int    // 1..100, default 50
+	Cursor   string // opaque, from a previous page
 }

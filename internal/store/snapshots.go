@@ -97,7 +97,9 @@ func (s *snapshotRows) ListSnapshots(ctx context.Context, opts sandbox.SnapshotL
 		add("source_sandbox_id = ?", opts.SourceSandboxID)
 	}
 	// A sandbox's checkpoints are listed under it alone.
-	add("checkpoint_of = ?", opts.CheckpointOf)
+	if !opts.AllKinds || opts.CheckpointOf != "" {
+		add("checkpoint_of = ?", opts.CheckpointOf)
+	}
 	if opts.Name != "" {
 		add("name = ?", opts.Name)
 	}

@@ -50,6 +50,10 @@ func TestCheckpointRows(t *testing.T) {
 	if got := ids(sandbox.SnapshotListOptions{OwnerKeyID: "k", CheckpointOf: "sbx_1"}); !slices.Equal(got, []string{"ckpt_2", "ckpt_1"}) {
 		t.Errorf("the sandbox's checkpoints: %v, newest first", got)
 	}
+	// The meter lists both kinds, to charge what they keep.
+	if got := ids(sandbox.SnapshotListOptions{State: sandbox.SnapshotReady, AllKinds: true}); !slices.Equal(got, []string{"ckpt_3", "ckpt_1", "snap_1"}) {
+		t.Errorf("ready snapshots of all kinds: %v", got)
+	}
 	if n, err := s.CheckpointBytes(ctx, "k"); err != nil || n != 3<<30 {
 		t.Errorf("CheckpointBytes: %d, %v; want %d", n, err, int64(3<<30))
 	}
