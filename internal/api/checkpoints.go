@@ -170,14 +170,8 @@ func (s checkpointsAPI) branch(w http.ResponseWriter, r *http.Request, c *call) 
 	if err := decode(c, &req); err != nil {
 		return err
 	}
-	issues := nameIssues(req.Name)
-	if req.Name != "" && len(req.Name) > maxNameLen-3 {
-		issues = append(issues, issue{Path: "name", Message: "must be at most 60 characters (copies get -N)"})
-	}
-	issues = append(issues, labelIssues(req.Labels)...)
-	issues = intIn(issues, "count", req.Count, 1, sandbox.MaxForkCount)
-	if len(issues) > 0 {
-		return invalid(sortIssues(issues))
+	if err := copiesValid(req.Name, req.Labels, req.Count); err != nil {
+		return err
 	}
 	cm, err := s.checkpointManager()
 	if err != nil {
@@ -185,15 +179,5 @@ func (s checkpointsAPI) branch(w http.ResponseWriter, r *http.Request, c *call) 
 	}
 	copies, err := cm.BranchCheckpoint(r.Context(), c.owner, r.PathValue("id"), r.PathValue("cid"),
 		sandbox.ForkSpec{Count: orDefault(req.Count, 1), Name: req.Name, Labels: req.Labels})
-	if err != nil {
-		return err
-	}
-	out := struct {
-		Sandboxes []sandboxJSON `json:"sandboxes"`
-	}{Sandboxes: make([]sandboxJSON, 0, len(copies))}
-	for _, sb := range copies {
-		out.Sandboxes = append(out.Sandboxes, s.sandboxJSON(sb))
-	}
-	writeJSON(w, http.StatusOK, out)
-	return nil
+	return s.writeCopies(w, copies, err)
 }

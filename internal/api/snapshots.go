@@ -95,17 +95,32 @@ func (s snapshots) fork(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := decode(c, &req); err != nil {
 		return err
 	}
-	issues := nameIssues(req.Name)
-	if req.Name != "" && len(req.Name) > maxNameLen-3 {
-		issues = append(issues, issue{Path: "name", Message: "must be at most 60 characters (copies get -N)"})
-	}
-	issues = append(issues, labelIssues(req.Labels)...)
-	issues = intIn(issues, "count", req.Count, 1, sandbox.MaxForkCount)
-	if len(issues) > 0 {
-		return invalid(sortIssues(issues))
+	if err := copiesValid(req.Name, req.Labels, req.Count); err != nil {
+		return err
 	}
 	copies, err := s.mgr.Fork(r.Context(), c.owner, r.PathValue("id"), sandbox.ForkSpec{
 		Count: orDefault(req.Count, 1), Name: req.Name, Labels: req.Labels, KeepSnapshot: req.KeepSnapshot})
+	return s.writeCopies(w, copies, err)
+}
+
+// copiesValid checks the name, labels and count of the copies a fork or a
+// branch makes.
+func copiesValid(name string, labels map[string]string, count *int) error {
+	issues := nameIssues(name)
+	if name != "" && len(name) > maxNameLen-3 {
+		issues = append(issues, issue{Path: "name", Message: "must be at most 60 characters (copies get -N)"})
+	}
+	issues = append(issues, labelIssues(labels)...)
+	issues = intIn(issues, "count", count, 1, sandbox.MaxForkCount)
+	if len(issues) > 0 {
+		return invalid(sortIssues(issues))
+	}
+	return nil
+}
+
+// writeCopies answers the copies a fork or a branch made as
+// {"sandboxes": [...]}, or err.
+func (s *server) writeCopies(w http.ResponseWriter, copies []*sandbox.Sandbox, err error) error {
 	if err != nil {
 		return err
 	}
