@@ -250,7 +250,8 @@ class AsyncSandbox:
             timeout: seconds to wait for the answer.
 
         Raises:
-            ConflictError: `quota_exceeded`, when the key's checkpoints use up its space.
+            RateLimitError: 429 `quota_exceeded`, when the key's checkpoints use up its space
+                (after the client's retries, as for any 429).
         """
         answer = await self.client.json("POST", self._p("/checkpoints"), json=C.checkpoint_body(label, wait),
                                         timeout=timeout)
