@@ -55,6 +55,9 @@ type fakeManager struct {
 	ports      map[string]string           // id:port → the address DialPort reaches (fake_ports_test.go)
 	previews   map[string]*sandbox.Preview // id:port
 	stdin      fakeStdin                   // fake_stdin_test.go
+	// fake_checkpoints_test.go
+	checkpoints map[string]*sandbox.Snapshot
+	lastRestore string
 }
 
 type waitCall struct {
@@ -705,5 +708,5 @@ func (m *fakeManager) ExtendSnapshot(ctx context.Context, owner, id string, days
 
 // rolesOf returns the Manager whose every role is m.
 func rolesOf(m *fakeManager) Manager {
-	return Manager{Sandboxes: m, Power: m, Switcher: m, Snapshots: m, Usage: m, Guests: m}
+	return Manager{Sandboxes: m, Power: m, Switcher: m, Snapshots: m, Usage: m, Guests: m, Checkpoints: m}
 }

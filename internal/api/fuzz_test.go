@@ -34,7 +34,7 @@ type fuzzManager struct{ *fakeManager }
 
 // roles returns the Manager whose every role is m.
 func (m fuzzManager) roles() Manager {
-	return Manager{Sandboxes: m, Power: m, Switcher: m, Snapshots: m, Usage: m, Guests: m}
+	return Manager{Sandboxes: m, Power: m, Switcher: m, Snapshots: m, Usage: m, Guests: m, Checkpoints: m}
 }
 
 func (m fuzzManager) Network(ctx context.Context, owner, id string) (*sandbox.NetworkStatus, error) {

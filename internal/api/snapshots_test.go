@@ -2,6 +2,7 @@ package api
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -86,5 +87,62 @@ func TestForkRoute(t *testing.T) {
 		if w := e.do("POST", "/v1/sandboxes/sbx_r:fork", body); w.Code != 400 {
 			t.Errorf("fork %s: %d, want 400", body, w.Code)
 		}
+	}
+}
+
+// TestCheckpointRoutes: the checkpoint routes' bodies, validation and
+// answers, over the fake manager.
+func TestCheckpointRoutes(t *testing.T) {
+	e := newEnv(t)
+	e.m.add("key_a", "sbx_r", sandbox.StateRunning, time.Hour)
+	w := e.do("POST", "/v1/sandboxes/sbx_r/checkpoints", `{"label":"step-1"}`)
+	if w.Code != 200 {
+		t.Fatalf("checkpoint: %d %s", w.Code, w.Body)
+	}
+	cp := decodeBody[map[string]any](t, w)
+	if cp["kind"] != "checkpoint" || cp["sandboxId"] != "sbx_r" || cp["label"] != "step-1" || cp["state"] != "ready" || cp["baseId"] != nil {
+		t.Errorf("checkpoint answered %v", cp)
+	}
+	id, _ := cp["id"].(string)
+	if w := e.do("POST", "/v1/sandboxes/sbx_r/checkpoints", `{"wait":false}`); w.Code != 202 || decodeBody[map[string]any](t, w)["state"] != "capturing" {
+		t.Errorf("a checkpoint without wait: %d %s, want 202 capturing", w.Code, w.Body)
+	}
+	for _, body := range []string{`{"label":"a\u0001b"}`, `{"label":"` + strings.Repeat("x", 64) + `"}`, `{"wait":"no"}`, `{"other":1}`} {
+		if w := e.do("POST", "/v1/sandboxes/sbx_r/checkpoints", body); w.Code != 400 {
+			t.Errorf("checkpoint %s: %d, want 400", body, w.Code)
+		}
+	}
+	list := decodeBody[struct {
+		Checkpoints []map[string]any `json:"checkpoints"`
+	}](t, e.do("GET", "/v1/sandboxes/sbx_r/checkpoints", ""))
+	if len(list.Checkpoints) != 2 {
+		t.Errorf("list: %+v", list)
+	}
+	if w := e.do("GET", "/v1/sandboxes/sbx_r/checkpoints/"+id, ""); w.Code != 200 {
+		t.Errorf("get: %d %s", w.Code, w.Body)
+	}
+	if w := e.do("POST", "/v1/sandboxes/sbx_r/checkpoints/"+id+":restore", `{"keep":true}`); w.Code != 200 ||
+		decodeBody[map[string]any](t, w)["id"] != "sbx_r" || e.m.lastRestore != id {
+		t.Errorf("restore: %d %s", w.Code, w.Body)
+	}
+	w = e.do("POST", "/v1/sandboxes/sbx_r/checkpoints/"+id+":branch", `{"count":2,"name":"try"}`)
+	if got := decodeBody[struct {
+		Sandboxes []map[string]any `json:"sandboxes"`
+	}](t, w); w.Code != 200 || len(got.Sandboxes) != 2 || e.m.lastFork.Name != "try" {
+		t.Errorf("branch: %d %s", w.Code, w.Body)
+	}
+	for _, body := range []string{`{"count":0}`, `{"count":11}`} {
+		if w := e.do("POST", "/v1/sandboxes/sbx_r/checkpoints/"+id+":branch", body); w.Code != 400 {
+			t.Errorf("branch %s: %d, want 400", body, w.Code)
+		}
+	}
+	if w := e.do("GET", "/v1/sandboxes/sbx_r/checkpoints/ckpt_nope", ""); w.Code != 404 || !strings.Contains(w.Body.String(), "checkpoint_not_found") {
+		t.Errorf("an unknown checkpoint: %d %s", w.Code, w.Body)
+	}
+	if w := e.do("DELETE", "/v1/sandboxes/sbx_r/checkpoints/"+id, ""); w.Code != 200 {
+		t.Errorf("delete: %d %s", w.Code, w.Body)
+	}
+	if w := e.do("GET", "/v1/sandboxes/sbx_other/checkpoints", ""); w.Code != 404 {
+		t.Errorf("another sandbox's list: %d, want 404", w.Code)
 	}
 }
