@@ -14,7 +14,6 @@ import (
 	"github.com/emberbox/emberbox/internal/console"
 	"github.com/emberbox/emberbox/internal/e2b"
 	"github.com/emberbox/emberbox/internal/envd"
-	"github.com/emberbox/emberbox/internal/interpreter"
 	"github.com/emberbox/emberbox/internal/links"
 	"github.com/emberbox/emberbox/internal/upload"
 )
@@ -46,9 +45,6 @@ func (s *server) openLinks(ctx context.Context) error {
 
 // buildAPI makes the Runtime API's handler and its previews.
 func (s *server) buildAPI(context.Context) error {
-	// One interpreter service for the Runtime routes and E2B's port 49999
-	// (interp.E2BHandler), so both see the same contexts.
-	s.interp = interpreter.New(s.log)
 	// One set of rate buckets for the Runtime API and E2B's front: a
 	// caller's rate is one whichever protocol it speaks.
 	s.limiter = api.NewRateLimiter(s.adm.rates)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/emberbox/emberbox/internal/admission"
 	"github.com/emberbox/emberbox/internal/catalog"
+	"github.com/emberbox/emberbox/internal/interpreter"
 	"github.com/emberbox/emberbox/internal/ociimport"
 	"github.com/emberbox/emberbox/internal/recipebuild"
 	"github.com/emberbox/emberbox/internal/sandbox"
@@ -82,6 +83,10 @@ func (s *server) openCatalog(context.Context) error {
 // volumes and the cluster's fence of it.
 func (s *server) startManager(context.Context) error {
 	o, adm, ecfg := s.o, s.adm, s.egress
+	// One interpreter service for the Runtime routes and E2B's port 49999
+	// (interp.E2BHandler), so both see the same contexts; made here, as
+	// the manager tells it of copies.
+	s.interp = interpreter.New(s.log)
 	mcfg := sandbox.Config{
 		// Volumes attach before an image's start command runs, which may
 		// use them.
@@ -92,6 +97,9 @@ func (s *server) startManager(context.Context) error {
 		DiskFloorMiB: o.limits.diskFloorMiB, Checkpoints: o.limits.checkpoints,
 		Admission: adm.ledger, Limits: adm.limits,
 		Rates: o.rates, MeterInterval: o.meterInterval, Observer: s.metrics,
+		// A fork's or a branch's copy goes on with its source's
+		// interpreter contexts, whose kernels its memory holds.
+		Copied: s.interp.Adopt,
 	}
 	if s.isNode {
 		// Built images and volumes keep their files on the node that made

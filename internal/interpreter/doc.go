@@ -62,7 +62,10 @@
 //     starts again. Contexts detached for 7 days are forgotten too. The Service
 //     is memory only: the first time it starts a bridge in a sandbox it kills
 //     the bridges running there (left by an earlier server process), so a
-//     server restart ends contexts. Bounds: an event line ≤ 16 MiB + 64 KiB (a
+//     server restart ends contexts. A fork's copy or a checkpoint's branch
+//     is told to it by the manager (`Adopt`, through `sandbox.Config.Copied`):
+//     it takes its source's contexts, whose bridges its memory holds, and
+//     ends none of them as strays. Bounds: an event line ≤ 16 MiB + 64 KiB (a
 //     longer one cuts the connection: the run is `lost`), at most 3 lines read
 //     ahead of the consumer, ≤ 32 MiB of output kept per execution and 1 GiB by
 //     all executions under way together (the rest dropped, `truncated`; the

@@ -175,6 +175,44 @@ func notFound(id string) error {
 		WithHint("list them with GET …/interpreter/contexts; contexts end when the sandbox stops")
 }
 
+// Adopt gives sandbox dst, made from a memory snapshot of src (a fork's
+// copy, a checkpoint's branch), the contexts src has: their bridges run
+// in dst too, under the same process ids and start times, since dst's
+// memory is src's. A context src started after the snapshot has no
+// process in dst and is forgotten at its first use there, as any whose
+// process is gone. dst's bridges are not strays: the first start there
+// does not end them.
+func (s *Service) Adopt(src, dst string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	from := s.boxes[src]
+	if from == nil || src == dst {
+		return
+	}
+	to := &box{contexts: map[string]*kctx{}}
+	to.strays.Do(func() {})
+	for id, k := range from.contexts {
+		select {
+		case <-k.ready:
+		default:
+			continue // still starting: its process may not be in the snapshot
+		}
+		if k.startErr != nil {
+			continue
+		}
+		k.cmu.Lock()
+		cwd := k.cwd
+		k.cmu.Unlock()
+		ready := make(chan struct{})
+		close(ready)
+		to.contexts[id] = &kctx{id: id, envNames: k.envNames, created: k.created, ready: ready, p: k.p,
+			cwd: cwd, slot: make(chan struct{}, 1)}
+	}
+	if len(to.contexts) > 0 {
+		s.boxes[dst] = to
+	}
+}
+
 // lookup returns a context that started or is starting.
 func (s *Service) lookup(sandboxID, id string) *kctx {
 	s.mu.Lock()

@@ -376,3 +376,27 @@ func TestOutputHeldByAllRunsIsBounded(t *testing.T) {
 		t.Errorf("%d bytes still counted after the run", n)
 	}
 }
+
+// TestCopyAdoptsContexts: a sandbox made from a memory snapshot of
+// another (a fork's copy, a checkpoint's branch) goes on in its source's
+// contexts, whose bridges its memory holds, instead of ending them as
+// strays and starting afresh.
+func TestCopyAdoptsContexts(t *testing.T) {
+	s, sb, g := newTestService(t)
+	run(t, s, sb, g, RunRequest{Code: "set x 1"})
+	g.detach() // the copy's guest is reached on connections of its own
+	cp := &sandbox.Sandbox{ID: "sbx_copy"}
+	s.Adopt(sb.ID, cp.ID)
+	ex, _ := run(t, s, cp, g, RunRequest{Code: "get x"})
+	if ex.Status != StatusOK || len(ex.Results) != 1 || string(ex.Results[0].Data["text/plain"]) != `"'1'"` {
+		t.Errorf("the copy's default context: %+v, want the source's state", ex)
+	}
+	if len(g.spawned) != 1 || g.alive() != 1 {
+		t.Errorf("%d bridges started, %d alive; want the one the source started, kept", len(g.spawned), g.alive())
+	}
+	// Adopting from a sandbox with no contexts gives nothing.
+	s.Adopt("sbx_none", "sbx_copy2")
+	if got := s.List(context.Background(), &sandbox.Sandbox{ID: "sbx_copy2"}, g); len(got) != 0 {
+		t.Errorf("contexts adopted from nothing: %+v", got)
+	}
+}

@@ -76,6 +76,9 @@ func (sp *Snapshots) copies(ctx context.Context, owner string, src *Sandbox, sn 
 		if err != nil {
 			return nil, err
 		}
+		if sp.copied != nil {
+			sp.copied(id, sb.ID)
+		}
 		u.add(func() {
 			if _, err := sp.host.delete(context.WithoutCancel(ctx), sb.ID, ReasonDeleted); err != nil {
 				sp.log.Error("deleting a copy of a failed fork", "sandbox_id", sb.ID, "err", err)

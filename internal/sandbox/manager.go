@@ -107,6 +107,11 @@ type Config struct {
 	// Checkpoints bounds the checkpoints of sandboxes (checkpoints.go);
 	// zero fields take their defaults.
 	Checkpoints CheckpointLimits
+	// Copied, if set, is told of each sandbox made from a memory snapshot
+	// of another (a fork's copy, a checkpoint's branch), as it is
+	// created: what keeps state about a sandbox's processes beside the
+	// manager (the interpreter's contexts) carries it over.
+	Copied func(src, dst string)
 }
 
 // reconnectWait is how long a call waits for a running sandbox's guest

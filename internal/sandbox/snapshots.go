@@ -74,6 +74,7 @@ type Snapshots struct {
 	outcomes    outcomes
 	link        guestLink       // detaches a guest whose memory is captured
 	ctx         context.Context // the manager's: ends at its Close
+	copied      func(src, dst string)
 }
 
 // snapshotHost is what snapshots need of the manager: a sandbox as its
@@ -94,7 +95,7 @@ type snapshotHost interface {
 }
 
 func newSnapshots(m *Manager) *Snapshots {
-	return &Snapshots{host: m, records: m.cfg.Store, charges: m.cfg.Meter, driver: m.cfg.Driver,
+	return &Snapshots{host: m, records: m.cfg.Store, charges: m.cfg.Meter, driver: m.cfg.Driver, copied: m.cfg.Copied,
 		dataDir: m.cfg.DataDir, bootTimeout: m.cfg.BootTimeout, log: m.log,
 		volumes: m.volumes, outcomes: m.outcomes, link: m.link, ctx: m.ctx}
 }

@@ -110,8 +110,9 @@ def test_code_agent_rollback_brings_back_the_files_and_the_session(sbx):
 
 
 def test_executor_branch_starts_from_the_step(sbx, created):
-    """branch(1, 1) makes an executor on a new sandbox that has step 1's files; it goes on
-    in step 1's Python session if the server carried it into the branch, else in a new one."""
+    """branch(1, 1) makes an executor on a new sandbox that has step 1's files and goes on
+    in step 1's Python session (the server carries the interpreter's contexts into a
+    branch: Service.Adopt)."""
     from emberbox.smolagents import SandboxExecutor
 
     d = _dir()
@@ -128,11 +129,8 @@ def test_executor_branch_starts_from_the_step(sbx, created):
             assert branch.sandbox.id != sbx.id and branch.owns_sandbox and branch.step == 1
             assert branch.sandbox.info["labels"]["created_by"] == "emberbox-smolagents"
             assert branch.sandbox.files.read_text(data) == "one"
-            if branch.kept_session:
-                assert branch("x").output == "1"
-            else:
-                with pytest.raises(AgentError, match="NameError"):
-                    branch("x")
+            assert branch.kept_session
+            assert branch("x").output == "1"
             assert branch(f"open({data!r}).read()").output == "'one'"
             assert sorted(branch.step_checkpoints) == [1, 2, 3]  # its own, numbered on from step 1
         finally:

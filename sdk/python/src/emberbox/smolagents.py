@@ -409,9 +409,9 @@ class SandboxExecutor(RemotePythonExecutor):
         executor's `delete_on_cleanup`), has this one's settings (`checkpoints` included,
         its own checkpoints starting with `step-{step}` at its first step) and numbers its
         steps on from `step`. Its sandbox has the step's files, packages and processes. It
-        tries to go on in the step's Python session; a server that does not carry interpreter
-        sessions into the new sandboxes (they are new sandboxes, with new ids) makes it start
-        a new one instead, without the variables: `kept_session` tells which. This executor
+        goes on in the step's Python session, which Emberbox carries into a branch; an older
+        server that does not makes it start a new one instead, without the variables:
+        `kept_session` tells which. This executor
         and its sandbox are not changed.
 
         Args:
