@@ -364,6 +364,15 @@ func TestInterpreter(t *testing.T) {
 				if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
 					t.Fatalf("line %q: %v", sc.Text(), err)
 				}
+				// The kernel's stream may come in more than one piece
+				// ("None", then "\n"): consecutive stdout or stderr
+				// lines are one output here.
+				if n := len(lines); n > 0 && (m["type"] == "stdout" || m["type"] == "stderr") && lines[n-1]["type"] == m["type"] {
+					prev, _ := lines[n-1]["text"].(string)
+					next, _ := m["text"].(string)
+					lines[n-1]["text"] = prev + next
+					continue
+				}
 				lines = append(lines, m)
 			}
 			return lines
