@@ -2,11 +2,13 @@ package qemu
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -65,12 +67,7 @@ func union(a, b [][2]int64) [][2]int64 {
 			all[i][1] += pageSize - r
 		}
 	}
-	// Insertion sort: a RAM file has tens to hundreds of extents.
-	for i := 1; i < len(all); i++ {
-		for j := i; j > 0 && all[j][0] < all[j-1][0]; j-- {
-			all[j], all[j-1] = all[j-1], all[j]
-		}
-	}
+	slices.SortFunc(all, func(x, y [2]int64) int { return cmp.Compare(x[0], y[0]) })
 	var out [][2]int64
 	for _, r := range all {
 		if n := len(out); n > 0 && r[0] <= out[n-1][1] {
