@@ -15,7 +15,10 @@ import (
 // outbox) and the feed (feed.go).
 type webhookRows struct{ *backend }
 
-var _ webhook.Store = (*Store)(nil)
+var (
+	_ webhook.Records = (*Store)(nil)
+	_ webhook.Outbox  = (*Store)(nil)
+)
 
 const webhookColumns = `id, owner_key_id, url, description, events, enabled, secret, previous_secret, previous_until,
 	cursor, created_at, updated_at`

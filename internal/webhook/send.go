@@ -49,7 +49,7 @@ const (
 // Run sends deliveries until ctx ends: it gives webhooks the new events of
 // the feed, sends what is due, and prunes what is past keeping.
 func (s *Service) Run(ctx context.Context) {
-	if err := s.cfg.Store.ReleaseClaims(ctx, s.cfg.Claimer); err != nil {
+	if err := s.cfg.Outbox.ReleaseClaims(ctx, s.cfg.Claimer); err != nil {
 		s.log.Warn("releasing the claims of an earlier run", "err", err)
 	}
 	slots := make(chan struct{}, maxInFlight)
@@ -60,11 +60,11 @@ func (s *Service) Run(ctx context.Context) {
 	for {
 		if now := s.cfg.Now(); now.Sub(pruned) >= pruneEvery {
 			pruned = now
-			if err := s.cfg.Store.PruneFeed(ctx, now.Add(-FeedRetention), keepDeliveries); err != nil {
+			if err := s.cfg.Outbox.PruneFeed(ctx, now.Add(-FeedRetention), keepDeliveries); err != nil {
 				s.log.Warn("pruning the event feed", "err", err)
 			}
 		}
-		if _, err := s.cfg.Store.FanOut(ctx, fanOutBatch, maxBacklog); err != nil && ctx.Err() == nil {
+		if _, err := s.cfg.Outbox.FanOut(ctx, fanOutBatch, maxBacklog); err != nil && ctx.Err() == nil {
 			s.log.Warn("fanning out events", "err", err)
 		}
 		s.sendDue(ctx, slots, done)
@@ -89,7 +89,7 @@ func (s *Service) sendDue(ctx context.Context, slots chan struct{}, done chan st
 	if free == 0 {
 		return
 	}
-	due, err := s.cfg.Store.ClaimDeliveries(ctx, s.cfg.Claimer, claimLease, free)
+	due, err := s.cfg.Outbox.ClaimDeliveries(ctx, s.cfg.Claimer, claimLease, free)
 	if err != nil {
 		if ctx.Err() == nil {
 			s.log.Warn("claiming deliveries", "err", err)
@@ -120,20 +120,21 @@ func (s *Service) deliver(ctx context.Context, d *Delivery) {
 	case a.At.Sub(d.CreatedAt) >= RetryFor:
 		d.State = StateFailed
 	default:
-		d.NextAttemptAt = a.At.Add(backoff(d.Attempts))
+		d.NextAttemptAt = a.At.Add(backoff(s.cfg.FirstBackoff, d.Attempts))
 	}
-	if err := s.cfg.Store.RecordAttempt(ctx, d, a); err != nil {
+	if err := s.cfg.Outbox.RecordAttempt(ctx, d, a); err != nil {
 		s.log.Warn("recording a delivery", "delivery_id", d.ID, "err", err)
 	}
 	s.log.Debug("delivery attempted", "delivery_id", d.ID, "webhook_id", d.WebhookID, "event_type", d.EventType,
 		"status", a.Status, "state", d.State, "attempts", d.Attempts)
 }
 
-// backoff is the wait after the n-th failed attempt, ±10 %.
-func backoff(n int) time.Duration {
+// backoff is the wait after the n-th failed attempt, ±10 %: first,
+// doubled at each failure, at most maxBackoff.
+func backoff(first time.Duration, n int) time.Duration {
 	d := maxBackoff
 	if n < 20 {
-		d = min(firstBackoff<<(n-1), maxBackoff)
+		d = min(first<<(n-1), maxBackoff)
 	}
 	return d + time.Duration((rand.Float64()*0.2-0.1)*float64(d))
 }
@@ -180,7 +181,7 @@ func (s *Service) attempt(ctx context.Context, d *Delivery) Attempt {
 // it among its deliveries, and answers the delivery as it ended: a test
 // is sent once, never retried.
 func (s *Service) Test(ctx context.Context, owner, id string) (*Delivery, error) {
-	w, err := s.cfg.Store.GetWebhook(ctx, owner, id)
+	w, err := s.cfg.Records.GetWebhook(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
@@ -192,7 +193,7 @@ func (s *Service) Test(ctx context.Context, owner, id string) (*Delivery, error)
 	body := e.JSON()
 	body.ID = newID("evt_test_")
 	d.Body, _ = json.Marshal(body)
-	if err := s.cfg.Store.AddDelivery(ctx, d, s.cfg.Claimer, claimLease); err != nil {
+	if err := s.cfg.Outbox.AddDelivery(ctx, d, s.cfg.Claimer, claimLease); err != nil {
 		return nil, err
 	}
 	d.URL, d.Secrets = w.URL, w.Secrets(now)
@@ -203,7 +204,7 @@ func (s *Service) Test(ctx context.Context, owner, id string) (*Delivery, error)
 		d.State, d.DeliveredAt = StateDelivered, &a.At
 	}
 	d.LastStatus, d.LastError, d.LastDurationMs, d.LastAttemptAt = a.Status, a.Error, a.DurationMs, &a.At
-	if err := s.cfg.Store.RecordAttempt(context.WithoutCancel(ctx), d, a); err != nil {
+	if err := s.cfg.Outbox.RecordAttempt(context.WithoutCancel(ctx), d, a); err != nil {
 		return nil, err
 	}
 	return d, nil
@@ -213,7 +214,7 @@ func (s *Service) Test(ctx context.Context, owner, id string) (*Delivery, error)
 // state, and answers it as it then is. A delivered one stays delivered;
 // a failed one becomes delivered if the receiver takes it.
 func (s *Service) Retry(ctx context.Context, owner, id string) (*Delivery, error) {
-	d, err := s.cfg.Store.ClaimDelivery(ctx, owner, id, s.cfg.Claimer, claimLease)
+	d, err := s.cfg.Outbox.ClaimDelivery(ctx, owner, id, s.cfg.Claimer, claimLease)
 	if err != nil {
 		return nil, err
 	}
@@ -223,7 +224,7 @@ func (s *Service) Retry(ctx context.Context, owner, id string) (*Delivery, error
 		d.State, d.DeliveredAt = StateDelivered, &a.At
 	}
 	d.LastStatus, d.LastError, d.LastDurationMs, d.LastAttemptAt = a.Status, a.Error, a.DurationMs, &a.At
-	if err := s.cfg.Store.RecordAttempt(context.WithoutCancel(ctx), d, a); err != nil {
+	if err := s.cfg.Outbox.RecordAttempt(context.WithoutCancel(ctx), d, a); err != nil {
 		return nil, err
 	}
 	s.Kick()

@@ -34,8 +34,10 @@ const (
 
 // Config configures a Service.
 type Config struct {
-	Store  Store
-	Logger *slog.Logger // nil discards
+	// Records and Outbox are the store (*store.Store is both).
+	Records Records
+	Outbox  Outbox
+	Logger  *slog.Logger // nil discards
 	// Transport carries deliveries: egress.GuardedTransport, which
 	// refuses the addresses Allowed refuses at every dial. Nil is
 	// http.DefaultTransport (tests).
@@ -48,6 +50,9 @@ type Config struct {
 	Claimer string
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
+	// FirstBackoff is the wait after a first failed attempt, doubled at
+	// each failure after it up to an hour; 0 is 5 s.
+	FirstBackoff time.Duration
 }
 
 // Service keeps webhooks and sends their deliveries; Run is its sender.
@@ -71,6 +76,9 @@ func New(cfg Config) *Service {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.FirstBackoff <= 0 {
+		cfg.FirstBackoff = firstBackoff
 	}
 	client := &http.Client{Transport: cfg.Transport, Timeout: attemptTimeout,
 		// A redirect is not a delivery: the receiver must answer itself.
@@ -104,7 +112,7 @@ func (s *Service) Create(ctx context.Context, owner string, spec Spec) (*Webhook
 	if err := checkDescription(spec.Description); err != nil {
 		return nil, err
 	}
-	have, err := s.cfg.Store.ListWebhooks(ctx, owner)
+	have, err := s.cfg.Records.ListWebhooks(ctx, owner)
 	if err != nil {
 		return nil, err
 	}
@@ -115,7 +123,7 @@ func (s *Service) Create(ctx context.Context, owner string, spec Spec) (*Webhook
 	now := s.cfg.Now().UTC()
 	w := &Webhook{ID: newID("wh_"), Owner: owner, URL: spec.URL, Description: spec.Description, Events: spec.Events,
 		Enabled: true, Secret: newSecret(), CreatedAt: now, UpdatedAt: now}
-	if err := s.cfg.Store.CreateWebhook(ctx, w); err != nil {
+	if err := s.cfg.Records.CreateWebhook(ctx, w); err != nil {
 		return nil, err
 	}
 	s.log.Info("webhook created", "webhook_id", w.ID, "owner", owner)
@@ -124,12 +132,12 @@ func (s *Service) Create(ctx context.Context, owner string, spec Spec) (*Webhook
 
 // Get reads one of owner's webhooks.
 func (s *Service) Get(ctx context.Context, owner, id string) (*Webhook, error) {
-	return s.cfg.Store.GetWebhook(ctx, owner, id)
+	return s.cfg.Records.GetWebhook(ctx, owner, id)
 }
 
 // List reads owner's webhooks, oldest first.
 func (s *Service) List(ctx context.Context, owner string) ([]*Webhook, error) {
-	return s.cfg.Store.ListWebhooks(ctx, owner)
+	return s.cfg.Records.ListWebhooks(ctx, owner)
 }
 
 // Change updates one of owner's webhooks. Enabling one that was disabled
@@ -150,7 +158,7 @@ func (s *Service) Change(ctx context.Context, owner, id string, u Update) (*Webh
 			return nil, err
 		}
 	}
-	return s.cfg.Store.UpdateWebhook(ctx, owner, id, func(w *Webhook) error {
+	return s.cfg.Records.UpdateWebhook(ctx, owner, id, func(w *Webhook) error {
 		if u.URL != nil {
 			w.URL = *u.URL
 		}
@@ -179,7 +187,7 @@ func (s *Service) RotateSecret(ctx context.Context, owner, id string, keep *time
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_keep_previous",
 			"keepPreviousSeconds must be between 0 and %d", int(MaxKeepPrevious/time.Second))
 	}
-	return s.cfg.Store.UpdateWebhook(ctx, owner, id, func(w *Webhook) error {
+	return s.cfg.Records.UpdateWebhook(ctx, owner, id, func(w *Webhook) error {
 		now := s.cfg.Now().UTC()
 		w.PreviousSecret, w.PreviousUntil = "", nil
 		if k > 0 {
@@ -193,7 +201,7 @@ func (s *Service) RotateSecret(ctx context.Context, owner, id string, keep *time
 
 // Delete removes one of owner's webhooks and its deliveries.
 func (s *Service) Delete(ctx context.Context, owner, id string) (*Webhook, error) {
-	w, err := s.cfg.Store.DeleteWebhook(ctx, owner, id)
+	w, err := s.cfg.Records.DeleteWebhook(ctx, owner, id)
 	if err == nil {
 		s.log.Info("webhook deleted", "webhook_id", id, "owner", owner)
 	}
@@ -207,12 +215,12 @@ func (s *Service) Events(ctx context.Context, q FeedQuery) ([]*Event, error) {
 			return nil, err
 		}
 	}
-	return s.cfg.Store.ListFeed(ctx, q)
+	return s.cfg.Records.ListFeed(ctx, q)
 }
 
 // Deliveries reads a page of a webhook's deliveries, newest first.
 func (s *Service) Deliveries(ctx context.Context, q DeliveryQuery) ([]*Delivery, error) {
-	if _, err := s.cfg.Store.GetWebhook(ctx, q.Owner, q.WebhookID); err != nil {
+	if _, err := s.cfg.Records.GetWebhook(ctx, q.Owner, q.WebhookID); err != nil {
 		return nil, err
 	}
 	switch q.State {
@@ -220,13 +228,13 @@ func (s *Service) Deliveries(ctx context.Context, q DeliveryQuery) ([]*Delivery,
 	default:
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_state", "state must be pending, delivered or failed")
 	}
-	return s.cfg.Store.ListDeliveries(ctx, q)
+	return s.cfg.Outbox.ListDeliveries(ctx, q)
 }
 
 // Publish adds an event to its owner's feed (events the store does not
 // publish itself) and wakes the sender.
 func (s *Service) Publish(ctx context.Context, e *Event) error {
-	if err := s.cfg.Store.PublishEvent(ctx, e); err != nil {
+	if err := s.cfg.Records.PublishEvent(ctx, e); err != nil {
 		return err
 	}
 	s.Kick()

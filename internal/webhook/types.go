@@ -152,10 +152,10 @@ type DeliveryQuery struct {
 	Limit     int
 }
 
-// Store is the durable state of webhooks; *store.Store implements it.
-// Every method that takes an owner reports another key's record as
-// errdefs.ErrNotFound.
-type Store interface {
+// Records are the webhooks and the feed in the store; *store.Store
+// implements it. Every method that takes an owner reports another key's
+// record as errdefs.ErrNotFound.
+type Records interface {
 	CreateWebhook(ctx context.Context, w *Webhook) error
 	GetWebhook(ctx context.Context, owner, id string) (*Webhook, error)
 	ListWebhooks(ctx context.Context, owner string) ([]*Webhook, error)
@@ -164,11 +164,13 @@ type Store interface {
 	UpdateWebhook(ctx context.Context, owner, id string, fn func(w *Webhook) error) (*Webhook, error)
 	// DeleteWebhook removes a webhook and its deliveries.
 	DeleteWebhook(ctx context.Context, owner, id string) (*Webhook, error)
-
 	// PublishEvent appends e to its owner's feed and sets its Seq.
 	PublishEvent(ctx context.Context, e *Event) error
 	ListFeed(ctx context.Context, q FeedQuery) ([]*Event, error)
+}
 
+// Outbox is the deliveries in the store; *store.Store implements it.
+type Outbox interface {
 	// FanOut gives each enabled webhook deliveries for the feed events
 	// past its cursor that it wants, at most limit events per webhook, and
 	// none to a webhook that already has backlog pending; it answers how
@@ -178,6 +180,9 @@ type Store interface {
 	// and first in line for their webhook and resource, until now+lease,
 	// for claimer, and answers them with their URL and secrets.
 	ClaimDeliveries(ctx context.Context, claimer string, lease time.Duration, limit int) ([]*Delivery, error)
+	// ClaimDelivery claims one delivery of owner's, whatever its state,
+	// unless another attempt at it is under way (errdefs.ErrConflict).
+	ClaimDelivery(ctx context.Context, owner, id, claimer string, lease time.Duration) (*Delivery, error)
 	// ReleaseClaims ends claimer's claims (at its start: a claim of a
 	// killed process is not waited out).
 	ReleaseClaims(ctx context.Context, claimer string) error
@@ -189,9 +194,6 @@ type Store interface {
 	// AddDelivery records a delivery made outside the feed (a test),
 	// claimed by claimer until now+lease.
 	AddDelivery(ctx context.Context, d *Delivery, claimer string, lease time.Duration) error
-	// ClaimDelivery claims one delivery of owner's, whatever its state,
-	// unless another attempt at it is under way (errdefs.ErrConflict).
-	ClaimDelivery(ctx context.Context, owner, id, claimer string, lease time.Duration) (*Delivery, error)
 	GetDelivery(ctx context.Context, owner, id string) (*Delivery, error)
 	ListDeliveries(ctx context.Context, q DeliveryQuery) ([]*Delivery, error)
 	// PruneFeed deletes feed events and finished deliveries older than
