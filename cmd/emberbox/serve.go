@@ -28,6 +28,7 @@ import (
 	"github.com/emberbox/emberbox/internal/upload"
 	"github.com/emberbox/emberbox/internal/vmm/qemu"
 	"github.com/emberbox/emberbox/internal/volumes"
+	"github.com/emberbox/emberbox/internal/webhook"
 )
 
 const (
@@ -60,6 +61,7 @@ type serveOptions struct {
 	imageTemplates       int
 	imageBuilds          int
 	registryAllowPrivate bool
+	webhookAllowPrivate  bool
 	contextChunks        contextChunkOptions
 	egressMax            []string
 	egressDeny           []string
@@ -98,6 +100,8 @@ func newServeCommand() *cobra.Command {
 	f.IntVar(&o.imageBuilds, "image-builds", 1, "image builds run at once (each in a sandbox VM)")
 	f.BoolVar(&o.registryAllowPrivate, "registry-allow-private", false,
 		"let image imports pull from registries on loopback, private and link-local addresses (refused by default: tenants name the registry)")
+	f.BoolVar(&o.webhookAllowPrivate, "webhook-allow-private", false,
+		"let webhooks send to loopback, private and link-local addresses (refused by default: tenants name the URL)")
 	f.Int64Var(&o.contextChunks.quotaMiB, "image-context-quota-mib", catalog.DefaultChunkBytesPerKey>>20,
 		"MiB of uploaded image context and archive chunks one API key keeps (429 quota_exceeded past it)")
 	f.IntVar(&o.contextChunks.quotaChunks, "image-context-quota-chunks", catalog.DefaultChunksPerKey,
@@ -186,6 +190,7 @@ func serve(ctx context.Context, o serveOptions) error {
 		s.startBackground,
 		s.startBuilds,
 		s.startLoops,
+		s.openWebhooks,
 		s.openUploads,
 		s.openLinks,
 		s.buildAPI,
@@ -219,6 +224,7 @@ type server struct {
 	adm     admissionSettings
 	metrics *telemetry.Metrics
 	vols    *volumes.Service
+	hooks   *webhook.Service
 	imgs    *catalog.Service
 	cl      *cluster.Cluster // nil unless isNode
 	mgr     *sandbox.Manager

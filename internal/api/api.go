@@ -18,6 +18,7 @@ import (
 	"github.com/emberbox/emberbox/internal/interpreter"
 	"github.com/emberbox/emberbox/internal/links"
 	"github.com/emberbox/emberbox/internal/volumes"
+	"github.com/emberbox/emberbox/internal/webhook"
 )
 
 // Keys authenticates API keys.
@@ -144,6 +145,9 @@ type Config struct {
 	// Nodes serves /v1/nodes on a node of a cluster; nil (a server of
 	// its own) answers them 409 not_clustered.
 	Nodes Nodes
+	// Webhooks serves /v1/webhooks, their deliveries and /v1/events; nil
+	// answers them 501.
+	Webhooks *webhook.Service
 }
 
 // Limits of the waits a request may ask for.
@@ -155,23 +159,24 @@ const (
 )
 
 type server struct {
-	events  Events
-	mgr     Manager
-	keys    Keys
-	idem    Idempotency
-	log     *slog.Logger
-	version string
-	accel   func() string
-	confine func() any
-	uploads *Uploads // nil: chunked uploads refused
-	links   *links.Signer
-	interp  *interpreter.Service // nil: the interpreter routes answer 501
-	vols    *volumes.Service     // nil: the volume routes answer 501
-	images  *catalog.Service     // nil: the image routes answer 501
-	nodes   Nodes                // nil: not a node of a cluster
-	metrics http.Handler
-	limits  *rateLimiter
-	observe func(route string, status int, d time.Duration) // nil: none
+	events   Events
+	mgr      Manager
+	keys     Keys
+	idem     Idempotency
+	log      *slog.Logger
+	version  string
+	accel    func() string
+	confine  func() any
+	uploads  *Uploads // nil: chunked uploads refused
+	links    *links.Signer
+	interp   *interpreter.Service // nil: the interpreter routes answer 501
+	vols     *volumes.Service     // nil: the volume routes answer 501
+	webhooks *webhook.Service     // nil: webhooks and the feed answer 501
+	images   *catalog.Service     // nil: the image routes answer 501
+	nodes    Nodes                // nil: not a node of a cluster
+	metrics  http.Handler
+	limits   *rateLimiter
+	observe  func(route string, status int, d time.Duration) // nil: none
 	// terminals counts open terminal sockets per sandbox.
 	terminals terminalSlots
 
@@ -238,6 +243,7 @@ func newServer(cfg Config) *server {
 	}
 	s.uploads, s.metrics, s.links, s.interp = cfg.Uploads, cfg.Metrics, cfg.Links, cfg.Interpreter
 	s.vols = cfg.Volumes
+	s.webhooks = cfg.Webhooks
 	s.nodes = cfg.Nodes
 	s.images = cfg.Images
 	pd, err := parsePreviewDomain(cfg.PreviewDomain)

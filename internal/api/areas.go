@@ -54,6 +54,8 @@ type linksAPI struct{ *server }
 // networkAPI serves a sandbox's egress policy.
 type networkAPI struct{ *server }
 
+// webhooksAPI (webhooks.go) serves webhooks, deliveries and the feed.
+
 // areas are the handlers of every area, for routeTable.
 type areas struct {
 	sandboxes   sandboxesAPI
@@ -72,6 +74,7 @@ type areas struct {
 	watches     watches
 	links       linksAPI
 	network     networkAPI
+	webhooks    webhooksAPI
 }
 
 func (s *server) areas() areas {
@@ -79,6 +82,6 @@ func (s *server) areas() areas {
 		sandboxes: sandboxesAPI{s}, snapshots: snapshots{s}, checkpoints: checkpointsAPI{s}, images: imagesAPI{s}, volumes: volumesAPI{s},
 		usage: usageAPI{s}, nodes: nodesAPI{s}, files: files{s}, uploads: uploadsAPI{s}, processes: processes{s},
 		sockets: sockets{s}, previews: previewsAPI{s}, interpreter: interpreterAPI{s}, watches: watches{s},
-		links: linksAPI{s}, network: networkAPI{s},
+		links: linksAPI{s}, network: networkAPI{s}, webhooks: webhooksAPI{s},
 	}
 }

@@ -50,7 +50,7 @@
 // the sandbox and guest packages' types and never imports `agentproto` or
 // `store`. Paths withruntime 0.35.0 calls that this server has not built
 // (`unavailable.go`: sessions, the products under `/v1/` such as image
-// registries, resize, volume backup policies, webhook deliveries, job imports,
+// registries, resize, volume backup policies, egress secrets, job imports,
 // a process's traced files) answer 501 with a code ending in `_unavailable`,
 // which the SDK never retries; any other unknown path is 404 `route_not_found`.
 // `TestEveryWithruntimeRouteIsKnown` walks every route the SDK can call
@@ -59,7 +59,9 @@
 // complete) and refuses a `route_not_found`. errdefs classes → one JSON error
 // shape (`errors.go`). `volumes.go` serves `/v1/volumes…` and
 // `/v1/volume-backups…` from a `*volumes.Service` (`Config.Volumes`; nil: 501
-// `volumes_unavailable`).
+// `volumes_unavailable`); `webhooks.go` serves `/v1/webhooks…`,
+// `/v1/webhook-deliveries…` and `/v1/events` from a `*webhook.Service`
+// (`Config.Webhooks`; nil: 501 `webhooks_unavailable`, `events_unavailable`).
 //
 // # A create
 //

@@ -14,11 +14,11 @@ import (
 // unavailableTop are the first segments after /v1/ of whole products.
 var unavailableTop = map[string]bool{
 	"account": true, "agents": true, "apps": true, "audit": true, "billing": true, "builds": true,
-	"ci": true, "containers": true, "domains": true, "egress-secrets": true, "events": true,
+	"ci": true, "containers": true, "domains": true, "egress-secrets": true,
 	"feedback": true, "functions": true, "ips": true, "job-imports": true, "job-runs": true, "jobs": true,
 	"mcp": true, "networks": true, "otel-exports": true, "plans": true,
 	"ports": true, "referrals": true, "repositories": true, "reservations": true, "secrets": true,
-	"sso": true, "support": true, "switching": true, "usage": true, "webhook-deliveries": true, "webhooks": true,
+	"sso": true, "support": true, "switching": true, "usage": true,
 }
 
 // unavailableSandboxSub are the segments after /v1/sandboxes/{id}/ (with

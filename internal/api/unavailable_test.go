@@ -31,8 +31,9 @@ var sdkUnavailable = []struct{ method, path string }{
 	{"GET", "/v1/agents/sessions"},
 	{"GET", "/v1/usage/requests"},
 	{"GET", "/v1/switching"},
-	{"POST", "/v1/webhooks/wh_1:test"},
-	{"POST", "/v1/webhook-deliveries/whd_1:retry"},
+	{"POST", "/v1/webhooks/wh_1:test"},             // no webhook service configured
+	{"POST", "/v1/webhook-deliveries/whd_1:retry"}, // no webhook service configured
+	{"GET", "/v1/events"},                          // no webhook service configured
 	{"POST", "/v1/job-imports"},
 	{"GET", "/v1/sandboxes/sbx_r/processes/proc_1/files"},
 }

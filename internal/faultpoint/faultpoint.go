@@ -8,7 +8,8 @@
 // Steps: `idempotency.reserved`, `create.recorded`, `create.vm_started`,
 // `create.vm_recorded`, `idempotency.answered`, `delete.recorded`,
 // `delete.vm_ended`, `delete.files_removed`, `admin_key.written`,
-// `pause.recorded`, `pause.saved`, `wake.recorded`, `wake.resumed`.
+// `pause.recorded`, `pause.saved`, `wake.recorded`, `wake.resumed`,
+// `webhook.claimed`, `webhook.sent`.
 package faultpoint
 
 import (

@@ -28,8 +28,11 @@ type Reaper struct {
 	diskFree       func() (int64, error)
 	disk           diskPressure
 	diskRetention  time.Duration
-	log            *slog.Logger
-	ctx            context.Context // ends when the manager closes
+	// warned holds, for each sandbox told its lease is ending, the end it
+	// was told of (warnLeases).
+	warned map[string]time.Time
+	log    *slog.Logger
+	ctx    context.Context // ends when the manager closes
 }
 
 // reaperHost is what the reaper needs of the manager: its transitions,
@@ -51,6 +54,11 @@ func newReaper(m *Manager) *Reaper {
 		diskFloorMiB: m.cfg.DiskFloorMiB, diskFree: m.cfg.DiskFree, diskRetention: m.cfg.StoppedDiskRetention,
 		log: m.log, ctx: m.ctx, files: m.files}
 }
+
+// leaseWarning is how long before a lease ends the sandbox's owner is
+// told (event lease_ending, sandbox.lease_ending in the feed), for leases
+// longer than twice that.
+const leaseWarning = time.Minute
 
 // leaseTick is how often the lease clock looks for expired leases; a lease
 // ends at most this late.
@@ -90,6 +98,7 @@ func (rp *Reaper) ExpireLeases(ctx context.Context) []string {
 	if id := rp.relievePressure(ctx, live); id != "" {
 		ended = append(ended, id)
 	}
+	rp.warnLeases(live, now)
 	for _, sb := range live {
 		if sb.State != StateRunning {
 			continue
@@ -126,6 +135,31 @@ func (rp *Reaper) ExpireLeases(ctx context.Context) []string {
 		}
 	}
 	return ended
+}
+
+// warnLeases records lease_ending for each running sandbox whose lease
+// ends within leaseWarning, once per end: an extended lease is told again
+// when its new end nears. What was told is kept in memory, so a restart
+// of the server may tell it twice.
+func (rp *Reaper) warnLeases(live []*Sandbox, now time.Time) {
+	next := make(map[string]time.Time, len(rp.warned))
+	for _, sb := range live {
+		if sb.State != StateRunning || sb.ExpiresAt == nil || sb.TimeoutSeconds <= 2*int(leaseWarning/time.Second) {
+			continue
+		}
+		left := sb.ExpiresAt.Sub(now)
+		if left <= 0 || left > leaseWarning {
+			continue
+		}
+		next[sb.ID] = *sb.ExpiresAt
+		if at, ok := rp.warned[sb.ID]; ok && at.Equal(*sb.ExpiresAt) {
+			continue
+		}
+		rp.host.event(sb.ID, "lease_ending", "the lease ends in "+left.Round(time.Second).String(), map[string]any{
+			"expiresAt": sb.ExpiresAt.UTC().Format(time.RFC3339Nano), "onLeaseEnd": sb.OnLeaseEnd,
+			"secondsLeft": int(left.Seconds())})
+	}
+	rp.warned = next
 }
 
 // idle reports whether a running sandbox has had no API activity for its

@@ -3,6 +3,7 @@ package sandbox_test
 import (
 	"context"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/emberbox/emberbox/internal/sandbox"
 	"github.com/emberbox/emberbox/internal/store"
 	"github.com/emberbox/emberbox/internal/vmm/vmmtest"
+	"github.com/emberbox/emberbox/internal/webhook"
 	"go.uber.org/goleak"
 )
 
@@ -305,4 +307,56 @@ func exec(ctx context.Context, m *sandbox.Manager, owner, id string, req guest.E
 		return nil, err
 	}
 	return g.Exec(ctx, req, nil)
+}
+
+// TestLeaseEndingIsTold: a lease longer than two minutes is told once,
+// a minute before it ends (and again after an extension brings its new
+// end near), in the sandbox's trail and its owner's feed.
+func TestLeaseEndingIsTold(t *testing.T) {
+	e := newEnv(t)
+	m := e.manager()
+	ctx := context.Background()
+	long, short := spec(), spec()
+	long.TimeoutSeconds, short.TimeoutSeconds = 600, 100
+	a, _ := m.Create(ctx, "k", long)
+	b, _ := m.Create(ctx, "k", short)
+	waitState(t, m, "k", a.ID, sandbox.StateRunning)
+	waitState(t, m, "k", b.ID, sandbox.StateRunning)
+	told := func() []string {
+		t.Helper()
+		events, err := e.st.ListFeed(ctx, webhook.FeedQuery{Owner: "k", Type: webhook.SandboxLeaseEnding, Limit: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, ev := range events {
+			ids = append(ids, ev.ResourceID)
+		}
+		return ids
+	}
+	e.clock.Advance(530 * time.Second)
+	m.Reaper.ExpireLeases(ctx)
+	if got := told(); len(got) != 0 {
+		t.Fatalf("70 s before the end: told %v, want nobody", got)
+	}
+	e.clock.Advance(20 * time.Second)
+	m.Reaper.ExpireLeases(ctx)
+	m.Reaper.ExpireLeases(ctx)
+	if got := told(); len(got) != 1 || got[0] != a.ID {
+		t.Fatalf("50 s before the end, twice: told %v, want %s once (a 100 s lease is not told)", got, a.ID)
+	}
+	trail, err := e.st.ListEvents(ctx, a.ID, 0)
+	if err != nil || !slices.ContainsFunc(trail, func(ev store.Event) bool {
+		return ev.Type == "lease_ending" && ev.Data["onLeaseEnd"] == sandbox.LeaseEndStop
+	}) {
+		t.Errorf("the trail of %s has no lease_ending: %+v, %v", a.ID, trail, err)
+	}
+	if _, err := m.Extend(ctx, "k", a.ID, 100*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(45 * time.Second)
+	m.Reaper.ExpireLeases(ctx)
+	if got := told(); len(got) != 2 {
+		t.Fatalf("after an extension brought the end near again: told %v, want %s twice", got, a.ID)
+	}
 }

@@ -42,7 +42,8 @@ type Event struct {
 // MaxEventsPerSandbox. A message over MaxEventMessage bytes is cut; data
 // whose JSON is over MaxEventData has its strings cut to 256 bytes, and is
 // replaced by {"truncated": true} if that is not enough. An unknown
-// sandbox is an error of class errdefs.ErrNotFound.
+// sandbox is an error of class errdefs.ErrNotFound. An event of a type
+// the account's feed carries is published to it in the same transaction.
 func (s *eventRows) AppendEvent(ctx context.Context, sandboxID, typ, message string, data map[string]any) error {
 	d, err := eventData(data)
 	if err != nil {
@@ -53,13 +54,18 @@ func (s *eventRows) AppendEvent(ctx context.Context, sandboxID, typ, message str
 		return fmt.Errorf("appending %s event to sandbox %s: %w", typ, sandboxID, err)
 	}
 	defer tx.Rollback()
+	at := formatTime(s.now())
 	_, err = tx.ExecContext(ctx, `INSERT INTO sandbox_events (sandbox_id, type, message, data, at)
-		VALUES (?, ?, ?, ?, ?)`, sandboxID, Truncate(typ, 64), Truncate(message, MaxEventMessage), d, formatTime(s.now()))
+		VALUES (?, ?, ?, ?, ?)`, sandboxID, Truncate(typ, 64), Truncate(message, MaxEventMessage), d, at)
 	if isForeignKeyViolation(err) {
 		return fmt.Errorf("appending %s event: %w", typ, sandboxNotFound(sandboxID))
 	}
 	if err != nil {
 		return fmt.Errorf("appending %s event to sandbox %s: %w", typ, sandboxID, err)
+	}
+	// The feed's copy commits with the trail's (feed.go).
+	if err := publishFromTrail(ctx, tx, sandboxID, typ, d, at); err != nil {
+		return err
 	}
 	// The ring: everything older than the newest MaxEventsPerSandbox goes.
 	// The index (sandbox_id, id) makes this a short walk.

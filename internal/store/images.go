@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/emberbox/emberbox/internal/catalog"
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/webhook"
 )
 
 // imageRows are the store's methods on the image catalog: images, their tags and build logs.
@@ -91,6 +93,9 @@ func (s *imageRows) FinishImage(ctx context.Context, img *catalog.Image, tags []
 	}
 	defer tx.Rollback()
 	if err := updateImage(ctx, tx, img); err != nil {
+		return err
+	}
+	if err := publishImage(ctx, tx, img, s.now()); err != nil {
 		return err
 	}
 	for _, t := range tags {
@@ -381,4 +386,19 @@ func scanImage(row interface{ Scan(...any) error }) (*catalog.Image, error) {
 		return nil, err
 	}
 	return &img, nil
+}
+
+// publishImage publishes the outcome of img's build or import to the
+// feed, in tx.
+func publishImage(ctx context.Context, tx *txHandle, img *catalog.Image, now time.Time) error {
+	typ := map[string]string{catalog.StateReady: webhook.ImageReady, catalog.StateFailed: webhook.ImageFailed}[img.State]
+	if typ == "" {
+		return nil
+	}
+	data := map[string]any{"name": img.Name, "version": img.Version, "kind": img.Kind}
+	if img.Error != "" {
+		data["error"] = img.Error
+	}
+	return publish(ctx, tx, &webhook.Event{Owner: img.Owner, Type: typ, ResourceType: webhook.ResourceImage,
+		ResourceID: img.ID, Data: data, At: now})
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/sandbox"
+	"github.com/emberbox/emberbox/internal/webhook"
 )
 
 // snapshotRows are the store's methods on the snapshots table.
@@ -60,7 +61,15 @@ var snapshotTable = newTable("snapshot", "snapshots", snapshotColumns, scanSnaps
 // is written if it returns false. ID, owner, source, mode, shape and
 // creation time never change.
 func (s *snapshotRows) UpdateSnapshot(ctx context.Context, id string, fn func(sn *sandbox.Snapshot) bool) (*sandbox.Snapshot, error) {
-	return snapshotTable.update(ctx, s.db, id, nil, fn, func(tx *txHandle, sn *sandbox.Snapshot) error {
+	var was string // the state before fn, for the feed
+	change := func(sn *sandbox.Snapshot) bool {
+		was = sn.State
+		return fn(sn)
+	}
+	return snapshotTable.update(ctx, s.db, id, nil, change, func(tx *txHandle, sn *sandbox.Snapshot) error {
+		if err := publishSnapshot(ctx, tx, sn, was, s.now()); err != nil {
+			return err
+		}
 		labels, err := jsonOrNull(sn.Labels, sn.Labels == nil)
 		if err != nil {
 			return fmt.Errorf("updating snapshot %s: encoding labels: %w", id, err)
@@ -215,3 +224,26 @@ var (
 	_ sandbox.SnapshotStore = (*Store)(nil)
 	_ sandbox.DiskStore     = (*Store)(nil)
 )
+
+// snapshotEvents are the feed's types of a snapshot's states.
+var snapshotEvents = map[string]string{
+	sandbox.SnapshotReady:   webhook.SnapshotReady,
+	sandbox.SnapshotFailed:  webhook.SnapshotFailed,
+	sandbox.SnapshotDeleted: webhook.SnapshotDeleted,
+}
+
+// publishSnapshot publishes sn's move from state was to the feed, in tx.
+// Checkpoints are a sandbox's own steps, not the key's snapshots: they
+// have no events.
+func publishSnapshot(ctx context.Context, tx *txHandle, sn *sandbox.Snapshot, was string, now time.Time) error {
+	typ := snapshotEvents[sn.State]
+	if sn.State == was || typ == "" || sn.CheckpointOf != "" {
+		return nil
+	}
+	data := map[string]any{"name": sn.Name, "sourceSandboxId": sn.SourceSandboxID, "sizeBytes": sn.SizeBytes}
+	if sn.Error != "" {
+		data["error"] = sn.Error
+	}
+	return publish(ctx, tx, &webhook.Event{Owner: sn.OwnerKeyID, Type: typ, ResourceType: webhook.ResourceSnapshot,
+		ResourceID: sn.ID, Data: data, At: now})
+}

@@ -36,6 +36,7 @@ type Store struct {
 	backupRows
 	meterRows
 	nodeRows
+	webhookRows
 }
 
 // backend is what every area of the store shares: the database, the node
@@ -70,6 +71,7 @@ func newStore(db *dbHandle) *Store {
 		backupRows:      backupRows{b},
 		meterRows:       meterRows{b},
 		nodeRows:        nodeRows{b},
+		webhookRows:     webhookRows{b},
 	}
 }
 
@@ -602,6 +604,63 @@ ALTER TABLE snapshots ADD COLUMN checkpoint_of TEXT NOT NULL DEFAULT '';
 ALTER TABLE snapshots ADD COLUMN base_id TEXT NOT NULL DEFAULT '';
 CREATE INDEX snapshots_base ON snapshots (base_id) WHERE base_id != '';
 CREATE INDEX snapshots_checkpoints ON snapshots (checkpoint_of, created_at) WHERE checkpoint_of != '' AND state <> 'deleted';
+`,
+	// 17: the account's event feed (feed.go), webhooks and their
+	// deliveries: the outbox the webhook dispatcher sends from
+	// (webhooks.go).
+	`
+CREATE TABLE feed_events (
+	seq           INTEGER PRIMARY KEY,
+	owner_key_id  TEXT NOT NULL,
+	type          TEXT NOT NULL,
+	resource_type TEXT NOT NULL,
+	resource_id   TEXT NOT NULL,
+	data          TEXT, -- JSON object or NULL
+	at            TEXT NOT NULL
+) STRICT;
+CREATE INDEX feed_events_owner ON feed_events (owner_key_id, seq);
+CREATE INDEX feed_events_resource ON feed_events (owner_key_id, resource_id, seq);
+CREATE INDEX feed_events_at ON feed_events (at);
+CREATE TABLE webhooks (
+	id              TEXT PRIMARY KEY,
+	owner_key_id    TEXT NOT NULL,
+	url             TEXT NOT NULL,
+	description     TEXT NOT NULL,
+	events          TEXT,             -- JSON array of types; NULL: every type
+	enabled         INTEGER NOT NULL,
+	secret          TEXT NOT NULL,
+	previous_secret TEXT NOT NULL,
+	previous_until  TEXT,
+	cursor          INTEGER NOT NULL, -- the newest feed event given deliveries
+	created_at      TEXT NOT NULL,
+	updated_at      TEXT NOT NULL
+) STRICT;
+CREATE INDEX webhooks_owner ON webhooks (owner_key_id, created_at);
+CREATE TABLE webhook_deliveries (
+	seq              INTEGER PRIMARY KEY,
+	id               TEXT NOT NULL UNIQUE,
+	webhook_id       TEXT NOT NULL REFERENCES webhooks (id) ON DELETE CASCADE,
+	owner_key_id     TEXT NOT NULL,
+	event_seq        INTEGER NOT NULL,
+	event_type       TEXT NOT NULL,
+	resource_id      TEXT NOT NULL,
+	body             TEXT NOT NULL,
+	state            TEXT NOT NULL,    -- pending | delivered | failed
+	attempts         INTEGER NOT NULL,
+	next_attempt_at  TEXT NOT NULL,
+	claimed_by       TEXT NOT NULL,
+	claimed_until    TEXT NOT NULL,    -- '' when no attempt is under way
+	last_status      INTEGER NOT NULL,
+	last_error       TEXT NOT NULL,
+	last_duration_ms INTEGER NOT NULL,
+	last_attempt_at  TEXT,
+	created_at       TEXT NOT NULL,
+	delivered_at     TEXT
+) STRICT;
+CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_attempt_at) WHERE state = 'pending';
+CREATE INDEX webhook_deliveries_line ON webhook_deliveries (webhook_id, resource_id, seq) WHERE state = 'pending';
+CREATE INDEX webhook_deliveries_webhook ON webhook_deliveries (webhook_id, seq);
+CREATE INDEX webhook_deliveries_finished ON webhook_deliveries (created_at) WHERE state <> 'pending';
 `,
 }
 

@@ -1,7 +1,8 @@
 """Fixtures for the withruntime==0.35.0 conformance suite.
 
 If EMBERBOX_TEST_URL and EMBERBOX_TEST_KEY are set, the tests use that server.
-Otherwise they start `bin/emberbox serve --listen 127.0.0.1:<port> --data-dir <tmp>`
+Otherwise they start `bin/emberbox serve --listen 127.0.0.1:<port> --data-dir <tmp>
+--webhook-allow-private`
 from the repository root, wait for GET /v1/openapi.json (up to 10 minutes: the
 first start may build the guest image), read <data-dir>/admin.key and point
 RUNTIME_API_URL / RUNTIME_API_KEY at it. The server is stopped at session end
@@ -104,7 +105,10 @@ def emberbox_server():
     url = f"http://127.0.0.1:{port}"
     log = open(log_path, "wb")
     proc = subprocess.Popen(
-        [str(BINARY), "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", str(data_dir)],
+        # --webhook-allow-private: the suite's webhook receivers listen on
+        # this machine's loopback, which a server refuses by default.
+        [str(BINARY), "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", str(data_dir),
+         "--webhook-allow-private"],
         cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     server = _Server(url, "", proc, log_path, data_dir)
     try:
