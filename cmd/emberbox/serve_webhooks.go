@@ -23,6 +23,8 @@ func (s *server) openWebhooks(context.Context) error {
 	s.hooks = webhook.New(webhook.Config{Records: s.st, Outbox: s.st, Logger: s.log, Allowed: allowed, Claimer: claimer,
 		Transport: egress.GuardedTransport(allowed, refusedWebhookAddr)})
 	s.bg.run(s.hooks.Run)
+	// Egress secrets changed on another node reach this one's sandboxes.
+	s.bg.run(s.secrets.Run)
 	return nil
 }
 
