@@ -166,8 +166,14 @@ print(json.dumps(s))`)
 	}
 
 	sdk(t, s, `runtime.secrets.delete("API_TOKEN")`)
-	if e := curl(url("api.secrets.test", "/echo")); e.Authorization != kept {
-		t.Errorf("after delete: Authorization %q, want the placeholder", e.Authorization)
+	// The placeholder is worth nothing at once (sent as it is, from a
+	// program that kept it), and leaves the environment within seconds.
+	out := c.sh(t, sb.ID, `curl -sS --max-time 30 -H "Authorization: Bearer `+sc.Placeholder+`" `+url("api.secrets.test", "/echo")+` 2>&1`)
+	if e := (echoed{}); json.Unmarshal([]byte(out), &e) != nil || e.Authorization != kept {
+		t.Errorf("after delete: %s, want the placeholder to arrive as it is", out)
+	}
+	if !waitUntil(30*time.Second, 200*time.Millisecond, func() bool { return c.sh(t, sb.ID, "echo $API_TOKEN") == "\n" }) {
+		t.Errorf("after delete, $API_TOKEN is still %q", c.sh(t, sb.ID, "echo $API_TOKEN"))
 	}
 	for i, a := range answers {
 		if strings.Contains(a, secretValue) {

@@ -16,7 +16,7 @@ type secretRows struct{ *backend }
 
 var _ secrets.Store = (*Store)(nil)
 
-const secretColumns = `owner_key_id, name, env, placeholder, sealed, hosts, header, format, rules, only, api, created_at, updated_at`
+const secretColumns = `owner_key_id, name, env, placeholder, sealed, hosts, header, format, rules, scope, api, created_at, updated_at`
 
 func scanSecret(row rowScanner) (*secrets.Secret, error) {
 	var (

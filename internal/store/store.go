@@ -677,7 +677,7 @@ CREATE TABLE egress_secrets (
 	header       TEXT NOT NULL,
 	format       TEXT NOT NULL,
 	rules        TEXT,          -- JSON array, NULL: none
-	only         TEXT,          -- JSON object, NULL: every sandbox of the key
+	scope        TEXT,          -- JSON object, NULL: every sandbox of the key
 	api          TEXT,          -- JSON object, NULL: no policy
 	created_at   TEXT NOT NULL,
 	updated_at   TEXT NOT NULL,
