@@ -21,7 +21,7 @@ const secretValue = "sk-live-emberbox-8c41f0d2a97b6e53"
 
 // startEchoHost serves HTTPS on 127.0.0.1 with cert: /echo (any method)
 // answers what it received, as JSON; /big a 64 MiB body.
-func startEchoHost(t *testing.T, cert tls.Certificate) int {
+func startEchoHost(t testing.TB, cert tls.Certificate) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -53,7 +53,7 @@ func startEchoHost(t *testing.T, cert tls.Certificate) int {
 
 // sdk runs a Python snippet with the real withruntime SDK against s and
 // returns its stdout.
-func sdk(t *testing.T, s *server, code string) string {
+func sdk(t testing.TB, s *server, code string) string {
 	t.Helper()
 	cmd := exec.Command("python3", "-c", "import json\nfrom withruntime import Runtime\nruntime = Runtime()\n"+code)
 	cmd.Env = append(os.Environ(), "RUNTIME_API_URL="+s.URL, "RUNTIME_API_KEY="+s.AdminKey,
