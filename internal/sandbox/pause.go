@@ -380,7 +380,7 @@ func (m *Manager) finishWake(sb *Sandbox) {
 // to that stop's endVM.
 func (m *Manager) running(in *instance, event string, data map[string]any) {
 	// Secrets may have changed while it was paused or copied.
-	m.Secrets.pushRecord(in.ctx, in, false)
+	m.Secrets.pushRecord(in.ctx, in)
 	now := m.now()
 	changed := false
 	_, err := m.update(context.Background(), in.id, func(s *Sandbox) bool {

@@ -34,10 +34,13 @@ func newSecretEnv(m *Manager) *SecretEnv {
 const secretEnvTimeout = 10 * time.Second
 
 // push sends sandbox in's placeholders if they changed since the last
-// send. fresh says the guest booted here with none; any other (a copy, a
-// wake after a restart) may hold another's, so it is always sent once. A
-// guest whose agent predates placeholders is left as it is.
-func (se *SecretEnv) push(ctx context.Context, in *instance, sb *Sandbox, fresh bool) {
+// send. With none to send and none sent, nothing is sent: a copy or a
+// guest from before a restart may still hold placeholders of another
+// moment, but a placeholder is worth something only to a sandbox its
+// secret reaches now (the swap checks), so an empty set costs a wake or a
+// copy no round trip. A guest whose agent predates placeholders is left
+// as it is.
+func (se *SecretEnv) push(ctx context.Context, in *instance, sb *Sandbox) {
 	if se == nil || se.envOf == nil {
 		return
 	}
@@ -49,8 +52,8 @@ func (se *SecretEnv) push(ctx context.Context, in *instance, sb *Sandbox, fresh 
 	if known && prev == enc {
 		return
 	}
-	if !known && fresh && len(env) == 0 {
-		return // a booted guest starts with none
+	if !known && len(env) == 0 {
+		return
 	}
 	c := in.guest()
 	if c == nil {
@@ -70,7 +73,7 @@ func (se *SecretEnv) push(ctx context.Context, in *instance, sb *Sandbox, fresh 
 }
 
 // pushRecord is push for an instance whose record is read here.
-func (se *SecretEnv) pushRecord(ctx context.Context, in *instance, fresh bool) {
+func (se *SecretEnv) pushRecord(ctx context.Context, in *instance) {
 	if se == nil || se.envOf == nil {
 		return
 	}
@@ -78,7 +81,7 @@ func (se *SecretEnv) pushRecord(ctx context.Context, in *instance, fresh bool) {
 	if err != nil {
 		return
 	}
-	se.push(ctx, in, sb, fresh)
+	se.push(ctx, in, sb)
 }
 
 // Apply brings the placeholders of the running sandboxes of owners (nil:
@@ -92,7 +95,7 @@ func (se *SecretEnv) Apply(ctx context.Context, owners []string) {
 		if err != nil || sb.State != StateRunning || (owners != nil && !slices.Contains(owners, sb.OwnerKeyID)) {
 			continue
 		}
-		se.push(ctx, in, sb, false)
+		se.push(ctx, in, sb)
 	}
 }
 
