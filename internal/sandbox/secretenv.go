@@ -24,10 +24,14 @@ type SecretEnv struct {
 
 	mu   sync.Mutex
 	sent map[string]string // by sandbox: the placeholders last sent, encoded
+	// sending serializes the sends to one sandbox, so that a later set of
+	// placeholders never arrives before an earlier one.
+	sending map[string]*sync.Mutex
 }
 
 func newSecretEnv(m *Manager) *SecretEnv {
-	return &SecretEnv{envOf: m.cfg.SecretEnv, records: m.cfg.Store, instances: m.instances, log: m.log, sent: map[string]string{}}
+	return &SecretEnv{envOf: m.cfg.SecretEnv, records: m.cfg.Store, instances: m.instances, log: m.log,
+		sent: map[string]string{}, sending: map[string]*sync.Mutex{}}
 }
 
 // secretEnvTimeout bounds one send to a guest.
@@ -44,6 +48,16 @@ func (se *SecretEnv) push(ctx context.Context, in *instance, sb *Sandbox) {
 	if se == nil || se.envOf == nil {
 		return
 	}
+	se.mu.Lock()
+	lock := se.sending[sb.ID]
+	if lock == nil {
+		lock = &sync.Mutex{}
+		se.sending[sb.ID] = lock
+	}
+	se.mu.Unlock()
+	lock.Lock()
+	defer lock.Unlock()
+	// Read under the lock: what is sent is what holds now.
 	env := se.envOf(sb.OwnerKeyID, sb.ID, sb.Labels)
 	enc := encodeEnv(env)
 	se.mu.Lock()
@@ -107,6 +121,7 @@ func (se *SecretEnv) forget(id string) {
 	}
 	se.mu.Lock()
 	delete(se.sent, id)
+	delete(se.sending, id)
 	se.mu.Unlock()
 }
 
