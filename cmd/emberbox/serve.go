@@ -234,6 +234,7 @@ type server struct {
 	vols    *volumes.Service
 	hooks   *webhook.Service
 	secrets *secrets.Service
+	sealer  *secrets.Sealer
 	imgs    *catalog.Service
 	cl      *cluster.Cluster // nil unless isNode
 	mgr     *sandbox.Manager

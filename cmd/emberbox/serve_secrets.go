@@ -41,6 +41,7 @@ func (s *server) openSecrets(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	s.sealer = sealer // webhooks' signing secrets are sealed by it too
 	s.secrets = secrets.New(secrets.Config{Store: s.st, Sealer: sealer, Logger: s.log,
 		// Running sandboxes get the change within moments, off the
 		// request that made it: a wedged guest holds up no answer.
