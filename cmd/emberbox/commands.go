@@ -26,7 +26,7 @@ func newRootCommand() *cobra.Command {
 		Version:       version,
 	}
 	root.AddCommand(newServeCommand(), newKeysCommand(), newImageCommand(), newImagesCommand(), newDoctorCommand(), newCostCommand(), newUsageCommand(), newNodeCommand(),
-		newSandboxCommand())
+		newSandboxCommand(), newWebhookCommand(), newEventsCommand(), newSecretCommand())
 	return root
 }
 

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,6 +24,32 @@ func (f *serverFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.server, "server", "", "the server's URL (default $EMBERBOX_URL, else the config file, else "+emberbox.DefaultURL+")")
 	fs.StringVar(&f.key, "key", "", "API key (default $EMBERBOX_API_KEY, else the config file, else the admin key in --data-dir)")
 	fs.StringVar(&f.dataDir, "data-dir", defaultDataDir(), "where a local server keeps its admin key")
+}
+
+// serverHelp says where a client command finds its server and key.
+const serverHelp = "The server and key come from --server and --key, else $EMBERBOX_URL and\n" +
+	"$EMBERBOX_API_KEY (or $RUNTIME_API_URL and $RUNTIME_API_KEY), else\n" +
+	"~/.config/emberbox/config.json ({\"server\": ..., \"key\": ...}), else\n" +
+	"http://127.0.0.1:8080 and the admin key in --data-dir."
+
+// apiFlags are the flags of a client command whose answer a program may
+// read: the server and key, and --json.
+type apiFlags struct {
+	serverFlags
+	json bool
+}
+
+func (f *apiFlags) register(fs *pflag.FlagSet) {
+	f.serverFlags.register(fs)
+	fs.BoolVar(&f.json, "json", false, "print the answer as JSON instead of text")
+}
+
+// print writes v as JSON with --json, else as text writes it.
+func (f *apiFlags) print(w io.Writer, v any, text func(io.Writer) error) error {
+	if f.json {
+		return writeJSONTo(w, v)
+	}
+	return text(w)
 }
 
 // clientConfig is ~/.config/emberbox/config.json.

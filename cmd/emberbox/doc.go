@@ -44,7 +44,12 @@
 // MiB) and directories as tar.gz batches of at most 1 MiB unpacked one after
 // another (a file over 512 KiB goes alone), and unpacks downloaded archives
 // through an `os.Root`, so a hostile archive cannot write outside the target.
-// `usage` and `sandbox` share one resolver of server and key (`connect.go`):
+// `webhook create|list|get|update|rotate|rm|test|deliveries|retry`, `events`
+// (the key's feed) and `secret set|list|scope|narrow|rm` (`webhook.go`,
+// `events.go`, `secret.go`) are built on `sdk/go` too, each with `--json`;
+// `secret set` reads the value from stdin only, so that it stays out of shell
+// history and `ps`, and prints nothing of it.
+// `usage`, `sandbox` and these share one resolver of server and key (`connect.go`):
 // flags, `EMBERBOX_URL`/`EMBERBOX_API_KEY` (or `RUNTIME_API_*`),
 // `~/.config/emberbox/config.json` (`EMBERBOX_CONFIG`), the local admin key.
 package main

@@ -23,6 +23,7 @@ import (
 	"github.com/emberbox/emberbox/internal/links"
 	"github.com/emberbox/emberbox/internal/pricing"
 	"github.com/emberbox/emberbox/internal/sandbox"
+	"github.com/emberbox/emberbox/internal/secrets"
 	"github.com/emberbox/emberbox/internal/store"
 	"github.com/emberbox/emberbox/internal/telemetry"
 	"github.com/emberbox/emberbox/internal/upload"
@@ -62,6 +63,8 @@ type serveOptions struct {
 	imageBuilds          int
 	registryAllowPrivate bool
 	webhookAllowPrivate  bool
+	secretsKeyFile       string
+	egressUpstreamCAFile string
 	contextChunks        contextChunkOptions
 	egressMax            []string
 	egressDeny           []string
@@ -100,6 +103,10 @@ func newServeCommand() *cobra.Command {
 	f.IntVar(&o.imageBuilds, "image-builds", 1, "image builds run at once (each in a sandbox VM)")
 	f.BoolVar(&o.registryAllowPrivate, "registry-allow-private", false,
 		"let image imports pull from registries on loopback, private and link-local addresses (refused by default: tenants name the registry)")
+	f.StringVar(&o.secretsKeyFile, "secrets-key-file", "",
+		"the key that seals egress secrets' values (default <data-dir>/secrets.key, made at the first start); every node of a cluster needs the same one")
+	f.StringVar(&o.egressUpstreamCAFile, "egress-upstream-ca-file", "",
+		"PEM roots the egress gate trusts, beside the host's, for the far end of a connection it intercepts for an egress secret")
 	f.BoolVar(&o.webhookAllowPrivate, "webhook-allow-private", false,
 		"let webhooks send to loopback, private and link-local addresses (refused by default: tenants name the URL)")
 	f.Int64Var(&o.contextChunks.quotaMiB, "image-context-quota-mib", catalog.DefaultChunkBytesPerKey>>20,
@@ -179,6 +186,7 @@ func serve(ctx context.Context, o serveOptions) error {
 		s.settleStore,
 		s.startDriver,
 		s.readEgress,
+		s.openSecrets,
 		s.admit,
 		s.newMetrics,
 		s.openVolumes,
@@ -225,6 +233,8 @@ type server struct {
 	metrics *telemetry.Metrics
 	vols    *volumes.Service
 	hooks   *webhook.Service
+	secrets *secrets.Service
+	sealer  *secrets.Sealer
 	imgs    *catalog.Service
 	cl      *cluster.Cluster // nil unless isNode
 	mgr     *sandbox.Manager

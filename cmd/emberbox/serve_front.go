@@ -57,7 +57,7 @@ func (s *server) buildAPI(context.Context) error {
 		Confinement: func() any { return drv.Confinement() },
 		Uploads:     s.uploads, Limiter: s.limiter, ObserveRequest: metrics.ObserveRequest,
 		Metrics: metrics.Handler(), PreviewDomain: s.o.previewDomain, Links: s.signer,
-		Interpreter: s.interp, Volumes: s.vols, Images: s.imgs, Webhooks: s.hooks,
+		Interpreter: s.interp, Volumes: s.vols, Images: s.imgs, Webhooks: s.hooks, Secrets: s.secrets,
 	}
 	if s.isNode {
 		acfg.Volumes, acfg.Images, acfg.Nodes = nil, nil, s.st

@@ -101,6 +101,7 @@ func (s *server) startManager(context.Context) error {
 		// interpreter contexts, whose kernels its memory holds.
 		Copied: s.interp.Adopt,
 	}
+	s.secretsOfSandboxes(&mcfg)
 	if s.isNode {
 		// Built images and volumes keep their files on the node that made
 		// them, and the cluster places no sandbox by them yet: a node

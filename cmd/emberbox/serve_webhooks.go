@@ -20,9 +20,11 @@ func (s *server) openWebhooks(context.Context) error {
 	if s.isNode {
 		claimer = s.o.cluster.nodeID
 	}
-	s.hooks = webhook.New(webhook.Config{Records: s.st, Outbox: s.st, Logger: s.log, Allowed: allowed, Claimer: claimer,
+	s.hooks = webhook.New(webhook.Config{Records: s.st, Outbox: s.st, Logger: s.log, Allowed: allowed, Claimer: claimer, Sealer: s.sealer,
 		Transport: egress.GuardedTransport(allowed, refusedWebhookAddr)})
 	s.bg.run(s.hooks.Run)
+	// Egress secrets changed on another node reach this one's sandboxes.
+	s.bg.run(s.secrets.Run)
 	return nil
 }
 

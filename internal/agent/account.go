@@ -117,6 +117,9 @@ func (a *Agent) environ(acct *account, extra map[string]string) []string {
 			base["NODE_EXTRA_CA_CERTS"] = extraCAFile
 		}
 	}
+	for k, v := range a.secretEnv {
+		base[k] = v
+	}
 	for k, v := range a.env {
 		base[k] = v
 	}

@@ -54,12 +54,15 @@ type Agent struct {
 	renewMu  sync.Mutex
 	trim     *cacheTrimmer // nil: never trims
 
-	mu     sync.Mutex
-	env    map[string]string // sandbox-wide env from configure
-	caSet  bool              // configure installed extra CA certificates
-	relay  bool              // the egress relay runs: commands get proxy env
-	sessMu sync.Mutex
-	sess   *yamux.Session // the host session egress streams are opened on
+	mu  sync.Mutex
+	env map[string]string // sandbox-wide env from configure
+	// secretEnv holds the egress secrets' placeholders (secrets.env),
+	// under env: the sandbox's own variables win.
+	secretEnv map[string]string
+	caSet     bool // configure installed extra CA certificates
+	relay     bool // the egress relay runs: commands get proxy env
+	sessMu    sync.Mutex
+	sess      *yamux.Session // the host session egress streams are opened on
 
 	volMu sync.Mutex
 	vols  map[string]*volume // attached volumes by attachment id

@@ -31,6 +31,7 @@ var methods = map[string]handler{
 	agentproto.MethodVolumeSync:   callVolumeSync,
 	agentproto.MethodVolumeDetach: callVolumeDetach,
 	agentproto.MethodRenew:        callRenew,
+	agentproto.MethodSecretEnv:    callSecretEnv,
 	agentproto.MethodExec:         callExec,
 	agentproto.MethodSpawn:        callSpawn,
 	agentproto.MethodProcessList:  callProcessList,
@@ -91,6 +92,26 @@ func callConfigure(a *Agent, _ context.Context, c *agentproto.Conn, req *agentpr
 			a.log.Warn("sethostname", "err", err)
 		}
 	}
+	return writeOK(c)
+}
+
+func callSecretEnv(a *Agent, _ context.Context, c *agentproto.Conn, req *agentproto.Request) error {
+	if req.SecretEnv == nil {
+		return invalid("secrets.env: missing body")
+	}
+	env := req.SecretEnv.Env
+	if len(env) > agentproto.MaxSecretEnv {
+		return invalid("secrets.env: too many variables")
+	}
+	for k, v := range env {
+		if k == "" || len(k) > agentproto.MaxSecretEnvBytes || len(v) > agentproto.MaxSecretEnvBytes ||
+			strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			return invalid("secrets.env: a malformed variable")
+		}
+	}
+	a.mu.Lock()
+	a.secretEnv = env
+	a.mu.Unlock()
 	return writeOK(c)
 }
 

@@ -217,6 +217,9 @@ func FuzzAgentRequest(f *testing.F) {
 		{agentproto.Request{Method: agentproto.MethodInfo}, ""},
 		{agentproto.Request{Method: agentproto.MethodConfigure, Configure: &agentproto.ConfigureRequest{Env: map[string]string{"A": "b"}}}, ""},
 		{agentproto.Request{Method: agentproto.MethodConfigure}, ""},
+		{agentproto.Request{Method: agentproto.MethodSecretEnv, SecretEnv: &agentproto.SecretEnvRequest{Env: map[string]string{"API_TOKEN": "emberbox-secret-00"}}}, ""},
+		{agentproto.Request{Method: agentproto.MethodSecretEnv, SecretEnv: &agentproto.SecretEnvRequest{Env: map[string]string{"A=B": "x", "": "\x00"}}}, ""},
+		{agentproto.Request{Method: agentproto.MethodSecretEnv}, ""},
 		{agentproto.Request{Method: agentproto.MethodExec}, ""},
 		{agentproto.Request{Method: agentproto.MethodSpawn}, ""},
 		{agentproto.Request{Method: agentproto.MethodProcessList}, ""},
@@ -446,7 +449,7 @@ func (fa *fuzzAgent) checkAnswer(t *testing.T, req *agentproto.Request, b []byte
 	switch req.Method {
 	case agentproto.MethodInfo:
 		ok = rep.Info != nil && rep.Info.Version == agentproto.Version
-	case agentproto.MethodConfigure, agentproto.MethodRenew:
+	case agentproto.MethodConfigure, agentproto.MethodRenew, agentproto.MethodSecretEnv:
 		ok = rep.OK
 	case agentproto.MethodProcessList:
 		ok = rep.Processes != nil

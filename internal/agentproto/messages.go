@@ -20,6 +20,10 @@ const (
 	MethodInfo      = "info"
 	MethodConfigure = "configure"
 	MethodRenew     = "renew"
+	// MethodSecretEnv sets the placeholders of the sandbox's egress
+	// secrets in every command's environment (agents before it answer
+	// unknown_method).
+	MethodSecretEnv = "secrets.env"
 	// MethodDetach ends the session from the guest's side once answered,
 	// so that the agent waits for a new Hello: the host detaches before a
 	// pause or snapshot, and a restored guest then answers the first Hello
@@ -119,6 +123,7 @@ type Request struct {
 	Method    string            `json:"method"`
 	Configure *ConfigureRequest `json:"configure,omitempty"`
 	Renew     *RenewRequest     `json:"renew,omitempty"`
+	SecretEnv *SecretEnvRequest `json:"secretEnv,omitempty"`
 	Exec      *ExecRequest      `json:"exec,omitempty"`
 	Process   *ProcessRequest   `json:"process,omitempty"`
 	File      *FileRequest      `json:"file,omitempty"`
@@ -213,6 +218,19 @@ type ConfigureRequest struct {
 	// host's TLS-inspecting proxy's CA, say).
 	CACerts string `json:"caCerts,omitempty"`
 }
+
+// SecretEnvRequest replaces the variables the sandbox's egress secrets
+// put in every command's environment: name to placeholder. A variable the
+// sandbox's own environment sets too keeps the sandbox's value.
+type SecretEnvRequest struct {
+	Env map[string]string `json:"env"`
+}
+
+// Bounds of a SecretEnvRequest, which the agent refuses past.
+const (
+	MaxSecretEnv      = 256
+	MaxSecretEnvBytes = 256 // of a name or a placeholder
+)
 
 // RenewRequest renews what a guest restored from saved memory shares with
 // its past or with other copies of one snapshot: the kernel's randomness,

@@ -17,6 +17,7 @@ import (
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/interpreter"
 	"github.com/emberbox/emberbox/internal/links"
+	"github.com/emberbox/emberbox/internal/secrets"
 	"github.com/emberbox/emberbox/internal/volumes"
 	"github.com/emberbox/emberbox/internal/webhook"
 )
@@ -148,6 +149,8 @@ type Config struct {
 	// Webhooks serves /v1/webhooks, their deliveries and /v1/events; nil
 	// answers them 501.
 	Webhooks *webhook.Service
+	// Secrets serves /v1/egress-secrets; nil answers them 501.
+	Secrets *secrets.Service
 }
 
 // Limits of the waits a request may ask for.
@@ -172,6 +175,7 @@ type server struct {
 	interp   *interpreter.Service // nil: the interpreter routes answer 501
 	vols     *volumes.Service     // nil: the volume routes answer 501
 	webhooks *webhook.Service     // nil: webhooks and the feed answer 501
+	secrets  *secrets.Service     // nil: egress secrets answer 501
 	images   *catalog.Service     // nil: the image routes answer 501
 	nodes    Nodes                // nil: not a node of a cluster
 	metrics  http.Handler
@@ -244,6 +248,7 @@ func newServer(cfg Config) *server {
 	s.uploads, s.metrics, s.links, s.interp = cfg.Uploads, cfg.Metrics, cfg.Links, cfg.Interpreter
 	s.vols = cfg.Volumes
 	s.webhooks = cfg.Webhooks
+	s.secrets = cfg.Secrets
 	s.nodes = cfg.Nodes
 	s.images = cfg.Images
 	pd, err := parsePreviewDomain(cfg.PreviewDomain)

@@ -75,6 +75,7 @@ type areas struct {
 	links       linksAPI
 	network     networkAPI
 	webhooks    webhooksAPI
+	secrets     secretsAPI
 }
 
 func (s *server) areas() areas {
@@ -82,6 +83,6 @@ func (s *server) areas() areas {
 		sandboxes: sandboxesAPI{s}, snapshots: snapshots{s}, checkpoints: checkpointsAPI{s}, images: imagesAPI{s}, volumes: volumesAPI{s},
 		usage: usageAPI{s}, nodes: nodesAPI{s}, files: files{s}, uploads: uploadsAPI{s}, processes: processes{s},
 		sockets: sockets{s}, previews: previewsAPI{s}, interpreter: interpreterAPI{s}, watches: watches{s},
-		links: linksAPI{s}, network: networkAPI{s}, webhooks: webhooksAPI{s},
+		links: linksAPI{s}, network: networkAPI{s}, webhooks: webhooksAPI{s}, secrets: secretsAPI{s},
 	}
 }

@@ -14,7 +14,7 @@ import (
 // unavailableTop are the first segments after /v1/ of whole products.
 var unavailableTop = map[string]bool{
 	"account": true, "agents": true, "apps": true, "audit": true, "billing": true, "builds": true,
-	"ci": true, "containers": true, "domains": true, "egress-secrets": true,
+	"ci": true, "containers": true, "domains": true,
 	"feedback": true, "functions": true, "ips": true, "job-imports": true, "job-runs": true, "jobs": true,
 	"mcp": true, "networks": true, "otel-exports": true, "plans": true,
 	"ports": true, "referrals": true, "repositories": true, "reservations": true, "secrets": true,

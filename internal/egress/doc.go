@@ -7,9 +7,10 @@
 //
 // `Policy`/`Compile` (domain, `*.domain`, IP, CIDR; deny wins), `Operator`
 // (always-refused ranges, operator-opened ranges, name overrides, closed host
-// services such as the API itself, the dialer), `Gate` per sandbox (`Resolve`,
-// `Dial`, `ServeProxy`, `ServeTCP`, `AnswerDNS`, `SetPolicy` cutting refused
-// open connections, counters, `OnRefuse`).
+// services such as the API itself, the dialer, interception), `Gate` per
+// sandbox (`Resolve`, `Dial`, `ServeProxy`, `ServeTCP`, `AnswerDNS`,
+// `SetPolicy` cutting refused open connections, `SetSwapper`, counters,
+// `OnRefuse`), `CA` (the egress-secrets certificate authority).
 //
 //   - Guest relay (`internal/agent/egress.go`, started by PID 1): an HTTP proxy
 //     port `127.0.0.1:10800` (`HTTP(S)_PROXY`, `http(s)_proxy`,
@@ -61,6 +62,18 @@
 //   - Stand-ins: at most `MaxStandIns` (4096) names per sandbox, least recently
 //     used first out, and only once idle for 60 s (twice the TTL): until then a
 //     new name gets SERVFAIL rather than another name's address.
+//   - Egress secrets (`Operator.Intercept`, `Gate.SetSwapper`): a connection
+//     the policy admitted, by CONNECT or captured to a name's stand-in (never
+//     to a raw address), whose host the sandbox's `Swapper` names has its TLS
+//     terminated at the gate with a leaf of the server's `CA` (P-256, 7 days,
+//     cached; guests trust the CA). Its HTTP/1.1 or HTTP/2 requests are sent
+//     on to that host:port only, over TLS the gate verifies itself against
+//     `Interception.Roots` (a host it cannot verify gets a 502 and nothing
+//     is sent), further connections going through `Dial` and so the policy.
+//     The swapper puts real values in for placeholders on requests whose
+//     Host names the host; everything else (path, query, body, other
+//     headers, upgrades, streamed bodies) passes as sent, hop-by-hop headers
+//     aside, and every other connection is piped as before.
 //   - Server flags: `--egress-default internet|off`, `--egress-open CIDR`,
 //     `--egress-max RULES`, `--egress-deny-cidr CIDR`, `--egress-resolve
 //     name=ip[,ip]`, `--extra-ca-file` (default: the host's

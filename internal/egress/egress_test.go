@@ -200,7 +200,8 @@ type testEnv struct {
 	refusals chan *Refusal
 }
 
-func newTestEnv(t testing.TB, pol Policy, resolve map[string]string) *testEnv {
+// newTestEnv builds a testEnv; opts set more of its operator.
+func newTestEnv(t testing.TB, pol Policy, resolve map[string]string, opts ...func(*Operator)) *testEnv {
 	t.Helper()
 	env := &testEnv{refusals: make(chan *Refusal, 100)}
 	res := map[string][]netip.Addr{}
@@ -208,14 +209,18 @@ func newTestEnv(t testing.TB, pol Policy, resolve map[string]string) *testEnv {
 		res[k] = []netip.Addr{netip.MustParseAddr(v)}
 	}
 	d := &net.Dialer{}
-	op := NewOperator(Operator{
+	o := Operator{
 		Open:    []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
 		Resolve: res,
 		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			env.dials.Add(1)
 			return d.DialContext(ctx, network, addr)
 		},
-	})
+	}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	op := NewOperator(o)
 	env.gate = NewGate(op, MustCompile(pol))
 	env.gate.OnRefuse = func(r *Refusal) {
 		select {

@@ -24,7 +24,10 @@ type Gate struct {
 	pol     *Compiled
 	version int64
 	conns   map[*conn]struct{}
-	closed  bool
+	// guests are the sandbox's connections served by intercept: between
+	// requests they have no upstream connection for Close to cut.
+	guests map[net.Conn]struct{}
+	closed bool
 	// Names the guest resolved get stand-in addresses from FakeRange, so
 	// a program that connects to "the address" without the proxy is
 	// captured and still checked, resolved and dialed by name on the host.
@@ -34,6 +37,10 @@ type Gate struct {
 	fakeLRU  list.List // front: most recently used
 	nextFake uint32
 
+	// swapper, if set, names the hosts whose TLS the gate terminates
+	// and rewrites their requests (egress secrets).
+	swapper atomic.Pointer[Swapper]
+
 	bytesOut, bytesIn atomic.Int64 // to and from the outside
 	refused           atomic.Int64
 	dials             atomic.Int64
@@ -42,7 +49,7 @@ type Gate struct {
 // NewGate returns a gate applying pol, within the operator's ceiling
 // (version 1 until SetPolicy).
 func NewGate(op *Operator, pol *Compiled) *Gate {
-	return &Gate{op: op, pol: op.Limit(pol), version: 1, conns: map[*conn]struct{}{},
+	return &Gate{op: op, pol: op.Limit(pol), version: 1, conns: map[*conn]struct{}{}, guests: map[net.Conn]struct{}{},
 		fakeOf: map[string]*list.Element{}, nameOf: map[netip.Addr]*list.Element{}}
 }
 
@@ -156,7 +163,7 @@ func (g *Gate) SetPolicy(pol *Compiled, version int64) {
 	}
 	g.mu.Unlock()
 	for _, c := range cut {
-		c.Close()
+		c.cut()
 	}
 }
 
@@ -169,8 +176,15 @@ func (g *Gate) Close() {
 	for c := range g.conns {
 		cs = append(cs, c)
 	}
+	guests := make([]net.Conn, 0, len(g.guests))
+	for c := range g.guests {
+		guests = append(guests, c)
+	}
 	g.mu.Unlock()
 	for _, c := range cs {
+		c.cut()
+	}
+	for _, c := range guests {
 		c.Close()
 	}
 }
@@ -374,22 +388,31 @@ func (c *conn) Write(b []byte) (int, error) {
 	return n, err
 }
 
-// Close closes the connection and whatever was tied to it with tie.
+// Close closes the connection.
 func (c *conn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(func() {
 		c.g.mu.Lock()
 		delete(c.g.conns, c)
 		c.g.mu.Unlock()
-		if f := c.onCut.Load(); f != nil {
-			(*f)()
-		}
 	})
 	return err
 }
 
-// tie makes closing nc (by a policy change, say) also run f, which closes
-// the sandbox's side.
+// cut closes the connection for the gate (a policy change refuses it, the
+// sandbox stopped) and whatever was tied to it with tie. An ordinary Close
+// does not run what was tied: a proxy client that moves to another target,
+// or a transport dropping an idle connection, leaves the sandbox's side
+// open.
+func (c *conn) cut() {
+	c.Close()
+	if f := c.onCut.Swap(nil); f != nil {
+		(*f)()
+	}
+}
+
+// tie makes the gate's cutting nc (by a policy change, say) also run f,
+// which closes the sandbox's side.
 func tie(nc net.Conn, f func()) {
 	if c, ok := nc.(*conn); ok {
 		c.onCut.Store(&f)

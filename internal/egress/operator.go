@@ -2,6 +2,7 @@ package egress
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
 	"net"
 	"net/netip"
@@ -131,6 +132,18 @@ type Operator struct {
 	// unspecified address (0.0.0.0, ::) stands for every loopback and host
 	// address.
 	Closed []netip.AddrPort
+	// Intercept, if set, lets a gate terminate TLS to the hosts its
+	// Swapper names (egress secrets). Nil: every connection is piped.
+	Intercept *Interception
+}
+
+// Interception is the server-wide side of egress secrets: the CA whose
+// leaves the gate presents to guests, and the roots it verifies the real
+// hosts with, as the guest no longer can.
+type Interception struct {
+	CA *CA
+	// Roots verify the far end's certificate; nil is the host's roots.
+	Roots *x509.CertPool
 }
 
 // NewOperator fills in the defaults of op: the host's addresses, the

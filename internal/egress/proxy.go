@@ -117,7 +117,8 @@ func (p *proxyClient) readRequest() (req *http.Request, ok bool) {
 	return req, true
 }
 
-// tunnel serves a CONNECT: the connection becomes a pipe to the target.
+// tunnel serves a CONNECT: the connection becomes a pipe to the target,
+// or, for a host whose TLS the gate terminates, is served by intercept.
 func (p *proxyClient) tunnel(ctx context.Context, req *http.Request) {
 	c := p.c
 	host, port, err := splitTarget(req.Host, 443)
@@ -134,6 +135,12 @@ func (p *proxyClient) tunnel(ctx context.Context, req *http.Request) {
 	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		nc.Close()
 		return
+	}
+	if host := interceptHost(nc, true); host != "" {
+		if ic := p.g.interception(host, port); ic != nil {
+			p.g.intercept(ctx, ic, host, port, &readerConn{c, p.hr.Reader}, nc)
+			return
+		}
 	}
 	pipe(c, p.hr.Reader, nc)
 }
@@ -204,7 +211,9 @@ func (p *proxyClient) dialUpstream(ctx context.Context, host string, port int, t
 // ignored the proxy: it was going to dst (an address, possibly a stand-in
 // from FakeRange). accept is called once with the outcome of the dial (nil,
 // or the error: a *Refusal if refused) before any byte is relayed; if it
-// returns an error, or the dial failed, c is closed.
+// returns an error, or the dial failed, c is closed. A connection to a
+// stand-in of a host whose TLS the gate terminates is served by intercept;
+// one to an address the guest did not have from the gate's DNS never is.
 func (g *Gate) ServeTCP(ctx context.Context, dst netip.AddrPort, c net.Conn, br *bufio.Reader, accept func(error) error) {
 	defer c.Close()
 	if br == nil {
@@ -216,6 +225,13 @@ func (g *Gate) ServeTCP(ctx context.Context, dst netip.AddrPort, c net.Conn, br 
 			nc.Close()
 		}
 		return
+	}
+	port := int(dst.Port())
+	if host := interceptHost(nc, false); host != "" {
+		if ic := g.interception(host, port); ic != nil {
+			g.intercept(ctx, ic, host, port, &readerConn{c, br}, nc)
+			return
+		}
 	}
 	pipe(c, br, nc)
 }

@@ -292,6 +292,14 @@ func (c *Client) Configure(ctx context.Context, req agentproto.ConfigureRequest)
 	return err
 }
 
+// SetSecretEnv replaces the placeholders of the sandbox's egress secrets
+// in every command's environment.
+func (c *Client) SetSecretEnv(ctx context.Context, env map[string]string) error {
+	_, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodSecretEnv,
+		SecretEnv: &agentproto.SecretEnvRequest{Env: env}}, ordinaryReply)
+	return err
+}
+
 // Renew renews a restored guest's randomness, clock and identity (see
 // agentproto.RenewRequest).
 func (c *Client) Renew(ctx context.Context, req agentproto.RenewRequest) error {

@@ -217,6 +217,8 @@ func (m *Manager) boot(ctx context.Context, in *instance, sb *Sandbox, env map[s
 // ready records that a sandbox's agent answers and starts its lease (an
 // extension asked for while it booted is kept if it ends later).
 func (m *Manager) ready(in *instance, data map[string]any) {
+	// The first command sees the egress secrets' placeholders.
+	m.Secrets.pushRecord(in.ctx, in)
 	now := m.now()
 	changed := false
 	_, err := m.update(context.Background(), in.id, func(s *Sandbox) bool {

@@ -60,6 +60,12 @@ type Config struct {
 	EgressDefault egress.Policy
 	// ExtraCAs is a PEM bundle every guest trusts besides its own roots.
 	ExtraCAs string
+	// SecretEnv, if set, says which egress secrets' placeholders a
+	// sandbox of owner has in its environment (variable to placeholder).
+	SecretEnv func(owner, id string, labels map[string]string) map[string]string
+	// Swapper, if set, makes the egress secrets' side of sandbox id's gate;
+	// event records a use or refusal of a secret on the sandbox.
+	Swapper func(id string, event func(typ, msg string, data map[string]any)) egress.Swapper
 	// Admission holds what each sandbox was promised, from its create
 	// until it is stopped or deleted, and refuses creates it has no room
 	// for; nil admits everything.
@@ -166,6 +172,7 @@ type Manager struct {
 	Snapshots   *Snapshots   // snapshots.go
 	Checkpoints *Checkpoints // checkpoints.go
 	Reaper      *Reaper      // lease.go, pressure.go, retention.go
+	Secrets     *SecretEnv   // secretenv.go: egress secrets' placeholders
 	Switcher    *Switcher    // switch.go
 	Networks    *Networks    // network.go
 	Templates   *Templates   // templates.go
@@ -287,7 +294,7 @@ func New(cfg Config) *Manager {
 	m.outcomes = outcomes{obs: cfg.Observer}
 	m.volumes = volumeHooks{vols: cfg.Volumes, log: log}
 	m.gates = &gates{host: m, egress: cfg.Egress, egressDefault: cfg.EgressDefault, records: cfg.Store,
-		obs: cfg.Observer, vols: cfg.Volumes, log: log}
+		obs: cfg.Observer, vols: cfg.Volumes, swapper: cfg.Swapper, log: log}
 	m.conduct = conduct{host: m, log: log}
 	m.link = guestLink{conduct: m.conduct, gates: m.gates}
 	m.calls = guestCalls{host: m, records: cfg.Store, bootTimeout: cfg.BootTimeout}
@@ -297,6 +304,7 @@ func New(cfg Config) *Manager {
 	m.Snapshots = newSnapshots(m)
 	m.Checkpoints = newCheckpoints(m)
 	m.Reaper = newReaper(m)
+	m.Secrets = newSecretEnv(m)
 	m.Switcher = &Switcher{host: m, volumes: cfg.Volumes, bootTimeout: cfg.BootTimeout, outcomes: m.outcomes, envs: m.envs}
 	m.Networks = &Networks{host: m, records: cfg.Store, egress: cfg.Egress, egressDefault: cfg.EgressDefault}
 	m.Templates = newTemplates(ctx, &m.cfg, log, m.spawn, m.bootGuest)
@@ -482,6 +490,7 @@ func (m *Manager) watch(in *instance) {
 // there first, and forgets the instance.
 func (m *Manager) finish(in *instance, reason string) {
 	m.gates.close(in)
+	m.Secrets.forget(in.id)
 	m.mu.Lock()
 	if m.live[in.id] == in {
 		delete(m.live, in.id)
@@ -645,6 +654,7 @@ func (m *Manager) endVM(id string) {
 		c.Close()
 	}
 	m.gates.close(in)
+	m.Secrets.forget(id)
 	if mach != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		if err := mach.Stop(sctx); err != nil {

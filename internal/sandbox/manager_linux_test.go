@@ -2,6 +2,7 @@ package sandbox_test
 
 import (
 	"context"
+	"maps"
 	"os"
 	"slices"
 	"sync"
@@ -358,5 +359,61 @@ func TestLeaseEndingIsTold(t *testing.T) {
 	m.Reaper.ExpireLeases(ctx)
 	if got := told(); len(got) != 2 {
 		t.Fatalf("after an extension brought the end near again: told %v, want %s twice", got, a.ID)
+	}
+}
+
+// TestSecretEnvReachesGuests: a sandbox gets its egress secrets'
+// placeholders from its first command, under its own variables; a
+// running one gets a change when Apply is told of its key; one of
+// another key keeps what it had.
+func TestSecretEnvReachesGuests(t *testing.T) {
+	e := newEnv(t)
+	var mu sync.Mutex
+	placeholders := map[string]string{"API_TOKEN": "emberbox-secret-1", "GREETING": "from-a-secret"}
+	m := e.managerWith(func(cfg *sandbox.Config) {
+		cfg.SecretEnv = func(owner, id string, labels map[string]string) map[string]string {
+			mu.Lock()
+			defer mu.Unlock()
+			if owner != "k" {
+				return nil
+			}
+			return maps.Clone(placeholders)
+		}
+	})
+	ctx := context.Background()
+	sb, err := m.Create(ctx, "k", spec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, m, "k", sb.ID, sandbox.StateRunning)
+	echo := func(owner, id string) string {
+		t.Helper()
+		res, err := exec(ctx, m, owner, id, guest.ExecRequest{Command: "echo $API_TOKEN/$GREETING"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(res.Stdout)
+	}
+	// The sandbox's own GREETING wins over a secret's.
+	if got := echo("k", sb.ID); got != "emberbox-secret-1/hello\n" {
+		t.Errorf("first command: %q", got)
+	}
+	mu.Lock()
+	placeholders = map[string]string{"API_TOKEN": "emberbox-secret-2"}
+	mu.Unlock()
+	m.Secrets.Apply(ctx, []string{"other"})
+	if got := echo("k", sb.ID); got != "emberbox-secret-1/hello\n" {
+		t.Errorf("after a change told of another key: %q", got)
+	}
+	m.Secrets.Apply(ctx, []string{"k"})
+	if got := echo("k", sb.ID); got != "emberbox-secret-2/hello\n" {
+		t.Errorf("after the change: %q", got)
+	}
+	mu.Lock()
+	placeholders = nil
+	mu.Unlock()
+	m.Secrets.Apply(ctx, nil)
+	if got := echo("k", sb.ID); got != "/hello\n" {
+		t.Errorf("after the secrets were deleted: %q", got)
 	}
 }

@@ -46,7 +46,9 @@ type gates struct {
 	records       Store
 	obs           Observer
 	vols          Volumes // serves volume streams; nil: none
-	log           *slog.Logger
+	// swapper makes a gate's egress secrets (Config.Swapper); nil: none.
+	swapper func(id string, event func(typ, msg string, data map[string]any)) egress.Swapper
+	log     *slog.Logger
 }
 
 // gateHost is what gates need of the manager: goroutines it owns and
@@ -62,6 +64,11 @@ func (gs *gates) open(id string, pol *egress.Compiled, version int64) *egress.Ga
 	g := egress.NewGate(gs.egress, pol)
 	if version > 1 {
 		g.SetPolicy(pol, version)
+	}
+	if gs.swapper != nil {
+		g.SetSwapper(gs.swapper(id, func(typ, msg string, data map[string]any) {
+			gs.host.spawn(func() { gs.host.event(id, typ, msg, data) })
+		}))
 	}
 	var n, recorded atomic.Int64
 	var last atomic.Int64 // unix nanoseconds of the last recorded refusal

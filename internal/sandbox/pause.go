@@ -379,6 +379,8 @@ func (m *Manager) finishWake(sb *Sandbox) {
 // watching it. Unchanged (a stop or delete came meanwhile), the VM is left
 // to that stop's endVM.
 func (m *Manager) running(in *instance, event string, data map[string]any) {
+	// Secrets may have changed while it was paused or copied.
+	m.Secrets.pushRecord(in.ctx, in)
 	now := m.now()
 	changed := false
 	_, err := m.update(context.Background(), in.id, func(s *Sandbox) bool {

@@ -37,6 +37,7 @@ type Store struct {
 	meterRows
 	nodeRows
 	webhookRows
+	secretRows
 }
 
 // backend is what every area of the store shares: the database, the node
@@ -72,6 +73,7 @@ func newStore(db *dbHandle) *Store {
 		meterRows:       meterRows{b},
 		nodeRows:        nodeRows{b},
 		webhookRows:     webhookRows{b},
+		secretRows:      secretRows{b},
 	}
 }
 
@@ -661,6 +663,26 @@ CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_attempt_at) WHER
 CREATE INDEX webhook_deliveries_line ON webhook_deliveries (webhook_id, resource_id, seq) WHERE state = 'pending';
 CREATE INDEX webhook_deliveries_webhook ON webhook_deliveries (webhook_id, seq);
 CREATE INDEX webhook_deliveries_finished ON webhook_deliveries (created_at) WHERE state <> 'pending';
+`,
+	// 18: egress secrets (secrets.go): values sealed by a key kept
+	// outside the database.
+	`
+CREATE TABLE egress_secrets (
+	owner_key_id TEXT NOT NULL,
+	name         TEXT NOT NULL,
+	env          TEXT NOT NULL,
+	placeholder  TEXT NOT NULL UNIQUE,
+	sealed       TEXT NOT NULL,
+	hosts        TEXT NOT NULL, -- JSON array
+	header       TEXT NOT NULL,
+	format       TEXT NOT NULL,
+	rules        TEXT,          -- JSON array, NULL: none
+	scope        TEXT,          -- JSON object, NULL: every sandbox of the key
+	api          TEXT,          -- JSON object, NULL: no policy
+	created_at   TEXT NOT NULL,
+	updated_at   TEXT NOT NULL,
+	PRIMARY KEY (owner_key_id, name)
+) STRICT;
 `,
 }
 

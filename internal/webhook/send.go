@@ -109,6 +109,7 @@ func (s *Service) sendDue(ctx context.Context, slots chan struct{}, done chan st
 // delivered, another attempt after a backoff, or failed after RetryFor.
 func (s *Service) deliver(ctx context.Context, d *Delivery) {
 	faultpoint.Hit("webhook.claimed")
+	d.Secrets = s.open(d.Owner, d.WebhookID, d.Secrets)
 	a := s.attempt(ctx, d)
 	if a.OK() {
 		faultpoint.Hit("webhook.sent")
@@ -196,7 +197,7 @@ func (s *Service) Test(ctx context.Context, owner, id string) (*Delivery, error)
 	if err := s.cfg.Outbox.AddDelivery(ctx, d, s.cfg.Claimer, claimLease); err != nil {
 		return nil, err
 	}
-	d.URL, d.Secrets = w.URL, w.Secrets(now)
+	d.URL, d.Secrets = w.URL, s.open(owner, w.ID, w.Secrets(now))
 	a := s.attempt(ctx, d)
 	d.Attempts++
 	d.State = StateFailed
@@ -218,6 +219,7 @@ func (s *Service) Retry(ctx context.Context, owner, id string) (*Delivery, error
 	if err != nil {
 		return nil, err
 	}
+	d.Secrets = s.open(d.Owner, d.WebhookID, d.Secrets)
 	a := s.attempt(ctx, d)
 	d.Attempts++
 	if a.OK() {

@@ -53,6 +53,16 @@ type Config struct {
 	// FirstBackoff is the wait after a first failed attempt, doubled at
 	// each failure after it up to an hour; 0 is 5 s.
 	FirstBackoff time.Duration
+	// Sealer seals signing secrets before the store keeps them
+	// (secrets.Sealer, under the key that seals egress secrets); nil
+	// keeps them as they are.
+	Sealer Sealer
+}
+
+// Sealer seals a value for an owner's named thing, and opens it.
+type Sealer interface {
+	Seal(owner, name, value string) string
+	Open(owner, name, sealed string) (string, error)
 }
 
 // Service keeps webhooks and sends their deliveries; Run is its sender.
@@ -121,12 +131,15 @@ func (s *Service) Create(ctx context.Context, owner string, spec Spec) (*Webhook
 			WithHint("delete one it no longer needs")
 	}
 	now := s.cfg.Now().UTC()
+	secret := newSecret()
 	w := &Webhook{ID: newID("wh_"), Owner: owner, URL: spec.URL, Description: spec.Description, Events: spec.Events,
-		Enabled: true, Secret: newSecret(), CreatedAt: now, UpdatedAt: now}
+		Enabled: true, CreatedAt: now, UpdatedAt: now}
+	w.Secret = s.seal(w, secret)
 	if err := s.cfg.Records.CreateWebhook(ctx, w); err != nil {
 		return nil, err
 	}
 	s.log.Info("webhook created", "webhook_id", w.ID, "owner", owner)
+	w.Secret = secret // shown once, in the answer
 	return w, nil
 }
 
@@ -187,16 +200,52 @@ func (s *Service) RotateSecret(ctx context.Context, owner, id string, keep *time
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_keep_previous",
 			"keepPreviousSeconds must be between 0 and %d", int(MaxKeepPrevious/time.Second))
 	}
-	return s.cfg.Records.UpdateWebhook(ctx, owner, id, func(w *Webhook) error {
+	secret := newSecret()
+	w, err := s.cfg.Records.UpdateWebhook(ctx, owner, id, func(w *Webhook) error {
 		now := s.cfg.Now().UTC()
 		w.PreviousSecret, w.PreviousUntil = "", nil
 		if k > 0 {
 			until := now.Add(k)
 			w.PreviousSecret, w.PreviousUntil = w.Secret, &until
 		}
-		w.Secret, w.UpdatedAt = newSecret(), now
+		w.Secret, w.UpdatedAt = s.seal(w, secret), now
 		return nil
 	})
+	if err != nil {
+		return nil, err
+	}
+	w.Secret = secret // shown once, in the answer
+	return w, nil
+}
+
+// sealPrefix marks a sealed signing secret; a plain one starts "whsec_".
+const sealPrefix = "v1:"
+
+// seal is secret as the store keeps it for w.
+func (s *Service) seal(w *Webhook, secret string) string {
+	if s.cfg.Sealer == nil {
+		return secret
+	}
+	return s.cfg.Sealer.Seal(w.Owner, "webhook:"+w.ID, secret)
+}
+
+// open returns the signing secrets as kept for webhook id of owner, opened;
+// one that does not open is left out (and logged).
+func (s *Service) open(owner, id string, kept []string) []string {
+	out := make([]string, 0, len(kept))
+	for _, k := range kept {
+		if s.cfg.Sealer == nil || !strings.HasPrefix(k, sealPrefix) {
+			out = append(out, k)
+			continue
+		}
+		v, err := s.cfg.Sealer.Open(owner, "webhook:"+id, k)
+		if err != nil {
+			s.log.Error("a webhook's signing secret does not open with this server's key", "webhook_id", id)
+			continue
+		}
+		out = append(out, v)
+	}
+	return out
 }
 
 // Delete removes one of owner's webhooks and its deliveries.

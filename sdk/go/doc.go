@@ -15,7 +15,11 @@
 // through ReadFile and WriteFile, directories through DownloadArchive and
 // UploadArchive (tar.gz). Checkpoint takes a checkpoint of a sandbox (its
 // memory, processes and disk); RestoreCheckpoint rolls the sandbox back to one
-// and BranchCheckpoint starts new sandboxes from one.
+// and BranchCheckpoint starts new sandboxes from one. CreateWebhook and its
+// siblings send the key's events to a URL, signed; ListAccountEvents reads the
+// same feed for a program that would rather poll. SetEgressSecret stores a
+// credential that sandboxes use through a placeholder, never seeing it; no
+// answer carries its value.
 //
 //	c, err := emberbox.NewClient("http://127.0.0.1:8080", os.Getenv("EMBERBOX_API_KEY"))
 //	if err != nil {

@@ -42,7 +42,8 @@ func IsNotFound(err error) bool {
 var deliberateCodes = map[string]bool{
 	"unavailable": true, "unsupported": true, "not_implemented": true, "fork_unavailable": true,
 	"previews_unavailable": true, "resize_unavailable": true, "snapshots_unavailable": true,
-	"checkpoints_unavailable": true,
+	"checkpoints_unavailable": true, "webhooks_unavailable": true, "events_unavailable": true,
+	"egress_secrets_unavailable": true, "apps_unavailable": true,
 }
 
 // retryable is the retry rule of the Python SDK: 429/502/503/504 unless

@@ -1,0 +1,143 @@
+package main
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/emberbox/emberbox/internal/egress"
+	"github.com/emberbox/emberbox/internal/sandbox"
+	"github.com/emberbox/emberbox/internal/secrets"
+)
+
+// Files of the egress secrets in the data dir, 0600: the key that seals
+// their values (kept out of the database, so that a copy of it alone
+// opens nothing) and the CA whose leaves the egress gate answers TLS with
+// for a secret's hosts.
+const (
+	secretsKeyFile = "secrets.key"
+	egressCACert   = "egress-ca.pem"
+	egressCAKey    = "egress-ca.key"
+)
+
+// openSecrets makes the egress secrets: their sealing key, their values
+// opened in memory, the CA every guest trusts for intercepted hosts. It
+// runs before the manager, whose sandboxes get the placeholders and whose
+// gates do the swap.
+func (s *server) openSecrets(ctx context.Context) error {
+	o := s.o
+	keyPath := o.secretsKeyFile
+	if keyPath == "" {
+		keyPath = filepath.Join(o.dataDir, secretsKeyFile)
+	}
+	key, err := secrets.LoadOrCreateKey(keyPath)
+	if err != nil {
+		return err
+	}
+	sealer, err := secrets.NewSealer(key)
+	if err != nil {
+		return err
+	}
+	s.sealer = sealer // webhooks' signing secrets are sealed by it too
+	s.secrets = secrets.New(secrets.Config{Store: s.st, Sealer: sealer, Logger: s.log,
+		// Running sandboxes get the change within moments, off the
+		// request that made it: a wedged guest holds up no answer.
+		Changed: func(owners []string) {
+			if mgr := s.fencedMgr.Load(); mgr != nil {
+				go mgr.Secrets.Apply(context.Background(), owners)
+			}
+		}})
+	if _, err := s.secrets.Load(ctx); err != nil {
+		return fmt.Errorf("loading egress secrets: %w", err)
+	}
+	ca, err := loadOrCreateCA(o.dataDir)
+	if err != nil {
+		return err
+	}
+	roots, err := upstreamRoots(o.egressUpstreamCAFile)
+	if err != nil {
+		return err
+	}
+	s.egress.op.Intercept = &egress.Interception{CA: ca, Roots: roots}
+	s.egress.cas += ca.CertPEM()
+	return nil
+}
+
+// loadOrCreateCA reads the egress CA in dataDir, or makes one there.
+func loadOrCreateCA(dataDir string) (*egress.CA, error) {
+	certPath, keyPath := filepath.Join(dataDir, egressCACert), filepath.Join(dataDir, egressCAKey)
+	cert, cerr := os.ReadFile(certPath)
+	key, kerr := os.ReadFile(keyPath)
+	if cerr == nil && kerr == nil {
+		ca, err := egress.LoadCA(cert, key)
+		if err != nil {
+			return nil, fmt.Errorf("egress CA in %s: %w", dataDir, err)
+		}
+		return ca, nil
+	}
+	if !errors.Is(cerr, os.ErrNotExist) && cerr != nil {
+		return nil, fmt.Errorf("reading the egress CA: %w", cerr)
+	}
+	ca, err := egress.NewCA()
+	if err != nil {
+		return nil, err
+	}
+	cert, key = ca.PEM()
+	// The key first: a crash between the two leaves no certificate, and
+	// the next start makes both again.
+	if err := writeFileAtomic(keyPath, key, 0o600); err != nil {
+		return nil, fmt.Errorf("writing the egress CA: %w", err)
+	}
+	if err := writeFileAtomic(certPath, cert, 0o600); err != nil {
+		return nil, fmt.Errorf("writing the egress CA: %w", err)
+	}
+	return ca, nil
+}
+
+// upstreamRoots are the host's roots and --egress-upstream-ca-file's,
+// which verify the far end of an intercepted connection.
+func upstreamRoots(file string) (*x509.CertPool, error) {
+	if file == "" {
+		return nil, nil
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("--egress-upstream-ca-file: %w", err)
+	}
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("--egress-upstream-ca-file: %s holds no PEM certificate", file)
+	}
+	return pool, nil
+}
+
+// secretsOfSandboxes is what the manager's sandboxes get of the egress
+// secrets: the placeholders, and each gate's swapper.
+func (s *server) secretsOfSandboxes(cfg *sandbox.Config) {
+	svc, st := s.secrets, s.st
+	cfg.SecretEnv = svc.Env
+	cfg.Swapper = func(id string, event func(typ, msg string, data map[string]any)) egress.Swapper {
+		lookup := func(ctx context.Context, id string) (string, map[string]string, error) {
+			sb, err := st.GetSandbox(ctx, id)
+			if err != nil {
+				return "", nil, err
+			}
+			return sb.OwnerKeyID, sb.Labels, nil
+		}
+		return svc.Swapper(id, lookup, func(u secrets.Use) {
+			data := map[string]any{"secret": u.Name, "host": u.Host, "method": u.Method, "path": u.Path}
+			if u.Used {
+				event("secret_used", "egress secret "+u.Name+" sent to "+u.Host, data)
+				return
+			}
+			data["reason"] = u.Reason
+			event("secret_refused", "egress secret "+u.Name+" withheld from "+u.Host+": its rules do not allow the request", data)
+		})
+	}
+}
