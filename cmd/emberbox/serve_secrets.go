@@ -188,7 +188,11 @@ func (s *server) secretsOfSandboxes(cfg *sandbox.Config) {
 				return
 			}
 			data["reason"] = u.Reason
-			event("secret_refused", "egress secret "+u.Name+" withheld from "+u.Host+": its rules do not allow the request", data)
+			why := "its rules do not allow the request"
+			if u.Reason == "budget" {
+				why = "this sandbox's budget for the hour is spent"
+			}
+			event("secret_refused", "egress secret "+u.Name+" withheld from "+u.Host+": "+why, data)
 		})
 	}
 }
