@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"github.com/emberbox/emberbox/internal/egress"
 	"github.com/emberbox/emberbox/internal/sandbox"
 	"github.com/emberbox/emberbox/internal/secrets"
+	"github.com/emberbox/emberbox/internal/store"
 )
 
 // Files of the egress secrets in the data dir, 0600: the key that seals
@@ -53,7 +55,19 @@ func (s *server) openSecrets(ctx context.Context) error {
 	if _, err := s.secrets.Load(ctx); err != nil {
 		return fmt.Errorf("loading egress secrets: %w", err)
 	}
-	ca, err := loadOrCreateCA(o.dataDir)
+	var ca *egress.CA
+	if s.isNode {
+		ca, err = clusterEgressCA(ctx, s.st, sealer)
+		if errors.Is(err, errOtherSecretsKey) {
+			// Egress secrets need one key on every node anyway (their
+			// values are sealed by it); without it this node's guests
+			// trust a CA of its own, which a moved sandbox does not.
+			s.log.Warn("egress secrets: this node's secrets key is not the cluster's; give every node the same --secrets-key-file", "err", err)
+			ca, err = loadOrCreateCA(o.dataDir)
+		}
+	} else {
+		ca, err = loadOrCreateCA(o.dataDir)
+	}
 	if err != nil {
 		return err
 	}
@@ -97,6 +111,43 @@ func loadOrCreateCA(dataDir string) (*egress.CA, error) {
 	return ca, nil
 }
 
+// errOtherSecretsKey: the cluster's egress CA was sealed under another
+// secrets key than this node's.
+var errOtherSecretsKey = errors.New("the cluster's egress CA does not open with this node's secrets key")
+
+// clusterEgressCA is the egress CA of a cluster's nodes, shared through
+// the store sealed under the secrets key, so that a sandbox moved to
+// another node still trusts the leaves its gate answers with. A node
+// whose key differs cannot open it (errOtherSecretsKey): every node needs
+// the same --secrets-key-file.
+func clusterEgressCA(ctx context.Context, st *store.Store, sealer *secrets.Sealer) (*egress.CA, error) {
+	const owner, name = "cluster", "egress-ca"
+	sealed, err := st.ClusterSetting(ctx, name, func() (string, error) {
+		ca, err := egress.NewCA()
+		if err != nil {
+			return "", err
+		}
+		cert, key := ca.PEM()
+		b, err := json.Marshal(map[string]string{"cert": string(cert), "key": string(key)})
+		if err != nil {
+			return "", err
+		}
+		return sealer.Seal(owner, name, string(b)), nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("the cluster's egress CA: %w", err)
+	}
+	opened, err := sealer.Open(owner, name, sealed)
+	if err != nil {
+		return nil, errOtherSecretsKey
+	}
+	var pems map[string]string
+	if err := json.Unmarshal([]byte(opened), &pems); err != nil {
+		return nil, fmt.Errorf("the cluster's egress CA: %w", err)
+	}
+	return egress.LoadCA([]byte(pems["cert"]), []byte(pems["key"]))
+}
+
 // upstreamRoots are the host's roots and --egress-upstream-ca-file's,
 // which verify the far end of an intercepted connection.
 func upstreamRoots(file string) (*x509.CertPool, error) {
@@ -137,7 +188,11 @@ func (s *server) secretsOfSandboxes(cfg *sandbox.Config) {
 				return
 			}
 			data["reason"] = u.Reason
-			event("secret_refused", "egress secret "+u.Name+" withheld from "+u.Host+": its rules do not allow the request", data)
+			why := "its rules do not allow the request"
+			if u.Reason == "budget" {
+				why = "this sandbox's budget for the hour is spent"
+			}
+			event("secret_refused", "egress secret "+u.Name+" withheld from "+u.Host+": "+why, data)
 		})
 	}
 }

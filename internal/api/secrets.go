@@ -13,17 +13,18 @@ type secretsAPI struct{ *server }
 
 // secretJSON is the wire form of a secret: never its value.
 type secretJSON struct {
-	Name        string         `json:"name"`
-	Env         string         `json:"env"`
-	Placeholder string         `json:"placeholder"`
-	Hosts       []string       `json:"hosts"`
-	Header      *string        `json:"header"`
-	Format      *string        `json:"format"`
-	Rules       []secrets.Rule `json:"rules"`
-	Only        *secrets.Scope `json:"only,omitempty"` // absent: every sandbox of the key
-	Enforced    bool           `json:"enforced"`
-	CreatedAt   jsonTime       `json:"createdAt"`
-	UpdatedAt   jsonTime       `json:"updatedAt"`
+	Name        string             `json:"name"`
+	Env         string             `json:"env"`
+	Placeholder string             `json:"placeholder"`
+	Hosts       []string           `json:"hosts"`
+	Header      *string            `json:"header"`
+	Format      *string            `json:"format"`
+	Rules       []secrets.Rule     `json:"rules"`
+	Only        *secrets.Scope     `json:"only,omitempty"` // absent: every sandbox of the key
+	API         *secrets.APIPolicy `json:"api,omitempty"`
+	Enforced    bool               `json:"enforced"`
+	CreatedAt   jsonTime           `json:"createdAt"`
+	UpdatedAt   jsonTime           `json:"updatedAt"`
 }
 
 func toSecretJSON(sc *secrets.Secret) secretJSON {
@@ -32,7 +33,7 @@ func toSecretJSON(sc *secrets.Secret) secretJSON {
 		rules = []secrets.Rule{}
 	}
 	return secretJSON{Name: sc.Name, Env: sc.Env, Placeholder: sc.Placeholder, Hosts: sc.Hosts, Header: optString(sc.Header),
-		Format: optString(sc.Format), Rules: rules, Only: sc.Only, Enforced: true,
+		Format: optString(sc.Format), Rules: rules, Only: sc.Only, API: sc.API, Enforced: true,
 		CreatedAt: jsonTime(sc.CreatedAt), UpdatedAt: jsonTime(sc.UpdatedAt)}
 }
 
@@ -70,7 +71,33 @@ type setSecretRequest struct {
 	Env       *string        `json:"env"`
 	GithubApp any            `json:"githubApp"`
 	Git       any            `json:"git"`
-	API       any            `json:"api"`
+	API       *apiPolicyJSON `json:"api"`
+}
+
+// apiPolicyJSON is a secret's api policy as the SDK sends it; this
+// server honours the hour's budgets of calls and writes.
+type apiPolicyJSON struct {
+	CallsPerHour  *int  `json:"callsPerHour"`
+	WritesPerHour *int  `json:"writesPerHour"`
+	Keep          *int  `json:"keep"`
+	Copies        *bool `json:"copies"`
+	Fresh         *int  `json:"fresh"`
+	Graphql       any   `json:"graphql"`
+}
+
+func (p *apiPolicyJSON) policy() (*secrets.APIPolicy, error) {
+	if p == nil {
+		return nil, nil
+	}
+	if p.Keep != nil || p.Copies != nil || p.Fresh != nil || p.Graphql != nil {
+		return nil, newError(http.StatusNotImplemented, "api_policy_unavailable",
+			"This server honours an api policy's callsPerHour and writesPerHour, not keep, copies, fresh or graphql.")
+	}
+	out := &secrets.APIPolicy{WritesPerHour: p.WritesPerHour}
+	if p.CallsPerHour != nil {
+		out.CallsPerHour = *p.CallsPerHour
+	}
+	return out, nil
 }
 
 func (s secretsAPI) set(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -87,15 +114,17 @@ func (s secretsAPI) set(w http.ResponseWriter, r *http.Request, c *call) error {
 		return newError(http.StatusNotImplemented, "github_app_unavailable", "This server does not make GitHub App tokens.")
 	case req.Git != nil:
 		return newError(http.StatusNotImplemented, "git_policy_unavailable", "This server does not check git pushes.")
-	case req.API != nil:
-		return newError(http.StatusNotImplemented, "api_policy_unavailable", "This server does not meter a secret's calls.")
 	}
 	only, err := req.Only.scope()
 	if err != nil {
 		return err
 	}
+	pol, err := req.API.policy()
+	if err != nil {
+		return err
+	}
 	sc, err := svc.Set(r.Context(), c.owner, r.PathValue("name"), secrets.Spec{Value: req.Value, Hosts: req.Hosts,
-		Header: req.Header, Format: req.Format, Rules: req.Rules, Only: only, Env: req.Env})
+		Header: req.Header, Format: req.Format, Rules: req.Rules, Only: only, API: pol, Env: req.Env})
 	return reply(w, sc, err, toSecretJSON)
 }
 

@@ -51,7 +51,8 @@ func TestEgressSecretRoutes(t *testing.T) {
 		{"PUT", "/v1/egress-secrets/9X", `{"value":"v","hosts":["a.example"]}`, "invalid_secret_name"},
 		{"PUT", "/v1/egress-secrets/X", `{"value":"v"}`, "invalid_hosts"},
 		{"PUT", "/v1/egress-secrets/X", `{"value":"v","hosts":["a.example"],"githubApp":{"id":1,"installation":2}}`, "github_app_unavailable"},
-		{"PUT", "/v1/egress-secrets/X", `{"value":"v","hosts":["a.example"],"api":{"callsPerHour":5}}`, "api_policy_unavailable"},
+		{"PUT", "/v1/egress-secrets/X", `{"value":"v","hosts":["a.example"],"api":{"callsPerHour":5,"copies":true}}`, "api_policy_unavailable"},
+		{"PUT", "/v1/egress-secrets/X", `{"value":"v","hosts":["a.example"],"api":{"writesPerHour":-1}}`, "invalid_api_policy"},
 		{"PUT", "/v1/egress-secrets/X", `{"value":"v","hosts":["a.example"],"only":{"apps":["app_1"]}}`, "apps_unavailable"},
 		{"DELETE", "/v1/egress-secrets/NONE", ``, "secret_not_found"},
 	} {
@@ -59,6 +60,10 @@ func TestEgressSecretRoutes(t *testing.T) {
 		if got := errorOf(t, w); got.Code != tc.code {
 			t.Errorf("%s %s %s: %d %s, want %s", tc.method, tc.path, tc.body, w.Code, w.Body, tc.code)
 		}
+	}
+	w = e.do("PUT", "/v1/egress-secrets/BUDGET", `{"value":"v","hosts":["a.example"],"api":{"callsPerHour":5,"writesPerHour":0}}`)
+	if w.Code != http.StatusOK || !strings.Contains(w.Body.String(), `"api":{"callsPerHour":5,"writesPerHour":0}`) {
+		t.Errorf("set with an api policy: %d %s", w.Code, w.Body)
 	}
 	w = e.do("DELETE", "/v1/egress-secrets/API_TOKEN", "")
 	if w.Code != http.StatusOK || !strings.Contains(w.Body.String(), `"deleted":true`) {

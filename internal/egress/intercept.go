@@ -29,6 +29,22 @@ type Swapper interface {
 	Swap(host string, req *http.Request)
 }
 
+// Refuser is a Swapper that may also answer a request itself, instead of
+// sending it on: a secret's budget for the hour is spent, say.
+type Refuser interface {
+	// Refuse returns the answer to give the guest for req, bound for
+	// host, or nil to send it on. It is called before Swap.
+	Refuse(host string, req *http.Request) *Answer
+}
+
+// Answer is what a Refuser answers instead of the far end: a status (429
+// unless set), when to try again, and a short text.
+type Answer struct {
+	Status     int
+	RetryAfter time.Duration
+	Message    string
+}
+
 // SetSwapper puts s in force for new connections, and for the requests
 // still to come on connections already intercepted: a secret withdrawn is
 // never swapped in again. Nil intercepts nothing.
@@ -176,7 +192,7 @@ func (g *Gate) interceptServer(ctx context.Context, host string, port int, tr ht
 		ErrorLog:      discardLog,
 	}
 	return &http.Server{
-		Handler: rp,
+		Handler: g.refusing(host, rp),
 		// Serve speaks HTTP/2 on a *tls.Conn that negotiated h2 only if
 		// these name it.
 		TLSConfig:         &tls.Config{NextProtos: interceptProtos},
@@ -186,6 +202,32 @@ func (g *Gate) interceptServer(ctx context.Context, host string, port int, tr ht
 		ErrorLog:          discardLog,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 	}
+}
+
+// refusing is next, behind the swapper in force's refusals: a request a
+// Refuser answers never goes upstream.
+func (g *Gate) refusing(host string, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if ref, ok := g.loadSwapper().(Refuser); ok {
+			if a := ref.Refuse(host, r); a != nil {
+				writeAnswer(w, a)
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func writeAnswer(w http.ResponseWriter, a *Answer) {
+	status := a.Status
+	if status == 0 {
+		status = http.StatusTooManyRequests
+	}
+	if a.RetryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int((a.RetryAfter+time.Second-1)/time.Second)))
+	}
+	w.Header().Set("X-Emberbox-Egress", "secret-budget")
+	http.Error(w, a.Message, status)
 }
 
 // forwardedHeaders are removed by ReverseProxy before Rewrite; the guest's

@@ -574,3 +574,33 @@ func TestCAPEMRoundTrip(t *testing.T) {
 		t.Error("LoadCA took its arguments swapped")
 	}
 }
+
+// refusingSwapper is testSwapper that answers /echo?limited itself.
+type refusingSwapper struct{ testSwapper }
+
+func (s *refusingSwapper) Refuse(host string, req *http.Request) *Answer {
+	if req.URL.RawQuery == "limited" {
+		return &Answer{RetryAfter: 1500 * time.Millisecond, Message: "spent"}
+	}
+	return nil
+}
+
+// TestInterceptRefuser: a request a Refuser answers gets its answer (429,
+// Retry-After in whole seconds, the reason header) and never goes
+// upstream; the next one on the same connection does.
+func TestInterceptRefuser(t *testing.T) {
+	e := newInterceptEnv(t)
+	e.gate.SetSwapper(&refusingSwapper{testSwapper: *e.swapper})
+	c := e.client(true)
+	resp, body := get(t, c, e.url("api.test", "/echo?limited"))
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "2" ||
+		resp.Header.Get("X-Emberbox-Egress") != "secret-budget" || !strings.Contains(body, "spent") {
+		t.Errorf("refused request: %d %v %q", resp.StatusCode, resp.Header, body)
+	}
+	if n := e.reached.Load(); n != 0 {
+		t.Errorf("the upstream saw %d requests, want none", n)
+	}
+	if resp, body := get(t, c, e.url("api.test", "/echo")); resp.StatusCode != http.StatusOK || !strings.Contains(body, "auth=Bearer real-value") {
+		t.Errorf("the next request: %d %q", resp.StatusCode, body)
+	}
+}

@@ -155,6 +155,19 @@ print(json.dumps(s))`)
 		}
 	}
 
+	// A budget: one call an hour per sandbox, no writes; past it the gate
+	// answers 429 itself and sends nothing.
+	sdk(t, s, `runtime.secrets.set("BUDGET", value="`+secretValue+`", hosts=["api.secrets.test"], api={"callsPerHour": 1, "writesPerHour": 0})`)
+	if !waitUntil(30*time.Second, 200*time.Millisecond, func() bool { return strings.HasPrefix(c.sh(t, sb.ID, "echo $BUDGET"), "emberbox-secret-") }) {
+		t.Fatal("the BUDGET placeholder did not reach the sandbox")
+	}
+	budget := func(method string) string {
+		return c.sh(t, sb.ID, `curl -sS --max-time 30 -o /dev/null -w '%{http_code}' -X `+method+` -H "X-Api-Key: $BUDGET" `+url("api.secrets.test", "/echo")+` 2>&1`)
+	}
+	if got := []string{budget("POST"), budget("GET"), budget("GET")}; got[0] != "429" || got[1] != "200" || got[2] != "429" {
+		t.Errorf("a write, a call, a second call under a budget of no writes and one call: %v, want [429 200 429]", got)
+	}
+
 	// What the server says of it, in its answers and events.
 	answers := []string{
 		sdk(t, s, `print(json.dumps(runtime.secrets.list()))`),

@@ -47,11 +47,27 @@ type Scope struct {
 	Sandboxes []string            `json:"sandboxes,omitempty"`
 }
 
-// APIPolicy bounds each sandbox's use of a secret per hour; 0 is no bound
-// for calls, and for writes none at all when set.
+// APIPolicy bounds each sandbox's use of a secret per hour: requests that
+// carry it (CallsPerHour; 0: no bound) and of them writes, any method but
+// GET, HEAD and OPTIONS (WritesPerHour; nil: no bound, 0: none). Past it
+// the gate answers 429 with Retry-After, and nothing is sent.
 type APIPolicy struct {
 	CallsPerHour  int  `json:"callsPerHour,omitempty"`
 	WritesPerHour *int `json:"writesPerHour,omitempty"`
+}
+
+// maxPerHour bounds a budget: past it, a budget is no bound at all.
+const maxPerHour = 1_000_000
+
+// checkAPI refuses budgets out of range.
+func checkAPI(p *APIPolicy) error {
+	if p == nil {
+		return nil
+	}
+	if p.CallsPerHour < 0 || p.CallsPerHour > maxPerHour || (p.WritesPerHour != nil && (*p.WritesPerHour < 0 || *p.WritesPerHour > maxPerHour)) {
+		return invalid("invalid_api_policy", "callsPerHour and writesPerHour are from 0 to %d", maxPerHour)
+	}
+	return nil
 }
 
 // Bounds of secrets.

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/secrets"
@@ -208,5 +209,55 @@ func TestSealedElsewhere(t *testing.T) {
 	}
 	if _, err := a.Open("other", "A", sealed); err == nil {
 		t.Error("opened as another key's secret")
+	}
+}
+
+// TestBudget: a sandbox's requests that carry a secret with an api policy
+// are answered 429 past the hour's calls, and writes past its writes,
+// before anything is sent; requests that do not carry it are not counted.
+func TestBudget(t *testing.T) {
+	svc, _, _ := newService(t)
+	ctx := t.Context()
+	none := 0
+	sc, err := svc.Set(ctx, "k", "API_TOKEN", secrets.Spec{Value: value, Hosts: []string{"api.example.com"},
+		API: &secrets.APIPolicy{CallsPerHour: 3, WritesPerHour: &none}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sw := svc.Swapper("sbx_1", func(context.Context, string) (string, map[string]string, error) { return "k", nil, nil }, nil)
+	try := func(method string, carry bool) (refused bool, sent string) {
+		r := httptest.NewRequest(method, "https://api.example.com/v1/x", nil)
+		if carry {
+			r.Header.Set("Authorization", "Bearer "+sc.Placeholder)
+		}
+		if a := sw.Refuse("api.example.com", r); a != nil {
+			if a.RetryAfter <= 0 || a.RetryAfter > time.Hour || a.Status != 0 {
+				t.Errorf("answer %+v", a)
+			}
+			return true, ""
+		}
+		sw.Swap("api.example.com", r)
+		return false, r.Header.Get("Authorization")
+	}
+	if refused, _ := try("POST", true); !refused {
+		t.Error("a write with no writes allowed was not refused")
+	}
+	for i := range 3 {
+		if refused, sent := try("GET", true); refused || sent != "Bearer "+value {
+			t.Fatalf("call %d of 3: refused %v, sent %q", i+1, refused, sent)
+		}
+	}
+	if refused, _ := try("GET", false); refused {
+		t.Error("a request without the secret was refused")
+	}
+	if refused, _ := try("GET", true); !refused {
+		t.Error("the fourth call of the hour was not refused")
+	}
+	// Another sandbox has its own hour.
+	other := svc.Swapper("sbx_2", func(context.Context, string) (string, map[string]string, error) { return "k", nil, nil }, nil)
+	r := httptest.NewRequest("GET", "https://api.example.com/v1/x", nil)
+	r.Header.Set("Authorization", "Bearer "+sc.Placeholder)
+	if a := other.Refuse("api.example.com", r); a != nil {
+		t.Errorf("another sandbox refused: %+v", a)
 	}
 }

@@ -84,7 +84,7 @@ type Spec struct {
 
 func (sp *Spec) check(name string) error {
 	for _, err := range []error{checkName(name), checkValue(sp.Value), checkHosts(sp.Hosts), checkHeader(sp.Header, sp.Format),
-		checkRules(sp.Rules), checkScope(sp.Only)} {
+		checkRules(sp.Rules), checkScope(sp.Only), checkAPI(sp.API)} {
 		if err != nil {
 			return err
 		}

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/emberbox/emberbox/internal/egress"
 )
 
 // CredentialHeaders are the headers a placeholder is replaced in; in any
@@ -41,7 +43,18 @@ type Swapper struct {
 	labels  map[string]string
 	fetched time.Time
 	told    map[string]int // uses and refusals reported, by name and outcome
+	spent   map[string]*budget
 }
+
+// budget is what a sandbox spent of a secret's APIPolicy in the hour that
+// began at start.
+type budget struct {
+	start         time.Time
+	calls, writes int
+}
+
+// budgetWindow is the period a secret's APIPolicy counts over.
+const budgetWindow = time.Hour
 
 // Swapper returns the swapper of sandbox id: lookup reads its owner and
 // labels (at most every few seconds), report is told of uses and
@@ -50,7 +63,7 @@ func (s *Service) Swapper(id string, lookup Lookup, report func(Use)) *Swapper {
 	if report == nil {
 		report = func(Use) {}
 	}
-	return &Swapper{svc: s, id: id, lookup: lookup, report: report, told: map[string]int{}}
+	return &Swapper{svc: s, id: id, lookup: lookup, report: report, told: map[string]int{}, spent: map[string]*budget{}}
 }
 
 // lookupEvery bounds how stale a swapper's view of its sandbox's labels
@@ -92,6 +105,70 @@ func (sw *Swapper) reach(host string) []*held {
 // sandbox's secrets names is terminated at the gate, whatever the port.
 func (sw *Swapper) Intercepts(host string, _ int) bool { return len(sw.reach(host)) > 0 }
 
+// carries reports whether req would carry secret h: its placeholder is in
+// a credential header, or it sets a header of its own.
+func carries(h *held, req *http.Request) bool {
+	if h.Header != "" {
+		return true
+	}
+	for _, name := range CredentialHeaders {
+		for _, v := range req.Header[http.CanonicalHeaderKey(name)] {
+			if strings.Contains(v, h.Placeholder) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// isWrite reports whether a request of method counts as a write.
+func isWrite(method string) bool {
+	return method != http.MethodGet && method != http.MethodHead && method != http.MethodOptions
+}
+
+// Refuse implements egress.Refuser: a request that would carry a secret
+// whose hour's budget the sandbox has spent is answered 429, with when
+// the hour ends, and never sent.
+func (sw *Swapper) Refuse(host string, req *http.Request) *egress.Answer {
+	path := req.URL.EscapedPath()
+	for _, h := range sw.reach(host) {
+		if h.API == nil || !carries(h, req) || !allows(h.Rules, req.Method, path) {
+			continue
+		}
+		if left, ok := sw.within(h, req.Method, false); !ok {
+			sw.tell(Use{SandboxID: sw.id, Name: h.Name, Host: host, Method: req.Method, Path: path, Reason: "budget"})
+			return &egress.Answer{RetryAfter: left,
+				Message: "egress secret " + h.Name + ": this sandbox's calls or writes for the hour are spent"}
+		}
+	}
+	return nil
+}
+
+// within reports whether a request of method fits h's budget this hour,
+// counting it when spend is set, and how long until the hour ends.
+func (sw *Swapper) within(h *held, method string, spend bool) (time.Duration, bool) {
+	sw.mu.Lock()
+	defer sw.mu.Unlock()
+	now := time.Now()
+	b := sw.spent[h.Name]
+	if b == nil || now.Sub(b.start) >= budgetWindow {
+		b = &budget{start: now}
+		sw.spent[h.Name] = b
+	}
+	left := b.start.Add(budgetWindow).Sub(now)
+	p := h.API
+	if (p.CallsPerHour > 0 && b.calls >= p.CallsPerHour) || (p.WritesPerHour != nil && isWrite(method) && b.writes >= *p.WritesPerHour) {
+		return left, false
+	}
+	if spend {
+		b.calls++
+		if isWrite(method) {
+			b.writes++
+		}
+	}
+	return left, true
+}
+
 // Swap implements egress.Swapper: in a request the secret's rules allow,
 // its placeholder becomes its value in the credential headers, and its
 // own header is set; in one they refuse, nothing changes.
@@ -112,6 +189,13 @@ func (sw *Swapper) Swap(host string, req *http.Request) {
 			u.Reason = "rules"
 			sw.tell(u)
 			continue
+		}
+		if h.API != nil {
+			if _, ok := sw.within(h, req.Method, true); !ok {
+				u.Reason = "budget" // spent between Refuse and here
+				sw.tell(u)
+				continue
+			}
 		}
 		for _, name := range CredentialHeaders {
 			vs := req.Header[http.CanonicalHeaderKey(name)]
