@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"github.com/emberbox/emberbox/internal/volumes"
 	"github.com/emberbox/emberbox/internal/volumes/volumestest"
 	"mime"
@@ -13,6 +14,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"path"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -25,7 +27,10 @@ import (
 	"github.com/emberbox/emberbox/internal/interpreter"
 	"github.com/emberbox/emberbox/internal/links"
 	"github.com/emberbox/emberbox/internal/sandbox"
+	"github.com/emberbox/emberbox/internal/secrets"
+	"github.com/emberbox/emberbox/internal/store"
 	"github.com/emberbox/emberbox/internal/upload"
+	"github.com/emberbox/emberbox/internal/webhook"
 )
 
 // fuzzManager adds egress policies to fakeManager, so the network routes
@@ -74,10 +79,31 @@ func newFuzzServer(tb testing.TB) *fuzzServer {
 	// true, so files are not formatted), told of a manager of their own.
 	vols := volumes.New(volumes.Config{Store: volumestest.New(), Backups: volumestest.NewBackups(), DataDir: tb.TempDir(), Mkfs: "true"})
 	vols.SetGuests(newFakeManager())
+	// Webhooks and egress secrets as on a real server, on a SQLite file;
+	// deliveries go nowhere (every attempt fails at once).
+	st, err := store.Open(context.Background(), filepath.Join(tb.TempDir(), "emberbox.db"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { st.Close() })
+	sealer, err := secrets.NewSealer(make([]byte, secrets.KeySize))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	hooks := webhook.New(webhook.Config{Records: st, Outbox: st, Transport: refusingTransport{}})
 	fs.s = newServer(Config{Manager: fuzzManager{newFakeManager()}.roles(), Keys: fakeKeys{}, Version: "test",
 		Accel: func() string { return "tcg" }, Links: signer, Interpreter: interpreter.New(nil),
-		Images: newTestImages(tb, nil), Volumes: vols})
+		Images: newTestImages(tb, nil), Volumes: vols, Webhooks: hooks,
+		Secrets: secrets.New(secrets.Config{Store: st, Sealer: sealer})})
 	return fs
+}
+
+// refusingTransport fails every request at once: fuzzed webhooks are
+// never delivered anywhere.
+type refusingTransport struct{}
+
+func (refusingTransport) RoundTrip(*http.Request) (*http.Response, error) {
+	return nil, errors.New("deliveries are not sent while fuzzing")
 }
 
 // reset gives the server a fresh manager holding fuzzIDs and returns it.
