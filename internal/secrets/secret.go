@@ -28,7 +28,6 @@ type Secret struct {
 	Rules  []Rule // none: every request to the hosts
 	Only   *Scope // nil: every sandbox of the key
 	API    *APIPolicy
-	// Version counts the changes of the secret's record.
 	CreatedAt time.Time
 	UpdatedAt time.Time
 }

@@ -68,9 +68,9 @@ func New(cfg Config) *Service {
 	return &Service{cfg: cfg, log: cfg.Logger.With("component", "secrets"), byOwner: map[string][]*held{}}
 }
 
-// Spec is a secret as set: Value and Hosts are required; a nil Rules,
-// Only or Env keeps, on a replace, what the secret had (Rules: clears
-// them, as a set without rules widens nothing it did not hold).
+// Spec is a secret as set: Value and Hosts are required. On a replace a
+// nil Only or Env keeps the secret's scope or variable (a new value never
+// widens who gets it), while Rules, Header and API are replaced as given.
 type Spec struct {
 	Value  string
 	Hosts  []string
