@@ -23,11 +23,11 @@ type Secret struct {
 	Hosts []string
 	// Header, when set, is put on every request to the hosts that the
 	// rules allow, as Format with {value} replaced.
-	Header string
-	Format string
-	Rules  []Rule // none: every request to the hosts
-	Only   *Scope // nil: every sandbox of the key
-	API    *APIPolicy
+	Header    string
+	Format    string
+	Rules     []Rule // none: every request to the hosts
+	Only      *Scope // nil: every sandbox of the key
+	API       *APIPolicy
 	CreatedAt time.Time
 	UpdatedAt time.Time
 }
