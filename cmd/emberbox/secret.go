@@ -31,7 +31,7 @@ func newSecretCommand() *cobra.Command {
 	}
 	af.register(sc.PersistentFlags())
 	sc.AddCommand(newSecretSetCommand(&af), newSecretListCommand(&af), newSecretScopeCommand(&af),
-		newSecretNarrowCommand(&af), newSecretRmCommand(&af))
+		newSecretNarrowCommand(&af), newSecretRmCommand(&af), newSecretCACommand(&af))
 	return sc
 }
 

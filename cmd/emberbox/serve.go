@@ -235,6 +235,7 @@ type server struct {
 	hooks   *webhook.Service
 	secrets *secrets.Service
 	sealer  *secrets.Sealer
+	cas     *secrets.CAs // the egress CAs; nil if this node cannot rotate them
 	imgs    *catalog.Service
 	cl      *cluster.Cluster // nil unless isNode
 	mgr     *sandbox.Manager

@@ -27,7 +27,10 @@ func (s *server) readEgress(context.Context) error {
 type egressSettings struct {
 	op  *egress.Operator
 	def egress.Policy
-	cas string
+	cas string // the CAs guests are configured with at boot
+	// trust is the CAs guests are to trust now (the egress CAs rotate);
+	// nil: cas, always.
+	trust func() string
 }
 
 // egressConfig reads the egress flags.

@@ -59,6 +59,9 @@ func (s *server) buildAPI(context.Context) error {
 		Metrics: metrics.Handler(), PreviewDomain: s.o.previewDomain, Links: s.signer,
 		Interpreter: s.interp, Volumes: s.vols, Images: s.imgs, Webhooks: s.hooks, Secrets: s.secrets,
 	}
+	if s.cas != nil {
+		acfg.EgressCAs = egressCAs{cas: s.cas, mgr: s.mgr}
+	}
 	if s.isNode {
 		acfg.Volumes, acfg.Images, acfg.Nodes = nil, nil, s.st
 	}

@@ -92,7 +92,7 @@ func (s *server) startManager(context.Context) error {
 		// use them.
 		Volumes: s.vols, Preparers: []sandbox.Preparer{s.vols, s.imgs.Preparer()},
 		Store: s.st, Driver: s.drv, Boot: s.boot.BootFiles, DataDir: o.dataDir, Logger: s.log, BootTimeout: o.bootTimeout,
-		Egress: ecfg.op, EgressDefault: ecfg.def, ExtraCAs: ecfg.cas, StoppedDiskRetention: o.diskRetention,
+		Egress: ecfg.op, EgressDefault: ecfg.def, ExtraCAs: ecfg.cas, Trust: ecfg.trust, StoppedDiskRetention: o.diskRetention,
 		Templates: o.templates, ImageTemplates: imageTemplates(o.imageTemplates), MemoryFloorMiB: o.limits.memoryFloorMiB,
 		DiskFloorMiB: o.limits.diskFloorMiB, Checkpoints: o.limits.checkpoints,
 		Admission: adm.ledger, Limits: adm.limits,

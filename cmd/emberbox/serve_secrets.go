@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/emberbox/emberbox/internal/egress"
 	"github.com/emberbox/emberbox/internal/sandbox"
@@ -55,19 +56,7 @@ func (s *server) openSecrets(ctx context.Context) error {
 	if _, err := s.secrets.Load(ctx); err != nil {
 		return fmt.Errorf("loading egress secrets: %w", err)
 	}
-	var ca *egress.CA
-	if s.isNode {
-		ca, err = clusterEgressCA(ctx, s.st, sealer)
-		if errors.Is(err, errOtherSecretsKey) {
-			// Egress secrets need one key on every node anyway (their
-			// values are sealed by it); without it this node's guests
-			// trust a CA of its own, which a moved sandbox does not.
-			s.log.Warn("egress secrets: this node's secrets key is not the cluster's; give every node the same --secrets-key-file", "err", err)
-			ca, err = loadOrCreateCA(o.dataDir)
-		}
-	} else {
-		ca, err = loadOrCreateCA(o.dataDir)
-	}
+	auth, err := s.openEgressCAs(ctx, sealer)
 	if err != nil {
 		return err
 	}
@@ -75,9 +64,49 @@ func (s *server) openSecrets(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.egress.op.Intercept = &egress.Interception{CA: ca, Roots: roots}
-	s.egress.cas += ca.CertPEM()
+	s.egress.op.Intercept = &egress.Interception{Authority: auth, Roots: roots}
+	// Guests trust the operator's CAs and the egress CAs in force; a
+	// boot is configured with those of the start, and a rotation sends
+	// running guests the new set.
+	operator := s.egress.cas
+	s.egress.trust = func() string { return operator + auth.Bundle() }
+	s.egress.cas = s.egress.trust()
 	return nil
+}
+
+// openEgressCAs opens the egress CAs kept in the store (seeded, the first
+// time, with the CA this server or cluster made before they were kept
+// there). A node whose secrets key is not the one they were sealed under
+// gets a CA of its own, which it cannot rotate.
+func (s *server) openEgressCAs(ctx context.Context, sealer *secrets.Sealer) (*egress.Authority, error) {
+	seed := func(ctx context.Context) (*egress.CA, error) {
+		if s.isNode {
+			return clusterEgressCA(ctx, s.st, sealer)
+		}
+		return loadOrCreateCA(s.o.dataDir)
+	}
+	cas, err := secrets.OpenCAs(ctx, secrets.CAConfig{Store: s.st, Sealer: sealer, Seed: seed, Logger: s.log,
+		Changed: func() {
+			if mgr := s.fencedMgr.Load(); mgr != nil {
+				go mgr.Secrets.Apply(context.Background(), nil)
+			}
+		}})
+	if err == nil {
+		s.cas = cas
+		return cas.Authority(), nil
+	}
+	if !errors.Is(err, secrets.ErrOtherKey) && !errors.Is(err, errOtherSecretsKey) {
+		return nil, err
+	}
+	// Egress secrets need one key on every node anyway (their values are
+	// sealed by it); without it this node's guests trust a CA of its own,
+	// which a moved sandbox does not.
+	s.log.Warn("egress secrets: this server's secrets key is not the one the egress CAs were sealed under; give every node the same --secrets-key-file", "err", err)
+	ca, err := loadOrCreateCA(s.o.dataDir)
+	if err != nil {
+		return nil, err
+	}
+	return egress.NewAuthority(ca), nil
 }
 
 // loadOrCreateCA reads the egress CA in dataDir, or makes one there.
@@ -110,6 +139,10 @@ func loadOrCreateCA(dataDir string) (*egress.CA, error) {
 	}
 	return ca, nil
 }
+
+// caRefresh is how often a server reads the egress CAs for a rotation
+// made on another node, or a retirement come.
+const caRefresh = 5 * time.Second
 
 // errOtherSecretsKey: the cluster's egress CA was sealed under another
 // secrets key than this node's.
@@ -195,4 +228,28 @@ func (s *server) secretsOfSandboxes(cfg *sandbox.Config) {
 			event("secret_refused", "egress secret "+u.Name+" withheld from "+u.Host+": "+why, data)
 		})
 	}
+}
+
+// egressCAs are the egress CAs as the API serves them: a rotation is sent
+// to this node's running guests before it is answered (other nodes' take
+// it up within caRefresh), and the status counts this node's guests.
+type egressCAs struct {
+	cas *secrets.CAs
+	mgr *sandbox.Manager
+}
+
+func (e egressCAs) Status(ctx context.Context) []secrets.CAInfo {
+	return e.cas.Status(e.mgr.Secrets.Trusted(ctx))
+}
+
+func (e egressCAs) Rotate(ctx context.Context, keep time.Duration) (*secrets.Rotation, error) {
+	rot, err := e.cas.Rotate(ctx, keep)
+	if err != nil {
+		return nil, err
+	}
+	e.mgr.Secrets.Apply(ctx, nil)
+	if st := e.Status(ctx); len(st) > 0 {
+		rot.New, rot.Previous = st[len(st)-1], st[:len(st)-1]
+	}
+	return rot, nil
 }

@@ -25,6 +25,9 @@ func (s *server) openWebhooks(context.Context) error {
 	s.bg.run(s.hooks.Run)
 	// Egress secrets changed on another node reach this one's sandboxes.
 	s.bg.run(s.secrets.Run)
+	if s.cas != nil {
+		s.bg.run(func(ctx context.Context) { s.cas.Run(ctx, caRefresh) })
+	}
 	return nil
 }
 

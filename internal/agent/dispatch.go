@@ -1,7 +1,11 @@
 package agent
 
 import (
+	"bytes"
 	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -32,6 +36,7 @@ var methods = map[string]handler{
 	agentproto.MethodVolumeDetach: callVolumeDetach,
 	agentproto.MethodRenew:        callRenew,
 	agentproto.MethodSecretEnv:    callSecretEnv,
+	agentproto.MethodTrust:        callTrust,
 	agentproto.MethodExec:         callExec,
 	agentproto.MethodSpawn:        callSpawn,
 	agentproto.MethodProcessList:  callProcessList,
@@ -113,6 +118,49 @@ func callSecretEnv(a *Agent, _ context.Context, c *agentproto.Conn, req *agentpr
 	a.secretEnv = env
 	a.mu.Unlock()
 	return writeOK(c)
+}
+
+func callTrust(a *Agent, _ context.Context, c *agentproto.Conn, req *agentproto.Request) error {
+	if req.Trust == nil {
+		return invalid("trust.set: missing body")
+	}
+	bundle := req.Trust.CACerts
+	if len(bundle) > agentproto.MaxTrustBytes {
+		return invalid("trust.set: the bundle is too large")
+	}
+	if err := checkCertBundle(bundle); err != nil {
+		return invalid("trust.set: " + err.Error())
+	}
+	if err := replaceCACerts(bundle); err != nil {
+		return fmt.Errorf("trust.set: %w", err)
+	}
+	a.mu.Lock()
+	a.caSet = bundle != ""
+	a.mu.Unlock()
+	return writeOK(c)
+}
+
+// checkCertBundle accepts PEM CERTIFICATE blocks that parse, and nothing
+// else but whitespace.
+func checkCertBundle(bundle string) error {
+	rest := []byte(bundle)
+	for {
+		var b *pem.Block
+		b, rest = pem.Decode(rest)
+		if b == nil {
+			break
+		}
+		if b.Type != "CERTIFICATE" {
+			return fmt.Errorf("a %q block in the bundle", b.Type)
+		}
+		if _, err := x509.ParseCertificate(b.Bytes); err != nil {
+			return fmt.Errorf("a certificate in the bundle: %w", err)
+		}
+	}
+	if len(bytes.TrimSpace(rest)) != 0 {
+		return errors.New("the bundle holds something other than PEM certificates")
+	}
+	return nil
 }
 
 func callDetach(a *Agent, ctx context.Context, c *agentproto.Conn, _ *agentproto.Request) error {

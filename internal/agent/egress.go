@@ -232,12 +232,36 @@ func (a *Agent) serveDNSTCP(c net.Conn) {
 	}
 }
 
-// installCACerts makes the guest trust pem besides its own roots: it is
-// kept in extraCAFile and appended to the system bundle once.
+// The extra CAs are kept between these lines of the system bundle, so
+// that a new set (a rotated egress CA) replaces the old one instead of
+// joining it.
+const (
+	caBlockBegin = "# emberbox extra CAs: begin\n"
+	caBlockEnd   = "# emberbox extra CAs: end\n"
+)
+
+// installCACerts makes the guest trust pem besides its own roots, in
+// place of the extra CAs it trusted before: pem is kept in extraCAFile
+// (for Node) and between the markers of the system bundle. An empty pem
+// changes nothing (a configure that sets none).
 func (a *Agent) installCACerts(pem string) error {
 	if pem == "" {
 		return nil
 	}
+	return replaceCACerts(pem)
+}
+
+// caMu serializes the replacements of the extra CAs.
+var caMu sync.Mutex
+
+// replaceCACerts puts pem in place of the extra CAs; "" removes them.
+func replaceCACerts(pem string) error {
+	caMu.Lock()
+	defer caMu.Unlock()
+	if pem != "" && !strings.HasSuffix(pem, "\n") {
+		pem += "\n"
+	}
+	prev, _ := os.ReadFile(extraCAFile)
 	if err := os.MkdirAll("/usr/local/share/ca-certificates", 0o755); err != nil {
 		return err
 	}
@@ -245,20 +269,38 @@ func (a *Agent) installCACerts(pem string) error {
 		return err
 	}
 	cur, _ := os.ReadFile(systemBundle)
-	if bytes.Contains(cur, []byte(pem)) {
+	next := withCABlock(string(cur), string(prev), pem)
+	if next == string(cur) {
 		return nil
-	}
-	if len(cur) > 0 && cur[len(cur)-1] != '\n' {
-		cur = append(cur, '\n')
 	}
 	if err := os.MkdirAll("/etc/ssl/certs", 0o755); err != nil {
 		return err
 	}
 	tmp := systemBundle + ".emberbox-tmp"
-	if err := os.WriteFile(tmp, append(cur, pem...), 0o644); err != nil {
+	if err := os.WriteFile(tmp, []byte(next), 0o644); err != nil {
 		return err
 	}
 	return os.Rename(tmp, systemBundle)
+}
+
+// withCABlock is the system bundle cur with its block of extra CAs
+// replaced by pem (none if ""). prev, the extra CAs installed before,
+// is taken out of cur where an agent without markers appended it.
+func withCABlock(cur, prev, pem string) string {
+	if b := strings.Index(cur, caBlockBegin); b >= 0 {
+		if e := strings.Index(cur[b:], caBlockEnd); e >= 0 {
+			cur = cur[:b] + cur[b+e+len(caBlockEnd):]
+		}
+	} else if prev != "" {
+		cur = strings.Replace(cur, prev, "", 1)
+	}
+	if pem == "" {
+		return cur
+	}
+	if cur != "" && !strings.HasSuffix(cur, "\n") {
+		cur += "\n"
+	}
+	return cur + caBlockBegin + pem + caBlockEnd
 }
 
 // Capture of connections that ignore the proxy variables: a dummy interface

@@ -24,6 +24,9 @@ const (
 	// secrets in every command's environment (agents before it answer
 	// unknown_method).
 	MethodSecretEnv = "secrets.env"
+	// MethodTrust replaces the extra CAs the guest trusts (a rotated
+	// egress CA; agents before it answer unknown_method).
+	MethodTrust = "trust.set"
 	// MethodDetach ends the session from the guest's side once answered,
 	// so that the agent waits for a new Hello: the host detaches before a
 	// pause or snapshot, and a restored guest then answers the first Hello
@@ -124,6 +127,7 @@ type Request struct {
 	Configure *ConfigureRequest `json:"configure,omitempty"`
 	Renew     *RenewRequest     `json:"renew,omitempty"`
 	SecretEnv *SecretEnvRequest `json:"secretEnv,omitempty"`
+	Trust     *TrustRequest     `json:"trust,omitempty"`
 	Exec      *ExecRequest      `json:"exec,omitempty"`
 	Process   *ProcessRequest   `json:"process,omitempty"`
 	File      *FileRequest      `json:"file,omitempty"`
@@ -231,6 +235,16 @@ const (
 	MaxSecretEnv      = 256
 	MaxSecretEnvBytes = 256 // of a name or a placeholder
 )
+
+// TrustRequest replaces the extra CAs the guest trusts besides its own
+// roots (ConfigureRequest.CACerts): a PEM bundle of certificates only,
+// at most MaxTrustBytes; empty trusts none.
+type TrustRequest struct {
+	CACerts string `json:"caCerts"`
+}
+
+// MaxTrustBytes bounds a TrustRequest's bundle.
+const MaxTrustBytes = 256 << 10
 
 // RenewRequest renews what a guest restored from saved memory shares with
 // its past or with other copies of one snapshot: the kernel's randomness,

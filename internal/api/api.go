@@ -151,6 +151,8 @@ type Config struct {
 	Webhooks *webhook.Service
 	// Secrets serves /v1/egress-secrets; nil answers them 501.
 	Secrets *secrets.Service
+	// EgressCAs serves /v1/egress-ca; nil answers it 501.
+	EgressCAs EgressCAs
 }
 
 // Limits of the waits a request may ask for.
@@ -162,25 +164,26 @@ const (
 )
 
 type server struct {
-	events   Events
-	mgr      Manager
-	keys     Keys
-	idem     Idempotency
-	log      *slog.Logger
-	version  string
-	accel    func() string
-	confine  func() any
-	uploads  *Uploads // nil: chunked uploads refused
-	links    *links.Signer
-	interp   *interpreter.Service // nil: the interpreter routes answer 501
-	vols     *volumes.Service     // nil: the volume routes answer 501
-	webhooks *webhook.Service     // nil: webhooks and the feed answer 501
-	secrets  *secrets.Service     // nil: egress secrets answer 501
-	images   *catalog.Service     // nil: the image routes answer 501
-	nodes    Nodes                // nil: not a node of a cluster
-	metrics  http.Handler
-	limits   *rateLimiter
-	observe  func(route string, status int, d time.Duration) // nil: none
+	events    Events
+	mgr       Manager
+	keys      Keys
+	idem      Idempotency
+	log       *slog.Logger
+	version   string
+	accel     func() string
+	confine   func() any
+	uploads   *Uploads // nil: chunked uploads refused
+	links     *links.Signer
+	interp    *interpreter.Service // nil: the interpreter routes answer 501
+	vols      *volumes.Service     // nil: the volume routes answer 501
+	webhooks  *webhook.Service     // nil: webhooks and the feed answer 501
+	secrets   *secrets.Service     // nil: egress secrets answer 501
+	egressCAs EgressCAs            // nil: the egress CA routes answer 501
+	images    *catalog.Service     // nil: the image routes answer 501
+	nodes     Nodes                // nil: not a node of a cluster
+	metrics   http.Handler
+	limits    *rateLimiter
+	observe   func(route string, status int, d time.Duration) // nil: none
 	// terminals counts open terminal sockets per sandbox.
 	terminals terminalSlots
 
@@ -249,6 +252,7 @@ func newServer(cfg Config) *server {
 	s.vols = cfg.Volumes
 	s.webhooks = cfg.Webhooks
 	s.secrets = cfg.Secrets
+	s.egressCAs = cfg.EgressCAs
 	s.nodes = cfg.Nodes
 	s.images = cfg.Images
 	pd, err := parsePreviewDomain(cfg.PreviewDomain)

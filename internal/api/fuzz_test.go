@@ -91,11 +91,25 @@ func newFuzzServer(tb testing.TB) *fuzzServer {
 		tb.Fatal(err)
 	}
 	hooks := webhook.New(webhook.Config{Records: st, Outbox: st, Transport: refusingTransport{}})
+	cas, err := secrets.OpenCAs(context.Background(), secrets.CAConfig{Store: st, Sealer: sealer,
+		Seed: func(context.Context) (*egress.CA, error) { return egress.NewCA() }})
+	if err != nil {
+		tb.Fatal(err)
+	}
 	fs.s = newServer(Config{Manager: fuzzManager{newFakeManager()}.roles(), Keys: fakeKeys{}, Version: "test",
 		Accel: func() string { return "tcg" }, Links: signer, Interpreter: interpreter.New(nil),
 		Images: newTestImages(tb, nil), Volumes: vols, Webhooks: hooks,
-		Secrets: secrets.New(secrets.Config{Store: st, Sealer: sealer})})
+		Secrets: secrets.New(secrets.Config{Store: st, Sealer: sealer}), EgressCAs: guestlessCAs{cas}})
 	return fs
+}
+
+// guestlessCAs are the egress CAs of a server without guests.
+type guestlessCAs struct{ cas *secrets.CAs }
+
+func (g guestlessCAs) Status(context.Context) []secrets.CAInfo { return g.cas.Status(nil) }
+
+func (g guestlessCAs) Rotate(ctx context.Context, keep time.Duration) (*secrets.Rotation, error) {
+	return g.cas.Rotate(ctx, keep)
 }
 
 // refusingTransport fails every request at once: fuzzed webhooks are

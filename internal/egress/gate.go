@@ -40,6 +40,8 @@ type Gate struct {
 	// swapper, if set, names the hosts whose TLS the gate terminates
 	// and rewrites their requests (egress secrets).
 	swapper atomic.Pointer[Swapper]
+	// trusted is the CA bundle the guest is known to trust (SetTrusted).
+	trusted atomic.Pointer[string]
 
 	bytesOut, bytesIn atomic.Int64 // to and from the outside
 	refused           atomic.Int64

@@ -56,6 +56,14 @@ func (g *Gate) SetSwapper(s Swapper) {
 	g.swapper.Store(&s)
 }
 
+// SetTrusted records the PEM bundle the gate's guest is known to trust:
+// its intercepted connections are answered with a leaf of the newest CA
+// in the bundle (Authority.Signer). Until it is set, the oldest CA in
+// force signs.
+func (g *Gate) SetTrusted(bundle string) {
+	g.trusted.Store(&bundle)
+}
+
 func (g *Gate) loadSwapper() Swapper {
 	if p := g.swapper.Load(); p != nil {
 		return *p
@@ -67,7 +75,7 @@ func (g *Gate) loadSwapper() Swapper {
 // terminates TLS to host:port, nil if the connection is to be piped.
 func (g *Gate) interception(host string, port int) *Interception {
 	ic := g.op.Intercept
-	if ic == nil || ic.CA == nil {
+	if ic == nil || ic.Authority == nil {
 		return nil
 	}
 	s := g.loadSwapper()
@@ -130,7 +138,15 @@ func (g *Gate) intercept(ctx context.Context, ic *Interception, host string, por
 	ups := &upstreams{g: g, host: host, port: port, guest: guest, first: nc, open: map[*upstreamConn]struct{}{}}
 	defer ups.closeAll()
 	tie(nc, func() { guest.Close() })
-	leaf, err := ic.CA.Leaf(host)
+	var trusted string
+	if p := g.trusted.Load(); p != nil {
+		trusted = *p
+	}
+	ca := ic.Authority.Signer(trusted)
+	if ca == nil {
+		return
+	}
+	leaf, err := ca.Leaf(host)
 	if err != nil {
 		return
 	}

@@ -99,7 +99,7 @@ func newInterceptEnv(t testing.TB) *interceptEnv {
 	_, e.port, _ = net.SplitHostPort(e.up.Listener.Addr().String())
 	lo := "127.0.0.1"
 	e.testEnv = newTestEnv(t, Policy{Internet: true}, map[string]string{"api.test": lo, "plain.test": lo, "untrusted.test": lo},
-		func(o *Operator) { o.Intercept = &Interception{CA: e.gateCA, Roots: pool(e.upCA)} })
+		func(o *Operator) { o.Intercept = &Interception{Authority: NewAuthority(e.gateCA), Roots: pool(e.upCA)} })
 	e.gate.SetSwapper(e.swapper)
 	return e
 }

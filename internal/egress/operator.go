@@ -137,11 +137,11 @@ type Operator struct {
 	Intercept *Interception
 }
 
-// Interception is the server-wide side of egress secrets: the CA whose
+// Interception is the server-wide side of egress secrets: the CAs whose
 // leaves the gate presents to guests, and the roots it verifies the real
 // hosts with, as the guest no longer can.
 type Interception struct {
-	CA *CA
+	Authority *Authority
 	// Roots verify the far end's certificate; nil is the host's roots.
 	Roots *x509.CertPool
 }

@@ -300,6 +300,13 @@ func (c *Client) SetSecretEnv(ctx context.Context, env map[string]string) error 
 	return err
 }
 
+// SetTrust replaces the extra CAs the guest trusts besides its own roots.
+func (c *Client) SetTrust(ctx context.Context, caCerts string) error {
+	_, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodTrust,
+		Trust: &agentproto.TrustRequest{CACerts: caCerts}}, ordinaryReply)
+	return err
+}
+
 // Renew renews a restored guest's randomness, clock and identity (see
 // agentproto.RenewRequest).
 func (c *Client) Renew(ctx context.Context, req agentproto.RenewRequest) error {

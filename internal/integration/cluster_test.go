@@ -22,6 +22,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/emberbox/emberbox/internal/pgtest"
+	"github.com/emberbox/emberbox/internal/secrets"
 )
 
 // The cluster under test: three nodes on three loopback addresses sharing
@@ -73,13 +74,19 @@ func TestCluster(t *testing.T) {
 	needVMs(t)
 	dsn := pgtest.Start(t).NewDatabase(t)
 	nodes := []*clusterNode{{id: "a", host: "127.0.0.1", slots: 3}, {id: "b", host: "127.0.0.2", slots: 2}, {id: "c", host: "127.0.0.3", slots: 1}}
+	// One secrets key for every node, as docs/cluster.md asks: they share
+	// the egress secrets and CAs.
+	secretsKey := filepath.Join(t.TempDir(), "secrets.key")
+	if _, err := secrets.LoadOrCreateKey(secretsKey); err != nil {
+		t.Fatal(err)
+	}
 	for i, n := range nodes {
 		n.dataDir = t.TempDir()
 		n.channel = fmt.Sprintf("%s:%d", n.host, freePort(t))
 		n.args = []string{"--store", dsn, "--node-id", n.id, "--cluster-listen", n.channel,
 			"--node-heartbeat", clusterHeartbeat.String(), "--node-timeout", clusterTimeout.String(),
 			"--max-memory-mib", fmt.Sprint(n.slots * clusterSlotMiB), "--vm-overhead-mib", fmt.Sprint(clusterOverheadMiB),
-			"--quota-sandboxes", "0", "--templates=false", "--memory-floor-mib", "0",
+			"--quota-sandboxes", "0", "--templates=false", "--memory-floor-mib", "0", "--secrets-key-file", secretsKey,
 			// Failed authentications: 10 at once, then one per 20 s.
 			"--rate-auth-fail", "0.05", "--rate-auth-fail-burst", "10",
 			// Nodes on one host take their VMs' uids from ranges of their own.
@@ -123,6 +130,15 @@ func TestCluster(t *testing.T) {
 		if !regexp.MustCompile(`(?m)^` + id + `\s+up\s`).Match(out) {
 			t.Fatalf("emberbox node list shows no node %s up:\n%s", id, out)
 		}
+	}
+
+	// An egress CA rotated through b is in force on a within seconds.
+	rotated, _ := via(b).rotateCA(t, 3600)
+	if !waitUntil(30*time.Second, 200*time.Millisecond, func() bool {
+		cas := via(a).egressCAs(t)
+		return len(cas) == 2 && cas[1].ID == rotated.ID && cas[1].Newest && cas[0].RetireAt != nil
+	}) {
+		t.Errorf("node a's egress CAs after a rotation on b: %+v, want the new one newest beside the old", via(a).egressCAs(t))
 	}
 
 	// Six creates through a: best fit by memory fills c, then b, then a.

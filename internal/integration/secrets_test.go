@@ -168,6 +168,8 @@ print(json.dumps(s))`)
 		t.Errorf("a write, a call, a second call under a budget of no writes and one call: %v, want [429 200 429]", got)
 	}
 
+	checkCARotation(t, c, sb.ID, before.ID, url("api.secrets.test", "/echo"), bearer)
+
 	// What the server says of it, in its answers and events.
 	answers := []string{
 		sdk(t, s, `print(json.dumps(runtime.secrets.list()))`),
@@ -201,6 +203,121 @@ print(json.dumps(s))`)
 		b, err := os.ReadFile(filepath.Join(s.DataDir, f))
 		if err == nil && strings.Contains(string(b), secretValue) {
 			t.Errorf("%s holds the value in clear", f)
+		}
+	}
+}
+
+// egressCA is what the test reads of GET /v1/egress-ca.
+type egressCA struct {
+	ID          string
+	Certificate string
+	RetireAt    *string
+	Newest      bool
+	Guests      struct{ Trusting, NotKnown int }
+}
+
+func (c *client) egressCAs(t testing.TB) []egressCA {
+	t.Helper()
+	r := c.raw(t, "GET", "/v1/egress-ca", nil, nil, requestTimeout)
+	var out struct{ CAs []egressCA }
+	if r.err != nil || r.Status != http.StatusOK || json.Unmarshal(r.Body, &out) != nil {
+		t.Fatalf("GET /v1/egress-ca: %v", r)
+	}
+	return out.CAs
+}
+
+// guestFile reads a file of sandbox id whole (the system bundle is
+// larger than a command's output).
+func (c *client) guestFile(t testing.TB, id, path string) string {
+	t.Helper()
+	b, r := c.readFile(t, id, path)
+	if r.Status != http.StatusOK {
+		t.Fatalf("reading %s: %v", path, r)
+	}
+	return string(b)
+}
+
+func (c *client) rotateCA(t testing.TB, keep int) (egressCA, []egressCA) {
+	t.Helper()
+	r := c.raw(t, "POST", "/v1/egress-ca:rotate", map[string]any{"keepPreviousSeconds": keep}, nil, requestTimeout)
+	var out struct {
+		New      egressCA
+		Previous []egressCA
+	}
+	if r.err != nil || r.Status != http.StatusOK || json.Unmarshal(r.Body, &out) != nil {
+		t.Fatalf("rotating the egress CA: %v", r)
+	}
+	return out.New, out.Previous
+}
+
+// checkCARotation rotates the egress CA under running sandbox id and
+// paused sandbox other, both holding a secret for target: each keeps its
+// secret working throughout, is answered with the new CA's leaves once it
+// holds it (a running one before the rotation is answered, a paused one
+// when it wakes), and trusts the old CA only until it is retired.
+func checkCARotation(t *testing.T, c *client, id, other, target, bearer string) {
+	t.Helper()
+	first := c.egressCAs(t)
+	if len(first) != 1 || !first[0].Newest || first[0].Guests.Trusting != 2 {
+		t.Fatalf("before the rotation: %+v, want one CA two running guests are known to trust", first)
+	}
+	c.lifecycle(t, other, "pause", nil)
+	// swapVia is the request with the secret, trusting only the CA pem
+	// (written to the guest): it fails unless that CA signed the leaf.
+	swapVia := func(sbx, pem string) error {
+		t.Helper()
+		c.writeFile(t, sbx, "/tmp/only-ca.pem", []byte(pem))
+		out := c.sh(t, sbx, `curl -sS --max-time 30 --cacert /tmp/only-ca.pem -H "Authorization: Bearer $API_TOKEN" `+target+` 2>&1 || true`)
+		var e echoed
+		if err := json.Unmarshal([]byte(out), &e); err != nil {
+			return fmt.Errorf("%s", strings.TrimSpace(out))
+		}
+		if e.Authorization != bearer {
+			return fmt.Errorf("the far end saw Authorization %q", e.Authorization)
+		}
+		return nil
+	}
+	if err := swapVia(id, first[0].Certificate); err != nil {
+		t.Fatalf("before the rotation, trusting the first CA: %v", err)
+	}
+
+	next, prev := c.rotateCA(t, 3600)
+	if len(prev) != 1 || prev[0].ID != first[0].ID || prev[0].RetireAt == nil || next.ID == first[0].ID || next.Guests.Trusting != 1 {
+		t.Fatalf("rotation: new %+v, previous %+v; want the first kept with a retirement and the running guest holding the new one", next, prev)
+	}
+	extra := c.guestFile(t, id, "/usr/local/share/ca-certificates/emberbox-extra.crt")
+	system := c.guestFile(t, id, "/etc/ssl/certs/ca-certificates.crt")
+	for _, pem := range []string{first[0].Certificate, next.Certificate} {
+		if !strings.Contains(extra, pem) || strings.Count(system, pem) != 1 {
+			t.Errorf("during the rotation the guest does not trust both CAs once each")
+		}
+	}
+	if err := swapVia(id, next.Certificate); err != nil {
+		t.Errorf("after the rotation, trusting the new CA alone: %v", err)
+	}
+	if err := swapVia(id, first[0].Certificate); err == nil {
+		t.Error("after the rotation the running guest was still answered with the old CA's leaf")
+	}
+	// The paused one holds the old set until it wakes, and the new one
+	// from its first command after.
+	c.lifecycle(t, other, "wake", nil)
+	if err := swapVia(other, next.Certificate); err != nil {
+		t.Errorf("a woken sandbox, trusting the new CA alone: %v", err)
+	}
+
+	// A rotation that keeps nothing (a key that may have leaked): the
+	// earlier CAs leave every running guest's trust at once.
+	last, prev := c.rotateCA(t, 0)
+	if len(prev) != 0 || last.Guests.Trusting != 2 {
+		t.Errorf("a rotation keeping nothing: previous %+v, new %+v", prev, last)
+	}
+	for _, sbx := range []string{id, other} {
+		system := c.guestFile(t, sbx, "/etc/ssl/certs/ca-certificates.crt")
+		if strings.Contains(system, first[0].Certificate) || strings.Contains(system, next.Certificate) || !strings.Contains(system, last.Certificate) {
+			t.Errorf("%s: after retiring the others its bundle does not hold the newest CA alone", sbx)
+		}
+		if err := swapVia(sbx, last.Certificate); err != nil {
+			t.Errorf("%s: with the newest CA alone: %v", sbx, err)
 		}
 	}
 }

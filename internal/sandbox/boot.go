@@ -263,6 +263,7 @@ func (m *Manager) bootOnce(ctx context.Context, in *instance, sb *Sandbox, env m
 	})
 	switch {
 	case err == nil:
+		m.Secrets.bootedWith(in)
 		return nil
 	case b.mach == nil:
 		return err
@@ -380,6 +381,7 @@ func (m *Manager) bootTemplate(ctx context.Context, in *instance, sb *Sandbox, d
 	}
 	if err == nil {
 		if err = m.resumeCopy(ctx, in, sb, env); err == nil {
+			m.Secrets.bootedWith(in) // the template was configured as a boot is
 			m.prepareReady(ctx, in, sb, map[string]any{"template": true, "resumeMs": time.Since(start).Milliseconds()})
 			close(in.bootDone)
 			return

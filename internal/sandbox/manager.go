@@ -58,8 +58,14 @@ type Config struct {
 	Egress *egress.Operator
 	// EgressDefault is the policy of sandboxes created without one.
 	EgressDefault egress.Policy
-	// ExtraCAs is a PEM bundle every guest trusts besides its own roots.
+	// ExtraCAs is a PEM bundle every guest trusts besides its own roots,
+	// as it is configured at boot (and built into the template).
 	ExtraCAs string
+	// Trust, if set, is the bundle guests are to trust now, in place of
+	// ExtraCAs: the egress CAs change with a rotation. Running guests are
+	// sent it (Secrets.Apply) and gates sign with the newest egress CA
+	// their guest is known to hold.
+	Trust func() string
 	// SecretEnv, if set, says which egress secrets' placeholders a
 	// sandbox of owner has in its environment (variable to placeholder).
 	SecretEnv func(owner, id string, labels map[string]string) map[string]string
@@ -166,16 +172,16 @@ type Manager struct {
 
 	// The collaborators that serve callers beside the state machine; New
 	// sets them and nothing replaces them.
-	Meter       *Meter       // observes transitions to charge usage (meter.go)
-	Previews    *Previews    // previews.go
-	Moves       *Moves       // move.go, fence.go
-	Snapshots   *Snapshots   // snapshots.go
-	Checkpoints *Checkpoints // checkpoints.go
-	Reaper      *Reaper      // lease.go, pressure.go, retention.go
-	Secrets     *SecretEnv   // secretenv.go: egress secrets' placeholders
-	Switcher    *Switcher    // switch.go
-	Networks    *Networks    // network.go
-	Templates   *Templates   // templates.go
+	Meter       *Meter        // observes transitions to charge usage (meter.go)
+	Previews    *Previews     // previews.go
+	Moves       *Moves        // move.go, fence.go
+	Snapshots   *Snapshots    // snapshots.go
+	Checkpoints *Checkpoints  // checkpoints.go
+	Reaper      *Reaper       // lease.go, pressure.go, retention.go
+	Secrets     *GuestSecrets // guestsecrets.go: egress secrets' placeholders and CAs in guests
+	Switcher    *Switcher     // switch.go
+	Networks    *Networks     // network.go
+	Templates   *Templates    // templates.go
 
 	// Test hooks (export_test.go): testHookBeforeUpdate runs as an update
 	// begins; testHookUpdate inside every update that changes something,
@@ -304,7 +310,7 @@ func New(cfg Config) *Manager {
 	m.Snapshots = newSnapshots(m)
 	m.Checkpoints = newCheckpoints(m)
 	m.Reaper = newReaper(m)
-	m.Secrets = newSecretEnv(m)
+	m.Secrets = newGuestSecrets(m)
 	m.Switcher = &Switcher{host: m, volumes: cfg.Volumes, bootTimeout: cfg.BootTimeout, outcomes: m.outcomes, envs: m.envs}
 	m.Networks = &Networks{host: m, records: cfg.Store, egress: cfg.Egress, egressDefault: cfg.EgressDefault}
 	m.Templates = newTemplates(ctx, &m.cfg, log, m.spawn, m.bootGuest)

@@ -472,3 +472,34 @@ func (s *nodeRows) ClusterSetting(ctx context.Context, name string, put func() (
 	}
 	return v, nil
 }
+
+// ReadClusterSetting returns the shared setting name, or a not-found
+// error if it has none.
+func (s *nodeRows) ReadClusterSetting(ctx context.Context, name string) (string, error) {
+	var v string
+	err := s.db.QueryRowContext(ctx, `SELECT value FROM cluster_settings WHERE name = ?`, name).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", errdefs.New(errdefs.ErrNotFound, "setting_not_found", "no cluster setting %s", name)
+	}
+	if err != nil {
+		return "", fmt.Errorf("reading cluster setting %s: %w", name, err)
+	}
+	return v, nil
+}
+
+// SwapClusterSetting replaces the shared setting name by next if it is
+// still prev: a conflict error if another node changed it first, not
+// found if it has none.
+func (s *nodeRows) SwapClusterSetting(ctx context.Context, name, prev, next string) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE cluster_settings SET value = ? WHERE name = ? AND value = ?`, next, name, prev)
+	if err != nil {
+		return fmt.Errorf("storing cluster setting %s: %w", name, err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 1 {
+		return err
+	}
+	if _, err := s.ReadClusterSetting(ctx, name); err != nil {
+		return err
+	}
+	return errdefs.New(errdefs.ErrConflict, "setting_changed", "cluster setting %s was changed meanwhile", name)
+}

@@ -140,4 +140,22 @@ func TestNodesShareOneStore(t *testing.T) {
 	if got[0] != got[1] || got[0] == "" {
 		t.Errorf("the nodes hold different settings: %q", got)
 	}
+
+	// A change is made once: the node that read the setting before the
+	// other changed it is refused.
+	if err := a.SwapClusterSetting(ctx, "ca", got[0], "rotated-by-a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SwapClusterSetting(ctx, "ca", got[0], "rotated-by-b"); !errdefs.IsConflict(err) {
+		t.Errorf("a swap over a changed setting: %v, want a conflict", err)
+	}
+	if v, err := b.ReadClusterSetting(ctx, "ca"); err != nil || v != "rotated-by-a" {
+		t.Errorf("ReadClusterSetting = %q, %v; want rotated-by-a", v, err)
+	}
+	if _, err := b.ReadClusterSetting(ctx, "none"); !errdefs.IsNotFound(err) {
+		t.Errorf("reading a missing setting: %v, want not found", err)
+	}
+	if err := b.SwapClusterSetting(ctx, "none", "", "x"); !errdefs.IsNotFound(err) {
+		t.Errorf("swapping a missing setting: %v, want not found", err)
+	}
 }

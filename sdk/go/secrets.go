@@ -150,3 +150,56 @@ func (c *Client) DeleteEgressSecret(ctx context.Context, name string) error {
 	}
 	return c.do(ctx, &request{method: http.MethodDelete, path: secretPath(name, "")}, nil)
 }
+
+// EgressCA is one of the CAs guests trust for egress secrets' hosts.
+type EgressCA struct {
+	ID          string     `json:"id"`          // SHA-256 fingerprint of the certificate, hex
+	Certificate string     `json:"certificate"` // PEM
+	NotAfter    time.Time  `json:"notAfter"`
+	AddedAt     time.Time  `json:"addedAt"`
+	RetireAt    *time.Time `json:"retireAt"` // nil for the newest
+	Newest      bool       `json:"newest"`   // gates sign with it for every guest known to trust it
+	// Guests counts the running sandboxes (of the node that answered)
+	// known to trust it, and the others.
+	Guests struct {
+		Trusting int `json:"trusting"`
+		NotKnown int `json:"notKnown"`
+	} `json:"guests"`
+}
+
+// EgressCARotation is what RotateEgressCA did.
+type EgressCARotation struct {
+	New      EgressCA   `json:"new"`
+	Previous []EgressCA `json:"previous"` // the CAs still trusted, until their RetireAt
+}
+
+// EgressCAs lists the egress CAs in force, oldest first (admin keys).
+func (c *Client) EgressCAs(ctx context.Context) ([]EgressCA, error) {
+	var out struct {
+		CAs []EgressCA `json:"cas"`
+	}
+	if err := c.do(ctx, &request{method: http.MethodGet, path: "/v1/egress-ca"}, &out); err != nil {
+		return nil, err
+	}
+	return out.CAs, nil
+}
+
+// RotateEgressCA makes a new egress CA (admin keys). Running guests hold it
+// when the call returns, and gates sign with it for each guest known to
+// trust it; the CAs in force before stay trusted for keep (0 retires them
+// at once, as for a key that may have leaked; the server bounds it to 30
+// days).
+func (c *Client) RotateEgressCA(ctx context.Context, keep time.Duration) (*EgressCARotation, error) {
+	if keep < 0 {
+		return nil, errors.New("emberbox: a negative keep")
+	}
+	r, err := jsonRequest(http.MethodPost, "/v1/egress-ca:rotate", map[string]int64{"keepPreviousSeconds": int64(keep / time.Second)})
+	if err != nil {
+		return nil, err
+	}
+	var out EgressCARotation
+	if err := c.do(ctx, r, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
