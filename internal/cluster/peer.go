@@ -35,6 +35,8 @@ const (
 func (c *Cluster) Serve(ctx context.Context, ln net.Listener, local http.Handler) error {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /cluster/v1/sandboxes/{id}/move-in", c.moveIn)
+	mux.HandleFunc("GET /cluster/v1/alive", c.serveAlive)
+	mux.HandleFunc("GET /cluster/v1/probe/{id}", c.serveProbe)
 	mux.Handle("/", fromPeer(local))
 	srv := &http.Server{
 		Handler:           mux,
