@@ -44,11 +44,16 @@ type Sandboxes interface {
 	ListSandboxes(ctx context.Context, opts sandbox.ListOptions) ([]*sandbox.Sandbox, string, error)
 }
 
-// Mover is what the cluster needs of the manager to hand paused sandboxes
-// between nodes (sandbox.Manager).
+// Mover is what the cluster needs of the manager to hand sandboxes
+// between nodes (sandbox.Moves): paused ones as they are, running ones
+// paused for the move and woken where they arrive.
 type Mover interface {
 	MoveOut(ctx context.Context, id string, send func(ctx context.Context, sb *sandbox.Sandbox, files map[string]string) error) error
 	MoveIn(ctx context.Context, sb *sandbox.Sandbox, receive func(ctx context.Context, dir string) error, commit func(ctx context.Context) error) error
+	PauseForMove(ctx context.Context, id string) error
+	WakeMoved(ctx context.Context, id string) error
+	BeginMove(id string)
+	EndMove(id string)
 }
 
 // Config configures this node of a cluster.
