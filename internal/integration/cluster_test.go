@@ -426,6 +426,13 @@ func TestCluster(t *testing.T) {
 		o := <-done
 		t.Logf("drain of a running sandbox from c to a: running on a %s after the drain was asked; the longest gap between successful calls %s, %d answers sandbox_moving",
 			tookAll.Round(10*time.Millisecond), o.maxGap.Round(10*time.Millisecond), o.moving)
+		if logb, err := os.ReadFile(c.s.LogPath); err == nil {
+			for _, line := range strings.Split(string(logb), "\n") {
+				if strings.Contains(line, "moved a running sandbox") {
+					t.Logf("c's account of it: %s", line)
+				}
+			}
+		}
 		if len(o.refused) > 0 {
 			t.Errorf("calls during the move answered other than sandbox_moving: %v", o.refused)
 		}
