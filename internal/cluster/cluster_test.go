@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -586,5 +587,79 @@ func TestEntryAdmitsBeforeForwarding(t *testing.T) {
 	a.routeOwned(rec, httptest.NewRequest("GET", "/v1/sandboxes/sbx_on_b/x", nil), says("a"), "sandboxes", "sbx_on_b")
 	if rec.Header().Get("X-Served-By") != "b" || len(admitted) != 0 {
 		t.Errorf("routed by a caller: served by %q, admitted %v; want b, not gated here", rec.Header().Get("X-Served-By"), admitted)
+	}
+}
+
+// TestSilentNodeThatAnswersIsNotLost: a node whose heartbeat is stale in
+// the store but which answers on the channel is suspect, not lost; once
+// it stops answering, it is declared lost and fenced.
+func TestSilentNodeThatAnswersIsNotLost(t *testing.T) {
+	st := newFakeStore()
+	ca, err := NewCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := testNode(t, st, ca, "a", 4096, says("a"))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Join(context.Background(), Config{Store: Store{Nodes: st, Sandboxes: st}, CA: ca, Heartbeat: time.Second, Timeout: 5 * time.Second,
+		Self: Node{ID: "b", Address: ln.Addr().String(), MemoryMiB: 4096}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	go func() { _ = b.Serve(ctx, ln, says("b")); close(served) }()
+	defer func() { cancel(); <-served }()
+
+	// b's heartbeats stop reaching the store (a slow store), b runs on.
+	st.mu.Lock()
+	st.nodes["b"].HeartbeatAt = time.Now().Add(-time.Minute)
+	st.mu.Unlock()
+	a.declareSilent(t.Context())
+	if n, _ := st.GetNode(t.Context(), "b"); n.State == StateDown {
+		t.Fatal("a node that answers on the channel was declared lost")
+	}
+	if !a.suspect.has("b") {
+		t.Error("the silent node that answered is not suspect")
+	}
+	if cands, _ := st.Place(t.Context(), Placement{MemoryMiB: 1024, VCPU: 1, Alive: a.alive()}); len(cands) != 1 || cands[0].ID != "a" {
+		t.Errorf("placement candidates with b suspect: %v, want a alone", cands)
+	}
+
+	// a cannot reach b itself (a cut between the two), c can: c's probe
+	// keeps b suspect, not lost.
+	testNode(t, st, ca, "c", 4096, says("c"))
+	tr := a.transport()
+	direct := tr.DialContext
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if addr == ln.Addr().String() {
+			return nil, errors.New("cut")
+		}
+		return direct(ctx, network, addr)
+	}
+	a.client = &http.Client{Transport: tr}
+	if _, ok := a.askAlive(t.Context(), &Node{ID: "b", Address: ln.Addr().String()}); ok {
+		t.Fatal("the cut between a and b lets a through")
+	}
+	a.declareSilent(t.Context())
+	if n, _ := st.GetNode(t.Context(), "b"); n.State == StateDown || !a.suspect.has("b") {
+		t.Fatalf("a node another node reaches is %s (suspect: %v), want suspect and up", n.State, a.suspect.has("b"))
+	}
+
+	// b's channel goes silent too: now it is lost.
+	cancel()
+	<-served
+	a.declareSilent(t.Context())
+	if n, _ := st.GetNode(t.Context(), "b"); n.State != StateDown {
+		t.Fatalf("a node silent on every path is %s, want down", n.State)
+	}
+	if a.suspect.has("b") {
+		t.Error("a lost node is still suspect")
+	}
+	if err := st.Heartbeat(t.Context(), "b", b.epoch); !errdefs.IsConflict(err) {
+		t.Errorf("the lost node's heartbeat: %v, want it fenced", err)
 	}
 }

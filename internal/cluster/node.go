@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,11 +44,16 @@ type Sandboxes interface {
 	ListSandboxes(ctx context.Context, opts sandbox.ListOptions) ([]*sandbox.Sandbox, string, error)
 }
 
-// Mover is what the cluster needs of the manager to hand paused sandboxes
-// between nodes (sandbox.Manager).
+// Mover is what the cluster needs of the manager to hand sandboxes
+// between nodes (sandbox.Moves): paused ones as they are, running ones
+// paused for the move and woken where they arrive.
 type Mover interface {
 	MoveOut(ctx context.Context, id string, send func(ctx context.Context, sb *sandbox.Sandbox, files map[string]string) error) error
 	MoveIn(ctx context.Context, sb *sandbox.Sandbox, receive func(ctx context.Context, dir string) error, commit func(ctx context.Context) error) error
+	PauseForMove(ctx context.Context, id string) error
+	WakeMoved(ctx context.Context, id string) error
+	BeginMove(id string)
+	EndMove(id string)
 }
 
 // Config configures this node of a cluster.
@@ -78,6 +84,10 @@ type Cluster struct {
 	fenced sync.Once
 	mover  atomic.Pointer[Mover] // set by RunDrain
 	admit  atomic.Pointer[Admit] // set by SetAdmit
+	// lastBeat is when this node's heartbeat last reached the store
+	// (unix nanoseconds; 0: not yet).
+	lastBeat atomic.Int64
+	suspect  suspects // silent nodes that answered a probe: liveness.go
 }
 
 // Join registers this node (its epoch one more than before), scopes the
@@ -128,8 +138,16 @@ func (c *Cluster) transport() *http.Transport {
 func (c *Cluster) ID() string { return c.cfg.Self.ID }
 
 // Run beats the heart and declares silent nodes lost, until ctx ends or
-// the store fences this node.
+// the store fences this node. The two run apart: probing a silent node
+// takes time that must not delay this node's own heartbeat.
 func (c *Cluster) Run(ctx context.Context) {
+	ctx, cancel := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		c.watch(ctx)
+	}()
+	defer func() { cancel(); <-watched }()
 	t := time.NewTicker(c.cfg.Heartbeat)
 	defer t.Stop()
 	for {
@@ -140,24 +158,58 @@ func (c *Cluster) Run(ctx context.Context) {
 		}
 		if err := c.cfg.Store.Heartbeat(ctx, c.ID(), c.epoch); err != nil {
 			if errdefs.IsConflict(err) {
-				c.fenced.Do(func() {
-					c.log.Error("this node was declared lost by the cluster; standing down", "err", err)
-					if c.cfg.Fenced != nil {
-						c.cfg.Fenced(err)
-					}
-				})
+				c.standDown(err)
 				return
 			}
 			c.log.Warn("heartbeat", "err", err)
+			continue
+		}
+		c.lastBeat.Store(time.Now().UnixNano())
+	}
+}
+
+// watch looks for silent nodes every heartbeat, once this node's own
+// heartbeat is stored (a node that cannot reach the store judges no one).
+func (c *Cluster) watch(ctx context.Context) {
+	t := time.NewTicker(c.cfg.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if last := c.lastBeat.Load(); last == 0 || time.Since(time.Unix(0, last)) > c.cfg.Timeout {
 			continue
 		}
 		c.declareSilent(ctx)
 	}
 }
 
-// declareSilent declares lost every node silent for longer than the
-// timeout. Every node does this; the store's conditional update makes one
-// of them win.
+// standDown ends this node's membership once the store refused its
+// heartbeat: the cluster declared it lost (or another process took its
+// id), its sandboxes are stopped in the store and belong to nobody here.
+// It keeps the fence (it writes for none of them again) and says why.
+func (c *Cluster) standDown(err error) {
+	c.fenced.Do(func() {
+		ago := "never"
+		if t := c.lastBeat.Load(); t != 0 {
+			ago = time.Since(time.Unix(0, t)).Round(time.Millisecond).String()
+		}
+		c.log.Error("this node was declared lost by the cluster while it ran; standing down and ending its VMs. "+
+			"Its heartbeats did not reach the store in time and no node could reach it over the channel: "+
+			"check the store's latency and the channel's reachability, or raise --node-timeout",
+			"err", err, "last_heartbeat_stored_ago", ago, "node_timeout", c.cfg.Timeout, "heartbeat", c.cfg.Heartbeat)
+		if c.cfg.Fenced != nil {
+			c.cfg.Fenced(err)
+		}
+	})
+}
+
+// declareSilent declares lost every node silent in the store for longer
+// than the timeout that no probe reaches (liveness.go); one that answers
+// is suspect instead. Every node does this; the store's conditional
+// update makes one of them win.
 func (c *Cluster) declareSilent(ctx context.Context) {
 	cutoff := time.Now().Add(-c.cfg.Timeout)
 	ids, err := c.cfg.Store.StaleNodes(ctx, cutoff)
@@ -165,9 +217,30 @@ func (c *Cluster) declareSilent(ctx context.Context) {
 		c.log.Warn("looking for silent nodes", "err", err)
 		return
 	}
+	var nodes []*Node
+	if len(ids) > 0 {
+		if nodes, err = c.cfg.Store.ListNodes(ctx); err != nil {
+			c.log.Warn("looking for silent nodes", "err", err)
+			return
+		}
+	}
+	var answered []string
 	for _, id := range ids {
 		if id == c.ID() {
 			continue // a node never declares itself; its heartbeat failing says enough
+		}
+		i := slices.IndexFunc(nodes, func(n *Node) bool { return n.ID == id })
+		if i < 0 {
+			continue
+		}
+		if reply, path, ok := c.reach(ctx, nodes[i], nodes, ids); ok {
+			answered = append(answered, id)
+			if !c.suspect.has(id) {
+				c.log.Warn("a node is silent in the store but answers: suspect, not lost (no placements or moves to it)",
+					"suspect", id, "answered_via", path, "its_last_heartbeat_stored_ms_ago", reply.HeartbeatAgoMs,
+					"silent_for_more_than", c.cfg.Timeout)
+			}
+			continue
 		}
 		stopped, err := c.cfg.Store.DeclareLost(ctx, id, cutoff, c.ID())
 		if err != nil {
@@ -175,8 +248,9 @@ func (c *Cluster) declareSilent(ctx context.Context) {
 			continue
 		}
 		c.log.Warn("declared a silent node lost", "lost", id, "silent_for_more_than", c.cfg.Timeout,
-			"sandboxes_stopped", len(stopped))
+			"unreachable", "directly and through the other nodes", "sandboxes_stopped", len(stopped))
 	}
+	c.suspect.set(answered, time.Now())
 }
 
 // alive is the heartbeat a node must have given to count as alive.

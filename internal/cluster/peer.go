@@ -35,6 +35,8 @@ const (
 func (c *Cluster) Serve(ctx context.Context, ln net.Listener, local http.Handler) error {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /cluster/v1/sandboxes/{id}/move-in", c.moveIn)
+	mux.HandleFunc("GET /cluster/v1/alive", c.serveAlive)
+	mux.HandleFunc("GET /cluster/v1/probe/{id}", c.serveProbe)
 	mux.Handle("/", fromPeer(local))
 	srv := &http.Server{
 		Handler:           mux,
@@ -103,12 +105,23 @@ func (c *Cluster) moveIn(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("sandbox %s is not paused on node %s", id, from), http.StatusConflict)
 		return
 	}
-	receive := func(ctx context.Context, dir string) error { return untarFiles(r.Body, dir) }
-	commit := func(ctx context.Context) error { return c.cfg.Store.MoveSandbox(ctx, id, from, c.ID()) }
 	mover := c.mover.Load()
 	if mover == nil {
 		http.Error(w, "this node takes in no sandboxes yet", http.StatusServiceUnavailable)
 		return
+	}
+	wake := r.URL.Query().Get("wake") == "1"
+	receive := func(ctx context.Context, dir string) error { return untarFiles(r.Body, dir) }
+	commit := func(ctx context.Context) error {
+		if wake {
+			// Calls routed here once the owner switches wait for the wake
+			// (sandbox_moving), not find it paused.
+			(*mover).BeginMove(id)
+		}
+		return c.cfg.Store.MoveSandbox(ctx, id, from, c.ID())
+	}
+	if wake {
+		defer (*mover).EndMove(id)
 	}
 	if err := (*mover).MoveIn(r.Context(), sb, receive, commit); err != nil {
 		c.log.Warn("taking in a moved sandbox", "sandbox_id", id, "from", from, "err", err)
@@ -116,8 +129,22 @@ func (c *Cluster) moveIn(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.log.Info("took in a paused sandbox", "sandbox_id", id, "from", from)
+	if wake {
+		// It ran on the node it left: it runs here from now on. A wake
+		// that fails leaves it paused here, for a client's wake.
+		if err := (*mover).WakeMoved(r.Context(), id); err != nil {
+			c.log.Warn("waking a sandbox moved while it ran", "sandbox_id", id, "from", from, "err", err)
+			w.Header().Set(headerWoken, "false")
+		} else {
+			w.Header().Set(headerWoken, "true")
+		}
+	}
 	w.WriteHeader(http.StatusNoContent)
 }
+
+// headerWoken answers a move-in of a running sandbox: whether it runs on
+// its new node.
+const headerWoken = "X-Emberbox-Woken"
 
 // untarFiles writes the plain files of a move tar into dir, keeping runs
 // of zeros as holes (guest memory is mostly holes).
@@ -175,30 +202,36 @@ func writeSparse(name string, r io.Reader, size int64) error {
 	return f.Sync()
 }
 
-// sendFiles streams files (name → host path) as a tar to node n's move-in.
-func (c *Cluster) sendFiles(ctx context.Context, n *Node, id string, files map[string]string) error {
+// sendFiles streams files (name → host path) as a tar to node n's move-in;
+// with wake, n wakes the sandbox once it is in place (it ran here), and
+// woken says whether it could. A nil error means the move is committed.
+func (c *Cluster) sendFiles(ctx context.Context, n *Node, id string, files map[string]string, wake bool) (woken bool, err error) {
 	if len(files) > maxMoveFiles {
-		return fmt.Errorf("moving %s: %d files", id, len(files))
+		return false, fmt.Errorf("moving %s: %d files", id, len(files))
 	}
 	pr, pw := io.Pipe()
 	go func() {
 		pw.CloseWithError(writeTar(pw, files))
 	}()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, peerURL(n)+"/cluster/v1/sandboxes/"+id+"/move-in", pr)
+	u := peerURL(n) + "/cluster/v1/sandboxes/" + id + "/move-in"
+	if wake {
+		u += "?wake=1"
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, pr)
 	if err != nil {
 		pr.Close()
-		return err
+		return false, err
 	}
 	resp, err := c.client.Do(req)
 	if err != nil {
-		return fmt.Errorf("moving %s to node %s: %w", id, n.ID, err)
+		return false, fmt.Errorf("moving %s to node %s: %w", id, n.ID, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusNoContent {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("moving %s to node %s: %s: %s", id, n.ID, resp.Status, strings.TrimSpace(string(msg)))
+		return false, fmt.Errorf("moving %s to node %s: %s: %s", id, n.ID, resp.Status, strings.TrimSpace(string(msg)))
 	}
-	return nil
+	return resp.Header.Get(headerWoken) == "true", nil
 }
 
 func writeTar(w io.Writer, files map[string]string) error {
@@ -280,12 +313,68 @@ func (c *Cluster) drainStep(ctx context.Context) {
 		to := cands[0]
 		started := time.Now()
 		err = (*c.mover.Load()).MoveOut(ctx, sb.ID, func(ctx context.Context, sb *sandbox.Sandbox, files map[string]string) error {
-			return c.sendFiles(ctx, to, sb.ID, files)
+			_, err := c.sendFiles(ctx, to, sb.ID, files, false)
+			return err
 		})
 		if err != nil {
 			c.log.Warn("draining: moving a paused sandbox", "sandbox_id", sb.ID, "to", to.ID, "err", err)
 			continue
 		}
 		c.log.Info("draining: moved a paused sandbox", "sandbox_id", sb.ID, "to", to.ID, "took", time.Since(started))
+	}
+	c.drainRunning(ctx)
+}
+
+// drainRunning moves this node's running sandboxes to other nodes, one at
+// a time: each is paused, moved as a paused one is, and woken on its new
+// node with its processes, files and lease; its clients see calls answered
+// sandbox_moving (retryable) for the pause. A move that fails wakes it
+// here again.
+func (c *Cluster) drainRunning(ctx context.Context) {
+	running, _, err := c.cfg.Store.ListSandboxes(ctx, sandbox.ListOptions{AllOwners: true, Local: true,
+		States: []sandbox.State{sandbox.StateRunning}, Limit: 100})
+	if err != nil {
+		c.log.Warn("draining: listing running sandboxes", "err", err)
+		return
+	}
+	mover := *c.mover.Load()
+	for _, sb := range running {
+		if ctx.Err() != nil {
+			return
+		}
+		if self, err := c.cfg.Store.GetNode(ctx, c.ID()); err != nil || self.State != StateDraining {
+			return // undrained meanwhile
+		}
+		cands, err := c.cfg.Store.Place(ctx, Placement{MemoryMiB: int64(sb.MemoryMiB), VCPU: sb.VCPU, Alive: c.alive(),
+			Exclude: []string{c.ID()}})
+		if err != nil || len(cands) == 0 {
+			c.log.Warn("draining: no node can take a running sandbox", "sandbox_id", sb.ID, "err", err)
+			continue
+		}
+		to := cands[0]
+		started := time.Now()
+		if err := mover.PauseForMove(ctx, sb.ID); err != nil {
+			c.log.Warn("draining: pausing a running sandbox to move it", "sandbox_id", sb.ID, "err", err)
+			continue
+		}
+		paused := time.Since(started)
+		woken := false
+		err = mover.MoveOut(ctx, sb.ID, func(ctx context.Context, sb *sandbox.Sandbox, files map[string]string) (err error) {
+			woken, err = c.sendFiles(ctx, to, sb.ID, files, true)
+			return err
+		})
+		mover.EndMove(sb.ID)
+		switch {
+		case err == nil && !woken:
+			c.log.Warn("draining: moved a running sandbox, which its new node left paused", "sandbox_id", sb.ID, "to", to.ID)
+		case err != nil:
+			c.log.Warn("draining: moving a running sandbox; waking it here again", "sandbox_id", sb.ID, "to", to.ID, "err", err)
+			if werr := mover.WakeMoved(ctx, sb.ID); werr != nil {
+				c.log.Warn("draining: waking a sandbox whose move failed", "sandbox_id", sb.ID, "err", werr)
+			}
+		default:
+			c.log.Info("draining: moved a running sandbox", "sandbox_id", sb.ID, "to", to.ID,
+				"pause", paused.Round(time.Millisecond), "unavailable_for", time.Since(started).Round(time.Millisecond))
+		}
 	}
 }

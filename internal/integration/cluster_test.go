@@ -363,6 +363,102 @@ func TestCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("DrainMovesRunningSandbox", func(t *testing.T) {
+		// c is empty (its sandbox moved to a above) and has the only room.
+		sb := via(a).createRunning(t, map[string]any{"memoryMiB": clusterMemMiB, "vcpu": 1, "timeoutSeconds": 3600})
+		defer via(a).delete(t, sb.ID)
+		if sb = via(a).get(t, sb.ID); sb.Node != "c" {
+			t.Fatalf("the new sandbox went to %s, want c (the only room)", sb.Node)
+		}
+		via(a).sh(t, sb.ID, "echo moved-running > /workspace/run.txt")
+		proc := via(a).spawn(t, sb.ID, "sleep 3600")
+		serveHTTP(t, via(a), sb.ID)
+		// Room on a for it to run: one of a's sandboxes goes.
+		via(a).delete(t, perNode["a"][1])
+
+		// A client keeps calling it through b while c drains: every
+		// answer is a success or the retryable sandbox_moving.
+		stop := make(chan struct{})
+		type outcome struct {
+			maxGap  time.Duration
+			moving  int
+			refused []string
+		}
+		done := make(chan outcome)
+		go func() {
+			var o outcome
+			last := time.Now()
+			for {
+				select {
+				case <-stop:
+					done <- o
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+				r := via(b).raw(t, "POST", "/v1/sandboxes/"+sb.ID+":exec", execReq{Command: "true"}, nil, requestTimeout)
+				var res execResult
+				switch {
+				case r.err == nil && r.Status == http.StatusOK && json.Unmarshal(r.Body, &res) == nil && res.ExitCode != nil && *res.ExitCode == 0:
+					o.maxGap = max(o.maxGap, time.Since(last))
+					last = time.Now()
+				case r.Status == http.StatusServiceUnavailable && r.errorCode() == "sandbox_moving":
+					o.moving++
+				default:
+					o.refused = append(o.refused, fmt.Sprintf("%d %s", r.Status, r.errorCode()))
+				}
+			}
+		}()
+		drained := time.Now()
+		if r := via(b).raw(t, "POST", "/v1/nodes/c:drain", map[string]any{}, nil, requestTimeout); r.Status != http.StatusOK {
+			t.Fatalf("drain c: %v", r)
+		}
+		var moved sandboxJSON
+		if !waitUntil(3*time.Minute, 200*time.Millisecond, func() bool {
+			moved = via(b).get(t, sb.ID)
+			return moved.Node == "a" && moved.State == "running"
+		}) {
+			close(stop)
+			<-done
+			t.Fatalf("running sandbox never ran on a: %+v\nc's log:\n%s", moved, c.s.logTail(30))
+		}
+		tookAll := time.Since(drained)
+		close(stop)
+		o := <-done
+		t.Logf("drain of a running sandbox from c to a: running on a %s after the drain was asked; the longest gap between successful calls %s, %d answers sandbox_moving",
+			tookAll.Round(10*time.Millisecond), o.maxGap.Round(10*time.Millisecond), o.moving)
+		if logb, err := os.ReadFile(c.s.LogPath); err == nil {
+			for _, line := range strings.Split(string(logb), "\n") {
+				if strings.Contains(line, "moved a running sandbox") {
+					t.Logf("c's account of it: %s", line)
+				}
+			}
+		}
+		if len(o.refused) > 0 {
+			t.Errorf("calls during the move answered other than sandbox_moving: %v", o.refused)
+		}
+		if got := via(b).sh(t, sb.ID, "cat /workspace/run.txt; curl -sf -o /dev/null -w '%{http_code}' localhost:8000/"); got != "moved-running\n200" {
+			t.Errorf("files and server after the move: %q", got)
+		}
+		alive := false
+		for _, p := range via(b).processes(t, sb.ID) {
+			alive = alive || (p.PID == proc.PID && p.State == "running")
+		}
+		if !alive {
+			t.Errorf("process %d did not survive the move: %+v", proc.PID, via(b).processes(t, sb.ID))
+		}
+		if sb.ExpiresAt == nil || moved.ExpiresAt == nil || !moved.ExpiresAt.Equal(*sb.ExpiresAt) {
+			t.Errorf("lease after the move ends %v, want %v as before", moved.ExpiresAt, sb.ExpiresAt)
+		}
+		if !waitUntil(time.Minute, 100*time.Millisecond, func() bool {
+			return !vmUnder(c.dataDir, sb.ID) && !dirExists(filepath.Join(c.dataDir, "sandboxes", sb.ID))
+		}) {
+			t.Errorf("c kept files or a VM of the moved sandbox")
+		}
+		if r := via(a).raw(t, "POST", "/v1/nodes/c:undrain", map[string]any{}, nil, requestTimeout); r.Status != http.StatusOK {
+			t.Fatalf("undrain: %v", r)
+		}
+	})
+
 	t.Run("NodeLostAndBack", func(t *testing.T) {
 		lost := perNode["b"]
 		pids := map[string]int{}
@@ -433,11 +529,13 @@ func TestCluster(t *testing.T) {
 	})
 
 	t.Run("WithruntimeThroughService", func(t *testing.T) {
-		// Room for one default-size sandbox on a.
-		for _, id := range perNode["a"][:2] {
-			via(a).delete(t, id)
+		// Room for one default-size sandbox on a (DrainMovesRunningSandbox
+		// deleted one of these already).
+		for _, id := range []string{perNode["a"][0], perNode["a"][1], perNode["c"][0]} {
+			if r := via(a).raw(t, "GET", "/v1/sandboxes/"+id, nil, nil, requestTimeout); r.Status != http.StatusNotFound {
+				via(a).delete(t, id)
+			}
 		}
-		via(a).delete(t, perNode["c"][0])
 		front := roundRobin(t, a.s.URL, b.s.URL, c.s.URL)
 		root, err := filepath.Abs("../..")
 		if err != nil {

@@ -28,6 +28,7 @@ type guestCalls struct {
 	host        guestCallHost
 	records     Store
 	bootTimeout time.Duration // how long a sandbox starting may take to run
+	moving      func(id string) bool
 }
 
 // guestCallHost is what a guest call needs of the manager: a sandbox as
@@ -48,6 +49,9 @@ func (gc guestCalls) guest(ctx context.Context, owner, id string) (*Sandbox, gue
 		sb, err := gc.host.Get(ctx, owner, id)
 		if err != nil {
 			return nil, guest.Handle{}, err
+		}
+		if gc.moving != nil && gc.moving(id) {
+			return nil, guest.Handle{}, errMoving(id)
 		}
 		if sb.State.Paused() && sb.AutoWake {
 			if err := gc.wakeForCall(ctx, owner, sb); err != nil {

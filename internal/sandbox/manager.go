@@ -307,6 +307,7 @@ func New(cfg Config) *Manager {
 	m.Meter = newMeter(m)
 	m.Previews = &Previews{host: m, records: cfg.Store}
 	m.Moves = newMoves(m)
+	m.calls.moving = m.Moves.moving
 	m.Snapshots = newSnapshots(m)
 	m.Checkpoints = newCheckpoints(m)
 	m.Reaper = newReaper(m)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/emberbox/emberbox/internal/admission"
@@ -37,6 +38,16 @@ type Moves struct {
 	volumes Volumes // nil: no sandbox holds volumes
 	dataDir string
 	log     *slog.Logger
+
+	// A running sandbox moves as a paused one: paused here, moved, and
+	// woken there. These are the manager's pause, wake and wait.
+	pause       func(ctx context.Context, id string) (*Sandbox, error)
+	wake        func(ctx context.Context, id string) (*Sandbox, error)
+	waitFor     func(ctx context.Context, owner, id string, states ...State) (*Sandbox, error)
+	bootTimeout time.Duration
+
+	mu        sync.Mutex
+	movingIDs map[string]bool // running sandboxes paused or woken for a move
 }
 
 // moveHost is what moves and fences need of the manager: a sandbox's VM
@@ -52,7 +63,11 @@ type moveHost interface {
 func newMoves(m *Manager) *Moves {
 	return &Moves{host: m, meter: m.Meter, records: m.cfg.Store, driver: m.cfg.Driver, ledger: m.cfg.Admission,
 		volumes: m.cfg.Volumes, dataDir: m.cfg.DataDir, log: m.log, files: m.files,
-		envs: m.envs, waiters: m.waiters}
+		envs: m.envs, waiters: m.waiters, movingIDs: map[string]bool{},
+		pause:       func(ctx context.Context, id string) (*Sandbox, error) { return m.pause(ctx, id, PauseMove) },
+		wake:        func(ctx context.Context, id string) (*Sandbox, error) { return m.wake(ctx, id, nil) },
+		waitFor:     m.WaitFor,
+		bootTimeout: m.cfg.BootTimeout}
 }
 
 // liveInstance is the instance of sandbox id, if this process runs its VM.
@@ -196,6 +211,133 @@ func (mv *Moves) MoveIn(ctx context.Context, sb *Sandbox, receive func(ctx conte
 	mv.waiters.notify(sb.ID)
 	return nil
 }
+
+// moving reports whether sandbox id is a running one paused or woken for
+// a move: calls into it get the retryable sandbox_moving meanwhile.
+func (mv *Moves) moving(id string) bool {
+	if mv == nil {
+		return false
+	}
+	mv.mu.Lock()
+	defer mv.mu.Unlock()
+	return mv.movingIDs[id]
+}
+
+func (mv *Moves) setMoving(id string, on bool) {
+	mv.mu.Lock()
+	defer mv.mu.Unlock()
+	if on {
+		mv.movingIDs[id] = true
+	} else {
+		delete(mv.movingIDs, id)
+	}
+}
+
+// errMoving answers a call into a sandbox that is moving: retry in a
+// second, when it runs on its new node.
+func errMoving(id string) error {
+	e := errdefs.New(errdefs.ErrUnavailable, "sandbox_moving", "sandbox %s is moving to another node", id).
+		WithHint("retry: it runs again within seconds")
+	e.RetryAfter = time.Second
+	return e
+}
+
+// PauseForMove pauses the running sandbox id so that MoveOut can hand it
+// to another node, and returns once it is paused. From then until EndMove
+// calls into it get the retryable sandbox_moving. A sandbox holding
+// volumes is refused before it is paused.
+func (mv *Moves) PauseForMove(ctx context.Context, id string) error {
+	sb, err := mv.records.GetSandbox(ctx, id)
+	if err != nil {
+		return err
+	}
+	if sb.State != StateRunning {
+		return errdefs.New(errdefs.ErrConflict, "not_running", "sandbox %s is %s, not running", id, sb.State.Wire())
+	}
+	if mv.volumes != nil && mv.volumes.Holds(ctx, id) {
+		return errdefs.New(errdefs.ErrConflict, "volumes_attached",
+			"sandbox %s holds volumes; only a sandbox with no volumes can move to another node", id)
+	}
+	mv.setMoving(id, true)
+	paused := false
+	defer func() {
+		if !paused {
+			mv.setMoving(id, false)
+		}
+	}()
+	mv.settle(ctx, id)
+	if _, err := mv.pause(ctx, id); err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, pauseTimeout)
+	defer cancel()
+	sb, err = mv.waitFor(wctx, sb.OwnerKeyID, id, StatePaused, StateRunning, StateStopped, StateDeleted)
+	if err != nil {
+		return fmt.Errorf("pausing sandbox %s to move it: %w", id, err)
+	}
+	if sb.State != StatePaused {
+		return fmt.Errorf("pausing sandbox %s to move it: it is %s", id, sb.State.Wire())
+	}
+	paused = true
+	return nil
+}
+
+// settleTimeout bounds how long a move waits for the calls in flight in a
+// sandbox to end before it pauses it (a longer one is cut, as a pause
+// cuts it).
+const settleTimeout = 10 * time.Second
+
+// settle waits, up to settleTimeout, for the calls in flight in sandbox
+// id to end; new ones are refused (moving) meanwhile.
+func (mv *Moves) settle(ctx context.Context, id string) {
+	in := mv.host.liveInstance(id)
+	if in == nil {
+		return
+	}
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	deadline := time.After(settleTimeout)
+	for in.working() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-deadline:
+			mv.log.Warn("moving a running sandbox: calls still in flight are cut by its pause", "sandbox_id", id)
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// BeginMove marks sandbox id as moving here (its files arriving, to be
+// woken): calls into it get sandbox_moving until EndMove.
+func (mv *Moves) BeginMove(id string) { mv.setMoving(id, true) }
+
+// WakeMoved wakes the sandbox id, paused for a move (here, where it moved,
+// or back on the node it left when the move failed), with the lease it
+// had, and returns once it runs.
+func (mv *Moves) WakeMoved(ctx context.Context, id string) error {
+	mv.setMoving(id, true)
+	defer mv.setMoving(id, false)
+	sb, err := mv.wake(ctx, id)
+	if err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, mv.bootTimeout+5*time.Second)
+	defer cancel()
+	sb, err = mv.waitFor(wctx, sb.OwnerKeyID, id, StateRunning, StatePaused, StateStopped, StateDeleted)
+	if err != nil {
+		return fmt.Errorf("waking moved sandbox %s: %w", id, err)
+	}
+	if sb.State != StateRunning {
+		return fmt.Errorf("waking moved sandbox %s: it is %s", id, sb.State.Wire())
+	}
+	return nil
+}
+
+// EndMove ends what PauseForMove began here: the sandbox moved away, or
+// was woken here again.
+func (mv *Moves) EndMove(id string) { mv.setMoving(id, false) }
 
 // admitMoved holds the disk of a paused sandbox moving here, if this node
 // has room for it. Its owner's quota is not checked again: the sandbox was

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/emberbox/emberbox/internal/admission"
 	"github.com/emberbox/emberbox/internal/agentproto"
@@ -327,5 +328,69 @@ func TestRemoveMovedAway(t *testing.T) {
 		return nil, errors.New("store down")
 	}); err == nil {
 		t.Error("an error of the store was not returned")
+	}
+}
+
+// TestMoveRunningSandbox: a running sandbox moves as a paused one between
+// PauseForMove and WakeMoved: calls into it meanwhile get the retryable
+// sandbox_moving, and it runs on the new node with the lease it had. A
+// move that fails is woken where it was.
+func TestMoveRunningSandbox(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	a, b := e.node(nil), e.node(nil)
+	s := spec()
+	s.TimeoutSeconds = 3600
+	sb := running(t, a.m, s)
+	if err := a.m.Moves.PauseForMove(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := a.m.Get(ctx, "k", sb.ID); got.State != sandbox.StatePaused || got.ExpiresAt == nil || !got.ExpiresAt.Equal(*sb.ExpiresAt) {
+		t.Fatalf("after PauseForMove: %s, lease %v; want paused with its lease", got.State, got.ExpiresAt)
+	}
+	// Time passes during the move: the lease does not start again.
+	e.clock.Advance(10 * time.Second)
+	_, _, err := a.m.Guest(ctx, "k", sb.ID)
+	var ce *errdefs.CodedError
+	if errdefs.Code(err) != "sandbox_moving" || !errors.As(err, &ce) || ce.RetryAfter <= 0 || !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("a call during the move: %v, want the retryable sandbox_moving", err)
+	}
+
+	// The move fails: it runs here again, its lease as it was.
+	if err := a.m.Moves.MoveOut(ctx, sb.ID, func(context.Context, *sandbox.Sandbox, map[string]string) error {
+		return errors.New("the other node is gone")
+	}); err == nil {
+		t.Fatal("MoveOut succeeded")
+	}
+	a.m.Moves.EndMove(sb.ID)
+	if err := a.m.Moves.WakeMoved(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	back, _ := a.m.Get(ctx, "k", sb.ID)
+	if back.State != sandbox.StateRunning || !back.ExpiresAt.Equal(*sb.ExpiresAt) {
+		t.Fatalf("woken after a failed move: %s, lease %v; want running, lease %v", back.State, back.ExpiresAt, sb.ExpiresAt)
+	}
+
+	// The move succeeds: it runs on b.
+	if err := a.m.Moves.PauseForMove(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.m.Moves.MoveOut(ctx, sb.ID, moveTo(b, nil)); err != nil {
+		t.Fatal(err)
+	}
+	a.m.Moves.EndMove(sb.ID)
+	if err := b.m.Moves.WakeMoved(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	moved, _ := b.m.Get(ctx, "k", sb.ID)
+	if moved.State != sandbox.StateRunning || !moved.ExpiresAt.Equal(*sb.ExpiresAt) {
+		t.Errorf("after the move: %s, lease %v; want running, lease %v", moved.State, moved.ExpiresAt, sb.ExpiresAt)
+	}
+	if _, _, err := b.m.Guest(ctx, "k", sb.ID); err != nil {
+		t.Errorf("a call after the move: %v", err)
+	}
+	// A sandbox not running is not paused for a move.
+	if err := b.m.Moves.PauseForMove(ctx, "sbx_00000000000000000000"); err == nil {
+		t.Error("PauseForMove of an unknown sandbox succeeded")
 	}
 }

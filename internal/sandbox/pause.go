@@ -19,6 +19,9 @@ const (
 	PauseRequested = "requested"
 	PauseLeaseEnd  = "lease_expired"
 	PauseIdle      = "idle"
+	// PauseMove: a drain moves the running sandbox to another node, where
+	// it is woken at once with its lease as it was (move.go).
+	PauseMove = "move"
 	// PauseMemoryPressure: the host ran low on memory and this was the
 	// sandbox idle longest (pressure.go).
 	PauseMemoryPressure = "memory_pressure"
@@ -196,9 +199,15 @@ func pausedUnder(id, why string) error {
 // update's account lets go of all but its disk in the admission ledger.
 func (m *Manager) recordPaused(id string) bool {
 	changed := false
+	// A sandbox paused to move keeps its lease: it runs on at once where
+	// it goes (move.go).
+	keepLease := m.Moves.moving(id)
 	_, err := m.update(context.Background(), id, func(s *Sandbox) bool {
 		if changed = s.State == StatePausing || s.State == StateResuming; changed {
-			s.State, s.VM, s.ExpiresAt = StatePaused, nil, nil
+			s.State, s.VM = StatePaused, nil
+			if !keepLease {
+				s.ExpiresAt = nil
+			}
 			if s.PausedAt == nil {
 				now := m.now()
 				s.PausedAt = &now
@@ -383,9 +392,14 @@ func (m *Manager) running(in *instance, event string, data map[string]any) {
 	m.Secrets.pushRecord(in.ctx, in)
 	now := m.now()
 	changed := false
+	// A sandbox moved while it ran keeps the lease it had.
+	keepLease := m.Moves.moving(in.id)
 	_, err := m.update(context.Background(), in.id, func(s *Sandbox) bool {
 		if changed = s.State == StateResuming; changed {
-			s.State, s.PausedAt, s.ExpiresAt = StateRunning, nil, m.cfg.Limits.leaseEnd(s, now)
+			s.State, s.PausedAt = StateRunning, nil
+			if !keepLease || s.ExpiresAt == nil {
+				s.ExpiresAt = m.cfg.Limits.leaseEnd(s, now)
+			}
 			if s.ReadyAt == nil {
 				s.ReadyAt = &now
 			}

@@ -89,6 +89,34 @@ func (d *dbHandle) ExecContext(ctx context.Context, query string, args ...any) (
 	return res, nil
 }
 
+// execApart runs a single-row write that no transaction reads and then
+// writes on (a node's heartbeat: whoever acts on it re-checks the row in
+// its own conditional update). On PostgreSQL it takes no cluster write
+// lock, so it never queues behind other nodes' writes, and its commit
+// does not wait to be durable (a heartbeat lost to a database crash costs
+// one beat). On SQLite it is ExecContext: one writer is the file's rule.
+func (d *dbHandle) execApart(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if d.engine != postgresEngine {
+		return d.ExecContext(ctx, query, args...)
+	}
+	tx, err := d.DB.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, "SET LOCAL synchronous_commit TO OFF"); err != nil {
+		return nil, err
+	}
+	res, err := tx.ExecContext(ctx, d.engine.rebind(query), d.engine.args(args)...)
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
 // QueryContext runs a query outside any transaction.
 func (d *dbHandle) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
 	return d.DB.QueryContext(ctx, d.engine.rebind(query), d.engine.args(args)...)

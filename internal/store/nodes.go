@@ -144,7 +144,10 @@ func emptyIfNil(s []string) []string {
 // down, or one that registered again since (another process with its id),
 // gets code "node_fenced": it must stand down.
 func (s *nodeRows) Heartbeat(ctx context.Context, id string, epoch int64) error {
-	res, err := s.db.ExecContext(ctx, `UPDATE nodes SET heartbeat_at = ?
+	// Apart from the cluster's write lock: a heartbeat that queued behind
+	// other nodes' writes arrived late, already older than its own time,
+	// and a busy store made healthy nodes look silent.
+	res, err := s.db.execApart(ctx, `UPDATE nodes SET heartbeat_at = ?
 		WHERE id = ? AND epoch = ? AND state <> 'down'`, formatTime(s.now()), id, epoch)
 	if err != nil {
 		return fmt.Errorf("heartbeat of node %s: %w", id, err)

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
@@ -157,5 +158,61 @@ func TestNodesShareOneStore(t *testing.T) {
 	}
 	if err := b.SwapClusterSetting(ctx, "none", "", "x"); !errdefs.IsNotFound(err) {
 		t.Errorf("swapping a missing setting: %v, want not found", err)
+	}
+}
+
+// TestHeartbeatDoesNotQueueBehindWrites: on PostgreSQL every write
+// transaction of every node holds the cluster's write lock, and a
+// heartbeat that waited for it arrived stale: a node whose beat queued
+// behind a long write of another looked silent, and was declared lost
+// while it ran. A heartbeat now lands while another node's write
+// transaction is still open (it would wait forever otherwise: the test
+// commits that transaction only after the heartbeat returns).
+func TestHeartbeatDoesNotQueueBehindWrites(t *testing.T) {
+	if testEngine != postgresEngine {
+		t.Skip("PostgreSQL only: SQLite has one writer by design, and one node")
+	}
+	dsn := newDSN(t)
+	ctx := t.Context()
+	a, err := Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	epoch, err := b.RegisterNode(ctx, &cluster.Node{ID: "b", Address: "b:7443", APIURL: "http://b", MemoryMiB: 4096, VCPUs: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.SetNode("b", epoch)
+
+	// Node a's long write: it holds the cluster's write lock until the
+	// heartbeat has returned.
+	tx, err := a.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, `INSERT INTO cluster_settings (name, value) VALUES (?, ?)`, "held", "x"); err != nil {
+		t.Fatal(err)
+	}
+	hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := b.Heartbeat(hctx, "b", epoch); err != nil {
+		t.Fatalf("node b's heartbeat while node a holds the write lock: %v", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	// The fence still holds: a node declared lost cannot beat.
+	if _, err := a.DeclareLost(ctx, "b", time.Now().Add(time.Hour), "a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Heartbeat(ctx, "b", epoch); !errdefs.IsConflict(err) {
+		t.Errorf("a fenced node's heartbeat: %v, want node_fenced", err)
 	}
 }
