@@ -29,6 +29,7 @@ type clusterOptions struct {
 	advertise string
 	heartbeat time.Duration
 	timeout   time.Duration
+	stopDrain time.Duration
 	caCert    string
 	caKey     string
 }
@@ -40,6 +41,7 @@ func addClusterFlags(f *pflag.FlagSet, o *clusterOptions) {
 	f.StringVar(&o.advertise, "cluster-advertise", "", "host:port other nodes dial this node's channel at (default: the --cluster-listen address; its port with the host name's first address when it names no host)")
 	f.DurationVar(&o.heartbeat, "node-heartbeat", 2*time.Second, "how often a node of a cluster says it is alive")
 	f.DurationVar(&o.timeout, "node-timeout", 15*time.Second, "how long a node may be silent before the others declare it lost and stop its sandboxes (node_lost)")
+	f.DurationVar(&o.stopDrain, "stop-drain-timeout", 10*time.Minute, "how long a node of a cluster asked to stop may take to move its running sandboxes to other nodes first (0: none move; they stop with it)")
 	f.StringVar(&o.caCert, "cluster-ca-cert", "", "PEM certificate of the cluster's CA (with --cluster-ca-key; default: the first node makes one and keeps it in the store)")
 	f.StringVar(&o.caKey, "cluster-ca-key", "", "PEM EC private key of the cluster's CA")
 }

@@ -171,6 +171,23 @@ func serve(ctx context.Context, o serveOptions) error {
 	protectFromOOM(log)
 
 	s := &server{o: o, log: log}
+	// Serving outlives the stop signal by the drain a node of a cluster
+	// does before it stops (stopdrain.go); a signal before the server is
+	// built ends it at once.
+	stopAsked := ctx
+	ctx, endServing := context.WithCancel(context.WithoutCancel(ctx))
+	defer endServing()
+	var built atomic.Bool
+	go func() {
+		select {
+		case <-stopAsked.Done():
+			if built.Load() {
+				s.drainBeforeStop(ctx)
+			}
+			endServing()
+		case <-ctx.Done():
+		}
+	}()
 	// On any way out: the background loops are stopped and waited for,
 	// then the manager lets go of its sandboxes (they keep running), and
 	// only then is the store closed.
@@ -206,11 +223,13 @@ func serve(ctx context.Context, o serveOptions) error {
 		s.listen,
 		s.buildFront,
 		s.routeCluster,
+		s.undrainAfterStop,
 	} {
 		if err := build(ctx); err != nil {
 			return err
 		}
 	}
+	built.Store(true)
 	return s.serveHTTP(ctx)
 }
 

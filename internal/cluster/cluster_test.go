@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"io"
@@ -18,6 +19,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/sandbox"
@@ -661,5 +664,70 @@ func TestSilentNodeThatAnswersIsNotLost(t *testing.T) {
 	}
 	if err := st.Heartbeat(t.Context(), "b", b.epoch); !errdefs.IsConflict(err) {
 		t.Errorf("the lost node's heartbeat: %v, want it fenced", err)
+	}
+}
+
+// TestExtentsCarryDataAlone: a sparse file moves as its data extents and
+// arrives with the same bytes and its holes; hostile headers are refused.
+func TestExtentsCarryDataAlone(t *testing.T) {
+	src := t.TempDir()
+	mem := filepath.Join(src, "mem")
+	f, err := os.Create(mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const size = 64 << 20
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	for _, off := range []int64{0, 8 << 20, size - 4096} {
+		if _, err := f.WriteAt(bytes.Repeat([]byte{0xa5}, 4096), off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Close()
+	if err := os.WriteFile(filepath.Join(src, "state"), []byte("device state"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := writeExtents(&buf, map[string]string{"mem": mem, "state": filepath.Join(src, "state")}); err != nil {
+		t.Fatal(err)
+	}
+	if buf.Len() > 1<<20 {
+		t.Errorf("a 64 MiB file with 12 KiB of data took %d bytes", buf.Len())
+	}
+	dst := t.TempDir()
+	if err := readExtents(bytes.NewReader(buf.Bytes()), dst); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := os.ReadFile(mem)
+	got, _ := os.ReadFile(filepath.Join(dst, "mem"))
+	if !bytes.Equal(got, want) {
+		t.Fatal("the moved file differs")
+	}
+	if st, _ := os.ReadFile(filepath.Join(dst, "state")); string(st) != "device state" {
+		t.Errorf("the small file arrived as %q", st)
+	}
+	var stat unix.Stat_t
+	if err := unix.Stat(filepath.Join(dst, "mem"), &stat); err == nil && stat.Blocks*512 > 1<<20 {
+		t.Errorf("the moved file holds %d bytes on disk: its holes were filled", stat.Blocks*512)
+	}
+
+	for name, fe := range map[string]fileExtents{
+		"a path":       {Name: "../mem", Size: 10},
+		"hidden":       {Name: ".x", Size: 10},
+		"overlap":      {Name: "mem", Size: 100, Extents: [][2]int64{{0, 50}, {40, 10}}},
+		"past the end": {Name: "mem", Size: 100, Extents: [][2]int64{{90, 20}}},
+		"empty extent": {Name: "mem", Size: 100, Extents: [][2]int64{{10, 0}}},
+		"too large":    {Name: "mem", Size: maxMoveFileSize + 1},
+	} {
+		hdr, _ := json.Marshal(fe)
+		var s bytes.Buffer
+		binary.Write(&s, binary.BigEndian, uint32(len(hdr)))
+		s.Write(hdr)
+		s.Write(make([]byte, 200))
+		if err := readExtents(&s, t.TempDir()); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
 	}
 }

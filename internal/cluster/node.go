@@ -88,7 +88,14 @@ type Cluster struct {
 	// (unix nanoseconds; 0: not yet).
 	lastBeat atomic.Int64
 	suspect  suspects // silent nodes that answered a probe: liveness.go
+	// stopping: the node drains to stop, moving its running sandboxes
+	// only (paused ones outlive the process).
+	stopping atomic.Bool
 }
+
+// SetStopping makes this node's drain move its running sandboxes only:
+// it drains to stop, and its paused sandboxes' files stay with the host.
+func (c *Cluster) SetStopping() { c.stopping.Store(true) }
 
 // Join registers this node (its epoch one more than before), scopes the
 // store to it, and makes its TLS identity. Call it before the manager

@@ -34,7 +34,8 @@ const (
 // certificate of the cluster's CA get through the handshake.
 func (c *Cluster) Serve(ctx context.Context, ln net.Listener, local http.Handler) error {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /cluster/v1/sandboxes/{id}/move-in", c.moveIn)
+	mux.HandleFunc("POST /cluster/v1/sandboxes/{id}/move-in", func(w http.ResponseWriter, r *http.Request) { c.moveIn(w, r, untarFiles) })
+	mux.HandleFunc("POST /cluster/v1/sandboxes/{id}/move-in-extents", func(w http.ResponseWriter, r *http.Request) { c.moveIn(w, r, readExtents) })
 	mux.HandleFunc("GET /cluster/v1/alive", c.serveAlive)
 	mux.HandleFunc("GET /cluster/v1/probe/{id}", c.serveProbe)
 	mux.Handle("/", fromPeer(local))
@@ -90,10 +91,11 @@ func peerID(r *http.Request) string {
 	return r.TLS.PeerCertificates[0].Subject.CommonName
 }
 
-// moveIn takes in a paused sandbox a draining peer hands over: the body is
-// a tar of its files. The store's owner switches only once every file is
-// in place, in MoveIn's commit.
-func (c *Cluster) moveIn(w http.ResponseWriter, r *http.Request) {
+// moveIn takes in a paused sandbox a draining peer hands over: the body
+// holds its files, read by read (a tar, or an extents stream). The
+// store's owner switches only once every file is in place, in MoveIn's
+// commit.
+func (c *Cluster) moveIn(w http.ResponseWriter, r *http.Request, read func(io.Reader, string) error) {
 	from := peerID(r)
 	id := r.PathValue("id")
 	sb, err := c.cfg.Store.GetSandbox(r.Context(), id)
@@ -111,7 +113,7 @@ func (c *Cluster) moveIn(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	wake := r.URL.Query().Get("wake") == "1"
-	receive := func(ctx context.Context, dir string) error { return untarFiles(r.Body, dir) }
+	receive := func(ctx context.Context, dir string) error { return read(r.Body, dir) }
 	commit := func(ctx context.Context) error {
 		if wake {
 			// Calls routed here once the owner switches wait for the wake
@@ -177,17 +179,29 @@ func writeSparse(name string, r io.Reader, size int64) error {
 		return err
 	}
 	defer f.Close()
-	buf := make([]byte, 1<<20)
-	zero := make([]byte, 64<<10)
-	var off int64
-	for off < size {
-		k, err := io.ReadFull(r, buf[:min(int64(len(buf)), size-off)])
+	if err := writeRegion(f, r, 0, size, make([]byte, 1<<20)); err != nil {
+		return err
+	}
+	if err := f.Truncate(size); err != nil {
+		return err
+	}
+	return f.Sync()
+}
+
+// zeros is what writeRegion compares chunks with.
+var zeros = make([]byte, 64<<10)
+
+// writeRegion copies n bytes of r into f at off, leaving chunks of zeros
+// unwritten (holes, in a file that has none there yet).
+func writeRegion(f *os.File, r io.Reader, off, n int64, buf []byte) error {
+	for end := off + n; off < end; {
+		k, err := io.ReadFull(r, buf[:min(int64(len(buf)), end-off)])
 		if err != nil {
 			return err
 		}
 		for b := buf[:k]; len(b) > 0; {
-			chunk := b[:min(len(b), len(zero))]
-			if !bytes.Equal(chunk, zero[:len(chunk)]) {
+			chunk := b[:min(len(b), len(zeros))]
+			if !bytes.Equal(chunk, zeros[:len(chunk)]) {
 				if _, err := f.WriteAt(chunk, off); err != nil {
 					return err
 				}
@@ -196,33 +210,23 @@ func writeSparse(name string, r io.Reader, size int64) error {
 			b = b[len(chunk):]
 		}
 	}
-	if err := f.Truncate(size); err != nil {
-		return err
-	}
-	return f.Sync()
+	return nil
 }
 
-// sendFiles streams files (name → host path) as a tar to node n's move-in;
-// with wake, n wakes the sandbox once it is in place (it ran here), and
-// woken says whether it could. A nil error means the move is committed.
+// sendFiles streams files (name → host path) to node n's move-in: their
+// data extents alone, or a tar to a node from before extents (its channel
+// answers the extents route 404). With wake, n wakes the sandbox once it
+// is in place (it ran here), and woken says whether it could. A nil error
+// means the move is committed.
 func (c *Cluster) sendFiles(ctx context.Context, n *Node, id string, files map[string]string, wake bool) (woken bool, err error) {
 	if len(files) > maxMoveFiles {
 		return false, fmt.Errorf("moving %s: %d files", id, len(files))
 	}
-	pr, pw := io.Pipe()
-	go func() {
-		pw.CloseWithError(writeTar(pw, files))
-	}()
-	u := peerURL(n) + "/cluster/v1/sandboxes/" + id + "/move-in"
-	if wake {
-		u += "?wake=1"
+	resp, err := c.postFiles(ctx, n, id, "move-in-extents", wake, func(w io.Writer) error { return writeExtents(w, files) })
+	if err == nil && resp.StatusCode == http.StatusNotFound {
+		resp.Body.Close()
+		resp, err = c.postFiles(ctx, n, id, "move-in", wake, func(w io.Writer) error { return writeTar(w, files) })
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, pr)
-	if err != nil {
-		pr.Close()
-		return false, err
-	}
-	resp, err := c.client.Do(req)
 	if err != nil {
 		return false, fmt.Errorf("moving %s to node %s: %w", id, n.ID, err)
 	}
@@ -232,6 +236,26 @@ func (c *Cluster) sendFiles(ctx context.Context, n *Node, id string, files map[s
 		return false, fmt.Errorf("moving %s to node %s: %s: %s", id, n.ID, resp.Status, strings.TrimSpace(string(msg)))
 	}
 	return resp.Header.Get(headerWoken) == "true", nil
+}
+
+// postFiles posts what write writes to node n's route for sandbox id.
+func (c *Cluster) postFiles(ctx context.Context, n *Node, id, route string, wake bool, write func(io.Writer) error) (*http.Response, error) {
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(write(pw)) }()
+	u := peerURL(n) + "/cluster/v1/sandboxes/" + id + "/" + route
+	if wake {
+		u += "?wake=1"
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, pr)
+	if err != nil {
+		pr.Close()
+		return nil, err
+	}
+	resp, err := c.client.Do(req)
+	if err != nil {
+		pr.CloseWithError(err)
+	}
+	return resp, err
 }
 
 func writeTar(w io.Writer, files map[string]string) error {
@@ -291,6 +315,10 @@ func (c *Cluster) RunDrain(ctx context.Context, mover Mover) {
 func (c *Cluster) drainStep(ctx context.Context) {
 	self, err := c.cfg.Store.GetNode(ctx, c.ID())
 	if err != nil || self.State != StateDraining {
+		return
+	}
+	if c.stopping.Load() {
+		c.drainRunning(ctx)
 		return
 	}
 	paused, _, err := c.cfg.Store.ListSandboxes(ctx, sandbox.ListOptions{AllOwners: true, Local: true,

@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -87,6 +88,9 @@ func TestCluster(t *testing.T) {
 			"--node-heartbeat", clusterHeartbeat.String(), "--node-timeout", clusterTimeout.String(),
 			"--max-memory-mib", fmt.Sprint(n.slots * clusterSlotMiB), "--vm-overhead-mib", fmt.Sprint(clusterOverheadMiB),
 			"--quota-sandboxes", "0", "--templates=false", "--memory-floor-mib", "0", "--secrets-key-file", secretsKey,
+			// A stop moves nothing (the test's end stops every node) but
+			// where StopMovesRunningSandbox asks for it.
+			"--stop-drain-timeout", "0",
 			// Failed authentications: 10 at once, then one per 20 s.
 			"--rate-auth-fail", "0.05", "--rate-auth-fail-burst", "10",
 			// Nodes on one host take their VMs' uids from ranges of their own.
@@ -457,6 +461,61 @@ func TestCluster(t *testing.T) {
 		if r := via(a).raw(t, "POST", "/v1/nodes/c:undrain", map[string]any{}, nil, requestTimeout); r.Status != http.StatusOK {
 			t.Fatalf("undrain: %v", r)
 		}
+	})
+
+	top := t // the nodes a subtest starts again outlive it
+	t.Run("StopMovesRunningSandbox", func(t *testing.T) {
+		// c restarts as an upgrade restarts it: asked to stop, it moves its
+		// running sandbox to another node first.
+		plain := c.args
+		c.s.terminate(t)
+		c.args = append(append([]string(nil), plain...), "--stop-drain-timeout", "2m")
+		c.start(top)
+		defer func() {
+			// Whatever happens here, the subtests after need c as it was.
+			if !c.s.alive() {
+				c.args = plain
+				c.start(top)
+			}
+		}()
+		waitNodes(map[string]string{"a": "up", "b": "up", "c": "up"})
+		sb := via(a).createRunning(t, map[string]any{"memoryMiB": clusterMemMiB, "vcpu": 1, "spreadFrom": []string{perNode["a"][0]}})
+		defer via(a).delete(t, sb.ID)
+		if got := via(a).get(t, sb.ID); got.Node != "c" {
+			t.Fatalf("the new sandbox went to %s, want c", got.Node)
+		}
+		via(a).sh(t, sb.ID, "echo outlives-its-node > /workspace/up.txt")
+		proc := via(a).spawn(t, sb.ID, "sleep 3600")
+
+		stopped := time.Now()
+		if err := c.s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-c.s.exited:
+		case <-time.After(3 * time.Minute):
+			t.Fatalf("c did not stop within 3 minutes of SIGTERM:\n%s", c.s.logTail(30))
+		}
+		took := time.Since(stopped)
+		moved := via(a).get(t, sb.ID)
+		t.Logf("c stopped %s after SIGTERM; its running sandbox is %s on %s", took.Round(10*time.Millisecond), moved.State, moved.Node)
+		if moved.State != "running" || moved.Node != "a" {
+			t.Fatalf("after c stopped its sandbox is %s on %s, want running on a; c's log:\n%s", moved.State, moved.Node, c.s.logTail(40))
+		}
+		if got := via(a).sh(t, sb.ID, "cat /workspace/up.txt"); got != "outlives-its-node\n" {
+			t.Errorf("files after the stop: %q", got)
+		}
+		alive := false
+		for _, p := range via(a).processes(t, sb.ID) {
+			alive = alive || (p.PID == proc.PID && p.State == "running")
+		}
+		if !alive {
+			t.Errorf("process %d did not outlive its node's stop", proc.PID)
+		}
+		// The new process takes sandboxes again once it serves.
+		c.args = plain
+		c.start(top)
+		waitNodes(map[string]string{"c": "up"})
 	})
 
 	t.Run("NodeLostAndBack", func(t *testing.T) {

@@ -223,6 +223,13 @@ func (mv *Moves) moving(id string) bool {
 	return mv.movingIDs[id]
 }
 
+// Moving counts the running sandboxes paused or woken for a move here now.
+func (mv *Moves) Moving() int {
+	mv.mu.Lock()
+	defer mv.mu.Unlock()
+	return len(mv.movingIDs)
+}
+
 func (mv *Moves) setMoving(id string, on bool) {
 	mv.mu.Lock()
 	defer mv.mu.Unlock()
