@@ -27,10 +27,13 @@
 //     (certificates issued at start by the cluster CA, `tls.go`; the CA from
 //     `--cluster-ca-cert/--cluster-ca-key` or the store's `cluster_settings`),
 //     serving the server's handler itself (E2B's front, the console and the
-//     API; forwarded requests are never routed again) and `POST
-//     /cluster/v1/sandboxes/{id}/move-in` (a tar of the paused sandbox's files,
-//     plain names only, zero runs written as holes; `Manager.MoveIn` puts them
-//     in place and its commit is `Store.MoveSandbox`).
+//     API; forwarded requests are never routed again), `POST
+//     /cluster/v1/sandboxes/{id}/move-in-extents` (the paused sandbox's files
+//     as their data extents, `extents.go`; `move-in` takes a tar, from nodes
+//     before extents; plain names only, zero runs written as holes;
+//     `Moves.MoveIn` puts them in place and its commit is `Store.MoveSandbox`;
+//     with `?wake=1` the receiver then wakes a sandbox that ran), and the
+//     probes of liveness (`GET /cluster/v1/alive`, `/cluster/v1/probe/{id}`).
 //   - puts `Cluster.Handler` in front of everything on `--listen`: `POST
 //     /v1/sandboxes` (and E2B's `POST /sandboxes`, `/v2/sandboxes`) reads the
 //     body (≤ 1 MiB) for memoryMiB, vcpu, snapshot and spreadFrom, asks

@@ -556,7 +556,7 @@ func TestCluster(t *testing.T) {
 			}
 		}
 		t.Logf("VMs of b still running while b was down: %d of %d", stillRunning, len(pids))
-		b.start(t)
+		b.start(top) // it serves the subtests after this one
 		for id, pid := range pids {
 			if pid > 0 && !waitUntil(30*time.Second, 100*time.Millisecond, func() bool { return !processAlive(pid) }) {
 				t.Errorf("VM of lost sandbox %s (pid %d) still runs after b came back", id, pid)
