@@ -39,7 +39,7 @@ type fileExtents struct {
 
 // dataExtents lists the data extents of f, of size bytes: where the
 // filesystem cannot say, the whole file.
-func dataExtents(f *os.File, size int64) ([][2]int64, error) {
+func dataExtents(f *os.File, size int64) [][2]int64 {
 	var out [][2]int64
 	fd := int(f.Fd())
 	for off := int64(0); off < size; {
@@ -48,7 +48,7 @@ func dataExtents(f *os.File, size int64) ([][2]int64, error) {
 			break // holes to the end
 		}
 		if err != nil {
-			return [][2]int64{{0, size}}, nil // no SEEK_DATA here: all of it
+			return [][2]int64{{0, size}} // no SEEK_DATA here: all of it
 		}
 		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
 		if err != nil {
@@ -60,7 +60,7 @@ func dataExtents(f *os.File, size int64) ([][2]int64, error) {
 		}
 		off = hole
 	}
-	return out, nil
+	return out
 }
 
 // writeExtents writes files (name → path) to w as an extents stream.
@@ -83,22 +83,12 @@ func writeExtents(w io.Writer, files map[string]string) error {
 }
 
 func writeFileExtents(w io.Writer, name, path string) error {
-	f, err := os.Open(path)
+	f, st, err := openRegular(name, path)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	if !st.Mode().IsRegular() {
-		return fmt.Errorf("%s is not a regular file", name)
-	}
-	ext, err := dataExtents(f, st.Size())
-	if err != nil {
-		return err
-	}
+	ext := dataExtents(f, st.Size())
 	hdr, err := json.Marshal(fileExtents{Name: name, Size: st.Size(), Extents: ext})
 	if err != nil {
 		return err

@@ -273,19 +273,30 @@ func writeTar(w io.Writer, files map[string]string) error {
 	return tw.Close()
 }
 
-func addFile(tw *tar.Writer, name, path string) error {
+// openRegular opens the file a move sends as name, refusing anything but
+// a regular file.
+func openRegular(name, path string) (*os.File, os.FileInfo, error) {
 	f, err := os.Open(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	st, err := f.Stat()
+	if err == nil && !st.Mode().IsRegular() {
+		err = fmt.Errorf("%s is not a regular file", name)
+	}
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	return f, st, nil
+}
+
+func addFile(tw *tar.Writer, name, path string) error {
+	f, st, err := openRegular(name, path)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	if !st.Mode().IsRegular() {
-		return fmt.Errorf("%s is not a regular file", name)
-	}
 	if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o600, Size: st.Size(), Typeflag: tar.TypeReg,
 		ModTime: st.ModTime()}); err != nil {
 		return err

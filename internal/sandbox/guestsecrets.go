@@ -71,7 +71,7 @@ func (gs *GuestSecrets) push(ctx context.Context, in *instance, sb *Sandbox) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, guestSecretsTimeout)
 	defer cancel()
-	gs.pushTrust(ctx, in, sb.ID, c)
+	gs.pushTrust(ctx, in, c)
 	gs.pushEnv(ctx, sb, c)
 }
 
@@ -109,7 +109,8 @@ func (gs *GuestSecrets) pushEnv(ctx context.Context, sb *Sandbox, c *guest.Clien
 // pushTrust sends the CAs in force to a guest not known to hold them. A
 // guest whose agent predates trust.set keeps what it was configured with,
 // and its gate signs with the oldest CA in force.
-func (gs *GuestSecrets) pushTrust(ctx context.Context, in *instance, id string, c *guest.Client) {
+func (gs *GuestSecrets) pushTrust(ctx context.Context, in *instance, c *guest.Client) {
+	id := in.id
 	if gs.trust == nil {
 		return
 	}
@@ -148,7 +149,7 @@ func (gs *GuestSecrets) holds(in *instance, bundle string) {
 	}
 }
 
-// booted records that in's guest was just configured with the CAs of a
+// bootedWith records that in's guest was just configured with the CAs of a
 // boot (Config.ExtraCAs), as a cold boot and a copy of the template are.
 func (gs *GuestSecrets) bootedWith(in *instance) { gs.holds(in, gs.booted) }
 
