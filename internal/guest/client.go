@@ -316,10 +316,16 @@ func (c *Client) Renew(ctx context.Context, req agentproto.RenewRequest) error {
 
 // Detach asks the agent to end this session and wait for a new Hello: the
 // host detaches before it saves a guest, so that a restored guest is ready
-// for a new connection. The client is closed after it.
+// for a new connection. The client is closed after it. The agent ends the
+// session as soon as it has answered, and its answer can be lost with the
+// session: a connection lost under the call ended the session all the
+// same, so it is a detach too.
 func (c *Client) Detach(ctx context.Context) error {
 	defer c.Close()
 	_, err := c.roundTrip(ctx, &agentproto.Request{Method: agentproto.MethodDetach}, ordinaryReply)
+	if err != nil && ctx.Err() == nil && c.ending.Load() == nil && errdefs.Code(err) == "guest_unavailable" {
+		return nil
+	}
 	return err
 }
 
