@@ -160,7 +160,7 @@ func (f *fakeStore) SetNodeDraining(ctx context.Context, id string, d bool) (*No
 	f.mu.Unlock()
 	return f.GetNode(ctx, id)
 }
-func (f *fakeStore) MoveSandbox(_ context.Context, id, from, to string) error {
+func (f *fakeStore) MoveSandbox(_ context.Context, id, from, to string, _ []string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	sb := f.sandboxes[id]

@@ -306,9 +306,9 @@ func New(cfg Config) *Manager {
 	m.calls = guestCalls{host: m, records: cfg.Store, bootTimeout: cfg.BootTimeout}
 	m.Meter = newMeter(m)
 	m.Previews = &Previews{host: m, records: cfg.Store}
+	m.Snapshots = newSnapshots(m)
 	m.Moves = newMoves(m)
 	m.calls.moving = m.Moves.moving
-	m.Snapshots = newSnapshots(m)
 	m.Checkpoints = newCheckpoints(m)
 	m.Reaper = newReaper(m)
 	m.Secrets = newGuestSecrets(m)

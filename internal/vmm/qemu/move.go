@@ -177,3 +177,92 @@ func (d *Driver) rebase(ctx context.Context, name, backing, format string) error
 	}
 	return nil
 }
+
+// Moving a checkpoint (a memory snapshot) with its sandbox: its state,
+// device set, flattened disk and memory, whole or as the difference over
+// its base. The base's path is never sent: the receiver names it.
+
+var _ vmm.SnapshotMover = (*Driver)(nil)
+
+// SnapshotFiles implements vmm.SnapshotMover.SnapshotFiles.
+func (d *Driver) SnapshotFiles(dir string) (map[string]string, error) {
+	if !d.Saved(vmm.Spec{Dir: dir}) {
+		return nil, fmt.Errorf("move: snapshot %s holds no memory", filepath.Base(dir))
+	}
+	mem := memFile
+	if err := regular(filepath.Join(dir, baseFile)); err == nil {
+		mem = memDeltaFile
+	}
+	files := map[string]string{}
+	for _, name := range []string{stateFile, snapDiskFile, mem} {
+		p := filepath.Join(dir, name)
+		if err := regular(p); err != nil {
+			return nil, fmt.Errorf("move: snapshot %s: %w", filepath.Base(dir), err)
+		}
+		files[name] = p
+	}
+	if p := filepath.Join(dir, devicesFile); regular(p) == nil {
+		files[devicesFile] = p
+	}
+	return files, nil
+}
+
+// SnapshotMoved implements vmm.SnapshotMover.SnapshotMoved.
+func (d *Driver) SnapshotMoved(ctx context.Context, spec vmm.Spec, baseDir string) error {
+	if spec.Rootfs == "" || spec.MemoryMiB <= 0 {
+		return errors.New("snapshot moved: the spec names no base image or memory size")
+	}
+	if baseDir != "" && !filepath.IsAbs(baseDir) {
+		return fmt.Errorf("snapshot moved: base %q is not an absolute path", baseDir)
+	}
+	// Nothing that names a path, or that the files sent did not include,
+	// is kept from the other host.
+	for _, name := range []string{baseFile, spareFile, spareTmp, stateTmp, stateUsed, chainFile} {
+		_ = os.Remove(filepath.Join(spec.Dir, name))
+	}
+	mem, other := memFile, memDeltaFile
+	if baseDir != "" {
+		mem, other = memDeltaFile, memFile
+		if err := sizedMem(filepath.Join(baseDir, memFile), spec.MemoryMiB); err != nil {
+			return fmt.Errorf("snapshot moved: its base: %w", err)
+		}
+	}
+	_ = os.Remove(filepath.Join(spec.Dir, other))
+	if err := sizedMem(filepath.Join(spec.Dir, mem), spec.MemoryMiB); err != nil {
+		return fmt.Errorf("snapshot moved: %w", err)
+	}
+	if err := regular(filepath.Join(spec.Dir, stateFile)); err != nil {
+		return fmt.Errorf("snapshot moved: %w", err)
+	}
+	disk := filepath.Join(spec.Dir, snapDiskFile)
+	if err := d.checkQcow2(ctx, disk); err != nil {
+		return fmt.Errorf("snapshot moved: %w", err)
+	}
+	if err := d.rebase(ctx, disk, spec.Rootfs, "raw"); err != nil {
+		return fmt.Errorf("snapshot moved: %w", err)
+	}
+	if baseDir != "" {
+		if err := os.WriteFile(filepath.Join(spec.Dir, baseFile), []byte(baseDir+"\n"), 0o600); err != nil {
+			return fmt.Errorf("snapshot moved: %w", err)
+		}
+	}
+	// As Snapshot leaves them: copies' VMs read the disk as their own uids.
+	for name, mode := range map[string]os.FileMode{".": 0o755, snapDiskFile: 0o644, stateFile: 0o600, mem: 0o600} {
+		if err := os.Chmod(filepath.Join(spec.Dir, name), mode); err != nil {
+			return fmt.Errorf("snapshot moved: %w", err)
+		}
+	}
+	return syncDir(spec.Dir)
+}
+
+// sizedMem checks that name is a regular file of a guest memory of mib MiB.
+func sizedMem(name string, mib int) error {
+	st, err := os.Lstat(name)
+	if err != nil {
+		return err
+	}
+	if !st.Mode().IsRegular() || st.Size() != int64(mib)<<20 {
+		return fmt.Errorf("%s is not a guest memory file of %d MiB", filepath.Base(name), mib)
+	}
+	return nil
+}
