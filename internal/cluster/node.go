@@ -86,6 +86,9 @@ type Cluster struct {
 	fenced sync.Once
 	mover  atomic.Pointer[Mover] // set by RunDrain
 	admit  atomic.Pointer[Admit] // set by SetAdmit
+	// snapshots serves this node's snapshots to nodes that copy them
+	// (snapshots.go); set by SetSnapshots.
+	snapshots atomic.Pointer[SnapshotSource]
 	// lastBeat is when this node's heartbeat last reached the store
 	// (unix nanoseconds; 0: not yet).
 	lastBeat atomic.Int64

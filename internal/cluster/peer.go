@@ -38,6 +38,7 @@ func (c *Cluster) Serve(ctx context.Context, ln net.Listener, local http.Handler
 	mux.HandleFunc("POST /cluster/v1/sandboxes/{id}/move-in", func(w http.ResponseWriter, r *http.Request) { c.moveIn(w, r, untarFiles) })
 	mux.HandleFunc("POST /cluster/v1/sandboxes/{id}/move-in-extents", func(w http.ResponseWriter, r *http.Request) { c.moveIn(w, r, readExtents) })
 	mux.HandleFunc("POST /cluster/v1/sandboxes/{id}/checkpoints/{cid}/move-in", c.stageCheckpoint)
+	mux.HandleFunc("GET /cluster/v1/snapshots/{id}/files", c.serveSnapshotFiles)
 	mux.HandleFunc("GET /cluster/v1/alive", c.serveAlive)
 	mux.HandleFunc("GET /cluster/v1/probe/{id}", c.serveProbe)
 	mux.Handle("/", fromPeer(local))

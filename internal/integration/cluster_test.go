@@ -375,6 +375,8 @@ func TestCluster(t *testing.T) {
 			t.Fatalf("the new sandbox went to %s, want c (the only room)", sb.Node)
 		}
 		via(a).sh(t, sb.ID, "echo moved-running > /workspace/run.txt")
+		// Its checkpoint goes with it.
+		cp, _ := via(a).checkpoint(t, sb.ID, "before-drain")
 		proc := via(a).spawn(t, sb.ID, "sleep 3600")
 		serveHTTP(t, via(a), sb.ID)
 		// Room on a for it to run: one of a's sandboxes goes.
@@ -458,6 +460,17 @@ func TestCluster(t *testing.T) {
 		}) {
 			t.Errorf("c kept files or a VM of the moved sandbox")
 		}
+		// The checkpoint moved with it: restored on a, the sandbox is back
+		// to the moment before the drain.
+		if !dirExists(filepath.Join(a.dataDir, "snapshots", cp.ID)) || dirExists(filepath.Join(c.dataDir, "snapshots", cp.ID)) {
+			t.Errorf("checkpoint %s's files did not move from c to a", cp.ID)
+		}
+		via(b).sh(t, sb.ID, "echo after-drain > /workspace/run.txt")
+		took := via(b).restore(t, sb.ID, cp.ID, false)
+		if got := via(b).sh(t, sb.ID, "cat /workspace/run.txt"); got != "moved-running\n" {
+			t.Errorf("after restoring the moved checkpoint: %q, want the file as it was at the checkpoint", got)
+		}
+		t.Logf("restore of a checkpoint that moved with its sandbox: %s", took.Round(time.Millisecond))
 		if r := via(a).raw(t, "POST", "/v1/nodes/c:undrain", map[string]any{}, nil, requestTimeout); r.Status != http.StatusOK {
 			t.Fatalf("undrain: %v", r)
 		}

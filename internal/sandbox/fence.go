@@ -55,11 +55,11 @@ func (mv *Moves) StandDown(ctx context.Context) {
 // are. A drain's sender removes a sandbox's files once the receiver has
 // committed the move; a sender that died between the two keeps them, and
 // removes them at its next start with this, before Recover; and so for
-// checkpoints that moved (removeCheckpointsMovedAway). It returns how many
+// checkpoints that moved and snapshots fetched (Snapshots.removeElsewhere). It returns how many
 // sandboxes' directories it removed.
 func (mv *Moves) RemoveMovedAway(ctx context.Context, movedAway func(ctx context.Context, ids []string) ([]string, error)) (int, error) {
-	if n := mv.removeCheckpointsMovedAway(ctx); n > 0 {
-		mv.log.Info("removed the files of checkpoints another node holds", "checkpoints", n)
+	if n := mv.snaps.removeAllElsewhere(ctx); n > 0 {
+		mv.log.Info("removed the files of snapshots and checkpoints another node holds", "snapshots", n)
 	}
 	entries, err := os.ReadDir(mv.files.root())
 	if os.IsNotExist(err) {

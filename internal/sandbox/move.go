@@ -132,7 +132,7 @@ func (mv *Moves) MoveOut(ctx context.Context, id string, send func(ctx context.C
 	if err := removeAll(mv.files.dir(id)); err != nil {
 		mv.log.Warn("removing the files of a sandbox moved to another node", "sandbox_id", id, "err", err)
 	}
-	mv.removeMovedCheckpoints(ctx, out.Taken)
+	mv.snaps.removeElsewhere(ctx, out.Taken)
 	mv.log.Info("paused sandbox moved to another node", "sandbox_id", id, "checkpoints", len(out.Taken))
 	mv.waiters.notify(id)
 	return nil

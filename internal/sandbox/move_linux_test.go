@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -422,7 +423,9 @@ func TestMoveRunningSandbox(t *testing.T) {
 func TestMoveTakesCheckpoints(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	cap2 := func(cfg *sandbox.Config) { cfg.Checkpoints.PerSandbox = 2 }
+	cap2 := func(cfg *sandbox.Config) {
+		cfg.Checkpoints.PerSandbox, cfg.Boot.Rootfs = 2, "/images/default.img"
+	}
 	a, b, c := e.node(cap2), e.node(cap2), e.node(cap2)
 	sb := running(t, a.m, spec())
 	var ids []string
@@ -503,5 +506,83 @@ func TestMoveTakesCheckpoints(t *testing.T) {
 		if err := a.m.Moves.StageCheckpoint(ctx, bad.sandbox, bad.checkpoint, noop); err == nil {
 			t.Errorf("StageCheckpoint(%s, %s) succeeded", bad.sandbox, bad.checkpoint)
 		}
+	}
+}
+
+// TestCopyFetchesSnapshot: a node asked for a copy of a snapshot it does
+// not hold fetches the snapshot's files first (memory and disk
+// snapshots), once for creates at once; a fetch that fails is a
+// retryable snapshot_unavailable, and leaves nothing behind.
+func TestCopyFetchesSnapshot(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	rootfs := func(cfg *sandbox.Config) { cfg.Boot.Rootfs = "/images/default.img" }
+	a := e.node(rootfs)
+	var fetches atomic.Int32
+	failing := atomic.Bool{}
+	b := e.node(func(cfg *sandbox.Config) {
+		rootfs(cfg)
+		cfg.FetchSnapshot = func(ctx context.Context, sn *sandbox.Snapshot, dir string) error {
+			fetches.Add(1)
+			if failing.Load() {
+				return errors.New("the node that holds it is gone")
+			}
+			files, err := a.m.Snapshots.SnapshotFiles(ctx, sn.ID)
+			if err != nil {
+				return err
+			}
+			return copyFiles(files)(ctx, dir)
+		}
+	})
+	src := running(t, a.m, spec())
+	mem, err := a.m.Snapshots.Snapshot(ctx, "k", src.ID, sandbox.SnapshotSpec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	disk, err := a.m.Snapshots.Snapshot(ctx, "k", src.ID, sandbox.SnapshotSpec{Mode: sandbox.SnapshotModeDisk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() {
+			cp, err := b.m.Create(ctx, "k", sandbox.CreateSpec{SnapshotID: mem.ID, OnLeaseEnd: "stop", TimeoutSeconds: 60})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			waitState(t, b.m, "k", cp.ID, sandbox.StateRunning)
+		})
+	}
+	wg.Wait()
+	if n := fetches.Load(); n != 1 {
+		t.Errorf("three copies at once fetched %d times, want once", n)
+	}
+	dc, err := b.m.Create(ctx, "k", sandbox.CreateSpec{SnapshotID: disk.ID, OnLeaseEnd: "stop", TimeoutSeconds: 60})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, b.m, "k", dc.ID, sandbox.StateRunning)
+	for _, id := range []string{mem.ID, disk.ID} {
+		if !exists(filepath.Join(b.dir, "snapshots", id)) {
+			t.Errorf("snapshot %s was not fetched", id)
+		}
+	}
+
+	failing.Store(true)
+	other, err := a.m.Snapshots.Snapshot(ctx, "k", src.ID, sandbox.SnapshotSpec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.m.Create(ctx, "k", sandbox.CreateSpec{SnapshotID: other.ID, OnLeaseEnd: "stop"})
+	var ce *errdefs.CodedError
+	if errdefs.Code(err) != "snapshot_unavailable" || !errors.As(err, &ce) || ce.RetryAfter <= 0 {
+		t.Errorf("a copy whose snapshot cannot be fetched: %v, want the retryable snapshot_unavailable", err)
+	}
+	if exists(filepath.Join(b.dir, "snapshots", other.ID)) {
+		t.Error("a failed fetch left the snapshot's directory")
+	}
+	if left, _ := os.ReadDir(filepath.Join(b.dir, "incoming")); len(left) != 0 {
+		t.Errorf("a failed fetch left staging behind: %v", left)
 	}
 }

@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -20,7 +19,7 @@ import (
 // restore never finds the one without the other. A checkpoint is
 // immutable, so a copy left on the old node (a sandbox there is a copy of
 // it, and reads its disk) is the same files; it is removed once no
-// sandbox there needs it (removeMovedCheckpoints).
+// sandbox there needs it (Snapshots.removeElsewhere).
 
 // Outgoing is a paused sandbox on its way to another node: what MoveOut
 // hands its send.
@@ -55,14 +54,6 @@ type Incoming struct {
 	Receive func(ctx context.Context, dir string) error
 	// Commit makes the sandbox and the checkpoints taken this node's.
 	Commit func(ctx context.Context, checkpoints []string) error
-}
-
-// movedCheckpointStore is what the store of a cluster answers about
-// checkpoints that moved.
-type movedCheckpointStore interface {
-	// CheckpointsMovedAway returns those of ids that another node holds
-	// now and that no sandbox of this node is a copy of.
-	CheckpointsMovedAway(ctx context.Context, ids []string) ([]string, error)
 }
 
 // snapshotMover is the driver's vmm.SnapshotMover, if the driver and the
@@ -234,7 +225,9 @@ func (mv *Moves) takeCheckpoint(ctx context.Context, sm vmm.SnapshotMover, ss Sn
 		}
 	}
 	staged := filepath.Join(mv.checkpointStage(id), cid)
-	spec := vmm.Spec{ID: cid, Dir: staged, Rootfs: sn.Rootfs, MemoryMiB: sn.MemoryMiB}
+	// "" is the default image, as for the sandbox it was taken of.
+	rootfs := mv.files.rootfs(&Sandbox{Rootfs: sn.Rootfs})
+	spec := vmm.Spec{ID: cid, Dir: staged, Rootfs: rootfs, MemoryMiB: sn.MemoryMiB}
 	if err := sm.SnapshotMoved(ctx, spec, baseDir); err != nil {
 		return "", err
 	}
@@ -245,53 +238,6 @@ func (mv *Moves) takeCheckpoint(ctx context.Context, sm vmm.SnapshotMover, ss Sn
 		return "", err
 	}
 	return final, nil
-}
-
-// removeMovedCheckpoints removes the files here of those of the
-// checkpoints ids that another node holds now and that no sandbox here is
-// a copy of (a copy reads its checkpoint's disk).
-func (mv *Moves) removeMovedCheckpoints(ctx context.Context, ids []string) int {
-	ms, ok := mv.records.(movedCheckpointStore)
-	if !ok || len(ids) == 0 || mv.snaps == nil {
-		return 0
-	}
-	away, err := ms.CheckpointsMovedAway(ctx, ids)
-	if err != nil {
-		mv.log.Warn("finding checkpoints moved to another node", "err", err)
-		return 0
-	}
-	removed := 0
-	for _, cid := range away {
-		if err := removeAll(mv.snaps.dir(cid)); err != nil {
-			mv.log.Warn("removing the files of a checkpoint moved to another node", "checkpoint_id", cid, "err", err)
-			continue
-		}
-		removed++
-	}
-	return removed
-}
-
-// removeCheckpointsMovedAway removes, at start, the files of checkpoints
-// that moved to another node while a copy of them here still needed them,
-// or before this node could remove them.
-func (mv *Moves) removeCheckpointsMovedAway(ctx context.Context) int {
-	if mv.snaps == nil {
-		return 0
-	}
-	entries, err := os.ReadDir(filepath.Join(mv.dataDir, "snapshots"))
-	if err != nil {
-		if !errors.Is(err, os.ErrNotExist) {
-			mv.log.Warn("listing checkpoint directories", "err", err)
-		}
-		return 0
-	}
-	var ids []string
-	for _, e := range entries {
-		if e.IsDir() && strings.HasPrefix(e.Name(), "ckpt_") {
-			ids = append(ids, e.Name())
-		}
-	}
-	return mv.removeMovedCheckpoints(ctx, ids)
 }
 
 // validCheckpointID reports whether id is one a checkpoint gets ("ckpt_"

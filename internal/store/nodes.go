@@ -408,11 +408,12 @@ func (s *nodeRows) OwnerNode(ctx context.Context, table, id string) (string, err
 	return node, nil
 }
 
-// CheckpointsMovedAway returns those of the checkpoints ids that another
-// node holds now and that no sandbox of this node, not deleted and with
-// its disk, is a copy of: a node removes its files of those. Off a
-// cluster it returns none.
-func (s *nodeRows) CheckpointsMovedAway(ctx context.Context, ids []string) ([]string, error) {
+// SnapshotsElsewhere returns those of the snapshots and checkpoints ids
+// that another node holds and that no sandbox of this node, not deleted
+// and with its disk, is a copy of: this node removes its files of those
+// (a checkpoint moved with its sandbox, a snapshot fetched for a copy).
+// Off a cluster it returns none.
+func (s *nodeRows) SnapshotsElsewhere(ctx context.Context, ids []string) ([]string, error) {
 	n := s.node.Load()
 	if n == nil {
 		return nil, nil
@@ -424,12 +425,12 @@ func (s *nodeRows) CheckpointsMovedAway(ctx context.Context, ids []string) ([]st
 			args = append(args, id)
 		}
 		got, err := queryRows(ctx, s.db, scanString, `SELECT id FROM snapshots AS sn
-			WHERE node_id <> ? AND node_id <> '' AND checkpoint_of <> ''
+			WHERE node_id <> ? AND node_id <> ''
 			AND NOT EXISTS (SELECT 1 FROM sandboxes
 				WHERE snapshot_id = sn.id AND node_id = ? AND state <> 'deleted' AND disk_removed_at IS NULL)
 			AND id IN (?`+strings.Repeat(", ?", len(chunk)-1)+`) ORDER BY id`, args...)
 		if err != nil {
-			return nil, fmt.Errorf("finding checkpoints moved away: %w", err)
+			return nil, fmt.Errorf("finding snapshots another node holds: %w", err)
 		}
 		away = append(away, got...)
 	}

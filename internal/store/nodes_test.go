@@ -137,8 +137,8 @@ func TestNodesShareOneStore(t *testing.T) {
 	// node-a keeps ckpt_1's files while its copy there has a disk, then
 	// removes them; node-b's are its own.
 	cps := []string{"ckpt_1", "ckpt_2", "ckpt_unknown"}
-	if away, err := a.CheckpointsMovedAway(ctx, cps); err != nil || len(away) != 0 {
-		t.Errorf("node-a's CheckpointsMovedAway with a copy there = %v, %v; want none", away, err)
+	if away, err := a.SnapshotsElsewhere(ctx, cps); err != nil || len(away) != 0 {
+		t.Errorf("node-a's SnapshotsElsewhere with a copy there = %v, %v; want none", away, err)
 	}
 	if _, err := a.UpdateSandbox(ctx, "sbx_c", func(sb *sandbox.Sandbox) bool {
 		sb.State = sandbox.StateDeleted
@@ -146,11 +146,11 @@ func TestNodesShareOneStore(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if away, err := a.CheckpointsMovedAway(ctx, cps); err != nil || !slices.Equal(away, []string{"ckpt_1"}) {
-		t.Errorf("node-a's CheckpointsMovedAway = %v, %v; want ckpt_1", away, err)
+	if away, err := a.SnapshotsElsewhere(ctx, cps); err != nil || !slices.Equal(away, []string{"ckpt_1"}) {
+		t.Errorf("node-a's SnapshotsElsewhere = %v, %v; want ckpt_1", away, err)
 	}
-	if away, err := b.CheckpointsMovedAway(ctx, []string{"ckpt_1"}); err != nil || len(away) != 0 {
-		t.Errorf("node-b's CheckpointsMovedAway = %v, %v; want none", away, err)
+	if away, err := b.SnapshotsElsewhere(ctx, []string{"ckpt_1"}); err != nil || len(away) != 0 {
+		t.Errorf("node-b's SnapshotsElsewhere = %v, %v; want none", away, err)
 	}
 	// node-a, started again with sbx_a's files still there, finds it moved
 	// away; node-b's own sandboxes and unknown ids are not.

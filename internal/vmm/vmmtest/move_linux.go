@@ -80,8 +80,13 @@ func (d *Driver) SnapshotFiles(dir string) (map[string]string, error) {
 }
 
 // SnapshotMoved implements vmm.SnapshotMover.SnapshotMoved: the marker
-// must be a memory snapshot's, and a base named must hold one.
+// must be of the kind the spec says (memory, or a disk snapshot's when
+// MemoryMiB is 0), and a base named must hold one; the spec must name
+// what the real driver needs.
 func (d *Driver) SnapshotMoved(ctx context.Context, spec vmm.Spec, baseDir string) error {
+	if spec.Rootfs == "" || spec.MemoryMiB < 0 || (spec.MemoryMiB == 0 && baseDir != "") {
+		return errors.New("fake snapshot moved: the spec names no base image, or a base for no memory")
+	}
 	for _, dir := range []string{spec.Dir, baseDir} {
 		if dir == "" {
 			continue
@@ -91,8 +96,8 @@ func (d *Driver) SnapshotMoved(ctx context.Context, spec vmm.Spec, baseDir strin
 			return fmt.Errorf("fake snapshot moved: %w", err)
 		}
 		var meta snapshotMeta
-		if err := json.Unmarshal(b, &meta); err != nil || !meta.Memory {
-			return fmt.Errorf("fake snapshot moved: %s holds no memory snapshot", dir)
+		if err := json.Unmarshal(b, &meta); err != nil || meta.Memory != (spec.MemoryMiB > 0) {
+			return fmt.Errorf("fake snapshot moved: %s holds no snapshot of the kind the spec says", dir)
 		}
 	}
 	return nil
