@@ -52,6 +52,7 @@ type Mover interface {
 	MoveOut(ctx context.Context, id string, send func(ctx context.Context, out *sandbox.Outgoing) error) error
 	MoveIn(ctx context.Context, in sandbox.Incoming) error
 	StageCheckpoint(ctx context.Context, id, cid string, receive func(ctx context.Context, dir string) error) error
+	OutgoingCheckpoints(ctx context.Context, id string) []sandbox.OutgoingCheckpoint
 	PauseForMove(ctx context.Context, id string) error
 	WakeMoved(ctx context.Context, id string) error
 	BeginMove(id string)

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -272,15 +273,28 @@ func writeRegion(f *os.File, r io.Reader, off, n int64, buf []byte) error {
 // which takes the sandbox and the checkpoints staged in one commit. Files
 // go as their data extents alone, or as a tar to a node from before
 // extents (its channel answers the extents route 404), which takes no
-// checkpoints. With wake, n wakes the sandbox once it is in place (it ran
-// here), and woken says whether it could. A nil error means the move is
-// committed; out.Taken is then the checkpoints n took.
-func (c *Cluster) sendFiles(ctx context.Context, n *Node, out *sandbox.Outgoing, wake bool) (woken bool, err error) {
+// checkpoints; those in early were staged there already (before a running
+// sandbox was paused). With wake, n wakes the sandbox once it is in place
+// (it ran here), and woken says whether it could. A nil error means the
+// move is committed; out.Taken is then the checkpoints n took.
+func (c *Cluster) sendFiles(ctx context.Context, n *Node, out *sandbox.Outgoing, wake bool, early []string) (woken bool, err error) {
 	id := out.Sandbox.ID
 	if len(out.Files) > maxMoveFiles {
 		return false, fmt.Errorf("moving %s: %d files", id, len(out.Files))
 	}
-	staged := c.stageCheckpoints(ctx, n, id, out.Checkpoints)
+	var late []sandbox.OutgoingCheckpoint
+	for _, cp := range out.Checkpoints {
+		if !slices.Contains(early, cp.ID) {
+			late = append(late, cp)
+		}
+	}
+	sent := append(slices.Clone(early), c.stageCheckpoints(ctx, n, id, late)...)
+	var staged []string // in out's order: each base before those over it
+	for _, cp := range out.Checkpoints {
+		if slices.Contains(sent, cp.ID) {
+			staged = append(staged, cp.ID)
+		}
+	}
 	query := url.Values{}
 	if wake {
 		query.Set("wake", "1")
@@ -453,7 +467,7 @@ func (c *Cluster) drainStep(ctx context.Context) {
 		to := cands[0]
 		started := time.Now()
 		err = (*c.mover.Load()).MoveOut(ctx, sb.ID, func(ctx context.Context, out *sandbox.Outgoing) error {
-			_, err := c.sendFiles(ctx, to, out, false)
+			_, err := c.sendFiles(ctx, to, out, false, nil)
 			return err
 		})
 		if err != nil {
@@ -492,6 +506,9 @@ func (c *Cluster) drainRunning(ctx context.Context) {
 			continue
 		}
 		to := cands[0]
+		// Its checkpoints first, while it runs: the pause is for its own
+		// files.
+		early := c.stageCheckpoints(ctx, to, sb.ID, mover.OutgoingCheckpoints(ctx, sb.ID))
 		started := time.Now()
 		if err := mover.PauseForMove(ctx, sb.ID); err != nil {
 			c.log.Warn("draining: pausing a running sandbox to move it", "sandbox_id", sb.ID, "err", err)
@@ -500,7 +517,7 @@ func (c *Cluster) drainRunning(ctx context.Context) {
 		paused := time.Since(started)
 		woken := false
 		err = mover.MoveOut(ctx, sb.ID, func(ctx context.Context, out *sandbox.Outgoing) (err error) {
-			woken, err = c.sendFiles(ctx, to, out, true)
+			woken, err = c.sendFiles(ctx, to, out, true, early)
 			return err
 		})
 		mover.EndMove(sb.ID)

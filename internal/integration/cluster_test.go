@@ -624,6 +624,57 @@ func TestCluster(t *testing.T) {
 			t.Fatalf("pytest: %v", err)
 		}
 	})
+
+	t.Run("SnapshotCopiedOnAnotherNode", func(t *testing.T) {
+		// A clean slate: what the subtests above left goes.
+		for _, sb := range via(a).list(t, "?limit=100") {
+			if sb.State != "deleted" {
+				via(a).delete(t, sb.ID)
+			}
+		}
+		src := via(b).createRunning(t, map[string]any{"memoryMiB": clusterMemMiB, "vcpu": 1, "timeoutSeconds": 600})
+		defer via(a).delete(t, src.ID)
+		src = via(a).get(t, src.ID)
+		via(b).sh(t, src.ID, "echo from-the-snapshot > /workspace/snap.txt")
+		r := via(b).raw(t, "POST", "/v1/sandboxes/"+src.ID+":snapshot", map[string]any{"name": "elsewhere"}, http.Header{"Prefer": {"wait=60"}}, requestTimeout)
+		var sn struct {
+			ID string `json:"id"`
+		}
+		if r.err != nil || r.Status != http.StatusOK || json.Unmarshal(r.Body, &sn) != nil || sn.ID == "" {
+			t.Fatalf("snapshot: %v", r)
+		}
+		// spreadFrom keeps the copy off the snapshot's node: the node it
+		// goes to fetches the snapshot first.
+		start := time.Now()
+		cp := via(c).createRunning(t, map[string]any{"snapshot": sn.ID, "spreadFrom": []string{src.ID}, "timeoutSeconds": 600})
+		took := time.Since(start)
+		defer via(a).delete(t, cp.ID)
+		cp = via(a).get(t, cp.ID)
+		if cp.Node == src.Node || cp.Node == "" {
+			t.Fatalf("the copy runs on %q, the snapshot's node is %q: want another", cp.Node, src.Node)
+		}
+		if got := via(b).sh(t, cp.ID, "cat /workspace/snap.txt"); got != "from-the-snapshot\n" {
+			t.Errorf("the copy on another node reads %q", got)
+		}
+		var to *clusterNode
+		for _, n := range nodes {
+			if n.id == cp.Node {
+				to = n
+			}
+		}
+		if !dirExists(filepath.Join(to.dataDir, "snapshots", sn.ID)) {
+			t.Errorf("node %s has no copy of snapshot %s", to.id, sn.ID)
+		}
+		t.Logf("a copy of a snapshot held by node %s, made on node %s (fetching the snapshot first): running %s after the create was asked",
+			src.Node, cp.Node, took.Round(time.Millisecond))
+		if logb, err := os.ReadFile(to.s.LogPath); err == nil {
+			for _, line := range strings.Split(string(logb), "\n") {
+				if strings.Contains(line, "fetched a snapshot") {
+					t.Logf("%s's account of it: %s", to.id, line)
+				}
+			}
+		}
+	})
 }
 
 type nodeRowJSON struct {

@@ -115,6 +115,18 @@ func (mv *Moves) outgoingCheckpoints(ctx context.Context, sb *Sandbox) []Outgoin
 	return out
 }
 
+// OutgoingCheckpoints lists the files of sandbox id's checkpoints as
+// MoveOut would hand them to its send: a running sandbox's drain sends
+// them before it pauses the sandbox (a checkpoint never changes), so that
+// the pause carries the sandbox's own files alone, and those taken since.
+func (mv *Moves) OutgoingCheckpoints(ctx context.Context, id string) []OutgoingCheckpoint {
+	sb, err := mv.records.GetSandbox(ctx, id)
+	if err != nil {
+		return nil
+	}
+	return mv.outgoingCheckpoints(ctx, sb)
+}
+
 // checkpointStage is where the checkpoints of sandbox id moving here wait
 // for it.
 func (mv *Moves) checkpointStage(id string) string {

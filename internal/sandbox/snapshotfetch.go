@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/vmm"
 )
@@ -201,13 +203,15 @@ func (sp *Snapshots) removeAllElsewhere(ctx context.Context) int {
 	return sp.removeElsewhere(ctx, ids)
 }
 
-// filesSize is the size of the files in dir.
+// filesSize is the disk space the files in dir take (a memory file is
+// mostly holes).
 func filesSize(dir string) int64 {
 	var n int64
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
-		if info, err := e.Info(); err == nil {
-			n += info.Size()
+		var st unix.Stat_t
+		if unix.Stat(filepath.Join(dir, e.Name()), &st) == nil {
+			n += st.Blocks * 512
 		}
 	}
 	return n

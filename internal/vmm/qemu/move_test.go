@@ -368,3 +368,42 @@ func TestMoveCheckpoint(t *testing.T) {
 		t.Error("a checkpoint's memory of the wrong size was accepted")
 	}
 }
+
+// TestMoveDiskSnapshot: a disk snapshot moves as its disk alone, and a
+// memory file sent beside it is not kept.
+func TestMoveDiskSnapshot(t *testing.T) {
+	img := qemuImg(t)
+	ctx := context.Background()
+	d := &Driver{cfg: Config{QEMUImg: img}}
+	root := t.TempDir()
+	rootfs := filepath.Join(root, "rootfs.img")
+	if err := os.WriteFile(rootfs, make([]byte, 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, "snapshots", "snap_disk")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	run(t, img, "create", "-q", "-f", "qcow2", "-F", "raw", "-b", rootfs, filepath.Join(dir, snapDiskFile), "1M")
+	files, err := d.SnapshotFiles(dir)
+	if err != nil || len(files) != 1 || files[snapDiskFile] == "" {
+		t.Fatalf("SnapshotFiles of a disk snapshot = %v, %v; want its disk alone", files, err)
+	}
+	moved := filepath.Join(t.TempDir(), "snap_disk")
+	moveTo(t, files, moved)
+	if err := os.WriteFile(filepath.Join(moved, memFile), []byte("not asked for"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SnapshotMoved(ctx, vmm.Spec{Dir: moved, Rootfs: rootfs}, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(moved, memFile)); !os.IsNotExist(err) {
+		t.Errorf("a memory file sent with a disk snapshot was kept: %v", err)
+	}
+	if got := backingOf(t, img, filepath.Join(moved, snapDiskFile)); got != "raw:"+rootfs {
+		t.Errorf("the moved disk is over %s", got)
+	}
+	if err := d.SnapshotMoved(ctx, vmm.Spec{Dir: moved, Rootfs: rootfs}, filepath.Join(root, "snapshots", "x")); err == nil {
+		t.Error("a disk snapshot moved in as a difference over a base")
+	}
+}
