@@ -252,6 +252,7 @@ func (s *server) routeCluster(context.Context) error {
 	})
 	s.bg.run(cl.Run)
 	mgr := s.mgr
+	cl.SetSnapshots(mgr.Snapshots)
 	s.bg.run(func(ctx context.Context) { cl.RunDrain(ctx, mgr.Moves) })
 	// A Runtime API call is authenticated and rate-limited here, at
 	// the node the client reached, before it is forwarded; the channel

@@ -102,6 +102,10 @@ func (s *server) startManager(context.Context) error {
 		Copied: s.interp.Adopt,
 	}
 	s.secretsOfSandboxes(&mcfg)
+	if s.cl != nil {
+		// A copy placed away from its snapshot fetches the snapshot.
+		mcfg.FetchSnapshot = s.cl.FetchSnapshot
+	}
 	if s.isNode {
 		// Built images and volumes keep their files on the node that made
 		// them, and the cluster places no sandbox by them yet: a node

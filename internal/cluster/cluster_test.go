@@ -57,6 +57,12 @@ func TestChooseBestFit(t *testing.T) {
 	if got := ids(Choose(list, Placement{MemoryMiB: 800, Alive: alive, Require: "tight"})); got != "tight" {
 		t.Errorf("require: %s", got)
 	}
+	if got := ids(Choose(list, Placement{MemoryMiB: 800, Alive: alive, Prefer: "big"})); got != "big,tie,tight" {
+		t.Errorf("prefer: %s; want big first, then best fit", got)
+	}
+	if got := ids(Choose(list, Placement{MemoryMiB: 800, Alive: alive, Prefer: "full"})); got != "tie,tight,big" {
+		t.Errorf("prefer a full node: %s; want the others by best fit", got)
+	}
 	if got := ids(Choose(list, Placement{MemoryMiB: 800, Alive: alive, Image: "img"})); got != "tight,big" {
 		t.Errorf("image: %s", got)
 	}
@@ -160,7 +166,7 @@ func (f *fakeStore) SetNodeDraining(ctx context.Context, id string, d bool) (*No
 	f.mu.Unlock()
 	return f.GetNode(ctx, id)
 }
-func (f *fakeStore) MoveSandbox(_ context.Context, id, from, to string) error {
+func (f *fakeStore) MoveSandbox(_ context.Context, id, from, to string, _ []string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	sb := f.sandboxes[id]

@@ -32,7 +32,10 @@
 //     as their data extents, `extents.go`; `move-in` takes a tar, from nodes
 //     before extents; plain names only, zero runs written as holes;
 //     `Moves.MoveIn` puts them in place and its commit is `Store.MoveSandbox`;
-//     with `?wake=1` the receiver then wakes a sandbox that ran), and the
+//     with `?wake=1` the receiver then wakes a sandbox that ran; its
+//     checkpoints come first, each to `…/checkpoints/{cid}/move-in` to be
+//     staged, and the move-in's `?checkpoints=` names those to take in the
+//     same commit, which answers them in `X-Emberbox-Checkpoints`), and the
 //     probes of liveness (`GET /cluster/v1/alive`, `/cluster/v1/probe/{id}`).
 //   - puts `Cluster.Handler` in front of everything on `--listen`: `POST
 //     /v1/sandboxes` (and E2B's `POST /sandboxes`, `/v2/sandboxes`) reads the

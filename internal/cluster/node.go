@@ -38,7 +38,7 @@ type Nodes interface {
 
 // Sandboxes is the shared record of sandboxes: where each is and what it is.
 type Sandboxes interface {
-	MoveSandbox(ctx context.Context, id, from, to string) error
+	MoveSandbox(ctx context.Context, id, from, to string, checkpoints []string) error
 	OwnerNode(ctx context.Context, table, id string) (string, error)
 	GetSandbox(ctx context.Context, id string) (*sandbox.Sandbox, error)
 	ListSandboxes(ctx context.Context, opts sandbox.ListOptions) ([]*sandbox.Sandbox, string, error)
@@ -46,10 +46,13 @@ type Sandboxes interface {
 
 // Mover is what the cluster needs of the manager to hand sandboxes
 // between nodes (sandbox.Moves): paused ones as they are, running ones
-// paused for the move and woken where they arrive.
+// paused for the move and woken where they arrive, each with its
+// checkpoints.
 type Mover interface {
-	MoveOut(ctx context.Context, id string, send func(ctx context.Context, sb *sandbox.Sandbox, files map[string]string) error) error
-	MoveIn(ctx context.Context, sb *sandbox.Sandbox, receive func(ctx context.Context, dir string) error, commit func(ctx context.Context) error) error
+	MoveOut(ctx context.Context, id string, send func(ctx context.Context, out *sandbox.Outgoing) error) error
+	MoveIn(ctx context.Context, in sandbox.Incoming) error
+	StageCheckpoint(ctx context.Context, id, cid string, receive func(ctx context.Context, dir string) error) error
+	OutgoingCheckpoints(ctx context.Context, id string) []sandbox.OutgoingCheckpoint
 	PauseForMove(ctx context.Context, id string) error
 	WakeMoved(ctx context.Context, id string) error
 	BeginMove(id string)
@@ -84,6 +87,9 @@ type Cluster struct {
 	fenced sync.Once
 	mover  atomic.Pointer[Mover] // set by RunDrain
 	admit  atomic.Pointer[Admit] // set by SetAdmit
+	// snapshots serves this node's snapshots to nodes that copy them
+	// (snapshots.go); set by SetSnapshots.
+	snapshots atomic.Pointer[SnapshotSource]
 	// lastBeat is when this node's heartbeat last reached the store
 	// (unix nanoseconds; 0: not yet).
 	lastBeat atomic.Int64

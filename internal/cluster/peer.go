@@ -11,8 +11,10 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -36,6 +38,8 @@ func (c *Cluster) Serve(ctx context.Context, ln net.Listener, local http.Handler
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /cluster/v1/sandboxes/{id}/move-in", func(w http.ResponseWriter, r *http.Request) { c.moveIn(w, r, untarFiles) })
 	mux.HandleFunc("POST /cluster/v1/sandboxes/{id}/move-in-extents", func(w http.ResponseWriter, r *http.Request) { c.moveIn(w, r, readExtents) })
+	mux.HandleFunc("POST /cluster/v1/sandboxes/{id}/checkpoints/{cid}/move-in", c.stageCheckpoint)
+	mux.HandleFunc("GET /cluster/v1/snapshots/{id}/files", c.serveSnapshotFiles)
 	mux.HandleFunc("GET /cluster/v1/alive", c.serveAlive)
 	mux.HandleFunc("GET /cluster/v1/probe/{id}", c.serveProbe)
 	mux.Handle("/", fromPeer(local))
@@ -91,50 +95,82 @@ func peerID(r *http.Request) string {
 	return r.TLS.PeerCertificates[0].Subject.CommonName
 }
 
-// moveIn takes in a paused sandbox a draining peer hands over: the body
-// holds its files, read by read (a tar, or an extents stream). The
-// store's owner switches only once every file is in place, in MoveIn's
-// commit.
-func (c *Cluster) moveIn(w http.ResponseWriter, r *http.Request, read func(io.Reader, string) error) {
-	from := peerID(r)
-	id := r.PathValue("id")
+// movingFrom loads the sandbox of r's path and checks that it is paused on
+// the peer that made r; else it answers r and returns nil.
+func (c *Cluster) movingFrom(w http.ResponseWriter, r *http.Request) (*sandbox.Sandbox, Mover) {
+	from, id := peerID(r), r.PathValue("id")
 	sb, err := c.cfg.Store.GetSandbox(r.Context(), id)
 	switch {
 	case err != nil:
 		http.Error(w, "unknown sandbox", http.StatusNotFound)
-		return
+		return nil, nil
 	case sb.NodeID != from || sb.State != sandbox.StatePaused:
 		http.Error(w, fmt.Sprintf("sandbox %s is not paused on node %s", id, from), http.StatusConflict)
-		return
+		return nil, nil
 	}
 	mover := c.mover.Load()
 	if mover == nil {
 		http.Error(w, "this node takes in no sandboxes yet", http.StatusServiceUnavailable)
+		return nil, nil
+	}
+	return sb, *mover
+}
+
+// stageCheckpoint takes in the files of a checkpoint of a paused sandbox a
+// peer is about to move here (an extents stream); they wait for the
+// sandbox's move-in, which names the checkpoints to take.
+func (c *Cluster) stageCheckpoint(w http.ResponseWriter, r *http.Request) {
+	sb, mover := c.movingFrom(w, r)
+	if sb == nil {
 		return
 	}
+	cid := r.PathValue("cid")
+	receive := func(ctx context.Context, dir string) error { return readExtents(r.Body, dir) }
+	if err := mover.StageCheckpoint(r.Context(), sb.ID, cid, receive); err != nil {
+		c.log.Warn("taking in a moving sandbox's checkpoint", "sandbox_id", sb.ID, "checkpoint_id", cid, "err", err)
+		http.Error(w, "checkpoint refused: "+err.Error(), http.StatusConflict)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// moveIn takes in a paused sandbox a draining peer hands over: the body
+// holds its files, read by read (a tar, or an extents stream), and the
+// query names its checkpoints staged here. The store's owner switches
+// only once every file is in place, in MoveIn's commit.
+func (c *Cluster) moveIn(w http.ResponseWriter, r *http.Request, read func(io.Reader, string) error) {
+	sb, mover := c.movingFrom(w, r)
+	if sb == nil {
+		return
+	}
+	from, id := peerID(r), sb.ID
 	wake := r.URL.Query().Get("wake") == "1"
-	receive := func(ctx context.Context, dir string) error { return read(r.Body, dir) }
-	commit := func(ctx context.Context) error {
+	in := sandbox.Incoming{Sandbox: sb, Checkpoints: splitIDs(r.URL.Query().Get("checkpoints"), maxMoveCheckpoints)}
+	in.Receive = func(ctx context.Context, dir string) error { return read(r.Body, dir) }
+	var taken []string
+	in.Commit = func(ctx context.Context, checkpoints []string) error {
 		if wake {
 			// Calls routed here once the owner switches wait for the wake
 			// (sandbox_moving), not find it paused.
-			(*mover).BeginMove(id)
+			mover.BeginMove(id)
 		}
-		return c.cfg.Store.MoveSandbox(ctx, id, from, c.ID())
+		taken = checkpoints
+		return c.cfg.Store.MoveSandbox(ctx, id, from, c.ID(), checkpoints)
 	}
 	if wake {
-		defer (*mover).EndMove(id)
+		defer mover.EndMove(id)
 	}
-	if err := (*mover).MoveIn(r.Context(), sb, receive, commit); err != nil {
+	if err := mover.MoveIn(r.Context(), in); err != nil {
 		c.log.Warn("taking in a moved sandbox", "sandbox_id", id, "from", from, "err", err)
 		http.Error(w, "move failed: "+err.Error(), http.StatusConflict)
 		return
 	}
-	c.log.Info("took in a paused sandbox", "sandbox_id", id, "from", from)
+	c.log.Info("took in a paused sandbox", "sandbox_id", id, "from", from, "checkpoints", len(taken))
+	w.Header().Set(headerCheckpoints, strings.Join(taken, ","))
 	if wake {
 		// It ran on the node it left: it runs here from now on. A wake
 		// that fails leaves it paused here, for a client's wake.
-		if err := (*mover).WakeMoved(r.Context(), id); err != nil {
+		if err := mover.WakeMoved(r.Context(), id); err != nil {
 			c.log.Warn("waking a sandbox moved while it ran", "sandbox_id", id, "from", from, "err", err)
 			w.Header().Set(headerWoken, "false")
 		} else {
@@ -142,6 +178,25 @@ func (c *Cluster) moveIn(w http.ResponseWriter, r *http.Request, read func(io.Re
 		}
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// maxMoveCheckpoints bounds the checkpoints one move carries: a sandbox
+// keeps at most --checkpoints-per-sandbox, plus the bases of those.
+const maxMoveCheckpoints = 256
+
+// headerCheckpoints answers a move-in: the checkpoints the new node took.
+const headerCheckpoints = "X-Emberbox-Checkpoints"
+
+// splitIDs splits a comma-separated list of at most max ids.
+func splitIDs(s string, max int) []string {
+	if s == "" {
+		return nil
+	}
+	ids := strings.Split(s, ",")
+	if len(ids) > max {
+		ids = ids[:max]
+	}
+	return ids
 }
 
 // headerWoken answers a move-in of a running sandbox: whether it runs on
@@ -213,19 +268,45 @@ func writeRegion(f *os.File, r io.Reader, off, n int64, buf []byte) error {
 	return nil
 }
 
-// sendFiles streams files (name → host path) to node n's move-in: their
-// data extents alone, or a tar to a node from before extents (its channel
-// answers the extents route 404). With wake, n wakes the sandbox once it
-// is in place (it ran here), and woken says whether it could. A nil error
-// means the move is committed.
-func (c *Cluster) sendFiles(ctx context.Context, n *Node, id string, files map[string]string, wake bool) (woken bool, err error) {
-	if len(files) > maxMoveFiles {
-		return false, fmt.Errorf("moving %s: %d files", id, len(files))
+// sendFiles moves the sandbox out describes to node n: its checkpoints'
+// files first, each staged there, then its own files to n's move-in,
+// which takes the sandbox and the checkpoints staged in one commit. Files
+// go as their data extents alone, or as a tar to a node from before
+// extents (its channel answers the extents route 404), which takes no
+// checkpoints; those in early were staged there already (before a running
+// sandbox was paused). With wake, n wakes the sandbox once it is in place
+// (it ran here), and woken says whether it could. A nil error means the
+// move is committed; out.Taken is then the checkpoints n took.
+func (c *Cluster) sendFiles(ctx context.Context, n *Node, out *sandbox.Outgoing, wake bool, early []string) (woken bool, err error) {
+	id := out.Sandbox.ID
+	if len(out.Files) > maxMoveFiles {
+		return false, fmt.Errorf("moving %s: %d files", id, len(out.Files))
 	}
-	resp, err := c.postFiles(ctx, n, id, "move-in-extents", wake, func(w io.Writer) error { return writeExtents(w, files) })
+	var late []sandbox.OutgoingCheckpoint
+	for _, cp := range out.Checkpoints {
+		if !slices.Contains(early, cp.ID) {
+			late = append(late, cp)
+		}
+	}
+	sent := append(slices.Clone(early), c.stageCheckpoints(ctx, n, id, late)...)
+	var staged []string // in out's order: each base before those over it
+	for _, cp := range out.Checkpoints {
+		if slices.Contains(sent, cp.ID) {
+			staged = append(staged, cp.ID)
+		}
+	}
+	query := url.Values{}
+	if wake {
+		query.Set("wake", "1")
+	}
+	if len(staged) > 0 {
+		query.Set("checkpoints", strings.Join(staged, ","))
+	}
+	resp, err := c.postFiles(ctx, n, "sandboxes/"+id+"/move-in-extents", query, func(w io.Writer) error { return writeExtents(w, out.Files) })
 	if err == nil && resp.StatusCode == http.StatusNotFound {
 		resp.Body.Close()
-		resp, err = c.postFiles(ctx, n, id, "move-in", wake, func(w io.Writer) error { return writeTar(w, files) })
+		query.Del("checkpoints")
+		resp, err = c.postFiles(ctx, n, "sandboxes/"+id+"/move-in", query, func(w io.Writer) error { return writeTar(w, out.Files) })
 	}
 	if err != nil {
 		return false, fmt.Errorf("moving %s to node %s: %w", id, n.ID, err)
@@ -235,16 +316,50 @@ func (c *Cluster) sendFiles(ctx context.Context, n *Node, id string, files map[s
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		return false, fmt.Errorf("moving %s to node %s: %s: %s", id, n.ID, resp.Status, strings.TrimSpace(string(msg)))
 	}
+	out.Taken = splitIDs(resp.Header.Get(headerCheckpoints), maxMoveCheckpoints)
 	return resp.Header.Get(headerWoken) == "true", nil
 }
 
-// postFiles posts what write writes to node n's route for sandbox id.
-func (c *Cluster) postFiles(ctx context.Context, n *Node, id, route string, wake bool, write func(io.Writer) error) (*http.Response, error) {
+// stageCheckpoints sends the checkpoints' files of sandbox id to node n,
+// each to be staged there, and returns those n staged. One that fails
+// stays here (logged); a node that knows no such route takes none.
+func (c *Cluster) stageCheckpoints(ctx context.Context, n *Node, id string, cps []sandbox.OutgoingCheckpoint) []string {
+	var staged []string
+	for _, cp := range cps[:min(len(cps), maxMoveCheckpoints)] {
+		if len(cp.Files) > maxMoveFiles {
+			continue
+		}
+		resp, err := c.postFiles(ctx, n, "sandboxes/"+id+"/checkpoints/"+cp.ID+"/move-in", nil,
+			func(w io.Writer) error { return writeExtents(w, cp.Files) })
+		if err != nil {
+			c.log.Warn("moving a sandbox's checkpoint; it stays here", "sandbox_id", id, "checkpoint_id", cp.ID, "to", n.ID, "err", err)
+			continue
+		}
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		resp.Body.Close()
+		switch resp.StatusCode {
+		case http.StatusNoContent:
+			staged = append(staged, cp.ID)
+		case http.StatusNotFound:
+			c.log.Warn("the node a sandbox moves to takes no checkpoints (an older version); they stay here",
+				"sandbox_id", id, "to", n.ID)
+			return nil
+		default:
+			c.log.Warn("moving a sandbox's checkpoint; it stays here", "sandbox_id", id, "checkpoint_id", cp.ID, "to", n.ID,
+				"status", resp.Status, "err", strings.TrimSpace(string(msg)))
+		}
+	}
+	return staged
+}
+
+// postFiles posts what write writes to node n's route (under
+// /cluster/v1/) with query.
+func (c *Cluster) postFiles(ctx context.Context, n *Node, route string, query url.Values, write func(io.Writer) error) (*http.Response, error) {
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(write(pw)) }()
-	u := peerURL(n) + "/cluster/v1/sandboxes/" + id + "/" + route
-	if wake {
-		u += "?wake=1"
+	u := peerURL(n) + "/cluster/v1/" + route
+	if len(query) > 0 {
+		u += "?" + query.Encode()
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, pr)
 	if err != nil {
@@ -351,8 +466,8 @@ func (c *Cluster) drainStep(ctx context.Context) {
 		}
 		to := cands[0]
 		started := time.Now()
-		err = (*c.mover.Load()).MoveOut(ctx, sb.ID, func(ctx context.Context, sb *sandbox.Sandbox, files map[string]string) error {
-			_, err := c.sendFiles(ctx, to, sb.ID, files, false)
+		err = (*c.mover.Load()).MoveOut(ctx, sb.ID, func(ctx context.Context, out *sandbox.Outgoing) error {
+			_, err := c.sendFiles(ctx, to, out, false, nil)
 			return err
 		})
 		if err != nil {
@@ -391,6 +506,9 @@ func (c *Cluster) drainRunning(ctx context.Context) {
 			continue
 		}
 		to := cands[0]
+		// Its checkpoints first, while it runs: the pause is for its own
+		// files.
+		early := c.stageCheckpoints(ctx, to, sb.ID, mover.OutgoingCheckpoints(ctx, sb.ID))
 		started := time.Now()
 		if err := mover.PauseForMove(ctx, sb.ID); err != nil {
 			c.log.Warn("draining: pausing a running sandbox to move it", "sandbox_id", sb.ID, "err", err)
@@ -398,8 +516,8 @@ func (c *Cluster) drainRunning(ctx context.Context) {
 		}
 		paused := time.Since(started)
 		woken := false
-		err = mover.MoveOut(ctx, sb.ID, func(ctx context.Context, sb *sandbox.Sandbox, files map[string]string) (err error) {
-			woken, err = c.sendFiles(ctx, to, sb.ID, files, true)
+		err = mover.MoveOut(ctx, sb.ID, func(ctx context.Context, out *sandbox.Outgoing) (err error) {
+			woken, err = c.sendFiles(ctx, to, out, true, early)
 			return err
 		})
 		mover.EndMove(sb.ID)

@@ -237,9 +237,10 @@ func (c *Cluster) placement(ctx context.Context, f createFields) (Placement, boo
 		p.VCPU = *f.VCPU
 	}
 	if f.Snapshot != "" {
-		// A copy of a snapshot runs where the snapshot's files are.
+		// A copy of a snapshot runs where the snapshot's files are if
+		// that node has room; another node fetches them first.
 		if node, err := c.cfg.Store.OwnerNode(ctx, "snapshots", f.Snapshot); err == nil && node != "" {
-			p.Require = node
+			p.Prefer = node
 		}
 	}
 	var spread []string

@@ -50,16 +50,20 @@ type Placement struct {
 	Alive time.Time
 	// Exclude: nodes it must not run on (spreadFrom).
 	Exclude []string
-	// Require: the one node it must run on ("" any), e.g. the node that
-	// holds the snapshot it is a copy of.
+	// Require: the one node it must run on ("" any).
 	Require string
+	// Prefer: the node that comes first if it can take it ("" none), e.g.
+	// the node that holds the snapshot it is a copy of (another node
+	// fetches the snapshot first).
+	Prefer string
 	// Image: a digest every candidate must boot ("" any).
 	Image string
 }
 
 // Choose returns the nodes of list that can take p, best first: up (not
-// draining or down), alive, allowed, with the memory and vCPUs free; the one left
-// with the least free memory first (best fit), then by id.
+// draining or down), alive, allowed, with the memory and vCPUs free; p.Prefer
+// first, then the one left with the least free memory (best fit), then by
+// id.
 func Choose(list []*Node, p Placement) []*Node {
 	var out []*Node
 	for _, n := range list {
@@ -74,7 +78,15 @@ func Choose(list []*Node, p Placement) []*Node {
 		out = append(out, n)
 	}
 	slices.SortFunc(out, func(a, b *Node) int {
-		return cmp.Or(cmp.Compare(a.FreeMiB()-a.OverheadMiB, b.FreeMiB()-b.OverheadMiB), cmp.Compare(a.ID, b.ID))
+		return cmp.Or(cmp.Compare(b2i(b.ID == p.Prefer), b2i(a.ID == p.Prefer)),
+			cmp.Compare(a.FreeMiB()-a.OverheadMiB, b.FreeMiB()-b.OverheadMiB), cmp.Compare(a.ID, b.ID))
 	})
 	return out
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -375,6 +375,8 @@ func TestCluster(t *testing.T) {
 			t.Fatalf("the new sandbox went to %s, want c (the only room)", sb.Node)
 		}
 		via(a).sh(t, sb.ID, "echo moved-running > /workspace/run.txt")
+		// Its checkpoint goes with it.
+		cp, _ := via(a).checkpoint(t, sb.ID, "before-drain")
 		proc := via(a).spawn(t, sb.ID, "sleep 3600")
 		serveHTTP(t, via(a), sb.ID)
 		// Room on a for it to run: one of a's sandboxes goes.
@@ -458,6 +460,17 @@ func TestCluster(t *testing.T) {
 		}) {
 			t.Errorf("c kept files or a VM of the moved sandbox")
 		}
+		// The checkpoint moved with it: restored on a, the sandbox is back
+		// to the moment before the drain.
+		if !dirExists(filepath.Join(a.dataDir, "snapshots", cp.ID)) || dirExists(filepath.Join(c.dataDir, "snapshots", cp.ID)) {
+			t.Errorf("checkpoint %s's files did not move from c to a", cp.ID)
+		}
+		via(b).sh(t, sb.ID, "echo after-drain > /workspace/run.txt")
+		took := via(b).restore(t, sb.ID, cp.ID, false)
+		if got := via(b).sh(t, sb.ID, "cat /workspace/run.txt"); got != "moved-running\n" {
+			t.Errorf("after restoring the moved checkpoint: %q, want the file as it was at the checkpoint", got)
+		}
+		t.Logf("restore of a checkpoint that moved with its sandbox: %s", took.Round(time.Millisecond))
 		if r := via(a).raw(t, "POST", "/v1/nodes/c:undrain", map[string]any{}, nil, requestTimeout); r.Status != http.StatusOK {
 			t.Fatalf("undrain: %v", r)
 		}
@@ -609,6 +622,57 @@ func TestCluster(t *testing.T) {
 			front.conns.Load(), lastLines(string(out), 15))
 		if err != nil {
 			t.Fatalf("pytest: %v", err)
+		}
+	})
+
+	t.Run("SnapshotCopiedOnAnotherNode", func(t *testing.T) {
+		// A clean slate: what the subtests above left goes.
+		for _, sb := range via(a).list(t, "?limit=100") {
+			if sb.State != "deleted" {
+				via(a).delete(t, sb.ID)
+			}
+		}
+		src := via(b).createRunning(t, map[string]any{"memoryMiB": clusterMemMiB, "vcpu": 1, "timeoutSeconds": 600})
+		defer via(a).delete(t, src.ID)
+		src = via(a).get(t, src.ID)
+		via(b).sh(t, src.ID, "echo from-the-snapshot > /workspace/snap.txt")
+		r := via(b).raw(t, "POST", "/v1/sandboxes/"+src.ID+":snapshot", map[string]any{"name": "elsewhere"}, http.Header{"Prefer": {"wait=60"}}, requestTimeout)
+		var sn struct {
+			ID string `json:"id"`
+		}
+		if r.err != nil || r.Status != http.StatusOK || json.Unmarshal(r.Body, &sn) != nil || sn.ID == "" {
+			t.Fatalf("snapshot: %v", r)
+		}
+		// spreadFrom keeps the copy off the snapshot's node: the node it
+		// goes to fetches the snapshot first.
+		start := time.Now()
+		cp := via(c).createRunning(t, map[string]any{"snapshot": sn.ID, "spreadFrom": []string{src.ID}, "timeoutSeconds": 600})
+		took := time.Since(start)
+		defer via(a).delete(t, cp.ID)
+		cp = via(a).get(t, cp.ID)
+		if cp.Node == src.Node || cp.Node == "" {
+			t.Fatalf("the copy runs on %q, the snapshot's node is %q: want another", cp.Node, src.Node)
+		}
+		if got := via(b).sh(t, cp.ID, "cat /workspace/snap.txt"); got != "from-the-snapshot\n" {
+			t.Errorf("the copy on another node reads %q", got)
+		}
+		var to *clusterNode
+		for _, n := range nodes {
+			if n.id == cp.Node {
+				to = n
+			}
+		}
+		if !dirExists(filepath.Join(to.dataDir, "snapshots", sn.ID)) {
+			t.Errorf("node %s has no copy of snapshot %s", to.id, sn.ID)
+		}
+		t.Logf("a copy of a snapshot held by node %s, made on node %s (fetching the snapshot first): running %s after the create was asked",
+			src.Node, cp.Node, took.Round(time.Millisecond))
+		if logb, err := os.ReadFile(to.s.LogPath); err == nil {
+			for _, line := range strings.Split(string(logb), "\n") {
+				if strings.Contains(line, "fetched a snapshot") {
+					t.Logf("%s's account of it: %s", to.id, line)
+				}
+			}
 		}
 	})
 }

@@ -322,11 +322,12 @@ func (cp *Checkpoints) ready(ctx context.Context, owner, id, cid string) (*Snaps
 			WithHint("only a ready checkpoint can be restored or branched from")
 	}
 	if _, err := os.Stat(cp.snaps.dir(sn.ID)); err != nil {
-		// A sandbox moved to another node of a cluster leaves its
-		// checkpoints' files behind (they do not move yet).
+		// A sandbox moved to another node of a cluster takes its
+		// checkpoints along, but one whose files did not arrive whole,
+		// or any moved to a node of an older version, stays behind.
 		return nil, errdefs.New(errdefs.ErrConflict, "checkpoint_elsewhere",
 			"checkpoint %s is not on the node the sandbox is on now", cid).
-			WithHint("a sandbox moved by a drain keeps its checkpoints' records but not their files; take a new checkpoint")
+			WithHint("its files stayed on the node the sandbox moved from (see that node's log); take a new checkpoint")
 	}
 	return sn, nil
 }

@@ -54,9 +54,13 @@ func (mv *Moves) StandDown(ctx context.Context) {
 // now holds, asking movedAway which of the sandbox directories here those
 // are. A drain's sender removes a sandbox's files once the receiver has
 // committed the move; a sender that died between the two keeps them, and
-// removes them at its next start with this, before Recover. It returns
-// how many it removed.
+// removes them at its next start with this, before Recover; and so for
+// checkpoints that moved and snapshots fetched (Snapshots.removeElsewhere). It returns how many
+// sandboxes' directories it removed.
 func (mv *Moves) RemoveMovedAway(ctx context.Context, movedAway func(ctx context.Context, ids []string) ([]string, error)) (int, error) {
+	if n := mv.snaps.removeAllElsewhere(ctx); n > 0 {
+		mv.log.Info("removed the files of snapshots and checkpoints another node holds", "snapshots", n)
+	}
 	entries, err := os.ReadDir(mv.files.root())
 	if os.IsNotExist(err) {
 		return 0, nil

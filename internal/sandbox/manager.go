@@ -124,6 +124,11 @@ type Config struct {
 	// created: what keeps state about a sandbox's processes beside the
 	// manager (the interpreter's contexts) carries it over.
 	Copied func(src, dst string)
+	// FetchSnapshot, in a cluster, writes the files of a snapshot another
+	// node holds into an empty directory here, so that a sandbox placed
+	// here can be a copy of it (snapshotfetch.go). Nil: copies are made
+	// only where their snapshot is.
+	FetchSnapshot SnapshotFetcher
 }
 
 // reconnectWait is how long a call waits for a running sandbox's guest
@@ -306,9 +311,9 @@ func New(cfg Config) *Manager {
 	m.calls = guestCalls{host: m, records: cfg.Store, bootTimeout: cfg.BootTimeout}
 	m.Meter = newMeter(m)
 	m.Previews = &Previews{host: m, records: cfg.Store}
+	m.Snapshots = newSnapshots(m)
 	m.Moves = newMoves(m)
 	m.calls.moving = m.Moves.moving
-	m.Snapshots = newSnapshots(m)
 	m.Checkpoints = newCheckpoints(m)
 	m.Reaper = newReaper(m)
 	m.Secrets = newGuestSecrets(m)
@@ -753,7 +758,8 @@ func (m *Manager) finishDelete(ctx context.Context, id string) (*Sandbox, error)
 	if changed {
 		m.event(id, "deleted", "sandbox deleted", map[string]any{"reason": sb.StopReason})
 		if sb.SnapshotID != "" {
-			m.Snapshots.RemoveUnusedSnapshots(ctx) // it may have been the last user of a deleted snapshot
+			m.Snapshots.RemoveUnusedSnapshots(ctx)                    // it may have been the last user of a deleted snapshot
+			m.Snapshots.removeElsewhere(ctx, []string{sb.SnapshotID}) // or of one fetched from another node
 		}
 	}
 	return sb, err

@@ -29,6 +29,7 @@ import (
 type Moves struct {
 	host    moveHost
 	files   sandboxFiles
+	snaps   *Snapshots // a moving sandbox's checkpoints go with it
 	envs    *envMemory // a moved sandbox's env is forgotten here
 	waiters *waiters
 	meter   *Meter
@@ -62,7 +63,7 @@ type moveHost interface {
 
 func newMoves(m *Manager) *Moves {
 	return &Moves{host: m, meter: m.Meter, records: m.cfg.Store, driver: m.cfg.Driver, ledger: m.cfg.Admission,
-		volumes: m.cfg.Volumes, dataDir: m.cfg.DataDir, log: m.log, files: m.files,
+		volumes: m.cfg.Volumes, dataDir: m.cfg.DataDir, log: m.log, files: m.files, snaps: m.Snapshots,
 		envs: m.envs, waiters: m.waiters, movingIDs: map[string]bool{},
 		pause:       func(ctx context.Context, id string) (*Sandbox, error) { return m.pause(ctx, id, PauseMove) },
 		wake:        func(ctx context.Context, id string) (*Sandbox, error) { return m.wake(ctx, id, nil) },
@@ -83,13 +84,15 @@ func (mv *Moves) incomingDir() string { return filepath.Join(mv.dataDir, "incomi
 
 // MoveOut hands the paused sandbox id to another node: under the
 // sandbox's VM lock it checks that the sandbox is paused, here, and holds
-// no volumes, then calls send with the record and the files that hold it
+// no volumes, then calls send with the record, the files that hold it
 // (vmm.Mover.MoveFiles: the name each takes in its new directory, mapped
-// to its path here). If send returns nil the sandbox is no longer this
-// manager's: its admission claim is released, what is kept of it in memory
-// forgotten and its directory removed. An error from send leaves it as it
-// was, paused here.
-func (mv *Moves) MoveOut(ctx context.Context, id string, send func(ctx context.Context, sb *Sandbox, files map[string]string) error) error {
+// to its path here) and its checkpoints' files. If send returns nil the
+// sandbox is no longer this manager's: its admission claim is released,
+// what is kept of it in memory forgotten and its directory removed, with
+// those of the checkpoints the new node took (Outgoing.Taken) that no
+// sandbox here is a copy of. An error from send leaves it as it was,
+// paused here.
+func (mv *Moves) MoveOut(ctx context.Context, id string, send func(ctx context.Context, out *Outgoing) error) error {
 	mover, err := mv.mover()
 	if err != nil {
 		return err
@@ -119,7 +122,8 @@ func (mv *Moves) MoveOut(ctx context.Context, id string, send func(ctx context.C
 	}
 	// Its disk is charged here up to the move, and by the new node after.
 	mv.meter.accrueKept(ctx, sb, mv.host.now())
-	if err := send(ctx, sb, files); err != nil {
+	out := &Outgoing{Sandbox: sb, Files: files, Checkpoints: mv.outgoingCheckpoints(ctx, sb)}
+	if err := send(ctx, out); err != nil {
 		return fmt.Errorf("moving sandbox %s: %w", id, err)
 	}
 	// The sandbox is the other node's now: nothing of it stays here.
@@ -128,21 +132,25 @@ func (mv *Moves) MoveOut(ctx context.Context, id string, send func(ctx context.C
 	if err := removeAll(mv.files.dir(id)); err != nil {
 		mv.log.Warn("removing the files of a sandbox moved to another node", "sandbox_id", id, "err", err)
 	}
-	mv.log.Info("paused sandbox moved to another node", "sandbox_id", id)
+	mv.snaps.removeElsewhere(ctx, out.Taken)
+	mv.log.Info("paused sandbox moved to another node", "sandbox_id", id, "checkpoints", len(out.Taken))
 	mv.waiters.notify(id)
 	return nil
 }
 
-// MoveIn takes in the paused sandbox sb (its record as the old node has
-// it) moving here: receive writes its files, named as MoveFiles named
-// them, into the empty staging directory it is given; MoveIn then moves
-// that directory into place, has the driver make the files resumable there
-// (vmm.Mover.Moved) and holds the sandbox's admission claim (paused: its
-// disk). commit runs last, with everything in place: the cluster switches
-// the record's owner to this node there. If receive, Moved or commit fails,
-// nothing of the sandbox is left here. Afterwards a Wake here resumes it
-// as one paused here.
-func (mv *Moves) MoveIn(ctx context.Context, sb *Sandbox, receive func(ctx context.Context, dir string) error, commit func(ctx context.Context) error) (err error) {
+// MoveIn takes in the paused sandbox in.Sandbox (its record as the old
+// node has it) moving here: in.Receive writes its files, named as
+// MoveFiles named them, into the empty staging directory it is given;
+// MoveIn then moves that directory into place, has the driver make the
+// files resumable there (vmm.Mover.Moved), puts in place those of
+// in.Checkpoints that StageCheckpoint staged and that check out, and
+// holds the sandbox's admission claim (paused: its disk). in.Commit runs
+// last, with everything in place and the checkpoints taken: the cluster
+// switches the records' owner to this node there. If receive, Moved or
+// commit fails, nothing of the sandbox or its checkpoints is left here.
+// Afterwards a Wake here resumes it as one paused here.
+func (mv *Moves) MoveIn(ctx context.Context, in Incoming) (err error) {
+	sb := in.Sandbox
 	mover, err := mv.mover()
 	if err != nil {
 		return err
@@ -181,12 +189,13 @@ func (mv *Moves) MoveIn(ctx context.Context, sb *Sandbox, receive func(ctx conte
 	left := staging // what a failure removes
 	defer func() {
 		if err != nil {
+			_ = os.RemoveAll(mv.checkpointStage(sb.ID))
 			if rerr := removeAll(left); rerr != nil {
 				mv.log.Warn("removing the files of a failed move", "sandbox_id", sb.ID, "err", rerr)
 			}
 		}
 	}()
-	if err := receive(ctx, staging); err != nil {
+	if err := in.Receive(ctx, staging); err != nil {
 		return fmt.Errorf("moving in sandbox %s: receiving its files: %w", sb.ID, err)
 	}
 	// In place before Moved: the disk chain names the files where they
@@ -202,12 +211,14 @@ func (mv *Moves) MoveIn(ctx context.Context, sb *Sandbox, receive func(ctx conte
 	if !mv.driver.Saved(spec) {
 		return fmt.Errorf("moving in sandbox %s: its saved state did not arrive", sb.ID)
 	}
-	if err := commit(ctx); err != nil {
+	taken, undo := mv.takeCheckpoints(ctx, sb, in.Checkpoints)
+	if err := in.Commit(ctx, taken); err != nil {
+		undo()
 		return fmt.Errorf("moving in sandbox %s: %w", sb.ID, err)
 	}
 	// The commit records the move's event, with both nodes, in its
 	// transaction.
-	mv.log.Info("paused sandbox moved to this node", "sandbox_id", sb.ID)
+	mv.log.Info("paused sandbox moved to this node", "sandbox_id", sb.ID, "checkpoints", len(taken))
 	mv.waiters.notify(sb.ID)
 	return nil
 }

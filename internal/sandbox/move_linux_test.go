@@ -7,7 +7,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -58,14 +60,30 @@ func copyFiles(files map[string]string) func(ctx context.Context, dir string) er
 	}
 }
 
-// moveTo is a send that moves the sandbox into dst; commit, if not nil,
-// is MoveIn's commit.
-func moveTo(dst node, commit func(ctx context.Context) error) func(ctx context.Context, sb *sandbox.Sandbox, files map[string]string) error {
-	return func(ctx context.Context, sb *sandbox.Sandbox, files map[string]string) error {
+// moveTo is a send that moves the sandbox into dst, its checkpoints
+// staged first as the cluster's transfer does; commit, if not nil, is
+// MoveIn's commit.
+func moveTo(dst node, commit func(ctx context.Context) error) func(ctx context.Context, out *sandbox.Outgoing) error {
+	return func(ctx context.Context, out *sandbox.Outgoing) error {
 		if commit == nil {
 			commit = func(context.Context) error { return nil }
 		}
-		return dst.m.Moves.MoveIn(ctx, sb, copyFiles(files), commit)
+		var staged []string
+		for _, cp := range out.Checkpoints {
+			if err := dst.m.Moves.StageCheckpoint(ctx, out.Sandbox.ID, cp.ID, copyFiles(cp.Files)); err != nil {
+				return err
+			}
+			staged = append(staged, cp.ID)
+		}
+		return dst.m.Moves.MoveIn(ctx, sandbox.Incoming{Sandbox: out.Sandbox, Checkpoints: staged,
+			Receive: copyFiles(out.Files),
+			Commit: func(ctx context.Context, cps []string) error {
+				if err := commit(ctx); err != nil {
+					return err
+				}
+				out.Taken = cps
+				return nil
+			}})
 	}
 }
 
@@ -162,19 +180,19 @@ func TestMoveFailureKeepsSandbox(t *testing.T) {
 
 	refused := errors.New("the other node is gone")
 	commitFails := func(context.Context) error { return refused }
-	for name, send := range map[string]func(ctx context.Context, sb *sandbox.Sandbox, files map[string]string) error{
-		"send fails": func(context.Context, *sandbox.Sandbox, map[string]string) error { return refused },
-		"receive fails": func(ctx context.Context, sb *sandbox.Sandbox, files map[string]string) error {
-			return b.m.Moves.MoveIn(ctx, sb, func(ctx context.Context, dir string) error {
-				if err := copyFiles(files)(ctx, dir); err != nil {
+	for name, send := range map[string]func(ctx context.Context, out *sandbox.Outgoing) error{
+		"send fails": func(context.Context, *sandbox.Outgoing) error { return refused },
+		"receive fails": func(ctx context.Context, out *sandbox.Outgoing) error {
+			return b.m.Moves.MoveIn(ctx, sandbox.Incoming{Sandbox: out.Sandbox, Receive: func(ctx context.Context, dir string) error {
+				if err := copyFiles(out.Files)(ctx, dir); err != nil {
 					return err
 				}
 				return refused // part-way
-			}, func(context.Context) error { return nil })
+			}, Commit: func(context.Context, []string) error { return nil }})
 		},
-		"moved fails": func(ctx context.Context, sb *sandbox.Sandbox, files map[string]string) error {
+		"moved fails": func(ctx context.Context, out *sandbox.Outgoing) error {
 			e.drv.FailMoved(1)
-			return moveTo(b, nil)(ctx, sb, files)
+			return moveTo(b, nil)(ctx, out)
 		},
 		"commit fails": moveTo(b, commitFails),
 	} {
@@ -215,7 +233,7 @@ func TestMoveRefusals(t *testing.T) {
 	a, b := e.node(func(cfg *sandbox.Config) { cfg.Volumes = vols }), e.node(nil)
 	sb := running(t, a.m, spec())
 	pause(t, a.m, sb.ID)
-	noSend := func(context.Context, *sandbox.Sandbox, map[string]string) error {
+	noSend := func(context.Context, *sandbox.Outgoing) error {
 		t.Error("send called for a move that is refused")
 		return nil
 	}
@@ -236,24 +254,27 @@ func TestMoveRefusals(t *testing.T) {
 		t.Error("receive called for a move that is refused")
 		return nil
 	}
-	commit := func(context.Context) error { return nil }
-	if err := a.m.Moves.MoveIn(ctx, rec, receive, commit); errdefs.Code(err) != "already_on_node" {
+	commit := func(context.Context, []string) error { return nil }
+	incoming := func(sb *sandbox.Sandbox) sandbox.Incoming {
+		return sandbox.Incoming{Sandbox: sb, Receive: receive, Commit: commit}
+	}
+	if err := a.m.Moves.MoveIn(ctx, incoming(rec)); errdefs.Code(err) != "already_on_node" {
 		t.Errorf("moving in a sandbox already here: %v, want already_on_node", err)
 	}
 	bad := *rec
 	bad.ID = "../" + rec.ID
-	if err := b.m.Moves.MoveIn(ctx, &bad, receive, commit); !errdefs.IsInvalidArgument(err) {
+	if err := b.m.Moves.MoveIn(ctx, incoming(&bad)); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("moving in a sandbox named %q: %v, want invalid", bad.ID, err)
 	}
 	live := *rec
 	live.State = sandbox.StateRunning
-	if err := b.m.Moves.MoveIn(ctx, &live, receive, commit); errdefs.Code(err) != "not_paused" {
+	if err := b.m.Moves.MoveIn(ctx, incoming(&live)); errdefs.Code(err) != "not_paused" {
 		t.Errorf("moving in a running sandbox: %v, want not_paused", err)
 	}
 	full := e.node(func(cfg *sandbox.Config) {
 		cfg.Admission = admission.New(admission.Config{DiskFreeMiB: func() (int64, error) { return 1024, nil }})
 	})
-	if err := full.m.Moves.MoveIn(ctx, rec, receive, commit); errdefs.Code(err) != admission.CodeNoCapacity {
+	if err := full.m.Moves.MoveIn(ctx, incoming(rec)); errdefs.Code(err) != admission.CodeNoCapacity {
 		t.Errorf("moving into a node without room: %v, want no_capacity", err)
 	}
 
@@ -261,7 +282,7 @@ func TestMoveRefusals(t *testing.T) {
 	if err := plain.m.Moves.MoveOut(ctx, sb.ID, noSend); errdefs.Code(err) != "move_unsupported" {
 		t.Errorf("MoveOut with a driver that cannot move: %v, want move_unsupported", err)
 	}
-	if err := plain.m.Moves.MoveIn(ctx, rec, receive, commit); errdefs.Code(err) != "move_unsupported" {
+	if err := plain.m.Moves.MoveIn(ctx, incoming(rec)); errdefs.Code(err) != "move_unsupported" {
 		t.Errorf("MoveIn with a driver that cannot move: %v, want move_unsupported", err)
 	}
 	wake(t, a.m, sb.ID) // still a's, and whole
@@ -357,7 +378,7 @@ func TestMoveRunningSandbox(t *testing.T) {
 	}
 
 	// The move fails: it runs here again, its lease as it was.
-	if err := a.m.Moves.MoveOut(ctx, sb.ID, func(context.Context, *sandbox.Sandbox, map[string]string) error {
+	if err := a.m.Moves.MoveOut(ctx, sb.ID, func(context.Context, *sandbox.Outgoing) error {
 		return errors.New("the other node is gone")
 	}); err == nil {
 		t.Fatal("MoveOut succeeded")
@@ -392,5 +413,176 @@ func TestMoveRunningSandbox(t *testing.T) {
 	// A sandbox not running is not paused for a move.
 	if err := b.m.Moves.PauseForMove(ctx, "sbx_00000000000000000000"); err == nil {
 		t.Error("PauseForMove of an unknown sandbox succeeded")
+	}
+}
+
+// TestMoveTakesCheckpoints: a sandbox's checkpoints go with it, with the
+// base the later ones are differences over even once it is pruned, and
+// restore on the new node; a checkpoint whose files do not check out
+// stays behind, and its restore says where it is.
+func TestMoveTakesCheckpoints(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	cap2 := func(cfg *sandbox.Config) {
+		cfg.Checkpoints.PerSandbox, cfg.Boot.Rootfs = 2, "/images/default.img"
+	}
+	a, b, c := e.node(cap2), e.node(cap2), e.node(cap2)
+	sb := running(t, a.m, spec())
+	var ids []string
+	for range 3 {
+		e.clock.Advance(time.Second)
+		cp, err := a.m.Checkpoints.Checkpoint(ctx, "k", sb.ID, "", true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, cp.ID)
+	}
+	// ids[0] is pruned by the cap but stays the base of the other two.
+	pause(t, a.m, sb.ID)
+	var sent, taken []string
+	send := func(dst node, spoil string) func(ctx context.Context, out *sandbox.Outgoing) error {
+		return func(ctx context.Context, out *sandbox.Outgoing) error {
+			sent = sent[:0]
+			for i, cp := range out.Checkpoints {
+				sent = append(sent, cp.ID)
+				if cp.ID == spoil {
+					bad := filepath.Join(t.TempDir(), "spoilt")
+					if err := os.WriteFile(bad, []byte(`{"memory":false}`), 0o600); err != nil {
+						t.Fatal(err)
+					}
+					files := map[string]string{}
+					for name := range cp.Files {
+						files[name] = bad
+					}
+					out.Checkpoints[i].Files = files
+				}
+			}
+			err := moveTo(dst, nil)(ctx, out)
+			taken = out.Taken
+			return err
+		}
+	}
+	if err := a.m.Moves.MoveOut(ctx, sb.ID, send(b, "")); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(sent, ids) || !slices.Equal(taken, ids) {
+		t.Fatalf("sent %v, taken %v; want %v, the pruned base first", sent, taken, ids)
+	}
+	for _, id := range ids {
+		if !exists(filepath.Join(b.dir, "snapshots", id)) {
+			t.Errorf("checkpoint %s's files did not arrive", id)
+		}
+	}
+	if left, _ := os.ReadDir(filepath.Join(b.dir, "incoming")); len(left) != 0 {
+		t.Errorf("staging left behind: %v", left)
+	}
+	if got, err := b.m.Checkpoints.RestoreCheckpoint(ctx, "k", sb.ID, ids[2], false); err != nil || got.State != sandbox.StateRunning {
+		t.Fatalf("restore on the new node: %+v, %v", got, err)
+	}
+
+	// On to c, ids[2]'s files spoilt on the way: the sandbox and ids[1]
+	// move, ids[2] stays on b.
+	pause(t, b.m, sb.ID)
+	if err := b.m.Moves.MoveOut(ctx, sb.ID, send(c, ids[2])); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(taken, ids[:2]) {
+		t.Fatalf("taken %v, want %v", taken, ids[:2])
+	}
+	if _, err := c.m.Checkpoints.RestoreCheckpoint(ctx, "k", sb.ID, ids[2], false); errdefs.Code(err) != "checkpoint_elsewhere" {
+		t.Errorf("restoring the checkpoint that stayed behind: %v, want checkpoint_elsewhere", err)
+	}
+	if got, err := c.m.Checkpoints.RestoreCheckpoint(ctx, "k", sb.ID, ids[1], false); err != nil || got.State != sandbox.StateRunning {
+		t.Fatalf("restore on the third node: %+v, %v", got, err)
+	}
+	if left, _ := os.ReadDir(filepath.Join(c.dir, "incoming")); len(left) != 0 {
+		t.Errorf("staging left behind: %v", left)
+	}
+
+	// Only a checkpoint of the moving sandbox is staged.
+	noop := func(context.Context, string) error { return nil }
+	other := running(t, a.m, spec())
+	for _, bad := range []struct{ sandbox, checkpoint string }{{other.ID, ids[1]}, {sb.ID, "../" + ids[1]}, {sb.ID, "snap_0123456789abcdef0123"}} {
+		if err := a.m.Moves.StageCheckpoint(ctx, bad.sandbox, bad.checkpoint, noop); err == nil {
+			t.Errorf("StageCheckpoint(%s, %s) succeeded", bad.sandbox, bad.checkpoint)
+		}
+	}
+}
+
+// TestCopyFetchesSnapshot: a node asked for a copy of a snapshot it does
+// not hold fetches the snapshot's files first (memory and disk
+// snapshots), once for creates at once; a fetch that fails is a
+// retryable snapshot_unavailable, and leaves nothing behind.
+func TestCopyFetchesSnapshot(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	rootfs := func(cfg *sandbox.Config) { cfg.Boot.Rootfs = "/images/default.img" }
+	a := e.node(rootfs)
+	var fetches atomic.Int32
+	failing := atomic.Bool{}
+	b := e.node(func(cfg *sandbox.Config) {
+		rootfs(cfg)
+		cfg.FetchSnapshot = func(ctx context.Context, sn *sandbox.Snapshot, dir string) error {
+			fetches.Add(1)
+			if failing.Load() {
+				return errors.New("the node that holds it is gone")
+			}
+			files, err := a.m.Snapshots.SnapshotFiles(ctx, sn.ID)
+			if err != nil {
+				return err
+			}
+			return copyFiles(files)(ctx, dir)
+		}
+	})
+	src := running(t, a.m, spec())
+	mem, err := a.m.Snapshots.Snapshot(ctx, "k", src.ID, sandbox.SnapshotSpec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	disk, err := a.m.Snapshots.Snapshot(ctx, "k", src.ID, sandbox.SnapshotSpec{Mode: sandbox.SnapshotModeDisk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() {
+			cp, err := b.m.Create(ctx, "k", sandbox.CreateSpec{SnapshotID: mem.ID, OnLeaseEnd: "stop", TimeoutSeconds: 60})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			waitState(t, b.m, "k", cp.ID, sandbox.StateRunning)
+		})
+	}
+	wg.Wait()
+	if n := fetches.Load(); n != 1 {
+		t.Errorf("three copies at once fetched %d times, want once", n)
+	}
+	dc, err := b.m.Create(ctx, "k", sandbox.CreateSpec{SnapshotID: disk.ID, OnLeaseEnd: "stop", TimeoutSeconds: 60})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, b.m, "k", dc.ID, sandbox.StateRunning)
+	for _, id := range []string{mem.ID, disk.ID} {
+		if !exists(filepath.Join(b.dir, "snapshots", id)) {
+			t.Errorf("snapshot %s was not fetched", id)
+		}
+	}
+
+	failing.Store(true)
+	other, err := a.m.Snapshots.Snapshot(ctx, "k", src.ID, sandbox.SnapshotSpec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.m.Create(ctx, "k", sandbox.CreateSpec{SnapshotID: other.ID, OnLeaseEnd: "stop"})
+	var ce *errdefs.CodedError
+	if errdefs.Code(err) != "snapshot_unavailable" || !errors.As(err, &ce) || ce.RetryAfter <= 0 {
+		t.Errorf("a copy whose snapshot cannot be fetched: %v, want the retryable snapshot_unavailable", err)
+	}
+	if exists(filepath.Join(b.dir, "snapshots", other.ID)) {
+		t.Error("a failed fetch left the snapshot's directory")
+	}
+	if left, _ := os.ReadDir(filepath.Join(b.dir, "incoming")); len(left) != 0 {
+		t.Errorf("a failed fetch left staging behind: %v", left)
 	}
 }

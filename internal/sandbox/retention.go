@@ -36,14 +36,17 @@ func (rp *Reaper) retention() time.Duration {
 }
 
 // RunDiskRetention removes the files of stopped sandboxes once they have
-// been stopped for the retention (never, if it is negative), and deletes
-// snapshots whose retention has ended, every minute until ctx ends.
+// been stopped for the retention (never, if it is negative), deletes
+// snapshots whose retention has ended, and (in a cluster) removes the
+// files of snapshots another node holds that no copy here uses any more,
+// every minute until ctx ends.
 func (rp *Reaper) RunDiskRetention(ctx context.Context) {
 	t := time.NewTicker(retentionTick)
 	defer t.Stop()
 	for {
 		rp.RemoveStoppedDisks(ctx)
 		rp.snapshots.ExpireSnapshots(ctx)
+		rp.snapshots.removeAllElsewhere(ctx)
 		select {
 		case <-ctx.Done():
 			return

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sync/singleflight"
+
 	"github.com/emberbox/emberbox/internal/agentproto"
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/guest"
@@ -75,6 +77,9 @@ type Snapshots struct {
 	link        guestLink       // detaches a guest whose memory is captured
 	ctx         context.Context // the manager's: ends at its Close
 	copied      func(src, dst string)
+	files       sandboxFiles // the default image, for a snapshot of it
+	fetch       SnapshotFetcher
+	fetching    singleflight.Group // one fetch of a snapshot at a time
 }
 
 // snapshotHost is what snapshots need of the manager: a sandbox as its
@@ -97,7 +102,7 @@ type snapshotHost interface {
 func newSnapshots(m *Manager) *Snapshots {
 	return &Snapshots{host: m, records: m.cfg.Store, charges: m.cfg.Meter, driver: m.cfg.Driver, copied: m.cfg.Copied,
 		dataDir: m.cfg.DataDir, bootTimeout: m.cfg.BootTimeout, log: m.log,
-		volumes: m.volumes, outcomes: m.outcomes, link: m.link, ctx: m.ctx}
+		volumes: m.volumes, outcomes: m.outcomes, link: m.link, ctx: m.ctx, files: m.files, fetch: m.cfg.FetchSnapshot}
 }
 
 func (sp *Snapshots) store() (SnapshotStore, error) {
@@ -553,6 +558,9 @@ func (sp *Snapshots) copySource(ctx context.Context, owner string, spec *CreateS
 			WithHint("only a ready snapshot can be copied")
 	}
 	spec.VCPU, spec.MemoryMiB, spec.DiskMiB = sn.VCPU, sn.MemoryMiB, sn.DiskMiB
+	if err := sp.ensureLocal(ctx, sn); err != nil {
+		return nil, err
+	}
 	return sn, nil
 }
 

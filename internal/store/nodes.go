@@ -340,10 +340,12 @@ func (s *nodeRows) SetNodeDraining(ctx context.Context, id string, draining bool
 }
 
 // MoveSandbox makes paused sandbox id node to's instead of node from's,
-// in one transaction, with an event. It fails with code "not_movable" if
-// the sandbox is no longer paused on from. The receiving node calls it,
-// with everything in place, as the commit of its MoveIn.
-func (s *nodeRows) MoveSandbox(ctx context.Context, id, from, to string) error {
+// in one transaction, with an event; and with it those of its
+// checkpoints that are node from's and named in checkpoints (their files
+// arrived with it). It fails with code "not_movable" if the sandbox is no
+// longer paused on from. The receiving node calls it, with everything in
+// place, as the commit of its MoveIn.
+func (s *nodeRows) MoveSandbox(ctx context.Context, id, from, to string, checkpoints []string) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("moving sandbox %s: %w", id, err)
@@ -362,7 +364,18 @@ func (s *nodeRows) MoveSandbox(ctx context.Context, id, from, to string) error {
 	} else if n == 0 {
 		return errdefs.New(errdefs.ErrConflict, "not_movable", "sandbox %s is not paused on node %s", id, from)
 	}
-	data, _ := json.Marshal(map[string]any{"from": from, "to": to})
+	for chunk := range slices.Chunk(checkpoints, 500) {
+		args := []any{to, id, from}
+		for _, cid := range chunk {
+			args = append(args, cid)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE snapshots SET node_id = ?
+			WHERE checkpoint_of = ? AND node_id = ? AND id IN (?`+strings.Repeat(", ?", len(chunk)-1)+`)`,
+			args...); err != nil {
+			return fmt.Errorf("moving the checkpoints of sandbox %s: %w", id, err)
+		}
+	}
+	data, _ := json.Marshal(map[string]any{"from": from, "to": to, "checkpoints": len(checkpoints)})
 	if _, err := tx.ExecContext(ctx, `INSERT INTO sandbox_events (sandbox_id, type, message, data, at)
 		VALUES (?, ?, ?, ?, ?)`, id, "moved", "moved from node "+from+" to node "+to, string(data),
 		formatTime(s.now())); err != nil {
@@ -393,6 +406,35 @@ func (s *nodeRows) OwnerNode(ctx context.Context, table, id string) (string, err
 		return "", nil // nothing of it is left on a node: any node answers
 	}
 	return node, nil
+}
+
+// SnapshotsElsewhere returns those of the snapshots and checkpoints ids
+// that another node holds and that no sandbox of this node, not deleted
+// and with its disk, is a copy of: this node removes its files of those
+// (a checkpoint moved with its sandbox, a snapshot fetched for a copy).
+// Off a cluster it returns none.
+func (s *nodeRows) SnapshotsElsewhere(ctx context.Context, ids []string) ([]string, error) {
+	n := s.node.Load()
+	if n == nil {
+		return nil, nil
+	}
+	var away []string
+	for chunk := range slices.Chunk(ids, 500) {
+		args := []any{n.id, n.id}
+		for _, id := range chunk {
+			args = append(args, id)
+		}
+		got, err := queryRows(ctx, s.db, scanString, `SELECT id FROM snapshots AS sn
+			WHERE node_id <> ? AND node_id <> ''
+			AND NOT EXISTS (SELECT 1 FROM sandboxes
+				WHERE snapshot_id = sn.id AND node_id = ? AND state <> 'deleted' AND disk_removed_at IS NULL)
+			AND id IN (?`+strings.Repeat(", ?", len(chunk)-1)+`) ORDER BY id`, args...)
+		if err != nil {
+			return nil, fmt.Errorf("finding snapshots another node holds: %w", err)
+		}
+		away = append(away, got...)
+	}
+	return away, nil
 }
 
 // MovedAway returns those of ids whose sandbox the store gives to another

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -107,14 +108,49 @@ func TestNodesShareOneStore(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.MoveSandbox(ctx, "sbx_a", "node-a", "node-b"); err != nil {
+	// Two checkpoints of it on node-a; one goes with it (its files
+	// arrived), the other stays. A copy of the one that goes runs on
+	// node-a.
+	for _, id := range []string{"ckpt_1", "ckpt_2"} {
+		if err := a.InsertSnapshot(ctx, &sandbox.Snapshot{ID: id, OwnerKeyID: "key_1", SourceSandboxID: "sbx_a",
+			CheckpointOf: "sbx_a", Mode: sandbox.SnapshotModeMemory, State: sandbox.SnapshotReady, CreatedAt: base}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	branch := newSandbox("sbx_c", "key_1", base)
+	branch.SnapshotID = "ckpt_1"
+	mustInsert(t, a, branch)
+	if err := b.MoveSandbox(ctx, "sbx_a", "node-a", "node-b", []string{"ckpt_1", "snap_other"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.MoveSandbox(ctx, "sbx_a", "node-a", "node-b"); errdefs.Code(err) != "not_movable" {
+	if err := b.MoveSandbox(ctx, "sbx_a", "node-a", "node-b", nil); errdefs.Code(err) != "not_movable" {
 		t.Errorf("second move: %v, want not_movable", err)
 	}
 	if node, err := a.OwnerNode(ctx, "sandboxes", "sbx_a"); err != nil || node != "node-b" {
 		t.Errorf("OwnerNode = %q, %v; want node-b", node, err)
+	}
+	for id, want := range map[string]string{"ckpt_1": "node-b", "ckpt_2": "node-a"} {
+		if node, err := a.OwnerNode(ctx, "snapshots", id); err != nil || node != want {
+			t.Errorf("OwnerNode(%s) = %q, %v; want %s", id, node, err, want)
+		}
+	}
+	// node-a keeps ckpt_1's files while its copy there has a disk, then
+	// removes them; node-b's are its own.
+	cps := []string{"ckpt_1", "ckpt_2", "ckpt_unknown"}
+	if away, err := a.SnapshotsElsewhere(ctx, cps); err != nil || len(away) != 0 {
+		t.Errorf("node-a's SnapshotsElsewhere with a copy there = %v, %v; want none", away, err)
+	}
+	if _, err := a.UpdateSandbox(ctx, "sbx_c", func(sb *sandbox.Sandbox) bool {
+		sb.State = sandbox.StateDeleted
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if away, err := a.SnapshotsElsewhere(ctx, cps); err != nil || !slices.Equal(away, []string{"ckpt_1"}) {
+		t.Errorf("node-a's SnapshotsElsewhere = %v, %v; want ckpt_1", away, err)
+	}
+	if away, err := b.SnapshotsElsewhere(ctx, []string{"ckpt_1"}); err != nil || len(away) != 0 {
+		t.Errorf("node-b's SnapshotsElsewhere = %v, %v; want none", away, err)
 	}
 	// node-a, started again with sbx_a's files still there, finds it moved
 	// away; node-b's own sandboxes and unknown ids are not.

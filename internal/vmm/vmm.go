@@ -264,3 +264,21 @@ type Mover interface {
 	// may name a host path that Moved does not set itself.
 	Moved(ctx context.Context, spec Spec) error
 }
+
+// SnapshotMover is a Mover that can also move a snapshot's files, so that
+// a sandbox's checkpoints go with it to another node and a node can copy
+// a snapshot another node holds.
+type SnapshotMover interface {
+	// SnapshotFiles names the files that hold the snapshot in dir, as
+	// MoveFiles names a paused VM's: plain names mapped to host paths. A
+	// snapshot whose memory is a difference over a base names the
+	// difference alone; the base moves as a snapshot of its own.
+	SnapshotFiles(dir string) (map[string]string, error)
+	// SnapshotMoved makes the files SnapshotFiles named, now in spec.Dir,
+	// a snapshot here: it checks them against spec.MemoryMiB (0: a disk
+	// snapshot, which holds no memory) and repoints the disk at
+	// spec.Rootfs. baseDir is the directory here of the snapshot its
+	// memory is a difference over ("" if it is whole). The files came
+	// from another host: nothing in them may name a host path.
+	SnapshotMoved(ctx context.Context, spec Spec, baseDir string) error
+}

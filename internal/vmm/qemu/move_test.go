@@ -259,3 +259,151 @@ func TestMovedRefusesForeignFiles(t *testing.T) {
 		t.Error("MoveFiles of a directory with no saved state succeeded")
 	}
 }
+
+// snapshotDir lays out under root a memory snapshot as Snapshot leaves
+// one: whole, or (with base) as a difference over base's memory.
+func snapshotDir(t *testing.T, img, root, id, rootfs, base string) string {
+	t.Helper()
+	dir := filepath.Join(root, "snapshots", id)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	run(t, img, "create", "-q", "-f", "qcow2", "-F", "raw", "-b", rootfs, filepath.Join(dir, snapDiskFile), "64M")
+	mem := memFile
+	if base != "" {
+		mem = memDeltaFile
+		if err := os.WriteFile(filepath.Join(dir, baseFile), []byte(base+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := os.Create(filepath.Join(dir, mem))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(64 << 20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte(id), 4<<20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := os.WriteFile(filepath.Join(dir, stateFile), []byte("device state"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestMoveCheckpoint: a whole checkpoint and a difference over it move to
+// a node whose paths differ; the difference's base and the disks' backing
+// are this node's, never what came in the files.
+func TestMoveCheckpoint(t *testing.T) {
+	img := qemuImg(t)
+	ctx := context.Background()
+	d := &Driver{cfg: Config{QEMUImg: img}}
+	oldRoot, newRoot := t.TempDir(), t.TempDir()
+	rootfs := map[string]string{}
+	for _, root := range []string{oldRoot, newRoot} {
+		rootfs[root] = filepath.Join(root, "rootfs.img")
+		if err := os.WriteFile(rootfs[root], nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(rootfs[root], 64<<20); err != nil {
+			t.Fatal(err)
+		}
+	}
+	baseOld := snapshotDir(t, img, oldRoot, "ckpt_base", rootfs[oldRoot], "")
+	deltaOld := snapshotDir(t, img, oldRoot, "ckpt_delta", rootfs[oldRoot], baseOld)
+
+	files, err := d.SnapshotFiles(deltaOld)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := files[memDeltaFile]; !ok || len(files) != 3 || files[memFile] != "" || files[baseFile] != "" {
+		t.Fatalf("SnapshotFiles of a difference = %v, want state, disk and the difference alone", files)
+	}
+	baseNew := filepath.Join(newRoot, "snapshots", "ckpt_base")
+	deltaNew := filepath.Join(newRoot, "snapshots", "ckpt_delta")
+	spec := func(dir string) vmm.Spec { return vmm.Spec{Dir: dir, Rootfs: rootfs[newRoot], MemoryMiB: 64} }
+
+	// The difference cannot arrive before its base.
+	moveTo(t, files, deltaNew)
+	if err := d.SnapshotMoved(ctx, spec(deltaNew), baseNew); err == nil {
+		t.Fatal("a difference moved in without its base")
+	}
+	baseFiles, err := d.SnapshotFiles(baseOld)
+	if err != nil {
+		t.Fatal(err)
+	}
+	moveTo(t, baseFiles, baseNew)
+	if err := d.SnapshotMoved(ctx, spec(baseNew), ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SnapshotMoved(ctx, spec(deltaNew), baseNew); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{baseNew, deltaNew} {
+		if got := backingOf(t, img, filepath.Join(dir, snapDiskFile)); got != "raw:"+rootfs[newRoot] {
+			t.Errorf("%s's disk is over %s, want this node's base image", filepath.Base(dir), got)
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(deltaNew, baseFile)); strings.TrimSpace(string(b)) != baseNew {
+		t.Errorf("the difference names base %q, want %q", b, baseNew)
+	}
+	dst := filepath.Join(t.TempDir(), "mem")
+	if err := copyMem(deltaNew, dst); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len("ckpt_delta"))
+	f, err := os.Open(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.ReadAt(got, 4<<20); err != nil || string(got) != "ckpt_delta" {
+		t.Errorf("the moved checkpoint's memory reads %q, %v", got, err)
+	}
+
+	// A memory of another size is refused.
+	if err := d.SnapshotMoved(ctx, vmm.Spec{Dir: baseNew, Rootfs: rootfs[newRoot], MemoryMiB: 128}, ""); err == nil {
+		t.Error("a checkpoint's memory of the wrong size was accepted")
+	}
+}
+
+// TestMoveDiskSnapshot: a disk snapshot moves as its disk alone, and a
+// memory file sent beside it is not kept.
+func TestMoveDiskSnapshot(t *testing.T) {
+	img := qemuImg(t)
+	ctx := context.Background()
+	d := &Driver{cfg: Config{QEMUImg: img}}
+	root := t.TempDir()
+	rootfs := filepath.Join(root, "rootfs.img")
+	if err := os.WriteFile(rootfs, make([]byte, 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, "snapshots", "snap_disk")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	run(t, img, "create", "-q", "-f", "qcow2", "-F", "raw", "-b", rootfs, filepath.Join(dir, snapDiskFile), "1M")
+	files, err := d.SnapshotFiles(dir)
+	if err != nil || len(files) != 1 || files[snapDiskFile] == "" {
+		t.Fatalf("SnapshotFiles of a disk snapshot = %v, %v; want its disk alone", files, err)
+	}
+	moved := filepath.Join(t.TempDir(), "snap_disk")
+	moveTo(t, files, moved)
+	if err := os.WriteFile(filepath.Join(moved, memFile), []byte("not asked for"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SnapshotMoved(ctx, vmm.Spec{Dir: moved, Rootfs: rootfs}, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(moved, memFile)); !os.IsNotExist(err) {
+		t.Errorf("a memory file sent with a disk snapshot was kept: %v", err)
+	}
+	if got := backingOf(t, img, filepath.Join(moved, snapDiskFile)); got != "raw:"+rootfs {
+		t.Errorf("the moved disk is over %s", got)
+	}
+	if err := d.SnapshotMoved(ctx, vmm.Spec{Dir: moved, Rootfs: rootfs}, filepath.Join(root, "snapshots", "x")); err == nil {
+		t.Error("a disk snapshot moved in as a difference over a base")
+	}
+}

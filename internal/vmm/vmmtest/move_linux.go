@@ -2,6 +2,7 @@ package vmmtest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -64,4 +65,40 @@ func (d *Driver) Moved(ctx context.Context, spec vmm.Spec) error {
 func exists(name string) bool {
 	_, err := os.Stat(name)
 	return err == nil
+}
+
+var _ vmm.SnapshotMover = (*Driver)(nil)
+
+// SnapshotFiles implements vmm.SnapshotMover.SnapshotFiles: the snapshot's
+// marker.
+func (d *Driver) SnapshotFiles(dir string) (map[string]string, error) {
+	p := filepath.Join(dir, snapshotFile)
+	if !exists(p) {
+		return nil, fmt.Errorf("fake snapshot files: %s holds no snapshot", dir)
+	}
+	return map[string]string{snapshotFile: p}, nil
+}
+
+// SnapshotMoved implements vmm.SnapshotMover.SnapshotMoved: the marker
+// must be of the kind the spec says (memory, or a disk snapshot's when
+// MemoryMiB is 0), and a base named must hold one; the spec must name
+// what the real driver needs.
+func (d *Driver) SnapshotMoved(ctx context.Context, spec vmm.Spec, baseDir string) error {
+	if spec.Rootfs == "" || spec.MemoryMiB < 0 || (spec.MemoryMiB == 0 && baseDir != "") {
+		return errors.New("fake snapshot moved: the spec names no base image, or a base for no memory")
+	}
+	for _, dir := range []string{spec.Dir, baseDir} {
+		if dir == "" {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, snapshotFile))
+		if err != nil {
+			return fmt.Errorf("fake snapshot moved: %w", err)
+		}
+		var meta snapshotMeta
+		if err := json.Unmarshal(b, &meta); err != nil || meta.Memory != (spec.MemoryMiB > 0) {
+			return fmt.Errorf("fake snapshot moved: %s holds no snapshot of the kind the spec says", dir)
+		}
+	}
+	return nil
 }
