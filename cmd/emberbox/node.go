@@ -36,7 +36,12 @@ func newNodeCommand() *cobra.Command {
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NODE\tSTATE\tADDRESS\tRUNNING\tMEMORY MiB (USED/ALL)\tHEARTBEAT")
 			for _, n := range out.Data {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d/%d\t%s\n", n.ID, n.State, n.Address, n.Running, n.CommittedMiB, n.MemoryMiB, n.HeartbeatAt)
+				state := n.State
+				if n.SuspectSince != nil {
+					// Its heartbeat is stale here but it answers probes.
+					state += ",suspect"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d/%d\t%s\n", n.ID, state, n.Address, n.Running, n.CommittedMiB, n.MemoryMiB, n.HeartbeatAt)
 			}
 			return tw.Flush()
 		},
@@ -59,19 +64,20 @@ func newNodeCommand() *cobra.Command {
 		}
 	}
 	cmd.AddCommand(list,
-		verb("drain", "Place no new sandboxes on a node and move its paused sandboxes to other nodes", "drain"),
+		verb("drain", "Place no new sandboxes on a node and move its sandboxes, paused and running, to other nodes", "drain"),
 		verb("undrain", "End a node's drain", "undrain"))
 	return cmd
 }
 
 type nodeRow struct {
-	ID           string `json:"id"`
-	State        string `json:"state"`
-	Address      string `json:"address"`
-	Running      int    `json:"running"`
-	MemoryMiB    int64  `json:"memoryMiB"`
-	CommittedMiB int64  `json:"committedMiB"`
-	HeartbeatAt  string `json:"heartbeatAt"`
+	ID           string  `json:"id"`
+	State        string  `json:"state"`
+	Address      string  `json:"address"`
+	Running      int     `json:"running"`
+	MemoryMiB    int64   `json:"memoryMiB"`
+	CommittedMiB int64   `json:"committedMiB"`
+	HeartbeatAt  string  `json:"heartbeatAt"`
+	SuspectSince *string `json:"suspectSince"`
 }
 
 func nodeCall(ctx context.Context, sf serverFlags, method, path string) ([]byte, error) {

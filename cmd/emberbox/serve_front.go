@@ -64,6 +64,9 @@ func (s *server) buildAPI(context.Context) error {
 	}
 	if s.isNode {
 		acfg.Volumes, acfg.Images, acfg.Nodes = nil, nil, s.st
+		if s.cl != nil {
+			acfg.Nodes = s.cl // the store's view, with this node's suspicions
+		}
 	}
 	s.handler, s.previews = api.NewWithPreviews(acfg)
 	return nil

@@ -185,7 +185,14 @@ type errorJSON struct {
 func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	ae := toAPIError(err)
 	rid := requestID(r.Context())
-	if ae.Status >= 500 && ae.Status != http.StatusNotImplemented { // 501: a feature not built, not a failure
+	switch {
+	case ae.Status == http.StatusServiceUnavailable && ae.RetryAfterMs > 0:
+		// A planned answer (a sandbox moving, a node busy fetching), with
+		// when to come back: not a failure of the server.
+		s.log.LogAttrs(r.Context(), slog.LevelInfo, "request deferred",
+			slog.String("request_id", rid), slog.String("method", r.Method),
+			slog.String("path", r.URL.Path), slog.String("code", ae.Code), slog.Int64("retry_after_ms", ae.RetryAfterMs))
+	case ae.Status >= 500 && ae.Status != http.StatusNotImplemented: // 501: a feature not built, not a failure
 		s.log.LogAttrs(r.Context(), slog.LevelError, "request failed",
 			slog.String("request_id", rid), slog.String("method", r.Method),
 			slog.String("path", r.URL.Path), slog.Int("status", ae.Status),

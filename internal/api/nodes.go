@@ -33,13 +33,16 @@ type nodeJSON struct {
 	HeartbeatAt  jsonTime  `json:"heartbeatAt"`
 	DownAt       *jsonTime `json:"downAt"`
 	Images       []string  `json:"images"`
+	// SuspectSince: the node answering found this one's heartbeat stale
+	// while it still answers probes, since then (null: not suspect).
+	SuspectSince *jsonTime `json:"suspectSince"`
 }
 
 func toNodeJSON(n *cluster.Node) nodeJSON {
 	return nodeJSON{ID: n.ID, Address: n.Address, State: n.State, Epoch: n.Epoch, MemoryMiB: n.MemoryMiB,
 		CommittedMiB: n.CommittedMiB, FreeMiB: n.FreeMiB(), VCPUs: n.VCPUs, Running: n.Running, Accel: n.Accel,
 		Version: n.Version, StartedAt: jsonTime(n.StartedAt), HeartbeatAt: jsonTime(n.HeartbeatAt),
-		DownAt: optTime(n.DownAt), Images: n.Images}
+		DownAt: optTime(n.DownAt), Images: n.Images, SuspectSince: optTime(n.SuspectSince)}
 }
 
 func errNotClustered() error {

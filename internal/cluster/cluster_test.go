@@ -634,6 +634,16 @@ func TestSilentNodeThatAnswersIsNotLost(t *testing.T) {
 	if !a.suspect.has("b") {
 		t.Error("the silent node that answered is not suspect")
 	}
+	// An operator's listing through a shows it.
+	if list, err := a.ListNodes(t.Context()); err != nil {
+		t.Fatal(err)
+	} else {
+		for _, n := range list {
+			if (n.SuspectSince != nil) != (n.ID == "b") {
+				t.Errorf("a's listing: node %s suspect since %v", n.ID, n.SuspectSince)
+			}
+		}
+	}
 	if cands, _ := st.Place(t.Context(), Placement{MemoryMiB: 1024, VCPU: 1, Alive: a.alive()}); len(cands) != 1 || cands[0].ID != "a" {
 		t.Errorf("placement candidates with b suspect: %v, want a alone", cands)
 	}

@@ -51,6 +51,34 @@ func (s *suspects) set(ids []string, now time.Time) {
 	s.ids = next
 }
 
+// since is when id became a suspect (false: it is none).
+func (s *suspects) since(id string) (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.ids[id]
+	return t, ok
+}
+
+// ListNodes lists the cluster's nodes as the store has them, each marked
+// with SuspectSince if this node suspects it: the API's node listing.
+func (c *Cluster) ListNodes(ctx context.Context) ([]*Node, error) {
+	list, err := c.cfg.Store.ListNodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range list {
+		if t, ok := c.suspect.since(n.ID); ok {
+			n.SuspectSince = &t
+		}
+	}
+	return list, nil
+}
+
+// SetNodeDraining starts or ends a drain of node id (Store.SetNodeDraining).
+func (c *Cluster) SetNodeDraining(ctx context.Context, id string, draining bool) (*Node, error) {
+	return c.cfg.Store.SetNodeDraining(ctx, id, draining)
+}
+
 func (s *suspects) has(id string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -37,6 +37,10 @@ type Node struct {
 	Running        int
 	CommittedMiB   int64
 	CommittedVCPUs int
+	// SuspectSince is set by Cluster.ListNodes when the node answering
+	// has found this one's heartbeat stale while it still answers probes
+	// (liveness.go): it takes no placements from there meanwhile.
+	SuspectSince *time.Time
 }
 
 // FreeMiB is the memory the node may still promise.

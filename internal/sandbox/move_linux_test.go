@@ -507,6 +507,28 @@ func TestMoveTakesCheckpoints(t *testing.T) {
 			t.Errorf("StageCheckpoint(%s, %s) succeeded", bad.sandbox, bad.checkpoint)
 		}
 	}
+
+	// Checkpoints staged for a sandbox that never followed them go after
+	// an hour, when the next are staged.
+	if err := a.m.Moves.StageCheckpoint(ctx, sb.ID, ids[1], noop); err != nil {
+		t.Fatal(err)
+	}
+	stale := filepath.Join(a.dir, "incoming", sb.ID+".checkpoints")
+	old := time.Now().Add(-2 * time.Hour)
+	if err := os.Chtimes(stale, old, old); err != nil {
+		t.Fatal(err)
+	}
+	ocp, err := a.m.Checkpoints.Checkpoint(ctx, "k", other.ID, "", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.m.Moves.StageCheckpoint(ctx, other.ID, ocp.ID, noop); err != nil {
+		t.Fatal(err)
+	}
+	if exists(stale) || !exists(filepath.Join(a.dir, "incoming", other.ID+".checkpoints", ocp.ID)) {
+		t.Errorf("after an hour: the stale stage is there %v, the new one %v; want only the new one",
+			exists(stale), exists(filepath.Join(a.dir, "incoming", other.ID+".checkpoints", ocp.ID)))
+	}
 }
 
 // TestCopyFetchesSnapshot: a node asked for a copy of a snapshot it does

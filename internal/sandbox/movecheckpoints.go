@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/vmm"
@@ -143,6 +144,7 @@ func (mv *Moves) StageCheckpoint(ctx context.Context, id, cid string, receive fu
 	} else if err := mv.movableCheckpoint(ctx, ss, id, cid); err != nil {
 		return err
 	}
+	mv.removeStaleStages(staleStage)
 	dir := filepath.Join(mv.checkpointStage(id), cid)
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("staging checkpoint %s: %w", cid, err)
@@ -162,6 +164,28 @@ func (mv *Moves) StageCheckpoint(ctx context.Context, id, cid string, receive fu
 		return fmt.Errorf("staging checkpoint %s: %w", cid, err)
 	}
 	return nil
+}
+
+// staleStage is how long checkpoints staged for a sandbox that never came
+// (its move failed on the sending node, which wakes it there) are kept.
+const staleStage = time.Hour
+
+// removeStaleStages removes the checkpoints staged for sandboxes that did
+// not follow them within age.
+func (mv *Moves) removeStaleStages(age time.Duration) {
+	entries, err := os.ReadDir(mv.incomingDir())
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		info, err := e.Info()
+		if err != nil || !e.IsDir() || !strings.HasSuffix(e.Name(), ".checkpoints") || time.Since(info.ModTime()) < age {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(mv.incomingDir(), e.Name())); err != nil {
+			mv.log.Warn("removing checkpoints staged for a move that did not come", "dir", e.Name(), "err", err)
+		}
+	}
 }
 
 // movableCheckpoint checks that cid names a memory checkpoint of sandbox
