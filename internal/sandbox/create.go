@@ -22,6 +22,7 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ 
 		if source, err = m.Snapshots.copySource(ctx, owner, &spec); err != nil {
 			return nil, err
 		}
+		defer m.Snapshots.unpin(source.ID) // recorded as its copy by then, or failed
 	}
 	sb, err := m.newRecord(owner, spec, source)
 	if err != nil {

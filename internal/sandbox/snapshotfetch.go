@@ -22,8 +22,9 @@ import (
 // driver (vmm.SnapshotMover.SnapshotMoved, as a moved checkpoint is), and
 // put in place as snapshots/<id>. The fetched copy is a cache: the record
 // stays the other node's, and the copy is removed here once no sandbox of
-// this node is a copy of it (removeElsewhere), so a snapshot deleted on its
-// node leaves nothing behind here either.
+// this node is a copy of it (removeElsewhere; a create making a copy pins
+// it until the copy is recorded), so a snapshot deleted on its node leaves
+// nothing behind here either.
 
 // SnapshotFetcher writes the files of snapshot sn, which another node of
 // the cluster holds, into the empty directory dir, named as
@@ -32,10 +33,6 @@ type SnapshotFetcher func(ctx context.Context, sn *Snapshot, dir string) error
 
 // fetchTimeout bounds one fetch of a snapshot's files.
 const fetchTimeout = 10 * time.Minute
-
-// freshFetch is how long a fetched snapshot is kept here whatever uses it:
-// the create that fetched it records its copy within that time.
-const freshFetch = 10 * time.Minute
 
 // ensureLocal makes sure the files of snapshot sn are on this node,
 // fetching them from the node that holds them if they are not. Creates
@@ -154,11 +151,37 @@ type snapshotStoreElsewhere interface {
 	SnapshotsElsewhere(ctx context.Context, ids []string) ([]string, error)
 }
 
+// pin keeps snapshot id's files here while a create makes a copy of it:
+// until the copy is recorded, no sandbox here is a copy of it in the
+// store's eyes. unpin ends it.
+func (sp *Snapshots) pin(id string) {
+	sp.pinMu.Lock()
+	defer sp.pinMu.Unlock()
+	if sp.pins == nil {
+		sp.pins = map[string]int{}
+	}
+	sp.pins[id]++
+}
+
+func (sp *Snapshots) unpin(id string) {
+	sp.pinMu.Lock()
+	defer sp.pinMu.Unlock()
+	if sp.pins[id]--; sp.pins[id] <= 0 {
+		delete(sp.pins, id)
+	}
+}
+
+func (sp *Snapshots) pinned(id string) bool {
+	sp.pinMu.Lock()
+	defer sp.pinMu.Unlock()
+	return sp.pins[id] > 0
+}
+
 // removeElsewhere removes this node's files of those of the snapshots ids
 // that another node holds and no sandbox here is a copy of (a copy reads
 // its snapshot's disk): checkpoints that moved with their sandbox, and
-// snapshots fetched for copies that are gone. A fetch of the last
-// freshFetch is kept: its create has not recorded its copy yet.
+// snapshots fetched for copies that are gone. One a create is making a
+// copy of (pinned) stays.
 func (sp *Snapshots) removeElsewhere(ctx context.Context, ids []string) int {
 	ms, ok := sp.records.(snapshotStoreElsewhere)
 	if !ok || len(ids) == 0 {
@@ -171,11 +194,10 @@ func (sp *Snapshots) removeElsewhere(ctx context.Context, ids []string) int {
 	}
 	removed := 0
 	for _, id := range away {
-		dir := sp.dir(id)
-		if st, err := os.Stat(dir); err != nil || time.Since(st.ModTime()) < freshFetch && !strings.HasPrefix(id, "ckpt_") {
+		if sp.pinned(id) {
 			continue
 		}
-		if err := removeAll(dir); err != nil {
+		if err := removeAll(sp.dir(id)); err != nil {
 			sp.log.Warn("removing the files of a snapshot another node holds", "snapshot_id", id, "err", err)
 			continue
 		}

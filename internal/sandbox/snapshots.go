@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sync/singleflight"
@@ -80,6 +81,8 @@ type Snapshots struct {
 	files       sandboxFiles // the default image, for a snapshot of it
 	fetch       SnapshotFetcher
 	fetching    singleflight.Group // one fetch of a snapshot at a time
+	pinMu       sync.Mutex
+	pins        map[string]int // snapshots creates are making copies of
 }
 
 // snapshotHost is what snapshots need of the manager: a sandbox as its
@@ -546,8 +549,9 @@ func (sp *Snapshots) RemoveUnusedSnapshots(ctx context.Context) {
 	}
 }
 
-// copySource checks the snapshot a create names and fills the spec with
-// its shape.
+// copySource checks the snapshot a create names, fills the spec with its
+// shape, and makes sure its files are here. The snapshot is pinned here
+// (unpin) until the create has recorded its copy or failed.
 func (sp *Snapshots) copySource(ctx context.Context, owner string, spec *CreateSpec) (*Snapshot, error) {
 	sn, err := sp.getSnapshot(ctx, owner, spec.SnapshotID)
 	if err != nil {
@@ -558,7 +562,9 @@ func (sp *Snapshots) copySource(ctx context.Context, owner string, spec *CreateS
 			WithHint("only a ready snapshot can be copied")
 	}
 	spec.VCPU, spec.MemoryMiB, spec.DiskMiB = sn.VCPU, sn.MemoryMiB, sn.DiskMiB
+	sp.pin(sn.ID)
 	if err := sp.ensureLocal(ctx, sn); err != nil {
+		sp.unpin(sn.ID)
 		return nil, err
 	}
 	return sn, nil
