@@ -36,13 +36,16 @@
 //     checkpoints come first, each to `…/checkpoints/{cid}/move-in` to be
 //     staged, and the move-in's `?checkpoints=` names those to take in the
 //     same commit, which answers them in `X-Emberbox-Checkpoints`), and the
-//     probes of liveness (`GET /cluster/v1/alive`, `/cluster/v1/probe/{id}`).
+//     probes of liveness (`GET /cluster/v1/alive`, `/cluster/v1/probe/{id}`),
+//     and a snapshot's files to a node making a copy of it (`GET
+//     /cluster/v1/snapshots/{id}/files`, snapshots.go).
 //   - puts `Cluster.Handler` in front of everything on `--listen`: `POST
 //     /v1/sandboxes` (and E2B's `POST /sandboxes`, `/v2/sandboxes`) reads the
 //     body (≤ 1 MiB) for memoryMiB, vcpu, snapshot and spreadFrom, asks
 //     `Store.Place` (one read transaction over `nodes` joined with what their
-//     sandboxes hold, then `cluster.Choose`: up, alive, allowed, fits, best fit
-//     by memory) and sends the create to each candidate in turn (itself through
+//     sandboxes hold, then `cluster.Choose`: up, alive, allowed, fits, the
+//     node of the snapshot a copy is made of first, then best fit by memory)
+//     and sends the create to each candidate in turn (itself through
 //     the API, others through the channel), passing on the first answer that is
 //     not `no_capacity`; `/v1/sandboxes/{id}…` and `/v1/snapshots/{id}…` of
 //     another node that is not down go to it through an `httputil.ReverseProxy`
