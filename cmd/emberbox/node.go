@@ -34,14 +34,15 @@ func newNodeCommand() *cobra.Command {
 				return fmt.Errorf("reading nodes: %w", err)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NODE\tSTATE\tADDRESS\tRUNNING\tMEMORY MiB (USED/ALL)\tHEARTBEAT")
+			fmt.Fprintln(tw, "NODE\tSTATE\tADDRESS\tRUNNING\tMEMORY MiB (USED/ALL)\tHEARTBEAT\tSUSPECT SINCE")
 			for _, n := range out.Data {
-				state := n.State
+				// Suspect: its heartbeat is stale on the node answering, but
+				// it answers probes.
+				suspect := "-"
 				if n.SuspectSince != nil {
-					// Its heartbeat is stale here but it answers probes.
-					state += ",suspect"
+					suspect = *n.SuspectSince
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d/%d\t%s\n", n.ID, state, n.Address, n.Running, n.CommittedMiB, n.MemoryMiB, n.HeartbeatAt)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d/%d\t%s\t%s\n", n.ID, n.State, n.Address, n.Running, n.CommittedMiB, n.MemoryMiB, n.HeartbeatAt, suspect)
 			}
 			return tw.Flush()
 		},
