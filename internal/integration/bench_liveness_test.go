@@ -14,8 +14,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/emberbox/emberbox/internal/pgtest"
 )
 
 // BenchmarkClusterLiveness is the stress run of cluster liveness: three
@@ -31,20 +29,9 @@ import (
 // `go test -run '^$' -bench ClusterLiveness -benchtime 20x ./internal/integration/`.
 func BenchmarkClusterLiveness(b *testing.B) {
 	needVMs(b)
-	dsn := pgtest.Start(b).NewDatabase(b)
 	const bigMiB = 4096
-	nodes := []*clusterNode{{id: "a", host: "127.0.0.1"}, {id: "b", host: "127.0.0.2"}, {id: "c", host: "127.0.0.3"}}
-	for i, n := range nodes {
-		n.dataDir = b.TempDir()
-		n.channel = fmt.Sprintf("%s:%d", n.host, freePort(b))
-		n.args = []string{"--store", dsn, "--node-id", n.id, "--cluster-listen", n.channel,
-			"--node-heartbeat", clusterHeartbeat.String(), "--node-timeout", clusterTimeout.String(),
-			"--max-memory-mib", fmt.Sprint(2 * (bigMiB + clusterOverheadMiB)), "--vm-overhead-mib", fmt.Sprint(clusterOverheadMiB),
-			"--quota-sandboxes", "0", "--templates=false", "--memory-floor-mib", "0", "--stop-drain-timeout", "0",
-			"--rate-read", "0", "--rate-write", "0",
-			"--vm-uid-base", fmt.Sprint(1_700_000 + i*10_000), "--vm-uid-count", "10000"}
-		n.start(b)
-	}
+	nodes := startClusterNodes(b, 1_700_000, 2*(bigMiB+clusterOverheadMiB),
+		"--stop-drain-timeout", "0", "--rate-read", "0", "--rate-write", "0")
 	key := nodes[0].s.AdminKey
 	via := func(n *clusterNode) *client { return n.s.client(key) }
 	ctx, cancel := context.WithCancel(context.Background())

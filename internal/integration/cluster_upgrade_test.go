@@ -47,19 +47,7 @@ type upgradeBox struct {
 // node_unreachable); the longest pause each client saw is stated.
 func TestClusterRollingUpgrade(t *testing.T) {
 	needVMs(t)
-	dsn := pgtest.Start(t).NewDatabase(t)
-	nodes := []*clusterNode{{id: "a", host: "127.0.0.1"}, {id: "b", host: "127.0.0.2"}, {id: "c", host: "127.0.0.3"}}
-	for i, n := range nodes {
-		n.dataDir = t.TempDir()
-		n.channel = fmt.Sprintf("%s:%d", n.host, freePort(t))
-		n.args = []string{"--store", dsn, "--node-id", n.id, "--cluster-listen", n.channel,
-			"--node-heartbeat", clusterHeartbeat.String(), "--node-timeout", clusterTimeout.String(),
-			"--max-memory-mib", fmt.Sprint(upgradeSlotsMiB), "--vm-overhead-mib", fmt.Sprint(clusterOverheadMiB),
-			"--quota-sandboxes", "0", "--templates=false", "--memory-floor-mib", "0",
-			"--stop-drain-timeout", "3m",
-			"--vm-uid-base", fmt.Sprint(1_600_000 + i*10_000), "--vm-uid-count", "10000"}
-		n.start(t)
-	}
+	nodes := startClusterNodes(t, 1_600_000, upgradeSlotsMiB, "--stop-drain-timeout", "3m")
 	key := nodes[0].s.AdminKey
 	via := func(n *clusterNode) *client { return n.s.client(key) }
 	waitUp := func() {
@@ -265,4 +253,25 @@ func movedLines(n *clusterNode) []string {
 		}
 	}
 	return out
+}
+
+// startClusterNodes starts nodes a, b and c of a cluster on 127.0.0.1–3
+// and one fresh database, each promising maxMemMiB to sandboxes, with the
+// tests' heartbeat and timeout, no templates and no quota, VM uids from
+// uidBase, and the extra flags.
+func startClusterNodes(t testing.TB, uidBase, maxMemMiB int, extra ...string) []*clusterNode {
+	t.Helper()
+	dsn := pgtest.Start(t).NewDatabase(t)
+	nodes := []*clusterNode{{id: "a", host: "127.0.0.1"}, {id: "b", host: "127.0.0.2"}, {id: "c", host: "127.0.0.3"}}
+	for i, n := range nodes {
+		n.dataDir = t.TempDir()
+		n.channel = fmt.Sprintf("%s:%d", n.host, freePort(t))
+		n.args = append([]string{"--store", dsn, "--node-id", n.id, "--cluster-listen", n.channel,
+			"--node-heartbeat", clusterHeartbeat.String(), "--node-timeout", clusterTimeout.String(),
+			"--max-memory-mib", fmt.Sprint(maxMemMiB), "--vm-overhead-mib", fmt.Sprint(clusterOverheadMiB),
+			"--quota-sandboxes", "0", "--templates=false", "--memory-floor-mib", "0",
+			"--vm-uid-base", fmt.Sprint(uidBase + i*10_000), "--vm-uid-count", "10000"}, extra...)
+		n.start(t)
+	}
+	return nodes
 }

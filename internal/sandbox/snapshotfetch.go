@@ -8,8 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/vmm"
 )
@@ -112,7 +110,7 @@ func (sp *Snapshots) fetchSnapshot(ctx context.Context, sm vmm.SnapshotMover, sn
 		return err
 	}
 	sp.log.Info("fetched a snapshot from the node that holds it", "snapshot_id", sn.ID,
-		"bytes", filesSize(final), "took", time.Since(start).Round(time.Millisecond))
+		"bytes", sn.SizeBytes, "took", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
@@ -223,18 +221,4 @@ func (sp *Snapshots) removeAllElsewhere(ctx context.Context) int {
 		}
 	}
 	return sp.removeElsewhere(ctx, ids)
-}
-
-// filesSize is the disk space the files in dir take (a memory file is
-// mostly holes).
-func filesSize(dir string) int64 {
-	var n int64
-	entries, _ := os.ReadDir(dir)
-	for _, e := range entries {
-		var st unix.Stat_t
-		if unix.Stat(filepath.Join(dir, e.Name()), &st) == nil {
-			n += st.Blocks * 512
-		}
-	}
-	return n
 }
