@@ -396,8 +396,15 @@ func notPausedForMove(sb *Sandbox) error {
 
 // validSandboxID reports whether id is one newID makes ("sbx_" and 20
 // lowercase hex digits): a moving sandbox's id names a directory here.
-func validSandboxID(id string) bool {
-	const prefix = "sbx_"
+func validSandboxID(id string) bool { return validID(id, "sbx_") }
+
+// validCheckpointID reports whether id is one a checkpoint gets ("ckpt_"
+// and 20 lowercase hex digits): a moving checkpoint's id names a directory
+// here.
+func validCheckpointID(id string) bool { return validID(id, "ckpt_") }
+
+// validID reports whether id is prefix and 20 lowercase hex digits.
+func validID(id, prefix string) bool {
 	if len(id) != len(prefix)+20 || id[:len(prefix)] != prefix {
 		return false
 	}

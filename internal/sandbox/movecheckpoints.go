@@ -275,19 +275,3 @@ func (mv *Moves) takeCheckpoint(ctx context.Context, sm vmm.SnapshotMover, ss Sn
 	}
 	return final, nil
 }
-
-// validCheckpointID reports whether id is one a checkpoint gets ("ckpt_"
-// and 20 lowercase hex digits): a moving checkpoint's id names a directory
-// here.
-func validCheckpointID(id string) bool {
-	const prefix = "ckpt_"
-	if len(id) != len(prefix)+20 || !strings.HasPrefix(id, prefix) {
-		return false
-	}
-	for _, c := range id[len(prefix):] {
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
-}
