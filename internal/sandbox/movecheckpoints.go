@@ -141,7 +141,7 @@ func (mv *Moves) checkpointStage(id string) string {
 func (mv *Moves) StageCheckpoint(ctx context.Context, id, cid string, receive func(ctx context.Context, dir string) error) (err error) {
 	if _, ss, ok := mv.snapshotMover(); !ok {
 		return errdefs.New(errdefs.ErrUnavailable, "move_unsupported", "this node cannot take in checkpoints")
-	} else if err := mv.movableCheckpoint(ctx, ss, id, cid); err != nil {
+	} else if _, err := mv.movableCheckpoint(ctx, ss, id, cid); err != nil {
 		return err
 	}
 	mv.removeStaleStages(staleStage)
@@ -188,20 +188,20 @@ func (mv *Moves) removeStaleStages(age time.Duration) {
 	}
 }
 
-// movableCheckpoint checks that cid names a memory checkpoint of sandbox
-// id that still has files.
-func (mv *Moves) movableCheckpoint(ctx context.Context, ss SnapshotStore, id, cid string) error {
+// movableCheckpoint loads checkpoint cid and checks that it is a memory
+// checkpoint of sandbox id that still has files.
+func (mv *Moves) movableCheckpoint(ctx context.Context, ss SnapshotStore, id, cid string) (*Snapshot, error) {
 	if !validSandboxID(id) || !validCheckpointID(cid) {
-		return errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "moving in: not a sandbox and checkpoint id")
+		return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request", "moving in: not a sandbox and checkpoint id")
 	}
 	sn, err := ss.GetSnapshot(ctx, cid)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if sn.CheckpointOf != id || sn.Mode != SnapshotModeMemory || sn.FilesRemovedAt != nil {
-		return errdefs.New(errdefs.ErrConflict, "not_movable", "%s is not a checkpoint of sandbox %s with files", cid, id)
+		return nil, errdefs.New(errdefs.ErrConflict, "not_movable", "%s is not a checkpoint of sandbox %s with files", cid, id)
 	}
-	return nil
+	return sn, nil
 }
 
 // takeCheckpoints puts in place those of the checkpoints ids of sb staged
@@ -242,10 +242,7 @@ func (mv *Moves) takeCheckpoints(ctx context.Context, sb *Sandbox, ids []string)
 // directory if it put it there ("" if it was here already: a checkpoint
 // never changes, and this node kept its files for a copy of it).
 func (mv *Moves) takeCheckpoint(ctx context.Context, sm vmm.SnapshotMover, ss SnapshotStore, id, cid string) (string, error) {
-	if err := mv.movableCheckpoint(ctx, ss, id, cid); err != nil {
-		return "", err
-	}
-	sn, err := ss.GetSnapshot(ctx, cid)
+	sn, err := mv.movableCheckpoint(ctx, ss, id, cid)
 	if err != nil {
 		return "", err
 	}

@@ -205,8 +205,12 @@ func (sp *Snapshots) removeElsewhere(ctx context.Context, ids []string) int {
 }
 
 // removeAllElsewhere runs removeElsewhere over every snapshot directory
-// here (at start).
+// here (at start, and every minute). Off a cluster (no fetcher) no
+// snapshot is another node's, and the directory is not read.
 func (sp *Snapshots) removeAllElsewhere(ctx context.Context) int {
+	if sp.fetch == nil {
+		return 0
+	}
 	entries, err := os.ReadDir(filepath.Join(sp.dataDir, "snapshots"))
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
