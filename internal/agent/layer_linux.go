@@ -134,7 +134,8 @@ func LayerExec(argv []string) error {
 }
 
 // enterLayer unshares this thread's mount namespace, binds the guest's
-// parts into the layer, and makes the layer the root.
+// parts into the layer, and makes the layer the root (the guest's own is
+// detached: nothing else of it is reachable).
 func enterLayer() error {
 	if err := unix.Unshare(unix.CLONE_NEWNS | unix.CLONE_FS); err != nil {
 		return fmt.Errorf("unshare: %w", err)
@@ -159,8 +160,16 @@ func enterLayer() error {
 			return fmt.Errorf("binding %s: %w", f, err)
 		}
 	}
-	if err := unix.Chroot(LayerDir); err != nil {
-		return fmt.Errorf("chroot: %w", err)
+	// pivot_root, not chroot: a chrooted process may not make user
+	// namespaces, and Chromium's sandbox is made of them.
+	if err := unix.Chdir(LayerDir); err != nil {
+		return err
+	}
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root: %w", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detaching the guest's root: %w", err)
 	}
 	return unix.Chdir("/")
 }

@@ -175,6 +175,7 @@ func (s *Service) StopBrowser(ctx context.Context, id string, g Guest) (bool, er
 		if isBrowser(procs[i]) && running(procs[i]) {
 			kill(ctx, g, procs[i].ID)
 			stopped = true
+			waitEnded(ctx, g, procs[i].ID)
 		}
 	}
 	if stopped {
@@ -275,6 +276,24 @@ func kill(ctx context.Context, g Guest, pid string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	_, _ = g.Signal(ctx, pid, "KILL")
+}
+
+// waitEnded waits a while for the agent to reap a killed process, so
+// that what a stop answers is what a read after it sees.
+func waitEnded(ctx context.Context, g Guest, pid string) {
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	for {
+		p, err := g.Process(ctx, pid)
+		if err != nil || !running(*p) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // keyedMutex serializes starts and stops per sandbox.
