@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -27,18 +28,18 @@ const LayerDir = "/run/emberbox/layer"
 const layerLabel = "emberbox-layer"
 
 // mountLayer mounts the layer's disk, if the VM has one, read-only.
-func (a *Agent) mountLayer() {
+func mountLayer(log *slog.Logger) {
 	dev := findLayerDisk()
 	if dev == "" || mounted(LayerDir) {
 		return
 	}
 	if err := os.MkdirAll(LayerDir, 0o755); err != nil {
-		a.log.Warn("creating the layer's mount point", "err", err)
+		log.Warn("creating the layer's mount point", "err", err)
 		return
 	}
 	flags := uintptr(unix.MS_RDONLY | unix.MS_NODEV | unix.MS_NOSUID)
 	if err := unix.Mount(dev, LayerDir, "ext4", flags, "noload"); err != nil {
-		a.log.Warn("mounting the computer-use layer", "dev", dev, "err", err)
+		log.Warn("mounting the computer-use layer", "dev", dev, "err", err)
 	}
 }
 

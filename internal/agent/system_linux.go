@@ -64,7 +64,7 @@ func (a *Agent) SetupSystem() error {
 	if err := loopbackUp(); err != nil {
 		a.log.Warn("bringing up lo", "err", err)
 	}
-	a.mountLayer()
+	mountLayer(a.log)
 	go a.growRoot()
 	return nil
 }
