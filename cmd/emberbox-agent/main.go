@@ -6,7 +6,9 @@
 //
 // In the initramfs (`guestinit.IsInitramfs`) it calls `SwitchRoot`; else
 // `agent.New`, `SetupSystem` (PID 1 only), `FindPort`, `ServePort`. A fatal
-// error as PID 1 syncs and powers off.
+// error as PID 1 syncs and powers off. `emberbox-agent layer-exec <user>
+// <command> [args…]` runs a program of the computer-use layer instead
+// (`agent.LayerExec`).
 package main
 
 import (
@@ -23,6 +25,12 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "layer-exec" {
+		// A program of the computer-use layer (internal/computer).
+		err := agent.LayerExec(os.Args[2:])
+		fmt.Fprintf(os.Stderr, "emberbox-agent: %v\n", err)
+		os.Exit(127)
+	}
 	if guestinit.IsInitramfs() {
 		err := guestinit.SwitchRoot(func(format string, args ...any) {
 			fmt.Fprintf(os.Stderr, "emberbox-init: "+format+"\n", args...)

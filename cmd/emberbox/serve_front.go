@@ -11,6 +11,7 @@ import (
 
 	"github.com/emberbox/emberbox/internal/api"
 	"github.com/emberbox/emberbox/internal/apistore"
+	"github.com/emberbox/emberbox/internal/computer"
 	"github.com/emberbox/emberbox/internal/console"
 	"github.com/emberbox/emberbox/internal/e2b"
 	"github.com/emberbox/emberbox/internal/envd"
@@ -57,7 +58,7 @@ func (s *server) buildAPI(context.Context) error {
 		Confinement: func() any { return drv.Confinement() },
 		Uploads:     s.uploads, Limiter: s.limiter, ObserveRequest: metrics.ObserveRequest,
 		Metrics: metrics.Handler(), PreviewDomain: s.o.previewDomain, Links: s.signer,
-		Interpreter: s.interp, Volumes: s.vols, Images: s.imgs, Webhooks: s.hooks, Secrets: s.secrets,
+		Interpreter: s.interp, Computer: computer.New(s.log), Volumes: s.vols, Images: s.imgs, Webhooks: s.hooks, Secrets: s.secrets,
 	}
 	if s.cas != nil {
 		acfg.EgressCAs = egressCAs{cas: s.cas, mgr: s.mgr}

@@ -80,7 +80,7 @@ func bootFiles(ctx context.Context, o serveOptions, log *slog.Logger) (bootConfi
 	}
 	log.Info("guest image", "image", img.RecipeHash, "kernel", img.KernelVersion, "initrd", initrd)
 	return bootConfig{
-		BootFiles:  sandbox.BootFiles{Kernel: img.Kernel, Initrd: initrd, Rootfs: img.Rootfs},
+		BootFiles:  sandbox.BootFiles{Kernel: img.Kernel, Initrd: initrd, Rootfs: img.Rootfs, Layer: img.Layer},
 		ProbeCache: filepath.Join(filepath.Dir(img.Dir), "kvm-probe"),
 		RecipeHash: img.RecipeHash,
 	}, nil

@@ -64,6 +64,7 @@ func (a *Agent) SetupSystem() error {
 	if err := loopbackUp(); err != nil {
 		a.log.Warn("bringing up lo", "err", err)
 	}
+	mountLayer(a.log)
 	go a.growRoot()
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/catalog"
+	"github.com/emberbox/emberbox/internal/computer"
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/interpreter"
 	"github.com/emberbox/emberbox/internal/links"
@@ -137,6 +138,9 @@ type Config struct {
 	// Interpreter runs the code interpreter's routes; nil answers them
 	// 501 interpreter_unavailable.
 	Interpreter *interpreter.Service
+	// Computer runs sandboxes' browsers; nil answers their routes 501
+	// browser_unavailable.
+	Computer *computer.Service
 	// Volumes serves /v1/volumes; nil answers them 501
 	// volumes_unavailable.
 	Volumes *volumes.Service
@@ -175,6 +179,7 @@ type server struct {
 	uploads   *Uploads // nil: chunked uploads refused
 	links     *links.Signer
 	interp    *interpreter.Service // nil: the interpreter routes answer 501
+	computer  *computer.Service    // nil: the browser routes answer 501
 	vols      *volumes.Service     // nil: the volume routes answer 501
 	webhooks  *webhook.Service     // nil: webhooks and the feed answer 501
 	secrets   *secrets.Service     // nil: egress secrets answer 501
@@ -249,6 +254,7 @@ func newServer(cfg Config) *server {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.uploads, s.metrics, s.links, s.interp = cfg.Uploads, cfg.Metrics, cfg.Links, cfg.Interpreter
+	s.computer = cfg.Computer
 	s.vols = cfg.Volumes
 	s.webhooks = cfg.Webhooks
 	s.secrets = cfg.Secrets

@@ -45,6 +45,9 @@ type previewsAPI struct{ *server }
 // interpreterAPI serves the code interpreter.
 type interpreterAPI struct{ *server }
 
+// browserAPI serves a sandbox's browser (browser.go).
+type browserAPI struct{ *server }
+
 // watches serves watches of a sandbox's directories.
 type watches struct{ *server }
 
@@ -71,6 +74,7 @@ type areas struct {
 	sockets     sockets
 	previews    previewsAPI
 	interpreter interpreterAPI
+	browser     browserAPI
 	watches     watches
 	links       linksAPI
 	network     networkAPI
@@ -82,7 +86,7 @@ func (s *server) areas() areas {
 	return areas{
 		sandboxes: sandboxesAPI{s}, snapshots: snapshots{s}, checkpoints: checkpointsAPI{s}, images: imagesAPI{s}, volumes: volumesAPI{s},
 		usage: usageAPI{s}, nodes: nodesAPI{s}, files: files{s}, uploads: uploadsAPI{s}, processes: processes{s},
-		sockets: sockets{s}, previews: previewsAPI{s}, interpreter: interpreterAPI{s}, watches: watches{s},
+		sockets: sockets{s}, previews: previewsAPI{s}, interpreter: interpreterAPI{s}, browser: browserAPI{s}, watches: watches{s},
 		links: linksAPI{s}, network: networkAPI{s}, webhooks: webhooksAPI{s}, secrets: secretsAPI{s},
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/emberbox/emberbox/internal/computer"
 	"github.com/emberbox/emberbox/internal/egress"
 	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/interpreter"
@@ -97,7 +98,7 @@ func newFuzzServer(tb testing.TB) *fuzzServer {
 		tb.Fatal(err)
 	}
 	fs.s = newServer(Config{Manager: fuzzManager{newFakeManager()}.roles(), Keys: fakeKeys{}, Version: "test",
-		Accel: func() string { return "tcg" }, Links: signer, Interpreter: interpreter.New(nil),
+		Accel: func() string { return "tcg" }, Links: signer, Interpreter: interpreter.New(nil), Computer: computer.New(nil),
 		Images: newTestImages(tb, nil), Volumes: vols, Webhooks: hooks,
 		Secrets: secrets.New(secrets.Config{Store: st, Sealer: sealer}), EgressCAs: guestlessCAs{cas}})
 	return fs

@@ -54,6 +54,10 @@ var guestRouteRequests = map[string]struct {
 	"interruptInterpreterContext": {running: http.StatusNotImplemented},
 	"deleteInterpreterContext":    {running: http.StatusNotImplemented},
 	"interpreterResult":           {running: http.StatusNotImplemented},
+	// Nor computer use.
+	"startBrowser": {body: `{}`, running: http.StatusNotImplemented},
+	"getBrowser":   {running: http.StatusNotImplemented},
+	"stopBrowser":  {running: http.StatusNotImplemented},
 }
 
 // TestGuestRoutesRefuseByStateTable checks that every route that needs a

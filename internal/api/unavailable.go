@@ -24,8 +24,8 @@ var unavailableTop = map[string]bool{
 // unavailableSandboxSub are the segments after /v1/sandboxes/{id}/ (with
 // any :verb stripped) of features of a sandbox, and their codes.
 var unavailableSandboxSub = map[string]string{
-	"browser": "browser_unavailable", "desktop": "desktop_unavailable",
-	"mcp": "mcp_unavailable", "mounts": "mounts_unavailable",
+	"desktop": "desktop_unavailable",
+	"mcp":     "mcp_unavailable", "mounts": "mounts_unavailable",
 	"sessions": "sessions_unavailable", "tailscale": "tailscale_unavailable",
 }
 

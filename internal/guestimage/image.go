@@ -26,9 +26,12 @@ type Config struct {
 
 // Image is a built guest image. All paths are absolute.
 type Image struct {
-	Dir           string
-	Kernel        string // vmlinuz
-	Rootfs        string // raw ext4, the read-only base for per-sandbox overlays
+	Dir    string
+	Kernel string // vmlinuz
+	Rootfs string // raw ext4, the read-only base for per-sandbox overlays
+	// Layer is the computer-use layer (layer.go): raw ext4, attached
+	// read-only to every VM, the same file for all.
+	Layer         string
 	ModulesDir    string // the initramfs modules and their load-order file
 	KernelVersion string // uname -r of Kernel, e.g. 6.1.0-28-cloud-amd64
 	RecipeHash    string
@@ -140,11 +143,12 @@ func load(dir string) (*Image, error) {
 		Dir:           dir,
 		Kernel:        filepath.Join(dir, kernelName),
 		Rootfs:        filepath.Join(dir, rootfsName),
+		Layer:         filepath.Join(dir, layerName),
 		ModulesDir:    filepath.Join(dir, modulesName),
 		KernelVersion: m.KernelRelease,
 		RecipeHash:    m.RecipeHash,
 	}
-	for _, p := range []string{img.Kernel, img.Rootfs, filepath.Join(img.ModulesDir, loadOrderName)} {
+	for _, p := range []string{img.Kernel, img.Rootfs, img.Layer, filepath.Join(img.ModulesDir, loadOrderName)} {
 		if _, err := os.Stat(p); err != nil {
 			return nil, fmt.Errorf("image in %s is incomplete: %w", dir, err)
 		}
@@ -249,7 +253,7 @@ func build(ctx context.Context, cfg Config, dir string, k kernelPackage) (*Image
 		return nil, err
 	}
 	defer logw.Close()
-	p := &progress{w: cfg.Progress, total: 4}
+	p := &progress{w: cfg.Progress, total: 5}
 
 	var order []string
 	err = p.step("kernel "+k.Release+" (apt-get download)", func() error {
@@ -265,14 +269,17 @@ func build(ctx context.Context, cfg Config, dir string, k kernelPackage) (*Image
 	log.Info("kernel modules resolved", "load_order", order)
 
 	rootDir := filepath.Join(tmp, "rootfs")
-	if err := p.step("rootfs (mmdebstrap)", func() error { return buildRootfs(ctx, rootDir, logw) }); err != nil {
+	if err := p.step("rootfs (mmdebstrap)", func() error { return buildTree(ctx, rootDir, packages, customizeScript, logw) }); err != nil {
 		return nil, withLog(err, logPath)
 	}
 	var size int64
 	err = p.step("ext4 image (mkfs.ext4)", func() error {
-		size, err = makeExt4(ctx, rootDir, filepath.Join(tmp, rootfsName), logw)
+		size, err = makeExt4(ctx, rootDir, filepath.Join(tmp, rootfsName), rootfsLabel, logw)
 		return err
 	})
+	if err == nil {
+		err = p.step("computer-use layer (mmdebstrap, mkfs.ext4)", func() error { return buildLayer(ctx, tmp, logw) })
+	}
 	if err != nil {
 		return nil, withLog(err, logPath)
 	}

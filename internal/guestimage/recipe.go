@@ -126,6 +126,8 @@ func recipeHash(k kernelPackage) string {
 	field("packages", packages...)
 	field("mmdebstrap-options", mmdebstrapOptions...)
 	field("customize", customizeScript)
+	field("layer-packages", layerPackages...)
+	field("layer-customize", layerCustomizeScript)
 	field("modules", wantedModules...)
 	field("kernel", k.Name, k.Version, k.Release)
 	return hex.EncodeToString(h.Sum(nil))[:32]

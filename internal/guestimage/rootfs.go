@@ -12,11 +12,12 @@ import (
 	"syscall"
 )
 
-// buildRootfs runs mmdebstrap into dir (which must not exist yet), with the
-// customize script written next to it. Its output goes to logw.
-func buildRootfs(ctx context.Context, dir string, logw *os.File) error {
+// buildTree runs mmdebstrap into dir (which must not exist yet) with pkgs,
+// and customize written next to it as its customize hook. Its output goes
+// to logw.
+func buildTree(ctx context.Context, dir string, pkgs []string, customize string, logw *os.File) error {
 	script := dir + ".customize.sh"
-	if err := os.WriteFile(script, []byte(customizeScript), 0o755); err != nil {
+	if err := os.WriteFile(script, []byte(customize), 0o755); err != nil {
 		return err
 	}
 	defer os.Remove(script)
@@ -24,7 +25,7 @@ func buildRootfs(ctx context.Context, dir string, logw *os.File) error {
 	args := append([]string{}, mmdebstrapOptions...)
 	args = append(args,
 		"--mode=root", // mkfs.ext4 -d needs real ownership in the tree
-		"--include="+strings.Join(packages, ","),
+		"--include="+strings.Join(pkgs, ","),
 		"--customize-hook=sh "+strconv.Quote(script)+` "$1"`,
 		suite, dir)
 	args = append(args, mirrors...)
@@ -34,10 +35,10 @@ func buildRootfs(ctx context.Context, dir string, logw *os.File) error {
 	return nil
 }
 
-// makeExt4 writes a raw ext4 image of dir to img and returns its size. The
-// image gets about 25% slack over the content; per-sandbox overlays grow
-// it further with resize2fs.
-func makeExt4(ctx context.Context, dir, img string, logw *os.File) (int64, error) {
+// makeExt4 writes a raw ext4 image of dir labelled label to img and
+// returns its size. The image gets about 25% slack over the content;
+// per-sandbox overlays grow it further with resize2fs.
+func makeExt4(ctx context.Context, dir, img, label string, logw *os.File) (int64, error) {
 	used, inodes, err := treeUsage(dir)
 	if err != nil {
 		return 0, fmt.Errorf("measuring %s: %w", dir, err)
@@ -48,7 +49,7 @@ func makeExt4(ctx context.Context, dir, img string, logw *os.File) (int64, error
 	size := used + used/4 + 2*inodes*256 + 64*mib
 	for attempt := 0; attempt < 3; attempt++ {
 		size = (size + 64*mib - 1) / (64 * mib) * (64 * mib)
-		err = mkfs(ctx, dir, img, size, 2*inodes+16384, logw)
+		err = mkfs(ctx, dir, img, label, size, 2*inodes+16384, logw)
 		if err == nil {
 			return size, nil
 		}
@@ -59,7 +60,7 @@ func makeExt4(ctx context.Context, dir, img string, logw *os.File) (int64, error
 	return 0, err
 }
 
-func mkfs(ctx context.Context, dir, img string, size, inodes int64, logw *os.File) error {
+func mkfs(ctx context.Context, dir, img, label string, size, inodes int64, logw *os.File) error {
 	_ = os.Remove(img)
 	f, err := os.Create(img)
 	if err != nil {
@@ -73,7 +74,7 @@ func mkfs(ctx context.Context, dir, img string, size, inodes int64, logw *os.Fil
 		return err
 	}
 	err = runLogged(ctx, logw, filepath.Dir(img), "mkfs.ext4", "-F", "-q",
-		"-L", "emberbox-root",
+		"-L", label,
 		"-m", "0", // no blocks reserved for root: the sandbox user owns the disk
 		"-N", strconv.FormatInt(inodes, 10),
 		"-d", dir, img)

@@ -22,7 +22,7 @@ func (f sandboxFiles) root() string { return filepath.Join(f.dataDir, "sandboxes
 func (f sandboxFiles) vmSpec(sb *Sandbox) vmm.Spec {
 	return vmm.Spec{
 		ID: sb.ID, Dir: f.dir(sb.ID), VCPU: sb.VCPU, MemoryMiB: sb.MemoryMiB, DiskMiB: sb.DiskMiB,
-		Kernel: f.boot.Kernel, Initrd: f.boot.Initrd, Rootfs: f.rootfs(sb),
+		Kernel: f.boot.Kernel, Initrd: f.boot.Initrd, Rootfs: f.rootfs(sb), Layer: f.boot.Layer,
 	}
 }
 

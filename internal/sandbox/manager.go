@@ -39,6 +39,8 @@ type Store interface {
 // BootFiles are the image files every VM boots from.
 type BootFiles struct {
 	Kernel, Initrd, Rootfs string
+	// Layer is the computer-use layer every VM gets read-only; "" none.
+	Layer string
 }
 
 // Config configures a Manager.

@@ -390,7 +390,7 @@ func (t *Templates) build(ctx context.Context, rootfs string, s shape, final str
 	spec := vmm.Spec{
 		ID: "tpl_" + hex.EncodeToString(id[:]), Dir: filepath.Join(work, "vm"),
 		VCPU: s.VCPU, MemoryMiB: s.MemoryMiB, DiskMiB: s.DiskMiB,
-		Kernel: t.cfg.Boot.Kernel, Initrd: t.cfg.Boot.Initrd, Rootfs: base,
+		Kernel: t.cfg.Boot.Kernel, Initrd: t.cfg.Boot.Initrd, Rootfs: base, Layer: t.cfg.Boot.Layer,
 	}
 	if err := os.WriteFile(filepath.Join(work, "id"), []byte(spec.ID), 0o600); err != nil {
 		return err

@@ -16,9 +16,12 @@ type Spec struct {
 	MemoryMiB int
 	DiskMiB   int // the guest disk's size; the overlay is capped at it
 
-	Kernel     string   // kernel image
-	Initrd     string   // initramfs with the agent as /init
-	Rootfs     string   // shared read-only base disk image (raw)
+	Kernel string // kernel image
+	Initrd string // initramfs with the agent as /init
+	Rootfs string // shared read-only base disk image (raw)
+	// Layer is the computer-use layer (raw, read-only, one file for all
+	// VMs), attached as a second disk; "" attaches none.
+	Layer      string
 	KernelArgs []string // extra kernel command-line arguments
 
 	// KeepDisk makes Start boot from the disk already in Dir (a restart of

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/emberbox/emberbox/internal/vmm"
 )
 
 // A saved device state loads only into a QEMU with the same devices, so
@@ -25,10 +27,37 @@ import (
 //	   a guest used and let go goes back to the host, in page cache and on
 //	   disk. Never into a file another VM maps: that is what corrupted a
 //	   template once (docs/DESIGN.md).
+//	3: set 2 and the computer-use layer (guestimage/layer.go) as a second
+//	   disk, read-only, the same file for every VM. The layer a VM booted
+//	   with is recorded beside the set (layerFile): a resume opens that file
+//	   while it exists, the server's current one when it does not (a move
+//	   to another node, an image cache cleared).
 const (
 	devicesFile    = "devices" // the device set of a VM dir's saved state or running VM
-	devicesCurrent = 2
+	devicesCurrent = 3
+	layerFile      = "layer" // the host path of the layer of a set 3 VM
 )
+
+// bootDevices is the device set a boot of spec gets: the newest, less the
+// layer when there is none.
+func bootDevices(spec vmm.Spec) int {
+	if spec.Layer == "" {
+		return 2
+	}
+	return devicesCurrent
+}
+
+// layerOf is the layer a VM of dir opens, booted with the layer of spec
+// or with the one recorded.
+func layerOf(dir string, spec vmm.Spec) string {
+	b, err := os.ReadFile(filepath.Join(dir, layerFile))
+	if p := strings.TrimSpace(string(b)); err == nil && filepath.IsAbs(p) {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	return spec.Layer
+}
 
 // readDevices returns the device set recorded in dir (1 when none is).
 func readDevices(dir string) (int, error) {
@@ -63,10 +92,18 @@ func copyDevices(src, dst string) error {
 	return writeDevices(dst, n)
 }
 
-// deviceArgs are the QEMU arguments of the devices set n adds to set 1.
-func deviceArgs(n int) []string {
+// deviceArgs are the QEMU arguments of the devices set n adds to set 1,
+// its files at the paths f.
+func deviceArgs(n int, f vmFiles) []string {
 	if n < 2 {
 		return nil
 	}
-	return []string{"-device", "virtio-balloon-device,free-page-reporting=on"}
+	args := []string{"-device", "virtio-balloon-device,free-page-reporting=on"}
+	if n >= 3 {
+		args = append(args,
+			"-blockdev", "driver=file,node-name=layer-file,read-only=on,filename="+optEscape(f.Layer),
+			"-blockdev", "driver=raw,node-name=layer,file=layer-file,read-only=on",
+			"-device", "virtio-blk-device,drive=layer")
+	}
+	return args
 }

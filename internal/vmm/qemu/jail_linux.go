@@ -17,7 +17,8 @@ import (
 )
 
 // Paths of a confined VM's files inside its jail.
-var jailFiles = vmFiles{Kernel: "/vmlinuz", Initrd: "/initrd", Rootfs: "/rootfs.img", Disk: "/disk.qcow2", Mem: "/mem"}
+var jailFiles = vmFiles{Kernel: "/vmlinuz", Initrd: "/initrd", Rootfs: "/rootfs.img", Disk: "/disk.qcow2", Mem: "/mem",
+	Layer: "/layer.img"}
 
 // jailSnapDisk is where a copy's snapshot disk is bound in its jail.
 const jailSnapDisk = "/snapdisk.qcow2"
@@ -122,6 +123,9 @@ func checkShared(spec vmm.Spec, f vmFiles) error {
 	if f.SnapDisk != "" {
 		shared = append(shared, f.SnapDisk)
 	}
+	if f.Devices >= 3 {
+		shared = append(shared, f.Layer)
+	}
 	for _, name := range shared {
 		st, err := os.Stat(name)
 		if err != nil {
@@ -164,6 +168,11 @@ func (d *Driver) jailBinds(spec vmm.Spec, f vmFiles) ([]bind, []uint32, vmFiles)
 
 	jf := jailFiles
 	jf.Devices = f.Devices
+	if f.Devices >= 3 {
+		binds = append(binds, bind{src: f.Layer, dst: jailFiles.Layer})
+	} else {
+		jf.Layer = ""
+	}
 	if f.SnapDisk != "" {
 		binds = append(binds, bind{src: f.SnapDisk, dst: jailSnapDisk})
 		jf.SnapDisk = jailSnapDisk

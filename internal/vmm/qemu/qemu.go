@@ -270,8 +270,10 @@ type vmFiles struct {
 	// Mem is the guest RAM file. SnapDisk, if set, is the snapshot disk
 	// (qcow2 over Rootfs) that Disk is an overlay of.
 	Mem, SnapDisk string
-	// Devices is the device set (devices.go); 0 means 1.
+	// Devices is the device set (devices.go); 0 means 1. Layer is the
+	// computer-use layer of set 3.
 	Devices int
+	Layer   string
 }
 
 // Descriptors QEMU inherits: exec.Cmd.ExtraFiles start at 3.
@@ -354,7 +356,7 @@ func (d *Driver) Args(spec vmm.Spec, f vmFiles, restore bool) []string {
 		"-chardev", "socket,id=qmp,server=on,wait=off,fd="+strconv.Itoa(qmpFD),
 		"-mon", "chardev=qmp,mode=control",
 	)
-	args = append(args, deviceArgs(f.Devices)...)
+	args = append(args, deviceArgs(f.Devices, f)...)
 	if restore {
 		args = append(args, "-incoming", "defer", "-S")
 	}
@@ -392,9 +394,15 @@ func (d *Driver) Start(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) 
 	if err := createMem(spec); err != nil {
 		return nil, err
 	}
-	// A boot gets the newest devices.
-	if err := writeDevices(spec.Dir, devicesCurrent); err != nil {
+	// A boot gets the newest devices, and records its layer.
+	if err := writeDevices(spec.Dir, bootDevices(spec)); err != nil {
 		return nil, err
+	}
+	_ = os.Remove(filepath.Join(spec.Dir, layerFile))
+	if spec.Layer != "" {
+		if err := os.WriteFile(filepath.Join(spec.Dir, layerFile), []byte(spec.Layer+"\n"), 0o600); err != nil {
+			return nil, fmt.Errorf("recording the layer: %w", err)
+		}
 	}
 	m, err := d.launch(ctx, spec, nil)
 	if err != nil {
@@ -426,6 +434,9 @@ func hostFiles(spec vmm.Spec) vmFiles {
 		f.SnapDisk = strings.TrimSpace(string(b))
 	}
 	f.Devices, _ = readDevices(spec.Dir) // launch has checked it
+	if f.Devices >= 3 {
+		f.Layer = layerOf(spec.Dir, spec)
+	}
 	return f
 }
 
@@ -457,6 +468,10 @@ func (d *Driver) launch(ctx context.Context, spec vmm.Spec, state *os.File) (*ma
 		return nil, err
 	}
 	f := hostFiles(spec)
+	if f.Devices >= 3 && f.Layer == "" {
+		outR.Close()
+		return nil, fmt.Errorf("the VM was booted with the computer-use layer, and this server has none (an image without one)")
+	}
 	if d.jail != nil {
 		err = d.startJailed(cmd, spec, f, state != nil, m)
 	} else {

@@ -204,3 +204,43 @@ func TestCPUCeiling(t *testing.T) {
 		}
 	}
 }
+
+// TestDeviceSetLayer: a boot with a layer gets set 3 and the layer as a
+// read-only second disk after the root disk (the guest's vdb); a resume
+// opens the layer the VM booted with while it exists, else the current
+// one; set 2 has no layer.
+func TestDeviceSetLayer(t *testing.T) {
+	d := &Driver{accel: "tcg"}
+	f := jailFiles
+	f.Devices = 3
+	args := strings.Join(d.Args(vmm.Spec{ID: "sbx_1", VCPU: 1, MemoryMiB: 512}, f, false), " ")
+	layer := "-blockdev driver=file,node-name=layer-file,read-only=on,filename=/layer.img " +
+		"-blockdev driver=raw,node-name=layer,file=layer-file,read-only=on -device virtio-blk-device,drive=layer"
+	root := "-device virtio-blk-device,drive=root"
+	if !strings.Contains(args, layer) || strings.Index(args, root) > strings.Index(args, layer) {
+		t.Fatalf("set 3 args: %s", args)
+	}
+	f.Devices = 2
+	if args := strings.Join(d.Args(vmm.Spec{ID: "sbx_1", VCPU: 1, MemoryMiB: 512}, f, false), " "); strings.Contains(args, "layer") {
+		t.Fatalf("set 2 has a layer: %s", args)
+	}
+	if bootDevices(vmm.Spec{}) != 2 || bootDevices(vmm.Spec{Layer: "/l"}) != 3 {
+		t.Fatal("a boot without a layer must get set 2, with one set 3")
+	}
+
+	dir := t.TempDir()
+	booted := filepath.Join(t.TempDir(), "layer.img")
+	if err := os.WriteFile(booted, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, layerFile), []byte(booted+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := layerOf(dir, vmm.Spec{Layer: "/current/layer.img"}); got != booted {
+		t.Fatalf("resume opens %q, want the layer it booted with, %q", got, booted)
+	}
+	os.Remove(booted)
+	if got := layerOf(dir, vmm.Spec{Layer: "/current/layer.img"}); got != "/current/layer.img" {
+		t.Fatalf("with the booted layer gone, resume opens %q", got)
+	}
+}

@@ -1,0 +1,112 @@
+"""Computer use through the real `withruntime==0.35.0` SDK: `sbx.browser`
+starts Chromium (from the image's computer-use layer) in a real sandbox, and
+Playwright from PyPI drives it over CDP through the `cdpUrl` the server
+answers. Playwright downloads no browser for that: it connects to ours."""
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from urllib.parse import urlsplit
+
+import pytest
+from _helpers import poll as _poll
+from withruntime import Sandbox
+
+PAGE = ("<html><head><title>Hello from Emberbox</title></head>"
+        "<body><h1>hi</h1><input id=q></body></html>")
+
+
+@pytest.fixture(scope="module")
+def box(runtime_client):
+    b = Sandbox.create(client=runtime_client, timeout_seconds=1800)
+    try:
+        b.files.write("/workspace/site/index.html", PAGE)
+        b.spawn("python3 -m http.server 8000 --bind 127.0.0.1", cwd="/workspace/site")
+        assert _poll(lambda: b.exec("curl -s --max-time 5 http://127.0.0.1:8000/", timeout_ms=20_000).exit_code == 0,
+                     90, 1), "the page's server never answered"
+        yield b
+    finally:
+        try:
+            b.delete()
+        except Exception as e:  # noqa: BLE001 - cleanup must not hide the test result
+            print(f"cleanup: delete of {b.id} failed: {e}")
+
+
+def _loopback(url: str) -> tuple[str, dict]:
+    """A preview's host is under localhost, which browsers resolve to the
+    loopback address and this machine's resolver does not: connect there
+    and send the preview's Host. With a real --preview-domain the URL is
+    used as it is."""
+    u = urlsplit(url)
+    if not (u.hostname or "").endswith(".localhost"):
+        return url, {}
+    return u._replace(netloc=f"127.0.0.1:{u.port}").geturl(), {"Host": u.netloc}
+
+
+def _status(url: str) -> tuple[int, str]:
+    """GET url (a ws:// address read as http://): its status and error code."""
+    url, host = _loopback(url.replace("ws://", "http://", 1))
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(urllib.request.Request(url, headers=host), timeout=60) as r:
+            return r.status, ""
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}").get("error", {}).get("code", "")
+
+
+def _page(cdp_url: str, playwright):
+    url, headers = _loopback(cdp_url)
+    browser = playwright.chromium.connect_over_cdp(url, headers=headers, timeout=120_000)
+    ctx = browser.contexts[0] if browser.contexts else browser.new_context()
+    return browser, ctx
+
+
+def test_playwright_drives_the_sandbox_browser_over_cdp(box):
+    from playwright.sync_api import sync_playwright
+
+    assert box.browser.get()["running"] is False
+    t0 = time.monotonic()
+    b = box.browser.start()
+    print(f"browser start in a fresh sandbox: {time.monotonic() - t0:.1f} s")
+    assert b["running"] is True and b["headless"] is True and (b["width"], b["height"]) == (1280, 720)
+    assert b["cdpUrl"].startswith("ws://9222-") and "/devtools/browser/" in b["cdpUrl"]
+    assert b["version"].startswith("Chrome/")
+    # A second start answers the browser that runs.
+    assert box.browser.start()["startedAt"] == b["startedAt"]
+    # Inside the sandbox the same browser is at 127.0.0.1:9222.
+    inside = box.exec("curl -s --max-time 10 http://127.0.0.1:9222/json/version", timeout_ms=30_000)
+    assert inside.exit_code == 0 and b["cdpUrl"].split("?")[0].endswith(
+        json.loads(inside.stdout)["webSocketDebuggerUrl"].split("9222", 1)[1])
+    # The URL without its token is refused.
+    assert _status(b["cdpUrl"].split("?")[0]) == (401, "preview_token_required")
+
+    with sync_playwright() as p:
+        browser, ctx = _page(b["cdpUrl"], p)
+        page = ctx.new_page()
+        page.goto("http://127.0.0.1:8000/", timeout=120_000)
+        assert page.title() == "Hello from Emberbox"
+        page.fill("#q", "typed through CDP")
+        assert page.input_value("#q") == "typed through CDP"
+        png = page.screenshot(timeout=120_000)
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
+        browser.close()  # over CDP: disconnects, the browser runs on
+
+    # A pause saves the whole VM: the browser and its page survive a wake,
+    # and a fresh cdpUrl reaches them.
+    box.pause()
+    box.wake()
+    g = box.browser.get()
+    assert g["running"] is True and g["startedAt"] == b["startedAt"] and g["cdpUrl"]
+    with sync_playwright() as p:
+        browser, ctx = _page(g["cdpUrl"], p)
+        titles = [pg.title() for pg in ctx.pages]
+        assert "Hello from Emberbox" in titles, titles
+        browser.close()
+
+    assert box.browser.stop() is True
+    assert box.browser.get()["running"] is False and box.browser.get()["cdpUrl"] is None
+    # Its URLs end with it.
+    assert _status(g["cdpUrl"])[0] == 404
+    assert box.browser.stop() is False
