@@ -73,6 +73,10 @@ func unavailableCode(path string) string {
 		return "process_files_unavailable"
 	}
 	seg, _, _ = strings.Cut(seg, ":")
+	if seg == "desktop" && strings.HasPrefix(rest, "recordings") {
+		// The desktop is served; its recordings are not yet.
+		return "desktop_recordings_unavailable"
+	}
 	return unavailableSandboxSub[seg]
 }
 
