@@ -110,3 +110,64 @@ def test_playwright_drives_the_sandbox_browser_over_cdp(box):
     # Its URLs end with it.
     assert _status(g["cdpUrl"])[0] == 404
     assert box.browser.stop() is False
+
+
+FORM = ("<html><head><title>Form</title></head><body style='font-size:40px'>"
+        "<input id=q autofocus style='font-size:40px' "
+        "onkeydown=\"if (event.key == 'Enter') document.title = 'typed: ' + this.value\"></body></html>")
+
+
+def _png_size(png: bytes) -> tuple[int, int]:
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR", png[:16]
+    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+
+
+def _act_raw(server, box, body: dict) -> tuple[int, str]:
+    """POST …/desktop:act with body as it is: its status and error code."""
+    req = urllib.request.Request(f"{server.url}/v1/sandboxes/{box.id}/desktop:act", method="POST",
+                                 data=json.dumps(body).encode(),
+                                 headers={"Authorization": "Bearer " + server.key, "Content-Type": "application/json"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(req, timeout=120) as r:
+            return r.status, ""
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}").get("error", {}).get("code", "")
+
+
+def test_desktop_is_driven_like_a_person_would(box, emberbox_server):
+    box.files.write("/workspace/site/form.html", FORM)
+    t0 = time.monotonic()
+    d = box.desktop.start(width=1024, height=768)
+    print(f"desktop start: {time.monotonic() - t0:.1f} s")
+    assert d["running"] is True and (d["width"], d["height"]) == (1024, 768) and d["display"] == ":1"
+    assert box.desktop.start()["startedAt"] == d["startedAt"]
+
+    box.desktop.move(100, 200)
+    assert box.desktop.cursor() == {"x": 100, "y": 200}
+    box.desktop.open("file:///workspace/site/form.html")
+    assert _poll(lambda: any("Form" in w["title"] for w in box.desktop.windows()), 120, 1), box.desktop.windows()
+    box.desktop.click(100, 120)
+    box.desktop.type("hello desktop")
+    box.desktop.press("Return")
+    # The page titles itself with what was typed once Return is pressed:
+    # the window's title shows what the keyboard did.
+    assert _poll(lambda: any("typed: hello desktop" in w["title"] for w in box.desktop.windows()), 60, 1), \
+        box.desktop.windows()
+
+    t0 = time.monotonic()
+    png = box.desktop.screenshot()
+    print(f"screenshot: {time.monotonic() - t0:.2f} s, {len(png)} bytes")
+    assert _png_size(png) == (1024, 768) and len(png) > 5000
+    jpeg = box.desktop.screenshot(format="jpeg", quality=50)
+    assert jpeg[:3] == b"\xff\xd8\xff"
+
+    # Bad input is refused in the API's error shape, before the guest.
+    for bad in ({"action": "move", "x": 5000, "y": 1}, {"action": "key", "keys": "ctrl+l; rm -rf /"},
+                {"action": "teleport"}, {"action": "focus", "windowId": "$(id)"},
+                {"action": "type", "text": ""}, {"action": "open", "url": "javascript:alert(1)"}):
+        assert _act_raw(emberbox_server, box, bad) == (400, "invalid_request"), bad
+
+    assert box.desktop.stop()["stopped"] is True
+    assert box.browser.get()["running"] is False  # its window went with it
+    assert _act_raw(emberbox_server, box, {"action": "cursor"}) == (409, "desktop_not_running")
