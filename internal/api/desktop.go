@@ -1,6 +1,7 @@
 package api
 
 import (
+	"io"
 	"net/http"
 	"strconv"
 	"time"
@@ -157,5 +158,123 @@ func (s desktopAPI) screenshot(w http.ResponseWriter, r *http.Request, c *call) 
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(b)
+	return nil
+}
+
+// recordingRequest is the body of POST …/desktop/recordings.
+type recordingRequest struct {
+	FPS        int  `json:"fps"`
+	MaxSeconds int  `json:"maxSeconds"`
+	MaxMiB     int  `json:"maxMiB"`
+	CRF        *int `json:"crf"`
+}
+
+// recordingJSON is a recording as the API answers it.
+type recordingJSON struct {
+	ID         string     `json:"id"`
+	SandboxID  string     `json:"sandboxId"`
+	State      string     `json:"state"` // recording, ready, failed
+	FPS        int        `json:"fps,omitempty"`
+	MaxSeconds int        `json:"maxSeconds,omitempty"`
+	MaxMiB     int        `json:"maxMiB,omitempty"`
+	SizeBytes  int64      `json:"sizeBytes"`
+	StartedAt  time.Time  `json:"startedAt"`
+	EndedAt    *time.Time `json:"endedAt"`
+	Error      string     `json:"error,omitempty"`
+}
+
+func toRecordingJSON(id string) func(r *computer.Recording) recordingJSON {
+	return func(r *computer.Recording) recordingJSON {
+		out := recordingJSON{ID: r.ID, SandboxID: id, State: r.State, FPS: r.FPS, MaxSeconds: r.MaxSeconds,
+			MaxMiB: r.MaxMiB, SizeBytes: r.SizeBytes, StartedAt: r.StartedAt.UTC(), Error: r.Error}
+		if r.EndedAt != nil {
+			at := r.EndedAt.UTC()
+			out.EndedAt = &at
+		}
+		return out
+	}
+}
+
+func (s desktopAPI) startRecording(w http.ResponseWriter, r *http.Request, c *call) error {
+	var body recordingRequest
+	if err := decode(c, &body); err != nil {
+		return err
+	}
+	opt := computer.RecordingOptions{FPS: body.FPS, MaxSeconds: body.MaxSeconds, MaxMiB: body.MaxMiB, CRF: body.CRF}
+	if _, err := opt.Check(); err != nil {
+		return err
+	}
+	sb, g, err := s.desktopGuest(r, c)
+	if err != nil {
+		return err
+	}
+	rec, err := s.computer.StartRecording(r.Context(), sb.ID, g, opt)
+	return reply(w, rec, err, toRecordingJSON(sb.ID))
+}
+
+func (s desktopAPI) listRecordings(w http.ResponseWriter, r *http.Request, c *call) error {
+	sb, g, err := s.desktopGuest(r, c)
+	if err != nil {
+		return err
+	}
+	recs, err := s.computer.Recordings(r.Context(), g)
+	if err != nil {
+		return err
+	}
+	out := make([]recordingJSON, 0, len(recs))
+	for i := range recs {
+		out = append(out, toRecordingJSON(sb.ID)(&recs[i]))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"data": out})
+	return nil
+}
+
+func (s desktopAPI) getRecording(w http.ResponseWriter, r *http.Request, c *call) error {
+	sb, g, err := s.desktopGuest(r, c)
+	if err != nil {
+		return err
+	}
+	rec, err := s.computer.Recording(r.Context(), g, r.PathValue("rec"))
+	return reply(w, rec, err, toRecordingJSON(sb.ID))
+}
+
+func (s desktopAPI) stopRecording(w http.ResponseWriter, r *http.Request, c *call) error {
+	sb, g, err := s.desktopGuest(r, c)
+	if err != nil {
+		return err
+	}
+	rec, err := s.computer.StopRecording(r.Context(), g, r.PathValue("rec"))
+	return reply(w, rec, err, toRecordingJSON(sb.ID))
+}
+
+func (s desktopAPI) recordingVideo(w http.ResponseWriter, r *http.Request, c *call) error {
+	_, g, err := s.desktopGuest(r, c)
+	if err != nil {
+		return err
+	}
+	size, rc, err := s.computer.OpenRecording(r.Context(), g, r.PathValue("rec"))
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	h := w.Header()
+	h.Set("Content-Type", "video/mp4")
+	h.Set("Content-Length", strconv.FormatInt(size, 10))
+	h.Set("Content-Disposition", `attachment; filename="`+r.PathValue("rec")+`.mp4"`)
+	w.WriteHeader(http.StatusOK)
+	_, _ = io.CopyN(w, rc, size)
+	return nil
+}
+
+func (s desktopAPI) deleteRecording(w http.ResponseWriter, r *http.Request, c *call) error {
+	sb, g, err := s.desktopGuest(r, c)
+	if err != nil {
+		return err
+	}
+	deleted, err := s.computer.DeleteRecording(r.Context(), g, r.PathValue("rec"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"id": r.PathValue("rec"), "sandboxId": sb.ID, "deleted": deleted})
 	return nil
 }

@@ -63,6 +63,12 @@ var guestRouteRequests = map[string]struct {
 	"stopDesktop":       {running: http.StatusNotImplemented},
 	"desktopAct":        {body: `{"action":"cursor"}`, running: http.StatusNotImplemented},
 	"desktopScreenshot": {running: http.StatusNotImplemented},
+	"startRecording":    {body: `{}`, running: http.StatusNotImplemented},
+	"listRecordings":    {running: http.StatusNotImplemented},
+	"getRecording":      {running: http.StatusNotImplemented},
+	"stopRecording":     {running: http.StatusNotImplemented},
+	"recordingVideo":    {running: http.StatusNotImplemented},
+	"deleteRecording":   {running: http.StatusNotImplemented},
 }
 
 // TestGuestRoutesRefuseByStateTable checks that every route that needs a

@@ -24,8 +24,7 @@ var unavailableTop = map[string]bool{
 // unavailableSandboxSub are the segments after /v1/sandboxes/{id}/ (with
 // any :verb stripped) of features of a sandbox, and their codes.
 var unavailableSandboxSub = map[string]string{
-	"desktop": "desktop_unavailable",
-	"mcp":     "mcp_unavailable", "mounts": "mounts_unavailable",
+	"mcp": "mcp_unavailable", "mounts": "mounts_unavailable",
 	"sessions": "sessions_unavailable", "tailscale": "tailscale_unavailable",
 }
 
@@ -73,10 +72,6 @@ func unavailableCode(path string) string {
 		return "process_files_unavailable"
 	}
 	seg, _, _ = strings.Cut(seg, ":")
-	if seg == "desktop" && strings.HasPrefix(rest, "recordings") {
-		// The desktop is served; its recordings are not yet.
-		return "desktop_recordings_unavailable"
-	}
 	return unavailableSandboxSub[seg]
 }
 

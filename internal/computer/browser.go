@@ -53,6 +53,7 @@ type Guest interface {
 	DialPort(ctx context.Context, port int) (net.Conn, error)
 	ReadFile(ctx context.Context, path string) (*guest.FileEntry, io.ReadCloser, error)
 	Remove(ctx context.Context, path string, recursive bool) (bool, error)
+	List(ctx context.Context, req guest.FileRequest) ([]guest.FileEntry, error)
 }
 
 // BrowserOptions is what a start asks for; zero sizes take the defaults.

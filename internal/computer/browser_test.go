@@ -128,6 +128,21 @@ func (g *fakeGuest) Remove(_ context.Context, path string, _ bool) (bool, error)
 	return ok, nil
 }
 
+func (g *fakeGuest) List(_ context.Context, req guest.FileRequest) ([]guest.FileEntry, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []guest.FileEntry
+	for p, b := range g.files {
+		if dir, name, _ := strings.Cut(strings.TrimPrefix(p, req.Path+"/"), "/"); name == "" && strings.HasPrefix(p, req.Path+"/") {
+			out = append(out, guest.FileEntry{Name: dir, Path: p, Type: "file", Size: int64(len(b))})
+		}
+	}
+	if out == nil {
+		return nil, errdefs.New(errdefs.ErrNotFound, "file_not_found", "no %s", req.Path)
+	}
+	return out, nil
+}
+
 func (g *fakeGuest) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	g.mu.Lock()
 	up := findBrowser(g.procs) != nil
