@@ -103,6 +103,9 @@ func xdotoolArgv(a Action, d *Desktop) ([]string, error) {
 		if err != nil {
 			return nil, err
 		}
+		if argv == nil {
+			argv = []string{"xdotool"}
+		}
 		if a.Double {
 			return append(argv, "click", "--repeat", "2", button), nil
 		}

@@ -135,6 +135,19 @@ def _act_raw(server, box, body: dict) -> tuple[int, str]:
         return e.code, json.loads(e.read() or b"{}").get("error", {}).get("code", "")
 
 
+def _mp4_boxes(data: bytes) -> list[str]:
+    """The top-level boxes of an MP4 file, checking that they tile it."""
+    names, at = [], 0
+    while at < len(data):
+        size, name = int.from_bytes(data[at:at + 4], "big"), data[at + 4:at + 8].decode("latin-1")
+        if size == 1:
+            size = int.from_bytes(data[at + 8:at + 16], "big")
+        assert size >= 8 and at + size <= len(data), (name, size, at, len(data))
+        names.append(name)
+        at += size
+    return names
+
+
 def test_desktop_is_driven_like_a_person_would(box, emberbox_server):
     box.files.write("/workspace/site/form.html", FORM)
     t0 = time.monotonic()
@@ -146,14 +159,27 @@ def test_desktop_is_driven_like_a_person_would(box, emberbox_server):
     box.desktop.move(100, 200)
     assert box.desktop.cursor() == {"x": 100, "y": 200}
     box.desktop.open("file:///workspace/site/form.html")
-    assert _poll(lambda: any("Form" in w["title"] for w in box.desktop.windows()), 120, 1), box.desktop.windows()
+    assert _poll(lambda: any("Form" in w["title"] for w in box.desktop.windows()), 300, 1), box.desktop.windows()
+    rec = box.desktop.recordings.start(fps=5, max_seconds=300, max_mib=64)
+    assert rec["state"] == "recording" and rec["id"].startswith("rec_")
     box.desktop.click(100, 120)
     box.desktop.type("hello desktop")
     box.desktop.press("Return")
     # The page titles itself with what was typed once Return is pressed:
     # the window's title shows what the keyboard did.
-    assert _poll(lambda: any("typed: hello desktop" in w["title"] for w in box.desktop.windows()), 60, 1), \
+    assert _poll(lambda: any("typed: hello desktop" in w["title"] for w in box.desktop.windows()), 300, 1), \
         box.desktop.windows()
+
+    done = box.desktop.recordings.stop(rec["id"])
+    assert done["state"] == "ready" and done["sizeBytes"] > 0, done
+    assert [r["id"] for r in box.desktop.recordings.list()] == [rec["id"]]
+    video = box.desktop.recordings.download(rec["id"])
+    assert len(video) == done["sizeBytes"]
+    boxes = _mp4_boxes(video)
+    assert boxes[0] == "ftyp" and "moov" in boxes and "mdat" in boxes, boxes
+    open("/tmp/emberbox-desktop-recording.mp4", "wb").write(video)
+    assert box.desktop.recordings.delete(rec["id"]) is True
+    assert box.desktop.recordings.list() == []
 
     t0 = time.monotonic()
     png = box.desktop.screenshot()
