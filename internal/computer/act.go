@@ -275,19 +275,21 @@ func (s *Service) open(ctx context.Context, id string, g Guest, d *Desktop, raw 
 	if err != nil {
 		return nil, fmt.Errorf("listing the sandbox's processes: %w", err)
 	}
-	if p := findBrowser(procs); p != nil {
-		if browserOf(p).Headless {
-			return nil, errdefs.New(errdefs.ErrConflict, "browser_headless", "the sandbox's browser runs headless, off the desktop").
-				WithHint("stop it (POST …/browser:stop) and open the URL again: the browser then starts on the desktop")
-		}
-		// A second start of the same profile hands the URL to the running
-		// browser and exits.
-		if _, err := runOnDisplay(ctx, g, browserArgv(launcher{argv: []string{"chromium"}}, BrowserOptions{Width: d.Width, Height: d.Height}, raw), 4096); err != nil {
+	opt := BrowserOptions{Width: d.Width, Height: d.Height}
+	if p := findBrowser(procs); p != nil && browserOf(p).Headless {
+		return nil, errdefs.New(errdefs.ErrConflict, "browser_headless", "the sandbox's browser runs headless, off the desktop").
+			WithHint("stop it (POST …/browser:stop) and open the URL again: the browser then starts on the desktop")
+	} else if p == nil {
+		// Started on a blank page and then handed the URL: a fresh
+		// profile's first page, given on the command line, was seen to
+		// stay loading for minutes under emulation.
+		if _, err := s.StartBrowser(ctx, id, g, opt); err != nil {
 			return nil, err
 		}
-		return map[string]any{"done": true}, nil
 	}
-	if _, err := s.startBrowser(ctx, id, g, BrowserOptions{Width: d.Width, Height: d.Height}, raw); err != nil {
+	// A second start of the same profile hands the URL to the running
+	// browser and exits.
+	if _, err := runOnDisplay(ctx, g, browserArgv(launcher{argv: []string{"chromium"}}, opt, raw), 4096); err != nil {
 		return nil, err
 	}
 	return map[string]any{"done": true}, nil

@@ -111,11 +111,6 @@ func New(log *slog.Logger) *Service {
 // (Headless false) shows on the sandbox's desktop, which it starts if it
 // does not run.
 func (s *Service) StartBrowser(ctx context.Context, id string, g Guest, opt BrowserOptions) (*Browser, error) {
-	return s.startBrowser(ctx, id, g, opt, "about:blank")
-}
-
-// startBrowser is StartBrowser opening page.
-func (s *Service) startBrowser(ctx context.Context, id string, g Guest, opt BrowserOptions, page string) (*Browser, error) {
 	opt, err := opt.Check()
 	if err != nil {
 		return nil, err
@@ -132,7 +127,7 @@ func (s *Service) startBrowser(ctx context.Context, id string, g Guest, opt Brow
 	if err != nil {
 		return nil, err
 	}
-	req := guest.ExecRequest{Argv: browserArgv(l, opt, page), Cwd: "/tmp", Detach: true, User: l.user}
+	req := guest.ExecRequest{Argv: browserArgv(l, opt, "about:blank"), Cwd: "/tmp", Detach: true, User: l.user}
 	if !opt.Headless {
 		if _, err := s.StartDesktop(ctx, id, g, DesktopOptions{Width: opt.Width, Height: opt.Height}); err != nil {
 			return nil, err
