@@ -125,4 +125,7 @@ func TestRecordingsFromProcessesAndFiles(t *testing.T) {
 	if _, ok := g.files[RecordingsDir+"/"+rec.ID+".mp4"]; ok {
 		t.Fatal("a deleted recording's file is there")
 	}
+	if list, _ := s.Recordings(ctx, g); len(list) != 1 || list[0].ID == rec.ID {
+		t.Fatalf("after the delete, the list is %+v", list)
+	}
 }

@@ -289,7 +289,12 @@ func kill(ctx context.Context, g Guest, pid string) {
 // waitEnded waits a while for the agent to reap a killed process, so
 // that what a stop answers is what a read after it sees.
 func waitEnded(ctx context.Context, g Guest, pid string) {
-	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	waitEndedFor(ctx, g, pid, 15*time.Second)
+}
+
+// waitEndedFor waits up to d for process pid of g to end.
+func waitEndedFor(ctx context.Context, g Guest, pid string, d time.Duration) {
+	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	for {
 		p, err := g.Process(ctx, pid)

@@ -63,6 +63,9 @@ func (g *fakeGuest) Spawn(_ context.Context, req guest.ExecRequest) (*guest.Proc
 	p := guest.ProcessInfo{ID: fmt.Sprintf("proc_%d", len(g.procs)+1), Argv: req.Argv, User: req.User,
 		StartedAt: time.Unix(1000+int64(len(g.procs)), 0)}
 	g.procs = append(g.procs, p)
+	if rid := recordingIDOf(p); rid != "" {
+		g.files[RecordingsDir+"/"+rid+".mp4"] = "ftyp" // ffmpeg's first bytes
+	}
 	return &p, nil
 }
 

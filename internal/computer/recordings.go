@@ -137,8 +137,39 @@ func (s *Service) StartRecording(ctx context.Context, id string, g Guest, opt Re
 	if err != nil {
 		return nil, fmt.Errorf("starting the recording: %w", err)
 	}
+	if err := recordingBegun(ctx, g, info.ID, rid); err != nil {
+		kill(ctx, g, info.ID)
+		return nil, err
+	}
 	r := recordingOf(info)
 	return &r, nil
+}
+
+// recordingBegun waits until the recording's file has its first bytes:
+// ffmpeg takes seconds to start under emulation, and a stop before that
+// would leave no video.
+func recordingBegun(ctx context.Context, g Guest, pid, rid string) error {
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	for {
+		files, _ := g.List(wctx, guest.FileRequest{Path: RecordingsDir, Depth: 1, Limit: 1000})
+		for _, f := range files {
+			if f.Name == rid+".mp4" && f.Size > 0 {
+				return nil
+			}
+		}
+		if p, err := g.Process(wctx, pid); err == nil && !running(*p) {
+			return errdefs.New(errdefs.ErrInternal, "recording_failed", "the recording ended as it started: %s", tail(ctx, g, pid))
+		}
+		select {
+		case <-wctx.Done():
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return errdefs.New(errdefs.ErrUnavailable, "recording_failed", "the recording wrote nothing within 2 minutes")
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }
 
 // roomFor refuses a recording of maxMiB the guest's disk has no room for.
@@ -189,11 +220,13 @@ func (s *Service) recordings(ctx context.Context, g Guest) ([]Recording, error) 
 	if err != nil && !errdefs.IsNotFound(err) {
 		return nil, fmt.Errorf("listing the recordings: %w", err)
 	}
+	onDisk := map[string]bool{}
 	for _, f := range files {
 		rid, ok := strings.CutSuffix(f.Name, ".mp4")
 		if !ok || !recordingID.MatchString(rid) || f.Type != "file" {
 			continue
 		}
+		onDisk[rid] = true
 		r := byID[rid]
 		if r == nil {
 			r = &Recording{ID: rid, State: "ready", StartedAt: f.ModifiedAt}
@@ -202,7 +235,10 @@ func (s *Service) recordings(ctx context.Context, g Guest) ([]Recording, error) 
 		r.SizeBytes = f.Size
 	}
 	out := make([]Recording, 0, len(byID))
-	for _, r := range byID {
+	for rid, r := range byID {
+		if r.State != "recording" && !onDisk[rid] {
+			continue // deleted; its process is only history
+		}
 		if r.State == "ready" && r.SizeBytes == 0 {
 			r.State, r.Error = "failed", "no video was written"
 		}
@@ -240,11 +276,12 @@ func (s *Service) StopRecording(ctx context.Context, g Guest, rid string) (*Reco
 	}
 	for i := range procs {
 		if recordingIDOf(procs[i]) == rid && running(procs[i]) {
-			// ffmpeg finishes the file on SIGINT.
+			// ffmpeg finishes the file on SIGINT, which can take a while
+			// under emulation.
 			if _, err := g.Signal(ctx, procs[i].ID, "INT"); err != nil {
 				return nil, fmt.Errorf("stopping the recording: %w", err)
 			}
-			waitEnded(ctx, g, procs[i].ID)
+			waitEndedFor(ctx, g, procs[i].ID, 2*time.Minute)
 		}
 	}
 	return s.Recording(ctx, g, rid)
