@@ -48,6 +48,9 @@ type interpreterAPI struct{ *server }
 // browserAPI serves a sandbox's browser (browser.go).
 type browserAPI struct{ *server }
 
+// desktopAPI serves a sandbox's desktop (desktop.go).
+type desktopAPI struct{ *server }
+
 // watches serves watches of a sandbox's directories.
 type watches struct{ *server }
 
@@ -75,6 +78,7 @@ type areas struct {
 	previews    previewsAPI
 	interpreter interpreterAPI
 	browser     browserAPI
+	desktop     desktopAPI
 	watches     watches
 	links       linksAPI
 	network     networkAPI
@@ -86,7 +90,7 @@ func (s *server) areas() areas {
 	return areas{
 		sandboxes: sandboxesAPI{s}, snapshots: snapshots{s}, checkpoints: checkpointsAPI{s}, images: imagesAPI{s}, volumes: volumesAPI{s},
 		usage: usageAPI{s}, nodes: nodesAPI{s}, files: files{s}, uploads: uploadsAPI{s}, processes: processes{s},
-		sockets: sockets{s}, previews: previewsAPI{s}, interpreter: interpreterAPI{s}, browser: browserAPI{s}, watches: watches{s},
+		sockets: sockets{s}, previews: previewsAPI{s}, interpreter: interpreterAPI{s}, browser: browserAPI{s}, desktop: desktopAPI{s}, watches: watches{s},
 		links: linksAPI{s}, network: networkAPI{s}, webhooks: webhooksAPI{s}, secrets: secretsAPI{s},
 	}
 }

@@ -55,9 +55,20 @@ var guestRouteRequests = map[string]struct {
 	"deleteInterpreterContext":    {running: http.StatusNotImplemented},
 	"interpreterResult":           {running: http.StatusNotImplemented},
 	// Nor computer use.
-	"startBrowser": {body: `{}`, running: http.StatusNotImplemented},
-	"getBrowser":   {running: http.StatusNotImplemented},
-	"stopBrowser":  {running: http.StatusNotImplemented},
+	"startBrowser":      {body: `{}`, running: http.StatusNotImplemented},
+	"getBrowser":        {running: http.StatusNotImplemented},
+	"stopBrowser":       {running: http.StatusNotImplemented},
+	"startDesktop":      {body: `{}`, running: http.StatusNotImplemented},
+	"getDesktop":        {running: http.StatusNotImplemented},
+	"stopDesktop":       {running: http.StatusNotImplemented},
+	"desktopAct":        {body: `{"action":"cursor"}`, running: http.StatusNotImplemented},
+	"desktopScreenshot": {running: http.StatusNotImplemented},
+	"startRecording":    {body: `{}`, running: http.StatusNotImplemented},
+	"listRecordings":    {running: http.StatusNotImplemented},
+	"getRecording":      {running: http.StatusNotImplemented},
+	"stopRecording":     {running: http.StatusNotImplemented},
+	"recordingVideo":    {running: http.StatusNotImplemented},
+	"deleteRecording":   {running: http.StatusNotImplemented},
 }
 
 // TestGuestRoutesRefuseByStateTable checks that every route that needs a

@@ -24,8 +24,7 @@ var unavailableTop = map[string]bool{
 // unavailableSandboxSub are the segments after /v1/sandboxes/{id}/ (with
 // any :verb stripped) of features of a sandbox, and their codes.
 var unavailableSandboxSub = map[string]string{
-	"desktop": "desktop_unavailable",
-	"mcp":     "mcp_unavailable", "mounts": "mounts_unavailable",
+	"mcp": "mcp_unavailable", "mounts": "mounts_unavailable",
 	"sessions": "sessions_unavailable", "tailscale": "tailscale_unavailable",
 }
 
@@ -81,7 +80,7 @@ func unavailableCode(path string) string {
 func notServed(r *http.Request) *apiError {
 	if code := unavailableCode(r.URL.Path); code != "" {
 		return newError(http.StatusNotImplemented, code, "This server does not offer "+r.Method+" "+r.URL.Path+".").
-			withHint("Emberbox serves sandboxes, their commands, files, processes, terminals, code interpreter, network, pause, wake, snapshots, images and switching them, volumes and their backups, tunnel and previews; GET /v1/openapi.json lists every route.")
+			withHint("Emberbox serves sandboxes, their commands, files, processes, terminals, code interpreter, browser and desktop, network, pause, wake, snapshots and checkpoints, images and switching them, volumes and their backups, tunnel and previews; GET /v1/openapi.json lists every route.")
 	}
 	return routeNotFound(r)
 }

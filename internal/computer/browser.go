@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"slices"
@@ -50,6 +51,9 @@ type Guest interface {
 	ProcessOutput(ctx context.Context, req guest.ProcessRequest, onEvent func(guest.Event) error) error
 	Signal(ctx context.Context, id, signal string) (*guest.ProcessInfo, error)
 	DialPort(ctx context.Context, port int) (net.Conn, error)
+	ReadFile(ctx context.Context, path string) (*guest.FileEntry, io.ReadCloser, error)
+	Remove(ctx context.Context, path string, recursive bool) (bool, error)
+	List(ctx context.Context, req guest.FileRequest) ([]guest.FileEntry, error)
 }
 
 // BrowserOptions is what a start asks for; zero sizes take the defaults.
@@ -69,11 +73,6 @@ func (o BrowserOptions) Check() (BrowserOptions, error) {
 	if o.Width < MinSide || o.Width > MaxWidth || o.Height < MinSide || o.Height > MaxHeight {
 		return o, errdefs.New(errdefs.ErrInvalidArgument, "invalid_request",
 			"the window must be %d to %d pixels wide and %d to %d high", MinSide, MaxWidth, MinSide, MaxHeight)
-	}
-	if !o.Headless {
-		return o, errdefs.New(errdefs.ErrConflict, "desktop_unavailable",
-			"a browser with a window needs the sandbox's desktop, which this server does not run yet").
-			WithHint("start it headless (the default): Playwright, browser-use and Stagehand drive it the same over CDP")
 	}
 	return o, nil
 }
@@ -108,7 +107,9 @@ func New(log *slog.Logger) *Service {
 }
 
 // StartBrowser starts the browser of sandbox id in g, or answers the one
-// running there (whatever it was started with).
+// running there (whatever it was started with). One with a window
+// (Headless false) shows on the sandbox's desktop, which it starts if it
+// does not run.
 func (s *Service) StartBrowser(ctx context.Context, id string, g Guest, opt BrowserOptions) (*Browser, error) {
 	opt, err := opt.Check()
 	if err != nil {
@@ -126,7 +127,14 @@ func (s *Service) StartBrowser(ctx context.Context, id string, g Guest, opt Brow
 	if err != nil {
 		return nil, err
 	}
-	info, err := g.Spawn(ctx, guest.ExecRequest{Argv: browserArgv(l, opt), Cwd: "/tmp", Detach: true, User: l.user})
+	req := guest.ExecRequest{Argv: browserArgv(l, opt, "about:blank"), Cwd: "/tmp", Detach: true, User: l.user}
+	if !opt.Headless {
+		if _, err := s.StartDesktop(ctx, id, g, DesktopOptions{Width: opt.Width, Height: opt.Height}); err != nil {
+			return nil, err
+		}
+		req.Env = map[string]string{"DISPLAY": Display}
+	}
+	info, err := g.Spawn(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("starting the browser: %w", err)
 	}
@@ -218,7 +226,7 @@ func (s *Service) answering(ctx context.Context, g Guest, p *guest.ProcessInfo) 
 
 // browserArgv is how a browser is started. Its profile flag is what
 // findBrowser knows it by; the window size is read back from it.
-func browserArgv(l launcher, opt BrowserOptions) []string {
+func browserArgv(l launcher, opt BrowserOptions, page string) []string {
 	argv := append(slices.Clip(l.argv),
 		"--user-data-dir="+profileDir,
 		"--remote-debugging-port="+strconv.Itoa(CDPPort),
@@ -235,7 +243,7 @@ func browserArgv(l launcher, opt BrowserOptions) []string {
 	if opt.Headless {
 		argv = append(argv, "--headless=new")
 	}
-	return append(argv, "about:blank")
+	return append(argv, page)
 }
 
 // isBrowser reports whether p is a browser this package started (of any
@@ -281,7 +289,12 @@ func kill(ctx context.Context, g Guest, pid string) {
 // waitEnded waits a while for the agent to reap a killed process, so
 // that what a stop answers is what a read after it sees.
 func waitEnded(ctx context.Context, g Guest, pid string) {
-	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	waitEndedFor(ctx, g, pid, 15*time.Second)
+}
+
+// waitEndedFor waits up to d for process pid of g to end.
+func waitEndedFor(ctx context.Context, g Guest, pid string, d time.Duration) {
+	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	for {
 		p, err := g.Process(ctx, pid)

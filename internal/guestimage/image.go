@@ -30,7 +30,8 @@ type Image struct {
 	Kernel string // vmlinuz
 	Rootfs string // raw ext4, the read-only base for per-sandbox overlays
 	// Layer is the computer-use layer (layer.go): raw ext4, attached
-	// read-only to every VM, the same file for all.
+	// read-only to every VM, the same file for all; "" for an image built
+	// before there was one.
 	Layer         string
 	ModulesDir    string // the initramfs modules and their load-order file
 	KernelVersion string // uname -r of Kernel, e.g. 6.1.0-28-cloud-amd64
@@ -148,10 +149,14 @@ func load(dir string) (*Image, error) {
 		KernelVersion: m.KernelRelease,
 		RecipeHash:    m.RecipeHash,
 	}
-	for _, p := range []string{img.Kernel, img.Rootfs, img.Layer, filepath.Join(img.ModulesDir, loadOrderName)} {
+	for _, p := range []string{img.Kernel, img.Rootfs, filepath.Join(img.ModulesDir, loadOrderName)} {
 		if _, err := os.Stat(p); err != nil {
 			return nil, fmt.Errorf("image in %s is incomplete: %w", dir, err)
 		}
+	}
+	if _, err := os.Stat(img.Layer); err != nil {
+		// An image built before the layer still boots, without it.
+		img.Layer = ""
 	}
 	return img, nil
 }

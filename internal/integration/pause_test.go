@@ -36,7 +36,13 @@ func (c *client) lifecycle(t testing.TB, id, verb string, body map[string]any) s
 func serveHTTP(t testing.TB, c *client, id string) {
 	t.Helper()
 	c.spawn(t, id, "python3 -m http.server 8000 --directory /workspace")
-	c.sh(t, id, "for i in $(seq 100); do curl -sf -o /dev/null localhost:8000/ && exit 0; sleep 0.1; done; exit 1")
+	// A slow, shared machine may take a minute to start Python: wait up to
+	// five, in one command.
+	cmd := "for i in $(seq 1500); do curl -sf -o /dev/null localhost:8000/ && exit 0; sleep 0.2; done; exit 1"
+	res, _ := c.exec(t, id, execReq{Command: cmd, TimeoutMs: 6 * 60_000})
+	if res.ExitCode == nil || *res.ExitCode != 0 {
+		t.Fatalf("the sandbox's http.server did not answer: exit %s, stderr %q", res.exit(), res.Stderr)
+	}
 }
 
 // checkKept checks that /workspace/kept holds want and that the web server

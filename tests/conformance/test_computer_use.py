@@ -110,3 +110,90 @@ def test_playwright_drives_the_sandbox_browser_over_cdp(box):
     # Its URLs end with it.
     assert _status(g["cdpUrl"])[0] == 404
     assert box.browser.stop() is False
+
+
+FORM = ("<html><head><title>Form</title></head><body style='font-size:40px'>"
+        "<input id=q autofocus style='font-size:40px' "
+        "onkeydown=\"if (event.key == 'Enter') document.title = 'typed: ' + this.value\"></body></html>")
+
+
+def _png_size(png: bytes) -> tuple[int, int]:
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR", png[:16]
+    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+
+
+def _act_raw(server, box, body: dict) -> tuple[int, str]:
+    """POST …/desktop:act with body as it is: its status and error code."""
+    req = urllib.request.Request(f"{server.url}/v1/sandboxes/{box.id}/desktop:act", method="POST",
+                                 data=json.dumps(body).encode(),
+                                 headers={"Authorization": "Bearer " + server.key, "Content-Type": "application/json"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(req, timeout=120) as r:
+            return r.status, ""
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}").get("error", {}).get("code", "")
+
+
+def _mp4_boxes(data: bytes) -> list[str]:
+    """The top-level boxes of an MP4 file, checking that they tile it."""
+    names, at = [], 0
+    while at < len(data):
+        size, name = int.from_bytes(data[at:at + 4], "big"), data[at + 4:at + 8].decode("latin-1")
+        if size == 1:
+            size = int.from_bytes(data[at + 8:at + 16], "big")
+        assert size >= 8 and at + size <= len(data), (name, size, at, len(data))
+        names.append(name)
+        at += size
+    return names
+
+
+def test_desktop_is_driven_like_a_person_would(box, emberbox_server):
+    box.files.write("/workspace/site/form.html", FORM)
+    t0 = time.monotonic()
+    d = box.desktop.start(width=1024, height=768)
+    print(f"desktop start: {time.monotonic() - t0:.1f} s")
+    assert d["running"] is True and (d["width"], d["height"]) == (1024, 768) and d["display"] == ":1"
+    assert box.desktop.start()["startedAt"] == d["startedAt"]
+
+    box.desktop.move(100, 200)
+    assert box.desktop.cursor() == {"x": 100, "y": 200}
+    box.desktop.open("file:///workspace/site/form.html")
+    assert _poll(lambda: any("Form" in w["title"] for w in box.desktop.windows()), 300, 1), box.desktop.windows()
+    rec = box.desktop.recordings.start(fps=5, max_seconds=300, max_mib=64)
+    assert rec["state"] == "recording" and rec["id"].startswith("rec_")
+    box.desktop.click(100, 120)
+    box.desktop.type("hello desktop")
+    box.desktop.press("Return")
+    # The page titles itself with what was typed once Return is pressed:
+    # the window's title shows what the keyboard did.
+    assert _poll(lambda: any("typed: hello desktop" in w["title"] for w in box.desktop.windows()), 300, 1), \
+        box.desktop.windows()
+
+    done = box.desktop.recordings.stop(rec["id"])
+    assert done["state"] == "ready" and done["sizeBytes"] > 0, done
+    assert [r["id"] for r in box.desktop.recordings.list()] == [rec["id"]]
+    video = box.desktop.recordings.download(rec["id"])
+    assert len(video) == done["sizeBytes"]
+    boxes = _mp4_boxes(video)
+    assert boxes[0] == "ftyp" and "moov" in boxes and "mdat" in boxes, boxes
+    open("/tmp/emberbox-desktop-recording.mp4", "wb").write(video)
+    assert box.desktop.recordings.delete(rec["id"]) is True
+    assert box.desktop.recordings.list() == []
+
+    t0 = time.monotonic()
+    png = box.desktop.screenshot()
+    print(f"screenshot: {time.monotonic() - t0:.2f} s, {len(png)} bytes")
+    assert _png_size(png) == (1024, 768) and len(png) > 5000
+    jpeg = box.desktop.screenshot(format="jpeg", quality=50)
+    assert jpeg[:3] == b"\xff\xd8\xff"
+
+    # Bad input is refused in the API's error shape, before the guest.
+    for bad in ({"action": "move", "x": 5000, "y": 1}, {"action": "key", "keys": "ctrl+l; rm -rf /"},
+                {"action": "teleport"}, {"action": "focus", "windowId": "$(id)"},
+                {"action": "type", "text": ""}, {"action": "open", "url": "javascript:alert(1)"}):
+        assert _act_raw(emberbox_server, box, bad) == (400, "invalid_request"), bad
+
+    assert box.desktop.stop()["stopped"] is True
+    assert box.browser.get()["running"] is False  # its window went with it
+    assert _act_raw(emberbox_server, box, {"action": "cursor"}) == (409, "desktop_not_running")
