@@ -271,9 +271,9 @@ func (s *Service) open(ctx context.Context, id string, g Guest, d *Desktop, raw 
 	if err != nil || len(raw) > MaxURL || !(u.Scheme == "http" || u.Scheme == "https" || u.Scheme == "file" || raw == "about:blank") {
 		return nil, invalidAction("url must be an http, https or file URL, at most 8 KiB")
 	}
-	procs, err := g.Processes(ctx)
+	procs, err := processes(ctx, g)
 	if err != nil {
-		return nil, fmt.Errorf("listing the sandbox's processes: %w", err)
+		return nil, err
 	}
 	opt := BrowserOptions{Width: d.Width, Height: d.Height}
 	if p := findBrowser(procs); p != nil && browserOf(p).Headless {

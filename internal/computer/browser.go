@@ -116,9 +116,9 @@ func (s *Service) StartBrowser(ctx context.Context, id string, g Guest, opt Brow
 		return nil, err
 	}
 	defer s.locks.lock(id)()
-	procs, err := g.Processes(ctx)
+	procs, err := processes(ctx, g)
 	if err != nil {
-		return nil, fmt.Errorf("listing the sandbox's processes: %w", err)
+		return nil, err
 	}
 	if p := findBrowser(procs); p != nil {
 		return s.answering(ctx, g, p)
@@ -149,9 +149,9 @@ func (s *Service) StartBrowser(ctx context.Context, id string, g Guest, opt Brow
 
 // GetBrowser reports the browser of g: Running false if there is none.
 func (s *Service) GetBrowser(ctx context.Context, g Guest) (*Browser, error) {
-	procs, err := g.Processes(ctx)
+	procs, err := processes(ctx, g)
 	if err != nil {
-		return nil, fmt.Errorf("listing the sandbox's processes: %w", err)
+		return nil, err
 	}
 	p := findBrowser(procs)
 	if p == nil {
@@ -159,24 +159,21 @@ func (s *Service) GetBrowser(ctx context.Context, g Guest) (*Browser, error) {
 	}
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	v, err := devtoolsVersion(wctx, g)
-	if err != nil {
-		// Running but not answering (starting, or hung): say so without
-		// a URL rather than fail the read.
-		b := browserOf(p)
-		return &b, nil
-	}
 	b := browserOf(p)
-	b.Version, b.DebuggerPath = v.Browser, v.path
+	// Running but not answering (starting, or hung): it is said without a
+	// URL rather than failing the read.
+	if v, err := devtoolsVersion(wctx, g); err == nil {
+		b.Version, b.DebuggerPath = v.Browser, v.path
+	}
 	return &b, nil
 }
 
 // StopBrowser ends the browser of sandbox id, reporting whether one ran.
 func (s *Service) StopBrowser(ctx context.Context, id string, g Guest) (bool, error) {
 	defer s.locks.lock(id)()
-	procs, err := g.Processes(ctx)
+	procs, err := processes(ctx, g)
 	if err != nil {
-		return false, fmt.Errorf("listing the sandbox's processes: %w", err)
+		return false, err
 	}
 	stopped := false
 	for i := range procs {
@@ -277,6 +274,16 @@ func browserOf(p *guest.ProcessInfo) Browser {
 		}
 	}
 	return b
+}
+
+// processes lists the guest's processes, which is how this package
+// finds what it started.
+func processes(ctx context.Context, g Guest) ([]guest.ProcessInfo, error) {
+	procs, err := g.Processes(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("listing the sandbox's processes: %w", err)
+	}
+	return procs, nil
 }
 
 // kill ends a process of the guest, even if ctx has ended.

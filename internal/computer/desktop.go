@@ -74,9 +74,9 @@ func (s *Service) StartDesktop(ctx context.Context, id string, g Guest, opt Desk
 
 // startDesktop is StartDesktop with the desktop's lock held.
 func (s *Service) startDesktop(ctx context.Context, g Guest, opt DesktopOptions) (*Desktop, error) {
-	procs, err := g.Processes(ctx)
+	procs, err := processes(ctx, g)
 	if err != nil {
-		return nil, fmt.Errorf("listing the sandbox's processes: %w", err)
+		return nil, err
 	}
 	if p := findDesktop(procs); p != nil {
 		d := desktopOf(p)
@@ -102,9 +102,9 @@ func (s *Service) startDesktop(ctx context.Context, g Guest, opt DesktopOptions)
 
 // GetDesktop reports the desktop of g: Running false if there is none.
 func (s *Service) GetDesktop(ctx context.Context, g Guest) (*Desktop, error) {
-	procs, err := g.Processes(ctx)
+	procs, err := processes(ctx, g)
 	if err != nil {
-		return nil, fmt.Errorf("listing the sandbox's processes: %w", err)
+		return nil, err
 	}
 	p := findDesktop(procs)
 	if p == nil {
@@ -118,9 +118,9 @@ func (s *Service) GetDesktop(ctx context.Context, g Guest) (*Desktop, error) {
 // browser with a window), reporting whether one ran.
 func (s *Service) StopDesktop(ctx context.Context, id string, g Guest) (bool, error) {
 	defer s.locks.lock(id + "/desktop")()
-	procs, err := g.Processes(ctx)
+	procs, err := processes(ctx, g)
 	if err != nil {
-		return false, fmt.Errorf("listing the sandbox's processes: %w", err)
+		return false, err
 	}
 	stopped := false
 	for i := range procs {
@@ -210,9 +210,9 @@ func desktopOf(p *guest.ProcessInfo) Desktop {
 
 // runningDesktop returns the running desktop of g, or desktop_not_running.
 func runningDesktop(ctx context.Context, g Guest) (*Desktop, error) {
-	procs, err := g.Processes(ctx)
+	procs, err := processes(ctx, g)
 	if err != nil {
-		return nil, fmt.Errorf("listing the sandbox's processes: %w", err)
+		return nil, err
 	}
 	p := findDesktop(procs)
 	if p == nil {

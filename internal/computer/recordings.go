@@ -203,9 +203,9 @@ func (s *Service) Recordings(ctx context.Context, g Guest) ([]Recording, error) 
 
 // recordings joins the recordings' files and processes.
 func (s *Service) recordings(ctx context.Context, g Guest) ([]Recording, error) {
-	procs, err := g.Processes(ctx)
+	procs, err := processes(ctx, g)
 	if err != nil {
-		return nil, fmt.Errorf("listing the sandbox's processes: %w", err)
+		return nil, err
 	}
 	byID := map[string]*Recording{}
 	for i := range procs {
@@ -270,9 +270,9 @@ func (s *Service) StopRecording(ctx context.Context, g Guest, rid string) (*Reco
 	if !recordingID.MatchString(rid) {
 		return nil, recordingNotFound(rid)
 	}
-	procs, err := g.Processes(ctx)
+	procs, err := processes(ctx, g)
 	if err != nil {
-		return nil, fmt.Errorf("listing the sandbox's processes: %w", err)
+		return nil, err
 	}
 	for i := range procs {
 		if recordingIDOf(procs[i]) == rid && running(procs[i]) {
@@ -309,9 +309,9 @@ func (s *Service) DeleteRecording(ctx context.Context, g Guest, rid string) (boo
 	if !recordingID.MatchString(rid) {
 		return false, nil
 	}
-	procs, err := g.Processes(ctx)
+	procs, err := processes(ctx, g)
 	if err != nil {
-		return false, fmt.Errorf("listing the sandbox's processes: %w", err)
+		return false, err
 	}
 	for i := range procs {
 		if recordingIDOf(procs[i]) == rid && running(procs[i]) {
