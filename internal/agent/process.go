@@ -51,7 +51,7 @@ type process struct {
 	cwd     string
 	timeout time.Duration
 	started time.Time
-	pid     int
+	pid     int    // set once under mu, after the process is listed
 	user    string // the account's name
 	// encoding is the host's choice of output encoding, kept for it.
 	encoding string
@@ -302,7 +302,10 @@ func (a *Agent) start(req *agentproto.ExecRequest, s sink, c *capture) (*process
 		a.procs.mu.Unlock()
 		return nil, startError(err)
 	}
+	// Under p.mu: the process is listed (and may be signalled) already.
+	p.mu.Lock()
 	p.pid = cmd.Process.Pid
+	p.mu.Unlock()
 	if pio.stdinW != nil {
 		go func() {
 			_, _ = pio.stdinW.Write(req.Stdin)
@@ -464,12 +467,14 @@ func (p *process) wait(ctx context.Context) error {
 // signal sends sig to p's process group.
 func (p *process) signal(sig unix.Signal) error {
 	p.mu.Lock()
-	ended := p.ended != nil
+	ended, pid := p.ended != nil, p.pid
 	p.mu.Unlock()
-	if ended {
+	// A pid of 0 is a process not yet started; -0 would be the agent's
+	// own group.
+	if ended || pid == 0 {
 		return nil
 	}
-	if err := unix.Kill(-p.pid, sig); err != nil && err != unix.ESRCH {
+	if err := unix.Kill(-pid, sig); err != nil && err != unix.ESRCH {
 		return internal(err)
 	}
 	return nil
