@@ -15,6 +15,7 @@ import (
 
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/guest"
+	"github.com/emberbox/emberbox/internal/mcpgateway"
 )
 
 // fakeGuest is a guest whose processes are records and whose port 9222
@@ -28,6 +29,10 @@ type fakeGuest struct {
 	find    string // what findScript prints; "" exits 1
 	answer  string // /json/version's body
 	devtool *httptest.Server
+	// gateway, when set, is the status an MCP gateway spawned with
+	// config stdin and pid writes ("" writes none); exit ends it at once.
+	gateway     func(stdin []byte, pid int) string
+	gatewayExit bool
 }
 
 func newFakeGuest(t *testing.T) *fakeGuest {
@@ -65,6 +70,20 @@ func (g *fakeGuest) Spawn(_ context.Context, req guest.ExecRequest) (*guest.Proc
 	g.procs = append(g.procs, p)
 	if rid := recordingIDOf(p); rid != "" {
 		g.files[RecordingsDir+"/"+rid+".mp4"] = "ftyp" // ffmpeg's first bytes
+	}
+	if isGateway(p) {
+		p.PID = 100 + len(g.procs)
+		g.procs[len(g.procs)-1].PID = p.PID
+		if g.gateway != nil {
+			if st := g.gateway(req.Stdin, p.PID); st != "" {
+				g.files[mcpgateway.StatusPath] = st
+			}
+		}
+		if g.gatewayExit {
+			code, at := 1, time.Now()
+			g.procs[len(g.procs)-1].ExitCode, g.procs[len(g.procs)-1].EndedAt = &code, &at
+			g.output[p.ID] = "listening on port 8930: address already in use"
+		}
 	}
 	return &p, nil
 }
