@@ -127,6 +127,14 @@ func (s browserAPI) answer(w http.ResponseWriter, r *http.Request, c *call, sb *
 		}
 		out.CDPURL, out.TokenExpiresAt = &u, exp
 	}
+	if b.Running && !b.Headless {
+		// Its window is on the desktop, whose live view shows it.
+		u, _, err := s.streamURL(r, c.owner, sb.ID)
+		if err != nil {
+			return err
+		}
+		out.StreamURL = &u
+	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
 }

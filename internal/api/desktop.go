@@ -3,11 +3,14 @@ package api
 import (
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"time"
 
 	"github.com/emberbox/emberbox/internal/computer"
+	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/guest"
+	"github.com/emberbox/emberbox/internal/liveview"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -34,19 +37,58 @@ type desktopJSON struct {
 	Height    int        `json:"height"`
 	Display   string     `json:"display"` // DISPLAY inside the sandbox
 	StartedAt *time.Time `json:"startedAt"`
-	// StreamURL is a live view; null: this server has none yet.
-	StreamURL *string `json:"streamUrl"`
+	// StreamURL is the live view, with a token; null: no desktop runs.
+	StreamURL      *string    `json:"streamUrl"`
+	TokenExpiresAt *time.Time `json:"tokenExpiresAt"`
 }
 
-func toDesktopJSON(sb *sandbox.Sandbox, d *computer.Desktop) desktopJSON {
+// answer writes d, with a fresh streamUrl while it runs.
+func (s desktopAPI) answer(w http.ResponseWriter, r *http.Request, c *call, sb *sandbox.Sandbox, d *computer.Desktop) error {
 	out := desktopJSON{SandboxID: sb.ID, State: "stopped", Running: d.Running, Width: d.Width, Height: d.Height,
 		Display: computer.Display}
 	if d.Running {
 		out.State = "running"
 		at := d.StartedAt.UTC()
 		out.StartedAt = &at
+		u, exp, err := s.streamURL(r, c.owner, sb.ID)
+		if err != nil {
+			return err
+		}
+		out.StreamURL, out.TokenExpiresAt = &u, exp
 	}
-	return out
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// streamURL is the live view of sandbox id's desktop: the private preview
+// of its VNC port, which the API's host's pages (the console) may frame.
+func (s *server) streamURL(r *http.Request, owner, id string) (string, *time.Time, error) {
+	pm, err := s.previewManager()
+	if err != nil {
+		return "", nil, err
+	}
+	p, err := pm.GetPreview(r.Context(), owner, id, liveview.Port)
+	if errdefs.IsNotFound(err) {
+		scheme := "http://"
+		if r.TLS != nil {
+			scheme = "https://"
+		}
+		embed := []string{scheme + r.Host}
+		p, err = pm.CreatePreview(r.Context(), owner, id, sandbox.PreviewSpec{Port: liveview.Port,
+			Visibility: sandbox.PreviewPrivate, EmbedOrigins: &embed})
+	}
+	if err != nil {
+		return "", nil, err
+	}
+	u := s.previewDomain.url(id, liveview.Port, r.Host)
+	if p.Visibility == sandbox.PreviewPublic {
+		return u, nil, nil
+	}
+	exp, err := p.TokenExpiry(s.now(), 0, nil)
+	if err != nil {
+		return "", nil, err
+	}
+	return u + "?" + previewTokenQuery + "=" + url.QueryEscape(p.Token(exp)), &exp, nil
 }
 
 // desktopGuest is guest for the desktop's routes, which a server built
@@ -79,8 +121,7 @@ func (s desktopAPI) start(w http.ResponseWriter, r *http.Request, c *call) error
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, toDesktopJSON(sb, d))
-	return nil
+	return s.answer(w, r, c, sb, d)
 }
 
 func (s desktopAPI) get(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -92,8 +133,7 @@ func (s desktopAPI) get(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, toDesktopJSON(sb, d))
-	return nil
+	return s.answer(w, r, c, sb, d)
 }
 
 func (s desktopAPI) stop(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -104,6 +144,12 @@ func (s desktopAPI) stop(w http.ResponseWriter, r *http.Request, c *call) error 
 	stopped, err := s.computer.StopDesktop(r.Context(), sb.ID, g)
 	if err != nil {
 		return err
+	}
+	// Its live view ends with it.
+	if pm, err := s.previewManager(); err == nil {
+		if p, err := pm.DeletePreview(r.Context(), c.owner, sb.ID, liveview.Port); err == nil {
+			s.previewConns.closeAll(p.ID)
+		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"sandboxId": sb.ID, "stopped": stopped})
 	return nil

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -167,9 +168,12 @@ func (g *fakeGuest) List(_ context.Context, req guest.FileRequest) ([]guest.File
 
 func (g *fakeGuest) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	g.mu.Lock()
-	up := findBrowser(g.procs) != nil
+	up := port == CDPPort && findBrowser(g.procs) != nil
+	for _, p := range g.procs {
+		up = up || port == vncPort && running(p) && slices.Contains(p.Argv, "x11vnc")
+	}
 	g.mu.Unlock()
-	if port != CDPPort || !up {
+	if !up {
 		return nil, errdefs.New(errdefs.ErrUnavailable, "port_refused", "nothing listens")
 	}
 	var d net.Dialer
