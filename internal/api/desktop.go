@@ -3,12 +3,10 @@ package api
 import (
 	"io"
 	"net/http"
-	"net/url"
 	"strconv"
 	"time"
 
 	"github.com/emberbox/emberbox/internal/computer"
-	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/liveview"
 	"github.com/emberbox/emberbox/internal/sandbox"
@@ -63,32 +61,16 @@ func (s desktopAPI) answer(w http.ResponseWriter, r *http.Request, c *call, sb *
 // streamURL is the live view of sandbox id's desktop: the private preview
 // of its VNC port, which the API's host's pages (the console) may frame.
 func (s *server) streamURL(r *http.Request, owner, id string) (string, *time.Time, error) {
-	pm, err := s.previewManager()
+	scheme := "http://"
+	if r.TLS != nil {
+		scheme = "https://"
+	}
+	embed := []string{scheme + r.Host}
+	p, err := s.sharePort(r.Context(), owner, id, sandbox.PreviewSpec{Port: liveview.Port, EmbedOrigins: &embed})
 	if err != nil {
 		return "", nil, err
 	}
-	p, err := pm.GetPreview(r.Context(), owner, id, liveview.Port)
-	if errdefs.IsNotFound(err) {
-		scheme := "http://"
-		if r.TLS != nil {
-			scheme = "https://"
-		}
-		embed := []string{scheme + r.Host}
-		p, err = pm.CreatePreview(r.Context(), owner, id, sandbox.PreviewSpec{Port: liveview.Port,
-			Visibility: sandbox.PreviewPrivate, EmbedOrigins: &embed})
-	}
-	if err != nil {
-		return "", nil, err
-	}
-	u := s.previewDomain.url(id, liveview.Port, r.Host)
-	if p.Visibility == sandbox.PreviewPublic {
-		return u, nil, nil
-	}
-	exp, err := p.TokenExpiry(s.now(), 0, nil)
-	if err != nil {
-		return "", nil, err
-	}
-	return u + "?" + previewTokenQuery + "=" + url.QueryEscape(p.Token(exp)), &exp, nil
+	return s.withToken(p, s.previewDomain.url(id, liveview.Port, r.Host))
 }
 
 // desktopGuest is guest for the desktop's routes, which a server built
@@ -146,11 +128,7 @@ func (s desktopAPI) stop(w http.ResponseWriter, r *http.Request, c *call) error 
 		return err
 	}
 	// Its live view ends with it.
-	if pm, err := s.previewManager(); err == nil {
-		if p, err := pm.DeletePreview(r.Context(), c.owner, sb.ID, liveview.Port); err == nil {
-			s.previewConns.closeAll(p.ID)
-		}
-	}
+	s.unsharePort(r.Context(), c.owner, sb.ID, liveview.Port)
 	writeJSON(w, http.StatusOK, map[string]any{"sandboxId": sb.ID, "stopped": stopped})
 	return nil
 }

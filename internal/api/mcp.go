@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/computer"
-	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/mcpgateway"
 	"github.com/emberbox/emberbox/internal/sandbox"
@@ -177,25 +176,15 @@ func (s mcpAPI) stop(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err != nil {
 		return err
 	}
-	gw, err := s.computer.GetMCP(r.Context(), g)
-	if err != nil {
-		return err
-	}
 	stopped, err := s.computer.StopMCP(r.Context(), sb.ID, g)
 	if err != nil {
 		return err
 	}
 	// Its URLs end with it.
-	port := gw.Port
-	if port == 0 {
-		port = computer.DefaultMCPPort
+	if stopped != nil {
+		s.unsharePort(r.Context(), c.owner, sb.ID, stopped.Port)
 	}
-	if pm, err := s.previewManager(); err == nil {
-		if p, err := pm.DeletePreview(r.Context(), c.owner, sb.ID, port); err == nil {
-			s.previewConns.closeAll(p.ID)
-		}
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"sandboxId": sb.ID, "stopped": stopped})
+	writeJSON(w, http.StatusOK, map[string]any{"sandboxId": sb.ID, "stopped": stopped != nil})
 	return nil
 }
 
@@ -262,23 +251,14 @@ func mcpServerOf(ss mcpgateway.ServerStatus, base string) mcpServerJSON {
 // as the gateway is: one of the other kind is replaced, so a gateway
 // without a key is never public.
 func (s mcpAPI) gatewayPreview(ctx context.Context, owner, id string, port int, public bool) (*sandbox.Preview, error) {
-	pm, err := s.previewManager()
-	if err != nil {
-		return nil, err
-	}
-	want := sandbox.PreviewPrivate
+	spec := sandbox.PreviewSpec{Port: port, Visibility: sandbox.PreviewPrivate}
 	if public {
-		want = sandbox.PreviewPublic
+		spec.Visibility = sandbox.PreviewPublic
 	}
-	p, err := pm.GetPreview(ctx, owner, id, port)
-	if err == nil && p.Visibility != want {
-		if old, err := pm.DeletePreview(ctx, owner, id, port); err == nil {
-			s.previewConns.closeAll(old.ID)
-		}
-		err = errdefs.New(errdefs.ErrNotFound, "preview_not_found", "replaced")
+	p, err := s.sharePort(ctx, owner, id, spec)
+	if err != nil || p.Visibility == spec.Visibility {
+		return p, err
 	}
-	if errdefs.IsNotFound(err) {
-		p, err = pm.CreatePreview(ctx, owner, id, sandbox.PreviewSpec{Port: port, Visibility: want})
-	}
-	return p, err
+	s.unsharePort(ctx, owner, id, port)
+	return s.sharePort(ctx, owner, id, spec)
 }

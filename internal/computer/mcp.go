@@ -209,25 +209,28 @@ func (s *Service) mcpState(ctx context.Context, g Guest) (*MCPGateway, *mcpgatew
 	return gatewayOf(p, st), st, nil
 }
 
-// StopMCP ends the gateway of sandbox id and its servers, reporting
-// whether one ran.
-func (s *Service) StopMCP(ctx context.Context, id string, g Guest) (bool, error) {
+// StopMCP ends the gateway of sandbox id and its servers, answering the
+// gateway it stopped (nil: none ran).
+func (s *Service) StopMCP(ctx context.Context, id string, g Guest) (*MCPGateway, error) {
 	defer s.locks.lock(id + "/mcp")()
+	cur, _, err := s.mcpState(ctx, g)
+	if err != nil || !cur.Running {
+		return nil, err
+	}
+	if cur.Port == 0 {
+		cur.Port = DefaultMCPPort // its status unread: the port it most likely has
+	}
 	procs, err := processes(ctx, g)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
-	stopped := false
 	for _, p := range procs {
 		if isGateway(p) && running(p) {
 			s.stopGateway(ctx, g, p.ID)
-			stopped = true
 		}
 	}
-	if stopped {
-		s.log.Info("mcp gateway stopped", "sandbox", id)
-	}
-	return stopped, nil
+	s.log.Info("mcp gateway stopped", "sandbox", id)
+	return cur, nil
 }
 
 // stopGateway kills a gateway's process group, its servers with it.

@@ -94,13 +94,13 @@ func TestStartMCP(t *testing.T) {
 		t.Fatalf("a second public start: %+v, %v", gw, err)
 	}
 	stopped, err := s.StopMCP(ctx, "sbx_a", g)
-	if err != nil || !stopped {
-		t.Fatalf("stop: %v, %v", stopped, err)
+	if err != nil || stopped == nil || stopped.Port != 9000 {
+		t.Fatalf("stop: %+v, %v", stopped, err)
 	}
 	if gw, _ := s.GetMCP(ctx, g); gw.Running {
 		t.Fatal("a stopped gateway still runs")
 	}
-	if stopped, _ := s.StopMCP(ctx, "sbx_a", g); stopped {
+	if stopped, _ := s.StopMCP(ctx, "sbx_a", g); stopped != nil {
 		t.Fatal("a second stop stopped something")
 	}
 }

@@ -11,7 +11,7 @@ import urllib.request
 from urllib.parse import urlsplit
 
 import pytest
-from _helpers import poll as _poll
+from _helpers import delete_quietly, loopback as _loopback, poll as _poll
 from withruntime import Sandbox
 
 PAGE = ("<html><head><title>Hello from Emberbox</title></head>"
@@ -28,21 +28,7 @@ def box(runtime_client):
                      90, 1), "the page's server never answered"
         yield b
     finally:
-        try:
-            b.delete()
-        except Exception as e:  # noqa: BLE001 - cleanup must not hide the test result
-            print(f"cleanup: delete of {b.id} failed: {e}")
-
-
-def _loopback(url: str) -> tuple[str, dict]:
-    """A preview's host is under localhost, which browsers resolve to the
-    loopback address and this machine's resolver does not: connect there
-    and send the preview's Host. With a real --preview-domain the URL is
-    used as it is."""
-    u = urlsplit(url)
-    if not (u.hostname or "").endswith(".localhost"):
-        return url, {}
-    return u._replace(netloc=f"127.0.0.1:{u.port}").geturl(), {"Host": u.netloc}
+        delete_quietly(b)
 
 
 def _status(url: str) -> tuple[int, str]:

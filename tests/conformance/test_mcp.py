@@ -10,9 +10,9 @@ import json
 import time
 import urllib.error
 import urllib.request
-from urllib.parse import urlsplit
 
 import pytest
+from _helpers import delete_quietly, loopback
 from withruntime import Sandbox
 
 
@@ -22,27 +22,14 @@ def box(runtime_client):
     try:
         yield b
     finally:
-        try:
-            b.delete()
-        except Exception as e:  # noqa: BLE001 - cleanup must not hide the test result
-            print(f"cleanup: delete of {b.id} failed: {e}")
-
-
-def _loopback(url: str, headers: dict) -> tuple[str, dict]:
-    """A preview's host is under localhost, which this machine's resolver
-    does not answer: connect to the loopback address with the preview's
-    Host. With a real --preview-domain the URL is used as it is."""
-    u = urlsplit(url)
-    if not (u.hostname or "").endswith(".localhost"):
-        return url, dict(headers)
-    return u._replace(netloc=f"127.0.0.1:{u.port}").geturl(), {**headers, "Host": u.netloc}
+        delete_quietly(b)
 
 
 def _post(url: str, headers: dict, message: dict) -> tuple[int, dict]:
     """One raw JSON-RPC POST: its status and JSON body."""
-    url, headers = _loopback(url, headers)
+    url, host = loopback(url)
     req = urllib.request.Request(url, data=json.dumps(message).encode(), method="POST",
-                                 headers={**headers, "Content-Type": "application/json",
+                                 headers={**headers, **host, "Content-Type": "application/json",
                                           "Accept": "application/json, text/event-stream"})
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
@@ -57,7 +44,8 @@ def _use(url: str, headers: dict) -> tuple[str, list[str], str]:
     from mcp import ClientSession
     from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 
-    url, headers = _loopback(url, headers)
+    url, host = loopback(url)
+    headers = {**headers, **host}
 
     async def run():
         async with create_mcp_http_client(headers=headers) as http:
