@@ -55,6 +55,14 @@ func newFakeGuest(t *testing.T) *fakeGuest {
 func (g *fakeGuest) Exec(_ context.Context, req guest.ExecRequest, _ func(guest.Event) error) (*guest.ExecResult, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if len(req.Argv) == 2 && req.Argv[0] == "cat" {
+		b, ok := g.files[req.Argv[1]]
+		code := 0
+		if !ok || req.User != "root" {
+			code = 1
+		}
+		return &guest.ExecResult{ExitCode: &code, Stdout: []byte(b)}, nil
+	}
 	code := 1
 	if g.find != "" {
 		code = 0

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"reflect"
 	"slices"
 	"time"
@@ -25,6 +24,9 @@ import (
 
 // DefaultMCPPort is where the gateway listens in the guest by default.
 const DefaultMCPPort = 8930
+
+// maxMCPStatus bounds the status file the host reads.
+const maxMCPStatus = 1 << 20
 
 // mcpStartWait bounds how long a start waits for the new gateway's first
 // status.
@@ -252,20 +254,20 @@ func findGateway(procs []guest.ProcessInfo) *guest.ProcessInfo {
 	return nil
 }
 
-// readMCPStatus reads the gateway's status file: written in the guest,
-// so bounded and checked before it is believed.
+// readMCPStatus reads the gateway's status file, which only root may
+// read (it holds a public gateway's key): written in the guest, so
+// bounded and checked before it is believed.
 func readMCPStatus(ctx context.Context, g Guest) (*mcpgateway.Status, error) {
-	_, rc, err := g.ReadFile(ctx, mcpgateway.StatusPath)
+	res, err := g.Exec(ctx, guest.ExecRequest{Argv: []string{"cat", mcpgateway.StatusPath}, User: "root",
+		MaxOutput: maxMCPStatus, TimeoutMs: 30_000}, nil)
 	if err != nil {
 		return nil, err
 	}
-	defer rc.Close()
-	data, err := io.ReadAll(io.LimitReader(rc, 1<<20))
-	if err != nil {
-		return nil, err
+	if res.ExitCode == nil || *res.ExitCode != 0 {
+		return nil, errdefs.New(errdefs.ErrNotFound, "file_not_found", "no MCP gateway status")
 	}
 	var st mcpgateway.Status
-	if err := json.Unmarshal(data, &st); err != nil {
+	if err := json.Unmarshal(res.Stdout, &st); err != nil {
 		return nil, fmt.Errorf("the MCP gateway's status: %w", err)
 	}
 	if err := st.Config.Check(); err != nil {
