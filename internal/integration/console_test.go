@@ -428,7 +428,7 @@ func consoleDesktop(t *testing.T, c *client, id string, run func(string, ...chro
 	waitJS("the live view is framed", `document.querySelector('#desktop-frame')?.src.includes('5900-')`, 5*time.Minute)
 	stream := eval("read the stream URL", `document.querySelector('#desktop-frame').src`)
 	run("open a page on the desktop", chromedp.SendKeys(chromedp.CSS("#desktop-url"), "http://127.0.0.1:8001/"),
-		chromedp.Submit(chromedp.CSS("#desktop-open")))
+		chromedp.Click(chromedp.CSS("#desktop-open-submit")))
 	if !waitUntil(5*time.Minute, time.Second, func() bool {
 		var out struct {
 			Windows []struct{ Title string } `json:"windows"`

@@ -445,7 +445,7 @@
     const startBtn = el("button", { type: "button", class: "primary", id: "desktop-start" }, "Start desktop");
     const stopBtn = el("button", { type: "button", class: "danger", id: "desktop-stop" }, "Stop desktop");
     const openForm = el("form", { class: "inline", id: "desktop-open" }, el("label", {}, "Open", url),
-      el("button", { type: "submit" }, "Open in the browser"));
+      el("button", { type: "submit", id: "desktop-open-submit" }, "Open in the browser"));
     const info = el("p", { class: "muted", id: "desktop-info" });
     const view = el("div", { id: "desktop-view" });
     body.append(el("div", { class: "toolbar" }, startBtn, stopBtn), openForm, info, view);
