@@ -37,7 +37,7 @@ go test -count=1 -timeout 70m ./...
 (cd sdk/go && go test -count=1 ./...)
 
 echo "== go test -race: the packages whose interleavings matter (no VMs)"
-go test -race -short -count=1 ./internal/sandbox/ ./internal/store/ ./internal/api/ ./internal/guest/ ./internal/upload/ ./internal/egress/ ./internal/e2b/ ./internal/envd/ ./internal/interpreter/ ./internal/catalog/ ./internal/recipebuild/ ./internal/volumes/ ./internal/ociimport/ ./internal/cluster/ ./internal/webhook/ ./internal/secrets/
+go test -race -short -count=1 ./internal/sandbox/ ./internal/store/ ./internal/api/ ./internal/guest/ ./internal/upload/ ./internal/egress/ ./internal/e2b/ ./internal/envd/ ./internal/interpreter/ ./internal/catalog/ ./internal/recipebuild/ ./internal/volumes/ ./internal/ociimport/ ./internal/cluster/ ./internal/webhook/ ./internal/secrets/ ./internal/computer/ ./internal/mcpgateway/ ./internal/liveview/
 
 echo "== fuzz: every fuzz target briefly (crashers found earlier run above as test cases)"
 ./scripts/fuzz.sh 5

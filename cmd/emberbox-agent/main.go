@@ -8,7 +8,8 @@
 // `agent.New`, `SetupSystem` (PID 1 only), `FindPort`, `ServePort`. A fatal
 // error as PID 1 syncs and powers off. `emberbox-agent layer-exec <user>
 // <command> [args…]` runs a program of the computer-use layer instead
-// (`agent.LayerExec`).
+// (`agent.LayerExec`); `emberbox-agent mcp-gateway` runs the MCP gateway
+// of the config on its standard input (`mcpgateway`).
 package main
 
 import (
@@ -16,12 +17,14 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/signal"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/emberbox/emberbox/internal/agent"
 	"github.com/emberbox/emberbox/internal/guestinit"
+	"github.com/emberbox/emberbox/internal/mcpgateway"
 )
 
 func main() {
@@ -30,6 +33,14 @@ func main() {
 		err := agent.LayerExec(os.Args[2:])
 		fmt.Fprintf(os.Stderr, "emberbox-agent: %v\n", err)
 		os.Exit(127)
+	}
+	if len(os.Args) > 1 && os.Args[1] == "mcp-gateway" {
+		// The MCP gateway (internal/mcp starts it, config on stdin).
+		if err := runMCPGateway(); err != nil {
+			fmt.Fprintf(os.Stderr, "emberbox-agent mcp-gateway: %v\n", err)
+			os.Exit(1)
+		}
+		return
 	}
 	if guestinit.IsInitramfs() {
 		err := guestinit.SwitchRoot(func(format string, args ...any) {
@@ -77,4 +88,21 @@ func fatal(err error) {
 		_ = unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
 	}
 	os.Exit(1)
+}
+
+// runMCPGateway serves the MCP gateway of the config on stdin until
+// SIGTERM or SIGINT.
+func runMCPGateway() error {
+	cfg, err := mcpgateway.ReadConfig(os.Stdin)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	g, err := mcpgateway.New(cfg, mcpgateway.StatusPath, mcpgateway.LogDir, log)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), unix.SIGTERM, unix.SIGINT)
+	defer stop()
+	return g.Run(ctx)
 }

@@ -51,6 +51,9 @@ type browserAPI struct{ *server }
 // desktopAPI serves a sandbox's desktop (desktop.go).
 type desktopAPI struct{ *server }
 
+// mcpAPI serves the MCP catalog and a sandbox's MCP servers (mcp.go).
+type mcpAPI struct{ *server }
+
 // watches serves watches of a sandbox's directories.
 type watches struct{ *server }
 
@@ -79,6 +82,7 @@ type areas struct {
 	interpreter interpreterAPI
 	browser     browserAPI
 	desktop     desktopAPI
+	mcp         mcpAPI
 	watches     watches
 	links       linksAPI
 	network     networkAPI
@@ -90,7 +94,7 @@ func (s *server) areas() areas {
 	return areas{
 		sandboxes: sandboxesAPI{s}, snapshots: snapshots{s}, checkpoints: checkpointsAPI{s}, images: imagesAPI{s}, volumes: volumesAPI{s},
 		usage: usageAPI{s}, nodes: nodesAPI{s}, files: files{s}, uploads: uploadsAPI{s}, processes: processes{s},
-		sockets: sockets{s}, previews: previewsAPI{s}, interpreter: interpreterAPI{s}, browser: browserAPI{s}, desktop: desktopAPI{s}, watches: watches{s},
+		sockets: sockets{s}, previews: previewsAPI{s}, interpreter: interpreterAPI{s}, browser: browserAPI{s}, desktop: desktopAPI{s}, mcp: mcpAPI{s}, watches: watches{s},
 		links: linksAPI{s}, network: networkAPI{s}, webhooks: webhooksAPI{s}, secrets: secretsAPI{s},
 	}
 }

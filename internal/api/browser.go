@@ -3,12 +3,10 @@ package api
 import (
 	"context"
 	"net/http"
-	"net/url"
 	"strings"
 	"time"
 
 	"github.com/emberbox/emberbox/internal/computer"
-	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/guest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
@@ -102,11 +100,7 @@ func (s browserAPI) stop(w http.ResponseWriter, r *http.Request, c *call) error 
 		return err
 	}
 	// Its URLs end with it.
-	if pm, err := s.previewManager(); err == nil {
-		if p, err := pm.DeletePreview(r.Context(), c.owner, sb.ID, computer.CDPPort); err == nil {
-			s.previewConns.closeAll(p.ID)
-		}
-	}
+	s.unsharePort(r.Context(), c.owner, sb.ID, computer.CDPPort)
 	writeJSON(w, http.StatusOK, map[string]any{"sandboxId": sb.ID, "stopped": stopped})
 	return nil
 }
@@ -127,6 +121,14 @@ func (s browserAPI) answer(w http.ResponseWriter, r *http.Request, c *call, sb *
 		}
 		out.CDPURL, out.TokenExpiresAt = &u, exp
 	}
+	if b.Running && !b.Headless {
+		// Its window is on the desktop, whose live view shows it.
+		u, _, err := s.streamURL(r, c.owner, sb.ID)
+		if err != nil {
+			return err
+		}
+		out.StreamURL = &u
+	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
 }
@@ -134,26 +136,11 @@ func (s browserAPI) answer(w http.ResponseWriter, r *http.Request, c *call, sb *
 // cdpURL is the address of the DevTools path of sandbox id's browser on
 // the preview of its port, which it shares privately if it does not yet.
 func (s browserAPI) cdpURL(ctx context.Context, reqHost, owner, id, path string) (string, *time.Time, error) {
-	pm, err := s.previewManager()
-	if err != nil {
-		return "", nil, err
-	}
-	p, err := pm.GetPreview(ctx, owner, id, computer.CDPPort)
-	if errdefs.IsNotFound(err) {
-		p, err = pm.CreatePreview(ctx, owner, id, sandbox.PreviewSpec{Port: computer.CDPPort, Visibility: sandbox.PreviewPrivate})
-	}
+	p, err := s.sharePort(ctx, owner, id, sandbox.PreviewSpec{Port: computer.CDPPort})
 	if err != nil {
 		return "", nil, err
 	}
 	u := s.previewDomain.url(id, computer.CDPPort, reqHost) // http(s)://host/
 	u = "ws" + strings.TrimPrefix(u, "http")
-	u = strings.TrimSuffix(u, "/") + path
-	if p.Visibility == sandbox.PreviewPublic {
-		return u, nil, nil
-	}
-	exp, err := p.TokenExpiry(s.now(), 0, nil)
-	if err != nil {
-		return "", nil, err
-	}
-	return u + "?" + previewTokenQuery + "=" + url.QueryEscape(p.Token(exp)), &exp, nil
+	return s.withToken(p, strings.TrimSuffix(u, "/")+path)
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/emberbox/emberbox/internal/computer"
 	"github.com/emberbox/emberbox/internal/guest"
+	"github.com/emberbox/emberbox/internal/liveview"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -34,19 +35,42 @@ type desktopJSON struct {
 	Height    int        `json:"height"`
 	Display   string     `json:"display"` // DISPLAY inside the sandbox
 	StartedAt *time.Time `json:"startedAt"`
-	// StreamURL is a live view; null: this server has none yet.
-	StreamURL *string `json:"streamUrl"`
+	// StreamURL is the live view, with a token; null: no desktop runs.
+	StreamURL      *string    `json:"streamUrl"`
+	TokenExpiresAt *time.Time `json:"tokenExpiresAt"`
 }
 
-func toDesktopJSON(sb *sandbox.Sandbox, d *computer.Desktop) desktopJSON {
+// answer writes d, with a fresh streamUrl while it runs.
+func (s desktopAPI) answer(w http.ResponseWriter, r *http.Request, c *call, sb *sandbox.Sandbox, d *computer.Desktop) error {
 	out := desktopJSON{SandboxID: sb.ID, State: "stopped", Running: d.Running, Width: d.Width, Height: d.Height,
 		Display: computer.Display}
 	if d.Running {
 		out.State = "running"
 		at := d.StartedAt.UTC()
 		out.StartedAt = &at
+		u, exp, err := s.streamURL(r, c.owner, sb.ID)
+		if err != nil {
+			return err
+		}
+		out.StreamURL, out.TokenExpiresAt = &u, exp
 	}
-	return out
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// streamURL is the live view of sandbox id's desktop: the private preview
+// of its VNC port, which the API's host's pages (the console) may frame.
+func (s *server) streamURL(r *http.Request, owner, id string) (string, *time.Time, error) {
+	scheme := "http://"
+	if r.TLS != nil {
+		scheme = "https://"
+	}
+	embed := []string{scheme + r.Host}
+	p, err := s.sharePort(r.Context(), owner, id, sandbox.PreviewSpec{Port: liveview.Port, EmbedOrigins: &embed})
+	if err != nil {
+		return "", nil, err
+	}
+	return s.withToken(p, s.previewDomain.url(id, liveview.Port, r.Host))
 }
 
 // desktopGuest is guest for the desktop's routes, which a server built
@@ -79,8 +103,7 @@ func (s desktopAPI) start(w http.ResponseWriter, r *http.Request, c *call) error
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, toDesktopJSON(sb, d))
-	return nil
+	return s.answer(w, r, c, sb, d)
 }
 
 func (s desktopAPI) get(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -92,8 +115,7 @@ func (s desktopAPI) get(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, toDesktopJSON(sb, d))
-	return nil
+	return s.answer(w, r, c, sb, d)
 }
 
 func (s desktopAPI) stop(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -105,6 +127,8 @@ func (s desktopAPI) stop(w http.ResponseWriter, r *http.Request, c *call) error 
 	if err != nil {
 		return err
 	}
+	// Its live view ends with it.
+	s.unsharePort(r.Context(), c.owner, sb.ID, liveview.Port)
 	writeJSON(w, http.StatusOK, map[string]any{"sandboxId": sb.ID, "stopped": stopped})
 	return nil
 }

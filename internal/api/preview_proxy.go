@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/errdefs"
+	"github.com/emberbox/emberbox/internal/liveview"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -99,11 +100,23 @@ func (s previewHost) servePreviewHost(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	liveView := p.Port == liveview.Port && s.computer != nil
+	if liveView && liveview.IsAsset(r.URL.Path) {
+		// The view's scripts and styles are the same public files for
+		// every sandbox; the page loads them from a frame whose requests
+		// may carry no cookie (SameSite), so they need no token.
+		s.serveLiveView(w, r, p)
+		return
+	}
 	if err := s.previewAllowed(w, r, p); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
 	if s.previewPaused(w, r, p) {
+		return
+	}
+	if liveView {
+		s.serveLiveView(w, r, p)
 		return
 	}
 	proxy := &httputil.ReverseProxy{
@@ -127,6 +140,24 @@ func (s previewHost) servePreviewHost(w http.ResponseWriter, r *http.Request) {
 		},
 	}
 	proxy.ServeHTTP(w, r)
+}
+
+// serveLiveView serves the preview of a desktop's VNC port: the live view
+// (internal/liveview), its WebSocket bridged to the VNC server, which
+// starts on the first view.
+func (s previewHost) serveLiveView(w http.ResponseWriter, r *http.Request, p *sandbox.Preview) {
+	dial := func(ctx context.Context) (net.Conn, error) {
+		_, g, err := s.mgr.Guest(ctx, p.OwnerKeyID, p.SandboxID)
+		if err != nil {
+			return nil, err
+		}
+		conn, err := s.computer.ViewConn(ctx, p.SandboxID, g)
+		if err != nil {
+			return nil, err
+		}
+		return s.previewConns.add(p.ID, conn), nil
+	}
+	liveview.Handler(dial, p.EmbedOrigins).ServeHTTP(w, r)
 }
 
 // previewAllowed checks a request to a private preview: the owner's key

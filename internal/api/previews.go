@@ -297,3 +297,51 @@ func (s previewsAPI) delete(w http.ResponseWriter, r *http.Request, c *call) err
 	writeJSON(w, http.StatusOK, map[string]any{"id": p.ID, "sandboxId": p.SandboxID, "port": p.Port, "deleted": true})
 	return nil
 }
+
+// sharePort returns the preview of sandbox id's port, which it creates
+// with spec (private unless spec says otherwise) if the port has none:
+// what the browser, the desktop and the MCP gateway share their ports by.
+func (s *server) sharePort(ctx context.Context, owner, id string, spec sandbox.PreviewSpec) (*sandbox.Preview, error) {
+	pm, err := s.previewManager()
+	if err != nil {
+		return nil, err
+	}
+	p, err := pm.GetPreview(ctx, owner, id, spec.Port)
+	if errdefs.IsNotFound(err) {
+		if spec.Visibility == "" {
+			spec.Visibility = sandbox.PreviewPrivate
+		}
+		p, err = pm.CreatePreview(ctx, owner, id, spec)
+	}
+	return p, err
+}
+
+// withToken is u with a fresh token of p as runtime_preview_token, and
+// when that expires; a public preview's u as it is.
+func (s *server) withToken(p *sandbox.Preview, u string) (string, *time.Time, error) {
+	if p.Visibility == sandbox.PreviewPublic {
+		return u, nil, nil
+	}
+	exp, err := p.TokenExpiry(s.now(), 0, nil)
+	if err != nil {
+		return "", nil, err
+	}
+	sep := "?"
+	if strings.Contains(u, "?") {
+		sep = "&"
+	}
+	return u + sep + previewTokenQuery + "=" + url.QueryEscape(p.Token(exp)), &exp, nil
+}
+
+// unsharePort deletes the preview of sandbox id's port, if it has one,
+// and closes its connections: a shared port's URLs end with what served
+// them.
+func (s *server) unsharePort(ctx context.Context, owner, id string, port int) {
+	pm, err := s.previewManager()
+	if err != nil {
+		return
+	}
+	if p, err := pm.DeletePreview(ctx, owner, id, port); err == nil {
+		s.previewConns.closeAll(p.ID)
+	}
+}

@@ -69,6 +69,9 @@ var guestRouteRequests = map[string]struct {
 	"stopRecording":     {running: http.StatusNotImplemented},
 	"recordingVideo":    {running: http.StatusNotImplemented},
 	"deleteRecording":   {running: http.StatusNotImplemented},
+	"startMcp":          {body: `{"servers":[{"id":"time"}]}`, running: http.StatusNotImplemented},
+	"getMcp":            {running: http.StatusNotImplemented},
+	"stopMcp":           {running: http.StatusNotImplemented},
 }
 
 // TestGuestRoutesRefuseByStateTable checks that every route that needs a

@@ -16,7 +16,7 @@ var unavailableTop = map[string]bool{
 	"account": true, "agents": true, "apps": true, "audit": true, "billing": true, "builds": true,
 	"ci": true, "containers": true, "domains": true,
 	"feedback": true, "functions": true, "ips": true, "job-imports": true, "job-runs": true, "jobs": true,
-	"mcp": true, "networks": true, "otel-exports": true, "plans": true,
+	"networks": true, "otel-exports": true, "plans": true,
 	"ports": true, "referrals": true, "repositories": true, "reservations": true, "secrets": true,
 	"sso": true, "support": true, "switching": true, "usage": true,
 }
@@ -24,7 +24,7 @@ var unavailableTop = map[string]bool{
 // unavailableSandboxSub are the segments after /v1/sandboxes/{id}/ (with
 // any :verb stripped) of features of a sandbox, and their codes.
 var unavailableSandboxSub = map[string]string{
-	"mcp": "mcp_unavailable", "mounts": "mounts_unavailable",
+	"mounts":   "mounts_unavailable",
 	"sessions": "sessions_unavailable", "tailscale": "tailscale_unavailable",
 }
 

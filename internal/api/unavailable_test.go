@@ -15,6 +15,7 @@ var sdkUnavailable = []struct{ method, path string }{
 	{"POST", "/v1/sandboxes/sbx_r/browser:start"},
 	{"POST", "/v1/sandboxes/sbx_r/desktop:act"},
 	{"GET", "/v1/sandboxes/sbx_r/mcp"},
+	{"GET", "/v1/mcp/catalog"}, // no computer use configured
 	{"POST", "/v1/sandboxes/sbx_r/tailscale"},
 	{"POST", "/v1/sandboxes/sbx_r:resize"},
 	{"POST", "/v1/sandboxes/sbx_r:retention"},

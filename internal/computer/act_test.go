@@ -129,3 +129,33 @@ func TestRecordingsFromProcessesAndFiles(t *testing.T) {
 		t.Fatalf("after the delete, the list is %+v", list)
 	}
 }
+
+// TestViewConn: the live view's VNC server starts on the first view, of a
+// running desktop only, and once.
+func TestViewConn(t *testing.T) {
+	g := newFakeGuest(t)
+	s := New(nil)
+	ctx := context.Background()
+	if _, err := s.ViewConn(ctx, "sbx_a", g); errdefs.Code(err) != "desktop_not_running" {
+		t.Fatalf("a view without a desktop: %v", err)
+	}
+	if _, err := g.Spawn(ctx, guest.ExecRequest{Argv: layerArgv("/bin/sh", "-c", desktopScript, "emberbox-desktop", "800x600")}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		c, err := s.ViewConn(ctx, "sbx_a", g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+	}
+	var vnc []guest.ExecRequest
+	for _, r := range g.spawned {
+		if strings.Contains(strings.Join(r.Argv, " "), "x11vnc -display :1 -rfbport 5900 -localhost") {
+			vnc = append(vnc, r)
+		}
+	}
+	if len(vnc) != 1 || vnc[0].User != "root" || vnc[0].Argv[1] != "layer-exec" || vnc[0].Env["DISPLAY"] != Display {
+		t.Fatalf("VNC servers spawned: %+v", vnc)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/guest"
+	"github.com/emberbox/emberbox/internal/mcpgateway"
 )
 
 // fakeGuest is a guest whose processes are records and whose port 9222
@@ -28,6 +30,10 @@ type fakeGuest struct {
 	find    string // what findScript prints; "" exits 1
 	answer  string // /json/version's body
 	devtool *httptest.Server
+	// gateway, when set, is the status an MCP gateway spawned with
+	// config stdin and pid writes ("" writes none); exit ends it at once.
+	gateway     func(stdin []byte, pid int) string
+	gatewayExit bool
 }
 
 func newFakeGuest(t *testing.T) *fakeGuest {
@@ -49,6 +55,14 @@ func newFakeGuest(t *testing.T) *fakeGuest {
 func (g *fakeGuest) Exec(_ context.Context, req guest.ExecRequest, _ func(guest.Event) error) (*guest.ExecResult, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if len(req.Argv) == 2 && req.Argv[0] == "cat" {
+		b, ok := g.files[req.Argv[1]]
+		code := 0
+		if !ok || req.User != "root" {
+			code = 1
+		}
+		return &guest.ExecResult{ExitCode: &code, Stdout: []byte(b)}, nil
+	}
 	code := 1
 	if g.find != "" {
 		code = 0
@@ -65,6 +79,20 @@ func (g *fakeGuest) Spawn(_ context.Context, req guest.ExecRequest) (*guest.Proc
 	g.procs = append(g.procs, p)
 	if rid := recordingIDOf(p); rid != "" {
 		g.files[RecordingsDir+"/"+rid+".mp4"] = "ftyp" // ffmpeg's first bytes
+	}
+	if isGateway(p) {
+		p.PID = 100 + len(g.procs)
+		g.procs[len(g.procs)-1].PID = p.PID
+		if g.gateway != nil {
+			if st := g.gateway(req.Stdin, p.PID); st != "" {
+				g.files[mcpgateway.StatusPath] = st
+			}
+		}
+		if g.gatewayExit {
+			code, at := 1, time.Now()
+			g.procs[len(g.procs)-1].ExitCode, g.procs[len(g.procs)-1].EndedAt = &code, &at
+			g.output[p.ID] = "listening on port 8930: address already in use"
+		}
 	}
 	return &p, nil
 }
@@ -148,9 +176,12 @@ func (g *fakeGuest) List(_ context.Context, req guest.FileRequest) ([]guest.File
 
 func (g *fakeGuest) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	g.mu.Lock()
-	up := findBrowser(g.procs) != nil
+	up := port == CDPPort && findBrowser(g.procs) != nil
+	for _, p := range g.procs {
+		up = up || port == vncPort && running(p) && slices.Contains(p.Argv, "x11vnc")
+	}
 	g.mu.Unlock()
-	if port != CDPPort || !up {
+	if !up {
 		return nil, errdefs.New(errdefs.ErrUnavailable, "port_refused", "nothing listens")
 	}
 	var d net.Dialer

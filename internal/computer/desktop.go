@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -272,4 +273,53 @@ func removeQuietly(ctx context.Context, g Guest, name string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	_, _ = g.Remove(ctx, name, false)
+}
+
+// vncPort is where the desktop's VNC server listens in the guest, on
+// 127.0.0.1 (liveview.Port).
+const vncPort = 5900
+
+// vncArgv starts the desktop's VNC server: shared, for as long as the
+// display lives, without a password of its own (only the preview's
+// authenticated path reaches its loopback port).
+var vncArgv = []string{"x11vnc", "-display", Display, "-rfbport", "5900", "-localhost", "-shared", "-forever",
+	"-nopw", "-quiet", "-noxdamage", "-nowf"}
+
+// ViewConn connects to the VNC server of sandbox id's desktop, which it
+// starts on the first view: nothing runs for the live view until someone
+// watches. The VNC server ends with the display.
+func (s *Service) ViewConn(ctx context.Context, id string, g Guest) (net.Conn, error) {
+	if c, err := g.DialPort(ctx, vncPort); err == nil {
+		return c, nil
+	}
+	defer s.locks.lock(id + "/view")()
+	if c, err := g.DialPort(ctx, vncPort); err == nil {
+		return c, nil
+	}
+	if _, err := runningDesktop(ctx, g); err != nil {
+		return nil, err
+	}
+	info, err := g.Spawn(ctx, guest.ExecRequest{Argv: layerArgv(vncArgv...), User: "root", Cwd: "/tmp", Detach: true,
+		Env: map[string]string{"DISPLAY": Display}})
+	if err != nil {
+		return nil, fmt.Errorf("starting the desktop's VNC server: %w", err)
+	}
+	s.log.Info("desktop view started", "sandbox", id, "process", info.ID)
+	wctx, cancel := context.WithTimeout(ctx, desktopWait)
+	defer cancel()
+	for {
+		c, err := g.DialPort(wctx, vncPort)
+		if err == nil {
+			return c, nil
+		}
+		if p, perr := g.Process(wctx, info.ID); perr == nil && !running(*p) {
+			return nil, errdefs.New(errdefs.ErrInternal, "desktop_failed", "the VNC server ended as it started: %s", tail(ctx, g, info.ID))
+		}
+		select {
+		case <-wctx.Done():
+			kill(ctx, g, info.ID)
+			return nil, errdefs.New(errdefs.ErrUnavailable, "desktop_failed", "the VNC server did not listen within %s", desktopWait)
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }

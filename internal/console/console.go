@@ -19,10 +19,13 @@ const Prefix = "/console/"
 // CSP allows scripts, connections (fetch and the terminal's WebSocket),
 // images and fonts from this origin only, and no inline script. Styles
 // admit inline ones because xterm.js writes its cell sizes and colours
-// into <style> elements it makes; a style cannot run code.
+// into <style> elements it makes; a style cannot run code. Frames may be
+// of any http(s) origin: the desktop's live view is on a preview origin
+// under the domain the operator chose, and only the console's own script
+// makes frames.
 const CSP = "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; " +
 	"connect-src 'self'; img-src 'self' data:; font-src 'self'; base-uri 'none'; " +
-	"form-action 'none'; frame-ancestors 'none'"
+	"form-action 'none'; frame-ancestors 'none'; frame-src http: https:"
 
 // contentTypes are the types of the files served, by extension; any
 // other file is not served.

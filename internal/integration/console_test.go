@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -357,6 +358,17 @@ func TestConsole(t *testing.T) {
 	waitJS("its events are listed", `!!document.querySelector('#events-table tr[data-type="created"]')`, time.Minute)
 	shot("7-events")
 
+	// The desktop, live: started from its tab, a page opened in its
+	// browser, watched through noVNC in a frame of the view's own origin.
+	consoleDesktop(t, c, id, run, waitJS, eval)
+	run("open the desktop tab", chromedp.Navigate(s.URL+"/console/#/sandboxes/"+id+"/desktop"),
+		chromedp.WaitVisible(css("#desktop-frame")))
+	// The frame's own view connects (x11vnc's port has an established
+	// connection), and the picture is drawn before the screenshot.
+	waitVNCClients(t, c, id, 2)
+	run("let the frame draw", chromedp.Sleep(3*time.Second))
+	shot("8-desktop")
+
 	// Stop it from the list.
 	run("back to the list", chromedp.Navigate(s.URL+"/console/#/"),
 		chromedp.WaitVisible(css(fmt.Sprintf(`#sandbox-table tr[data-id=%q] button.stop`, id))),
@@ -400,4 +412,61 @@ func typeKeys(text string) chromedp.Action[chromedp.Void] {
 		}
 		return nil
 	})
+}
+
+// consoleDesktop starts the desktop from the console's desktop tab, opens a
+// page in its browser from there, and checks the live view page itself (in
+// the top frame, where its status can be read) connects to the desktop.
+func consoleDesktop(t *testing.T, c *client, id string, run func(string, ...chromedp.Action[chromedp.Void]),
+	waitJS func(string, string, time.Duration), eval func(string, string) string) {
+	t.Helper()
+	c.writeFile(t, id, "/workspace/live/index.html", []byte("<title>Live from Emberbox</title><h1 style='font-size:64px'>Live from Emberbox</h1>"))
+	c.spawn(t, id, "python3 -m http.server 8001 --bind 127.0.0.1 --directory /workspace/live")
+	run("open the desktop tab", chromedp.Navigate(c.s.URL+"/console/#/sandboxes/"+id+"/desktop"),
+		chromedp.WaitVisible(chromedp.CSS("#desktop-start")))
+	run("start the desktop", chromedp.Click(chromedp.CSS("#desktop-start")))
+	waitJS("the live view is framed", `document.querySelector('#desktop-frame')?.src.includes('5900-')`, 5*time.Minute)
+	stream := eval("read the stream URL", `document.querySelector('#desktop-frame').src`)
+	run("open a page on the desktop", chromedp.SendKeys(chromedp.CSS("#desktop-url"), "http://127.0.0.1:8001/"),
+		chromedp.Click(chromedp.CSS("#desktop-open-submit")))
+	if !waitUntil(5*time.Minute, time.Second, func() bool {
+		var out struct {
+			Windows []struct{ Title string } `json:"windows"`
+		}
+		r := c.raw(t, "POST", "/v1/sandboxes/"+id+"/desktop:act", []byte(`{"action":"windows"}`), nil, requestTimeout)
+		return r.err == nil && json.Unmarshal(r.Body, &out) == nil &&
+			slices.ContainsFunc(out.Windows, func(w struct{ Title string }) bool { return strings.Contains(w.Title, "Live from Emberbox") })
+	}) {
+		t.Fatal("the page opened from the console never showed on the desktop")
+	}
+	// The view itself, as the top page: noVNC says it is live once the
+	// RFB handshake with the desktop's VNC server is done.
+	run("open the live view", chromedp.Navigate(stream), chromedp.WaitVisible(chromedp.CSS("#screen canvas")))
+	waitJS("the live view connects", `document.getElementById('status').textContent.startsWith('live')`, 3*time.Minute)
+	// Without its token the page and its socket are refused.
+	bare := stream[:strings.IndexByte(stream, '?')]
+	for _, u := range []string{bare, bare + "websockify"} {
+		resp, err := previewClient.Get(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("GET %s without its token: %d, want 401", u, resp.StatusCode)
+		}
+	}
+}
+
+// waitVNCClients waits until the desktop's VNC server has n connections.
+func waitVNCClients(t *testing.T, c *client, id string, n int) {
+	t.Helper()
+	cmd := "ss -Htn state established '( sport = :5900 )' | wc -l"
+	if !waitUntil(3*time.Minute, time.Second, func() bool {
+		res, _ := c.exec(t, id, execReq{Command: cmd, TimeoutMs: 30_000})
+		got, _ := strconv.Atoi(strings.TrimSpace(res.Stdout))
+		return got >= n
+	}) {
+		res, _ := c.exec(t, id, execReq{Command: "ss -tnp; ps aux | grep -c x11vnc", TimeoutMs: 30_000})
+		t.Fatalf("the VNC server never had %d connections: %s", n, res.Stdout)
+	}
 }

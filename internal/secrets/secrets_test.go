@@ -66,6 +66,17 @@ func TestSwap(t *testing.T) {
 	if got := svc.Env("k", "sbx_2", nil); len(got) != 0 {
 		t.Errorf("env of a sandbox out of scope: %v", got)
 	}
+	if p, ok := svc.Placeholder("k", "API_TOKEN", "sbx_1", labels); !ok || p != sc.Placeholder {
+		t.Errorf("placeholder: %q, %v", p, ok)
+	}
+	for _, c := range []struct {
+		owner, name string
+		labels      map[string]string
+	}{{"k", "API_TOKEN", nil}, {"k", "OTHER", labels}, {"j", "API_TOKEN", labels}} {
+		if p, ok := svc.Placeholder(c.owner, c.name, "sbx_2", c.labels); ok || p != "" {
+			t.Errorf("placeholder of %+v: %q, %v", c, p, ok)
+		}
+	}
 	if !sw.Intercepts("api.example.com", 443) || !sw.Intercepts("eu.models.example", 8443) || sw.Intercepts("models.example", 443) || sw.Intercepts("other.example", 443) {
 		t.Error("Intercepts: wrong hosts")
 	}

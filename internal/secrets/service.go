@@ -345,6 +345,17 @@ func (s *Service) Env(owner, id string, labels map[string]string) map[string]str
 	return env
 }
 
+// Placeholder returns the placeholder of owner's secret name, if it
+// reaches the sandbox with id and labels.
+func (s *Service) Placeholder(owner, name, id string, labels map[string]string) (string, bool) {
+	for _, h := range s.secretsOf(owner) {
+		if h.Name == name && h.InScope(id, labels) {
+			return h.Placeholder, true
+		}
+	}
+	return "", false
+}
+
 func newPlaceholder() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])

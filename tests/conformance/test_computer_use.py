@@ -11,7 +11,7 @@ import urllib.request
 from urllib.parse import urlsplit
 
 import pytest
-from _helpers import poll as _poll
+from _helpers import delete_quietly, loopback as _loopback, poll as _poll
 from withruntime import Sandbox
 
 PAGE = ("<html><head><title>Hello from Emberbox</title></head>"
@@ -28,21 +28,7 @@ def box(runtime_client):
                      90, 1), "the page's server never answered"
         yield b
     finally:
-        try:
-            b.delete()
-        except Exception as e:  # noqa: BLE001 - cleanup must not hide the test result
-            print(f"cleanup: delete of {b.id} failed: {e}")
-
-
-def _loopback(url: str) -> tuple[str, dict]:
-    """A preview's host is under localhost, which browsers resolve to the
-    loopback address and this machine's resolver does not: connect there
-    and send the preview's Host. With a real --preview-domain the URL is
-    used as it is."""
-    u = urlsplit(url)
-    if not (u.hostname or "").endswith(".localhost"):
-        return url, {}
-    return u._replace(netloc=f"127.0.0.1:{u.port}").geturl(), {"Host": u.netloc}
+        delete_quietly(b)
 
 
 def _status(url: str) -> tuple[int, str]:
@@ -135,6 +121,15 @@ def _act_raw(server, box, body: dict) -> tuple[int, str]:
         return e.code, json.loads(e.read() or b"{}").get("error", {}).get("code", "")
 
 
+def _desktop_raw(server, box) -> dict:
+    """GET …/desktop (the SDK has no call for it)."""
+    req = urllib.request.Request(f"{server.url}/v1/sandboxes/{box.id}/desktop",
+                                 headers={"Authorization": "Bearer " + server.key})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
 def _mp4_boxes(data: bytes) -> list[str]:
     """The top-level boxes of an MP4 file, checking that they tile it."""
     names, at = [], 0
@@ -148,6 +143,43 @@ def _mp4_boxes(data: bytes) -> list[str]:
     return names
 
 
+def _live_view(stream: str) -> None:
+    """The live view: its page (with the token) is noVNC's, refused without
+    the token; its WebSocket carries the desktop's VNC server, whose first
+    bytes are the RFB greeting. The WebSocket is spoken by hand here: one
+    handshake and one server frame."""
+    import base64
+    import os
+    import socket
+
+    assert _status(stream) == (200, "")
+    bare = stream.split("?")[0]
+    assert _status(bare) == (401, "preview_token_required")
+    token = stream.split("runtime_preview_token=")[1]
+    url, host = _loopback(bare + "websockify?runtime_preview_token=" + token)
+    u = urlsplit(url)
+    s = socket.create_connection((u.hostname, u.port), timeout=180)
+    try:
+        key = base64.b64encode(os.urandom(16)).decode()
+        origin = f"http://{host.get('Host', u.netloc)}"
+        s.sendall((f"GET {u.path}?{u.query} HTTP/1.1\r\nHost: {host.get('Host', u.netloc)}\r\n"
+                   f"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                   f"Sec-WebSocket-Version: 13\r\nOrigin: {origin}\r\n\r\n").encode())
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = s.recv(4096)
+            assert chunk, data
+            data += chunk
+        head, rest = data.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 101"), head
+        while len(rest) < 2 + 12:
+            rest += s.recv(4096)
+        assert rest[0] == 0x82, rest[:2]  # FIN, binary
+        assert rest[2:14].startswith(b"RFB 003.00"), rest[:20]
+    finally:
+        s.close()
+
+
 def test_desktop_is_driven_like_a_person_would(box, emberbox_server):
     box.files.write("/workspace/site/form.html", FORM)
     t0 = time.monotonic()
@@ -155,6 +187,9 @@ def test_desktop_is_driven_like_a_person_would(box, emberbox_server):
     print(f"desktop start: {time.monotonic() - t0:.1f} s")
     assert d["running"] is True and (d["width"], d["height"]) == (1024, 768) and d["display"] == ":1"
     assert box.desktop.start()["startedAt"] == d["startedAt"]
+    stream = d["streamUrl"]
+    assert stream.startswith("http://5900-") and "runtime_preview_token=" in stream
+    _live_view(stream)
 
     box.desktop.move(100, 200)
     assert box.desktop.cursor() == {"x": 100, "y": 200}
@@ -196,4 +231,6 @@ def test_desktop_is_driven_like_a_person_would(box, emberbox_server):
 
     assert box.desktop.stop()["stopped"] is True
     assert box.browser.get()["running"] is False  # its window went with it
+    assert _desktop_raw(emberbox_server, box)["streamUrl"] is None
+    assert _status(stream)[0] in (401, 404)  # the view's preview went with it
     assert _act_raw(emberbox_server, box, {"action": "cursor"}) == (409, "desktop_not_running")

@@ -7,13 +7,12 @@ import base64
 import json
 import os
 import socket
-import struct
 import urllib.error
 import urllib.request
 from urllib.parse import urlsplit
 
 import pytest
-from _helpers import poll as _poll
+from _helpers import loopback as _loopback, poll as _poll
 from withruntime import Sandbox
 
 WS_ECHO = r'''
@@ -73,16 +72,6 @@ def boxes(runtime_client):
                 box.delete()
             except Exception as e:  # noqa: BLE001 - cleanup must not hide the test result
                 print(f"cleanup: delete of {box.id} failed: {e}")
-
-
-def _loopback(url: str) -> tuple[str, dict]:
-    """A preview's host is under localhost, which browsers resolve to the
-    loopback address and Python's resolver may not: send the request there
-    with the preview's Host."""
-    u = urlsplit(url)
-    if not (u.hostname or "").endswith(".localhost"):
-        return url, {}
-    return u._replace(netloc=f"127.0.0.1:{u.port}").geturl(), {"Host": u.netloc}
 
 
 def _get(url: str, headers: dict | None = None) -> tuple[int, bytes]:

@@ -7,7 +7,6 @@ they happened; `runtime.events.list` pages the same events.
 from __future__ import annotations
 
 import http.server
-import json
 import threading
 import time
 

@@ -248,7 +248,7 @@
     leave.push(() => clearInterval(timer));
   }
 
-  const tabs = ["files", "terminal", "previews", "events", "checkpoints"];
+  const tabs = ["files", "terminal", "desktop", "previews", "events", "checkpoints"];
 
   function showState(sb) {
     document.getElementById("sandbox-state")?.replaceChildren(stateBadge(sb.state),
@@ -267,6 +267,8 @@
         return viewFiles(id, body, params.get("path") || "/workspace");
       case "terminal":
         return viewTerminal(id, body);
+      case "desktop":
+        return viewDesktop(id, body);
       case "previews":
         return viewPreviews(id, body);
       case "events":
@@ -434,6 +436,55 @@
       for (let i = 0; i < buf.length; i++) lines.push(buf.getLine(i).translateToString(true));
       return lines.join("\n");
     };
+  }
+
+  // The desktop: start and stop it, open a URL in its browser, and watch
+  // it live in a frame of its streamUrl (noVNC, on the view's own origin).
+  async function viewDesktop(id, body) {
+    const url = el("input", { type: "url", id: "desktop-url", placeholder: "http://127.0.0.1:8000/", required: true });
+    const startBtn = el("button", { type: "button", class: "primary", id: "desktop-start" }, "Start desktop");
+    const stopBtn = el("button", { type: "button", class: "danger", id: "desktop-stop" }, "Stop desktop");
+    const openForm = el("form", { class: "inline", id: "desktop-open" }, el("label", {}, "Open", url),
+      el("button", { type: "submit", id: "desktop-open-submit" }, "Open in the browser"));
+    const info = el("p", { class: "muted", id: "desktop-info" });
+    const view = el("div", { id: "desktop-view" });
+    body.append(el("div", { class: "toolbar" }, startBtn, stopBtn), openForm, info, view);
+    function show(d) {
+      startBtn.disabled = d.running;
+      stopBtn.disabled = !d.running;
+      openForm.hidden = !d.running;
+      info.textContent = d.running ? d.width + "×" + d.height + ", DISPLAY=" + d.display + " inside the sandbox, since " + when(d.startedAt) : "The desktop is not running.";
+      if (d.running && d.streamUrl) {
+        const frame = el("iframe", { id: "desktop-frame", src: d.streamUrl, title: "Live desktop", allow: "clipboard-read; clipboard-write" });
+        view.replaceChildren(frame);
+      } else {
+        view.replaceChildren();
+      }
+    }
+    async function run(fn) {
+      try {
+        show(await fn());
+      } catch (e) {
+        flash(e.message);
+      }
+    }
+    startBtn.addEventListener("click", () => {
+      info.textContent = "Starting the desktop…";
+      run(() => api("POST", sbPath(id) + "/desktop:start", {}));
+    });
+    stopBtn.addEventListener("click", () => run(async () => {
+      await api("POST", sbPath(id) + "/desktop:stop", {});
+      return api("GET", sbPath(id) + "/desktop");
+    }));
+    openForm.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      try {
+        await api("POST", sbPath(id) + "/desktop:act", { action: "open", url: url.value });
+      } catch (e) {
+        flash(e.message);
+      }
+    });
+    await run(() => api("GET", sbPath(id) + "/desktop"));
   }
 
   async function viewPreviews(id, body) {
