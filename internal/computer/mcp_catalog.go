@@ -1,7 +1,8 @@
 package computer
 
 import (
-	"strings"
+	"crypto/sha256"
+	"encoding/hex"
 
 	"github.com/emberbox/emberbox/internal/mcpgateway"
 )
@@ -24,6 +25,7 @@ type MCPEntry struct {
 	Secrets []MCPSecret `json:"secrets"`
 
 	command string            // what the package installs
+	pins    []string          // what else the install must hold to (pip requirements)
 	args    []string          // how the server is started
 	env     map[string]string // what it is started with
 }
@@ -56,7 +58,8 @@ var mcpCatalog = []MCPEntry{
 		Registry: "pypi", Package: "mcp-server-git", Version: "2026.10.19", command: "mcp-server-git"},
 	{ID: "sqlite", Name: "SQLite", Description: "Queries and changes a SQLite database at /workspace/mcp.sqlite3.",
 		Registry: "pypi", Package: "mcp-server-sqlite", Version: "2025.4.25", command: "mcp-server-sqlite",
-		args: []string{"--db-path", "/workspace/mcp.sqlite3"}},
+		// It uses the decorators mcp 2 removed, and asks only mcp>=1.
+		pins: []string{"mcp<2"}, args: []string{"--db-path", "/workspace/mcp.sqlite3"}},
 	{ID: "filesystem", Name: "Filesystem", Description: "Reads, writes, searches and moves files under /workspace.",
 		Registry: "npm", Package: "@modelcontextprotocol/server-filesystem", Version: "2026.8.31", command: "mcp-server-filesystem",
 		args: []string{"/workspace"}},
@@ -103,14 +106,20 @@ func registryHosts(registry string) []string {
 // from the catalog, never from a request.
 func (e MCPEntry) server(env map[string]string) mcpgateway.Server {
 	dir := mcpDir + "/" + e.ID
-	marker := dir + "/.installed-" + strings.ReplaceAll(e.Package, "/", "_") + "-" + e.Version
 	var install string
 	switch e.Registry {
 	case "npm":
 		install = `npm install --global --prefix "$d" --no-audit --no-fund --loglevel=warn '` + e.Package + "@" + e.Version + `'`
 	default:
 		install = `python3 -m venv "$d" && "$d/bin/pip" install --disable-pip-version-check --no-input -q '` + e.Package + "==" + e.Version + `'`
+		for _, p := range e.pins {
+			install += ` '` + p + `'`
+		}
 	}
+	// The marker names the install: a changed one (a version, a pin) runs
+	// again in a sandbox that has the old one.
+	sum := sha256.Sum256([]byte(install))
+	marker := dir + "/.installed-" + hex.EncodeToString(sum[:8])
 	script := `set -eu; d='` + dir + `'; rm -rf "$d"; mkdir -p "$d"; ` + install + `; chmod -R a+rX "$d"; touch '` + marker + `'`
 	s := mcpgateway.Server{ID: e.ID, Install: []string{"/bin/sh", "-c", script}, Installed: marker,
 		Run: append([]string{dir + "/bin/" + e.command}, e.args...), User: "user", Cwd: "/workspace"}

@@ -197,7 +197,7 @@ func TestMCPCatalog(t *testing.T) {
 		}
 		// The install script is the catalog's words alone: nothing a
 		// shell would read twice.
-		if strings.ContainsAny(e.Package+e.Version+e.command, "'\"$`\\ ;&|") {
+		if strings.ContainsAny(e.Package+e.Version+e.command+strings.Join(e.pins, ""), "'\"$`\\ ;&|") {
 			t.Errorf("%s: a package, version or command a shell would read", e.ID)
 		}
 	}
