@@ -128,17 +128,25 @@ func TestImageTemplate(t *testing.T) {
 // readyEvent is the data of sandbox id's "ready" event.
 func readyEvent(t testing.TB, c *client, id string) map[string]any {
 	t.Helper()
-	page, _ := call[struct {
-		Data []struct {
-			Type string         `json:"type"`
-			Data map[string]any `json:"data"`
-		} `json:"data"`
-	}](t, c, "GET", "/v1/sandboxes/"+id+"/events?limit=1000", nil, nil)
-	for _, e := range page.Data {
-		if e.Type == "ready" {
-			return e.Data
+	// The manager appends the event just after the state change a create
+	// waits for (Manager.ready), so it may be a moment behind it.
+	var data map[string]any
+	if !waitUntil(30*time.Second, 200*time.Millisecond, func() bool {
+		page, _ := call[struct {
+			Data []struct {
+				Type string         `json:"type"`
+				Data map[string]any `json:"data"`
+			} `json:"data"`
+		}](t, c, "GET", "/v1/sandboxes/"+id+"/events?limit=1000", nil, nil)
+		for _, e := range page.Data {
+			if e.Type == "ready" {
+				data = e.Data
+				return true
+			}
 		}
+		return false
+	}) {
+		t.Fatalf("sandbox %s has no ready event", id)
 	}
-	t.Fatalf("sandbox %s has no ready event", id)
-	return nil
+	return data
 }
