@@ -200,31 +200,37 @@ func (s *Service) mcpState(ctx context.Context, g Guest) (*MCPGateway, *mcpgatew
 	if err != nil {
 		return nil, nil, err
 	}
+	cur, st := mcpStateOf(ctx, g, procs)
+	return cur, st, nil
+}
+
+// mcpStateOf is mcpState of the guest's processes procs.
+func mcpStateOf(ctx context.Context, g Guest, procs []guest.ProcessInfo) (*MCPGateway, *mcpgateway.Status) {
 	p := findGateway(procs)
 	if p == nil {
-		return &MCPGateway{}, nil, nil
+		return &MCPGateway{}, nil
 	}
 	st, err := readMCPStatus(ctx, g)
 	if err != nil || st.PID != p.PID {
-		return &MCPGateway{Running: true, ProcessID: p.ID, StartedAt: p.StartedAt}, nil, nil
+		return &MCPGateway{Running: true, ProcessID: p.ID, StartedAt: p.StartedAt}, nil
 	}
-	return gatewayOf(p, st), st, nil
+	return gatewayOf(p, st), st
 }
 
 // StopMCP ends the gateway of sandbox id and its servers, answering the
 // gateway it stopped (nil: none ran).
 func (s *Service) StopMCP(ctx context.Context, id string, g Guest) (*MCPGateway, error) {
 	defer s.locks.lock(id + "/mcp")()
-	cur, _, err := s.mcpState(ctx, g)
-	if err != nil || !cur.Running {
-		return nil, err
-	}
-	if cur.Port == 0 {
-		cur.Port = DefaultMCPPort // its status unread: the port it most likely has
-	}
 	procs, err := processes(ctx, g)
 	if err != nil {
 		return nil, err
+	}
+	cur, _ := mcpStateOf(ctx, g, procs)
+	if !cur.Running {
+		return nil, nil
+	}
+	if cur.Port == 0 {
+		cur.Port = DefaultMCPPort // its status unread: the port it most likely has
 	}
 	for _, p := range procs {
 		if isGateway(p) && running(p) {

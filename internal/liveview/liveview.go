@@ -33,6 +33,15 @@ const SocketPath = "/websockify"
 //go:embed static
 var static embed.FS
 
+// fileServer serves the page and the client, the same for every view.
+var fileServer = func() http.Handler {
+	files, err := fs.Sub(static, "static")
+	if err != nil {
+		panic(err) // the embed's own directory
+	}
+	return http.FileServerFS(files)
+}()
+
 // IsAsset reports whether path is one of the view's static files, which
 // are the same for every sandbox: anything but the page and its socket.
 func IsAsset(path string) bool {
@@ -45,8 +54,6 @@ type Dial func(ctx context.Context) (net.Conn, error)
 // Handler serves the live view of one request. frameAncestors are the
 // origins that may embed the page (the console's); none: only itself.
 func Handler(dial Dial, frameAncestors []string) http.Handler {
-	files, _ := fs.Sub(static, "static")
-	fileServer := http.FileServerFS(files)
 	ancestors := "'self'"
 	if len(frameAncestors) > 0 {
 		ancestors = strings.Join(frameAncestors, " ")
