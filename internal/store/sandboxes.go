@@ -55,9 +55,13 @@ func (s *sandboxRows) InsertSandbox(ctx context.Context, sb *sandbox.Sandbox, id
 	if err != nil {
 		return fmt.Errorf("inserting sandbox %s: encoding env names: %w", sb.ID, err)
 	}
-	// Scoped to the new row: the name's uniqueness is the index's, and the
-	// idempotency record is changed by a single conditional statement.
-	tx, err := s.db.beginScoped(ctx, "sandbox:"+sb.ID)
+	// Scoped to the new row (the name's uniqueness is the index's) and to
+	// the key's idempotency records, one of which it links.
+	scopes := []string{"sandbox:" + sb.ID}
+	if idempotencyKey != "" {
+		scopes = append(scopes, idempotencyScope(sb.OwnerKeyID))
+	}
+	tx, err := s.db.beginScoped(ctx, scopes...)
 	if err != nil {
 		return fmt.Errorf("inserting sandbox %s: %w", sb.ID, err)
 	}
