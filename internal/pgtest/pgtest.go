@@ -8,7 +8,8 @@
 // user "postgres".
 //
 // `Start(tb)` (stopped by `tb.Cleanup`; skips without the binaries unless `$CI`
-// is set), `New` and `Stop` for a `TestMain`, `Shared`, and `NewDatabase(tb)`,
+// is set), `New` and `Stop` for a `TestMain` (`NewDurable`: fsync on, for
+// benchmarks of commits), `Shared`, and `NewDatabase(tb)`,
 // the DSN of a fresh database dropped at cleanup. `initdb` runs with
 // `--locale=C`; the server is ready when a connection succeeds (polled, with a
 // deadline).
@@ -128,7 +129,14 @@ func version(bin string) int {
 
 // New initializes a database cluster in a new temporary directory and
 // starts a server on it. The caller stops it with Stop.
-func New() (*Server, error) {
+func New() (*Server, error) { return newServer(false) }
+
+// NewDurable is New with fsync and synchronous commits on, as a
+// production server runs: for benchmarks whose figure depends on what a
+// commit costs.
+func NewDurable() (*Server, error) { return newServer(true) }
+
+func newServer(durable bool) (*Server, error) {
 	bin, err := binDir()
 	if err != nil {
 		return nil, err
@@ -160,7 +168,7 @@ func New() (*Server, error) {
 	// The port is free when picked but may be taken before postgres binds
 	// it; a start that fails that way is tried again on another.
 	for attempt := 0; ; attempt++ {
-		s, err := start(ctx, bin, dir, cred)
+		s, err := start(ctx, bin, dir, cred, durable)
 		if err == nil {
 			return s, nil
 		}
@@ -198,7 +206,7 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-func start(ctx context.Context, bin, dir string, cred *syscall.Credential) (*Server, error) {
+func start(ctx context.Context, bin, dir string, cred *syscall.Credential, durable bool) (*Server, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, fmt.Errorf("pgtest: picking a port: %w", err)
@@ -209,10 +217,14 @@ func start(ctx context.Context, bin, dir string, cred *syscall.Credential) (*Ser
 		return nil, fmt.Errorf("pgtest: %w", err)
 	}
 	defer logf.Close()
+	sync := "off"
+	if durable {
+		sync = "on"
+	}
 	cmd := exec.Command(filepath.Join(bin, "postgres"),
 		"-D", filepath.Join(dir, "data"),
 		"-h", "127.0.0.1", "-p", strconv.Itoa(port), "-k", dir,
-		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+		"-c", "fsync="+sync, "-c", "synchronous_commit="+sync, "-c", "full_page_writes="+sync,
 		"-c", "max_connections=200", "-c", "shared_buffers=32MB")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Its own process group, so a terminal's ^C reaches the test binary

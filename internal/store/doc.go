@@ -48,9 +48,14 @@
 //     one transaction). On PostgreSQL every transaction `BeginTx` opens first
 //     takes `pg_advisory_xact_lock` on one key, and a write run on its own
 //     (`ExecContext`) runs in such a transaction; writes that return rows are
-//     explicit transactions. So writes on every node that shares the database
-//     queue behind one another as on SQLite (the cost: no write concurrency;
-//     reads never wait), and migrations run once when nodes start together. A
+//     explicit transactions. So those writes, on every node that shares the
+//     database, queue behind one another as on SQLite (reads never wait), and
+//     migrations run once when nodes start together. The hot writes (a
+//     sandbox's transitions, insert and events, meters, a key's idempotency
+//     records) are scoped instead (`beginScoped`): the key shared, then one
+//     advisory lock per row they touch, so writes of different sandboxes run
+//     in parallel while every exclusive transaction still holds them all off;
+//     appends to the feed take a feed lock so seqs commit in order (feed.go). A
 //     lock wait fails after `lock_timeout` (30 s unless the DSN sets one), as
 //     `busy_timeout` bounds SQLite's; connections are not capped (a transaction
 //     may read on a second one while others queue for the lock). Constraint

@@ -49,7 +49,8 @@ func (s *eventRows) AppendEvent(ctx context.Context, sandboxID, typ, message str
 	if err != nil {
 		return fmt.Errorf("appending %s event to sandbox %s: encoding data: %w", typ, sandboxID, err)
 	}
-	tx, err := s.db.BeginTx(ctx, nil)
+	// Scoped to the sandbox: the ring below reads and deletes its events only.
+	tx, err := s.db.beginScoped(ctx, "sandbox:"+sandboxID)
 	if err != nil {
 		return fmt.Errorf("appending %s event to sandbox %s: %w", typ, sandboxID, err)
 	}
@@ -63,10 +64,6 @@ func (s *eventRows) AppendEvent(ctx context.Context, sandboxID, typ, message str
 	if err != nil {
 		return fmt.Errorf("appending %s event to sandbox %s: %w", typ, sandboxID, err)
 	}
-	// The feed's copy commits with the trail's (feed.go).
-	if err := publishFromTrail(ctx, tx, sandboxID, typ, d, at); err != nil {
-		return err
-	}
 	// The ring: everything older than the newest MaxEventsPerSandbox goes.
 	// The index (sandbox_id, id) makes this a short walk.
 	_, err = tx.ExecContext(ctx, `DELETE FROM sandbox_events WHERE sandbox_id = ?1 AND id < (
@@ -74,6 +71,10 @@ func (s *eventRows) AppendEvent(ctx context.Context, sandboxID, typ, message str
 		sandboxID, MaxEventsPerSandbox-1)
 	if err != nil {
 		return fmt.Errorf("appending %s event to sandbox %s: dropping old events: %w", typ, sandboxID, err)
+	}
+	// The feed's copy commits with the trail's, and goes last (feed.go).
+	if err := publishFromTrail(ctx, tx, sandboxID, typ, d, at); err != nil {
+		return err
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("appending %s event to sandbox %s: %w", typ, sandboxID, err)

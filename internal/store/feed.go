@@ -16,12 +16,23 @@ import (
 // snapshot's state (UpdateSnapshot), an image's outcome (FinishImage). So
 // a change is never committed without its event, and the webhook outbox
 // cannot miss one, whatever kills the server when.
+//
+// Readers page the feed by seq (the webhook fan-out's cursor), so a seq
+// must not commit after a greater one: a reader past the greater would
+// never see it. Ordinary transactions hold the whole write lock, and
+// scoped ones take the feed's lock before they take a seq (lockFeed), so
+// among the transactions that append, the next to take a seq is the next
+// to commit. A transaction that appends should do it last, to hold the
+// feed's lock for as short a time as it can.
 
 // publish appends e to its owner's feed in tx and sets e.Seq.
 func publish(ctx context.Context, tx *txHandle, e *webhook.Event) error {
 	d, err := eventData(e.Data)
 	if err != nil {
 		return fmt.Errorf("publishing %s event: encoding data: %w", e.Type, err)
+	}
+	if err := tx.lockFeed(ctx); err != nil {
+		return fmt.Errorf("publishing %s event: %w", e.Type, err)
 	}
 	err = tx.QueryRowContext(ctx, `INSERT INTO feed_events (owner_key_id, type, resource_type, resource_id, data, at)
 		VALUES (?, ?, ?, ?, ?, ?) RETURNING seq`, e.Owner, e.Type, e.ResourceType, e.ResourceID, d, formatTime(e.At)).Scan(&e.Seq)
@@ -37,6 +48,9 @@ func publishFromTrail(ctx context.Context, tx *txHandle, sandboxID, typ string, 
 	ft := webhook.FromSandboxTrail(typ)
 	if ft == "" {
 		return nil
+	}
+	if err := tx.lockFeed(ctx); err != nil {
+		return fmt.Errorf("publishing %s event of sandbox %s: %w", ft, sandboxID, err)
 	}
 	_, err := tx.ExecContext(ctx, `INSERT INTO feed_events (owner_key_id, type, resource_type, resource_id, data, at)
 		SELECT owner_key_id, ?, ?, id, ?, ? FROM sandboxes WHERE id = ?`, ft, webhook.ResourceSandbox, d, at, sandboxID)

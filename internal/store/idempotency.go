@@ -54,6 +54,12 @@ type Idempotency struct {
 	Omitted int64
 }
 
+// idempotencyScope is the lock scope of API key keyID's idempotency
+// records (engine.go's beginScoped): a transaction that reads them and
+// writes on what it read (a reserve, a completion and its prune, a create
+// that links its sandbox) takes it.
+func idempotencyScope(keyID string) string { return "idempotency:" + keyID }
+
 // ReserveIdempotency claims (keyID, key) for a request with the given
 // fingerprint. If no record exists, or only one older than IdempotencyTTL, it
 // records a pending one and returns reserved == true: the caller runs the
@@ -61,7 +67,9 @@ type Idempotency struct {
 // it returns the existing record, pending or complete, for the caller to
 // replay or refuse (comparing fingerprints is the caller's job).
 func (s *idempotencyRows) ReserveIdempotency(ctx context.Context, keyID, key, fingerprint string) (existing *Idempotency, reserved bool, err error) {
-	tx, err := s.db.BeginTx(ctx, nil) // immediate: the read and the write are one step
+	// The read and the write are one step; scoped to the API key, whose
+	// records alone it reads, writes and prunes.
+	tx, err := s.db.beginScoped(ctx, idempotencyScope(keyID))
 	if err != nil {
 		return nil, false, fmt.Errorf("reserving idempotency key %q: %w", key, err)
 	}
@@ -125,7 +133,7 @@ func (s *idempotencyRows) CompleteIdempotency(ctx context.Context, keyID, key st
 	if len(body) > MaxIdempotencyBody {
 		body, omitted = nil, int64(len(body))
 	}
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, err := s.db.beginScoped(ctx, idempotencyScope(keyID))
 	if err != nil {
 		return fmt.Errorf("completing idempotency key %q: %w", key, err)
 	}

@@ -1,6 +1,9 @@
 package store
 
 import (
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/emberbox/emberbox/internal/sandbox"
@@ -63,5 +66,34 @@ func TestResolvePendingIdempotency(t *testing.T) {
 	}
 	if rec, _, _ := s.ReserveIdempotency(ctx, "k2", "e", "fp"); rec == nil || rec.SandboxID != "" {
 		t.Errorf("another owner's key linked: %+v", rec)
+	}
+}
+
+// TestReserveIdempotencyOnce: of requests that reserve one key at once,
+// exactly one runs; the others find its record.
+func TestReserveIdempotencyOnce(t *testing.T) {
+	s, _ := openTest(t)
+	const n = 8
+	for round := range 5 {
+		key := fmt.Sprintf("req-%d", round)
+		var reserved atomic.Int32
+		var wg sync.WaitGroup
+		for range n {
+			wg.Go(func() {
+				existing, ok, err := s.ReserveIdempotency(t.Context(), "key_1", key, "POST /v1/sandboxes")
+				switch {
+				case err != nil:
+					t.Error(err)
+				case ok:
+					reserved.Add(1)
+				case existing == nil:
+					t.Error("not reserved, and no record returned")
+				}
+			})
+		}
+		wg.Wait()
+		if got := reserved.Load(); got != 1 {
+			t.Fatalf("round %d: %d of %d concurrent reserves of one key ran, want 1", round, got, n)
+		}
 	}
 }

@@ -55,7 +55,13 @@ func (s *sandboxRows) InsertSandbox(ctx context.Context, sb *sandbox.Sandbox, id
 	if err != nil {
 		return fmt.Errorf("inserting sandbox %s: encoding env names: %w", sb.ID, err)
 	}
-	tx, err := s.db.BeginTx(ctx, nil)
+	// Scoped to the new row (the name's uniqueness is the index's) and to
+	// the key's idempotency records, one of which it links.
+	scopes := []string{"sandbox:" + sb.ID}
+	if idempotencyKey != "" {
+		scopes = append(scopes, idempotencyScope(sb.OwnerKeyID))
+	}
+	tx, err := s.db.beginScoped(ctx, scopes...)
 	if err != nil {
 		return fmt.Errorf("inserting sandbox %s: %w", sb.ID, err)
 	}
@@ -110,7 +116,9 @@ func (s *sandboxRows) GetSandbox(ctx context.Context, id string) (*sandbox.Sandb
 }
 
 // sandboxTable reads sandboxes by id.
-var sandboxTable = newTable("sandbox", "sandboxes", sandboxColumns, scanSandbox, sandboxNotFound)
+// Its updates lock the one row (scope "sandbox:<id>"), so transitions of
+// different sandboxes, on different nodes, commit in parallel.
+var sandboxTable = newTable("sandbox", "sandboxes", sandboxColumns, scanSandbox, sandboxNotFound).lockingRows()
 
 // UpdateSandbox changes the record of sandbox id in one transaction: it
 // reads the committed record, lets fn change it, and writes the mutable

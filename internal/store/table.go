@@ -24,6 +24,10 @@ type table[T any] struct {
 	byID     string // SELECT <columns> FROM <table> WHERE id = ?
 	scan     func(rowScanner) (T, error)
 	notFound func(id string) error
+	// rowLocked: update writes only the record itself, so its
+	// transaction is scoped to it (beginScoped) rather than holding the
+	// whole write lock.
+	rowLocked bool
 }
 
 // newTable describes the table name, whose columns scan reads into one
@@ -31,6 +35,23 @@ type table[T any] struct {
 // errors.
 func newTable[T any](noun, name, columns string, scan func(rowScanner) (T, error), notFound func(id string) error) *table[T] {
 	return &table[T]{noun: noun, byID: `SELECT ` + columns + ` FROM ` + name + ` WHERE id = ?`, scan: scan, notFound: notFound}
+}
+
+// lockingRows returns t with update scoped to the one record it changes
+// (see rowLocked); every other writer of the table must be an ordinary
+// transaction or take the same scope.
+func (t *table[T]) lockingRows() *table[T] {
+	u := *t
+	u.rowLocked = true
+	return &u
+}
+
+// begin starts update's transaction on record id.
+func (t *table[T]) begin(ctx context.Context, db *dbHandle, id string) (*txHandle, error) {
+	if t.rowLocked {
+		return db.beginScoped(ctx, t.noun+":"+id)
+	}
+	return db.BeginTx(ctx, nil) // IMMEDIATE: the write lock is taken before the read
 }
 
 // get reads record id on q (the store's handle or one of its
@@ -64,8 +85,8 @@ func (t *table[T]) read(ctx context.Context, q queryer, id string) (T, error) {
 	return v, nil
 }
 
-// update changes record id in one write transaction: it reads the
-// committed record, lets vet refuse it (nil: no vetting) and fn change
+// update changes record id in one write transaction (scoped to the
+// record if t is rowLocked): it reads the committed record, lets vet refuse it (nil: no vetting) and fn change
 // it, and unless fn returns false writes it back with write and commits,
 // so that no other change can come between the read and the write. fn
 // runs with the write lock held: it must not block. It returns the record
@@ -74,7 +95,7 @@ func (t *table[T]) read(ctx context.Context, q queryer, id string) (T, error) {
 func (t *table[T]) update(ctx context.Context, db *dbHandle, id string,
 	vet func(tx *txHandle, v T) error, fn func(v T) bool, write func(tx *txHandle, v T) error) (T, error) {
 	var zero T
-	tx, err := db.BeginTx(ctx, nil) // IMMEDIATE: the write lock is taken before the read
+	tx, err := t.begin(ctx, db, id)
 	if err != nil {
 		return zero, fmt.Errorf("updating %s %s: %w", t.noun, id, err)
 	}

@@ -12,6 +12,10 @@ import (
 )
 
 // meterRows are the store's methods on the metering tables (meters, usage, meter_points, storage_meters).
+// A meter's transactions are scoped to it ("meter:" or "storage:" and its
+// id): each reads and writes its own meter row, and adds to usage rows
+// with single upserts, so the meters of different sandboxes settle in
+// parallel.
 type meterRows struct{ *backend }
 
 // BeginMeter opens sandbox id's metering interval at r: from then on its
@@ -20,7 +24,7 @@ type meterRows struct{ *backend }
 // counted once and nothing is charged twice. An interval left open by a
 // VM that is gone is replaced.
 func (s *meterRows) BeginMeter(ctx context.Context, id, owner string, r metering.Reading) error {
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, err := s.db.beginScoped(ctx, "meter:"+id)
 	if err != nil {
 		return fmt.Errorf("opening the meter of %s: %w", id, err)
 	}
@@ -50,7 +54,7 @@ func (s *meterRows) BeginMeter(ctx context.Context, id, owner string, r metering
 // with final, closes it). It reports false, changing nothing, when no
 // interval of r's VM is open: that usage was settled already.
 func (s *meterRows) SettleMeter(ctx context.Context, id, owner string, shape metering.Shape, r metering.Reading, final bool) (bool, error) {
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, err := s.db.beginScoped(ctx, "meter:"+id)
 	if err != nil {
 		return false, fmt.Errorf("settling the meter of %s: %w", id, err)
 	}
@@ -155,7 +159,7 @@ func (s *meterRows) OldestOpenMeter(ctx context.Context) (time.Time, bool, error
 // or a snapshot's) from the later of since and the last accrual of
 // resource id until now, and records now as that accrual, in one step.
 func (s *meterRows) AccrueStorage(ctx context.Context, id, kind, owner string, bytes int64, since, now time.Time) error {
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, err := s.db.beginScoped(ctx, "storage:"+id)
 	if err != nil {
 		return fmt.Errorf("charging the storage of %s: %w", id, err)
 	}

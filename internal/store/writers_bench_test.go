@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/emberbox/emberbox/internal/cluster"
+	"github.com/emberbox/emberbox/internal/pgtest"
 	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
@@ -28,9 +29,33 @@ func BenchmarkConcurrentWriters(b *testing.B) {
 	}
 }
 
+// BenchmarkConcurrentWritersDurable is BenchmarkConcurrentWriters on a
+// PostgreSQL server that syncs every commit to its disk, as a production
+// one does: what one writer at a time costs is then the disk's commit
+// latency, which writers of different rows share (group commit) only if
+// they may commit at once. PostgreSQL run only.
+func BenchmarkConcurrentWritersDurable(b *testing.B) {
+	if testEngine != postgresEngine {
+		b.Skip("PostgreSQL only")
+	}
+	srv, err := pgtest.NewDurable()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { srv.Stop() })
+	for _, nodes := range []int{1, 2, 3} {
+		b.Run(fmt.Sprintf("nodes=%d", nodes), func(b *testing.B) {
+			benchWritersOn(b, srv.NewDatabase(b), nodes, 4)
+		})
+	}
+}
+
 func benchWriters(b *testing.B, nodes, writers int) {
+	benchWritersOn(b, newDSN(b), nodes, writers)
+}
+
+func benchWritersOn(b *testing.B, dsn string, nodes, writers int) {
 	ctx := context.Background()
-	dsn := newDSN(b)
 	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
 	type worker struct {
 		s  *Store

@@ -1,0 +1,202 @@
+package store
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/emberbox/emberbox/internal/sandbox"
+	"github.com/emberbox/emberbox/internal/webhook"
+)
+
+// postgresOnly skips a test of the row-level locking PostgreSQL has: on
+// SQLite one writer holds the file, so writes cannot overlap at all.
+func postgresOnly(t *testing.T) {
+	t.Helper()
+	if testEngine != postgresEngine {
+		t.Skip("PostgreSQL only: SQLite has one writer per file")
+	}
+}
+
+// waitForLockWaiters waits until n transactions of the test's database
+// wait for an advisory lock, which is how the store's writes queue.
+func waitForLockWaiters(t *testing.T, s *Store, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var waiting int
+		if err := s.db.QueryRowContext(t.Context(), `SELECT count(*) FROM pg_locks
+			WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).
+			Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d writes wait for a lock after 30 s, want %d", waiting, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestWritesOfOtherSandboxesDoNotWait: while a transition of one sandbox
+// is open (its fn has not returned), a transition and an event of
+// another sandbox commit, on this node and on a second one; a second
+// transition of the same sandbox and an ordinary write both wait for it,
+// and nothing is lost when it ends.
+func TestWritesOfOtherSandboxesDoNotWait(t *testing.T) {
+	postgresOnly(t)
+	s, dsn := openTest(t)
+	other, err := Open(t.Context(), dsn) // a second node's store
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close() })
+	ctx := t.Context()
+	mustInsert(t, s, newSandbox("sbx_a", "key_1", base))
+	mustInsert(t, s, newSandbox("sbx_b", "key_1", base))
+	start := newSandbox("sbx_a", "key_1", base).TimeoutSeconds
+
+	entered, release := make(chan struct{}), make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if _, err := s.UpdateSandbox(ctx, "sbx_a", func(sb *sandbox.Sandbox) bool {
+			close(entered)
+			<-release
+			sb.TimeoutSeconds++
+			return true
+		}); err != nil {
+			t.Error(err)
+		}
+	})
+	<-entered
+
+	// Bounded well below lock_timeout: a write that queued behind sbx_a's
+	// would fail here rather than succeed late.
+	bctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	for _, st := range []*Store{s, other} {
+		if _, err := st.UpdateSandbox(bctx, "sbx_b", func(sb *sandbox.Sandbox) bool {
+			sb.TimeoutSeconds++
+			return true
+		}); err != nil {
+			t.Fatalf("a transition of another sandbox, while sbx_a's is open: %v", err)
+		}
+		if err := st.AppendEvent(bctx, "sbx_b", "ready", "", nil); err != nil {
+			t.Fatalf("an event of another sandbox, while sbx_a's transition is open: %v", err)
+		}
+	}
+
+	// The same sandbox, from the other node, and an ordinary write, wait.
+	wg.Go(func() {
+		if _, err := other.UpdateSandbox(ctx, "sbx_a", func(sb *sandbox.Sandbox) bool {
+			sb.TimeoutSeconds++
+			return true
+		}); err != nil {
+			t.Error(err)
+		}
+	})
+	waitForLockWaiters(t, s, 1)
+	wg.Go(func() {
+		if _, err := other.db.ExecContext(ctx, `UPDATE sandboxes SET labels = '{"k":"v"}' WHERE id = ?`, "sbx_a"); err != nil {
+			t.Error(err)
+		}
+	})
+	waitForLockWaiters(t, s, 2)
+	close(release)
+	wg.Wait()
+
+	got, err := s.GetSandbox(ctx, "sbx_a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.TimeoutSeconds != start+2 || got.Labels["k"] != "v" {
+		t.Errorf("sbx_a after three overlapping writes: timeout %d, labels %v; want %d and k=v",
+			got.TimeoutSeconds, got.Labels, start+2)
+	}
+	if got, _ := s.GetSandbox(ctx, "sbx_b"); got.TimeoutSeconds != start+2 {
+		t.Errorf("sbx_b: timeout %d, want %d", got.TimeoutSeconds, start+2)
+	}
+}
+
+// TestFeedSeqsCommitInOrder: two transactions that append to the feed
+// without the whole write lock (a sandbox's event and another's) cannot
+// commit their seqs out of order, so a reader that pages the feed by seq
+// (the webhook fan-out) misses neither. Without the feed's lock the second
+// commits first, the reader moves past its seq, and the first is lost.
+func TestFeedSeqsCommitInOrder(t *testing.T) {
+	postgresOnly(t)
+	s, _ := openTest(t)
+	ctx := t.Context()
+	mustInsert(t, s, newSandbox("sbx_a", "key_1", base))
+	mustInsert(t, s, newSandbox("sbx_b", "key_1", base))
+	feedType := "sandbox.running"
+	trailType := "ready"
+	if webhook.FromSandboxTrail(trailType) != feedType {
+		t.Fatalf("the feed carries the trail's %q as %q, this test expects %q", trailType, webhook.FromSandboxTrail(trailType), feedType)
+	}
+
+	first, err := s.db.beginScoped(ctx, "sandbox:sbx_a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Rollback()
+	e1 := &webhook.Event{Owner: "key_1", Type: feedType, ResourceType: webhook.ResourceSandbox, ResourceID: "sbx_a", At: base}
+	if err := publish(ctx, first, e1); err != nil {
+		t.Fatal(err)
+	}
+	second := make(chan error, 1)
+	go func() { second <- s.AppendEvent(ctx, "sbx_b", trailType, "", nil) }()
+
+	// Either the second append waits for the first, or it committed.
+	deadline := time.Now().Add(30 * time.Second)
+	for waited := false; !waited; {
+		select {
+		case err := <-second:
+			second <- err
+			waited = true
+		default:
+			var n int
+			if err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			waited = n > 0
+			if time.Now().After(deadline) {
+				t.Fatal("the second append neither waited nor committed in 30 s")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+
+	// A reader pages by seq, as the fan-out does, before and after.
+	var seen []int64
+	cursor := int64(0)
+	read := func() {
+		seqs, err := queryRows(ctx, s.db, scanInt64, `SELECT seq FROM feed_events WHERE owner_key_id = ? AND seq > ? ORDER BY seq`, "key_1", cursor)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range seqs {
+			seen, cursor = append(seen, q), q
+		}
+	}
+	read()
+	if err := first.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-second; err != nil {
+		t.Fatal(err)
+	}
+	read()
+	if len(seen) != 2 || seen[0] != e1.Seq {
+		t.Errorf("a reader paging by seq saw %v; want the first append's %d, then the second's", seen, e1.Seq)
+	}
+}
+
+func scanInt64(row rowScanner) (int64, error) {
+	var v int64
+	err := row.Scan(&v)
+	return v, err
+}
