@@ -166,6 +166,29 @@ func (d *dbHandle) ExecContext(ctx context.Context, query string, args ...any) (
 	return res, nil
 }
 
+// execScoped runs a write statement on its own in a scoped transaction
+// (beginScoped): for a statement that changes only what scopes name, so
+// that it waits for no write of anything else. On SQLite it is
+// ExecContext.
+func (d *dbHandle) execScoped(ctx context.Context, scopes []string, query string, args ...any) (sql.Result, error) {
+	if d.engine != postgresEngine {
+		return d.ExecContext(ctx, query, args...)
+	}
+	tx, err := d.beginScoped(ctx, scopes...)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback()
+	res, err := tx.ExecContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
 // execApart runs a single-row write that no transaction reads and then
 // writes on (a node's heartbeat: whoever acts on it re-checks the row in
 // its own conditional update). On PostgreSQL it takes no cluster write

@@ -195,7 +195,7 @@ func pruneIdempotencyKey(ctx context.Context, tx *txHandle, keyID string) error 
 // request again (after a server error, say). Completed records are kept;
 // releasing an unknown key is not an error.
 func (s *idempotencyRows) ReleaseIdempotency(ctx context.Context, keyID, key string) error {
-	_, err := s.db.ExecContext(ctx, `DELETE FROM idempotency WHERE key_id = ? AND key = ? AND status = 0`, keyID, key)
+	_, err := s.db.execScoped(ctx, []string{idempotencyScope(keyID)}, `DELETE FROM idempotency WHERE key_id = ? AND key = ? AND status = 0`, keyID, key)
 	if err != nil {
 		return fmt.Errorf("releasing idempotency key %q: %w", key, err)
 	}

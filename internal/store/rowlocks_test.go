@@ -2,10 +2,12 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/emberbox/emberbox/internal/metering"
 	"github.com/emberbox/emberbox/internal/sandbox"
 	"github.com/emberbox/emberbox/internal/webhook"
 )
@@ -87,6 +89,10 @@ func TestWritesOfOtherSandboxesDoNotWait(t *testing.T) {
 		if err := st.AppendEvent(bctx, "sbx_b", "ready", "", nil); err != nil {
 			t.Fatalf("an event of another sandbox, while sbx_a's transition is open: %v", err)
 		}
+	}
+	// So does the whole life of a new sandbox, as the manager writes it.
+	if err := lifecycle(bctx, other, "sbx_c"); err != nil {
+		t.Fatalf("the life of another sandbox, while sbx_a's transition is open: %v", err)
 	}
 
 	// The same sandbox, from the other node, and an ordinary write, wait.
@@ -193,6 +199,47 @@ func TestFeedSeqsCommitInOrder(t *testing.T) {
 	if len(seen) != 2 || seen[0] != e1.Seq {
 		t.Errorf("a reader paging by seq saw %v; want the first append's %d, then the second's", seen, e1.Seq)
 	}
+}
+
+// lifecycle writes what a create with an idempotency key, a pause and a
+// stop write to the store, in the manager's order.
+func lifecycle(ctx context.Context, s *Store, id string) error {
+	const key = "key_2"
+	at := time.Now()
+	r := metering.Reading{At: at, VM: "vm-" + id}
+	shape := metering.Shape{VCPU: 1, MemoryMiB: 512}
+	steps := []func() error{
+		func() error { _, _, err := s.ReserveIdempotency(ctx, key, "req-"+id, "POST"); return err },
+		func() error { return s.InsertSandbox(ctx, newSandbox(id, key, base), "req-"+id) },
+		func() error { return s.PutNetwork(ctx, id, &sandbox.Network{Version: 1}) },
+		func() error { return s.AppendEvent(ctx, id, "created", "", nil) },
+		func() error { return s.BeginMeter(ctx, id, key, r) },
+		func() error {
+			_, err := s.UpdateSandbox(ctx, id, func(sb *sandbox.Sandbox) bool { sb.State = sandbox.StateRunning; return true })
+			return err
+		},
+		func() error { return s.AppendEvent(ctx, id, "ready", "", nil) },
+		func() error { return s.CompleteIdempotency(ctx, key, "req-"+id, 201, "application/json", []byte("{}")) },
+		func() error {
+			r.At, r.CPUNs = at.Add(time.Second), 1e9
+			_, err := s.SettleMeter(ctx, id, key, shape, r, true)
+			return err
+		},
+		func() error {
+			_, err := s.UpdateSandbox(ctx, id, func(sb *sandbox.Sandbox) bool { sb.State = sandbox.StatePaused; return true })
+			return err
+		},
+		func() error { return s.AppendEvent(ctx, id, "paused", "", nil) },
+		func() error { return s.AccrueStorage(ctx, id, metering.KindSandbox, key, 1<<30, at, at.Add(time.Minute)) },
+		func() error { return s.ReleaseIdempotency(ctx, key, "req-none") },
+		func() error { return s.DropMeter(ctx, id) },
+	}
+	for i, step := range steps {
+		if err := step(); err != nil {
+			return fmt.Errorf("step %d: %w", i+1, err)
+		}
+	}
+	return nil
 }
 
 func scanInt64(row rowScanner) (int64, error) {

@@ -136,7 +136,7 @@ func (s *meterRows) OpenMeter(ctx context.Context, id string) (*metering.Reading
 // DropMeter closes sandbox id's open interval without charging it: its VM
 // ended while no server watched, and its last counters are gone.
 func (s *meterRows) DropMeter(ctx context.Context, id string) error {
-	if _, err := s.db.ExecContext(ctx, `DELETE FROM meters WHERE sandbox_id = ?`, id); err != nil {
+	if _, err := s.db.execScoped(ctx, []string{"meter:" + id}, `DELETE FROM meters WHERE sandbox_id = ?`, id); err != nil {
 		return fmt.Errorf("dropping the meter of %s: %w", id, err)
 	}
 	return nil
