@@ -230,7 +230,9 @@ func lifecycle(ctx context.Context, s *Store, id string) error {
 			return err
 		},
 		func() error { return s.AppendEvent(ctx, id, "paused", "", nil) },
-		func() error { return s.AccrueStorage(ctx, id, metering.KindSandbox, key, 1<<30, at, at.Add(time.Minute)) },
+		func() error {
+			return s.AccrueStorage(ctx, id, metering.KindSandbox, key, 1<<30, at, at.Add(time.Minute))
+		},
 		func() error { return s.ReleaseIdempotency(ctx, key, "req-none") },
 		func() error { return s.DropMeter(ctx, id) },
 	}
