@@ -130,13 +130,27 @@ var sandboxTable = newTable("sandbox", "sandboxes", sandboxColumns, scanSandbox,
 // errdefs.ErrNotFound; a name clash as in InsertSandbox fails with code
 // "name_taken". fn runs with the database's write lock held: it must not
 // block.
-func (s *sandboxRows) UpdateSandbox(ctx context.Context, id string, fn func(sb *sandbox.Sandbox) bool) (*sandbox.Sandbox, error) {
+//
+// When the record is written, each of entries is appended to the
+// sandbox's trail (and the feed, as AppendEvent does) in the same
+// transaction: the change and the events that report it commit together.
+// The entries are read after fn returns, so fn may fill them in.
+func (s *sandboxRows) UpdateSandbox(ctx context.Context, id string, fn func(sb *sandbox.Sandbox) bool, entries ...*sandbox.TrailEntry) (*sandbox.Sandbox, error) {
 	return sandboxTable.update(ctx, s.db, id,
 		func(tx *txHandle, sb *sandbox.Sandbox) error { return s.checkOwner(ctx, tx, sb.NodeID) },
 		fn,
 		func(tx *txHandle, sb *sandbox.Sandbox) error {
 			sb.ID = id
-			return updateSandbox(ctx, tx, sb)
+			if err := updateSandbox(ctx, tx, sb); err != nil {
+				return err
+			}
+			at := formatTime(s.now())
+			for _, e := range entries {
+				if err := appendEvent(ctx, tx, id, e.Type, e.Message, e.Data, at); err != nil {
+					return err
+				}
+			}
+			return nil
 		})
 }
 
