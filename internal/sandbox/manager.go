@@ -23,8 +23,9 @@ import (
 // Store is what the manager needs from durable storage.
 type Store interface {
 	// InsertSandbox records a new sandbox and, in the same transaction,
-	// links it to the pending idempotencyKey record of its owner, if any.
-	InsertSandbox(ctx context.Context, sb *Sandbox, idempotencyKey string) error
+	// links it to the pending idempotencyKey record of its owner, if any,
+	// and appends entries to its trail.
+	InsertSandbox(ctx context.Context, sb *Sandbox, idempotencyKey string, entries ...*TrailEntry) error
 	GetSandbox(ctx context.Context, id string) (*Sandbox, error)
 	// UpdateSandbox applies fn to the committed record and writes it back
 	// as one atomic step (see store.Store.UpdateSandbox); fn must not block.

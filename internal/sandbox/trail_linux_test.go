@@ -20,6 +20,18 @@ type trailChecker struct {
 	faults []string
 }
 
+func (c *trailChecker) InsertSandbox(ctx context.Context, sb *sandbox.Sandbox, key string, entries ...*sandbox.TrailEntry) error {
+	if err := c.Store.InsertSandbox(ctx, sb, key, entries...); err != nil {
+		return err
+	}
+	if trail, err := c.Store.ListEvents(ctx, sb.ID, 0); err != nil || !slices.Contains(types(trail), "created") {
+		c.mu.Lock()
+		c.faults = append(c.faults, fmt.Sprintf("sandbox %s inserted without its created event (%v)", sb.ID, err))
+		c.mu.Unlock()
+	}
+	return nil
+}
+
 // reports are the trail types that may report a change into a state.
 var reports = map[sandbox.State][]string{
 	sandbox.StateRunning: {"ready", "woken", "restored"},
@@ -58,7 +70,7 @@ func types(trail []store.Event) []string {
 	return out
 }
 
-// TestTransitionsCommitWithTheirEvents: a create's running, a pause, a
+// TestTransitionsCommitWithTheirEvents: a create's record, its running, a pause, a
 // wake, a stop and a delete are each committed with the event that
 // reports them (DESIGN D23), so a client woken by the change, or one
 // reading the record, finds the event at once.

@@ -34,10 +34,12 @@ const sandboxColumns = `id, owner_key_id, name, labels, env_names, vcpu, memory_
 // the current time. A non-empty idempotencyKey names the pending
 // Idempotency-Key record (of sb.OwnerKeyID) of the request that creates it:
 // the sandbox's id is stored with that key in the same transaction, so a
-// retry after a crash finds this sandbox and never makes a second one. A non-empty name already held by another sandbox of the
-// same owner that is not stopped or deleted fails with an
+// retry after a crash finds this sandbox and never makes a second one.
+// The entries are appended to its trail in the same transaction (as
+// UpdateSandbox's). A non-empty name already held by another sandbox of
+// the same owner that is not stopped or deleted fails with an
 // *errdefs.CodedError of class errdefs.ErrConflict and code "name_taken".
-func (s *sandboxRows) InsertSandbox(ctx context.Context, sb *sandbox.Sandbox, idempotencyKey string) error {
+func (s *sandboxRows) InsertSandbox(ctx context.Context, sb *sandbox.Sandbox, idempotencyKey string, entries ...*sandbox.TrailEntry) error {
 	if sb.ID == "" {
 		return errdefs.New(errdefs.ErrInvalidArgument, "invalid_sandbox", "inserting sandbox: empty id")
 	}
@@ -91,6 +93,11 @@ func (s *sandboxRows) InsertSandbox(ctx context.Context, sb *sandbox.Sandbox, id
 		if _, err := tx.ExecContext(ctx, `UPDATE idempotency SET sandbox_id = ?
 			WHERE key_id = ? AND key = ? AND status = 0`, sb.ID, sb.OwnerKeyID, idempotencyKey); err != nil {
 			return fmt.Errorf("inserting sandbox %s: linking its idempotency key: %w", sb.ID, err)
+		}
+	}
+	for _, e := range entries {
+		if err := appendEvent(ctx, tx, sb.ID, e.Type, e.Message, e.Data, formatTime(s.now())); err != nil {
+			return fmt.Errorf("inserting sandbox %s: %w", sb.ID, err)
 		}
 	}
 	if err := tx.Commit(); err != nil {
