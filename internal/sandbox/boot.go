@@ -221,6 +221,9 @@ func (m *Manager) ready(in *instance, data map[string]any) {
 	m.Secrets.pushRecord(in.ctx, in)
 	now := m.now()
 	changed := false
+	// The phases end here, before the record is written with its event.
+	in.steps.mark("running")
+	ready := &TrailEntry{Type: "ready", Message: "sandbox is running", Data: withPhases(data, in.steps)}
 	_, err := m.update(context.Background(), in.id, func(s *Sandbox) bool {
 		if s.State != StateStarting {
 			return false // stopped or deleted while booting
@@ -235,7 +238,7 @@ func (m *Manager) ready(in *instance, data map[string]any) {
 		s.State, s.ReadyAt, s.ExpiresAt = StateRunning, &now, expires
 		changed = true
 		return true
-	})
+	}, ready)
 	if err != nil {
 		m.log.Error("recording ready sandbox", "sandbox_id", in.id, "err", err)
 	}
@@ -244,8 +247,6 @@ func (m *Manager) ready(in *instance, data map[string]any) {
 	}
 	in.touch(now)
 	m.outcomes.ready(data)
-	in.steps.mark("running")
-	m.event(in.id, "ready", "sandbox is running", withPhases(data, in.steps))
 	m.spawn(func() { m.watch(in) })
 }
 

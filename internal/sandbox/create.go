@@ -57,7 +57,8 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ 
 		}
 	}
 	u.add(func() { m.volumes.release(sb.ID) })
-	if err := m.cfg.Store.InsertSandbox(ctx, sb, spec.IdempotencyKey); err != nil {
+	created := &TrailEntry{Type: "created", Message: "sandbox created", Data: map[string]any{"vcpu": sb.VCPU, "memoryMiB": sb.MemoryMiB}}
+	if err := m.cfg.Store.InsertSandbox(ctx, sb, spec.IdempotencyKey, created); err != nil {
 		return nil, err
 	}
 	// The record holds the claim and the volumes now: recording it
@@ -77,7 +78,6 @@ func (m *Manager) Create(ctx context.Context, owner string, spec CreateSpec) (_ 
 	m.live[sb.ID] = in
 	m.mu.Unlock()
 	m.envs.remember(sb.ID, spec.Env)
-	m.event(sb.ID, "created", "sandbox created", map[string]any{"vcpu": sb.VCPU, "memoryMiB": sb.MemoryMiB})
 	faultpoint.Hit("create.recorded")
 	if !m.spawn(m.bootPath(in, sb, source, spec)) {
 		// Shutting down: the record stays starting with no VM, and the

@@ -23,17 +23,28 @@ import (
 // Store is what the manager needs from durable storage.
 type Store interface {
 	// InsertSandbox records a new sandbox and, in the same transaction,
-	// links it to the pending idempotencyKey record of its owner, if any.
-	InsertSandbox(ctx context.Context, sb *Sandbox, idempotencyKey string) error
+	// links it to the pending idempotencyKey record of its owner, if any,
+	// and appends entries to its trail.
+	InsertSandbox(ctx context.Context, sb *Sandbox, idempotencyKey string, entries ...*TrailEntry) error
 	GetSandbox(ctx context.Context, id string) (*Sandbox, error)
 	// UpdateSandbox applies fn to the committed record and writes it back
 	// as one atomic step (see store.Store.UpdateSandbox); fn must not block.
-	UpdateSandbox(ctx context.Context, id string, fn func(sb *Sandbox) bool) (*Sandbox, error)
+	// When it writes, it appends entries (read after fn returns) to the
+	// sandbox's trail in the same step.
+	UpdateSandbox(ctx context.Context, id string, fn func(sb *Sandbox) bool, entries ...*TrailEntry) (*Sandbox, error)
 	ListSandboxes(ctx context.Context, opts ListOptions) ([]*Sandbox, string, error)
 	ListLive(ctx context.Context) ([]*Sandbox, error)
 	AppendEvent(ctx context.Context, sandboxID, typ, message string, data map[string]any) error
 	GetNetwork(ctx context.Context, sandboxID string) (*Network, error)
 	PutNetwork(ctx context.Context, sandboxID string, n *Network) error
+}
+
+// TrailEntry is an entry of a sandbox's trail (its events) that is
+// written with the change it reports (Store.UpdateSandbox), so that a
+// client that sees the change also finds its event.
+type TrailEntry struct {
+	Type, Message string
+	Data          map[string]any
 }
 
 // BootFiles are the image files every VM boots from.
@@ -387,8 +398,10 @@ func (m *Manager) get(ctx context.Context, owner, id string) (*Sandbox, error) {
 // update applies fn to the stored record and saves it, atomically: fn sees
 // the committed record and no other change comes between its read and the
 // write. Every transition goes through here, so the store always holds the
-// truth and two transitions never interleave.
-func (m *Manager) update(ctx context.Context, id string, fn func(sb *Sandbox) bool) (*Sandbox, error) {
+// truth and two transitions never interleave. The entries, which fn may
+// fill in, are the change's events: they commit with it (D23), so whoever
+// is woken by the change finds them.
+func (m *Manager) update(ctx context.Context, id string, fn func(sb *Sandbox) bool, entries ...*TrailEntry) (*Sandbox, error) {
 	if h := m.testHookBeforeUpdate.Load(); h != nil {
 		(*h)(id)
 	}
@@ -401,7 +414,7 @@ func (m *Manager) update(ctx context.Context, id string, fn func(sb *Sandbox) bo
 			(*h)(id, sb)
 		}
 		return changed
-	})
+	}, entries...)
 	if err != nil {
 		return nil, fmt.Errorf("saving sandbox %s: %w", id, err)
 	}
@@ -518,6 +531,7 @@ func (m *Manager) finish(in *instance, reason string) {
 func (m *Manager) markStopped(id, reason string) {
 	now := m.now()
 	changed := false
+	stopped := &TrailEntry{Type: "stopped", Message: "sandbox stopped"}
 	_, err := m.update(context.Background(), id, func(s *Sandbox) bool {
 		if s.State.Terminal() || s.State == StateDeleting {
 			return false // a delete under way records the end itself
@@ -526,15 +540,14 @@ func (m *Manager) markStopped(id, reason string) {
 			s.StopReason = reason
 		}
 		s.State, s.EndedAt = StateStopped, &now
-		reason, changed = s.StopReason, true
+		stopped.Data, changed = map[string]any{"reason": s.StopReason}, true
 		return true
-	})
+	}, stopped)
 	if err != nil {
 		m.log.Error("recording stopped sandbox", "sandbox_id", id, "err", err)
 	}
 	if changed {
 		m.volumes.release(id)
-		m.event(id, "stopped", "sandbox stopped", map[string]any{"reason": reason})
 	}
 }
 
@@ -746,6 +759,7 @@ func (m *Manager) finishDelete(ctx context.Context, id string) (*Sandbox, error)
 	}
 	now := m.now()
 	changed := false
+	deleted := &TrailEntry{Type: "deleted", Message: "sandbox deleted"}
 	sb, err := m.update(ctx, id, func(s *Sandbox) bool {
 		if s.State == StateDeleted {
 			return false
@@ -754,11 +768,10 @@ func (m *Manager) finishDelete(ctx context.Context, id string) (*Sandbox, error)
 		if s.EndedAt == nil {
 			s.EndedAt = &now
 		}
-		changed = true
+		deleted.Data, changed = map[string]any{"reason": s.StopReason}, true
 		return true
-	})
+	}, deleted)
 	if changed {
-		m.event(id, "deleted", "sandbox deleted", map[string]any{"reason": sb.StopReason})
 		if sb.SnapshotID != "" {
 			m.Snapshots.RemoveUnusedSnapshots(ctx)                    // it may have been the last user of a deleted snapshot
 			m.Snapshots.removeElsewhere(ctx, []string{sb.SnapshotID}) // or of one fetched from another node

@@ -178,9 +178,10 @@ func (m *Manager) pauseLocked(id, why string, record bool) bool {
 	if !record {
 		return true
 	}
-	if m.recordPaused(id) {
-		log.Info("sandbox paused", "why", why, "took", time.Since(start).Round(time.Millisecond))
-		m.event(id, "paused", "sandbox paused", map[string]any{"reason": why, "pauseMs": time.Since(start).Milliseconds()})
+	took := time.Since(start)
+	if m.recordPaused(id, &TrailEntry{Type: "paused", Message: "sandbox paused",
+		Data: map[string]any{"reason": why, "pauseMs": took.Milliseconds()}}) {
+		log.Info("sandbox paused", "why", why, "took", took.Round(time.Millisecond))
 	}
 	return true
 }
@@ -197,7 +198,7 @@ func pausedUnder(id, why string) error {
 
 // recordPaused records a pausing or resuming sandbox paused, with no VM;
 // update's account lets go of all but its disk in the admission ledger.
-func (m *Manager) recordPaused(id string) bool {
+func (m *Manager) recordPaused(id string, entries ...*TrailEntry) bool {
 	changed := false
 	// A sandbox paused to move keeps its lease: it runs on at once where
 	// it goes (move.go).
@@ -214,7 +215,7 @@ func (m *Manager) recordPaused(id string) bool {
 			}
 		}
 		return changed
-	})
+	}, entries...)
 	if err != nil {
 		m.log.Error("recording paused sandbox", "sandbox_id", id, "err", err)
 		return false
@@ -394,6 +395,8 @@ func (m *Manager) running(in *instance, event string, data map[string]any) {
 	changed := false
 	// A sandbox moved while it ran keeps the lease it had.
 	keepLease := m.Moves.moving(in.id)
+	in.steps.mark("running")
+	entry := &TrailEntry{Type: event, Message: "sandbox is running", Data: withPhases(data, in.steps)}
 	_, err := m.update(context.Background(), in.id, func(s *Sandbox) bool {
 		if changed = s.State == StateResuming; changed {
 			s.State, s.PausedAt = StateRunning, nil
@@ -405,7 +408,7 @@ func (m *Manager) running(in *instance, event string, data map[string]any) {
 			}
 		}
 		return changed
-	})
+	}, entry)
 	if err != nil {
 		m.log.Error("recording resumed sandbox", "sandbox_id", in.id, "err", err)
 	}
@@ -414,8 +417,6 @@ func (m *Manager) running(in *instance, event string, data map[string]any) {
 	}
 	in.touch(now)
 	m.outcomes.ready(data)
-	in.steps.mark("running")
-	m.event(in.id, event, "sandbox is running", withPhases(data, in.steps))
 	m.spawn(func() { m.watch(in) })
 }
 

@@ -45,17 +45,27 @@ type Event struct {
 // sandbox is an error of class errdefs.ErrNotFound. An event of a type
 // the account's feed carries is published to it in the same transaction.
 func (s *eventRows) AppendEvent(ctx context.Context, sandboxID, typ, message string, data map[string]any) error {
-	d, err := eventData(data)
-	if err != nil {
-		return fmt.Errorf("appending %s event to sandbox %s: encoding data: %w", typ, sandboxID, err)
-	}
-	// Scoped to the sandbox: the ring below reads and deletes its events only.
+	// Scoped to the sandbox: the ring reads and deletes its events only.
 	tx, err := s.db.beginScoped(ctx, "sandbox:"+sandboxID)
 	if err != nil {
 		return fmt.Errorf("appending %s event to sandbox %s: %w", typ, sandboxID, err)
 	}
 	defer tx.Rollback()
-	at := formatTime(s.now())
+	if err := appendEvent(ctx, tx, sandboxID, typ, message, data, formatTime(s.now())); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("appending %s event to sandbox %s: %w", typ, sandboxID, err)
+	}
+	return nil
+}
+
+// appendEvent is AppendEvent's work in tx, stamped at.
+func appendEvent(ctx context.Context, tx *txHandle, sandboxID, typ, message string, data map[string]any, at string) error {
+	d, err := eventData(data)
+	if err != nil {
+		return fmt.Errorf("appending %s event to sandbox %s: encoding data: %w", typ, sandboxID, err)
+	}
 	_, err = tx.ExecContext(ctx, `INSERT INTO sandbox_events (sandbox_id, type, message, data, at)
 		VALUES (?, ?, ?, ?, ?)`, sandboxID, Truncate(typ, 64), Truncate(message, MaxEventMessage), d, at)
 	if isForeignKeyViolation(err) {
@@ -73,13 +83,7 @@ func (s *eventRows) AppendEvent(ctx context.Context, sandboxID, typ, message str
 		return fmt.Errorf("appending %s event to sandbox %s: dropping old events: %w", typ, sandboxID, err)
 	}
 	// The feed's copy commits with the trail's, and goes last (feed.go).
-	if err := publishFromTrail(ctx, tx, sandboxID, typ, d, at); err != nil {
-		return err
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("appending %s event to sandbox %s: %w", typ, sandboxID, err)
-	}
-	return nil
+	return publishFromTrail(ctx, tx, sandboxID, typ, d, at)
 }
 
 // eventData encodes data within MaxEventData bytes (or NULL for nil).

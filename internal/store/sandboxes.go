@@ -34,10 +34,12 @@ const sandboxColumns = `id, owner_key_id, name, labels, env_names, vcpu, memory_
 // the current time. A non-empty idempotencyKey names the pending
 // Idempotency-Key record (of sb.OwnerKeyID) of the request that creates it:
 // the sandbox's id is stored with that key in the same transaction, so a
-// retry after a crash finds this sandbox and never makes a second one. A non-empty name already held by another sandbox of the
-// same owner that is not stopped or deleted fails with an
+// retry after a crash finds this sandbox and never makes a second one.
+// The entries are appended to its trail in the same transaction (as
+// UpdateSandbox's). A non-empty name already held by another sandbox of
+// the same owner that is not stopped or deleted fails with an
 // *errdefs.CodedError of class errdefs.ErrConflict and code "name_taken".
-func (s *sandboxRows) InsertSandbox(ctx context.Context, sb *sandbox.Sandbox, idempotencyKey string) error {
+func (s *sandboxRows) InsertSandbox(ctx context.Context, sb *sandbox.Sandbox, idempotencyKey string, entries ...*sandbox.TrailEntry) error {
 	if sb.ID == "" {
 		return errdefs.New(errdefs.ErrInvalidArgument, "invalid_sandbox", "inserting sandbox: empty id")
 	}
@@ -93,6 +95,11 @@ func (s *sandboxRows) InsertSandbox(ctx context.Context, sb *sandbox.Sandbox, id
 			return fmt.Errorf("inserting sandbox %s: linking its idempotency key: %w", sb.ID, err)
 		}
 	}
+	for _, e := range entries {
+		if err := appendEvent(ctx, tx, sb.ID, e.Type, e.Message, e.Data, formatTime(s.now())); err != nil {
+			return fmt.Errorf("inserting sandbox %s: %w", sb.ID, err)
+		}
+	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("inserting sandbox %s: %w", sb.ID, err)
 	}
@@ -130,13 +137,27 @@ var sandboxTable = newTable("sandbox", "sandboxes", sandboxColumns, scanSandbox,
 // errdefs.ErrNotFound; a name clash as in InsertSandbox fails with code
 // "name_taken". fn runs with the database's write lock held: it must not
 // block.
-func (s *sandboxRows) UpdateSandbox(ctx context.Context, id string, fn func(sb *sandbox.Sandbox) bool) (*sandbox.Sandbox, error) {
+//
+// When the record is written, each of entries is appended to the
+// sandbox's trail (and the feed, as AppendEvent does) in the same
+// transaction: the change and the events that report it commit together.
+// The entries are read after fn returns, so fn may fill them in.
+func (s *sandboxRows) UpdateSandbox(ctx context.Context, id string, fn func(sb *sandbox.Sandbox) bool, entries ...*sandbox.TrailEntry) (*sandbox.Sandbox, error) {
 	return sandboxTable.update(ctx, s.db, id,
 		func(tx *txHandle, sb *sandbox.Sandbox) error { return s.checkOwner(ctx, tx, sb.NodeID) },
 		fn,
 		func(tx *txHandle, sb *sandbox.Sandbox) error {
 			sb.ID = id
-			return updateSandbox(ctx, tx, sb)
+			if err := updateSandbox(ctx, tx, sb); err != nil {
+				return err
+			}
+			at := formatTime(s.now())
+			for _, e := range entries {
+				if err := appendEvent(ctx, tx, id, e.Type, e.Message, e.Data, at); err != nil {
+					return err
+				}
+			}
+			return nil
 		})
 }
 

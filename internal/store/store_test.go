@@ -16,6 +16,7 @@ import (
 
 	"github.com/emberbox/emberbox/internal/errdefs"
 	"github.com/emberbox/emberbox/internal/sandbox"
+	"github.com/emberbox/emberbox/internal/webhook"
 )
 
 // openTest opens a fresh store on the engine under test and returns its
@@ -861,5 +862,55 @@ func TestUpdateSandboxImage(t *testing.T) {
 		if n, _, _, err := s.ImageUsers(ctx, id); err != nil || n != want {
 			t.Errorf("ImageUsers(%s) = %d, %v; want %d", id, n, err, want)
 		}
+	}
+}
+
+// TestUpdateSandboxWritesItsEvents: the entries given to UpdateSandbox are
+// appended with the change, with what fn filled in, and published to the
+// feed; with no change there is no event, and an entry that cannot be
+// written undoes the change.
+func TestUpdateSandboxWritesItsEvents(t *testing.T) {
+	s, _ := openTest(t)
+	ctx := t.Context()
+	mustInsert(t, s, newSandbox("sbx_1", "key_1", base))
+	stopped := &sandbox.TrailEntry{Type: "stopped", Message: "sandbox stopped"}
+	if _, err := s.UpdateSandbox(ctx, "sbx_1", func(sb *sandbox.Sandbox) bool {
+		sb.State, sb.StopReason = sandbox.StateStopped, "user"
+		stopped.Data = map[string]any{"reason": sb.StopReason}
+		return true
+	}, stopped); err != nil {
+		t.Fatal(err)
+	}
+	trail, err := s.ListEvents(ctx, "sbx_1", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(trail) != 1 || trail[0].Type != "stopped" || trail[0].Data["reason"] != "user" {
+		t.Fatalf("trail after a stop with its entry = %+v, want one stopped event with reason user", trail)
+	}
+	feed, err := s.ListFeed(ctx, webhook.FeedQuery{Owner: "key_1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(feed) != 1 || feed[0].Type != webhook.SandboxStopped {
+		t.Errorf("feed after the stop = %+v, want one %s", feed, webhook.SandboxStopped)
+	}
+
+	// No change, no event.
+	if _, err := s.UpdateSandbox(ctx, "sbx_1", func(*sandbox.Sandbox) bool { return false },
+		&sandbox.TrailEntry{Type: "paused"}); err != nil {
+		t.Fatal(err)
+	}
+	// An entry that cannot be encoded fails the update, which is undone.
+	_, err = s.UpdateSandbox(ctx, "sbx_1", func(sb *sandbox.Sandbox) bool { sb.Name = "renamed"; return true },
+		&sandbox.TrailEntry{Type: "odd", Data: map[string]any{"c": make(chan int)}})
+	if err == nil {
+		t.Fatal("an update whose entry cannot be encoded succeeded")
+	}
+	if got, _ := s.GetSandbox(ctx, "sbx_1"); got.Name == "renamed" {
+		t.Error("the change was kept although its event was not written")
+	}
+	if trail, _ := s.ListEvents(ctx, "sbx_1", 10); len(trail) != 1 {
+		t.Errorf("trail = %+v, want the one stopped event", trail)
 	}
 }
