@@ -58,6 +58,9 @@ type mcpServerJSON struct {
 	Error     *string    `json:"error"`
 	Log       *string    `json:"log"`
 	StartedAt *time.Time `json:"startedAt"`
+	// Restarts counts the gateway's restarts of a server that ended; the
+	// error says why it last ended while it starts again.
+	Restarts int `json:"restarts"`
 	// ServerInfo is what the server says it is, once it runs.
 	ServerInfo *mcpServerInfo `json:"serverInfo"`
 }
@@ -224,7 +227,7 @@ func (s mcpAPI) answer(w http.ResponseWriter, r *http.Request, c *call, sb *sand
 }
 
 func mcpServerOf(ss mcpgateway.ServerStatus, base string) mcpServerJSON {
-	js := mcpServerJSON{ID: ss.ID, Status: ss.State, StartedAt: ss.StartedAt}
+	js := mcpServerJSON{ID: ss.ID, Status: ss.State, StartedAt: ss.StartedAt, Restarts: ss.Restarts}
 	if e, ok := computer.LookupMCP(ss.ID); ok {
 		js.Name = e.Name
 	}

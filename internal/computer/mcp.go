@@ -299,6 +299,7 @@ func gatewayOf(p *guest.ProcessInfo, st *mcpgateway.Status) *MCPGateway {
 			ss.State = mcpgateway.StateFailed
 		}
 		ss.Error, ss.LogTail = clip(ss.Error, 1000), clip(ss.LogTail, 4096)
+		ss.Restarts = max(0, ss.Restarts)
 		ss.Name, ss.Version = clip(printable(ss.Name), 100), clip(printable(ss.Version), 50)
 		gw.Servers = append(gw.Servers, ss)
 	}

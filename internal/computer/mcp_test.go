@@ -160,7 +160,7 @@ func TestMCPStatusFromAHostileGuest(t *testing.T) {
 		var cfg mcpgateway.Config
 		_ = json.Unmarshal(stdin, &cfg)
 		st := mcpgateway.Status{PID: pid, Config: cfg, Servers: []mcpgateway.ServerStatus{
-			{ID: "time", State: "owned", Error: strings.Repeat("e", 5000), Name: "a\x1b[31mb"}}}
+			{ID: "time", State: "owned", Error: strings.Repeat("e", 5000), Name: "a\x1b[31mb", Restarts: -7}}}
 		b, _ := json.Marshal(st)
 		return string(b)
 	}
@@ -171,7 +171,7 @@ func TestMCPStatusFromAHostileGuest(t *testing.T) {
 		t.Fatal(err)
 	}
 	ss := gw.Servers[0]
-	if ss.State != mcpgateway.StateFailed || len(ss.Error) != 1000 || ss.Name != "a[31mb" {
+	if ss.State != mcpgateway.StateFailed || len(ss.Error) != 1000 || ss.Name != "a[31mb" || ss.Restarts != 0 {
 		t.Fatalf("a hostile status: %+v", ss)
 	}
 	// A status that is not the running gateway's is not believed.

@@ -87,6 +87,8 @@ type ServerStatus struct {
 	// Name and Version are what the server says of itself.
 	Name    string `json:"name,omitempty"`
 	Version string `json:"version,omitempty"`
+	// Restarts counts the times it was started again after it ended.
+	Restarts int `json:"restarts,omitempty"`
 }
 
 var validID = regexp.MustCompile(`^[a-z][a-z0-9-]{0,31}$`)

@@ -23,6 +23,9 @@ type Gateway struct {
 	servers map[string]*server
 	order   []*server
 	status  string // where the status goes
+	// restartBase is the first pause before a server that ended is
+	// started again (server.run).
+	restartBase time.Duration
 
 	wmu sync.Mutex // one status write at a time
 }
@@ -33,7 +36,7 @@ func New(cfg Config, statusPath, logDir string, log *slog.Logger) (*Gateway, err
 	if err := cfg.Check(); err != nil {
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg, log: log, servers: map[string]*server{}, status: statusPath}
+	g := &Gateway{cfg: cfg, log: log, servers: map[string]*server{}, status: statusPath, restartBase: time.Second}
 	for _, spec := range cfg.Servers {
 		s := &server{spec: spec, log: log, changed: g.writeStatus, state: StateStarting,
 			logPath: filepath.Join(logDir, spec.ID+".log")}
@@ -76,6 +79,7 @@ func (g *Gateway) start(ctx context.Context) *sync.WaitGroup {
 	g.writeStatus()
 	var wg sync.WaitGroup
 	for _, s := range g.order {
+		s.restartBase = g.restartBase
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -52,6 +52,10 @@ func fakeServer(mode string) {
 		var result any
 		switch m.Method {
 		case "initialize":
+			if mode == "crash" {
+				// Up, then gone: a server that cannot stay up.
+				time.AfterFunc(50*time.Millisecond, func() { fmt.Fprintln(os.Stderr, "fake server: crashing"); os.Exit(4) })
+			}
 			result = map[string]any{"protocolVersion": ProtocolVersion, "capabilities": map[string]any{"tools": map[string]any{}},
 				"serverInfo": map[string]any{"name": "fake", "version": "1.2"}}
 		case "tools/list":
@@ -99,6 +103,7 @@ func testGateway(t *testing.T, key string, servers ...Server) (*Gateway, *httpte
 	if err != nil {
 		t.Fatal(err)
 	}
+	g.restartBase = 10 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	wg := g.start(ctx)
 	t.Cleanup(func() { cancel(); wg.Wait() })
@@ -127,6 +132,23 @@ func waitState(t *testing.T, status, id, state string) ServerStatus {
 		if time.Now().After(deadline) {
 			data, _ := os.ReadFile(status)
 			t.Fatalf("server %s never %s: %s", id, state, data)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitRestarts waits for server id to have been restarted n times and to
+// run again.
+func waitRestarts(t *testing.T, status, id string, n int) ServerStatus {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st := waitState(t, status, id, StateRunning)
+		if st.Restarts >= n {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server %s restarted %d times, want %d", id, st.Restarts, n)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -237,8 +259,9 @@ func TestGatewayInstallAndFailures(t *testing.T) {
 	bad := fake("bad", "ok")
 	bad.Install, bad.Installed = []string{"/bin/sh", "-c", "echo no such package >&2; exit 1"}, filepath.Join(dir, "never")
 	dies := fake("dies", "exit")
+	crashes := fake("crashes", "crash")
 	missing := Server{ID: "missing", Run: []string{filepath.Join(dir, "no-such-program")}}
-	_, ts, status := testGateway(t, "", good, bad, dies, missing)
+	_, ts, status := testGateway(t, "", good, bad, dies, crashes, missing)
 
 	waitState(t, status, "good", StateRunning)
 	if st := waitState(t, status, "bad", StateFailed); !strings.Contains(st.Error, "install failed") || !strings.Contains(st.LogTail, "no such package") {
@@ -250,14 +273,23 @@ func TestGatewayInstallAndFailures(t *testing.T) {
 	if code, body := post(t, ts.URL+"/mcp/bad", "", `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`); code != 503 || !strings.Contains(body, "failed") {
 		t.Errorf("a call to a failed server: %d %s", code, body)
 	}
-	// A server that dies in a call: the call answers 502, the server says
-	// why it failed.
+	// A server that dies in a call: the call answers 502, and the server
+	// is started again and answers.
 	waitState(t, status, "dies", StateRunning)
 	if code, body := post(t, ts.URL+"/mcp/dies", "", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo"}}`); code != 502 || !strings.Contains(body, "ended") {
 		t.Errorf("a call the server died in: %d %s", code, body)
 	}
-	if st := waitState(t, status, "dies", StateFailed); !strings.Contains(st.Error, "exit status 3") || !strings.Contains(st.LogTail, "exiting at a call") {
-		t.Errorf("a server that died: %+v", st)
+	if st := waitRestarts(t, status, "dies", 1); st.State != StateRunning {
+		t.Errorf("a server that died once: %+v, want running again", st)
+	}
+	if code, body := post(t, ts.URL+"/mcp/dies", "", `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`); code != 200 || !strings.Contains(body, "echo") {
+		t.Errorf("a call to the restarted server: %d %s", code, body)
+	}
+	// A server that cannot stay up is failed after maxQuickRestarts
+	// restarts, and says why.
+	if st := waitState(t, status, "crashes", StateFailed); st.Restarts != maxQuickRestarts ||
+		!strings.Contains(st.Error, "exit status 4") || !strings.Contains(st.Error, "in a row") || !strings.Contains(st.LogTail, "crashing") {
+		t.Errorf("a server that kept crashing: %+v", st)
 	}
 	// The key of a public gateway is in the status, which only root reads.
 	if fi, err := os.Stat(status); err != nil || fi.Mode().Perm() != 0o600 {

@@ -23,28 +23,42 @@ import (
 // emulation.
 const initWait = 3 * time.Minute
 
+// A server that ends after it has run is started again, after a pause
+// that doubles from restartBase up to restartCap, and the pause starts
+// over once a run has lasted stableRun. After maxQuickRestarts restarts
+// in a row whose runs were shorter, it stays failed: a server that cannot
+// stay up says why rather than loop.
+const (
+	restartCap       = 30 * time.Second
+	stableRun        = time.Minute
+	maxQuickRestarts = 5
+)
+
 // server is one MCP server the gateway runs.
 type server struct {
-	spec    Server
-	log     *slog.Logger
-	changed func() // the gateway rewrites its status
-	logPath string
+	spec        Server
+	log         *slog.Logger
+	changed     func() // the gateway rewrites its status
+	logPath     string
+	restartBase time.Duration
 
 	mu      sync.Mutex
 	state   string
 	err     string
 	started *time.Time
 	b       *bridge
-	init    json.RawMessage // the server's answer to initialize
-	name    string
-	version string
+	init     json.RawMessage // the server's answer to initialize
+	name     string
+	version  string
+	restarts int
 }
 
 // status is s's state for the status file.
 func (s *server) status() ServerStatus {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := ServerStatus{ID: s.spec.ID, State: s.state, Error: s.err, StartedAt: s.started, Name: s.name, Version: s.version}
+	st := ServerStatus{ID: s.spec.ID, State: s.state, Error: s.err, StartedAt: s.started, Name: s.name, Version: s.version,
+		Restarts: s.restarts}
 	if s.state == StateFailed {
 		st.LogTail = logTail(s.logPath)
 	}
@@ -65,8 +79,10 @@ func (s *server) set(state, errText string) {
 	s.changed()
 }
 
-// run installs s if it must, starts it and serves it until it ends or
-// ctx does. It never restarts a server: a failed one says why.
+// run installs s if it must, starts it and serves it until ctx ends. A
+// server that ran and ended is started again (see restartCap); one that
+// fails its install or its first initialize, or keeps ending, stays
+// failed and says why.
 func (s *server) run(ctx context.Context) {
 	logf, err := openLog(s.logPath)
 	if err != nil {
@@ -79,12 +95,37 @@ func (s *server) run(ctx context.Context) {
 		return
 	}
 	s.set(StateStarting, "")
-	err = s.serve(ctx, logf)
-	if ctx.Err() != nil {
-		return
+	quick, pause := 0, s.restartBase
+	for {
+		began := time.Now()
+		ran, err := s.serve(ctx, logf)
+		if ctx.Err() != nil {
+			return
+		}
+		s.log.Warn("mcp server ended", "server", s.spec.ID, "err", err)
+		if time.Since(began) >= stableRun {
+			quick, pause = 0, s.restartBase
+		}
+		switch {
+		case !ran:
+			s.set(StateFailed, err.Error())
+			return
+		case quick == maxQuickRestarts:
+			s.set(StateFailed, fmt.Sprintf("%v; it ended %d times in a row within %v of its start", err, quick+1, stableRun))
+			return
+		}
+		quick++
+		s.mu.Lock()
+		s.b, s.restarts = nil, s.restarts+1
+		s.mu.Unlock()
+		s.set(StateStarting, "restarting: "+err.Error())
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, restartCap)
 	}
-	s.set(StateFailed, err.Error())
-	s.log.Warn("mcp server ended", "server", s.spec.ID, "err", err)
 }
 
 // install runs s's install unless its marker exists.
@@ -111,23 +152,24 @@ func (s *server) install(ctx context.Context, logf io.Writer) error {
 	return nil
 }
 
-// serve starts s, initializes it and waits until it ends.
-func (s *server) serve(ctx context.Context, logf io.Writer) error {
+// serve starts s, initializes it and waits until it ends. ran says
+// whether it initialized.
+func (s *server) serve(ctx context.Context, logf io.Writer) (ran bool, err error) {
 	cmd, err := s.command(ctx)
 	if err != nil {
-		return err
+		return false, err
 	}
 	cmd.Stderr = logf
 	in, err := cmd.StdinPipe()
 	if err != nil {
-		return err
+		return false, err
 	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		return err
+		return false, err
 	}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("starting %s: %w", s.spec.Run[0], err)
+		return false, fmt.Errorf("starting %s: %w", s.spec.Run[0], err)
 	}
 	b := newBridge(in)
 	readDone := make(chan error, 1)
@@ -140,7 +182,7 @@ func (s *server) serve(ctx context.Context, logf io.Writer) error {
 		_ = cmd.Process.Kill()
 		<-readDone
 		_ = cmd.Wait()
-		return fmt.Errorf("the server did not initialize: %w", err)
+		return false, fmt.Errorf("the server did not initialize: %w", err)
 	}
 	var info struct {
 		ServerInfo struct{ Name, Version string } `json:"serverInfo"`
@@ -158,11 +200,11 @@ func (s *server) serve(ctx context.Context, logf io.Writer) error {
 	werr := cmd.Wait()
 	switch {
 	case werr != nil:
-		return fmt.Errorf("the server ended: %w", werr)
+		return true, fmt.Errorf("the server ended: %w", werr)
 	case rerr != nil:
-		return fmt.Errorf("reading the server: %w", rerr)
+		return true, fmt.Errorf("reading the server: %w", rerr)
 	}
-	return errors.New("the server ended (exit status 0)")
+	return true, errors.New("the server ended (exit status 0)")
 }
 
 // command is s's process, as its user. It stays in the gateway's
