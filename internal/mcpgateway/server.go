@@ -42,11 +42,11 @@ type server struct {
 	logPath     string
 	restartBase time.Duration
 
-	mu      sync.Mutex
-	state   string
-	err     string
-	started *time.Time
-	b       *bridge
+	mu       sync.Mutex
+	state    string
+	err      string
+	started  *time.Time
+	b        *bridge
 	init     json.RawMessage // the server's answer to initialize
 	name     string
 	version  string
