@@ -155,6 +155,11 @@ func (d *dbHandle) ExecContext(ctx context.Context, query string, args ...any) (
 	if err != nil {
 		return nil, err
 	}
+	return execCommit(ctx, tx, query, args...)
+}
+
+// execCommit runs one statement in tx and commits it.
+func execCommit(ctx context.Context, tx *txHandle, query string, args ...any) (sql.Result, error) {
 	defer tx.Rollback()
 	res, err := tx.ExecContext(ctx, query, args...)
 	if err != nil {
@@ -178,15 +183,7 @@ func (d *dbHandle) execScoped(ctx context.Context, scopes []string, query string
 	if err != nil {
 		return nil, err
 	}
-	defer tx.Rollback()
-	res, err := tx.ExecContext(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	if err := tx.Commit(); err != nil {
-		return nil, err
-	}
-	return res, nil
+	return execCommit(ctx, tx, query, args...)
 }
 
 // execApart runs a single-row write that no transaction reads and then
