@@ -55,7 +55,8 @@
 //     records) are scoped instead (`beginScoped`): the key shared, then one
 //     advisory lock per row they touch, so writes of different sandboxes run
 //     in parallel while every exclusive transaction still holds them all off;
-//     appends to the feed take a feed lock so seqs commit in order (feed.go). A
+//     the webhook fan-out reads the feed under the exclusive lock, so seqs that
+//     scoped appends commit out of order never make it skip one (feed.go). A
 //     lock wait fails after `lock_timeout` (30 s unless the DSN sets one), as
 //     `busy_timeout` bounds SQLite's; connections are not capped (a transaction
 //     may read on a second one while others queue for the lock). Constraint

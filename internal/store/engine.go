@@ -31,12 +31,6 @@ func (e engine) String() string {
 // transactions give, across every node that shares the database.
 const writeLockKey int64 = 0x656d626572626f78
 
-// feedLockKey names the PostgreSQL advisory lock a scoped transaction
-// takes before it appends to the account feed, and holds until it ends:
-// the feed's readers page by seq, so seqs must commit in their order
-// (feed.go). Transactions that hold the whole write lock need not take it.
-const feedLockKey int64 = writeLockKey + 1
-
 // dbHandle is the store's *sql.DB seen through its engine: queries are
 // written once, for SQLite, with ? placeholders, and rebound for
 // PostgreSQL. The methods mirror *sql.DB's, so that call sites read the
@@ -50,10 +44,6 @@ type dbHandle struct {
 type txHandle struct {
 	*sql.Tx
 	engine engine
-	// scoped is set on PostgreSQL for a transaction of beginScoped, which
-	// holds the write lock shared and its scopes' locks alone.
-	scoped     bool
-	feedLocked bool
 }
 
 // BeginTx starts a transaction. On SQLite it is IMMEDIATE (the DSN's
@@ -87,9 +77,10 @@ func (d *dbHandle) BeginTx(ctx context.Context, opts *sql.TxOptions) (*txHandle,
 // for every scoped one and holds them all off; so a scoped transaction is
 // as atomic as one under the whole lock, for the rows its scopes cover.
 // Reads of other rows see what is committed (a node's fence, which only
-// ordinary transactions change, cannot change under it). A scoped
-// transaction that appends to the feed also takes the feed's lock
-// (lockFeed). On SQLite, with one writer per file, it is BeginTx.
+// ordinary transactions change, cannot change under it). Scoped
+// transactions that append to the feed commit their seqs in any order;
+// its gap-free reader holds the whole lock (feed.go). On SQLite, with one
+// writer per file, it is BeginTx.
 func (d *dbHandle) beginScoped(ctx context.Context, scopes ...string) (*txHandle, error) {
 	if d.engine != postgresEngine {
 		return d.BeginTx(ctx, nil)
@@ -114,32 +105,17 @@ func (d *dbHandle) beginScoped(ctx context.Context, scopes ...string) (*txHandle
 			return nil, fmt.Errorf("taking a row lock: %w", err)
 		}
 	}
-	return &txHandle{Tx: tx, engine: d.engine, scoped: true}, nil
+	return &txHandle{Tx: tx, engine: d.engine}, nil
 }
 
 // scopeKey maps a scope to an advisory lock key (FNV-1a). Two scopes
-// that collide only wait for each other; the whole lock's and the feed's
-// keys are far from any one scope's in practice, and a collision with
-// them would cost a wait, not atomicity.
+// that collide only wait for each other; the whole lock's key is far
+// from any one scope's in practice, and a collision with it would cost a
+// wait, not atomicity.
 func scopeKey(scope string) int64 {
 	h := fnv.New64a()
 	h.Write([]byte(scope))
 	return int64(h.Sum64())
-}
-
-// lockFeed takes the feed's lock in a scoped transaction, once, before it
-// appends to the feed: a seq is then taken only by the one transaction
-// that will commit next among those that append, so the feed's seqs
-// commit in order, as they do under the whole write lock.
-func (t *txHandle) lockFeed(ctx context.Context) error {
-	if !t.scoped || t.feedLocked {
-		return nil
-	}
-	if _, err := t.Tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", feedLockKey); err != nil {
-		return fmt.Errorf("taking the feed's lock: %w", err)
-	}
-	t.feedLocked = true
-	return nil
 }
 
 // ExecContext runs a statement on its own. On PostgreSQL a write runs in

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -127,77 +128,71 @@ func TestWritesOfOtherSandboxesDoNotWait(t *testing.T) {
 	}
 }
 
-// TestFeedSeqsCommitInOrder: two transactions that append to the feed
-// without the whole write lock (a sandbox's event and another's) cannot
-// commit their seqs out of order, so a reader that pages the feed by seq
-// (the webhook fan-out) misses neither. Without the feed's lock the second
-// commits first, the reader moves past its seq, and the first is lost.
-func TestFeedSeqsCommitInOrder(t *testing.T) {
+// TestFanOutMissesNoLateSeq: two sandboxes' events append to the feed
+// at once, and the one that took the lower seq commits last. The webhook
+// fan-out, which pages the feed by seq, waits for it and delivers both;
+// a reader that did not hold the whole write lock would have moved its
+// cursor past the later seq and lost the earlier one.
+func TestFanOutMissesNoLateSeq(t *testing.T) {
 	postgresOnly(t)
 	s, _ := openTest(t)
 	ctx := t.Context()
 	mustInsert(t, s, newSandbox("sbx_a", "key_1", base))
 	mustInsert(t, s, newSandbox("sbx_b", "key_1", base))
-	feedType := "sandbox.running"
-	trailType := "ready"
-	if webhook.FromSandboxTrail(trailType) != feedType {
-		t.Fatalf("the feed carries the trail's %q as %q, this test expects %q", trailType, webhook.FromSandboxTrail(trailType), feedType)
-	}
+	newWebhook(t, s, "wh_1", "key_1", nil)
 
 	first, err := s.db.beginScoped(ctx, "sandbox:sbx_a")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer first.Rollback()
-	e1 := &webhook.Event{Owner: "key_1", Type: feedType, ResourceType: webhook.ResourceSandbox, ResourceID: "sbx_a", At: base}
+	e1 := &webhook.Event{Owner: "key_1", Type: webhook.SandboxRunning, ResourceType: webhook.ResourceSandbox, ResourceID: "sbx_a", At: base}
 	if err := publish(ctx, first, e1); err != nil {
 		t.Fatal(err)
 	}
-	second := make(chan error, 1)
-	go func() { second <- s.AppendEvent(ctx, "sbx_b", trailType, "", nil) }()
-
-	// Either the second append waits for the first, or it committed.
-	deadline := time.Now().Add(30 * time.Second)
-	for waited := false; !waited; {
-		select {
-		case err := <-second:
-			second <- err
-			waited = true
-		default:
-			var n int
-			if err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&n); err != nil {
-				t.Fatal(err)
-			}
-			waited = n > 0
-			if time.Now().After(deadline) {
-				t.Fatal("the second append neither waited nor committed in 30 s")
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+	// The second takes a greater seq and commits while the first is open.
+	bctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := s.AppendEvent(bctx, "sbx_b", "ready", "", nil); err != nil {
+		t.Fatalf("an event of another sandbox, while one is being appended: %v", err)
 	}
-
-	// A reader pages by seq, as the fan-out does, before and after.
-	var seen []int64
-	cursor := int64(0)
-	read := func() {
-		seqs, err := queryRows(ctx, s.db, scanInt64, `SELECT seq FROM feed_events WHERE owner_key_id = ? AND seq > ? ORDER BY seq`, "key_1", cursor)
-		if err != nil {
+	fanned := make(chan error, 1)
+	go func() {
+		_, err := s.FanOut(ctx, 100, 100)
+		fanned <- err
+	}()
+	// The fan-out waits for the open append, or (were it to read without
+	// the whole lock) ends at once.
+	deadline := time.Now().Add(30 * time.Second)
+	for waiting := 0; waiting == 0 && len(fanned) == 0; {
+		if err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
-		for _, q := range seqs {
-			seen, cursor = append(seen, q), q
+		if time.Now().After(deadline) {
+			t.Fatal("the fan-out neither waited nor ended in 30 s")
 		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	read()
 	if err := first.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-second; err != nil {
+	if err := <-fanned; err != nil {
 		t.Fatal(err)
 	}
-	read()
-	if len(seen) != 2 || seen[0] != e1.Seq {
-		t.Errorf("a reader paging by seq saw %v; want the first append's %d, then the second's", seen, e1.Seq)
+	if _, err := s.FanOut(ctx, 100, 100); err != nil { // a later round finds nothing it missed
+		t.Fatal(err)
+	}
+	ds, err := s.ListDeliveries(ctx, webhook.DeliveryQuery{Owner: "key_1", WebhookID: "wh_1", Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, d := range ds {
+		got = append(got, d.ResourceID)
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, []string{"sbx_a", "sbx_b"}) {
+		t.Errorf("the fan-out delivered the events of %v, want sbx_a's (the lower seq, committed last) and sbx_b's", got)
 	}
 }
 
@@ -242,10 +237,4 @@ func lifecycle(ctx context.Context, s *Store, id string) error {
 		}
 	}
 	return nil
-}
-
-func scanInt64(row rowScanner) (int64, error) {
-	var v int64
-	err := row.Scan(&v)
-	return v, err
 }

@@ -198,6 +198,9 @@ func (s *webhookRows) FanOut(ctx context.Context, limit, backlog int) (int, erro
 }
 
 func (s *webhookRows) fanOutOne(ctx context.Context, id string, limit, backlog int) (int, error) {
+	// The whole write lock, not a scope: with it no transaction that
+	// appends to the feed is open, so the cursor cannot pass a seq that
+	// commits later (feed.go).
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, fmt.Errorf("fanning out events to webhook %s: %w", id, err)

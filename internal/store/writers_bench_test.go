@@ -45,16 +45,23 @@ func BenchmarkConcurrentWritersDurable(b *testing.B) {
 	b.Cleanup(func() { srv.Stop() })
 	for _, nodes := range []int{1, 2, 3} {
 		b.Run(fmt.Sprintf("nodes=%d", nodes), func(b *testing.B) {
-			benchWritersOn(b, srv.NewDatabase(b), nodes, 4)
+			benchWritersOn(b, srv.NewDatabase(b), nodes, 4, false)
+		})
+	}
+	// As the manager changes state: each transition with its trail entry,
+	// which the feed carries too.
+	for _, nodes := range []int{1, 2, 3} {
+		b.Run(fmt.Sprintf("nodes=%d/events", nodes), func(b *testing.B) {
+			benchWritersOn(b, srv.NewDatabase(b), nodes, 4, true)
 		})
 	}
 }
 
 func benchWriters(b *testing.B, nodes, writers int) {
-	benchWritersOn(b, newDSN(b), nodes, writers)
+	benchWritersOn(b, newDSN(b), nodes, writers, false)
 }
 
-func benchWritersOn(b *testing.B, dsn string, nodes, writers int) {
+func benchWritersOn(b *testing.B, dsn string, nodes, writers int, events bool) {
 	ctx := context.Background()
 	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
 	type worker struct {
@@ -85,6 +92,7 @@ func benchWritersOn(b *testing.B, dsn string, nodes, writers int) {
 		}
 	}
 	states := []sandbox.State{sandbox.StatePaused, sandbox.StateRunning}
+	reports := []string{"paused", "woken"}
 	b.ResetTimer()
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -95,10 +103,14 @@ func benchWritersOn(b *testing.B, dsn string, nodes, writers int) {
 		}
 		wg.Go(func() {
 			for k := range n {
+				var entries []*sandbox.TrailEntry
+				if events {
+					entries = append(entries, &sandbox.TrailEntry{Type: reports[k%2], Message: "bench"})
+				}
 				if _, err := w.s.UpdateSandbox(ctx, w.id, func(sb *sandbox.Sandbox) bool {
 					sb.State = states[k%2]
 					return true
-				}); err != nil {
+				}, entries...); err != nil {
 					b.Error(err)
 					return
 				}
