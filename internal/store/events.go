@@ -46,7 +46,7 @@ type Event struct {
 // the account's feed carries is published to it in the same transaction.
 func (s *eventRows) AppendEvent(ctx context.Context, sandboxID, typ, message string, data map[string]any) error {
 	// Scoped to the sandbox: the ring reads and deletes its events only.
-	tx, err := s.db.beginScoped(ctx, "sandbox:"+sandboxID)
+	tx, err := s.db.beginScoped(ctx, sandboxScope(sandboxID))
 	if err != nil {
 		return fmt.Errorf("appending %s event to sandbox %s: %w", typ, sandboxID, err)
 	}

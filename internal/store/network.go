@@ -46,7 +46,7 @@ func (s *networkRows) PutNetwork(ctx context.Context, sandboxID string, n *sandb
 	if err != nil {
 		return fmt.Errorf("encoding network policy of %s: %w", sandboxID, err)
 	}
-	_, err = s.db.execScoped(ctx, []string{"sandbox:" + sandboxID}, `INSERT INTO sandbox_network (sandbox_id, policy, version, updated_at) VALUES (?, ?, ?, ?)
+	_, err = s.db.execScoped(ctx, []string{sandboxScope(sandboxID)}, `INSERT INTO sandbox_network (sandbox_id, policy, version, updated_at) VALUES (?, ?, ?, ?)
 		ON CONFLICT (sandbox_id) DO UPDATE SET policy = excluded.policy, version = excluded.version, updated_at = excluded.updated_at`,
 		sandboxID, string(pol), n.Version, formatTime(n.UpdatedAt))
 	if isForeignKeyViolation(err) {

@@ -59,7 +59,7 @@ func (s *sandboxRows) InsertSandbox(ctx context.Context, sb *sandbox.Sandbox, id
 	}
 	// Scoped to the new row (the name's uniqueness is the index's) and to
 	// the key's idempotency records, one of which it links.
-	scopes := []string{"sandbox:" + sb.ID}
+	scopes := []string{sandboxScope(sb.ID)}
 	if idempotencyKey != "" {
 		scopes = append(scopes, idempotencyScope(sb.OwnerKeyID))
 	}
@@ -106,6 +106,11 @@ func (s *sandboxRows) InsertSandbox(ctx context.Context, sb *sandbox.Sandbox, id
 	return nil
 }
 
+// sandboxScope is the lock scope (engine.go's beginScoped) of sandbox
+// id's rows: its record, events and egress policy. sandboxTable's updates
+// take it too.
+func sandboxScope(id string) string { return sandboxTable.noun + ":" + id }
+
 func nameTaken(name string) error {
 	return errdefs.New(errdefs.ErrConflict, "name_taken",
 		"a sandbox named %q already exists and is not stopped", name).
@@ -123,8 +128,9 @@ func (s *sandboxRows) GetSandbox(ctx context.Context, id string) (*sandbox.Sandb
 }
 
 // sandboxTable reads sandboxes by id.
-// Its updates lock the one row (scope "sandbox:<id>"), so transitions of
-// different sandboxes, on different nodes, commit in parallel.
+// Its updates lock the one row (sandboxScope, which is the table's noun
+// and the id), so transitions of different sandboxes, on different nodes,
+// commit in parallel.
 var sandboxTable = newTable("sandbox", "sandboxes", sandboxColumns, scanSandbox, sandboxNotFound).lockingRows()
 
 // UpdateSandbox changes the record of sandbox id in one transaction: it
