@@ -22,6 +22,11 @@ func postgresOnly(t *testing.T) {
 	}
 }
 
+// waitingQuery counts the transactions of the test's database that wait
+// for an advisory lock.
+const waitingQuery = `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+	AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`
+
 // waitForLockWaiters waits until n transactions of the test's database
 // wait for an advisory lock, which is how the store's writes queue.
 func waitForLockWaiters(t *testing.T, s *Store, n int) {
@@ -29,9 +34,7 @@ func waitForLockWaiters(t *testing.T, s *Store, n int) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var waiting int
-		if err := s.db.QueryRowContext(t.Context(), `SELECT count(*) FROM pg_locks
-			WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).
-			Scan(&waiting); err != nil {
+		if err := s.db.QueryRowContext(t.Context(), waitingQuery).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
 		if waiting >= n {
@@ -165,7 +168,7 @@ func TestFanOutMissesNoLateSeq(t *testing.T) {
 	// the whole lock) ends at once.
 	deadline := time.Now().Add(30 * time.Second)
 	for waiting := 0; waiting == 0 && len(fanned) == 0; {
-		if err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&waiting); err != nil {
+		if err := s.db.QueryRowContext(ctx, waitingQuery).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
 		if time.Now().After(deadline) {
