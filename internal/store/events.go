@@ -8,6 +8,8 @@ import (
 	"math"
 	"time"
 	"unicode/utf8"
+
+	"github.com/emberbox/emberbox/internal/sandbox"
 )
 
 // eventRows are the store's methods on the sandbox_events table.
@@ -56,6 +58,17 @@ func (s *eventRows) AppendEvent(ctx context.Context, sandboxID, typ, message str
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("appending %s event to sandbox %s: %w", typ, sandboxID, err)
+	}
+	return nil
+}
+
+// appendEntries appends a change's trail entries in its transaction tx,
+// stamped at (InsertSandbox, UpdateSandbox).
+func appendEntries(ctx context.Context, tx *txHandle, sandboxID string, entries []*sandbox.TrailEntry, at string) error {
+	for _, e := range entries {
+		if err := appendEvent(ctx, tx, sandboxID, e.Type, e.Message, e.Data, at); err != nil {
+			return err
+		}
 	}
 	return nil
 }

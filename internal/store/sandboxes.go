@@ -95,8 +95,8 @@ func (s *sandboxRows) InsertSandbox(ctx context.Context, sb *sandbox.Sandbox, id
 			return fmt.Errorf("inserting sandbox %s: linking its idempotency key: %w", sb.ID, err)
 		}
 	}
-	for _, e := range entries {
-		if err := appendEvent(ctx, tx, sb.ID, e.Type, e.Message, e.Data, formatTime(s.now())); err != nil {
+	if len(entries) > 0 {
+		if err := appendEntries(ctx, tx, sb.ID, entries, formatTime(s.now())); err != nil {
 			return fmt.Errorf("inserting sandbox %s: %w", sb.ID, err)
 		}
 	}
@@ -157,13 +157,7 @@ func (s *sandboxRows) UpdateSandbox(ctx context.Context, id string, fn func(sb *
 			if err := updateSandbox(ctx, tx, sb); err != nil {
 				return err
 			}
-			at := formatTime(s.now())
-			for _, e := range entries {
-				if err := appendEvent(ctx, tx, id, e.Type, e.Message, e.Data, at); err != nil {
-					return err
-				}
-			}
-			return nil
+			return appendEntries(ctx, tx, id, entries, formatTime(s.now()))
 		})
 }
 
